@@ -1,0 +1,108 @@
+//! The library's typed errors.
+
+use std::io;
+
+/// Every fallible call in rdmapool returns this error type.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument was out of range or inconsistent; the message says which and why.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// Pinning memory failed because the locked-memory limit would be exceeded.
+    #[error(
+        "cannot pin {requested} bytes: RLIMIT_MEMLOCK is {limit} (errno {errno}); raise it with \
+         `ulimit -l unlimited` (or a memlock line in /etc/security/limits.conf, or \
+         LimitMEMLOCK= for a systemd service), or run with CAP_IPC_LOCK"
+    )]
+    MemlockLimit {
+        /// Bytes the call tried to pin.
+        requested: usize,
+        /// The soft limit in force, as text ("8388608 bytes" or "unlimited").
+        limit: String,
+        /// The errno the kernel returned (ENOMEM or EAGAIN).
+        errno: i32,
+    },
+
+    /// A system call failed.
+    #[error("{call} failed: {source}")]
+    Sys {
+        /// The call that failed.
+        call: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The send or receive queue already holds its maximum number of work requests.
+    #[error("{queue} queue full: {depth} work requests outstanding")]
+    QueueFull {
+        /// "send" or "receive".
+        queue: &'static str,
+        /// The configured depth.
+        depth: u32,
+    },
+
+    /// The queue pair is not in a state that allows the operation.
+    #[error("QP {qpn} is in state {state}; {needed}")]
+    InvalidQpState {
+        /// The QP number.
+        qpn: u32,
+        /// Its current state.
+        state: crate::fabric::QpState,
+        /// What the operation needs.
+        needed: &'static str,
+    },
+
+    /// Connecting to a peer failed or the peer refused.
+    #[error("connection to {peer} failed: {reason}")]
+    Connection {
+        /// The peer's address.
+        peer: String,
+        /// Why.
+        reason: String,
+    },
+
+    /// Bytes received from a peer or a caller did not decode.
+    #[error("malformed {what}: {reason}")]
+    Malformed {
+        /// What was being decoded.
+        what: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// The completion queue overflowed; completions were lost and the CQ is unusable.
+    #[error("completion queue overrun: more than {depth} completions were pending")]
+    CqOverrun {
+        /// The CQ depth.
+        depth: u32,
+    },
+
+    /// The requested provider cannot be used on this machine.
+    #[error("provider {provider} not available: {reason}")]
+    ProviderUnavailable {
+        /// The provider's name.
+        provider: String,
+        /// Why, and what to do.
+        reason: String,
+    },
+
+    /// Objects from different contexts or providers were mixed.
+    #[error("object mismatch: {0}")]
+    Mismatch(String),
+}
+
+/// Shorthand for `Result<T, rdmapool::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Wraps the calling thread's last OS error for the named call.
+    pub(crate) fn last_os(call: &'static str) -> Self {
+        Error::Sys {
+            call,
+            source: io::Error::last_os_error(),
+        }
+    }
+}

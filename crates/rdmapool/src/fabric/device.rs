@@ -1,0 +1,108 @@
+//! Device discovery: which providers exist here and what their devices can do.
+
+use std::fmt;
+
+/// The provider behind a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProviderKind {
+    /// rdmapool's software RDMA provider (pure Rust, no NIC needed).
+    Soft,
+    /// rdma-core verbs (real NICs and SoftRoCE).
+    Verbs,
+}
+
+impl ProviderKind {
+    /// The provider's name as the CLI and environment spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Soft => "soft",
+            Self::Verbs => "verbs",
+        }
+    }
+
+    /// Parses "soft" or "verbs".
+    pub fn parse(s: &str) -> crate::Result<Self> {
+        match s {
+            "soft" => Ok(Self::Soft),
+            "verbs" => Ok(Self::Verbs),
+            _ => Err(crate::Error::InvalidArgument(format!(
+                "unknown provider {s:?}: expected \"soft\" or \"verbs\""
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How atomics behave, mirroring `enum ibv_atomic_cap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicCap {
+    /// No atomics.
+    None,
+    /// Atomic with respect to other RDMA atomics through this device only.
+    Hca,
+    /// Atomic with respect to the CPU and every device (the soft provider uses CPU atomics).
+    Global,
+}
+
+/// A device and its limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The provider that drives it.
+    pub provider: ProviderKind,
+    /// The device name ("soft0", "mlx5_0", "rxe0", ...).
+    pub name: String,
+    /// Largest memory region in bytes.
+    pub max_mr_size: u64,
+    /// Largest single message in bytes.
+    pub max_msg_size: u32,
+    /// Most work requests one queue of a QP holds.
+    pub max_qp_wr: u32,
+    /// Most scatter/gather entries in one work request.
+    pub max_sge: u32,
+    /// Most entries a completion queue holds.
+    pub max_cqe: u32,
+    /// Most memory regions at once.
+    pub max_mr: u32,
+    /// Atomic support.
+    pub atomic_cap: AtomicCap,
+}
+
+/// Whether a provider can be used here and, if not, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderStatus {
+    /// The provider.
+    pub provider: ProviderKind,
+    /// Its devices (empty when unavailable).
+    pub devices: Vec<DeviceInfo>,
+    /// Why it cannot be used, when it cannot.
+    pub unavailable: Option<String>,
+}
+
+/// Lists every provider with its devices, or the reason it is unavailable.
+///
+/// ```
+/// let providers = rdmapool::fabric::devices();
+/// assert!(providers.iter().any(|p| p.provider == rdmapool::fabric::ProviderKind::Soft));
+/// ```
+pub fn devices() -> Vec<ProviderStatus> {
+    vec![
+        ProviderStatus {
+            provider: ProviderKind::Soft,
+            devices: vec![crate::soft::device_info()],
+            unavailable: None,
+        },
+        ProviderStatus {
+            provider: ProviderKind::Verbs,
+            devices: Vec::new(),
+            unavailable: Some(
+                "this build has no verbs provider yet (rdma-core support is tracked separately)"
+                    .into(),
+            ),
+        },
+    ]
+}

@@ -1,0 +1,32 @@
+//! The provider-independent RDMA object model.
+//!
+//! One set of types — [`Context`], [`Pd`], [`Mr`], [`Cq`], [`Qp`], work requests and
+//! [`Completion`]s — drives every provider. Pick a device from [`devices`], open it, and the
+//! same code runs on the `soft` provider (no NIC needed) or real verbs.
+//!
+//! # Memory safety
+//! * Memory reachable by the device is always owned by an [`Mr`] ([`Pd::alloc_mr`]) or lent to
+//!   it under an `unsafe` contract ([`Pd::register_raw`]): it cannot be freed or moved while
+//!   registered, because the `Mr` owns it or the caller promised it.
+//! * Work requests name memory only through keys (lkey/rkey) that the provider checks against
+//!   live registrations, so a work request can never reach freed memory: deregistering an `Mr`
+//!   waits for the operations that are using it, and later ones fail with an error completion.
+//! * Registered memory is shared with the device and remote peers, which may write it at any
+//!   time the access flags allow. Safe code therefore never gets a Rust reference to it:
+//!   [`Mr::write_at`] and [`Mr::read_at`] copy through raw pointers, and [`Mr::atomic_u64`]
+//!   gives an atomic view of one aligned word.
+
+mod access;
+mod completion;
+mod device;
+mod objects;
+pub(crate) mod provider;
+mod qp;
+mod wr;
+
+pub use access::AccessFlags;
+pub use completion::{Completion, WcOpcode, WcStatus};
+pub use device::{devices, AtomicCap, DeviceInfo, ProviderKind, ProviderStatus};
+pub use objects::{Context, Cq, Mr, Pd, Qp};
+pub use qp::{Endpoint, QpConfig, QpState, Transport};
+pub use wr::{RecvWr, RemoteAddr, RemoteRegion, SendWr, Sge, WrOp};

@@ -1,0 +1,365 @@
+//! The public objects: thin, provider-independent handles.
+
+use super::provider::{ContextOps, CqOps, MrOps, PdOps, QpOps};
+use super::{
+    AccessFlags, Completion, DeviceInfo, Endpoint, ProviderKind, QpConfig, QpState, RecvWr,
+    RemoteAddr, RemoteRegion, SendWr, Sge,
+};
+use crate::{Error, Result};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// An open device: the root of every other object.
+///
+/// ```
+/// let ctx = rdmapool::fabric::Context::open_soft().unwrap();
+/// assert_eq!(ctx.device().name, "soft0");
+/// ```
+#[derive(Clone)]
+pub struct Context {
+    inner: Arc<dyn ContextOps>,
+}
+
+impl Context {
+    /// Opens the device described by `device` (from [`super::devices`]).
+    pub fn open(device: &DeviceInfo) -> Result<Self> {
+        Self::open_provider(device.provider, Some(&device.name))
+    }
+
+    /// Opens a device of `provider`, by name or the first one.
+    pub fn open_provider(provider: ProviderKind, name: Option<&str>) -> Result<Self> {
+        let status = super::devices()
+            .into_iter()
+            .find(|p| p.provider == provider)
+            .expect("every provider is listed");
+        if let Some(reason) = status.unavailable {
+            return Err(Error::ProviderUnavailable {
+                provider: provider.name().into(),
+                reason,
+            });
+        }
+        if let Some(n) = name {
+            if !status.devices.iter().any(|d| d.name == n) {
+                let known: Vec<_> = status.devices.iter().map(|d| d.name.as_str()).collect();
+                return Err(Error::InvalidArgument(format!(
+                    "no {provider} device {n:?} (devices: {})",
+                    known.join(", ")
+                )));
+            }
+        }
+        match provider {
+            ProviderKind::Soft => Self::open_soft(),
+            ProviderKind::Verbs => unreachable!("verbs is reported unavailable above"),
+        }
+    }
+
+    /// Opens a new soft context (one emulated NIC) configured from the environment.
+    pub fn open_soft() -> Result<Self> {
+        Self::open_soft_with(crate::soft::SoftConfig::from_env()?)
+    }
+
+    /// Opens a new soft context with explicit settings.
+    pub fn open_soft_with(cfg: crate::soft::SoftConfig) -> Result<Self> {
+        Ok(Self {
+            inner: crate::soft::open(cfg)?,
+        })
+    }
+
+    /// The device's description and limits.
+    pub fn device(&self) -> &DeviceInfo {
+        self.inner.device()
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<Pd> {
+        Ok(Pd {
+            inner: self.inner.alloc_pd()?,
+        })
+    }
+
+    /// Creates a completion queue holding up to `depth` completions.
+    pub fn create_cq(&self, depth: u32) -> Result<Cq> {
+        Ok(Cq {
+            inner: self.inner.create_cq(depth)?,
+        })
+    }
+
+    /// Memory regions registered in this context right now.
+    pub fn live_regions(&self) -> usize {
+        self.inner.live_regions()
+    }
+}
+
+/// A protection domain: regions and QPs of one PD can only be used together.
+#[derive(Clone)]
+pub struct Pd {
+    inner: Arc<dyn PdOps>,
+}
+
+impl Pd {
+    /// Allocates `len` zeroed, page-aligned bytes owned by the returned region and registers
+    /// them. The memory lives exactly as long as the region.
+    pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
+        Ok(Mr {
+            inner: self.inner.alloc_mr(len, access)?,
+        })
+    }
+
+    /// Registers caller-owned memory.
+    ///
+    /// # Safety
+    /// `[addr, addr+len)` must be mapped memory that stays mapped, and is not freed, moved
+    /// or reused, until the returned [`Mr`] is dropped. The device and remote peers may read
+    /// and write it (as `access` allows) at any time until then, so the caller must not hold
+    /// Rust references to it that such writes would invalidate.
+    pub unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Mr> {
+        Ok(Mr {
+            // SAFETY: forwarded from the caller's contract.
+            inner: unsafe { self.inner.register_raw(addr, len, access)? },
+        })
+    }
+
+    /// Creates an RC queue pair in the RESET state.
+    pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, cfg: &QpConfig) -> Result<Qp> {
+        Ok(Qp {
+            inner: self
+                .inner
+                .create_qp(send_cq.inner.as_ref(), recv_cq.inner.as_ref(), cfg)?,
+        })
+    }
+}
+
+/// A registered memory region. Dropping it deregisters (and frees memory it owns); work
+/// requests that still name it complete with an error instead of touching freed memory.
+pub struct Mr {
+    inner: Box<dyn MrOps>,
+}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("lkey", &self.lkey())
+            .field("rkey", &self.rkey())
+            .field("access", &self.access())
+            .finish()
+    }
+}
+
+impl Mr {
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.inner.addr()
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+    /// Always false: zero-length regions cannot be registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.inner.lkey()
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.inner.rkey()
+    }
+    /// Access rights.
+    pub fn access(&self) -> AccessFlags {
+        self.inner.access()
+    }
+
+    fn check_range(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "range {offset}+{len} outside region of {} bytes",
+                self.len()
+            ))),
+        }
+    }
+
+    /// An SGE for `len` bytes at `offset`, checked against the region.
+    pub fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
+        self.check_range(offset, len as usize)?;
+        Ok(Sge {
+            addr: self.addr() + offset as u64,
+            length: len,
+            lkey: self.lkey(),
+        })
+    }
+
+    /// The descriptor a peer needs to access this region.
+    pub fn remote_region(&self) -> RemoteRegion {
+        RemoteRegion {
+            addr: self.addr(),
+            len: self.len() as u64,
+            rkey: self.rkey(),
+        }
+    }
+
+    /// The remote address of `offset` (for loopback use of one's own region).
+    pub fn remote_at(&self, offset: usize) -> Result<RemoteAddr> {
+        self.remote_region().at(offset as u64)
+    }
+
+    /// Copies `data` into the region at `offset`.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check_range(offset, data.len())?;
+        // SAFETY: the range is inside the registered region, which is mapped while `self`
+        // lives; raw copies make no Rust reference to device-shared memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                (self.addr() as *mut u8).add(offset),
+                data.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes at `offset` out of the region.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range(offset, out.len())?;
+        // SAFETY: as in `write_at`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (self.addr() as *const u8).add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Reads the native-endian u64 at `offset` (the format RDMA atomics use).
+    pub fn read_u64(&self, offset: usize) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.read_at(offset, &mut b)?;
+        Ok(u64::from_ne_bytes(b))
+    }
+
+    /// An atomic view of the aligned word at `offset`, atomic with respect to RDMA atomics.
+    pub fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64> {
+        self.check_range(offset, 8)?;
+        let addr = self.addr() + offset as u64;
+        if !addr.is_multiple_of(8) {
+            return Err(Error::InvalidArgument(format!(
+                "address {addr:#x} is not 8-byte aligned"
+            )));
+        }
+        // SAFETY: aligned, in bounds, and mapped for as long as the borrow of `self`.
+        Ok(unsafe { &*(addr as *const AtomicU64) })
+    }
+}
+
+/// A completion queue.
+#[derive(Clone)]
+pub struct Cq {
+    inner: Arc<dyn CqOps>,
+}
+
+impl Cq {
+    /// Moves up to `out.len()` completions into `out`; returns how many. Never blocks.
+    pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        self.inner.poll(out)
+    }
+
+    /// Depth.
+    pub fn depth(&self) -> u32 {
+        self.inner.depth()
+    }
+
+    /// Busy-polls until `n` completions arrived or `timeout` passed; returns what arrived.
+    pub fn wait(&self, n: usize, timeout: Duration) -> Result<Vec<Completion>> {
+        let deadline = Instant::now() + timeout;
+        let mut got = Vec::with_capacity(n);
+        let mut buf = [blank_completion(); 16];
+        while got.len() < n {
+            let k = self.poll(&mut buf[..(n - got.len()).min(16)])?;
+            got.extend_from_slice(&buf[..k]);
+            if k == 0 {
+                if Instant::now() >= deadline {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        Ok(got)
+    }
+}
+
+pub(crate) fn blank_completion() -> Completion {
+    Completion {
+        wr_id: 0,
+        status: super::WcStatus::GeneralErr,
+        opcode: super::WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qp_num: 0,
+    }
+}
+
+/// A reliable-connected queue pair.
+pub struct Qp {
+    inner: Box<dyn QpOps>,
+}
+
+impl Qp {
+    /// QP number.
+    pub fn qpn(&self) -> u32 {
+        self.inner.qpn()
+    }
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.inner.state()
+    }
+    /// What the peer needs to connect to this QP.
+    pub fn endpoint(&self) -> Endpoint {
+        self.inner.endpoint()
+    }
+    /// RESET -> INIT.
+    pub fn modify_to_init(&self) -> Result<()> {
+        self.inner.to_init()
+    }
+    /// INIT -> RTR, bound to `remote`.
+    pub fn modify_to_rtr(&self, remote: &Endpoint) -> Result<()> {
+        self.inner.to_rtr(remote)
+    }
+    /// RTR -> RTS.
+    pub fn modify_to_rts(&self) -> Result<()> {
+        self.inner.to_rts()
+    }
+    /// Moves the QP to ERR: everything outstanding and posted later is flushed.
+    pub fn modify_to_error(&self) {
+        self.inner.set_error()
+    }
+    /// RESET (or INIT) -> INIT -> RTR -> RTS against `remote`.
+    pub fn connect(&self, remote: &Endpoint) -> Result<()> {
+        if self.state() == QpState::Reset {
+            self.modify_to_init()?;
+        }
+        self.modify_to_rtr(remote)?;
+        self.modify_to_rts()
+    }
+    /// Posts send work requests. Errors in the request itself (wrong state, too many SGEs,
+    /// full queue) are returned and nothing from the failing request on is posted; errors
+    /// found while executing it arrive as error completions.
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.inner.post_send(wrs)
+    }
+    /// Posts receive work requests.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.inner.post_recv(wrs)
+    }
+}

@@ -1,0 +1,60 @@
+//! The interface every provider implements; the public objects in `objects.rs` wrap it.
+
+use super::{AccessFlags, Completion, DeviceInfo, Endpoint, QpConfig, QpState, RecvWr, SendWr};
+use crate::Result;
+use std::any::Any;
+use std::sync::Arc;
+
+pub(crate) trait ContextOps: Send + Sync {
+    fn device(&self) -> &DeviceInfo;
+    fn alloc_pd(&self) -> Result<Arc<dyn PdOps>>;
+    fn create_cq(&self, depth: u32) -> Result<Arc<dyn CqOps>>;
+    /// Registrations currently alive (leak checks).
+    fn live_regions(&self) -> usize;
+}
+
+pub(crate) trait PdOps: Send + Sync {
+    fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Box<dyn MrOps>>;
+    /// # Safety
+    /// `[addr, addr+len)` must stay mapped, and not be unmapped or reused for anything else,
+    /// until the returned region is dropped.
+    unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Box<dyn MrOps>>;
+    fn create_qp(
+        &self,
+        send_cq: &dyn CqOps,
+        recv_cq: &dyn CqOps,
+        cfg: &QpConfig,
+    ) -> Result<Box<dyn QpOps>>;
+}
+
+/// A registration; dropping it deregisters.
+pub(crate) trait MrOps: Send + Sync {
+    fn addr(&self) -> u64;
+    fn len(&self) -> usize;
+    fn lkey(&self) -> u32;
+    fn rkey(&self) -> u32;
+    fn access(&self) -> AccessFlags;
+}
+
+pub(crate) trait CqOps: Send + Sync {
+    fn poll(&self, out: &mut [Completion]) -> Result<usize>;
+    fn depth(&self) -> u32;
+    fn as_any(&self) -> &dyn Any;
+}
+
+pub(crate) trait QpOps: Send + Sync {
+    fn qpn(&self) -> u32;
+    fn state(&self) -> QpState;
+    fn endpoint(&self) -> Endpoint;
+    fn to_init(&self) -> Result<()>;
+    fn to_rtr(&self, remote: &Endpoint) -> Result<()>;
+    fn to_rts(&self) -> Result<()>;
+    fn set_error(&self);
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()>;
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()>;
+}

@@ -1,0 +1,170 @@
+//! Work requests and remote memory descriptors.
+
+use crate::{Error, Result};
+
+/// One scatter/gather entry: a range of a local memory region, named by its lkey.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    /// Start address (inside the region named by `lkey`).
+    pub addr: u64,
+    /// Length in bytes. Zero is rejected with a local length error: hardware disagrees on what
+    /// it means (mlx5 reads it as 2 GiB); a zero-byte message is an empty list.
+    pub length: u32,
+    /// The local key of the region.
+    pub lkey: u32,
+}
+
+/// A remote address: where in a peer's registered memory, and the key that grants access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteAddr {
+    /// Virtual address in the peer's region.
+    pub addr: u64,
+    /// The peer region's remote key.
+    pub rkey: u32,
+}
+
+/// The descriptor of a registered region that a peer needs to access it one-sidedly.
+///
+/// Exchange it for real (RDMA CM private data, a socket, a file); never hard-code it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteRegion {
+    /// Start address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+impl RemoteRegion {
+    /// Encoded size in bytes.
+    pub const ENCODED_LEN: usize = 24;
+    const MAGIC: u16 = 0x5244; // "RD"
+    const VERSION: u8 = 1;
+
+    /// The address `offset` bytes into the region, checked against its length.
+    pub fn at(&self, offset: u64) -> Result<RemoteAddr> {
+        if offset > self.len {
+            return Err(Error::InvalidArgument(format!(
+                "offset {offset} beyond remote region of {} bytes",
+                self.len
+            )));
+        }
+        Ok(RemoteAddr {
+            addr: self.addr + offset,
+            rkey: self.rkey,
+        })
+    }
+
+    /// Encodes the descriptor: magic, version, address, length, rkey (little-endian).
+    pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut b = [0u8; Self::ENCODED_LEN];
+        b[0..2].copy_from_slice(&Self::MAGIC.to_le_bytes());
+        b[2] = Self::VERSION;
+        b[4..12].copy_from_slice(&self.addr.to_le_bytes());
+        b[12..20].copy_from_slice(&self.len.to_le_bytes());
+        b[20..24].copy_from_slice(&self.rkey.to_le_bytes());
+        b
+    }
+
+    /// Decodes a descriptor made by [`RemoteRegion::to_bytes`].
+    ///
+    /// ```
+    /// use rdmapool::fabric::RemoteRegion;
+    /// let r = RemoteRegion { addr: 0x1000, len: 64, rkey: 7 };
+    /// assert_eq!(RemoteRegion::from_bytes(&r.to_bytes()).unwrap(), r);
+    /// assert!(RemoteRegion::from_bytes(&[0u8; 3]).is_err());
+    /// ```
+    pub fn from_bytes(b: &[u8]) -> Result<Self> {
+        let bad = |reason: String| Error::Malformed {
+            what: "region descriptor",
+            reason,
+        };
+        if b.len() != Self::ENCODED_LEN {
+            return Err(bad(format!(
+                "{} bytes, expected {}",
+                b.len(),
+                Self::ENCODED_LEN
+            )));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        if u16::from_le_bytes([b[0], b[1]]) != Self::MAGIC {
+            return Err(bad("bad magic".into()));
+        }
+        if b[2] != Self::VERSION {
+            return Err(bad(format!("version {} (this build speaks 1)", b[2])));
+        }
+        let r = RemoteRegion {
+            addr: u64_at(4),
+            len: u64_at(12),
+            rkey: u32::from_le_bytes(b[20..24].try_into().unwrap()),
+        };
+        if r.addr.checked_add(r.len).is_none() {
+            return Err(bad("address + length overflows".into()));
+        }
+        Ok(r)
+    }
+}
+
+/// The operation a send-queue work request performs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WrOp {
+    /// Two-sided SEND, consumed by a RECV at the peer; `imm` is delivered with it.
+    Send {
+        /// Optional immediate data.
+        imm: Option<u32>,
+    },
+    /// One-sided RDMA WRITE of the gathered local data to `remote`; with `imm` it also
+    /// consumes a RECV at the peer and delivers the immediate.
+    Write {
+        /// Destination.
+        remote: RemoteAddr,
+        /// Optional immediate data (WRITE_WITH_IMM).
+        imm: Option<u32>,
+    },
+    /// One-sided RDMA READ from `remote` into the local scatter list.
+    Read {
+        /// Source.
+        remote: RemoteAddr,
+    },
+    /// 8-byte compare-and-swap at `remote` (8-byte aligned); the old value lands in the
+    /// single 8-byte local SGE.
+    CompareSwap {
+        /// Target word.
+        remote: RemoteAddr,
+        /// Expected value.
+        compare: u64,
+        /// New value if it matched.
+        swap: u64,
+    },
+    /// 8-byte fetch-and-add at `remote` (8-byte aligned); the old value lands in the single
+    /// 8-byte local SGE.
+    FetchAdd {
+        /// Target word.
+        remote: RemoteAddr,
+        /// Amount to add (wrapping).
+        add: u64,
+    },
+}
+
+/// A send-queue work request.
+#[derive(Debug, Clone, Copy)]
+pub struct SendWr<'a> {
+    /// Caller's id, returned in the completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: WrOp,
+    /// Local memory: gathered from for SEND/WRITE, scattered into for READ/atomics.
+    pub sg_list: &'a [Sge],
+    /// Whether a successful completion is reported (errors always are).
+    pub signaled: bool,
+}
+
+/// A receive-queue work request: where an incoming SEND lands.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvWr<'a> {
+    /// Caller's id, returned in the completion.
+    pub wr_id: u64,
+    /// Local memory to scatter the message into.
+    pub sg_list: &'a [Sge],
+}

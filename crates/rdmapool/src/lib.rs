@@ -1,0 +1,36 @@
+//! rdmapool: safe, fast RDMA memory.
+//!
+//! The [`fabric`] module is the provider-independent object model; the `soft` provider runs
+//! it on any Linux machine (no NIC), and the verbs provider drives real hardware.
+//!
+//! ```
+//! use rdmapool::fabric::*;
+//! # fn main() -> rdmapool::Result<()> {
+//! let ctx = Context::open_soft()?;
+//! let pd = ctx.alloc_pd()?;
+//! let cq = ctx.create_cq(64)?;
+//! let target = pd.alloc_mr(4096, AccessFlags::all_remote())?;
+//! let local = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+//! let (a, b) = (pd.create_qp(&cq, &cq, &QpConfig::default())?, pd.create_qp(&cq, &cq, &QpConfig::default())?);
+//! a.connect(&b.endpoint())?;
+//! b.connect(&a.endpoint())?;
+//! local.write_at(0, b"hello")?;
+//! let sge = [local.sge(0, 5)?];
+//! a.post_send(&[SendWr { wr_id: 1, op: WrOp::Write { remote: target.remote_at(0)?, imm: None }, sg_list: &sge, signaled: true }])?;
+//! let done = cq.wait(1, std::time::Duration::from_secs(5))?;
+//! assert!(done[0].is_ok());
+//! let mut out = [0u8; 5];
+//! target.read_at(0, &mut out)?;
+//! assert_eq!(&out, b"hello");
+//! # Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
+
+mod error;
+pub mod fabric;
+pub mod soft;
+mod util;
+
+pub use error::{Error, Result};
+pub use soft::memory::pinned_bytes;

@@ -1,0 +1,98 @@
+//! How a soft context is reached: host identity, TCP address and local socket path.
+
+use crate::{Error, Result};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::OnceLock;
+
+/// The address part of a soft [`crate::fabric::Endpoint`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SoftAddress {
+    /// Identifies the host (its boot id): equal ids mean the intra-host path can be used.
+    pub(crate) host_id: [u8; 16],
+    /// The context's TCP listener.
+    pub(crate) tcp: SocketAddr,
+    /// The context's local (Unix) socket path.
+    pub(crate) local: String,
+}
+
+/// This host's identity: the kernel's boot id, or a per-process random id if unreadable.
+pub(crate) fn host_id() -> [u8; 16] {
+    static ID: OnceLock<[u8; 16]> = OnceLock::new();
+    *ID.get_or_init(|| {
+        let mut id = [0u8; 16];
+        if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+            let hex: String = s.trim().chars().filter(|c| *c != '-').collect();
+            if let Ok(b) = crate::util::hex_decode(&hex) {
+                if b.len() == 16 {
+                    id.copy_from_slice(&b);
+                    return id;
+                }
+            }
+        }
+        let _ = getrandom::fill(&mut id);
+        id
+    })
+}
+
+impl SoftAddress {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(64 + self.local.len());
+        b.extend_from_slice(&self.host_id);
+        match self.tcp.ip() {
+            IpAddr::V4(v4) => {
+                b.push(4);
+                b.extend_from_slice(&v4.octets());
+            }
+            IpAddr::V6(v6) => {
+                b.push(6);
+                b.extend_from_slice(&v6.octets());
+            }
+        }
+        b.extend_from_slice(&self.tcp.port().to_le_bytes());
+        b.extend_from_slice(&(self.local.len() as u16).to_le_bytes());
+        b.extend_from_slice(self.local.as_bytes());
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<Self> {
+        let bad = |r: &str| Error::Malformed {
+            what: "soft endpoint address",
+            reason: r.into(),
+        };
+        let mut host_id = [0u8; 16];
+        host_id.copy_from_slice(b.get(..16).ok_or_else(|| bad("truncated host id"))?);
+        let (ip, rest): (IpAddr, &[u8]) = match b.get(16) {
+            Some(4) => {
+                let o: [u8; 4] = b
+                    .get(17..21)
+                    .ok_or_else(|| bad("truncated IPv4"))?
+                    .try_into()
+                    .unwrap();
+                (Ipv4Addr::from(o).into(), &b[21..])
+            }
+            Some(6) => {
+                let o: [u8; 16] = b
+                    .get(17..33)
+                    .ok_or_else(|| bad("truncated IPv6"))?
+                    .try_into()
+                    .unwrap();
+                (Ipv6Addr::from(o).into(), &b[33..])
+            }
+            _ => return Err(bad("unknown address family")),
+        };
+        if rest.len() < 4 {
+            return Err(bad("truncated port"));
+        }
+        let port = u16::from_le_bytes([rest[0], rest[1]]);
+        let len = u16::from_le_bytes([rest[2], rest[3]]) as usize;
+        if rest.len() != 4 + len {
+            return Err(bad("local path length mismatch"));
+        }
+        let local = String::from_utf8(rest[4..].to_vec()).map_err(|_| bad("path not UTF-8"))?;
+        Ok(Self {
+            host_id,
+            tcp: SocketAddr::new(ip, port),
+            local,
+        })
+    }
+}

@@ -1,0 +1,250 @@
+//! Socket I/O on raw descriptors: whole frames, deadlines, scatter/gather straight into and
+//! out of registered memory (no Rust references to device-shared memory are ever made).
+
+use arrayvec::ArrayVec;
+use std::io;
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+/// Most iovecs in one frame: a header plus up to [`super::MAX_SGE`] SGEs.
+pub(crate) const MAX_IOV: usize = super::MAX_SGE + 1;
+
+/// A list of (pointer, length) pieces that a transfer walks through.
+pub(crate) struct IoVecs {
+    iov: ArrayVec<libc::iovec, MAX_IOV>,
+    first: usize,
+}
+
+impl IoVecs {
+    pub(crate) fn new() -> Self {
+        Self {
+            iov: ArrayVec::new(),
+            first: 0,
+        }
+    }
+
+    /// Adds a piece. Panics only on internal misuse (more than MAX_IOV pieces).
+    pub(crate) fn push(&mut self, ptr: *const u8, len: usize) {
+        if len > 0 {
+            self.iov.push(libc::iovec {
+                iov_base: ptr as *mut libc::c_void,
+                iov_len: len,
+            });
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.first >= self.iov.len()
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        while n > 0 && !self.is_done() {
+            let v = &mut self.iov[self.first];
+            if n >= v.iov_len {
+                n -= v.iov_len;
+                self.first += 1;
+            } else {
+                // SAFETY: n < iov_len, so the new base stays inside the same piece.
+                v.iov_base = unsafe { (v.iov_base as *mut u8).add(n) }.cast();
+                v.iov_len -= n;
+                n = 0;
+            }
+        }
+    }
+
+    fn msghdr(&mut self) -> libc::msghdr {
+        // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+        m.msg_iov = self.iov[self.first..].as_mut_ptr();
+        m.msg_iovlen = (self.iov.len() - self.first) as _;
+        m
+    }
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "peer did not answer in time")
+}
+
+/// Waits until `fd` has any of `events` or `deadline` passes. Returns false on timeout.
+pub(crate) fn wait_fd(fd: RawFd, events: i16, deadline: Option<Instant>) -> io::Result<bool> {
+    loop {
+        let timeout_ms = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok(false);
+                }
+                left.as_millis().clamp(1, i32::MAX as u128) as i32
+            }
+        };
+        let mut p = libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd on our stack.
+        let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+        if r > 0 {
+            return Ok(true);
+        }
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Receives until every piece of `iov` is filled; EOF is an error.
+///
+/// # Safety
+/// Every piece must be writable memory that stays valid for the call.
+pub(crate) unsafe fn recv_all(fd: RawFd, iov: &mut IoVecs, deadline: Instant) -> io::Result<()> {
+    while !iov.is_done() {
+        let mut m = iov.msghdr();
+        // SAFETY: the caller guarantees the iovecs point at writable memory.
+        let n = unsafe { libc::recvmsg(fd, &mut m, libc::MSG_DONTWAIT) };
+        if n > 0 {
+            iov.advance(n as usize);
+        } else if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        } else {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock => {
+                    if !wait_fd(fd, libc::POLLIN, Some(deadline))? {
+                        return Err(timed_out());
+                    }
+                }
+                io::ErrorKind::Interrupted => {}
+                _ => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Receives exactly `buf.len()` bytes into a local buffer.
+pub(crate) fn recv_exact(fd: RawFd, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let mut iov = IoVecs::new();
+    iov.push(buf.as_mut_ptr(), buf.len());
+    // SAFETY: the one piece is the caller's exclusive buffer.
+    unsafe { recv_all(fd, &mut iov, deadline) }
+}
+
+/// Reads whatever of a `buf.len()`-byte frame is available now, without waiting.
+/// Returns Ok(0) when nothing is there, Err(UnexpectedEof) on EOF.
+pub(crate) fn recv_nowait(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is an exclusive local buffer of the given length.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n > 0 {
+            return Ok(n as usize);
+        }
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock => return Ok(0),
+            io::ErrorKind::Interrupted => {}
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Discards `len` incoming bytes (the payload of a request that will not be executed).
+pub(crate) fn discard(fd: RawFd, mut len: usize, deadline: Instant) -> io::Result<()> {
+    let mut scratch = [0u8; 16 * 1024];
+    while len > 0 {
+        let n = len.min(scratch.len());
+        recv_exact(fd, &mut scratch[..n], deadline)?;
+        len -= n;
+    }
+    Ok(())
+}
+
+/// Sends every piece of `iov`. While the socket is full it calls `on_block`, which may read
+/// responses so that neither side waits for the other forever; `on_block` returning false
+/// aborts the send.
+///
+/// # Safety
+/// Every piece must be readable memory that stays valid for the call.
+pub(crate) unsafe fn send_all(
+    fd: RawFd,
+    iov: &mut IoVecs,
+    deadline: Instant,
+    mut on_block: impl FnMut() -> bool,
+) -> io::Result<()> {
+    while !iov.is_done() {
+        let m = iov.msghdr();
+        // SAFETY: the caller guarantees the iovecs point at readable memory.
+        let n = unsafe { libc::sendmsg(fd, &m, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            iov.advance(n as usize);
+            continue;
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock => {
+                if !on_block() {
+                    return Err(io::Error::new(io::ErrorKind::BrokenPipe, "send aborted"));
+                }
+                if Instant::now() >= deadline {
+                    return Err(timed_out());
+                }
+                let short = Instant::now() + Duration::from_millis(1);
+                wait_fd(fd, libc::POLLOUT | libc::POLLIN, Some(short.min(deadline)))?;
+            }
+            io::ErrorKind::Interrupted => {}
+            _ => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Sends a local buffer completely (no interleaved reading).
+pub(crate) fn send_buf(fd: RawFd, buf: &[u8], deadline: Instant) -> io::Result<()> {
+    let mut iov = IoVecs::new();
+    iov.push(buf.as_ptr(), buf.len());
+    // SAFETY: the piece is the caller's buffer, borrowed for the call.
+    unsafe { send_all(fd, &mut iov, deadline, || true) }
+}
+
+/// Waits for `fd` to become readable: spins for `spin` first (cheap wake-up while traffic
+/// flows), then sleeps in poll. Returns false on timeout.
+pub(crate) fn wait_readable(
+    fd: RawFd,
+    spin: Duration,
+    deadline: Option<Instant>,
+) -> io::Result<bool> {
+    if !spin.is_zero() {
+        let until = Instant::now() + spin;
+        let mut probe = [0u8; 1];
+        loop {
+            // SAFETY: a one-byte local buffer; MSG_PEEK leaves the data queued.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    probe.as_mut_ptr().cast(),
+                    1,
+                    libc::MSG_DONTWAIT | libc::MSG_PEEK,
+                )
+            };
+            if n >= 0 {
+                return Ok(true); // data, or EOF which the reader will see
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
+                return Ok(true); // let the reader see the error
+            }
+            if Instant::now() >= until {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    wait_fd(fd, libc::POLLIN, deadline)
+}

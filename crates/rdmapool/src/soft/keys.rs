@@ -1,0 +1,133 @@
+//! Memory regions of the soft provider and the key tables that find them.
+
+use super::memory::{Mapping, Pin};
+use crate::fabric::AccessFlags;
+use crate::{Error, Result};
+use parking_lot::{RwLock, RwLockReadGuard};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One registration: its range, rights, keys and the memory behind it.
+#[derive(Debug)]
+pub(crate) struct MrInner {
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) access: AccessFlags,
+    pub(crate) pd_id: u32,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+    /// `true` while registered. Operations hold a read guard while they touch the memory;
+    /// deregistration takes the write guard, so it waits for them and later ones see `false`.
+    valid: RwLock<bool>,
+    pin: parking_lot::Mutex<Option<Pin>>,
+    /// Memory owned by the region (None when the caller lent it); held so that it is
+    /// unmapped only after the last in-flight user lets go.
+    _memory: Option<Mapping>,
+}
+
+impl MrInner {
+    /// Whether `[addr, addr+len)` lies inside the region.
+    pub(crate) fn contains(&self, addr: u64, len: u64) -> bool {
+        match addr.checked_add(len) {
+            Some(end) => addr >= self.addr && end <= self.addr + self.len,
+            None => false,
+        }
+    }
+
+    /// The access check an HCA makes: PD, rights and bounds.
+    pub(crate) fn allows(&self, pd_id: u32, need: AccessFlags, addr: u64, len: u64) -> bool {
+        self.pd_id == pd_id && self.access.contains(need) && self.contains(addr, len)
+    }
+
+    /// Holds the region registered while the returned guard lives; `None` once deregistered.
+    pub(crate) fn hold(&self) -> Option<RwLockReadGuard<'_, bool>> {
+        let g = self.valid.read();
+        if *g {
+            Some(g)
+        } else {
+            None
+        }
+    }
+}
+
+/// lkey and rkey lookup for one context.
+#[derive(Debug, Default)]
+pub(crate) struct KeyTable {
+    lkeys: RwLock<HashMap<u32, Arc<MrInner>>>,
+    rkeys: RwLock<HashMap<u32, Arc<MrInner>>>,
+}
+
+fn random_u32() -> Result<u32> {
+    let mut b = [0u8; 4];
+    getrandom::fill(&mut b).map_err(|e| Error::Sys {
+        call: "getrandom",
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    Ok(u32::from_ne_bytes(b))
+}
+
+/// What a new registration is made of.
+pub(crate) struct NewRegion {
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) access: AccessFlags,
+    pub(crate) pd_id: u32,
+    pub(crate) pin: Pin,
+    pub(crate) mapping: Option<Mapping>,
+}
+
+impl KeyTable {
+    /// Registers a region under fresh, unguessable (CSPRNG), unique, non-zero keys.
+    pub(crate) fn insert(&self, r: NewRegion) -> Result<Arc<MrInner>> {
+        let mut lkeys = self.lkeys.write();
+        let mut rkeys = self.rkeys.write();
+        let fresh = |taken: &dyn Fn(u32) -> bool| -> Result<u32> {
+            loop {
+                let k = random_u32()?;
+                if k != 0 && !taken(k) {
+                    return Ok(k);
+                }
+            }
+        };
+        let lkey = fresh(&|k| lkeys.contains_key(&k) || rkeys.contains_key(&k))?;
+        let rkey = fresh(&|k| k == lkey || lkeys.contains_key(&k) || rkeys.contains_key(&k))?;
+        let mr = Arc::new(MrInner {
+            addr: r.addr,
+            len: r.len,
+            access: r.access,
+            pd_id: r.pd_id,
+            lkey,
+            rkey,
+            valid: RwLock::new(true),
+            pin: parking_lot::Mutex::new(Some(r.pin)),
+            _memory: r.mapping,
+        });
+        lkeys.insert(lkey, mr.clone());
+        rkeys.insert(rkey, mr.clone());
+        Ok(mr)
+    }
+
+    /// The region with this local key.
+    pub(crate) fn by_lkey(&self, lkey: u32) -> Option<Arc<MrInner>> {
+        self.lkeys.read().get(&lkey).cloned()
+    }
+
+    /// The region with this remote key.
+    pub(crate) fn by_rkey(&self, rkey: u32) -> Option<Arc<MrInner>> {
+        self.rkeys.read().get(&rkey).cloned()
+    }
+
+    /// Deregisters: keys stop resolving at once, in-flight users are waited for, pages are
+    /// unpinned. Memory the region owns is freed when its last user lets go.
+    pub(crate) fn remove(&self, mr: &MrInner) {
+        self.lkeys.write().remove(&mr.lkey);
+        self.rkeys.write().remove(&mr.rkey);
+        *mr.valid.write() = false;
+        mr.pin.lock().take();
+    }
+
+    /// Live registrations.
+    pub(crate) fn len(&self) -> usize {
+        self.lkeys.read().len()
+    }
+}

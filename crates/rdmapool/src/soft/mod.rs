@@ -1,0 +1,441 @@
+//! `soft`: a pure-Rust RDMA provider that behaves like an RC NIC.
+//!
+//! Each [`crate::fabric::Context`] opened on it is one emulated NIC: it pins registered pages
+//! with mlock, hands out random keys, and listens on TCP (loopback unless told otherwise) and
+//! on a local socket. Requests from peers are executed by the context's own responder
+//! threads ([`responder`]) with the HCA's checks; the requester half runs when the
+//! application posts and polls ([`qp`]).
+//!
+//! Environment: `RDMAPOOL_SOFT_BIND` (TCP listen address, default `127.0.0.1:0`),
+//! `RDMAPOOL_SOFT_SPIN_US` (how long responder threads spin before sleeping, default 50).
+
+mod addr;
+mod cq;
+mod io;
+mod keys;
+pub(crate) mod memory;
+mod qp;
+mod responder;
+mod wire;
+
+use crate::fabric::provider::{ContextOps, CqOps, MrOps, PdOps, QpOps};
+use crate::fabric::{
+    AccessFlags, AtomicCap, Completion, DeviceInfo, Endpoint, ProviderKind, QpConfig, QpState,
+    RecvWr, SendWr,
+};
+use crate::{Error, Result};
+use addr::SoftAddress;
+use cq::SoftCq;
+use keys::{KeyTable, MrInner, NewRegion};
+use memory::{Mapping, Pin};
+use parking_lot::RwLock;
+use qp::SoftQp;
+use std::any::Any;
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// Most SGEs in one work request.
+pub(crate) const MAX_SGE: usize = 16;
+const MAX_MSG: u32 = 1 << 30;
+const MAX_QP_WR: u32 = 16 * 1024;
+const MAX_CQE: u32 = 1 << 20;
+
+/// The soft device and its limits.
+pub(crate) fn device_info() -> DeviceInfo {
+    DeviceInfo {
+        provider: ProviderKind::Soft,
+        name: "soft0".into(),
+        max_mr_size: 1 << 40,
+        max_msg_size: MAX_MSG,
+        max_qp_wr: MAX_QP_WR,
+        max_sge: MAX_SGE as u32,
+        max_cqe: MAX_CQE,
+        max_mr: 1 << 20,
+        atomic_cap: AtomicCap::Global,
+    }
+}
+
+/// How to open a soft context.
+#[derive(Debug, Clone)]
+pub struct SoftConfig {
+    /// TCP listen address; loopback by default so nothing is reachable from outside.
+    pub bind: SocketAddr,
+    /// How long responder threads spin for the next request before sleeping.
+    pub spin: Duration,
+}
+
+impl SoftConfig {
+    /// Defaults, overridden by `RDMAPOOL_SOFT_BIND` and `RDMAPOOL_SOFT_SPIN_US`.
+    pub fn from_env() -> Result<Self> {
+        let bind = match std::env::var("RDMAPOOL_SOFT_BIND") {
+            Ok(s) => s.parse().map_err(|e| {
+                Error::InvalidArgument(format!("RDMAPOOL_SOFT_BIND={s:?}: {e} (want ip:port)"))
+            })?,
+            Err(_) => SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        let spin = match std::env::var("RDMAPOOL_SOFT_SPIN_US") {
+            Ok(s) => Duration::from_micros(s.parse().map_err(|e| {
+                Error::InvalidArgument(format!("RDMAPOOL_SOFT_SPIN_US={s:?}: {e}"))
+            })?),
+            Err(_) => Duration::from_micros(50),
+        };
+        Ok(Self { bind, spin })
+    }
+}
+
+/// State shared by a context's objects and its responder threads.
+pub(crate) struct CtxShared {
+    pub(crate) keys: KeyTable,
+    pub(crate) qps: RwLock<HashMap<u32, Weak<SoftQp>>>,
+    pub(crate) address: SoftAddress,
+    pub(crate) max_msg: u32,
+    pub(crate) spin: Duration,
+    next_qpn: AtomicU32,
+    next_pd: AtomicU32,
+    closing: AtomicBool,
+}
+
+impl CtxShared {
+    pub(crate) fn next_qpn(&self) -> u32 {
+        self.next_qpn.fetch_add(1, Ordering::Relaxed)
+    }
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
+    }
+}
+
+/// One emulated NIC.
+pub(crate) struct SoftContext {
+    shared: Arc<CtxShared>,
+    device: DeviceInfo,
+    listeners: Vec<OwnedFd>,
+    socket_path: PathBuf,
+}
+
+fn spawn_acceptor<L, S>(
+    name: &str,
+    listener: L,
+    shared: Weak<CtxShared>,
+    accept: fn(&L) -> std::io::Result<S>,
+) where
+    L: Send + 'static,
+    S: Into<OwnedFd> + Send + 'static,
+{
+    let _ = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || loop {
+            let conn = match accept(&listener) {
+                Ok(c) => c,
+                Err(_) => return, // listener shut down
+            };
+            let Some(ctx) = shared.upgrade() else { return };
+            if ctx.is_closing() {
+                return;
+            }
+            let fd: OwnedFd = conn.into();
+            let _ = std::thread::Builder::new()
+                .name("rdmapool-soft-resp".into())
+                .spawn(move || responder::serve(ctx, fd));
+        });
+}
+
+impl SoftContext {
+    pub(crate) fn open(cfg: SoftConfig) -> Result<Self> {
+        let tcp = TcpListener::bind(cfg.bind).map_err(|e| Error::Connection {
+            peer: cfg.bind.to_string(),
+            reason: format!("cannot listen: {e}"),
+        })?;
+        let tcp_addr = tcp.local_addr().map_err(|e| Error::Sys {
+            call: "getsockname",
+            source: e,
+        })?;
+        let mut tag = [0u8; 6];
+        let _ = getrandom::fill(&mut tag);
+        let socket_path = std::env::temp_dir().join(format!(
+            "rdmapool-{}-{}.sock",
+            std::process::id(),
+            crate::util::hex_encode(&tag)
+        ));
+        let unix = UnixListener::bind(&socket_path).map_err(|e| Error::Connection {
+            peer: socket_path.display().to_string(),
+            reason: format!("cannot listen: {e}"),
+        })?;
+        let shared = Arc::new(CtxShared {
+            keys: KeyTable::default(),
+            qps: RwLock::new(HashMap::new()),
+            address: SoftAddress {
+                host_id: addr::host_id(),
+                tcp: tcp_addr,
+                local: socket_path.display().to_string(),
+            },
+            max_msg: MAX_MSG,
+            spin: cfg.spin,
+            next_qpn: AtomicU32::new(1),
+            next_pd: AtomicU32::new(1),
+            closing: AtomicBool::new(false),
+        });
+        let listeners = vec![
+            tcp.try_clone()
+                .map_err(|e| Error::Sys {
+                    call: "dup",
+                    source: e,
+                })?
+                .into(),
+            unix.try_clone()
+                .map_err(|e| Error::Sys {
+                    call: "dup",
+                    source: e,
+                })?
+                .into(),
+        ];
+        spawn_acceptor("rdmapool-soft-tcp", tcp, Arc::downgrade(&shared), |l| {
+            l.accept().map(|(s, _)| {
+                let _ = s.set_nodelay(true);
+                s
+            })
+        });
+        spawn_acceptor("rdmapool-soft-local", unix, Arc::downgrade(&shared), |l| {
+            l.accept().map(|(s, _)| s)
+        });
+        Ok(Self {
+            shared,
+            device: device_info(),
+            listeners,
+            socket_path,
+        })
+    }
+}
+
+impl Drop for SoftContext {
+    fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::Relaxed);
+        for l in &self.listeners {
+            // SAFETY: shutdown on a listening descriptor we own wakes its accept loop, which
+            // then exits; the descriptor itself is closed when `listeners` drops.
+            unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+        let _ = std::fs::remove_file(&self.socket_path);
+    }
+}
+
+impl ContextOps for Arc<SoftContext> {
+    fn device(&self) -> &DeviceInfo {
+        &self.device
+    }
+
+    fn alloc_pd(&self) -> Result<Arc<dyn PdOps>> {
+        Ok(Arc::new(SoftPd {
+            ctx: self.clone(),
+            id: self.shared.next_pd.fetch_add(1, Ordering::Relaxed),
+        }))
+    }
+
+    fn live_regions(&self) -> usize {
+        self.shared.keys.len()
+    }
+
+    fn create_cq(&self, depth: u32) -> Result<Arc<dyn CqOps>> {
+        if depth == 0 || depth > MAX_CQE {
+            return Err(Error::InvalidArgument(format!(
+                "CQ depth {depth}: must be 1..={MAX_CQE}"
+            )));
+        }
+        Ok(Arc::new(SoftCqHandle(Arc::new(SoftCq::new(depth)))))
+    }
+}
+
+struct SoftPd {
+    ctx: Arc<SoftContext>,
+    id: u32,
+}
+
+struct SoftMr {
+    inner: Arc<MrInner>,
+    ctx: Arc<SoftContext>,
+}
+
+impl Drop for SoftMr {
+    fn drop(&mut self) {
+        self.ctx.shared.keys.remove(&self.inner);
+    }
+}
+
+impl MrOps for SoftMr {
+    fn addr(&self) -> u64 {
+        self.inner.addr
+    }
+    fn len(&self) -> usize {
+        self.inner.len as usize
+    }
+    fn lkey(&self) -> u32 {
+        self.inner.lkey
+    }
+    fn rkey(&self) -> u32 {
+        self.inner.rkey
+    }
+    fn access(&self) -> AccessFlags {
+        self.inner.access
+    }
+}
+
+impl SoftPd {
+    fn check_request(&self, len: usize, access: AccessFlags) -> Result<()> {
+        access.validate()?;
+        if len == 0 {
+            return Err(Error::InvalidArgument("zero-length memory region".into()));
+        }
+        if len as u64 > self.ctx.device.max_mr_size {
+            return Err(Error::InvalidArgument(format!(
+                "region of {len} bytes exceeds max_mr_size {}",
+                self.ctx.device.max_mr_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl PdOps for SoftPd {
+    fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Box<dyn MrOps>> {
+        self.check_request(len, access)?;
+        let mapping = Mapping::new(len)?;
+        // SAFETY: the mapping was just created and lives in the region, so it outlives the pin.
+        let pin = unsafe { Pin::new(mapping.ptr() as usize, mapping.len())? };
+        let inner = self.ctx.shared.keys.insert(NewRegion {
+            addr: mapping.ptr() as u64,
+            len: len as u64,
+            access,
+            pd_id: self.id,
+            pin,
+            mapping: Some(mapping),
+        })?;
+        Ok(Box::new(SoftMr {
+            inner,
+            ctx: self.ctx.clone(),
+        }))
+    }
+
+    unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Box<dyn MrOps>> {
+        self.check_request(len, access)?;
+        if addr.is_null() {
+            return Err(Error::InvalidArgument("null address".into()));
+        }
+        // SAFETY: the caller promises the range is mapped for the region's lifetime.
+        let pin = unsafe { Pin::new(addr as usize, len)? };
+        let inner = self.ctx.shared.keys.insert(NewRegion {
+            addr: addr as u64,
+            len: len as u64,
+            access,
+            pd_id: self.id,
+            pin,
+            mapping: None,
+        })?;
+        Ok(Box::new(SoftMr {
+            inner,
+            ctx: self.ctx.clone(),
+        }))
+    }
+
+    fn create_qp(
+        &self,
+        send_cq: &dyn CqOps,
+        recv_cq: &dyn CqOps,
+        cfg: &QpConfig,
+    ) -> Result<Box<dyn QpOps>> {
+        let soft_cq = |c: &dyn CqOps| -> Result<Arc<SoftCq>> {
+            c.as_any()
+                .downcast_ref::<SoftCqHandle>()
+                .map(|h| h.0.clone())
+                .ok_or_else(|| Error::Mismatch("a soft QP needs soft CQs".into()))
+        };
+        let dev = &self.ctx.device;
+        if cfg.max_send_wr == 0
+            || cfg.max_send_wr > dev.max_qp_wr
+            || cfg.max_recv_wr > dev.max_qp_wr
+        {
+            return Err(Error::InvalidArgument(
+                format!(
+                    "queue depths {}/{}: send must be 1..={0}, receive 0..={0}",
+                    cfg.max_send_wr, cfg.max_recv_wr
+                )
+                .replace("{0}", &dev.max_qp_wr.to_string()),
+            ));
+        }
+        if cfg.max_sge == 0 || cfg.max_sge > dev.max_sge {
+            return Err(Error::InvalidArgument(format!(
+                "max_sge {}: must be 1..={}",
+                cfg.max_sge, dev.max_sge
+            )));
+        }
+        let qp = SoftQp::new(
+            self.ctx.shared.clone(),
+            self.id,
+            soft_cq(send_cq)?,
+            soft_cq(recv_cq)?,
+            cfg.clone(),
+        );
+        Ok(Box::new(SoftQpHandle(qp)))
+    }
+}
+
+struct SoftCqHandle(Arc<SoftCq>);
+
+impl CqOps for SoftCqHandle {
+    fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        self.0.poll(out)
+    }
+    fn depth(&self) -> u32 {
+        self.0.depth()
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+struct SoftQpHandle(Arc<SoftQp>);
+
+impl QpOps for SoftQpHandle {
+    fn qpn(&self) -> u32 {
+        self.0.qpn
+    }
+    fn state(&self) -> QpState {
+        self.0.state()
+    }
+    fn endpoint(&self) -> Endpoint {
+        self.0.endpoint()
+    }
+    fn to_init(&self) -> Result<()> {
+        self.0.to_init()
+    }
+    fn to_rtr(&self, remote: &Endpoint) -> Result<()> {
+        self.0.to_rtr(remote)
+    }
+    fn to_rts(&self) -> Result<()> {
+        self.0.to_rts()
+    }
+    fn set_error(&self) {
+        self.0.enter_error();
+        self.0.progress();
+    }
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.0.post_send(wrs)
+    }
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.0.post_recv(wrs)
+    }
+}
+
+/// Opens a soft context (one emulated NIC).
+pub(crate) fn open(cfg: SoftConfig) -> Result<Arc<dyn ContextOps>> {
+    Ok(Arc::new(Arc::new(SoftContext::open(cfg)?)))
+}

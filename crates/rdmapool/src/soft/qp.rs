@@ -1,0 +1,641 @@
+//! Soft RC queue pairs: state machine, posting, and the requester half of the emulated NIC.
+
+use super::addr::{host_id, SoftAddress};
+use super::cq::SoftCq;
+use super::io::{self, IoVecs};
+use super::keys::MrInner;
+use super::wire::{self, HelloStatus, ReqOp, Request, Response, RESP_LEN};
+use super::{CtxShared, MAX_SGE};
+use crate::fabric::{
+    AccessFlags, Completion, Endpoint, ProviderKind, QpConfig, QpState, RecvWr, SendWr, Transport,
+    WcOpcode, WcStatus, WrOp,
+};
+use crate::{Error, Result};
+use arrayvec::ArrayVec;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A checked local SGE: the region it lies in, and the range.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    pub(crate) mr: Arc<MrInner>,
+    pub(crate) addr: u64,
+    pub(crate) len: u32,
+}
+
+pub(crate) type LocalList = ArrayVec<Resolved, MAX_SGE>;
+
+/// A posted receive, waiting for an incoming SEND or WRITE with immediate.
+pub(crate) struct RecvEntry {
+    pub(crate) wr_id: u64,
+    /// The checked buffers, or the local error the receive completes with when consumed.
+    pub(crate) local: std::result::Result<LocalList, WcStatus>,
+    pub(crate) capacity: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// On the wire; its response has not arrived.
+    Sent,
+    /// Finished with this status; completes in order.
+    Done(WcStatus),
+}
+
+struct Pending {
+    wr_id: u64,
+    opcode: WcOpcode,
+    signaled: bool,
+    seq: u64,
+    byte_len: u32,
+    posted: Instant,
+    outcome: Outcome,
+    local: LocalList,
+}
+
+/// The send side. Invariant: `pending` is some `Sent` entries followed by `Done` ones.
+struct SendQueue {
+    conn: Option<OwnedFd>,
+    broken: Option<WcStatus>,
+    pending: VecDeque<Pending>,
+    in_flight: usize,
+    next_seq: u64,
+    /// A work request failed locally; later ones are flushed, never sent.
+    failed: bool,
+}
+
+/// One soft RC queue pair.
+pub(crate) struct SoftQp {
+    pub(crate) qpn: u32,
+    pub(crate) pd_id: u32,
+    pub(crate) ctx: Arc<CtxShared>,
+    send_cq: Arc<SoftCq>,
+    pub(crate) recv_cq: Arc<SoftCq>,
+    pub(crate) cfg: QpConfig,
+    state: AtomicU8,
+    sq: Mutex<SendQueue>,
+    pub(crate) rq: Mutex<VecDeque<RecvEntry>>,
+    peer: Mutex<Option<(u32, SoftAddress)>>,
+}
+
+fn wc_opcode(op: &WrOp) -> WcOpcode {
+    match op {
+        WrOp::Send { .. } => WcOpcode::Send,
+        WrOp::Write { .. } => WcOpcode::RdmaWrite,
+        WrOp::Read { .. } => WcOpcode::RdmaRead,
+        WrOp::CompareSwap { .. } => WcOpcode::CompSwap,
+        WrOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+    }
+}
+
+impl SoftQp {
+    pub(crate) fn new(
+        ctx: Arc<CtxShared>,
+        pd_id: u32,
+        send_cq: Arc<SoftCq>,
+        recv_cq: Arc<SoftCq>,
+        cfg: QpConfig,
+    ) -> Arc<Self> {
+        let qpn = ctx.next_qpn();
+        let qp = Arc::new(Self {
+            qpn,
+            pd_id,
+            ctx: ctx.clone(),
+            send_cq: send_cq.clone(),
+            recv_cq,
+            state: AtomicU8::new(QpState::Reset as u8),
+            sq: Mutex::new(SendQueue {
+                conn: None,
+                broken: None,
+                pending: VecDeque::with_capacity(cfg.max_send_wr as usize),
+                in_flight: 0,
+                next_seq: 0,
+                failed: false,
+            }),
+            rq: Mutex::new(VecDeque::with_capacity(cfg.max_recv_wr as usize)),
+            peer: Mutex::new(None),
+            cfg,
+        });
+        send_cq.attach_sender(Arc::downgrade(&qp));
+        ctx.qps.write().insert(qpn, Arc::downgrade(&qp));
+        qp
+    }
+
+    pub(crate) fn state(&self) -> QpState {
+        QpState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            provider: ProviderKind::Soft,
+            qpn: self.qpn,
+            address: self.ctx.address.encode(),
+        }
+    }
+
+    fn bad_state(&self, needed: &'static str) -> Error {
+        Error::InvalidQpState {
+            qpn: self.qpn,
+            state: self.state(),
+            needed,
+        }
+    }
+
+    fn transition(&self, from: QpState, to: QpState, needed: &'static str) -> Result<()> {
+        self.state
+            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| ())
+            .map_err(|_| self.bad_state(needed))
+    }
+
+    /// RESET -> INIT.
+    pub(crate) fn to_init(&self) -> Result<()> {
+        self.transition(QpState::Reset, QpState::Init, "INIT needs RESET")
+    }
+
+    /// INIT -> RTR: bind to the peer.
+    pub(crate) fn to_rtr(&self, remote: &Endpoint) -> Result<()> {
+        if remote.provider != ProviderKind::Soft {
+            return Err(Error::Mismatch(format!(
+                "soft QP {} cannot connect to a {} endpoint",
+                self.qpn, remote.provider
+            )));
+        }
+        let addr = SoftAddress::decode(&remote.address)?;
+        if self.state() != QpState::Init {
+            return Err(self.bad_state("RTR needs INIT"));
+        }
+        *self.peer.lock() = Some((remote.qpn, addr));
+        self.transition(QpState::Init, QpState::Rtr, "RTR needs INIT")
+    }
+
+    /// RTR -> RTS: open the connection that carries this QP's requests.
+    pub(crate) fn to_rts(&self) -> Result<()> {
+        if self.state() != QpState::Rtr {
+            return Err(self.bad_state("RTS needs RTR"));
+        }
+        let (peer_qpn, addr) = self.peer.lock().clone().expect("RTR has a peer");
+        let fd = self.dial(peer_qpn, &addr)?;
+        self.sq.lock().conn = Some(fd);
+        self.transition(QpState::Rtr, QpState::Rts, "RTS needs RTR")
+    }
+
+    fn dial(&self, peer_qpn: u32, addr: &SoftAddress) -> Result<OwnedFd> {
+        let same_host = addr.host_id == host_id() && !addr.local.is_empty();
+        let conn_err = |peer: String, reason: String| Error::Connection { peer, reason };
+        let local = match self.cfg.transport {
+            Transport::Tcp => false,
+            Transport::Local if !same_host => {
+                return Err(conn_err(
+                    addr.tcp.to_string(),
+                    "transport local was asked for but the peer is on another host".into(),
+                ))
+            }
+            Transport::Local => true,
+            Transport::Auto => same_host,
+        };
+        let fd: OwnedFd = match local.then(|| UnixStream::connect(&addr.local)) {
+            Some(Ok(s)) => s.into(),
+            Some(Err(e)) if self.cfg.transport == Transport::Local => {
+                return Err(conn_err(addr.local.clone(), e.to_string()))
+            }
+            _ => {
+                let s = TcpStream::connect_timeout(&addr.tcp, self.cfg.timeout)
+                    .map_err(|e| conn_err(addr.tcp.to_string(), e.to_string()))?;
+                s.set_nodelay(true)
+                    .map_err(|e| conn_err(addr.tcp.to_string(), e.to_string()))?;
+                s.into()
+            }
+        };
+        let deadline = Instant::now() + self.cfg.timeout;
+        let hello = wire::Hello {
+            src_qpn: self.qpn,
+            dst_qpn: peer_qpn,
+        };
+        let peer = || addr.tcp.to_string();
+        io::send_buf(fd.as_raw_fd(), &hello.encode(), deadline)
+            .map_err(|e| conn_err(peer(), format!("sending hello: {e}")))?;
+        let mut ack = [0u8; wire::HELLO_ACK_LEN];
+        io::recv_exact(fd.as_raw_fd(), &mut ack, deadline)
+            .map_err(|e| conn_err(peer(), format!("waiting for hello acknowledgement: {e}")))?;
+        match wire::decode_hello_ack(&ack)? {
+            HelloStatus::Ok => Ok(fd),
+            HelloStatus::NoSuchQp => Err(conn_err(peer(), format!("peer has no QP {peer_qpn}"))),
+            HelloStatus::QpInError => Err(conn_err(
+                peer(),
+                format!("peer QP {peer_qpn} is in the error state"),
+            )),
+        }
+    }
+
+    /// Moves the QP to ERR: posted receives are flushed, sends flush as they are reached.
+    pub(crate) fn enter_error(&self) {
+        let old = self.state.swap(QpState::Error as u8, Ordering::AcqRel);
+        if old != QpState::Error as u8 {
+            let mut rq = self.rq.lock();
+            while let Some(e) = rq.pop_front() {
+                self.recv_cq.push(Completion {
+                    wr_id: e.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: WcOpcode::Recv,
+                    byte_len: 0,
+                    imm: None,
+                    qp_num: self.qpn,
+                });
+            }
+        }
+    }
+
+    /// Checks local SGEs the way an HCA does when it processes the work request.
+    fn resolve(
+        &self,
+        sges: &[crate::fabric::Sge],
+        need: AccessFlags,
+    ) -> std::result::Result<(LocalList, u64), WcStatus> {
+        let mut list = LocalList::new();
+        let mut total = 0u64;
+        for s in sges {
+            if s.length == 0 {
+                return Err(WcStatus::LocLenErr);
+            }
+            let mr = self.ctx.keys.by_lkey(s.lkey).ok_or(WcStatus::LocProtErr)?;
+            if !mr.allows(self.pd_id, need, s.addr, s.length as u64) {
+                return Err(WcStatus::LocProtErr);
+            }
+            total += s.length as u64;
+            list.push(Resolved {
+                mr,
+                addr: s.addr,
+                len: s.length,
+            });
+        }
+        if total > self.ctx.max_msg as u64 {
+            return Err(WcStatus::LocLenErr);
+        }
+        Ok((list, total))
+    }
+
+    /// Posts send work requests in order. Errors in the request itself (wrong state, too
+    /// many SGEs, full queue) are returned; everything the HCA would detect while executing
+    /// it becomes an error completion.
+    pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let mut sq = self.sq.lock();
+        let mut result = Ok(());
+        for wr in wrs {
+            if let Err(e) = self.post_one(&mut sq, wr) {
+                result = Err(e);
+                break;
+            }
+        }
+        self.drain_done(&mut sq);
+        result
+    }
+
+    fn post_one(&self, sq: &mut SendQueue, wr: &SendWr<'_>) -> Result<()> {
+        let state = self.state();
+        if !matches!(state, QpState::Rts | QpState::Error) {
+            return Err(self.bad_state("posting sends needs RTS"));
+        }
+        if wr.sg_list.len() > self.cfg.max_sge as usize {
+            return Err(Error::InvalidArgument(format!(
+                "{} SGEs, the QP allows {}",
+                wr.sg_list.len(),
+                self.cfg.max_sge
+            )));
+        }
+        if sq.pending.len() >= self.cfg.max_send_wr as usize {
+            self.progress_rx(sq);
+            self.drain_done(sq);
+            if sq.pending.len() >= self.cfg.max_send_wr as usize {
+                return Err(Error::QueueFull {
+                    queue: "send",
+                    depth: self.cfg.max_send_wr,
+                });
+            }
+        }
+        let seq = sq.next_seq;
+        sq.next_seq += 1;
+        let mut p = Pending {
+            wr_id: wr.wr_id,
+            opcode: wc_opcode(&wr.op),
+            signaled: wr.signaled,
+            seq,
+            byte_len: 0,
+            posted: Instant::now(),
+            outcome: Outcome::Done(WcStatus::WrFlushErr),
+            local: LocalList::new(),
+        };
+        if state == QpState::Error || sq.failed || sq.broken.is_some() {
+            sq.pending.push_back(p);
+            return Ok(());
+        }
+        let (need, atomic) = match wr.op {
+            WrOp::Send { .. } | WrOp::Write { .. } => (AccessFlags::empty(), false),
+            WrOp::Read { .. } => (AccessFlags::LOCAL_WRITE, false),
+            WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => (AccessFlags::LOCAL_WRITE, true),
+        };
+        let local_error = match self.resolve(wr.sg_list, need) {
+            Ok((_, total)) if atomic && (wr.sg_list.len() != 1 || total != 8) => {
+                Some(WcStatus::LocLenErr)
+            }
+            Ok((local, total)) => {
+                p.local = local;
+                p.byte_len = total as u32;
+                None
+            }
+            Err(status) => Some(status),
+        };
+        if let Some(status) = local_error {
+            p.outcome = Outcome::Done(status);
+            sq.failed = true;
+            sq.pending.push_back(p);
+            return Ok(());
+        }
+        let (op, remote, compare_add, swap, imm) = match wr.op {
+            WrOp::Send { imm } => (ReqOp::Send, None, 0, 0, imm),
+            WrOp::Write { remote, imm } => (ReqOp::Write, Some(remote), 0, 0, imm),
+            WrOp::Read { remote } => (ReqOp::Read, Some(remote), 0, 0, None),
+            WrOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => (ReqOp::CompareSwap, Some(remote), compare, swap, None),
+            WrOp::FetchAdd { remote, add } => (ReqOp::FetchAdd, Some(remote), add, 0, None),
+        };
+        let req = Request {
+            op,
+            seq,
+            remote_addr: remote.map_or(0, |r| r.addr),
+            rkey: remote.map_or(0, |r| r.rkey),
+            len: p.byte_len,
+            compare_add,
+            swap,
+            imm,
+        };
+        self.transmit(sq, &req, p);
+        Ok(())
+    }
+
+    /// Puts one request on the wire (header plus gathered payload) and queues it.
+    fn transmit(&self, sq: &mut SendQueue, req: &Request, mut p: Pending) {
+        let hdr = req.encode();
+        let fd = sq
+            .conn
+            .as_ref()
+            .map(|c| c.as_raw_fd())
+            .expect("RTS has a connection");
+        let mut iov = IoVecs::new();
+        iov.push(hdr.as_ptr(), hdr.len());
+        let payload = req.payload_len() > 0;
+        let local = std::mem::take(&mut p.local);
+        let sent = {
+            let guards: Option<ArrayVec<_, MAX_SGE>> = if payload {
+                local.iter().map(|r| r.mr.hold()).collect()
+            } else {
+                Some(ArrayVec::new())
+            };
+            match guards {
+                // Deregistered between the check and now.
+                None => None,
+                Some(_held) => {
+                    if payload {
+                        for r in &local {
+                            iov.push(r.addr as *const u8, r.len as usize);
+                        }
+                    }
+                    let deadline = Instant::now() + self.cfg.timeout;
+                    // SAFETY: the header is on our stack and each payload piece lies inside
+                    // a region whose registration `_held` keeps for the whole send.
+                    Some(unsafe {
+                        io::send_all(fd, &mut iov, deadline, || {
+                            self.progress_rx(sq);
+                            sq.broken.is_none()
+                        })
+                    })
+                }
+            }
+        };
+        p.local = local;
+        let Some(sent) = sent else {
+            p.outcome = Outcome::Done(WcStatus::LocProtErr);
+            sq.failed = true;
+            sq.pending.push_back(p);
+            return;
+        };
+        p.outcome = Outcome::Sent;
+        sq.pending.push_back(p);
+        sq.in_flight += 1;
+        if let Err(e) = sent {
+            tracing::debug!(qpn = self.qpn, "send failed: {e}");
+            self.break_connection(sq, fd, WcStatus::RetryExcErr);
+        }
+    }
+
+    /// Marks the connection dead: the oldest outstanding request gets `status`, the rest
+    /// are flushed.
+    fn break_connection(&self, sq: &mut SendQueue, fd: RawFd, status: WcStatus) {
+        // SAFETY: shutdown on a descriptor we own; it stays open (closed on drop) so the
+        // number cannot be reused under us.
+        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        sq.broken.get_or_insert(status);
+        let mut first = true;
+        for e in sq.pending.iter_mut() {
+            if e.outcome == Outcome::Sent {
+                e.outcome = Outcome::Done(if first { status } else { WcStatus::WrFlushErr });
+                first = false;
+            }
+        }
+        sq.in_flight = 0;
+    }
+
+    /// Caller-driven progress (from polling the send CQ): reads responses, enforces the
+    /// timeout, completes finished requests in order.
+    pub(crate) fn progress(&self) {
+        if let Some(mut sq) = self.sq.try_lock() {
+            self.progress_rx(&mut sq);
+            self.drain_done(&mut sq);
+        }
+    }
+
+    fn progress_rx(&self, sq: &mut SendQueue) {
+        let Some(fd) = sq.conn.as_ref().map(|c| c.as_raw_fd()) else {
+            return;
+        };
+        if self.state() == QpState::Error && sq.in_flight > 0 {
+            self.break_connection(sq, fd, WcStatus::WrFlushErr);
+            return;
+        }
+        while sq.in_flight > 0 {
+            let mut hdr = [0u8; RESP_LEN];
+            let got = match io::recv_nowait(fd, &mut hdr) {
+                Ok(0) => break,
+                Ok(n) if n < RESP_LEN => {
+                    io::recv_exact(fd, &mut hdr[n..], Instant::now() + self.cfg.timeout).map(|_| ())
+                }
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            };
+            if got.is_err() {
+                self.break_connection(sq, fd, WcStatus::RetryExcErr);
+                return;
+            }
+            let status = match Response::decode(&hdr, self.ctx.max_msg) {
+                Ok(resp) => self.complete_front(sq, fd, resp),
+                Err(_) => Err(WcStatus::BadRespErr),
+            };
+            if let Err(status) = status {
+                self.break_connection(sq, fd, status);
+                return;
+            }
+        }
+        if let Some(front) = sq.pending.front() {
+            if front.outcome == Outcome::Sent && front.posted.elapsed() > self.cfg.timeout {
+                self.break_connection(sq, fd, WcStatus::RetryExcErr);
+            }
+        }
+    }
+
+    /// Applies one response to the oldest outstanding request. Err means the connection
+    /// is unusable (with the status to report).
+    fn complete_front(
+        &self,
+        sq: &mut SendQueue,
+        fd: RawFd,
+        resp: Response,
+    ) -> std::result::Result<(), WcStatus> {
+        let timeout = self.cfg.timeout;
+        let e = sq.pending.front_mut().ok_or(WcStatus::BadRespErr)?;
+        if e.outcome != Outcome::Sent || e.seq != resp.seq() {
+            return Err(WcStatus::BadRespErr);
+        }
+        let status = match (resp, e.opcode) {
+            (Response::Ack { .. }, WcOpcode::Send | WcOpcode::RdmaWrite) => WcStatus::Success,
+            (Response::Nak { status, .. }, _) => status,
+            (Response::ReadData { len, .. }, WcOpcode::RdmaRead) if len == e.byte_len => {
+                let guards: Option<ArrayVec<_, MAX_SGE>> =
+                    e.local.iter().map(|r| r.mr.hold()).collect();
+                let deadline = Instant::now() + timeout;
+                match guards {
+                    Some(_held) => {
+                        let mut iov = IoVecs::new();
+                        for r in &e.local {
+                            iov.push(r.addr as *const u8, r.len as usize);
+                        }
+                        // SAFETY: each piece lies in a registered region with LOCAL_WRITE
+                        // (checked at post time) that `_held` keeps registered.
+                        unsafe { io::recv_all(fd, &mut iov, deadline) }
+                            .map_err(|_| WcStatus::RetryExcErr)?;
+                        WcStatus::Success
+                    }
+                    None => {
+                        io::discard(fd, len as usize, deadline)
+                            .map_err(|_| WcStatus::RetryExcErr)?;
+                        WcStatus::LocProtErr
+                    }
+                }
+            }
+            (Response::Atomic { old, .. }, WcOpcode::CompSwap | WcOpcode::FetchAdd) => {
+                let r = &e.local[0];
+                match r.mr.hold() {
+                    Some(_held) => {
+                        // SAFETY: an 8-byte range inside a registered region with LOCAL_WRITE,
+                        // kept registered by `_held`; unaligned write allowed.
+                        unsafe { std::ptr::write_unaligned(r.addr as *mut u64, old) };
+                        WcStatus::Success
+                    }
+                    None => WcStatus::LocProtErr,
+                }
+            }
+            _ => return Err(WcStatus::BadRespErr),
+        };
+        e.outcome = Outcome::Done(status);
+        sq.in_flight -= 1;
+        Ok(())
+    }
+
+    /// Completes finished requests from the head of the queue, in posting order.
+    fn drain_done(&self, sq: &mut SendQueue) {
+        while let Some(Outcome::Done(status)) = sq.pending.front().map(|e| e.outcome) {
+            let e = sq.pending.pop_front().expect("front exists");
+            let status = if self.state() == QpState::Error {
+                WcStatus::WrFlushErr
+            } else {
+                status
+            };
+            if status != WcStatus::Success {
+                self.enter_error();
+            }
+            if status != WcStatus::Success || e.signaled {
+                self.send_cq.push(Completion {
+                    wr_id: e.wr_id,
+                    status,
+                    opcode: e.opcode,
+                    byte_len: if status == WcStatus::Success {
+                        e.byte_len
+                    } else {
+                        0
+                    },
+                    imm: None,
+                    qp_num: self.qpn,
+                });
+            }
+        }
+    }
+
+    /// Posts receives. Buffers are checked now; a bad one completes with a local error when
+    /// a message arrives for it.
+    pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        for wr in wrs {
+            let state = self.state();
+            if state == QpState::Reset {
+                return Err(self.bad_state("posting receives needs INIT, RTR or RTS"));
+            }
+            if wr.sg_list.len() > self.cfg.max_sge as usize {
+                return Err(Error::InvalidArgument(format!(
+                    "{} SGEs, the QP allows {}",
+                    wr.sg_list.len(),
+                    self.cfg.max_sge
+                )));
+            }
+            if state == QpState::Error {
+                self.recv_cq.push(Completion {
+                    wr_id: wr.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: WcOpcode::Recv,
+                    byte_len: 0,
+                    imm: None,
+                    qp_num: self.qpn,
+                });
+                continue;
+            }
+            let mut rq = self.rq.lock();
+            if rq.len() >= self.cfg.max_recv_wr as usize {
+                return Err(Error::QueueFull {
+                    queue: "receive",
+                    depth: self.cfg.max_recv_wr,
+                });
+            }
+            let (local, capacity) = match self.resolve(wr.sg_list, AccessFlags::LOCAL_WRITE) {
+                Ok((l, c)) => (Ok(l), c),
+                Err(s) => (Err(s), 0),
+            };
+            rq.push_back(RecvEntry {
+                wr_id: wr.wr_id,
+                local,
+                capacity,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        self.ctx.qps.write().remove(&self.qpn);
+    }
+}

@@ -1,0 +1,314 @@
+//! The target half of the emulated NIC: executes incoming requests against registered
+//! memory, with the access checks an HCA makes, on its own threads (never the application's).
+
+use super::io::{self, IoVecs};
+use super::keys::MrInner;
+use super::qp::{RecvEntry, SoftQp};
+use super::wire::{self, HelloStatus, ReqOp, Request, Response, HELLO_LEN, REQ_LEN};
+use super::CtxShared;
+use crate::fabric::{AccessFlags, Completion, QpState, WcOpcode, WcStatus};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// How long a new connection may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves one incoming connection until it closes or misbehaves.
+pub(crate) fn serve(ctx: Arc<CtxShared>, conn: OwnedFd) {
+    let fd = conn.as_raw_fd();
+    let Some(qp) = handshake(&ctx, fd) else {
+        return;
+    };
+    let (qpn, timeout) = (qp.qpn, qp.cfg.timeout);
+    let weak = Arc::downgrade(&qp);
+    drop(qp);
+    loop {
+        // Wait for the next frame: spin briefly while traffic flows, then sleep.
+        match io::wait_readable(
+            fd,
+            ctx.spin,
+            Some(Instant::now() + Duration::from_millis(200)),
+        ) {
+            Ok(true) => {}
+            Ok(false) => {
+                if ctx.is_closing() || weak.strong_count() == 0 {
+                    return;
+                }
+                continue;
+            }
+            Err(_) => return,
+        }
+        let mut hdr = [0u8; REQ_LEN];
+        if io::recv_exact(fd, &mut hdr, Instant::now() + timeout).is_err() {
+            return; // EOF or a peer that stalled mid-frame
+        }
+        let req = match Request::decode(&hdr, ctx.max_msg) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(qpn, "closing connection: {e}");
+                return;
+            }
+        };
+        let Some(qp) = upgrade(&weak) else { return };
+        if let Err(e) = execute(&ctx, &qp, fd, &req) {
+            tracing::debug!(qpn, "connection ended: {e}");
+            return;
+        }
+    }
+}
+
+fn upgrade(w: &Weak<SoftQp>) -> Option<Arc<SoftQp>> {
+    w.upgrade()
+}
+
+fn handshake(ctx: &CtxShared, fd: RawFd) -> Option<Arc<SoftQp>> {
+    let deadline = Instant::now() + HELLO_TIMEOUT;
+    let mut b = [0u8; HELLO_LEN];
+    io::recv_exact(fd, &mut b, deadline).ok()?;
+    let hello = match wire::Hello::decode(&b) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!("rejecting connection: {e}");
+            return None;
+        }
+    };
+    let qp = ctx.qps.read().get(&hello.dst_qpn).and_then(Weak::upgrade);
+    let status = match &qp {
+        None => HelloStatus::NoSuchQp,
+        Some(q) if q.state() == QpState::Error => HelloStatus::QpInError,
+        Some(_) => HelloStatus::Ok,
+    };
+    io::send_buf(fd, &wire::encode_hello_ack(status), deadline).ok()?;
+    if status == HelloStatus::Ok {
+        qp
+    } else {
+        None
+    }
+}
+
+/// Waits (like a peer's retries) for the target QP to reach RTR or RTS.
+fn ready(qp: &SoftQp) -> bool {
+    let until = Instant::now() + qp.cfg.timeout;
+    loop {
+        match qp.state() {
+            QpState::Rtr | QpState::Rts => return true,
+            QpState::Error => return false,
+            _ if Instant::now() >= until => return false,
+            _ => std::thread::sleep(Duration::from_micros(100)),
+        }
+    }
+}
+
+/// Takes the oldest posted receive, waiting up to the RNR timeout for one.
+fn take_recv(qp: &SoftQp) -> Option<RecvEntry> {
+    let until = Instant::now() + qp.cfg.rnr_timeout;
+    loop {
+        if let Some(e) = qp.rq.lock().pop_front() {
+            return Some(e);
+        }
+        if qp.state() == QpState::Error || Instant::now() >= until {
+            return None;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+fn recv_completion(
+    qp: &SoftQp,
+    wr_id: u64,
+    status: WcStatus,
+    opcode: WcOpcode,
+    len: u32,
+    imm: Option<u32>,
+) {
+    qp.recv_cq.push(Completion {
+        wr_id,
+        status,
+        opcode,
+        byte_len: if status == WcStatus::Success { len } else { 0 },
+        imm,
+        qp_num: qp.qpn,
+    });
+}
+
+/// The remote region a request targets, if the access check passes.
+fn check(ctx: &CtxShared, qp: &SoftQp, req: &Request, need: AccessFlags) -> Option<Arc<MrInner>> {
+    let mr = ctx.keys.by_rkey(req.rkey)?;
+    mr.allows(qp.pd_id, need, req.remote_addr, req.len as u64)
+        .then_some(mr)
+}
+
+/// Executes one request and answers it. An `Err` means the connection is unusable.
+fn execute(ctx: &CtxShared, qp: &SoftQp, fd: RawFd, req: &Request) -> std::io::Result<()> {
+    let deadline = Instant::now() + qp.cfg.timeout;
+    let reply = |r: Response| io::send_buf(fd, &r.encode(), deadline);
+    let nak = |status: WcStatus| Response::Nak {
+        seq: req.seq,
+        status,
+    };
+    let skip_payload = || io::discard(fd, req.payload_len() as usize, deadline);
+    if !ready(qp) {
+        skip_payload()?;
+        return reply(nak(WcStatus::RetryExcErr));
+    }
+    match req.op {
+        ReqOp::Write => {
+            let mr = if req.len == 0 {
+                None
+            } else {
+                match check(ctx, qp, req, AccessFlags::REMOTE_WRITE) {
+                    Some(mr) => Some(mr),
+                    None => {
+                        skip_payload()?;
+                        qp.enter_error();
+                        return reply(nak(WcStatus::RemAccessErr));
+                    }
+                }
+            };
+            // WRITE with immediate needs a receive before anything is written.
+            let recv = match req.imm {
+                Some(_) => match take_recv(qp) {
+                    Some(r) => Some(r),
+                    None => {
+                        skip_payload()?;
+                        return reply(nak(WcStatus::RnrRetryExcErr));
+                    }
+                },
+                None => None,
+            };
+            if let Some(mr) = mr {
+                let Some(_held) = mr.hold() else {
+                    skip_payload()?;
+                    qp.enter_error();
+                    return reply(nak(WcStatus::RemAccessErr));
+                };
+                let mut iov = IoVecs::new();
+                iov.push(req.remote_addr as *const u8, req.len as usize);
+                // SAFETY: the range passed the bounds check of a region that `_held` keeps
+                // registered (so mapped and pinned), and it grants REMOTE_WRITE.
+                unsafe { io::recv_all(fd, &mut iov, deadline)? };
+            }
+            if let Some(r) = recv {
+                recv_completion(
+                    qp,
+                    r.wr_id,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    req.len,
+                    req.imm,
+                );
+            }
+            reply(Response::Ack { seq: req.seq })
+        }
+        ReqOp::Read => {
+            let held = if req.len == 0 {
+                None
+            } else {
+                match check(ctx, qp, req, AccessFlags::REMOTE_READ) {
+                    Some(mr) => Some(mr),
+                    None => {
+                        qp.enter_error();
+                        return reply(nak(WcStatus::RemAccessErr));
+                    }
+                }
+            };
+            let hdr = Response::ReadData {
+                seq: req.seq,
+                len: req.len,
+            }
+            .encode();
+            let mut iov = IoVecs::new();
+            iov.push(hdr.as_ptr(), hdr.len());
+            let _held = match &held {
+                Some(mr) => match mr.hold() {
+                    Some(g) => Some(g),
+                    None => {
+                        qp.enter_error();
+                        return reply(nak(WcStatus::RemAccessErr));
+                    }
+                },
+                None => None,
+            };
+            iov.push(req.remote_addr as *const u8, req.len as usize);
+            // SAFETY: the header is ours; the data range passed the bounds check of a region
+            // that `_held` keeps registered and that grants REMOTE_READ.
+            unsafe { io::send_all(fd, &mut iov, deadline, || true) }
+        }
+        ReqOp::CompareSwap | ReqOp::FetchAdd => {
+            if !req.remote_addr.is_multiple_of(8) {
+                qp.enter_error();
+                return reply(nak(WcStatus::RemInvReqErr));
+            }
+            let Some(mr) = check(ctx, qp, req, AccessFlags::REMOTE_ATOMIC) else {
+                qp.enter_error();
+                return reply(nak(WcStatus::RemAccessErr));
+            };
+            let Some(_held) = mr.hold() else {
+                qp.enter_error();
+                return reply(nak(WcStatus::RemAccessErr));
+            };
+            // SAFETY: 8-byte aligned, inside a registered, pinned region kept registered by
+            // `_held`; every RDMA atomic on this word goes through an AtomicU64, so they are
+            // atomic with respect to each other across threads and processes.
+            let word = unsafe { &*(req.remote_addr as *const AtomicU64) };
+            let old = if req.op == ReqOp::CompareSwap {
+                match word.compare_exchange(
+                    req.compare_add,
+                    req.swap,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(v) | Err(v) => v,
+                }
+            } else {
+                word.fetch_add(req.compare_add, Ordering::AcqRel)
+            };
+            reply(Response::Atomic { seq: req.seq, old })
+        }
+        ReqOp::Send => {
+            let Some(r) = take_recv(qp) else {
+                skip_payload()?;
+                return reply(nak(WcStatus::RnrRetryExcErr));
+            };
+            let opcode = WcOpcode::Recv;
+            let local = match r.local {
+                Ok(l) => l,
+                Err(status) => {
+                    skip_payload()?;
+                    recv_completion(qp, r.wr_id, status, opcode, 0, None);
+                    qp.enter_error();
+                    return reply(nak(WcStatus::RemOpErr));
+                }
+            };
+            if req.len as u64 > r.capacity {
+                skip_payload()?;
+                recv_completion(qp, r.wr_id, WcStatus::LocLenErr, opcode, 0, None);
+                qp.enter_error();
+                return reply(nak(WcStatus::RemInvReqErr));
+            }
+            let held: Option<arrayvec::ArrayVec<_, { super::MAX_SGE }>> =
+                local.iter().map(|l| l.mr.hold()).collect();
+            if held.is_none() {
+                skip_payload()?;
+                recv_completion(qp, r.wr_id, WcStatus::LocProtErr, opcode, 0, None);
+                qp.enter_error();
+                return reply(nak(WcStatus::RemOpErr));
+            }
+            let mut iov = IoVecs::new();
+            let mut left = req.len as usize;
+            for l in &local {
+                let n = left.min(l.len as usize);
+                iov.push(l.addr as *const u8, n);
+                left -= n;
+            }
+            // SAFETY: every piece lies in a receive buffer checked for LOCAL_WRITE when it
+            // was posted and kept registered by `held`.
+            unsafe { io::recv_all(fd, &mut iov, deadline)? };
+            drop(held);
+            recv_completion(qp, r.wr_id, WcStatus::Success, opcode, req.len, req.imm);
+            reply(Response::Ack { seq: req.seq })
+        }
+    }
+}

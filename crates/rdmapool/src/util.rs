@@ -1,0 +1,48 @@
+//! Small helpers shared by several modules.
+
+use crate::{Error, Result};
+
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex_encode(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+/// Parses lower- or upper-case hex.
+pub(crate) fn hex_decode(s: &str) -> Result<Vec<u8>> {
+    let bad = |reason: String| Error::Malformed {
+        what: "hex text",
+        reason,
+    };
+    if !s.len().is_multiple_of(2) {
+        return Err(bad(format!("odd length {}", s.len())));
+    }
+    let nibble = |c: u8| -> Result<u8> {
+        match c {
+            b'0'..=b'9' => Ok(c - b'0'),
+            b'a'..=b'f' => Ok(c - b'a' + 10),
+            b'A'..=b'F' => Ok(c - b'A' + 10),
+            _ => Err(bad(format!("not a hex digit: {:?}", c as char))),
+        }
+    };
+    s.as_bytes()
+        .chunks(2)
+        .map(|p| Ok(nibble(p[0])? << 4 | nibble(p[1])?))
+        .collect()
+}
+
+/// The system page size.
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
