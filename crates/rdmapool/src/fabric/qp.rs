@@ -174,6 +174,14 @@ impl Endpoint {
         })
     }
 
+    /// The TCP address of a soft endpoint's NIC (None for other providers or bad bytes).
+    pub fn soft_tcp_addr(&self) -> Option<std::net::SocketAddr> {
+        match self.provider {
+            ProviderKind::Soft => crate::soft::decode_tcp_addr(&self.address),
+            ProviderKind::Verbs => None,
+        }
+    }
+
     /// Hex text of [`Endpoint::to_bytes`], handy for pipes and command lines.
     pub fn to_hex(&self) -> String {
         crate::util::hex_encode(&self.to_bytes())

@@ -439,3 +439,8 @@ impl QpOps for SoftQpHandle {
 pub(crate) fn open(cfg: SoftConfig) -> Result<Arc<dyn ContextOps>> {
     Ok(Arc::new(Arc::new(SoftContext::open(cfg)?)))
 }
+
+/// The TCP address inside a soft endpoint's address bytes.
+pub(crate) fn decode_tcp_addr(address: &[u8]) -> Option<SocketAddr> {
+    SoftAddress::decode(address).ok().map(|a| a.tcp)
+}

@@ -471,6 +471,8 @@ impl SoftQp {
             return;
         }
         while sq.in_flight > 0 {
+            // Completed requests leave the head first, so the head is the oldest one sent.
+            self.drain_done(sq);
             let mut hdr = [0u8; RESP_LEN];
             let got = match io::recv_nowait(fd, &mut hdr) {
                 Ok(0) => break,

@@ -1,0 +1,81 @@
+//! Shared helpers for the integration tests: nodes (one emulated NIC each), connected QP
+//! pairs, and completion waiting.
+#![allow(dead_code)]
+
+use rdmapool::fabric::*;
+use std::time::Duration;
+
+/// Generous: only bounds a hang, never asserts speed.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// One node: a context with a PD and a CQ.
+pub struct Node {
+    pub ctx: Context,
+    pub pd: Pd,
+    pub cq: Cq,
+}
+
+pub fn node() -> Node {
+    let ctx = Context::open_soft().expect("open soft context");
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4096).unwrap();
+    Node { ctx, pd, cq }
+}
+
+pub fn config(transport: Transport) -> QpConfig {
+    QpConfig {
+        transport,
+        timeout: Duration::from_secs(5),
+        rnr_timeout: Duration::from_millis(300),
+        ..QpConfig::default()
+    }
+}
+
+/// A QP on `a` connected to a QP on `b`.
+pub fn pair(a: &Node, b: &Node, cfg: &QpConfig) -> (Qp, Qp) {
+    let qa = a.pd.create_qp(&a.cq, &a.cq, cfg).unwrap();
+    let qb = b.pd.create_qp(&b.cq, &b.cq, cfg).unwrap();
+    qa.connect(&qb.endpoint()).unwrap();
+    qb.connect(&qa.endpoint()).unwrap();
+    (qa, qb)
+}
+
+pub const TRANSPORTS: [Transport; 2] = [Transport::Tcp, Transport::Local];
+
+/// Waits for exactly one completion.
+pub fn one(cq: &Cq) -> Completion {
+    let got = cq.wait(1, WAIT).unwrap();
+    assert_eq!(got.len(), 1, "no completion within {WAIT:?}");
+    got[0]
+}
+
+pub fn write_wr<'a>(wr_id: u64, remote: RemoteAddr, sg: &'a [Sge]) -> SendWr<'a> {
+    SendWr {
+        wr_id,
+        op: WrOp::Write { remote, imm: None },
+        sg_list: sg,
+        signaled: true,
+    }
+}
+
+pub fn read_wr<'a>(wr_id: u64, remote: RemoteAddr, sg: &'a [Sge]) -> SendWr<'a> {
+    SendWr {
+        wr_id,
+        op: WrOp::Read { remote },
+        sg_list: sg,
+        signaled: true,
+    }
+}
+
+/// A deterministic byte pattern.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+pub fn contents(mr: &Mr) -> Vec<u8> {
+    let mut v = vec![0u8; mr.len()];
+    mr.read_at(0, &mut v).unwrap();
+    v
+}

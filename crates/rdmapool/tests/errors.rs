@@ -1,0 +1,554 @@
+//! Every bad access gets the status an HCA gives, leaves target memory unchanged, and moves
+//! the QPs to the error state as RC requires.
+
+mod common;
+use common::*;
+use rdmapool::fabric::*;
+use rdmapool::Error;
+
+const ALL: AccessFlags = AccessFlags::all();
+const LEN: usize = 4096;
+
+/// A connected pair plus a patterned target region on `b`, with the given rights.
+struct Setup {
+    a: Node,
+    b: Node,
+    qa: Qp,
+    qb: Qp,
+    target: Mr,
+    local: Mr,
+    before: Vec<u8>,
+}
+
+fn setup(t: Transport, access: AccessFlags) -> Setup {
+    let (a, b) = (node(), node());
+    let (qa, qb) = pair(&a, &b, &config(t));
+    let target = b.pd.alloc_mr(LEN, access).unwrap();
+    let before = pattern(LEN, 9);
+    target.write_at(0, &before).unwrap();
+    let local = a.pd.alloc_mr(LEN, ALL).unwrap();
+    local.write_at(0, &pattern(LEN, 200)).unwrap();
+    Setup {
+        a,
+        b,
+        qa,
+        qb,
+        target,
+        local,
+        before,
+    }
+}
+
+impl Setup {
+    /// Posts `op` on 8 bytes of the local region and returns its completion status.
+    fn run(&self, op: WrOp) -> WcStatus {
+        let sg = [self.local.sge(0, 8).unwrap()];
+        self.qa
+            .post_send(&[SendWr {
+                wr_id: 1,
+                op,
+                sg_list: &sg,
+                signaled: true,
+            }])
+            .unwrap();
+        one(&self.a.cq).status
+    }
+
+    fn assert_untouched(&self, what: &str) {
+        assert_eq!(
+            contents(&self.target),
+            self.before,
+            "{what}: target memory changed"
+        );
+    }
+
+    /// After a fatal error both QPs are in ERR and later work is flushed.
+    fn assert_both_in_error(&self, what: &str) {
+        assert_eq!(self.qa.state(), QpState::Error, "{what}: requester state");
+        // The responder moves to ERR as it answers; give its thread a moment.
+        let until = std::time::Instant::now() + WAIT;
+        while self.qb.state() != QpState::Error && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(self.qb.state(), QpState::Error, "{what}: responder state");
+        assert_eq!(
+            self.run(WrOp::Write {
+                remote: self.target.remote_at(0).unwrap(),
+                imm: None
+            }),
+            WcStatus::WrFlushErr
+        );
+        self.assert_untouched(what);
+    }
+}
+
+fn write_at(remote: RemoteAddr) -> WrOp {
+    WrOp::Write { remote, imm: None }
+}
+
+#[test]
+fn wrong_rkey_is_a_remote_access_error() {
+    for t in TRANSPORTS {
+        for op in ["write", "read", "cas", "faa"] {
+            let s = setup(t, ALL);
+            let remote = RemoteAddr {
+                addr: s.target.addr(),
+                rkey: s.target.rkey() ^ 0x5a5a_0001,
+            };
+            let op_ = match op {
+                "write" => write_at(remote),
+                "read" => WrOp::Read { remote },
+                "cas" => WrOp::CompareSwap {
+                    remote,
+                    compare: 0,
+                    swap: 1,
+                },
+                _ => WrOp::FetchAdd { remote, add: 1 },
+            };
+            assert_eq!(s.run(op_), WcStatus::RemAccessErr, "{t:?} {op}");
+            s.assert_both_in_error(op);
+        }
+    }
+}
+
+#[test]
+fn one_byte_out_of_bounds_is_a_remote_access_error() {
+    for t in TRANSPORTS {
+        let s = setup(t, ALL);
+        // 8 bytes starting 7 bytes before the end: the last byte is outside.
+        let remote = s.target.remote_at(LEN - 7).unwrap();
+        assert_eq!(
+            s.run(write_at(remote)),
+            WcStatus::RemAccessErr,
+            "{t:?} write"
+        );
+        s.assert_both_in_error("write past the end");
+        let s = setup(t, ALL);
+        let remote = RemoteAddr {
+            addr: s.target.addr() - 1,
+            rkey: s.target.rkey(),
+        };
+        assert_eq!(
+            s.run(WrOp::Read { remote }),
+            WcStatus::RemAccessErr,
+            "{t:?} read before start"
+        );
+        s.assert_both_in_error("read before the start");
+        let s = setup(t, ALL);
+        let remote = s.target.remote_at(LEN).unwrap();
+        assert_eq!(
+            s.run(WrOp::FetchAdd { remote, add: 1 }),
+            WcStatus::RemAccessErr,
+            "{t:?} faa at end"
+        );
+        s.assert_both_in_error("atomic at the end");
+    }
+}
+
+#[test]
+fn missing_access_flag_is_a_remote_access_error() {
+    let lw = AccessFlags::LOCAL_WRITE;
+    for t in TRANSPORTS {
+        let cases: [(AccessFlags, &str); 4] = [
+            (
+                lw | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
+                "write",
+            ),
+            (
+                lw | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC,
+                "read",
+            ),
+            (
+                lw | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+                "cas",
+            ),
+            (
+                lw | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+                "faa",
+            ),
+        ];
+        for (access, op) in cases {
+            let s = setup(t, access);
+            let remote = s.target.remote_at(0).unwrap();
+            let op_ = match op {
+                "write" => write_at(remote),
+                "read" => WrOp::Read { remote },
+                "cas" => WrOp::CompareSwap {
+                    remote,
+                    compare: u64::from_ne_bytes(s.before[..8].try_into().unwrap()),
+                    swap: 1,
+                },
+                _ => WrOp::FetchAdd { remote, add: 1 },
+            };
+            assert_eq!(
+                s.run(op_),
+                WcStatus::RemAccessErr,
+                "{t:?} {op} without its flag"
+            );
+            s.assert_both_in_error(op);
+        }
+    }
+}
+
+#[test]
+fn misaligned_atomic_is_a_remote_invalid_request() {
+    for t in TRANSPORTS {
+        for off in [1usize, 4, 7] {
+            let s = setup(t, ALL);
+            let remote = s.target.remote_at(off).unwrap();
+            assert_eq!(
+                s.run(WrOp::FetchAdd { remote, add: 1 }),
+                WcStatus::RemInvReqErr,
+                "{t:?} +{off}"
+            );
+            s.assert_both_in_error("misaligned atomic");
+        }
+        let s = setup(t, ALL);
+        let remote = s.target.remote_at(12).unwrap();
+        assert_eq!(
+            s.run(WrOp::CompareSwap {
+                remote,
+                compare: 0,
+                swap: 1
+            }),
+            WcStatus::RemInvReqErr
+        );
+        s.assert_both_in_error("misaligned CAS");
+    }
+}
+
+#[test]
+fn deregistered_region_is_a_remote_access_error_and_stays_untouched() {
+    for t in TRANSPORTS {
+        let (a, b) = (node(), node());
+        let (qa, _qb) = pair(&a, &b, &config(t));
+        let mut memory = vec![0x11u8; LEN];
+        // SAFETY: `memory` outlives the region, which is dropped right below.
+        let mr = unsafe { b.pd.register_raw(memory.as_mut_ptr(), LEN, ALL).unwrap() };
+        let remote = mr.remote_at(0).unwrap();
+        drop(mr);
+        let local = a.pd.alloc_mr(LEN, ALL).unwrap();
+        let sg = [local.sge(0, 64).unwrap()];
+        qa.post_send(&[write_wr(1, remote, &sg)]).unwrap();
+        assert_eq!(one(&a.cq).status, WcStatus::RemAccessErr, "{t:?}");
+        assert!(
+            memory.iter().all(|&x| x == 0x11),
+            "{t:?}: deregistered memory was written"
+        );
+    }
+}
+
+#[test]
+fn region_of_another_pd_is_refused_remotely_and_locally() {
+    for t in TRANSPORTS {
+        let s = setup(t, ALL);
+        let other_pd = s.b.ctx.alloc_pd().unwrap();
+        let foreign = other_pd.alloc_mr(LEN, ALL).unwrap();
+        foreign.write_at(0, &s.before).unwrap();
+        assert_eq!(
+            s.run(write_at(foreign.remote_at(0).unwrap())),
+            WcStatus::RemAccessErr,
+            "{t:?} remote"
+        );
+        assert_eq!(contents(&foreign), s.before);
+
+        // Locally: an lkey from another PD of the same context.
+        let s = setup(t, ALL);
+        let pd2 = s.a.ctx.alloc_pd().unwrap();
+        let other_local = pd2.alloc_mr(LEN, ALL).unwrap();
+        let sg = [other_local.sge(0, 8).unwrap()];
+        let op = write_at(s.target.remote_at(0).unwrap());
+        s.qa.post_send(&[SendWr {
+            wr_id: 3,
+            op,
+            sg_list: &sg,
+            signaled: true,
+        }])
+        .unwrap();
+        assert_eq!(one(&s.a.cq).status, WcStatus::LocProtErr, "{t:?} local");
+        s.assert_untouched("foreign lkey");
+    }
+}
+
+#[test]
+fn bad_local_sges_get_local_errors() {
+    for t in TRANSPORTS {
+        let cases: [(&str, fn(&Mr) -> Sge, WcStatus); 3] = [
+            (
+                "zero length",
+                |m| Sge {
+                    addr: m.addr(),
+                    length: 0,
+                    lkey: m.lkey(),
+                },
+                WcStatus::LocLenErr,
+            ),
+            (
+                "past the region",
+                |m| Sge {
+                    addr: m.addr() + 8,
+                    length: LEN as u32,
+                    lkey: m.lkey(),
+                },
+                WcStatus::LocProtErr,
+            ),
+            (
+                "unknown lkey",
+                |m| Sge {
+                    addr: m.addr(),
+                    length: 8,
+                    lkey: m.lkey() ^ 0xffff,
+                },
+                WcStatus::LocProtErr,
+            ),
+        ];
+        for (what, make, want) in cases {
+            let s = setup(t, ALL);
+            let sg = [make(&s.local)];
+            let op = write_at(s.target.remote_at(0).unwrap());
+            s.qa.post_send(&[SendWr {
+                wr_id: 1,
+                op,
+                sg_list: &sg,
+                signaled: true,
+            }])
+            .unwrap();
+            let c = one(&s.a.cq);
+            assert_eq!(c.status, want, "{t:?} {what}");
+            assert_eq!(s.qa.state(), QpState::Error, "{what}");
+            s.assert_untouched(what);
+        }
+        // READ into a region without LOCAL_WRITE.
+        let s = setup(t, ALL);
+        let ro = s.a.pd.alloc_mr(LEN, AccessFlags::REMOTE_READ).unwrap();
+        let sg = [ro.sge(0, 8).unwrap()];
+        let op = WrOp::Read {
+            remote: s.target.remote_at(0).unwrap(),
+        };
+        s.qa.post_send(&[SendWr {
+            wr_id: 1,
+            op,
+            sg_list: &sg,
+            signaled: true,
+        }])
+        .unwrap();
+        assert_eq!(
+            one(&s.a.cq).status,
+            WcStatus::LocProtErr,
+            "{t:?} read into read-only"
+        );
+        // Atomic with a 4-byte result buffer.
+        let s = setup(t, ALL);
+        let sg = [s.local.sge(0, 4).unwrap()];
+        let op = WrOp::FetchAdd {
+            remote: s.target.remote_at(0).unwrap(),
+            add: 1,
+        };
+        s.qa.post_send(&[SendWr {
+            wr_id: 1,
+            op,
+            sg_list: &sg,
+            signaled: true,
+        }])
+        .unwrap();
+        assert_eq!(
+            one(&s.a.cq).status,
+            WcStatus::LocLenErr,
+            "{t:?} short atomic buffer"
+        );
+        s.assert_untouched("short atomic buffer");
+    }
+}
+
+#[test]
+fn error_flushes_every_later_request_in_order() {
+    for t in TRANSPORTS {
+        let s = setup(t, ALL);
+        let good = s.target.remote_at(0).unwrap();
+        let bad = RemoteAddr {
+            addr: good.addr,
+            rkey: good.rkey.wrapping_add(1),
+        };
+        let sg = [s.local.sge(0, 8).unwrap()];
+        let wrs: Vec<SendWr> = [good, bad, good, good]
+            .iter()
+            .enumerate()
+            .map(|(i, r)| SendWr {
+                wr_id: i as u64,
+                op: write_at(*r),
+                sg_list: &sg,
+                signaled: true,
+            })
+            .collect();
+        s.qa.post_send(&wrs).unwrap();
+        let got = s.a.cq.wait(4, WAIT).unwrap();
+        let seen: Vec<(u64, WcStatus)> = got.iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(
+            seen,
+            vec![
+                (0, WcStatus::Success),
+                (1, WcStatus::RemAccessErr),
+                (2, WcStatus::WrFlushErr),
+                (3, WcStatus::WrFlushErr)
+            ],
+            "{t:?}"
+        );
+        // Only the first write landed.
+        let mut first = [0u8; 8];
+        s.target.read_at(0, &mut first).unwrap();
+        assert_eq!(first, pattern(LEN, 200)[..8]);
+        assert_eq!(contents(&s.target)[8..], s.before[8..]);
+    }
+}
+
+#[test]
+fn posting_to_a_qp_in_error_flushes_sends_and_receives() {
+    let s = setup(Transport::Auto, ALL);
+    s.qa.modify_to_error();
+    assert_eq!(s.qa.state(), QpState::Error);
+    assert_eq!(
+        s.run(write_at(s.target.remote_at(0).unwrap())),
+        WcStatus::WrFlushErr
+    );
+    let rsg = [s.local.sge(0, 8).unwrap()];
+    s.qa.post_recv(&[RecvWr {
+        wr_id: 4,
+        sg_list: &rsg,
+    }])
+    .unwrap();
+    let c = one(&s.a.cq);
+    assert_eq!(
+        (c.wr_id, c.status, c.opcode),
+        (4, WcStatus::WrFlushErr, WcOpcode::Recv)
+    );
+    s.assert_untouched("QP in error");
+}
+
+#[test]
+fn send_without_receive_is_rnr_and_too_long_send_is_invalid() {
+    for t in TRANSPORTS {
+        let s = setup(t, ALL);
+        let sg = [s.local.sge(0, 100).unwrap()];
+        s.qa.post_send(&[SendWr {
+            wr_id: 1,
+            op: WrOp::Send { imm: None },
+            sg_list: &sg,
+            signaled: true,
+        }])
+        .unwrap();
+        assert_eq!(
+            one(&s.a.cq).status,
+            WcStatus::RnrRetryExcErr,
+            "{t:?} no receive posted"
+        );
+
+        let s = setup(t, ALL);
+        let rbuf = s.b.pd.alloc_mr(LEN, ALL).unwrap();
+        let rsg = [rbuf.sge(0, 10).unwrap()];
+        s.qb.post_recv(&[RecvWr {
+            wr_id: 8,
+            sg_list: &rsg,
+        }])
+        .unwrap();
+        let sg = [s.local.sge(0, 100).unwrap()];
+        s.qa.post_send(&[SendWr {
+            wr_id: 1,
+            op: WrOp::Send { imm: None },
+            sg_list: &sg,
+            signaled: true,
+        }])
+        .unwrap();
+        assert_eq!(
+            one(&s.a.cq).status,
+            WcStatus::RemInvReqErr,
+            "{t:?} requester"
+        );
+        let r = one(&s.b.cq);
+        assert_eq!(
+            (r.wr_id, r.status),
+            (8, WcStatus::LocLenErr),
+            "{t:?} responder"
+        );
+        assert!(
+            contents(&rbuf).iter().all(|&x| x == 0),
+            "receive buffer written"
+        );
+    }
+}
+
+#[test]
+fn invalid_requests_are_typed_errors_not_completions() {
+    let (a, b) = (node(), node());
+    let cfg = QpConfig {
+        max_send_wr: 2,
+        max_sge: 2,
+        ..config(Transport::Auto)
+    };
+    let qa = a.pd.create_qp(&a.cq, &a.cq, &cfg).unwrap();
+    let local = a.pd.alloc_mr(LEN, ALL).unwrap();
+    let sg = [local.sge(0, 8).unwrap()];
+    let op = write_at(local.remote_at(0).unwrap());
+    let wr = SendWr {
+        wr_id: 1,
+        op,
+        sg_list: &sg,
+        signaled: true,
+    };
+    assert!(matches!(
+        qa.post_send(&[wr]),
+        Err(Error::InvalidQpState {
+            state: QpState::Reset,
+            ..
+        })
+    ));
+    assert!(matches!(
+        qa.modify_to_rts(),
+        Err(Error::InvalidQpState { .. })
+    ));
+    let qb = b.pd.create_qp(&b.cq, &b.cq, &cfg).unwrap();
+    qa.connect(&qb.endpoint()).unwrap();
+    qb.connect(&qa.endpoint()).unwrap();
+    let three = [sg[0], sg[0], sg[0]];
+    let wide = SendWr {
+        sg_list: &three,
+        ..wr
+    };
+    assert!(matches!(
+        qa.post_send(&[wide]),
+        Err(Error::InvalidArgument(_))
+    ));
+    // Garbage endpoints are refused with a typed error.
+    assert!(matches!(
+        Endpoint::from_bytes(&[1, 2, 3]),
+        Err(Error::Malformed { .. })
+    ));
+    let mut ep = qb.endpoint().to_bytes();
+    ep.truncate(ep.len() - 3);
+    assert!(Endpoint::from_bytes(&ep).is_err());
+}
+
+#[test]
+fn bad_registrations_are_refused() {
+    let n = node();
+    assert!(matches!(
+        n.pd.alloc_mr(0, ALL),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        n.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        n.pd.alloc_mr(64, AccessFlags::REMOTE_ATOMIC),
+        Err(Error::InvalidArgument(_))
+    ));
+    // SAFETY: a null pointer is refused before anything touches it.
+    let null = unsafe { n.pd.register_raw(std::ptr::null_mut(), 64, ALL) };
+    assert!(matches!(null, Err(Error::InvalidArgument(_))));
+    assert!(matches!(n.ctx.create_cq(0), Err(Error::InvalidArgument(_))));
+    let mr = n.pd.alloc_mr(64, ALL).unwrap();
+    assert!(mr.sge(60, 8).is_err());
+    assert!(mr.write_at(usize::MAX, b"x").is_err());
+    assert!(mr.atomic_u64(4).is_err());
+    assert_eq!(n.ctx.live_regions(), 1);
+}
