@@ -1,0 +1,571 @@
+//! Two real processes: opcodes across them, a peer killed or frozen mid-stream, malformed
+//! frames from a raw socket, and the locked-memory limit in a process that lacks
+//! CAP_IPC_LOCK.
+//!
+//! The child side is this same test binary, re-run with `RDMAPOOL_TEST_CHILD` set so that
+//! only `child_entry` does anything. Lines starting with `@` are the protocol between them.
+
+mod common;
+use common::*;
+use rdmapool::fabric::*;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ALL: AccessFlags = AccessFlags::all();
+const REGION: usize = 1 << 20;
+
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    lines: BufReader<ChildStdout>,
+}
+
+impl Peer {
+    fn spawn(role: &str, extra_env: &[(&str, &str)]) -> Peer {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+            .env("RDMAPOOL_TEST_CHILD", role)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap());
+        Peer {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// The next protocol line from the child, without the `@`.
+    fn line(&mut self) -> String {
+        loop {
+            let mut l = String::new();
+            assert!(
+                self.lines.read_line(&mut l).unwrap() > 0,
+                "child exited early"
+            );
+            // libtest may print "test child_entry ... " just before our first line.
+            if let Some(at) = l.find('@') {
+                return l[at + 1..].trim_end().to_string();
+            }
+        }
+    }
+
+    fn say(&mut self, s: &str) {
+        writeln!(self.stdin, "@{s}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn kill(&mut self, signal: i32) {
+        // SAFETY: sending a signal to our own child process.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn stdin_line() -> String {
+    loop {
+        let mut l = String::new();
+        if std::io::stdin().read_line(&mut l).unwrap() == 0 {
+            return String::new();
+        }
+        if let Some(rest) = l.trim_end().strip_prefix('@') {
+            return rest.to_string();
+        }
+    }
+}
+
+/// The child's side. Roles: `target` (exports a region, serves until told to stop),
+/// `writer` (connects and writes into the parent's region forever), `memlock` (lowers its
+/// locked-memory limit, drops root, and reports what registration does).
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var("RDMAPOOL_TEST_CHILD") else {
+        return; // an ordinary test run: nothing to do
+    };
+    let transport = Transport::parse(&std::env::var("T").unwrap_or("auto".into())).unwrap();
+    match role.as_str() {
+        "target" => {
+            let n = node();
+            let mr = n.pd.alloc_mr(REGION, ALL).unwrap();
+            let qp = n.pd.create_qp(&n.cq, &n.cq, &config(transport)).unwrap();
+            let rbuf = n.pd.alloc_mr(4096, ALL).unwrap();
+            qp.modify_to_init().unwrap();
+            qp.post_recv(&[RecvWr {
+                wr_id: 1,
+                sg_list: &[rbuf.sge(0, 4096).unwrap()],
+            }])
+            .unwrap();
+            println!(
+                "@{} {}",
+                qp.endpoint().to_hex(),
+                hex(&mr.remote_region().to_bytes())
+            );
+            let peer = Endpoint::from_hex(&stdin_line()).unwrap();
+            qp.modify_to_rtr(&peer).unwrap();
+            qp.modify_to_rts().unwrap();
+            println!("@ready");
+            // Report the SEND that arrives, then serve one-sided traffic until stdin closes.
+            let c = one(&n.cq);
+            let mut got = vec![0u8; c.byte_len as usize];
+            rbuf.read_at(0, &mut got).unwrap();
+            println!(
+                "@recv {} {}",
+                c.imm.unwrap_or(0),
+                String::from_utf8_lossy(&got)
+            );
+            let _ = stdin_line();
+        }
+        "writer" => {
+            let n = node();
+            let qp = n.pd.create_qp(&n.cq, &n.cq, &config(transport)).unwrap();
+            println!("@{}", qp.endpoint().to_hex());
+            let mut parts = stdin_line()
+                .split(' ')
+                .map(String::from)
+                .collect::<Vec<_>>()
+                .into_iter();
+            let peer = Endpoint::from_hex(&parts.next().unwrap()).unwrap();
+            let region = RemoteRegion::from_bytes(&unhex(&parts.next().unwrap())).unwrap();
+            qp.connect(&peer).unwrap();
+            let src = n.pd.alloc_mr(4096, ALL).unwrap();
+            src.write_at(0, &[0xee; 4096]).unwrap();
+            println!("@ready");
+            let sg = [src.sge(0, 4096).unwrap()];
+            for i in 0u64.. {
+                let remote = region.at((i % 200) * 4096).unwrap();
+                qp.post_send(&[write_wr(i, remote, &sg)]).unwrap();
+                assert!(one(&n.cq).is_ok());
+            }
+        }
+        "memlock" => {
+            let lim = libc::rlimit {
+                rlim_cur: 1 << 20,
+                rlim_max: 1 << 20,
+            };
+            // SAFETY: plain syscalls on this child process only.
+            unsafe {
+                assert_eq!(libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim), 0);
+                if libc::geteuid() == 0 {
+                    // Root with CAP_IPC_LOCK ignores the limit: become nobody to lose it.
+                    assert_eq!(libc::setgid(65534), 0);
+                    assert_eq!(libc::setuid(65534), 0);
+                }
+            }
+            let n = node();
+            let small = n.pd.alloc_mr(64 * 1024, ALL).map(|_| ());
+            println!("@small {:?}", small.err().map(|e| e.to_string()));
+            match n.pd.alloc_mr(8 << 20, ALL) {
+                Ok(_) => println!("@big ok"),
+                Err(e) => println!("@big {}", e),
+            }
+            println!("@pinned {}", rdmapool::pinned_bytes());
+        }
+        r => panic!("unknown child role {r}"),
+    }
+    std::process::exit(0);
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// Parent initiator against a child target: every opcode, verified.
+fn connect_to_target(t: Transport) -> (Peer, Node, Qp, RemoteRegion) {
+    let mut peer = Peer::spawn(
+        "target",
+        &[("T", if t == Transport::Tcp { "tcp" } else { "local" })],
+    );
+    let first = peer.line();
+    let (ep, region) = first.split_once(' ').unwrap();
+    let remote_ep = Endpoint::from_hex(ep).unwrap();
+    let region = RemoteRegion::from_bytes(&unhex(region)).unwrap();
+    let n = node();
+    let qp = n.pd.create_qp(&n.cq, &n.cq, &config(t)).unwrap();
+    qp.modify_to_init().unwrap();
+    peer.say(&qp.endpoint().to_hex());
+    assert_eq!(peer.line(), "ready");
+    qp.modify_to_rtr(&remote_ep).unwrap();
+    qp.modify_to_rts().unwrap();
+    (peer, n, qp, region)
+}
+
+#[test]
+fn two_processes_every_opcode() {
+    for t in TRANSPORTS {
+        let (mut peer, n, qp, region) = connect_to_target(t);
+        let buf = n.pd.alloc_mr(REGION, ALL).unwrap();
+        let data = pattern(REGION, 5);
+        buf.write_at(0, &data).unwrap();
+        qp.post_send(&[write_wr(
+            1,
+            region.at(0).unwrap(),
+            &[buf.sge(0, REGION as u32).unwrap()],
+        )])
+        .unwrap();
+        assert!(one(&n.cq).is_ok());
+        let back = n.pd.alloc_mr(REGION, ALL).unwrap();
+        qp.post_send(&[read_wr(
+            2,
+            region.at(0).unwrap(),
+            &[back.sge(0, REGION as u32).unwrap()],
+        )])
+        .unwrap();
+        assert!(one(&n.cq).is_ok());
+        assert_eq!(contents(&back), data, "{t:?}: read back what was written");
+        let word = region.at(64).unwrap();
+        let before = u64::from_ne_bytes(data[64..72].try_into().unwrap());
+        let sg = [buf.sge(0, 8).unwrap()];
+        let faa = WrOp::FetchAdd {
+            remote: word,
+            add: 10,
+        };
+        qp.post_send(&[SendWr {
+            wr_id: 3,
+            op: faa,
+            sg_list: &sg,
+            signaled: true,
+        }])
+        .unwrap();
+        assert!(one(&n.cq).is_ok());
+        assert_eq!(buf.read_u64(0).unwrap(), before);
+        let cas = WrOp::CompareSwap {
+            remote: word,
+            compare: before.wrapping_add(10),
+            swap: 99,
+        };
+        qp.post_send(&[SendWr {
+            wr_id: 4,
+            op: cas,
+            sg_list: &sg,
+            signaled: true,
+        }])
+        .unwrap();
+        assert!(one(&n.cq).is_ok());
+        assert_eq!(buf.read_u64(0).unwrap(), before.wrapping_add(10));
+        qp.post_send(&[read_wr(5, word, &sg)]).unwrap();
+        assert!(one(&n.cq).is_ok());
+        assert_eq!(buf.read_u64(0).unwrap(), 99);
+        buf.write_at(0, b"over there").unwrap();
+        let send = WrOp::Send { imm: Some(7) };
+        qp.post_send(&[SendWr {
+            wr_id: 6,
+            op: send,
+            sg_list: &[buf.sge(0, 10).unwrap()],
+            signaled: true,
+        }])
+        .unwrap();
+        assert!(one(&n.cq).is_ok());
+        assert_eq!(peer.line(), "recv 7 over there", "{t:?}");
+    }
+}
+
+#[test]
+fn killed_target_fails_outstanding_requests_and_others_keep_working() {
+    for t in TRANSPORTS {
+        let (mut peer, n, qp, region) = connect_to_target(t);
+        let buf = n.pd.alloc_mr(64 * 1024, ALL).unwrap();
+        let sg = [buf.sge(0, 64 * 1024).unwrap()];
+        // Keep a window of writes outstanding, kill the target in the middle, and go on
+        // posting until the death is noticed (process teardown takes a moment).
+        let mut statuses = Vec::new();
+        let started = Instant::now();
+        let mut posted = 0u64;
+        loop {
+            if (posted as usize) < statuses.len() + 16
+                && qp
+                    .post_send(&[write_wr(posted, region.at(0).unwrap(), &sg)])
+                    .is_ok()
+            {
+                posted += 1;
+            }
+            if posted == 200 && started.elapsed() < WAIT {
+                peer.kill(libc::SIGKILL);
+            }
+            let mut c = [blank(); 16];
+            let k = n.cq.poll(&mut c).unwrap();
+            statuses.extend(c[..k].iter().map(|c| c.status));
+            assert!(
+                started.elapsed() < WAIT * 2,
+                "{t:?}: hung after the peer died"
+            );
+            if qp.state() == QpState::Error && statuses.len() as u64 == posted {
+                break;
+            }
+        }
+        assert_eq!(qp.state(), QpState::Error, "{t:?}");
+        let first_err = statuses
+            .iter()
+            .position(|s| *s != WcStatus::Success)
+            .expect("an error completion");
+        assert_eq!(statuses[first_err], WcStatus::RetryExcErr, "{t:?}");
+        assert!(
+            statuses[first_err + 1..]
+                .iter()
+                .all(|s| *s == WcStatus::WrFlushErr),
+            "{t:?}"
+        );
+        // The surviving process still serves and uses other QPs.
+        let other = node();
+        let (qa, _qb) = pair(&other, &n, &config(t));
+        let target = n.pd.alloc_mr(4096, ALL).unwrap();
+        let src = other.pd.alloc_mr(4096, ALL).unwrap();
+        src.write_at(0, b"alive").unwrap();
+        qa.post_send(&[write_wr(
+            1,
+            target.remote_at(0).unwrap(),
+            &[src.sge(0, 5).unwrap()],
+        )])
+        .unwrap();
+        assert!(one(&other.cq).is_ok());
+        assert_eq!(&contents(&target)[..5], b"alive");
+    }
+}
+
+#[test]
+fn frozen_target_times_out_instead_of_hanging() {
+    let mut peer = Peer::spawn("target", &[("T", "tcp")]);
+    let first = peer.line();
+    let (ep, region) = first.split_once(' ').unwrap();
+    let region = RemoteRegion::from_bytes(&unhex(region)).unwrap();
+    let n = node();
+    let cfg = QpConfig {
+        timeout: Duration::from_millis(500),
+        ..config(Transport::Tcp)
+    };
+    let qp = n.pd.create_qp(&n.cq, &n.cq, &cfg).unwrap();
+    qp.modify_to_init().unwrap();
+    peer.say(&qp.endpoint().to_hex());
+    assert_eq!(peer.line(), "ready");
+    qp.modify_to_rtr(&Endpoint::from_hex(ep).unwrap()).unwrap();
+    qp.modify_to_rts().unwrap();
+    peer.kill(libc::SIGSTOP);
+    // Wait until the kernel reports it stopped (state T in /proc/PID/stat).
+    let stat = format!("/proc/{}/stat", peer.child.id());
+    let until = Instant::now() + WAIT;
+    while !std::fs::read_to_string(&stat).unwrap().contains(") T ") {
+        assert!(Instant::now() < until, "child never stopped");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let buf = n.pd.alloc_mr(4096, ALL).unwrap();
+    qp.post_send(&[read_wr(1, region.at(0).unwrap(), &[buf.sge(0, 8).unwrap()])])
+        .unwrap();
+    let c = one(&n.cq);
+    assert_eq!(c.status, WcStatus::RetryExcErr);
+    assert_eq!(qp.state(), QpState::Error);
+    peer.kill(libc::SIGCONT);
+}
+
+#[test]
+fn killed_initiator_leaves_the_target_serving() {
+    for t in TRANSPORTS {
+        let n = node();
+        let mr = n.pd.alloc_mr(REGION, ALL).unwrap();
+        let qp = n.pd.create_qp(&n.cq, &n.cq, &config(t)).unwrap();
+        let mut peer = Peer::spawn(
+            "writer",
+            &[("T", if t == Transport::Tcp { "tcp" } else { "local" })],
+        );
+        let ep = Endpoint::from_hex(&peer.line()).unwrap();
+        qp.connect(&ep).unwrap();
+        peer.say(&format!(
+            "{} {}",
+            qp.endpoint().to_hex(),
+            hex(&mr.remote_region().to_bytes())
+        ));
+        assert_eq!(peer.line(), "ready");
+        // Wait until its writes are landing, then kill it mid-stream.
+        let until = Instant::now() + WAIT;
+        while mr.read_u64(0).unwrap() != u64::from_ne_bytes([0xee; 8]) {
+            assert!(Instant::now() < until, "writer never wrote");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        peer.kill(libc::SIGKILL);
+        let _ = peer.child.wait();
+        // The target process keeps serving other QPs.
+        let other = node();
+        let (qa, _qb) = pair(&other, &n, &config(t));
+        let src = other.pd.alloc_mr(4096, ALL).unwrap();
+        src.write_at(0, b"still here").unwrap();
+        qa.post_send(&[write_wr(
+            1,
+            mr.remote_at(REGION - 10).unwrap(),
+            &[src.sge(0, 10).unwrap()],
+        )])
+        .unwrap();
+        assert!(one(&other.cq).is_ok(), "{t:?}");
+        let mut tail = [0u8; 10];
+        mr.read_at(REGION - 10, &mut tail).unwrap();
+        assert_eq!(&tail, b"still here");
+    }
+}
+
+fn blank() -> Completion {
+    Completion {
+        wr_id: 0,
+        status: WcStatus::GeneralErr,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qp_num: 0,
+    }
+}
+
+/// A hello frame for `dst_qpn`, built by hand from the documented wire format.
+fn hello(dst_qpn: u32) -> [u8; 24] {
+    let mut b = [0u8; 24];
+    b[0..4].copy_from_slice(b"RDHL");
+    b[4] = 1;
+    b[8..12].copy_from_slice(&999u32.to_le_bytes());
+    b[12..16].copy_from_slice(&dst_qpn.to_le_bytes());
+    b
+}
+
+/// A request frame: WRITE of `len` bytes at `addr` with `rkey`.
+fn write_request(addr: u64, rkey: u32, len: u32) -> [u8; 56] {
+    let mut b = [0u8; 56];
+    b[0..4].copy_from_slice(b"RDRQ");
+    b[4] = 1;
+    b[5] = 2;
+    b[16..24].copy_from_slice(&addr.to_le_bytes());
+    b[24..28].copy_from_slice(&rkey.to_le_bytes());
+    b[28..32].copy_from_slice(&len.to_le_bytes());
+    b
+}
+
+/// True when the peer closed the connection (EOF or reset) within the wait.
+fn closed_by_peer(s: &mut TcpStream) -> bool {
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue, // e.g. the hello acknowledgement
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+#[test]
+fn malformed_frames_close_only_that_connection() {
+    let target = node();
+    let mr = target.pd.alloc_mr(4096, ALL).unwrap();
+    let before = pattern(4096, 1);
+    mr.write_at(0, &before).unwrap();
+    let qp = target
+        .pd
+        .create_qp(&target.cq, &target.cq, &config(Transport::Tcp))
+        .unwrap();
+    let addr = qp.endpoint().soft_tcp_addr().unwrap();
+    // Bring the QP to RTS against a throwaway peer so requests would be executed.
+    let peer = node();
+    let pq = peer
+        .pd
+        .create_qp(&peer.cq, &peer.cq, &config(Transport::Tcp))
+        .unwrap();
+    qp.connect(&pq.endpoint()).unwrap();
+
+    let mut good = write_request(mr.addr(), mr.rkey(), 16);
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage instead of hello", vec![0xff; 24]),
+        ("hello with a future version", {
+            let mut h = hello(qp.qpn());
+            h[4] = 2;
+            h.to_vec()
+        }),
+        ("hello for a QP that does not exist", hello(0xdead).to_vec()),
+        (
+            "bad magic",
+            [hello(qp.qpn()).as_slice(), &[0u8; 56]].concat(),
+        ),
+        ("unknown opcode", {
+            let mut r = good;
+            r[5] = 99;
+            [hello(qp.qpn()).as_slice(), &r].concat()
+        }),
+        (
+            "oversized length",
+            [
+                hello(qp.qpn()).as_slice(),
+                &write_request(mr.addr(), mr.rkey(), u32::MAX),
+            ]
+            .concat(),
+        ),
+        ("reserved bits", {
+            let mut r = good;
+            r[55] = 1;
+            [hello(qp.qpn()).as_slice(), &r].concat()
+        }),
+        (
+            "truncated header",
+            [hello(qp.qpn()).as_slice(), &good[..30]].concat(),
+        ),
+    ];
+    for (what, bytes) in cases {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(&bytes).unwrap();
+        if what == "truncated header" {
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+        }
+        assert!(closed_by_peer(&mut s), "{what}: connection left open");
+        assert_eq!(contents(&mr), before, "{what}: memory touched");
+    }
+    // A well-formed request on a raw socket is executed: the wire format is what we say.
+    good[8] = 0;
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&[hello(qp.qpn()).as_slice(), &good, &[0xab; 16]].concat())
+        .unwrap();
+    let mut resp = [0u8; 8 + 32];
+    s.read_exact(&mut resp).unwrap();
+    assert_eq!(&resp[8..12], b"RDRS");
+    assert_eq!(resp[8 + 5], 1, "ACK");
+    assert_eq!(&contents(&mr)[..16], &[0xab; 16]);
+    // The NIC keeps serving ordinary QPs.
+    let (qa, _qb) = pair(&peer, &target, &config(Transport::Tcp));
+    let src = peer.pd.alloc_mr(4096, ALL).unwrap();
+    src.write_at(0, b"ok").unwrap();
+    qa.post_send(&[write_wr(
+        1,
+        mr.remote_at(100).unwrap(),
+        &[src.sge(0, 2).unwrap()],
+    )])
+    .unwrap();
+    assert!(one(&peer.cq).is_ok());
+}
+
+#[test]
+fn exceeding_the_memlock_limit_is_a_clear_error() {
+    let mut peer = Peer::spawn("memlock", &[]);
+    assert_eq!(peer.line(), "small None", "64 KiB fits under a 1 MiB limit");
+    let big = peer.line();
+    assert!(
+        big.contains("RLIMIT_MEMLOCK") && big.contains("ulimit -l"),
+        "{big}"
+    );
+    assert!(big.contains("1048576 bytes"), "names the limit: {big}");
+    assert_eq!(
+        peer.line(),
+        "pinned 0",
+        "failed and dropped registrations unpin everything"
+    );
+}
