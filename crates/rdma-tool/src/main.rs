@@ -1,1 +1,70 @@
-fn main() {}
+//! `rdma-tool`: rdmapool's command-line tool.
+
+mod bench;
+mod demo;
+mod devices;
+mod peer;
+mod sizes;
+
+use clap::{Parser, Subcommand};
+
+/// RDMA memory tool: devices, a two-process demo, and benchmarks.
+#[derive(Parser)]
+#[command(name = "rdma-tool", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List providers and devices with their limits.
+    Devices(devices::Args),
+    /// Two processes on the soft provider: register, exchange the region descriptor, then
+    /// WRITE, READ back, CAS and FAA, verifying every result.
+    Demo(demo::Args),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(bench::Command),
+    /// (internal) The target side of `demo` and `bench`: exports a region and serves it.
+    #[command(hide = true)]
+    Peer(peer::Args),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RDMAPOOL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Devices(a) => devices::run(a),
+        Command::Demo(a) => demo::run(a),
+        Command::Bench(c) => bench::run(c),
+        Command::Peer(a) => peer::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("rdma-tool: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// The tool's error: a library error or a message.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    /// From rdmapool.
+    #[error(transparent)]
+    Rdma(#[from] rdmapool::Error),
+    /// I/O with a child process or a reference peer.
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    /// Anything else, said plainly.
+    #[error("{0}")]
+    Msg(String),
+}
+
+/// Result with [`ToolError`].
+pub type Result<T> = std::result::Result<T, ToolError>;

@@ -1,0 +1,401 @@
+//! `rdma-tool bench data`: one-sided operations on the soft provider against a peer process,
+//! with the references measured in the same run.
+
+use super::reference::{self, Sock};
+use super::report::{print_json, print_table, Row};
+use super::{ucx, Stats};
+use crate::peer::PeerProcess;
+use crate::sizes::{parse_sizes, show};
+use crate::{Result, ToolError};
+use rdmapool::fabric::*;
+use std::time::{Duration, Instant};
+
+/// Arguments of `bench data`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// soft or verbs.
+    #[arg(long, default_value = "soft")]
+    provider: String,
+    /// Operations, comma-separated: write, read, cas, faa (default all).
+    #[arg(long, default_value = "write,read,cas,faa")]
+    op: String,
+    /// Sizes for write/read, comma-separated, with K/M/G suffixes (atomics are always 8 B).
+    #[arg(long, default_value = "8,64,512,4K,32K,256K,1M,4M")]
+    size: String,
+    /// Paths to measure, comma-separated: auto, tcp, local.
+    #[arg(long, default_value = "auto")]
+    transport: String,
+    /// Latency iterations for 8-byte operations (larger sizes use fewer).
+    #[arg(long, default_value_t = 20000)]
+    iters: u64,
+    /// Skip UCX perftest even if it is installed.
+    #[arg(long)]
+    no_ucx: bool,
+    /// Print JSON lines instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    Write,
+    Read,
+    Cas,
+    Faa,
+}
+
+impl Op {
+    fn parse(s: &str) -> Result<Op> {
+        Ok(match s.trim() {
+            "write" => Op::Write,
+            "read" => Op::Read,
+            "cas" => Op::Cas,
+            "faa" => Op::Faa,
+            o => {
+                return Err(ToolError::Msg(format!(
+                    "unknown op {o:?}: expected write, read, cas or faa"
+                )))
+            }
+        })
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Op::Write => "write",
+            Op::Read => "read",
+            Op::Cas => "cas",
+            Op::Faa => "faa",
+        }
+    }
+    fn is_atomic(self) -> bool {
+        matches!(self, Op::Cas | Op::Faa)
+    }
+}
+
+const WAIT: Duration = Duration::from_secs(30);
+/// Requests kept in flight for bandwidth runs.
+const WINDOW: usize = 16;
+
+struct Bench {
+    cq: Cq,
+    qp: Qp,
+    local: Mr,
+    region: RemoteRegion,
+}
+
+impl Bench {
+    fn wr(&self, op: Op, size: usize, slot: usize) -> Result<(WrOp, Sge)> {
+        let remote = self.region.at(0)?;
+        let sge = self
+            .local
+            .sge(if op.is_atomic() { slot * 8 } else { 0 }, size as u32)?;
+        Ok((
+            match op {
+                Op::Write => WrOp::Write { remote, imm: None },
+                Op::Read => WrOp::Read { remote },
+                Op::Cas => WrOp::CompareSwap {
+                    remote,
+                    compare: 0,
+                    swap: 0,
+                },
+                Op::Faa => WrOp::FetchAdd { remote, add: 1 },
+            },
+            sge,
+        ))
+    }
+
+    fn wait_one(&self, buf: &mut [Completion]) -> Result<usize> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let n = self.cq.poll(buf)?;
+            if n > 0 {
+                if let Some(bad) = buf[..n].iter().find(|c| !c.is_ok()) {
+                    return Err(ToolError::Msg(format!(
+                        "work request failed: {}",
+                        bad.status
+                    )));
+                }
+                return Ok(n);
+            }
+            if Instant::now() > deadline {
+                return Err(ToolError::Msg("no completion within 30 s".into()));
+            }
+        }
+    }
+
+    /// One operation at a time: post, busy-poll its completion.
+    fn latency(&self, op: Op, size: usize, iters: u64) -> Result<Stats> {
+        let (wop, sge) = self.wr(op, size, 0)?;
+        let sg = [sge];
+        let mut buf = [blank(); 1];
+        let warm = (iters / 10).max(10);
+        let mut samples = Vec::with_capacity(iters as usize);
+        for i in 0..warm + iters {
+            let t = Instant::now();
+            self.qp.post_send(&[SendWr {
+                wr_id: i,
+                op: wop,
+                sg_list: &sg,
+                signaled: true,
+            }])?;
+            self.wait_one(&mut buf)?;
+            if i >= warm {
+                samples.push(t.elapsed().as_nanos() as u64);
+            }
+        }
+        Ok(Stats::from_samples(&samples))
+    }
+
+    /// A window of operations in flight; returns GB/s of payload.
+    fn bandwidth(&self, op: Op, size: usize, count: u64) -> Result<f64> {
+        let mut buf = [blank(); WINDOW];
+        let mut posted = 0u64;
+        let mut done = 0u64;
+        let t = Instant::now();
+        while done < count {
+            while posted < count && posted - done < WINDOW as u64 {
+                let (wop, sge) = self.wr(op, size, (posted % WINDOW as u64) as usize)?;
+                self.qp.post_send(&[SendWr {
+                    wr_id: posted,
+                    op: wop,
+                    sg_list: &[sge],
+                    signaled: true,
+                }])?;
+                posted += 1;
+            }
+            done += self.wait_one(&mut buf)? as u64;
+        }
+        Ok((count * size as u64) as f64 / t.elapsed().as_nanos() as f64)
+    }
+}
+
+fn blank() -> Completion {
+    Completion {
+        wr_id: 0,
+        status: WcStatus::GeneralErr,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qp_num: 0,
+    }
+}
+
+/// Fewer latency iterations for larger messages, to bound run time.
+fn iters_for(size: usize, base: u64) -> u64 {
+    (base * 8 / size.max(8) as u64).clamp(50, base)
+}
+
+fn count_for(size: usize) -> u64 {
+    ((512u64 << 20) / size as u64).clamp(400, 200_000)
+}
+
+/// Runs the sweep and prints the table or JSON.
+pub fn run(args: Args) -> Result<()> {
+    let provider = ProviderKind::parse(&args.provider)?;
+    if provider != ProviderKind::Soft {
+        // Opening the provider gives the precise reason it cannot be used here.
+        Context::open_provider(provider, None)?;
+    }
+    let ops: Vec<Op> = args.op.split(',').map(Op::parse).collect::<Result<_>>()?;
+    let sizes = parse_sizes(&args.size)?;
+    let max_msg = rdmapool::fabric::devices()[0].devices[0].max_msg_size as usize;
+    if let Some(&too_big) = sizes.iter().find(|&&s| s > max_msg) {
+        return Err(ToolError::Msg(format!(
+            "size {} exceeds the device's max message size {}",
+            show(too_big),
+            show(max_msg)
+        )));
+    }
+    let transports: Vec<String> = args
+        .transport
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .collect();
+    for t in &transports {
+        Transport::parse(t)?;
+    }
+    let max_size = sizes.iter().copied().max().unwrap_or(8).max(4096);
+    let mut rows = Vec::new();
+    let total_steps = transports.len()
+        * ops
+            .iter()
+            .map(|o| if o.is_atomic() { 1 } else { sizes.len() })
+            .sum::<usize>();
+    let bar = indicatif::ProgressBar::new(total_steps as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")
+            .expect("valid template"),
+    );
+    for tname in &transports {
+        let transport = Transport::parse(tname)?;
+        let mut peer = PeerProcess::spawn(max_size, tname, true)?;
+        let echo = peer.echo.clone().expect("asked for echo servers");
+        let ctx = Context::open_soft()?;
+        let pd = ctx.alloc_pd()?;
+        let cq = ctx.create_cq(4096)?;
+        let qp = pd.create_qp(
+            &cq,
+            &cq,
+            &QpConfig {
+                transport,
+                ..QpConfig::default()
+            },
+        )?;
+        qp.modify_to_init()?;
+        peer.connect(&qp.endpoint())?;
+        qp.modify_to_rtr(&peer.endpoint)?;
+        qp.modify_to_rts()?;
+        let local = pd.alloc_mr(max_size, AccessFlags::all())?;
+        let b = Bench {
+            cq,
+            qp,
+            local,
+            region: peer.region,
+        };
+        // Which path "auto" took: local when the peer is on this host.
+        let path = if transport == Transport::Tcp {
+            "tcp"
+        } else {
+            "local"
+        };
+        let shm = reference::shm_pingpong(args.iters);
+        for &op in &ops {
+            let op_sizes = if op.is_atomic() {
+                vec![8]
+            } else {
+                sizes.clone()
+            };
+            for size in op_sizes {
+                bar.set_message(format!("{path} {} {}", op.name(), show(size)));
+                let iters = iters_for(size, args.iters);
+                let lat = b.latency(op, size, iters)?;
+                let gbps = b.bandwidth(op, size, count_for(size))?;
+                let (req, resp) = match op {
+                    Op::Write => (size, 8),
+                    Op::Read => (0, size),
+                    _ => (16, 8),
+                };
+                let sock = if path == "tcp" { Sock::Tcp } else { Sock::Unix };
+                let pp = reference::pingpong(sock, &echo, req, resp, iters)?;
+                let (lat_ref, lat_ref_v) = if path == "tcp" {
+                    ("tcp ping-pong (busy-poll)".to_string(), pp.median_ns)
+                } else if size <= 64 {
+                    ("shm ping-pong (2 threads)".to_string(), shm.median_ns)
+                } else {
+                    ("unix ping-pong (busy-poll)".to_string(), pp.median_ns)
+                };
+                let (bw_ref, bw_ref_v) = if path == "tcp" {
+                    (
+                        "tcp stream (busy-poll)".to_string(),
+                        reference::stream_gbps(Sock::Tcp, &echo, size, count_for(size))?,
+                    )
+                } else {
+                    (
+                        "memcpy (1 thread)".to_string(),
+                        reference::memcpy_gbps(size, 256 << 20),
+                    )
+                };
+                let row = |metric: &str, reference: String, reference_value: f64, ratio: f64| Row {
+                    provider: "soft".into(),
+                    transport: path.into(),
+                    op: op.name().into(),
+                    metric: metric.into(),
+                    size,
+                    iters,
+                    median_ns: lat.median_ns,
+                    p99_ns: lat.p99_ns,
+                    gbps,
+                    reference,
+                    reference_value,
+                    ratio,
+                };
+                rows.push(row(
+                    "latency",
+                    lat_ref,
+                    lat_ref_v,
+                    lat.median_ns / lat_ref_v,
+                ));
+                rows.push(row("bandwidth", bw_ref, bw_ref_v, gbps / bw_ref_v));
+                // Unix-socket references as their own rows on the local path.
+                if path == "local" && size <= 64 {
+                    rows.push(row(
+                        "latency",
+                        "unix ping-pong (busy-poll)".into(),
+                        pp.median_ns,
+                        lat.median_ns / pp.median_ns,
+                    ));
+                }
+                if path == "local" && size >= 4096 {
+                    let us = reference::stream_gbps(Sock::Unix, &echo, size, count_for(size))?;
+                    rows.push(row(
+                        "bandwidth",
+                        "unix stream (busy-poll)".into(),
+                        us,
+                        gbps / us,
+                    ));
+                }
+                bar.inc(1);
+            }
+        }
+        if !args.no_ucx {
+            match ucx::unavailable() {
+                Some(why) => eprintln!("UCX comparison skipped: {why}"),
+                None => {
+                    bar.set_message(format!("{path} ucx_perftest"));
+                    rows.extend(ucx_rows(&rows, path, args.iters));
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    if args.json {
+        print_json(&rows);
+    } else {
+        print_table(&rows);
+    }
+    Ok(())
+}
+
+/// UCX perftest over the transport that matches `path`, compared with our rows.
+fn ucx_rows(ours: &[Row], path: &str, iters: u64) -> Vec<Row> {
+    let tls = if path == "tcp" { "tcp" } else { "posix,self" };
+    let find = |op: &str, metric: &str, size: usize| {
+        ours.iter()
+            .find(|r| r.transport == path && r.op == op && r.metric == metric && r.size == size)
+    };
+    let mut out = Vec::new();
+    // (ucx test, size, our op, metric, UCX reports half a round trip?)
+    let tests = [
+        ("ucp_put_lat", 8, "write", "latency", true),
+        ("ucp_get", 8, "read", "latency", false),
+        ("ucp_fadd", 8, "faa", "latency", false),
+        ("ucp_put_bw", 1 << 20, "write", "bandwidth", false),
+    ];
+    for (test, size, op, metric, half) in tests {
+        let Some(u) = ucx::run(
+            tls,
+            test,
+            size,
+            if metric == "bandwidth" { 1000 } else { iters },
+        ) else {
+            eprintln!("ucx_perftest {test} over {tls} gave no result");
+            continue;
+        };
+        let Some(r) = find(op, metric, size) else {
+            continue;
+        };
+        let ucx_rtt = if half { u.p50_ns * 2.0 } else { u.p50_ns };
+        let (reference_value, ratio) = if metric == "latency" {
+            (ucx_rtt, r.median_ns / ucx_rtt)
+        } else {
+            (u.gbps, r.gbps / u.gbps)
+        };
+        out.push(Row {
+            reference: format!("ucx {test} {tls}{}", if half { " x2" } else { "" }),
+            reference_value,
+            ratio,
+            iters: r.iters,
+            ..r.clone()
+        });
+    }
+    out
+}

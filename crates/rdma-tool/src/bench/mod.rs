@@ -1,0 +1,48 @@
+//! `rdma-tool bench ...`.
+
+mod data;
+mod reference;
+mod report;
+mod ucx;
+
+use crate::Result;
+
+/// Benchmark kinds.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// One-sided WRITE/READ/CAS/FAA latency and bandwidth, next to raw references measured
+    /// in the same run (memcpy, TCP and Unix-socket ping-pong and stream, UCX perftest).
+    Data(data::Args),
+}
+
+/// Runs a benchmark.
+pub fn run(c: Command) -> Result<()> {
+    match c {
+        Command::Data(a) => data::run(a),
+    }
+}
+
+/// Latency statistics of one measurement.
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    /// Median, ns.
+    pub median_ns: f64,
+    /// 99th percentile, ns.
+    pub p99_ns: f64,
+}
+
+impl Stats {
+    /// Median and p99 of `samples` (ns) through an HDR histogram (3 significant digits).
+    pub fn from_samples(samples: &[u64]) -> Self {
+        // Bounds up to one hour: saturating_record clamps instead of resizing.
+        let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3)
+            .expect("valid bounds");
+        for &s in samples {
+            h.saturating_record(s.max(1));
+        }
+        Stats {
+            median_ns: h.value_at_quantile(0.5) as f64,
+            p99_ns: h.value_at_quantile(0.99) as f64,
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! `rdma-tool devices`.
+
+use crate::Result;
+use rdmapool::fabric::{devices, AtomicCap};
+use serde_json::json;
+
+/// Arguments of `devices`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn atomic_name(a: AtomicCap) -> &'static str {
+    match a {
+        AtomicCap::None => "none",
+        AtomicCap::Hca => "hca",
+        AtomicCap::Global => "global",
+    }
+}
+
+/// Lists providers, their devices and limits.
+pub fn run(args: Args) -> Result<()> {
+    let providers = devices();
+    if args.json {
+        let v: Vec<_> = providers
+            .iter()
+            .map(|p| {
+                json!({
+                    "provider": p.provider.name(),
+                    "available": p.unavailable.is_none(),
+                    "reason": p.unavailable,
+                    "devices": p.devices.iter().map(|d| json!({
+                        "name": d.name,
+                        "max_mr_size": d.max_mr_size,
+                        "max_msg_size": d.max_msg_size,
+                        "max_qp_wr": d.max_qp_wr,
+                        "max_sge": d.max_sge,
+                        "max_cqe": d.max_cqe,
+                        "max_mr": d.max_mr,
+                        "atomic_cap": atomic_name(d.atomic_cap),
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).expect("JSON of plain values")
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<9} {:<8} {:>14} {:>12} {:>9} {:>7} {:>9} {:>8}",
+        "provider",
+        "device",
+        "max_mr_size",
+        "max_msg",
+        "max_qp_wr",
+        "max_sge",
+        "max_cqe",
+        "atomics"
+    );
+    for p in &providers {
+        if let Some(reason) = &p.unavailable {
+            println!("{:<9} not available: {reason}", p.provider.name());
+            continue;
+        }
+        for d in &p.devices {
+            println!(
+                "{:<9} {:<8} {:>14} {:>12} {:>9} {:>7} {:>9} {:>8}",
+                p.provider.name(),
+                d.name,
+                d.max_mr_size,
+                d.max_msg_size,
+                d.max_qp_wr,
+                d.max_sge,
+                d.max_cqe,
+                atomic_name(d.atomic_cap)
+            );
+        }
+    }
+    Ok(())
+}

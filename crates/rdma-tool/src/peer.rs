@@ -1,0 +1,307 @@
+//! The target process used by `demo` and `bench`: it exports a registered region over the
+//! soft provider, optionally runs busy-polled TCP and Unix-socket echo servers (the raw
+//! references benchmarks compare against), and answers a few commands on stdin.
+//!
+//! Protocol on the pipes, one line each, prefixed with `@`:
+//! peer -> parent: `@target <endpoint-hex> <region-hex>`, `@echo <tcp-addr> <unix-path>`,
+//! `@ready`, `@dump <hex>`; parent -> peer: `@<endpoint-hex>`, `@dump <offset> <len>`.
+
+use crate::{Result, ToolError};
+use rdmapool::fabric::{AccessFlags, Context, Endpoint, QpConfig, Transport};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+/// Arguments of the hidden `peer` command.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Bytes to export.
+    #[arg(long)]
+    size: usize,
+    /// auto, tcp or local.
+    #[arg(long, default_value = "auto")]
+    transport: String,
+    /// Also run the raw echo servers used as references.
+    #[arg(long)]
+    echo: bool,
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Parses hex text.
+pub fn unhex(s: &str) -> Result<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return Err(ToolError::Msg(format!("odd-length hex {s:?}")));
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| {
+            u8::from_str_radix(&s[i..i + 2], 16)
+                .map_err(|_| ToolError::Msg(format!("bad hex {s:?}")))
+        })
+        .collect()
+}
+
+fn read_command(lines: &mut impl BufRead) -> Option<String> {
+    loop {
+        let mut l = String::new();
+        if lines.read_line(&mut l).ok()? == 0 {
+            return None;
+        }
+        if let Some(rest) = l.trim_end().strip_prefix('@') {
+            return Some(rest.to_string());
+        }
+    }
+}
+
+/// Runs the peer until its stdin closes.
+pub fn run(args: Args) -> Result<()> {
+    let transport = Transport::parse(&args.transport)?;
+    let ctx = Context::open_soft()?;
+    let pd = ctx.alloc_pd()?;
+    let cq = ctx.create_cq(1024)?;
+    let mr = pd.alloc_mr(args.size, AccessFlags::all())?;
+    let qp = pd.create_qp(
+        &cq,
+        &cq,
+        &QpConfig {
+            transport,
+            ..QpConfig::default()
+        },
+    )?;
+    qp.modify_to_init()?;
+    let mut out = std::io::stdout().lock();
+    let say = |out: &mut std::io::StdoutLock, s: String| -> Result<()> {
+        writeln!(out, "@{s}")
+            .and_then(|_| out.flush())
+            .map_err(|e| ToolError::Io("stdout".into(), e))
+    };
+    say(
+        &mut out,
+        format!(
+            "target {} {}",
+            qp.endpoint().to_hex(),
+            hex(&mr.remote_region().to_bytes())
+        ),
+    )?;
+    if args.echo {
+        let (tcp, unix) = start_echo_servers()?;
+        say(&mut out, format!("echo {tcp} {unix}"))?;
+    }
+    let mut stdin = BufReader::new(std::io::stdin());
+    let remote =
+        read_command(&mut stdin).ok_or_else(|| ToolError::Msg("parent went away".into()))?;
+    qp.modify_to_rtr(&Endpoint::from_hex(&remote)?)?;
+    qp.modify_to_rts()?;
+    say(&mut out, "ready".into())?;
+    while let Some(cmd) = read_command(&mut stdin) {
+        let mut parts = cmd.split(' ');
+        if parts.next() == Some("dump") {
+            let off: usize = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+            let len: usize = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+            let mut buf = vec![0u8; len];
+            mr.read_at(off, &mut buf)?;
+            say(&mut out, format!("dump {}", hex(&buf)))?;
+        }
+    }
+    Ok(())
+}
+
+/// Busy-polled echo servers on loopback TCP and a Unix socket.
+///
+/// Each request is an 8-byte header (request length, response length, little-endian u32)
+/// followed by the request bytes; the server answers with response-length bytes.
+fn start_echo_servers() -> Result<(String, String)> {
+    let tcp =
+        TcpListener::bind("127.0.0.1:0").map_err(|e| ToolError::Io("echo listen".into(), e))?;
+    let tcp_addr = tcp
+        .local_addr()
+        .map_err(|e| ToolError::Io("echo addr".into(), e))?;
+    let path = std::env::temp_dir().join(format!("rdma-tool-echo-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let unix = UnixListener::bind(&path).map_err(|e| ToolError::Io("echo listen".into(), e))?;
+    std::thread::spawn(move || {
+        for s in tcp.incoming().flatten() {
+            let _ = s.set_nodelay(true);
+            std::thread::spawn(move || echo(s));
+        }
+    });
+    std::thread::spawn(move || {
+        for s in unix.incoming().flatten() {
+            std::thread::spawn(move || echo(s));
+        }
+    });
+    Ok((tcp_addr.to_string(), path.display().to_string()))
+}
+
+/// Reads exactly `buf.len()` bytes, spinning on a non-blocking socket.
+pub fn spin_read(s: &mut impl Read, buf: &mut [u8]) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        match s.read(&mut buf[got..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Writes all of `buf`, spinning on a non-blocking socket.
+pub fn spin_write(s: &mut impl Write, buf: &[u8]) -> std::io::Result<()> {
+    let mut sent = 0;
+    while sent < buf.len() {
+        match s.write(&buf[sent..]) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Sockets the echo server can serve.
+pub trait EchoSocket: Read + Write + Send {
+    /// Switches to non-blocking mode.
+    fn nonblocking(&self) -> std::io::Result<()>;
+}
+impl EchoSocket for TcpStream {
+    fn nonblocking(&self) -> std::io::Result<()> {
+        self.set_nonblocking(true)
+    }
+}
+impl EchoSocket for UnixStream {
+    fn nonblocking(&self) -> std::io::Result<()> {
+        self.set_nonblocking(true)
+    }
+}
+
+fn echo(mut s: impl EchoSocket) {
+    if s.nonblocking().is_err() {
+        return;
+    }
+    let mut buf = vec![0u8; 4 << 20];
+    loop {
+        let mut hdr = [0u8; 8];
+        if spin_read(&mut s, &mut hdr).is_err() {
+            return;
+        }
+        let req = u32::from_le_bytes(hdr[..4].try_into().unwrap()) as usize;
+        let resp = u32::from_le_bytes(hdr[4..].try_into().unwrap()) as usize;
+        if req > buf.len() || resp > buf.len() {
+            return;
+        }
+        if spin_read(&mut s, &mut buf[..req]).is_err() || spin_write(&mut s, &buf[..resp]).is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// A running peer process and its pipes.
+pub struct PeerProcess {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// The peer QP's endpoint.
+    pub endpoint: Endpoint,
+    /// The exported region.
+    pub region: rdmapool::fabric::RemoteRegion,
+    /// Echo servers (TCP address, Unix path), when asked for.
+    pub echo: Option<(String, String)>,
+}
+
+impl PeerProcess {
+    /// Starts `rdma-tool peer` and reads what it exports.
+    pub fn spawn(size: usize, transport: &str, echo: bool) -> Result<Self> {
+        let exe = std::env::current_exe().map_err(|e| ToolError::Io("current_exe".into(), e))?;
+        let mut cmd = Command::new(exe);
+        cmd.args([
+            "peer",
+            "--size",
+            &size.to_string(),
+            "--transport",
+            transport,
+        ]);
+        if echo {
+            cmd.arg("--echo");
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| ToolError::Io("spawning the peer".into(), e))?;
+        let stdin = child.stdin.take().expect("piped");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let first = read_command(&mut stdout).ok_or_else(|| {
+            ToolError::Msg("peer exited before exporting its region (see its error above)".into())
+        })?;
+        let mut parts = first.split(' ');
+        let (Some("target"), Some(ep), Some(region)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(ToolError::Msg(format!(
+                "unexpected line from peer: {first}"
+            )));
+        };
+        let endpoint = Endpoint::from_hex(ep)?;
+        let region = rdmapool::fabric::RemoteRegion::from_bytes(&unhex(region)?)?;
+        let echo = if echo {
+            let line =
+                read_command(&mut stdout).ok_or_else(|| ToolError::Msg("peer exited".into()))?;
+            let mut p = line.split(' ');
+            match (p.next(), p.next(), p.next()) {
+                (Some("echo"), Some(t), Some(u)) => Some((t.to_string(), u.to_string())),
+                _ => return Err(ToolError::Msg(format!("unexpected line from peer: {line}"))),
+            }
+        } else {
+            None
+        };
+        Ok(Self {
+            child,
+            stdin,
+            stdout,
+            endpoint,
+            region,
+            echo,
+        })
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn say(&mut self, s: &str) -> Result<()> {
+        writeln!(self.stdin, "@{s}")
+            .and_then(|_| self.stdin.flush())
+            .map_err(|e| ToolError::Io("peer stdin".into(), e))
+    }
+
+    /// Sends our endpoint and waits until the peer's QP is ready.
+    pub fn connect(&mut self, ours: &Endpoint) -> Result<()> {
+        self.say(&ours.to_hex())?;
+        match read_command(&mut self.stdout).as_deref() {
+            Some("ready") => Ok(()),
+            other => Err(ToolError::Msg(format!("peer did not get ready: {other:?}"))),
+        }
+    }
+
+    /// Asks the peer for `len` bytes at `offset` of its region, as it sees them.
+    pub fn dump(&mut self, offset: usize, len: usize) -> Result<Vec<u8>> {
+        self.say(&format!("dump {offset} {len}"))?;
+        let line =
+            read_command(&mut self.stdout).ok_or_else(|| ToolError::Msg("peer exited".into()))?;
+        unhex(line.strip_prefix("dump ").unwrap_or(""))
+    }
+}
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
