@@ -27,24 +27,6 @@ pub struct Args {
     echo: bool,
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// Parses hex text.
-pub fn unhex(s: &str) -> Result<Vec<u8>> {
-    if s.len() % 2 != 0 {
-        return Err(ToolError::Msg(format!("odd-length hex {s:?}")));
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| {
-            u8::from_str_radix(&s[i..i + 2], 16)
-                .map_err(|_| ToolError::Msg(format!("bad hex {s:?}")))
-        })
-        .collect()
-}
-
 fn read_command(lines: &mut impl BufRead) -> Option<String> {
     loop {
         let mut l = String::new();
@@ -84,7 +66,7 @@ pub fn run(args: Args) -> Result<()> {
         format!(
             "target {} {}",
             qp.endpoint().to_hex(),
-            hex(&mr.remote_region().to_bytes())
+            mr.remote_region().to_hex()
         ),
     )?;
     if args.echo {
@@ -104,7 +86,8 @@ pub fn run(args: Args) -> Result<()> {
             let len: usize = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
             let mut buf = vec![0u8; len];
             mr.read_at(off, &mut buf)?;
-            say(&mut out, format!("dump {}", hex(&buf)))?;
+            let text: String = buf.iter().map(|b| format!("{b:02x}")).collect();
+            say(&mut out, format!("dump {text}"))?;
         }
     }
     Ok(())
@@ -248,7 +231,7 @@ impl PeerProcess {
             )));
         };
         let endpoint = Endpoint::from_hex(ep)?;
-        let region = rdmapool::fabric::RemoteRegion::from_bytes(&unhex(region)?)?;
+        let region = rdmapool::fabric::RemoteRegion::from_hex(region)?;
         let echo = if echo {
             let line =
                 read_command(&mut stdout).ok_or_else(|| ToolError::Msg("peer exited".into()))?;
@@ -295,7 +278,11 @@ impl PeerProcess {
         self.say(&format!("dump {offset} {len}"))?;
         let line =
             read_command(&mut self.stdout).ok_or_else(|| ToolError::Msg("peer exited".into()))?;
-        unhex(line.strip_prefix("dump ").unwrap_or(""))
+        let text = line.strip_prefix("dump ").unwrap_or("");
+        (0..text.len() / 2)
+            .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|_| ToolError::Msg(format!("bad dump from peer: {line}")))
     }
 }
 

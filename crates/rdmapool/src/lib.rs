@@ -34,3 +34,8 @@ mod util;
 
 pub use error::{Error, Result};
 pub use soft::memory::pinned_bytes;
+
+/// The README's Rust snippet, compiled as a doc test so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

@@ -273,7 +273,8 @@ fn region_of_another_pd_is_refused_remotely_and_locally() {
 #[test]
 fn bad_local_sges_get_local_errors() {
     for t in TRANSPORTS {
-        let cases: [(&str, fn(&Mr) -> Sge, WcStatus); 3] = [
+        type Case = (&'static str, fn(&Mr) -> Sge, WcStatus);
+        let cases: [Case; 3] = [
             (
                 "zero length",
                 |m| Sge {

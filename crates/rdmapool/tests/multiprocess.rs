@@ -111,7 +111,7 @@ fn child_entry() {
             println!(
                 "@{} {}",
                 qp.endpoint().to_hex(),
-                hex(&mr.remote_region().to_bytes())
+                mr.remote_region().to_hex()
             );
             let peer = Endpoint::from_hex(&stdin_line()).unwrap();
             qp.modify_to_rtr(&peer).unwrap();
@@ -138,7 +138,7 @@ fn child_entry() {
                 .collect::<Vec<_>>()
                 .into_iter();
             let peer = Endpoint::from_hex(&parts.next().unwrap()).unwrap();
-            let region = RemoteRegion::from_bytes(&unhex(&parts.next().unwrap())).unwrap();
+            let region = RemoteRegion::from_hex(&parts.next().unwrap()).unwrap();
             qp.connect(&peer).unwrap();
             let src = n.pd.alloc_mr(4096, ALL).unwrap();
             src.write_at(0, &[0xee; 4096]).unwrap();
@@ -178,17 +178,6 @@ fn child_entry() {
     std::process::exit(0);
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
-
 /// Parent initiator against a child target: every opcode, verified.
 fn connect_to_target(t: Transport) -> (Peer, Node, Qp, RemoteRegion) {
     let mut peer = Peer::spawn(
@@ -198,7 +187,7 @@ fn connect_to_target(t: Transport) -> (Peer, Node, Qp, RemoteRegion) {
     let first = peer.line();
     let (ep, region) = first.split_once(' ').unwrap();
     let remote_ep = Endpoint::from_hex(ep).unwrap();
-    let region = RemoteRegion::from_bytes(&unhex(region)).unwrap();
+    let region = RemoteRegion::from_hex(region).unwrap();
     let n = node();
     let qp = n.pd.create_qp(&n.cq, &n.cq, &config(t)).unwrap();
     qp.modify_to_init().unwrap();
@@ -346,7 +335,7 @@ fn frozen_target_times_out_instead_of_hanging() {
     let mut peer = Peer::spawn("target", &[("T", "tcp")]);
     let first = peer.line();
     let (ep, region) = first.split_once(' ').unwrap();
-    let region = RemoteRegion::from_bytes(&unhex(region)).unwrap();
+    let region = RemoteRegion::from_hex(region).unwrap();
     let n = node();
     let cfg = QpConfig {
         timeout: Duration::from_millis(500),
@@ -390,7 +379,7 @@ fn killed_initiator_leaves_the_target_serving() {
         peer.say(&format!(
             "{} {}",
             qp.endpoint().to_hex(),
-            hex(&mr.remote_region().to_bytes())
+            mr.remote_region().to_hex()
         ));
         assert_eq!(peer.line(), "ready");
         // Wait until its writes are landing, then kill it mid-stream.

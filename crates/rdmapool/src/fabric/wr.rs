@@ -106,6 +106,18 @@ impl RemoteRegion {
     }
 }
 
+impl RemoteRegion {
+    /// Hex text of [`RemoteRegion::to_bytes`], handy for pipes and command lines.
+    pub fn to_hex(&self) -> String {
+        crate::util::hex_encode(&self.to_bytes())
+    }
+
+    /// Parses [`RemoteRegion::to_hex`] output.
+    pub fn from_hex(s: &str) -> Result<Self> {
+        Self::from_bytes(&crate::util::hex_decode(s.trim())?)
+    }
+}
+
 /// The operation a send-queue work request performs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WrOp {
