@@ -553,3 +553,23 @@ fn bad_registrations_are_refused() {
     assert!(mr.atomic_u64(4).is_err());
     assert_eq!(n.ctx.live_regions(), 1);
 }
+
+#[test]
+fn region_deregistered_after_use_is_refused_on_every_path() {
+    // The first write maps the region on the local path; after deregistration the mapping
+    // must not be usable any more.
+    for t in TRANSPORTS {
+        let (a, b) = (node(), node());
+        let (qa, _qb) = pair(&a, &b, &config(t));
+        let target = b.pd.alloc_mr(LEN, ALL).unwrap();
+        let remote = target.remote_at(0).unwrap();
+        let local = a.pd.alloc_mr(LEN, ALL).unwrap();
+        let sg = [local.sge(0, 64).unwrap()];
+        qa.post_send(&[write_wr(1, remote, &sg)]).unwrap();
+        assert!(one(&a.cq).is_ok(), "{t:?}");
+        drop(target);
+        assert_eq!(b.ctx.live_regions(), 0);
+        qa.post_send(&[write_wr(2, remote, &sg)]).unwrap();
+        assert_eq!(one(&a.cq).status, WcStatus::RemAccessErr, "{t:?}");
+    }
+}

@@ -117,16 +117,35 @@ fn child_entry() {
             qp.modify_to_rtr(&peer).unwrap();
             qp.modify_to_rts().unwrap();
             println!("@ready");
-            // Report the SEND that arrives, then serve one-sided traffic until stdin closes.
-            let c = one(&n.cq);
-            let mut got = vec![0u8; c.byte_len as usize];
-            rbuf.read_at(0, &mut got).unwrap();
-            println!(
-                "@recv {} {}",
-                c.imm.unwrap_or(0),
-                String::from_utf8_lossy(&got)
-            );
-            let _ = stdin_line();
+            // Serve one-sided traffic until stdin closes; answer "recv" (report the SEND
+            // that arrives) and "dump OFFSET LEN" (show our own view of the region).
+            loop {
+                let cmd = stdin_line();
+                let mut words = cmd.split(' ');
+                match words.next() {
+                    Some("recv") => {
+                        let c = one(&n.cq);
+                        let mut got = vec![0u8; c.byte_len as usize];
+                        rbuf.read_at(0, &mut got).unwrap();
+                        println!(
+                            "@recv {} {}",
+                            c.imm.unwrap_or(0),
+                            String::from_utf8_lossy(&got)
+                        );
+                    }
+                    Some("dump") => {
+                        let off: usize = words.next().unwrap().parse().unwrap();
+                        let len: usize = words.next().unwrap().parse().unwrap();
+                        let mut b = vec![0u8; len];
+                        mr.read_at(off, &mut b).unwrap();
+                        println!(
+                            "@dump {}",
+                            b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+                        );
+                    }
+                    _ => break,
+                }
+            }
         }
         "writer" => {
             let n = node();
@@ -264,7 +283,22 @@ fn two_processes_every_opcode() {
         }])
         .unwrap();
         assert!(one(&n.cq).is_ok());
+        peer.say("recv");
         assert_eq!(peer.line(), "recv 7 over there", "{t:?}");
+        let seen = peer_dump(&mut peer, 0, 4096);
+        assert!(
+            seen[..64] == data[..64],
+            "{t:?}: the target's own view before the word"
+        );
+        assert_eq!(
+            u64::from_ne_bytes(seen[64..72].try_into().unwrap()),
+            99,
+            "{t:?}: the word"
+        );
+        assert!(
+            seen[72..] == data[72..4096],
+            "{t:?}: the target's own view after the word"
+        );
     }
 }
 
@@ -557,4 +591,62 @@ fn exceeding_the_memlock_limit_is_a_clear_error() {
         "pinned 0",
         "failed and dropped registrations unpin everything"
     );
+}
+
+/// Waits until the kernel reports the child stopped (state T in /proc/PID/stat).
+fn wait_stopped(peer: &Peer) {
+    let stat = format!("/proc/{}/stat", peer.child.id());
+    let until = Instant::now() + WAIT;
+    while !std::fs::read_to_string(&stat).unwrap().contains(") T ") {
+        assert!(Instant::now() < until, "child never stopped");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn local_path_needs_no_target_cpu() {
+    // Once the region is mapped, one-sided operations on the local path are executed by the
+    // initiator alone: they keep working while the target process is frozen.
+    let (mut peer, n, qp, region) = connect_to_target(Transport::Local);
+    let buf = n.pd.alloc_mr(4096, ALL).unwrap();
+    let sg = [buf.sge(0, 8).unwrap()];
+    let faa = |add| SendWr {
+        wr_id: 1,
+        op: WrOp::FetchAdd {
+            remote: region.at(0).unwrap(),
+            add,
+        },
+        sg_list: &sg,
+        signaled: true,
+    };
+    qp.post_send(&[faa(1)]).unwrap();
+    assert!(one(&n.cq).is_ok());
+    let start = buf.read_u64(0).unwrap();
+    peer.kill(libc::SIGSTOP);
+    wait_stopped(&peer);
+    for i in 1..=100u64 {
+        qp.post_send(&[faa(1)]).unwrap();
+        assert!(one(&n.cq).is_ok(), "FAA {i} with the target frozen");
+        assert_eq!(buf.read_u64(0).unwrap(), start + i);
+    }
+    buf.write_at(8, b"frozen!!").unwrap();
+    qp.post_send(&[write_wr(
+        2,
+        region.at(64).unwrap(),
+        &[buf.sge(8, 8).unwrap()],
+    )])
+    .unwrap();
+    assert!(one(&n.cq).is_ok());
+    peer.kill(libc::SIGCONT);
+    assert_eq!(peer_dump(&mut peer, 64, 8), b"frozen!!");
+}
+
+/// What the child target sees in its own region.
+fn peer_dump(peer: &mut Peer, offset: usize, len: usize) -> Vec<u8> {
+    peer.say(&format!("dump {offset} {len}"));
+    let line = peer.line();
+    let hex = line.strip_prefix("dump ").expect("a dump line");
+    (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
 }

@@ -61,6 +61,30 @@ impl IoVecs {
     }
 }
 
+/// How long a transfer that hits a full or empty socket retries before sleeping in poll:
+/// the peer is usually mid-frame, and a sleep/wake-up pair costs more than this.
+const BUSY_RETRY: Duration = Duration::from_micros(30);
+
+/// Tracks the busy-retry window of one transfer.
+struct Backoff(Option<Instant>);
+
+impl Backoff {
+    /// True while the transfer should retry at once rather than sleep.
+    fn spin(&mut self) -> bool {
+        let until = *self.0.get_or_insert_with(|| Instant::now() + BUSY_RETRY);
+        if Instant::now() < until {
+            std::hint::spin_loop();
+            true
+        } else {
+            false
+        }
+    }
+    /// Progress was made: the next stall gets a fresh window.
+    fn reset(&mut self) {
+        self.0 = None;
+    }
+}
+
 fn timed_out() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "peer did not answer in time")
 }
@@ -102,17 +126,20 @@ pub(crate) fn wait_fd(fd: RawFd, events: i16, deadline: Option<Instant>) -> io::
 /// # Safety
 /// Every piece must be writable memory that stays valid for the call.
 pub(crate) unsafe fn recv_all(fd: RawFd, iov: &mut IoVecs, deadline: Instant) -> io::Result<()> {
+    let mut backoff = Backoff(None);
     while !iov.is_done() {
         let mut m = iov.msghdr();
         // SAFETY: the caller guarantees the iovecs point at writable memory.
         let n = unsafe { libc::recvmsg(fd, &mut m, libc::MSG_DONTWAIT) };
         if n > 0 {
             iov.advance(n as usize);
+            backoff.reset();
         } else if n == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         } else {
             let e = io::Error::last_os_error();
             match e.kind() {
+                io::ErrorKind::WouldBlock if backoff.spin() => {}
                 io::ErrorKind::WouldBlock => {
                     if !wait_fd(fd, libc::POLLIN, Some(deadline))? {
                         return Err(timed_out());
@@ -178,12 +205,14 @@ pub(crate) unsafe fn send_all(
     deadline: Instant,
     mut on_block: impl FnMut() -> bool,
 ) -> io::Result<()> {
+    let mut backoff = Backoff(None);
     while !iov.is_done() {
         let m = iov.msghdr();
         // SAFETY: the caller guarantees the iovecs point at readable memory.
         let n = unsafe { libc::sendmsg(fd, &m, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
         if n >= 0 {
             iov.advance(n as usize);
+            backoff.reset();
             continue;
         }
         let e = io::Error::last_os_error();
@@ -194,6 +223,9 @@ pub(crate) unsafe fn send_all(
                 }
                 if Instant::now() >= deadline {
                     return Err(timed_out());
+                }
+                if backoff.spin() {
+                    continue;
                 }
                 let short = Instant::now() + Duration::from_millis(1);
                 wait_fd(fd, libc::POLLOUT | libc::POLLIN, Some(short.min(deadline)))?;

@@ -20,9 +20,9 @@ pub(crate) struct MrInner {
     /// deregistration takes the write guard, so it waits for them and later ones see `false`.
     valid: RwLock<bool>,
     pin: parking_lot::Mutex<Option<Pin>>,
-    /// Memory owned by the region (None when the caller lent it); held so that it is
-    /// unmapped only after the last in-flight user lets go.
-    _memory: Option<Mapping>,
+    /// Memory owned by the region (None when the caller lent it), with its control page for
+    /// the intra-host path; unmapped only after the last in-flight user lets go.
+    pub(crate) memory: Option<Mapping>,
 }
 
 impl MrInner {
@@ -100,8 +100,11 @@ impl KeyTable {
             rkey,
             valid: RwLock::new(true),
             pin: parking_lot::Mutex::new(Some(r.pin)),
-            _memory: r.mapping,
+            memory: r.mapping,
         });
+        if let Some(m) = &mr.memory {
+            super::shm::publish(m, rkey, mr.pd_id, mr.access, mr.addr, mr.len);
+        }
         lkeys.insert(lkey, mr.clone());
         rkeys.insert(rkey, mr.clone());
         Ok(mr)
@@ -122,6 +125,9 @@ impl KeyTable {
     pub(crate) fn remove(&self, mr: &MrInner) {
         self.lkeys.write().remove(&mr.lkey);
         self.rkeys.write().remove(&mr.rkey);
+        if let Some(m) = &mr.memory {
+            super::shm::retract(m);
+        }
         *mr.valid.write() = false;
         mr.pin.lock().take();
     }

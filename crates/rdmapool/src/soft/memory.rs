@@ -202,9 +202,55 @@ impl Mapping {
     }
 
     /// The memfd behind the mapping.
-    #[allow(dead_code)]
     pub(crate) fn fd(&self) -> &OwnedFd {
         &self.fd
+    }
+
+    /// Maps all of a memfd received from a peer process on this host.
+    pub(crate) fn from_fd(fd: OwnedFd) -> Result<Self> {
+        // SAFETY: fstat writes into the struct we own.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat on a descriptor we own.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(Error::last_os("fstat"));
+        }
+        let len = st.st_size as usize;
+        if len == 0 || !len.is_multiple_of(page_size()) {
+            return Err(Error::Malformed {
+                what: "shared region",
+                reason: format!("memfd of {len} bytes"),
+            });
+        }
+        // SAFETY: mapping a descriptor we own with the length it has.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::last_os("mmap"));
+        }
+        Ok(Self {
+            ptr: ptr.cast(),
+            len,
+            fd,
+        })
+    }
+
+    /// The aligned 8-byte word at byte `offset`, as an atomic shared with other processes.
+    pub(crate) fn word(&self, offset: usize) -> &AtomicU64 {
+        assert!(
+            offset.is_multiple_of(8) && offset + 8 <= self.len,
+            "word {offset} outside mapping"
+        );
+        // SAFETY: in bounds and aligned (checked above; the mapping is page aligned), and
+        // the mapping lives as long as the borrow of `self`.
+        unsafe { &*(self.ptr.add(offset) as *const AtomicU64) }
     }
 }
 

@@ -16,6 +16,7 @@ mod keys;
 pub(crate) mod memory;
 mod qp;
 mod responder;
+mod shm;
 mod wire;
 
 use crate::fabric::provider::{ContextOps, CqOps, MrOps, PdOps, QpOps};
@@ -122,6 +123,7 @@ fn spawn_acceptor<L, S>(
     name: &str,
     listener: L,
     shared: Weak<CtxShared>,
+    local: bool,
     accept: fn(&L) -> std::io::Result<S>,
 ) where
     L: Send + 'static,
@@ -141,7 +143,7 @@ fn spawn_acceptor<L, S>(
             let fd: OwnedFd = conn.into();
             let _ = std::thread::Builder::new()
                 .name("rdmapool-soft-resp".into())
-                .spawn(move || responder::serve(ctx, fd));
+                .spawn(move || responder::serve(ctx, fd, local));
         });
 }
 
@@ -194,15 +196,25 @@ impl SoftContext {
                 })?
                 .into(),
         ];
-        spawn_acceptor("rdmapool-soft-tcp", tcp, Arc::downgrade(&shared), |l| {
-            l.accept().map(|(s, _)| {
-                let _ = s.set_nodelay(true);
-                s
-            })
-        });
-        spawn_acceptor("rdmapool-soft-local", unix, Arc::downgrade(&shared), |l| {
-            l.accept().map(|(s, _)| s)
-        });
+        spawn_acceptor(
+            "rdmapool-soft-tcp",
+            tcp,
+            Arc::downgrade(&shared),
+            false,
+            |l| {
+                l.accept().map(|(s, _)| {
+                    let _ = s.set_nodelay(true);
+                    s
+                })
+            },
+        );
+        spawn_acceptor(
+            "rdmapool-soft-local",
+            unix,
+            Arc::downgrade(&shared),
+            true,
+            |l| l.accept().map(|(s, _)| s),
+        );
         Ok(Self {
             shared,
             device: device_info(),
@@ -303,7 +315,7 @@ impl SoftPd {
 impl PdOps for SoftPd {
     fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Box<dyn MrOps>> {
         self.check_request(len, access)?;
-        let mapping = Mapping::new(len)?;
+        let mapping = Mapping::new(shm::len_with_control(len))?;
         // SAFETY: the mapping was just created and lives in the region, so it outlives the pin.
         let pin = unsafe { Pin::new(mapping.ptr() as usize, mapping.len())? };
         let inner = self.ctx.shared.keys.insert(NewRegion {
@@ -383,7 +395,7 @@ impl PdOps for SoftPd {
             soft_cq(send_cq)?,
             soft_cq(recv_cq)?,
             cfg.clone(),
-        );
+        )?;
         Ok(Box::new(SoftQpHandle(qp)))
     }
 }

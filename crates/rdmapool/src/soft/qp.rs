@@ -4,6 +4,8 @@ use super::addr::{host_id, SoftAddress};
 use super::cq::SoftCq;
 use super::io::{self, IoVecs};
 use super::keys::MrInner;
+use super::memory::Mapping;
+use super::shm::{self, FastOp, RemoteMr, RemoteQpState};
 use super::wire::{self, HelloStatus, ReqOp, Request, Response, RESP_LEN};
 use super::{CtxShared, MAX_SGE};
 use crate::fabric::{
@@ -13,13 +15,13 @@ use crate::fabric::{
 use crate::{Error, Result};
 use arrayvec::ArrayVec;
 use parking_lot::Mutex;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A checked local SGE: the region it lies in, and the range.
 #[derive(Debug, Clone)]
@@ -67,7 +69,21 @@ struct SendQueue {
     next_seq: u64,
     /// A work request failed locally; later ones are flushed, never sent.
     failed: bool,
+    /// Set when the peer is on this host: the zero-copy path's state.
+    local: Option<LocalPeer>,
 }
+
+/// What the zero-copy path knows about a peer on this host.
+struct LocalPeer {
+    target_state: RemoteQpState,
+    target_pd: u32,
+    /// rkey -> the peer's mapped region, or None when it must go through the socket.
+    maps: HashMap<u32, Option<Arc<RemoteMr>>>,
+    last_liveness_check: Instant,
+}
+
+/// How often the zero-copy path checks that the peer process is still there.
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(1);
 
 /// One soft RC queue pair.
 pub(crate) struct SoftQp {
@@ -77,7 +93,10 @@ pub(crate) struct SoftQp {
     send_cq: Arc<SoftCq>,
     pub(crate) recv_cq: Arc<SoftCq>,
     pub(crate) cfg: QpConfig,
-    state: AtomicU8,
+    /// One shared page whose first word is the state, so that a peer on this host using the
+    /// zero-copy path can see it and move it to ERR.
+    state_page: Mapping,
+    rq_flushed: AtomicBool,
     sq: Mutex<SendQueue>,
     pub(crate) rq: Mutex<VecDeque<RecvEntry>>,
     peer: Mutex<Option<(u32, SoftAddress)>>,
@@ -100,15 +119,17 @@ impl SoftQp {
         send_cq: Arc<SoftCq>,
         recv_cq: Arc<SoftCq>,
         cfg: QpConfig,
-    ) -> Arc<Self> {
+    ) -> Result<Arc<Self>> {
         let qpn = ctx.next_qpn();
+        let state_page = Mapping::new(1)?;
         let qp = Arc::new(Self {
             qpn,
             pd_id,
             ctx: ctx.clone(),
             send_cq: send_cq.clone(),
             recv_cq,
-            state: AtomicU8::new(QpState::Reset as u8),
+            state_page,
+            rq_flushed: AtomicBool::new(false),
             sq: Mutex::new(SendQueue {
                 conn: None,
                 broken: None,
@@ -116,18 +137,31 @@ impl SoftQp {
                 in_flight: 0,
                 next_seq: 0,
                 failed: false,
+                local: None,
             }),
             rq: Mutex::new(VecDeque::with_capacity(cfg.max_recv_wr as usize)),
             peer: Mutex::new(None),
             cfg,
         });
         send_cq.attach_sender(Arc::downgrade(&qp));
+        if !Arc::ptr_eq(&send_cq, &qp.recv_cq) {
+            qp.recv_cq.attach_sender(Arc::downgrade(&qp));
+        }
         ctx.qps.write().insert(qpn, Arc::downgrade(&qp));
-        qp
+        Ok(qp)
+    }
+
+    fn state_word(&self) -> &std::sync::atomic::AtomicU64 {
+        self.state_page.word(0)
     }
 
     pub(crate) fn state(&self) -> QpState {
-        QpState::from_u8(self.state.load(Ordering::Acquire))
+        QpState::from_u8(self.state_word().load(Ordering::Acquire) as u8)
+    }
+
+    /// The state page's descriptor, shared with local peers.
+    pub(crate) fn state_fd(&self) -> RawFd {
+        self.state_page.fd().as_raw_fd()
     }
 
     pub(crate) fn endpoint(&self) -> Endpoint {
@@ -147,8 +181,8 @@ impl SoftQp {
     }
 
     fn transition(&self, from: QpState, to: QpState, needed: &'static str) -> Result<()> {
-        self.state
-            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
+        self.state_word()
+            .compare_exchange(from as u64, to as u64, Ordering::AcqRel, Ordering::Acquire)
             .map(|_| ())
             .map_err(|_| self.bad_state(needed))
     }
@@ -180,12 +214,15 @@ impl SoftQp {
             return Err(self.bad_state("RTS needs RTR"));
         }
         let (peer_qpn, addr) = self.peer.lock().clone().expect("RTR has a peer");
-        let fd = self.dial(peer_qpn, &addr)?;
-        self.sq.lock().conn = Some(fd);
+        let (fd, local) = self.dial(peer_qpn, &addr)?;
+        let mut sq = self.sq.lock();
+        sq.conn = Some(fd);
+        sq.local = local;
+        drop(sq);
         self.transition(QpState::Rtr, QpState::Rts, "RTS needs RTR")
     }
 
-    fn dial(&self, peer_qpn: u32, addr: &SoftAddress) -> Result<OwnedFd> {
+    fn dial(&self, peer_qpn: u32, addr: &SoftAddress) -> Result<(OwnedFd, Option<LocalPeer>)> {
         let same_host = addr.host_id == host_id() && !addr.local.is_empty();
         let conn_err = |peer: String, reason: String| Error::Connection { peer, reason };
         let local = match self.cfg.transport {
@@ -199,8 +236,12 @@ impl SoftQp {
             Transport::Local => true,
             Transport::Auto => same_host,
         };
+        let mut on_local_socket = false;
         let fd: OwnedFd = match local.then(|| UnixStream::connect(&addr.local)) {
-            Some(Ok(s)) => s.into(),
+            Some(Ok(s)) => {
+                on_local_socket = true;
+                s.into()
+            }
             Some(Err(e)) if self.cfg.transport == Transport::Local => {
                 return Err(conn_err(addr.local.clone(), e.to_string()))
             }
@@ -224,7 +265,23 @@ impl SoftQp {
         io::recv_exact(fd.as_raw_fd(), &mut ack, deadline)
             .map_err(|e| conn_err(peer(), format!("waiting for hello acknowledgement: {e}")))?;
         match wire::decode_hello_ack(&ack)? {
-            HelloStatus::Ok => Ok(fd),
+            HelloStatus::Ok if on_local_socket => {
+                let mut info = [0u8; 8];
+                let fds = shm::recv_with_fds(fd.as_raw_fd(), &mut info, deadline).map_err(|e| {
+                    conn_err(peer(), format!("waiting for the local handshake: {e}"))
+                })?;
+                let state_fd = fds.into_iter().next().ok_or_else(|| {
+                    conn_err(peer(), "local handshake carried no state page".into())
+                })?;
+                let local = LocalPeer {
+                    target_state: RemoteQpState::new(state_fd)?,
+                    target_pd: u32::from_le_bytes(info[..4].try_into().unwrap()),
+                    maps: HashMap::new(),
+                    last_liveness_check: Instant::now(),
+                };
+                Ok((fd, Some(local)))
+            }
+            HelloStatus::Ok => Ok((fd, None)),
             HelloStatus::NoSuchQp => Err(conn_err(peer(), format!("peer has no QP {peer_qpn}"))),
             HelloStatus::QpInError => Err(conn_err(
                 peer(),
@@ -235,8 +292,15 @@ impl SoftQp {
 
     /// Moves the QP to ERR: posted receives are flushed, sends flush as they are reached.
     pub(crate) fn enter_error(&self) {
-        let old = self.state.swap(QpState::Error as u8, Ordering::AcqRel);
-        if old != QpState::Error as u8 {
+        self.state_word()
+            .store(QpState::Error as u64, Ordering::Release);
+        self.flush_receives_once();
+    }
+
+    /// Once the QP is in ERR (set here or by a local peer through the state page), posted
+    /// receives complete with flush errors, exactly once.
+    fn flush_receives_once(&self) {
+        if self.state() == QpState::Error && !self.rq_flushed.swap(true, Ordering::AcqRel) {
             let mut rq = self.rq.lock();
             while let Some(e) = rq.pop_front() {
                 self.recv_cq.push(Completion {
@@ -356,6 +420,14 @@ impl SoftQp {
             sq.pending.push_back(p);
             return Ok(());
         }
+        if let Some(status) = self.try_zero_copy(sq, &wr.op, &p) {
+            p.outcome = Outcome::Done(status);
+            if status != WcStatus::Success {
+                sq.failed = true;
+            }
+            sq.pending.push_back(p);
+            return Ok(());
+        }
         let (op, remote, compare_add, swap, imm) = match wr.op {
             WrOp::Send { imm } => (ReqOp::Send, None, 0, 0, imm),
             WrOp::Write { remote, imm } => (ReqOp::Write, Some(remote), 0, 0, imm),
@@ -379,6 +451,117 @@ impl SoftQp {
         };
         self.transmit(sq, &req, p);
         Ok(())
+    }
+
+    /// The intra-host zero-copy path: executes a one-sided operation directly on the peer's
+    /// mapped region. Returns None when the operation must go through the socket instead
+    /// (not a local peer, socket requests still in flight — RC order —, a region the peer
+    /// cannot share, or an operation that needs the peer's receive queue).
+    fn try_zero_copy(&self, sq: &mut SendQueue, op: &WrOp, p: &Pending) -> Option<WcStatus> {
+        if sq.in_flight != 0 || p.byte_len == 0 {
+            return None;
+        }
+        let (remote, fop) = match *op {
+            WrOp::Write { remote, imm: None } => (remote, FastOp::Write),
+            WrOp::Read { remote } => (remote, FastOp::Read),
+            WrOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => (remote, FastOp::CompareSwap { compare, swap }),
+            WrOp::FetchAdd { remote, add } => (remote, FastOp::FetchAdd { add }),
+            _ => return None,
+        };
+        let fd = sq.conn.as_ref()?.as_raw_fd();
+        let lp = sq.local.as_mut()?;
+        if lp.last_liveness_check.elapsed() > LIVENESS_INTERVAL {
+            lp.last_liveness_check = Instant::now();
+            let mut probe = [0u8; 1];
+            // SAFETY: a one-byte local buffer; MSG_PEEK leaves any data queued.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    probe.as_mut_ptr().cast(),
+                    1,
+                    libc::MSG_DONTWAIT | libc::MSG_PEEK,
+                )
+            };
+            let gone = n == 0
+                || (n < 0
+                    && std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock);
+            if gone {
+                self.break_connection(sq, fd, WcStatus::RetryExcErr);
+                return Some(WcStatus::RetryExcErr);
+            }
+        }
+        let rm = match lp.maps.get(&remote.rkey) {
+            Some(Some(rm)) if rm.is_valid() => rm.clone(),
+            Some(None) => return None,
+            _ => match self.map_remote(fd, remote.rkey) {
+                Ok(m) => {
+                    lp.maps
+                        .retain(|_, v| v.as_ref().is_none_or(|r| r.is_valid()));
+                    lp.maps.insert(remote.rkey, m.clone());
+                    m?
+                }
+                Err(status) => {
+                    self.break_connection(sq, fd, status);
+                    return Some(status);
+                }
+            },
+        };
+        let lp = sq.local.as_ref()?;
+        if !matches!(lp.target_state.get(), QpState::Rtr | QpState::Rts) {
+            return Some(WcStatus::RetryExcErr);
+        }
+        let status = shm::execute(
+            &rm,
+            lp.target_pd,
+            remote.rkey,
+            remote.addr,
+            p.byte_len as u64,
+            &fop,
+            &p.local,
+        );
+        if matches!(status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr) {
+            lp.target_state.set_error(); // the responder's QP goes to ERR, as on the wire
+        }
+        Some(status)
+    }
+
+    /// Asks the local peer for the region behind `rkey` (only with nothing else in flight).
+    fn map_remote(
+        &self,
+        fd: RawFd,
+        rkey: u32,
+    ) -> std::result::Result<Option<Arc<RemoteMr>>, WcStatus> {
+        let req = Request {
+            op: ReqOp::Map,
+            seq: u64::MAX,
+            remote_addr: 0,
+            rkey,
+            len: 0,
+            compare_add: 0,
+            swap: 0,
+            imm: None,
+        };
+        let deadline = Instant::now() + self.cfg.timeout;
+        io::send_buf(fd, &req.encode(), deadline).map_err(|_| WcStatus::RetryExcErr)?;
+        let mut hdr = [0u8; RESP_LEN];
+        let fds = shm::recv_with_fds(fd, &mut hdr, deadline).map_err(|_| WcStatus::RetryExcErr)?;
+        match Response::decode(&hdr, self.ctx.max_msg).map_err(|_| WcStatus::BadRespErr)? {
+            Response::Map { mappable: true, .. } => {
+                let memfd = fds.into_iter().next().ok_or(WcStatus::BadRespErr)?;
+                Ok(Some(Arc::new(
+                    RemoteMr::new(memfd).map_err(|_| WcStatus::BadRespErr)?,
+                )))
+            }
+            Response::Map {
+                mappable: false, ..
+            } => Ok(None),
+            Response::Nak { status, .. } => Err(status),
+            _ => Err(WcStatus::BadRespErr),
+        }
     }
 
     /// Puts one request on the wire (header plus gathered payload) and queues it.
@@ -456,6 +639,7 @@ impl SoftQp {
     /// Caller-driven progress (from polling the send CQ): reads responses, enforces the
     /// timeout, completes finished requests in order.
     pub(crate) fn progress(&self) {
+        self.flush_receives_once();
         if let Some(mut sq) = self.sq.try_lock() {
             self.progress_rx(&mut sq);
             self.drain_done(&mut sq);
@@ -592,6 +776,7 @@ impl SoftQp {
     /// Posts receives. Buffers are checked now; a bad one completes with a local error when
     /// a message arrives for it.
     pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.flush_receives_once();
         for wr in wrs {
             let state = self.state();
             if state == QpState::Reset {

@@ -5,7 +5,7 @@ use super::io::{self, IoVecs};
 use super::keys::MrInner;
 use super::qp::{RecvEntry, SoftQp};
 use super::wire::{self, HelloStatus, ReqOp, Request, Response, HELLO_LEN, REQ_LEN};
-use super::CtxShared;
+use super::{shm, CtxShared};
 use crate::fabric::{AccessFlags, Completion, QpState, WcOpcode, WcStatus};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves one incoming connection until it closes or misbehaves.
-pub(crate) fn serve(ctx: Arc<CtxShared>, conn: OwnedFd) {
+pub(crate) fn serve(ctx: Arc<CtxShared>, conn: OwnedFd, local: bool) {
     let fd = conn.as_raw_fd();
-    let Some(qp) = handshake(&ctx, fd) else {
+    let Some(qp) = handshake(&ctx, fd, local) else {
         return;
     };
     let (qpn, timeout) = (qp.qpn, qp.cfg.timeout);
@@ -52,7 +52,7 @@ pub(crate) fn serve(ctx: Arc<CtxShared>, conn: OwnedFd) {
             }
         };
         let Some(qp) = upgrade(&weak) else { return };
-        if let Err(e) = execute(&ctx, &qp, fd, &req) {
+        if let Err(e) = execute(&ctx, &qp, fd, &req, local) {
             tracing::debug!(qpn, "connection ended: {e}");
             return;
         }
@@ -63,7 +63,9 @@ fn upgrade(w: &Weak<SoftQp>) -> Option<Arc<SoftQp>> {
     w.upgrade()
 }
 
-fn handshake(ctx: &CtxShared, fd: RawFd) -> Option<Arc<SoftQp>> {
+/// Reads the hello and answers it. On the local path a successful answer also carries the
+/// QP's PD and, as a descriptor, its shared state page (used by the zero-copy path).
+fn handshake(ctx: &CtxShared, fd: RawFd, local: bool) -> Option<Arc<SoftQp>> {
     let deadline = Instant::now() + HELLO_TIMEOUT;
     let mut b = [0u8; HELLO_LEN];
     io::recv_exact(fd, &mut b, deadline).ok()?;
@@ -81,11 +83,13 @@ fn handshake(ctx: &CtxShared, fd: RawFd) -> Option<Arc<SoftQp>> {
         Some(_) => HelloStatus::Ok,
     };
     io::send_buf(fd, &wire::encode_hello_ack(status), deadline).ok()?;
-    if status == HelloStatus::Ok {
-        qp
-    } else {
-        None
+    let qp = qp.filter(|_| status == HelloStatus::Ok)?;
+    if local {
+        let mut info = [0u8; 8];
+        info[..4].copy_from_slice(&qp.pd_id.to_le_bytes());
+        shm::send_with_fds(fd, &info, &[qp.state_fd()]).ok()?;
     }
+    Some(qp)
 }
 
 /// Waits (like a peer's retries) for the target QP to reach RTR or RTS.
@@ -141,7 +145,13 @@ fn check(ctx: &CtxShared, qp: &SoftQp, req: &Request, need: AccessFlags) -> Opti
 }
 
 /// Executes one request and answers it. An `Err` means the connection is unusable.
-fn execute(ctx: &CtxShared, qp: &SoftQp, fd: RawFd, req: &Request) -> std::io::Result<()> {
+fn execute(
+    ctx: &CtxShared,
+    qp: &SoftQp,
+    fd: RawFd,
+    req: &Request,
+    local: bool,
+) -> std::io::Result<()> {
     let deadline = Instant::now() + qp.cfg.timeout;
     let reply = |r: Response| io::send_buf(fd, &r.encode(), deadline);
     let nak = |status: WcStatus| Response::Nak {
@@ -154,6 +164,25 @@ fn execute(ctx: &CtxShared, qp: &SoftQp, fd: RawFd, req: &Request) -> std::io::R
         return reply(nak(WcStatus::RetryExcErr));
     }
     match req.op {
+        ReqOp::Map => {
+            // Hand out the memfd of an owned region (local path only); the peer checks every
+            // access against the region's control page itself.
+            let mr = ctx.keys.by_rkey(req.rkey);
+            let memfd = mr
+                .as_ref()
+                .and_then(|m| m.memory.as_ref())
+                .filter(|_| local)
+                .map(shm::raw);
+            let hdr = Response::Map {
+                seq: req.seq,
+                mappable: memfd.is_some(),
+            }
+            .encode();
+            match memfd {
+                Some(m) => shm::send_with_fds(fd, &hdr, &[m]),
+                None => io::send_buf(fd, &hdr, deadline),
+            }
+        }
         ReqOp::Write => {
             let mr = if req.len == 0 {
                 None

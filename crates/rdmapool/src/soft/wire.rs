@@ -46,6 +46,8 @@ pub(crate) enum ReqOp {
     Read = 3,
     CompareSwap = 4,
     FetchAdd = 5,
+    /// Local path only: asks for the memfd of the region with `rkey` (see `shm`).
+    Map = 6,
 }
 
 /// A request header.
@@ -96,6 +98,7 @@ impl Request {
             3 => ReqOp::Read,
             4 => ReqOp::CompareSwap,
             5 => ReqOp::FetchAdd,
+            6 => ReqOp::Map,
             o => return Err(malformed(W, format!("unknown opcode {o}"))),
         };
         if b[6] > 1 || b[7] != 0 || u32_at(b, 52) != 0 {
@@ -111,6 +114,9 @@ impl Request {
                 W,
                 format!("length {len} exceeds the {max_msg}-byte maximum"),
             ));
+        }
+        if op == ReqOp::Map && len != 0 {
+            return Err(malformed(W, "map request with a length"));
         }
         if matches!(op, ReqOp::CompareSwap | ReqOp::FetchAdd) && len != 8 {
             return Err(malformed(W, format!("atomic of length {len}")));
@@ -147,6 +153,8 @@ pub(crate) enum Response {
     Atomic { seq: u64, old: u64 },
     /// The request failed at the responder; the requester completes with `status`.
     Nak { seq: u64, status: WcStatus },
+    /// Answer to a map request; when `mappable`, the region's memfd rides along.
+    Map { seq: u64, mappable: bool },
 }
 
 impl Response {
@@ -155,7 +163,8 @@ impl Response {
             Self::Ack { seq }
             | Self::ReadData { seq, .. }
             | Self::Atomic { seq, .. }
-            | Self::Nak { seq, .. } => seq,
+            | Self::Nak { seq, .. }
+            | Self::Map { seq, .. } => seq,
         }
     }
 
@@ -177,6 +186,10 @@ impl Response {
             Self::Nak { status, .. } => {
                 b[5] = 4;
                 b[6] = status as u8;
+            }
+            Self::Map { mappable, .. } => {
+                b[5] = 5;
+                b[6] = mappable as u8;
             }
         }
         b
@@ -206,6 +219,10 @@ impl Response {
                 Some(status) if status != WcStatus::Success => Ok(Self::Nak { seq, status }),
                 _ => Err(malformed(W, format!("bad NAK status {}", b[6]))),
             },
+            5 if b[6] <= 1 => Ok(Self::Map {
+                seq,
+                mappable: b[6] == 1,
+            }),
             k => Err(malformed(W, format!("unknown kind {k}"))),
         }
     }
