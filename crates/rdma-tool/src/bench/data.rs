@@ -185,7 +185,19 @@ fn iters_for(size: usize, base: u64) -> u64 {
 }
 
 fn count_for(size: usize) -> u64 {
-    ((512u64 << 20) / size as u64).clamp(400, 200_000)
+    ((256u64 << 20) / size as u64).clamp(400, 100_000)
+}
+
+/// Bandwidth runs are repeated and the best kept, for ours and the references alike: on a
+/// shared 2-core machine a single run mostly measures the neighbours.
+const BEST_OF: usize = 3;
+
+fn best_of(mut f: impl FnMut() -> Result<f64>) -> Result<f64> {
+    let mut best = 0f64;
+    for _ in 0..BEST_OF {
+        best = best.max(f()?);
+    }
+    Ok(best)
 }
 
 /// Runs the sweep and prints the table or JSON.
@@ -268,7 +280,7 @@ pub fn run(args: Args) -> Result<()> {
                 bar.set_message(format!("{path} {} {}", op.name(), show(size)));
                 let iters = iters_for(size, args.iters);
                 let lat = b.latency(op, size, iters)?;
-                let gbps = b.bandwidth(op, size, count_for(size))?;
+                let gbps = best_of(|| b.bandwidth(op, size, count_for(size)))?;
                 let (req, resp) = match op {
                     Op::Write => (size, 8),
                     Op::Read => (0, size),
@@ -325,7 +337,9 @@ pub fn run(args: Args) -> Result<()> {
                     ));
                 }
                 if path == "local" && size >= 4096 {
-                    let us = reference::stream_gbps(Sock::Unix, &echo, size, count_for(size))?;
+                    let us = best_of(|| {
+                        reference::stream_gbps(Sock::Unix, &echo, size, count_for(size))
+                    })?;
                     rows.push(row(
                         "bandwidth",
                         "unix stream (busy-poll)".into(),
