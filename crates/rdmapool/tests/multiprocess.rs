@@ -24,7 +24,20 @@ struct Peer {
 
 impl Peer {
     fn spawn(role: &str, extra_env: &[(&str, &str)]) -> Peer {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        Self::spawn_in(None, role, extra_env)
+    }
+
+    /// Spawns the child inside network namespace `ns` (via `ip netns exec`).
+    fn spawn_in(ns: Option<&str>, role: &str, extra_env: &[(&str, &str)]) -> Peer {
+        let exe = std::env::current_exe().unwrap();
+        let mut cmd = match ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
         cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
             .env("RDMAPOOL_TEST_CHILD", role)
             .stdin(Stdio::piped())
@@ -168,6 +181,34 @@ fn child_entry() {
                 qp.post_send(&[write_wr(i, remote, &sg)]).unwrap();
                 assert!(one(&n.cq).is_ok());
             }
+        }
+        "adder" => {
+            // FAA +1 on the parent's word N times, one at a time, then report.
+            let n = node();
+            let qp = n.pd.create_qp(&n.cq, &n.cq, &config(transport)).unwrap();
+            println!("@{}", qp.endpoint().to_hex());
+            let line = stdin_line();
+            let (ep, region) = line.split_once(' ').unwrap();
+            let region = RemoteRegion::from_hex(region).unwrap();
+            qp.connect(&Endpoint::from_hex(ep).unwrap()).unwrap();
+            let res = n.pd.alloc_mr(8, ALL).unwrap();
+            let sg = [res.sge(0, 8).unwrap()];
+            let count: u64 = std::env::var("N").unwrap().parse().unwrap();
+            for i in 0..count {
+                let op = WrOp::FetchAdd {
+                    remote: region.at(0).unwrap(),
+                    add: 1,
+                };
+                qp.post_send(&[SendWr {
+                    wr_id: i,
+                    op,
+                    sg_list: &sg,
+                    signaled: true,
+                }])
+                .unwrap();
+                assert!(one(&n.cq).is_ok());
+            }
+            println!("@done");
         }
         "memlock" => {
             let lim = libc::rlimit {
@@ -649,4 +690,188 @@ fn peer_dump(peer: &mut Peer, offset: usize, len: usize) -> Vec<u8> {
     (0..hex.len() / 2)
         .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
         .collect()
+}
+
+#[test]
+fn atomics_from_several_processes_and_paths_are_atomic_together() {
+    // Two processes add to one word of ours, one through the zero-copy local path (its CPU
+    // does the atomic on the shared page) and one over TCP (our emulated NIC does it), while
+    // a QP of this process adds too. No update may be lost.
+    const N: u64 = 3000;
+    let n = node();
+    let mr = n.pd.alloc_mr(4096, ALL).unwrap();
+    let mut children = Vec::new();
+    let mut qps = Vec::new();
+    for t in ["local", "tcp"] {
+        let mut peer = Peer::spawn("adder", &[("T", t), ("N", &N.to_string())]);
+        let ep = Endpoint::from_hex(&peer.line()).unwrap();
+        let cfg = config(if t == "tcp" {
+            Transport::Tcp
+        } else {
+            Transport::Local
+        });
+        let qp = n.pd.create_qp(&n.cq, &n.cq, &cfg).unwrap();
+        qp.connect(&ep).unwrap();
+        peer.say(&format!(
+            "{} {}",
+            qp.endpoint().to_hex(),
+            mr.remote_region().to_hex()
+        ));
+        children.push(peer);
+        qps.push(qp);
+    }
+    let me = node();
+    let (qa, _qb) = pair(&me, &n, &config(Transport::Local));
+    let res = me.pd.alloc_mr(8, ALL).unwrap();
+    let sg = [res.sge(0, 8).unwrap()];
+    for i in 0..N {
+        let op = WrOp::FetchAdd {
+            remote: mr.remote_at(0).unwrap(),
+            add: 1,
+        };
+        qa.post_send(&[SendWr {
+            wr_id: i,
+            op,
+            sg_list: &sg,
+            signaled: true,
+        }])
+        .unwrap();
+        assert!(one(&me.cq).is_ok());
+    }
+    for c in &mut children {
+        assert_eq!(c.line(), "done");
+    }
+    assert_eq!(mr.read_u64(0).unwrap(), 3 * N);
+}
+
+/// Two network namespaces joined by a veth pair: two "hosts" on this machine.
+struct TwoHosts {
+    a: String,
+    b: String,
+    addr_a: String,
+    addr_b: String,
+}
+
+fn sh(args: &[&str]) -> bool {
+    Command::new(args[0])
+        .args(&args[1..])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+impl TwoHosts {
+    /// None (with the reason) where namespaces cannot be made: not root, or no `ip`.
+    fn new() -> Result<Self, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root".into());
+        }
+        if !sh(&["ip", "-V"]) {
+            return Err("iproute2's ip not installed".into());
+        }
+        let id = std::process::id();
+        let (a, b) = (format!("rdmapool-a-{id}"), format!("rdmapool-b-{id}"));
+        let subnet = format!("10.{}.{}", 200 + id % 50, (id / 50) % 250);
+        let (addr_a, addr_b) = (format!("{subnet}.1"), format!("{subnet}.2"));
+        let (va, vb) = (format!("rpa{}", id % 100000), format!("rpb{}", id % 100000));
+        let hosts = TwoHosts {
+            a,
+            b,
+            addr_a,
+            addr_b,
+        };
+        let ok = sh(&["ip", "netns", "add", &hosts.a])
+            && sh(&["ip", "netns", "add", &hosts.b])
+            && sh(&[
+                "ip", "link", "add", &va, "type", "veth", "peer", "name", &vb,
+            ])
+            && sh(&["ip", "link", "set", &va, "netns", &hosts.a])
+            && sh(&["ip", "link", "set", &vb, "netns", &hosts.b])
+            && sh(&[
+                "ip",
+                "-n",
+                &hosts.a,
+                "addr",
+                "add",
+                &format!("{}/24", hosts.addr_a),
+                "dev",
+                &va,
+            ])
+            && sh(&[
+                "ip",
+                "-n",
+                &hosts.b,
+                "addr",
+                "add",
+                &format!("{}/24", hosts.addr_b),
+                "dev",
+                &vb,
+            ])
+            && sh(&["ip", "-n", &hosts.a, "link", "set", &va, "up"])
+            && sh(&["ip", "-n", &hosts.b, "link", "set", &vb, "up"])
+            && sh(&["ip", "-n", &hosts.a, "link", "set", "lo", "up"])
+            && sh(&["ip", "-n", &hosts.b, "link", "set", "lo", "up"]);
+        if ok {
+            Ok(hosts)
+        } else {
+            Err("creating network namespaces failed".into())
+        }
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth end inside it, and so the pair.
+        sh(&["ip", "netns", "del", &self.a]);
+        sh(&["ip", "netns", "del", &self.b]);
+    }
+}
+
+#[test]
+fn tcp_between_two_hosts_in_network_namespaces() {
+    let hosts = match TwoHosts::new() {
+        Ok(h) => h,
+        Err(why) if std::env::var("CI").is_err() => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        Err(why) => panic!("CI must be able to make network namespaces: {why}"),
+    };
+    const N: u64 = 500;
+    let bind_a = format!("{}:0", hosts.addr_a);
+    let bind_b = format!("{}:0", hosts.addr_b);
+    let mut target = Peer::spawn_in(
+        Some(&hosts.a),
+        "target",
+        &[("T", "tcp"), ("RDMAPOOL_SOFT_BIND", &bind_a)],
+    );
+    let mut adder = Peer::spawn_in(
+        Some(&hosts.b),
+        "adder",
+        &[
+            ("T", "tcp"),
+            ("N", &N.to_string()),
+            ("RDMAPOOL_SOFT_BIND", &bind_b),
+        ],
+    );
+    let first = target.line();
+    let (target_ep, region) = first.split_once(' ').unwrap();
+    let target_addr = Endpoint::from_hex(target_ep)
+        .unwrap()
+        .soft_tcp_addr()
+        .unwrap();
+    assert_eq!(
+        target_addr.ip().to_string(),
+        hosts.addr_a,
+        "the target listens on its host's address"
+    );
+    let adder_ep = adder.line();
+    adder.say(&format!("{target_ep} {region}"));
+    target.say(&adder_ep);
+    assert_eq!(target.line(), "ready");
+    assert_eq!(adder.line(), "done");
+    // The region starts zeroed; every FAA crossed the veth pair.
+    let word = peer_dump(&mut target, 0, 8);
+    assert_eq!(u64::from_ne_bytes(word.try_into().unwrap()), N);
 }
