@@ -573,3 +573,21 @@ fn region_deregistered_after_use_is_refused_on_every_path() {
         assert_eq!(one(&a.cq).status, WcStatus::RemAccessErr, "{t:?}");
     }
 }
+
+#[test]
+fn destroyed_target_qp_stops_answering_on_every_path() {
+    for t in TRANSPORTS {
+        let (a, b) = (node(), node());
+        let (qa, qb) = pair(&a, &b, &config(t));
+        let target = b.pd.alloc_mr(LEN, ALL).unwrap();
+        let local = a.pd.alloc_mr(LEN, ALL).unwrap();
+        let sg = [local.sge(0, 8).unwrap()];
+        qa.post_send(&[write_wr(1, target.remote_at(0).unwrap(), &sg)])
+            .unwrap();
+        assert!(one(&a.cq).is_ok(), "{t:?}");
+        drop(qb);
+        qa.post_send(&[write_wr(2, target.remote_at(0).unwrap(), &sg)])
+            .unwrap();
+        assert_eq!(one(&a.cq).status, WcStatus::RetryExcErr, "{t:?}");
+    }
+}

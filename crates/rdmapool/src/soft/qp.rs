@@ -511,8 +511,15 @@ impl SoftQp {
             },
         };
         let lp = sq.local.as_ref()?;
-        if !matches!(lp.target_state.get(), QpState::Rtr | QpState::Rts) {
-            return Some(WcStatus::RetryExcErr);
+        // Like the wire path, give a peer that is still connecting until the timeout.
+        let until = Instant::now() + self.cfg.timeout;
+        loop {
+            match lp.target_state.get() {
+                QpState::Rtr | QpState::Rts => break,
+                QpState::Error => return Some(WcStatus::RetryExcErr),
+                _ if Instant::now() >= until => return Some(WcStatus::RetryExcErr),
+                _ => std::thread::sleep(Duration::from_micros(100)),
+            }
         }
         let status = shm::execute(
             &rm,
@@ -823,6 +830,9 @@ impl SoftQp {
 
 impl Drop for SoftQp {
     fn drop(&mut self) {
+        // Local peers see this page: a destroyed QP answers nothing, like one in ERR.
+        self.state_word()
+            .store(QpState::Error as u64, Ordering::Release);
         self.ctx.qps.write().remove(&self.qpn);
     }
 }
