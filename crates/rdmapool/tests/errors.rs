@@ -591,3 +591,27 @@ fn destroyed_target_qp_stops_answering_on_every_path() {
         assert_eq!(one(&a.cq).status, WcStatus::RetryExcErr, "{t:?}");
     }
 }
+
+#[test]
+fn connecting_to_a_vanished_peer_is_a_typed_error() {
+    for t in TRANSPORTS {
+        let a = node();
+        let ep = {
+            let b = node();
+            let qb = b.pd.create_qp(&b.cq, &b.cq, &config(t)).unwrap();
+            qb.endpoint()
+        }; // b's context, and so its listeners, are gone
+        let qa = a.pd.create_qp(&a.cq, &a.cq, &config(t)).unwrap();
+        qa.modify_to_init().unwrap();
+        qa.modify_to_rtr(&ep).unwrap();
+        assert!(
+            matches!(qa.modify_to_rts(), Err(Error::Connection { .. })),
+            "{t:?}"
+        );
+        assert_eq!(
+            qa.state(),
+            QpState::Rtr,
+            "{t:?}: a failed connect leaves the QP where it was"
+        );
+    }
+}

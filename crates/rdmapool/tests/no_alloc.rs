@@ -61,14 +61,7 @@ fn posting_and_polling_allocate_nothing() {
                 &sg8,
             ),
         ];
-        let mut out = [Completion {
-            wr_id: 0,
-            status: WcStatus::GeneralErr,
-            opcode: WcOpcode::Send,
-            byte_len: 0,
-            imm: None,
-            qp_num: 0,
-        }; 4];
+        let mut out = [Completion::EMPTY; 4];
         let mut run = |rounds: u64| {
             for i in 0..rounds {
                 for (op, sg) in &ops {

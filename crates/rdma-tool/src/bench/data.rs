@@ -126,7 +126,7 @@ impl Bench {
     fn latency(&self, op: Op, size: usize, iters: u64) -> Result<Stats> {
         let (wop, sge) = self.wr(op, size, 0)?;
         let sg = [sge];
-        let mut buf = [blank(); 1];
+        let mut buf = [Completion::EMPTY; 1];
         let warm = (iters / 10).max(10);
         let mut samples = Vec::with_capacity(iters as usize);
         for i in 0..warm + iters {
@@ -147,7 +147,7 @@ impl Bench {
 
     /// A window of operations in flight; returns GB/s of payload.
     fn bandwidth(&self, op: Op, size: usize, count: u64) -> Result<f64> {
-        let mut buf = [blank(); WINDOW];
+        let mut buf = [Completion::EMPTY; WINDOW];
         let mut posted = 0u64;
         let mut done = 0u64;
         let t = Instant::now();
@@ -165,17 +165,6 @@ impl Bench {
             done += self.wait_one(&mut buf)? as u64;
         }
         Ok((count * size as u64) as f64 / t.elapsed().as_nanos() as f64)
-    }
-}
-
-fn blank() -> Completion {
-    Completion {
-        wr_id: 0,
-        status: WcStatus::GeneralErr,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm: None,
-        qp_num: 0,
     }
 }
 

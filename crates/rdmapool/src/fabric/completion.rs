@@ -136,6 +136,16 @@ pub struct Completion {
 }
 
 impl Completion {
+    /// A placeholder for the slots of a poll buffer: `[Completion::EMPTY; 16]`.
+    pub const EMPTY: Completion = Completion {
+        wr_id: 0,
+        status: WcStatus::GeneralErr,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qp_num: 0,
+    };
+
     /// True when the status is [`WcStatus::Success`].
     pub fn is_ok(&self) -> bool {
         self.status == WcStatus::Success

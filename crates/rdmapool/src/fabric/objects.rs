@@ -284,7 +284,7 @@ impl Cq {
     pub fn wait(&self, n: usize, timeout: Duration) -> Result<Vec<Completion>> {
         let deadline = Instant::now() + timeout;
         let mut got = Vec::with_capacity(n);
-        let mut buf = [blank_completion(); 16];
+        let mut buf = [Completion::EMPTY; 16];
         while got.len() < n {
             let k = self.poll(&mut buf[..(n - got.len()).min(16)])?;
             got.extend_from_slice(&buf[..k]);
@@ -296,17 +296,6 @@ impl Cq {
             }
         }
         Ok(got)
-    }
-}
-
-pub(crate) fn blank_completion() -> Completion {
-    Completion {
-        wr_id: 0,
-        status: super::WcStatus::GeneralErr,
-        opcode: super::WcOpcode::Send,
-        byte_len: 0,
-        imm: None,
-        qp_num: 0,
     }
 }
 

@@ -169,7 +169,12 @@ impl Mapping {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
             return Err(Error::last_os("ftruncate"));
         }
-        // SAFETY: mapping a descriptor we own with a length it now has; the kernel picks the
+        Self::map(fd, len)
+    }
+
+    /// Maps `len` bytes of `fd` shared, read-write.
+    fn map(fd: OwnedFd, len: usize) -> Result<Self> {
+        // SAFETY: mapping a descriptor we own with a length it has; the kernel picks the
         // address.
         let ptr = unsafe {
             libc::mmap(
@@ -221,25 +226,7 @@ impl Mapping {
                 reason: format!("memfd of {len} bytes"),
             });
         }
-        // SAFETY: mapping a descriptor we own with the length it has.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(Error::last_os("mmap"));
-        }
-        Ok(Self {
-            ptr: ptr.cast(),
-            len,
-            fd,
-        })
+        Self::map(fd, len)
     }
 
     /// The aligned 8-byte word at byte `offset`, as an atomic shared with other processes.
