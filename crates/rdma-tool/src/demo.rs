@@ -55,18 +55,12 @@ impl Demo {
 /// Runs the demo; an error or any failed check makes the process exit non-zero.
 pub fn run(args: Args) -> Result<()> {
     Transport::parse(&args.transport)?;
-    println!(
-        "1. starting the target process (soft provider, {} bytes exported)",
-        REGION
-    );
+    println!("1. starting the target process (soft provider, {REGION} bytes exported)");
     let mut peer = PeerProcess::spawn(REGION, &args.transport, false)?;
-    let r = peer.region;
     println!(
-        "   target pid {} exported addr={:#x} len={} rkey={:#010x} (received over its stdout)",
+        "   target pid {} listens for connections on {}",
         peer.pid(),
-        r.addr,
-        r.len,
-        r.rkey
+        peer.cm_addr
     );
 
     println!("2. initiator: opening a soft context, registering 64 KiB, connecting a QP");
@@ -77,18 +71,17 @@ pub fn run(args: Args) -> Result<()> {
         transport: Transport::parse(&args.transport)?,
         ..QpConfig::default()
     };
-    let qp = pd.create_qp(&cq, &cq, &cfg)?;
-    qp.modify_to_init()?;
-    peer.connect(&qp.endpoint())?;
-    qp.modify_to_rtr(&peer.endpoint)?;
-    qp.modify_to_rts()?;
+    let (qp, r) = peer.connect(&pd, &cq, &cfg)?;
     let buf = pd.alloc_mr(64 * 1024, AccessFlags::LOCAL_WRITE)?;
     println!(
-        "   QP {} is {} with peer QP {}; local lkey={:#010x}",
+        "   QP {} is {}; local lkey={:#010x}",
         qp.qpn(),
         qp.state(),
-        peer.endpoint.qpn,
         buf.lkey()
+    );
+    println!(
+        "   region descriptor from the accept's private data: addr={:#x} len={} rkey={:#010x}",
+        r.addr, r.len, r.rkey
     );
     let mut d = Demo {
         cq,

@@ -2,16 +2,20 @@
 //! soft provider, optionally runs busy-polled TCP and Unix-socket echo servers (the raw
 //! references benchmarks compare against), and answers a few commands on stdin.
 //!
-//! Protocol on the pipes, one line each, prefixed with `@`:
-//! peer -> parent: `@target <endpoint-hex> <region-hex>`, `@echo <tcp-addr> <unix-path>`,
-//! `@ready`, `@dump <hex>`; parent -> peer: `@<endpoint-hex>`, `@dump <offset> <len>`.
+//! The parent connects through the connection manager ([`rdmapool::conn`]): the peer accepts
+//! with its region descriptor as private data. The pipes carry only what a test harness
+//! needs, one line each, prefixed with `@`: peer -> parent `@listen <cm-addr>`,
+//! `@echo <tcp-addr> <unix-path>`, `@dump <hex>`; parent -> peer `@dump <offset> <len>`.
 
 use crate::{Result, ToolError};
-use rdmapool::fabric::{AccessFlags, Context, Endpoint, QpConfig, Transport};
+use rdmapool::conn::Listener;
+use rdmapool::fabric::{AccessFlags, Context, Cq, Pd, Qp, QpConfig, RemoteRegion, Transport};
 use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
 
 /// Arguments of the hidden `peer` command.
 #[derive(clap::Args)]
@@ -39,6 +43,9 @@ fn read_command(lines: &mut impl BufRead) -> Option<String> {
     }
 }
 
+/// Private data a client of the peer sends with its connection request.
+pub const HELLO: &[u8] = b"rdma-tool";
+
 /// Runs the peer until its stdin closes.
 pub fn run(args: Args) -> Result<()> {
     let transport = Transport::parse(&args.transport)?;
@@ -46,39 +53,31 @@ pub fn run(args: Args) -> Result<()> {
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(1024)?;
     let mr = pd.alloc_mr(args.size, AccessFlags::all())?;
-    let qp = pd.create_qp(
-        &cq,
-        &cq,
-        &QpConfig {
-            transport,
-            ..QpConfig::default()
-        },
-    )?;
-    qp.modify_to_init()?;
+    let listener = Listener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
     let mut out = std::io::stdout().lock();
     let say = |out: &mut std::io::StdoutLock, s: String| -> Result<()> {
         writeln!(out, "@{s}")
             .and_then(|_| out.flush())
             .map_err(|e| ToolError::Io("stdout".into(), e))
     };
-    say(
-        &mut out,
-        format!(
-            "target {} {}",
-            qp.endpoint().to_hex(),
-            mr.remote_region().to_hex()
-        ),
-    )?;
+    say(&mut out, format!("listen {}", listener.local_addr()))?;
     if args.echo {
         let (tcp, unix) = start_echo_servers()?;
         say(&mut out, format!("echo {tcp} {unix}"))?;
     }
+    let request = listener.get_request(Duration::from_secs(60))?;
+    if request.private_data() != HELLO {
+        request.reject(b"unknown client")?;
+        return Err(ToolError::Msg(
+            "rejected a connection request from an unknown client".into(),
+        ));
+    }
+    let cfg = QpConfig {
+        transport,
+        ..QpConfig::default()
+    };
+    let _qp = request.accept(&pd, &cq, &cq, &cfg, &mr.remote_region().to_bytes())?;
     let mut stdin = BufReader::new(std::io::stdin());
-    let remote =
-        read_command(&mut stdin).ok_or_else(|| ToolError::Msg("parent went away".into()))?;
-    qp.modify_to_rtr(&Endpoint::from_hex(&remote)?)?;
-    qp.modify_to_rts()?;
-    say(&mut out, "ready".into())?;
     while let Some(cmd) = read_command(&mut stdin) {
         let mut parts = cmd.split(' ');
         if parts.next() == Some("dump") {
@@ -190,16 +189,14 @@ pub struct PeerProcess {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
-    /// The peer QP's endpoint.
-    pub endpoint: Endpoint,
-    /// The exported region.
-    pub region: rdmapool::fabric::RemoteRegion,
+    /// Where its connection manager listens.
+    pub cm_addr: SocketAddr,
     /// Echo servers (TCP address, Unix path), when asked for.
     pub echo: Option<(String, String)>,
 }
 
 impl PeerProcess {
-    /// Starts `rdma-tool peer` and reads what it exports.
+    /// Starts `rdma-tool peer` and reads where it listens.
     pub fn spawn(size: usize, transport: &str, echo: bool) -> Result<Self> {
         let exe = std::env::current_exe().map_err(|e| ToolError::Io("current_exe".into(), e))?;
         let mut cmd = Command::new(exe);
@@ -220,21 +217,20 @@ impl PeerProcess {
             .map_err(|e| ToolError::Io("spawning the peer".into(), e))?;
         let stdin = child.stdin.take().expect("piped");
         let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let first = read_command(&mut stdout).ok_or_else(|| {
-            ToolError::Msg("peer exited before exporting its region (see its error above)".into())
-        })?;
-        let mut parts = first.split(' ');
-        let (Some("target"), Some(ep), Some(region)) = (parts.next(), parts.next(), parts.next())
-        else {
-            return Err(ToolError::Msg(format!(
-                "unexpected line from peer: {first}"
-            )));
+        let mut next = |what: &str| {
+            read_command(&mut stdout).ok_or_else(|| {
+                ToolError::Msg(format!(
+                    "peer exited before saying {what} (see its error above)"
+                ))
+            })
         };
-        let endpoint = Endpoint::from_hex(ep)?;
-        let region = rdmapool::fabric::RemoteRegion::from_hex(region)?;
+        let first = next("where it listens")?;
+        let cm_addr = first
+            .strip_prefix("listen ")
+            .and_then(|a| a.parse().ok())
+            .ok_or_else(|| ToolError::Msg(format!("unexpected line from peer: {first}")))?;
         let echo = if echo {
-            let line =
-                read_command(&mut stdout).ok_or_else(|| ToolError::Msg("peer exited".into()))?;
+            let line = next("where its echo servers are")?;
             let mut p = line.split(' ');
             match (p.next(), p.next(), p.next()) {
                 (Some("echo"), Some(t), Some(u)) => Some((t.to_string(), u.to_string())),
@@ -247,8 +243,7 @@ impl PeerProcess {
             child,
             stdin,
             stdout,
-            endpoint,
-            region,
+            cm_addr,
             echo,
         })
     }
@@ -258,24 +253,27 @@ impl PeerProcess {
         self.child.id()
     }
 
-    fn say(&mut self, s: &str) -> Result<()> {
-        writeln!(self.stdin, "@{s}")
-            .and_then(|_| self.stdin.flush())
-            .map_err(|e| ToolError::Io("peer stdin".into(), e))
-    }
-
-    /// Sends our endpoint and waits until the peer's QP is ready.
-    pub fn connect(&mut self, ours: &Endpoint) -> Result<()> {
-        self.say(&ours.to_hex())?;
-        match read_command(&mut self.stdout).as_deref() {
-            Some("ready") => Ok(()),
-            other => Err(ToolError::Msg(format!("peer did not get ready: {other:?}"))),
-        }
+    /// Connects a QP to the peer; returns it (in RTS) and the region the peer exported,
+    /// whose descriptor arrives as the accept's private data.
+    pub fn connect(&self, pd: &Pd, cq: &Cq, cfg: &QpConfig) -> Result<(Qp, RemoteRegion)> {
+        let conn = rdmapool::conn::connect(
+            self.cm_addr,
+            pd,
+            cq,
+            cq,
+            cfg,
+            HELLO,
+            Duration::from_secs(30),
+        )?;
+        let region = RemoteRegion::from_bytes(&conn.private_data)?;
+        Ok((conn.qp, region))
     }
 
     /// Asks the peer for `len` bytes at `offset` of its region, as it sees them.
     pub fn dump(&mut self, offset: usize, len: usize) -> Result<Vec<u8>> {
-        self.say(&format!("dump {offset} {len}"))?;
+        writeln!(self.stdin, "@dump {offset} {len}")
+            .and_then(|_| self.stdin.flush())
+            .map_err(|e| ToolError::Io("peer stdin".into(), e))?;
         let line =
             read_command(&mut self.stdout).ok_or_else(|| ToolError::Msg("peer exited".into()))?;
         let text = line.strip_prefix("dump ").unwrap_or("");

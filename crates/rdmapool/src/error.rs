@@ -64,6 +64,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// The peer refused the connection; it may have said why in `private_data`.
+    #[error("connection to {peer} rejected ({} bytes of private data)", private_data.len())]
+    Rejected {
+        /// The peer's address.
+        peer: String,
+        /// What the peer sent with the reject.
+        private_data: Vec<u8>,
+    },
+
     /// Bytes received from a peer or a caller did not decode.
     #[error("malformed {what}: {reason}")]
     Malformed {

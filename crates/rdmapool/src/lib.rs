@@ -27,6 +27,7 @@
 
 #![warn(missing_docs)]
 
+pub mod conn;
 mod error;
 pub mod fabric;
 pub mod soft;

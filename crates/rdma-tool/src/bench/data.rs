@@ -228,29 +228,22 @@ pub fn run(args: Args) -> Result<()> {
     );
     for tname in &transports {
         let transport = Transport::parse(tname)?;
-        let mut peer = PeerProcess::spawn(max_size, tname, true)?;
+        let peer = PeerProcess::spawn(max_size, tname, true)?;
         let echo = peer.echo.clone().expect("asked for echo servers");
         let ctx = Context::open_soft()?;
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(4096)?;
-        let qp = pd.create_qp(
-            &cq,
-            &cq,
-            &QpConfig {
-                transport,
-                ..QpConfig::default()
-            },
-        )?;
-        qp.modify_to_init()?;
-        peer.connect(&qp.endpoint())?;
-        qp.modify_to_rtr(&peer.endpoint)?;
-        qp.modify_to_rts()?;
+        let cfg = QpConfig {
+            transport,
+            ..QpConfig::default()
+        };
+        let (qp, region) = peer.connect(&pd, &cq, &cfg)?;
         let local = pd.alloc_mr(max_size, AccessFlags::all())?;
         let b = Bench {
             cq,
             qp,
             local,
-            region: peer.region,
+            region,
         };
         // Which path "auto" took: local when the peer is on this host.
         let path = if transport == Transport::Tcp {
