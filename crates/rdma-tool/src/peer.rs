@@ -52,7 +52,7 @@ pub fn run(args: Args) -> Result<()> {
     let ctx = Context::open_soft()?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(1024)?;
-    let mr = pd.alloc_mr(args.size, AccessFlags::all())?;
+    let mr = pd.alloc_mr(args.size, AccessFlags::all_remote())?;
     let listener = Listener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
     let mut out = std::io::stdout().lock();
     let say = |out: &mut std::io::StdoutLock, s: String| -> Result<()> {

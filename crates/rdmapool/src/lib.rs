@@ -32,6 +32,7 @@ mod error;
 pub mod fabric;
 pub mod soft;
 mod util;
+mod verbs;
 
 pub use error::{Error, Result};
 pub use soft::memory::pinned_bytes;

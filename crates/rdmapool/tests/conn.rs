@@ -16,9 +16,9 @@ fn listener() -> Listener {
 
 #[test]
 fn region_descriptor_travels_in_accept_private_data_and_the_qps_work() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let (server, client) = (node(), node());
-        let region = server.pd.alloc_mr(4096, AccessFlags::all()).unwrap();
+        let region = server.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
         let l = listener();
         let addr = l.local_addr();
         let desc = region.remote_region().to_bytes();
@@ -42,7 +42,7 @@ fn region_descriptor_travels_in_accept_private_data_and_the_qps_work() {
             .unwrap();
             let _server_qp = srv.join().unwrap();
             let remote = RemoteRegion::from_bytes(&conn.private_data).unwrap();
-            let buf = client.pd.alloc_mr(64, AccessFlags::all()).unwrap();
+            let buf = client.pd.alloc_mr(64, AccessFlags::all_remote()).unwrap();
             buf.write_at(0, b"via cm").unwrap();
             conn.qp
                 .post_send(&[write_wr(

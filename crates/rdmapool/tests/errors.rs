@@ -6,7 +6,7 @@ use common::*;
 use rdmapool::fabric::*;
 use rdmapool::Error;
 
-const ALL: AccessFlags = AccessFlags::all();
+const ALL: AccessFlags = AccessFlags::all_remote();
 const LEN: usize = 4096;
 
 /// A connected pair plus a patterned target region on `b`, with the given rights.
@@ -88,7 +88,7 @@ fn write_at(remote: RemoteAddr) -> WrOp {
 
 #[test]
 fn wrong_rkey_is_a_remote_access_error() {
-    for t in TRANSPORTS {
+    for t in transports() {
         for op in ["write", "read", "cas", "faa"] {
             let s = setup(t, ALL);
             let remote = RemoteAddr {
@@ -113,7 +113,7 @@ fn wrong_rkey_is_a_remote_access_error() {
 
 #[test]
 fn one_byte_out_of_bounds_is_a_remote_access_error() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let s = setup(t, ALL);
         // 8 bytes starting 7 bytes before the end: the last byte is outside.
         let remote = s.target.remote_at(LEN - 7).unwrap();
@@ -148,7 +148,7 @@ fn one_byte_out_of_bounds_is_a_remote_access_error() {
 #[test]
 fn missing_access_flag_is_a_remote_access_error() {
     let lw = AccessFlags::LOCAL_WRITE;
-    for t in TRANSPORTS {
+    for t in transports() {
         let cases: [(AccessFlags, &str); 4] = [
             (
                 lw | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
@@ -192,7 +192,7 @@ fn missing_access_flag_is_a_remote_access_error() {
 
 #[test]
 fn misaligned_atomic_is_a_remote_invalid_request() {
-    for t in TRANSPORTS {
+    for t in transports() {
         for off in [1usize, 4, 7] {
             let s = setup(t, ALL);
             let remote = s.target.remote_at(off).unwrap();
@@ -219,7 +219,7 @@ fn misaligned_atomic_is_a_remote_invalid_request() {
 
 #[test]
 fn deregistered_region_is_a_remote_access_error_and_stays_untouched() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let (a, b) = (node(), node());
         let (qa, _qb) = pair(&a, &b, &config(t));
         let mut memory = vec![0x11u8; LEN];
@@ -240,7 +240,7 @@ fn deregistered_region_is_a_remote_access_error_and_stays_untouched() {
 
 #[test]
 fn region_of_another_pd_is_refused_remotely_and_locally() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let s = setup(t, ALL);
         let other_pd = s.b.ctx.alloc_pd().unwrap();
         let foreign = other_pd.alloc_mr(LEN, ALL).unwrap();
@@ -272,7 +272,7 @@ fn region_of_another_pd_is_refused_remotely_and_locally() {
 
 #[test]
 fn bad_local_sges_get_local_errors() {
-    for t in TRANSPORTS {
+    for t in transports() {
         type Case = (&'static str, fn(&Mr) -> Sge, WcStatus);
         let cases: [Case; 3] = [
             (
@@ -363,7 +363,7 @@ fn bad_local_sges_get_local_errors() {
 
 #[test]
 fn error_flushes_every_later_request_in_order() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let s = setup(t, ALL);
         let good = s.target.remote_at(0).unwrap();
         let bad = RemoteAddr {
@@ -427,7 +427,7 @@ fn posting_to_a_qp_in_error_flushes_sends_and_receives() {
 
 #[test]
 fn send_without_receive_is_rnr_and_too_long_send_is_invalid() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let s = setup(t, ALL);
         let sg = [s.local.sge(0, 100).unwrap()];
         s.qa.post_send(&[SendWr {
@@ -558,7 +558,7 @@ fn bad_registrations_are_refused() {
 fn region_deregistered_after_use_is_refused_on_every_path() {
     // The first write maps the region on the local path; after deregistration the mapping
     // must not be usable any more.
-    for t in TRANSPORTS {
+    for t in transports() {
         let (a, b) = (node(), node());
         let (qa, _qb) = pair(&a, &b, &config(t));
         let target = b.pd.alloc_mr(LEN, ALL).unwrap();
@@ -576,7 +576,7 @@ fn region_deregistered_after_use_is_refused_on_every_path() {
 
 #[test]
 fn destroyed_target_qp_stops_answering_on_every_path() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let (a, b) = (node(), node());
         let (qa, qb) = pair(&a, &b, &config(t));
         let target = b.pd.alloc_mr(LEN, ALL).unwrap();
@@ -594,7 +594,7 @@ fn destroyed_target_qp_stops_answering_on_every_path() {
 
 #[test]
 fn connecting_to_a_vanished_peer_is_a_typed_error() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let a = node();
         let ep = {
             let b = node();

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use rdmapool::fabric::*;
 
 const TARGET: usize = 8192;
-const ALL: AccessFlags = AccessFlags::all();
+const ALL: AccessFlags = AccessFlags::all_remote();
 
 #[derive(Debug, Clone)]
 enum Op {

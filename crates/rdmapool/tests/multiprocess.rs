@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const ALL: AccessFlags = AccessFlags::all();
+const ALL: AccessFlags = AccessFlags::all_remote();
 const REGION: usize = 1 << 20;
 
 struct Peer {
@@ -260,7 +260,7 @@ fn connect_to_target(t: Transport) -> (Peer, Node, Qp, RemoteRegion) {
 
 #[test]
 fn two_processes_every_opcode() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let (mut peer, n, qp, region) = connect_to_target(t);
         let buf = n.pd.alloc_mr(REGION, ALL).unwrap();
         let data = pattern(REGION, 5);
@@ -345,7 +345,10 @@ fn two_processes_every_opcode() {
 
 #[test]
 fn killed_target_fails_outstanding_requests_and_others_keep_working() {
-    for t in TRANSPORTS {
+    if soft_only("peer death over the soft transports") {
+        return;
+    }
+    for t in transports() {
         let (mut peer, n, qp, region) = connect_to_target(t);
         let buf = n.pd.alloc_mr(64 * 1024, ALL).unwrap();
         let sg = [buf.sge(0, 64 * 1024).unwrap()];
@@ -407,6 +410,9 @@ fn killed_target_fails_outstanding_requests_and_others_keep_working() {
 
 #[test]
 fn frozen_target_times_out_instead_of_hanging() {
+    if soft_only("a frozen target process (a NIC serves it on verbs)") {
+        return;
+    }
     let mut peer = Peer::spawn("target", &[("T", "tcp")]);
     let first = peer.line();
     let (ep, region) = first.split_once(' ').unwrap();
@@ -441,7 +447,10 @@ fn frozen_target_times_out_instead_of_hanging() {
 
 #[test]
 fn killed_initiator_leaves_the_target_serving() {
-    for t in TRANSPORTS {
+    if soft_only("peer death over the soft transports") {
+        return;
+    }
+    for t in transports() {
         let n = node();
         let mr = n.pd.alloc_mr(REGION, ALL).unwrap();
         let qp = n.pd.create_qp(&n.cq, &n.cq, &config(t)).unwrap();
@@ -521,6 +530,9 @@ fn closed_by_peer(s: &mut TcpStream) -> bool {
 
 #[test]
 fn malformed_frames_close_only_that_connection() {
+    if soft_only("the soft wire format") {
+        return;
+    }
     let target = node();
     let mr = target.pd.alloc_mr(4096, ALL).unwrap();
     let before = pattern(4096, 1);
@@ -608,6 +620,9 @@ fn malformed_frames_close_only_that_connection() {
 
 #[test]
 fn exceeding_the_memlock_limit_is_a_clear_error() {
+    if soft_only("mlock accounting in an unprivileged child") {
+        return;
+    }
     let mut peer = Peer::spawn("memlock", &[]);
     assert_eq!(peer.line(), "small None", "64 KiB fits under a 1 MiB limit");
     let big = peer.line();
@@ -635,6 +650,9 @@ fn wait_stopped(peer: &Peer) {
 
 #[test]
 fn local_path_needs_no_target_cpu() {
+    if soft_only("the soft intra-host path") {
+        return;
+    }
     // Once the region is mapped, one-sided operations on the local path are executed by the
     // initiator alone: they keep working while the target process is frozen.
     let (mut peer, n, qp, region) = connect_to_target(Transport::Local);
@@ -819,6 +837,9 @@ impl Drop for TwoHosts {
 
 #[test]
 fn tcp_between_two_hosts_in_network_namespaces() {
+    if soft_only("the soft TCP transport") {
+        return;
+    }
     let hosts = match TwoHosts::new() {
         Ok(h) => h,
         Err(why) if std::env::var("CI").is_err() => {

@@ -40,11 +40,11 @@ fn allocs() -> u64 {
 
 #[test]
 fn posting_and_polling_allocate_nothing() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let (a, b) = (node(), node());
         let (qa, _qb) = pair(&a, &b, &config(t));
-        let target = b.pd.alloc_mr(1 << 16, AccessFlags::all()).unwrap();
-        let local = a.pd.alloc_mr(1 << 16, AccessFlags::all()).unwrap();
+        let target = b.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap();
+        let local = a.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap();
         let remote = target.remote_at(0).unwrap();
         let sg_big = [local.sge(0, 4096).unwrap()];
         let sg8 = [local.sge(8192, 8).unwrap()];

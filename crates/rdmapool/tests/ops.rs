@@ -5,11 +5,11 @@ mod common;
 use common::*;
 use rdmapool::fabric::*;
 
-const ALL: AccessFlags = AccessFlags::all();
+const ALL: AccessFlags = AccessFlags::all_remote();
 
 #[test]
 fn write_then_read_back_round_trips_every_size() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let (a, b) = (node(), node());
         let (qa, _qb) = pair(&a, &b, &config(t));
         let target = b.pd.alloc_mr(1 << 20, ALL).unwrap();
@@ -51,7 +51,7 @@ fn write_then_read_back_round_trips_every_size() {
 
 #[test]
 fn scatter_gather_lists_gather_and_scatter_in_order() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let (a, b) = (node(), node());
         let (qa, _qb) = pair(&a, &b, &config(t));
         let target = b.pd.alloc_mr(4096, ALL).unwrap();
@@ -84,7 +84,7 @@ fn scatter_gather_lists_gather_and_scatter_in_order() {
 
 #[test]
 fn atomics_return_the_old_value_and_update_the_word() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let (a, b) = (node(), node());
         let (qa, _qb) = pair(&a, &b, &config(t));
         let target = b.pd.alloc_mr(64, ALL).unwrap();
@@ -154,7 +154,7 @@ fn atomics_return_the_old_value_and_update_the_word() {
 
 #[test]
 fn send_lands_in_posted_receive_with_immediate() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let (a, b) = (node(), node());
         let (qa, qb) = pair(&a, &b, &config(t));
         let rbuf = b.pd.alloc_mr(4096, ALL).unwrap();
@@ -202,7 +202,7 @@ fn send_lands_in_posted_receive_with_immediate() {
 
 #[test]
 fn write_with_immediate_writes_and_consumes_a_receive() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let (a, b) = (node(), node());
         let (qa, qb) = pair(&a, &b, &config(t));
         let target = b.pd.alloc_mr(4096, ALL).unwrap();
@@ -239,7 +239,7 @@ fn write_with_immediate_writes_and_consumes_a_receive() {
 
 #[test]
 fn unsignaled_requests_complete_silently_and_in_order() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let (a, b) = (node(), node());
         let (qa, _qb) = pair(&a, &b, &config(t));
         let target = b.pd.alloc_mr(4096, ALL).unwrap();
@@ -277,7 +277,7 @@ fn unsignaled_requests_complete_silently_and_in_order() {
 
 #[test]
 fn concurrent_atomics_from_many_qps_never_lose_an_update() {
-    for t in TRANSPORTS {
+    for t in transports() {
         let b = node();
         let target = b.pd.alloc_mr(64, ALL).unwrap();
         let remote = target.remote_at(0).unwrap();

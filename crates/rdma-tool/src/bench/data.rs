@@ -238,7 +238,7 @@ pub fn run(args: Args) -> Result<()> {
             ..QpConfig::default()
         };
         let (qp, region) = peer.connect(&pd, &cq, &cfg)?;
-        let local = pd.alloc_mr(max_size, AccessFlags::all())?;
+        let local = pd.alloc_mr(max_size, AccessFlags::all_remote())?;
         let b = Bench {
             cq,
             qp,

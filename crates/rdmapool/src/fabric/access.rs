@@ -12,13 +12,20 @@ bitflags::bitflags! {
         const REMOTE_READ = 4;
         /// Remote peers may perform 8-byte atomics on the region.
         const REMOTE_ATOMIC = 8;
+        /// On-demand paging: register without pinning; the device faults pages in.
+        /// The soft provider then skips mlock; verbs needs a device with RC ODP support.
+        const ON_DEMAND = 64;
     }
 }
 
 impl AccessFlags {
     /// Everything: local write and all remote access.
-    pub fn all_remote() -> Self {
-        Self::LOCAL_WRITE | Self::REMOTE_WRITE | Self::REMOTE_READ | Self::REMOTE_ATOMIC
+    pub const fn all_remote() -> Self {
+        // Not `all()`: that would include ON_DEMAND.
+        Self::LOCAL_WRITE
+            .union(Self::REMOTE_WRITE)
+            .union(Self::REMOTE_READ)
+            .union(Self::REMOTE_ATOMIC)
     }
 
     /// Checks the verbs rule that remote write or atomic access requires local write.

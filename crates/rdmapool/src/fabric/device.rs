@@ -70,6 +70,8 @@ pub struct DeviceInfo {
     pub max_mr: u32,
     /// Atomic support.
     pub atomic_cap: AtomicCap,
+    /// Whether RC regions can be registered with [`crate::fabric::AccessFlags::ON_DEMAND`].
+    pub on_demand_paging: bool,
 }
 
 /// Whether a provider can be used here and, if not, why.
@@ -96,13 +98,6 @@ pub fn devices() -> Vec<ProviderStatus> {
             devices: vec![crate::soft::device_info()],
             unavailable: None,
         },
-        ProviderStatus {
-            provider: ProviderKind::Verbs,
-            devices: Vec::new(),
-            unavailable: Some(
-                "this build has no verbs provider yet (rdma-core support is tracked separately)"
-                    .into(),
-            ),
-        },
+        crate::verbs::status(),
     ]
 }

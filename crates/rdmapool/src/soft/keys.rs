@@ -72,7 +72,8 @@ pub(crate) struct NewRegion {
     pub(crate) len: u64,
     pub(crate) access: AccessFlags,
     pub(crate) pd_id: u32,
-    pub(crate) pin: Pin,
+    /// None for on-demand-paging regions, which are not pinned.
+    pub(crate) pin: Option<Pin>,
     pub(crate) mapping: Option<Mapping>,
 }
 
@@ -99,7 +100,7 @@ impl KeyTable {
             lkey,
             rkey,
             valid: RwLock::new(true),
-            pin: parking_lot::Mutex::new(Some(r.pin)),
+            pin: parking_lot::Mutex::new(r.pin),
             memory: r.mapping,
         });
         if let Some(m) = &mr.memory {

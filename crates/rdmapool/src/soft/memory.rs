@@ -39,7 +39,8 @@ fn page_bounds(addr: usize, len: usize) -> Result<(usize, usize)> {
     Ok((addr & !(page - 1), end & !(page - 1)))
 }
 
-fn memlock_limit_text() -> String {
+/// The locked-memory soft limit as text, for error messages.
+pub(crate) fn memlock_limit_text() -> String {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

@@ -59,6 +59,7 @@ pub(crate) fn device_info() -> DeviceInfo {
         max_cqe: MAX_CQE,
         max_mr: 1 << 20,
         atomic_cap: AtomicCap::Global,
+        on_demand_paging: true,
     }
 }
 
@@ -312,12 +313,29 @@ impl SoftPd {
     }
 }
 
+/// Pins the range, except for on-demand-paging regions (the soft NIC then touches pages as
+/// it needs them, which faults them in like an ODP-capable HCA).
+///
+/// # Safety
+/// The range must be mapped memory of this process.
+unsafe fn pin_unless_on_demand(
+    access: AccessFlags,
+    addr: *mut u8,
+    len: usize,
+) -> Result<Option<Pin>> {
+    if access.contains(AccessFlags::ON_DEMAND) {
+        return Ok(None);
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { Pin::new(addr as usize, len) }.map(Some)
+}
+
 impl PdOps for SoftPd {
     fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Box<dyn MrOps>> {
         self.check_request(len, access)?;
         let mapping = Mapping::new(shm::len_with_control(len))?;
         // SAFETY: the mapping was just created and lives in the region, so it outlives the pin.
-        let pin = unsafe { Pin::new(mapping.ptr() as usize, mapping.len())? };
+        let pin = unsafe { pin_unless_on_demand(access, mapping.ptr(), mapping.len())? };
         let inner = self.ctx.shared.keys.insert(NewRegion {
             addr: mapping.ptr() as u64,
             len: len as u64,
@@ -343,7 +361,7 @@ impl PdOps for SoftPd {
             return Err(Error::InvalidArgument("null address".into()));
         }
         // SAFETY: the caller promises the range is mapped for the region's lifetime.
-        let pin = unsafe { Pin::new(addr as usize, len)? };
+        let pin = unsafe { pin_unless_on_demand(access, addr, len)? };
         let inner = self.ctx.shared.keys.insert(NewRegion {
             addr: addr as u64,
             len: len as u64,

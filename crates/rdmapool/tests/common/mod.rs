@@ -15,8 +15,32 @@ pub struct Node {
     pub cq: Cq,
 }
 
+/// The provider under test: `RDMAPOOL_TEST_PROVIDER=verbs` runs the same suite on rdma-core
+/// (inside the SoftRoCE guest: scripts/softroce/), default `soft`.
+pub fn provider() -> ProviderKind {
+    match std::env::var("RDMAPOOL_TEST_PROVIDER") {
+        Ok(p) => ProviderKind::parse(&p).expect("RDMAPOOL_TEST_PROVIDER is soft or verbs"),
+        Err(_) => ProviderKind::Soft,
+    }
+}
+
+/// True (with a note on stderr) when a soft-provider-only test should not run.
+pub fn soft_only(what: &str) -> bool {
+    if provider() != ProviderKind::Soft {
+        eprintln!(
+            "not run on {}: {what} is soft-provider behaviour",
+            provider()
+        );
+        return true;
+    }
+    false
+}
+
 pub fn node() -> Node {
-    let ctx = Context::open_soft().expect("open soft context");
+    let ctx = match provider() {
+        ProviderKind::Soft => Context::open_soft().expect("open soft context"),
+        p => Context::open_provider(p, None).expect("open the provider under test"),
+    };
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(4096).unwrap();
     Node { ctx, pd, cq }
@@ -40,7 +64,13 @@ pub fn pair(a: &Node, b: &Node, cfg: &QpConfig) -> (Qp, Qp) {
     (qa, qb)
 }
 
-pub const TRANSPORTS: [Transport; 2] = [Transport::Tcp, Transport::Local];
+/// The soft provider's two paths; other providers have one (the setting is ignored).
+pub fn transports() -> Vec<Transport> {
+    match provider() {
+        ProviderKind::Soft => vec![Transport::Tcp, Transport::Local],
+        _ => vec![Transport::Auto],
+    }
+}
 
 /// Waits for exactly one completion.
 pub fn one(cq: &Cq) -> Completion {

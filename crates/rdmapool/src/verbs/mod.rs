@@ -1,0 +1,613 @@
+//! `verbs`: the provider over rdma-core (real NICs, and SoftRoCE).
+//!
+//! rdma-core is opened at run time (`rdmapool-sys`): on a machine without it, or without
+//! RDMA devices, the provider reports "not available" with the reason and the rest of the
+//! library works. Objects hold the raw verbs handles; every handle is destroyed in `Drop`,
+//! children (MRs, QPs, CQs) keep their parents alive through `Arc`s.
+
+mod qp;
+
+use crate::fabric::provider::{ContextOps, CqOps, MrOps, PdOps, QpOps};
+use crate::fabric::{
+    AccessFlags, AtomicCap, Completion, DeviceInfo, ProviderKind, ProviderStatus, QpConfig,
+    WcOpcode, WcStatus,
+};
+use crate::{Error, Result};
+use rdmapool_sys as sys;
+use std::any::Any;
+use std::ffi::CStr;
+use std::sync::Arc;
+
+/// Port used on every device (multi-port devices: the first active one).
+pub(crate) struct PortInfo {
+    pub(crate) num: u8,
+    pub(crate) lid: u16,
+    pub(crate) active_mtu: u32,
+    pub(crate) link_layer: u8,
+    pub(crate) gid_index: u8,
+    pub(crate) gid: [u8; 16],
+}
+
+/// The last OS error for a verbs call.
+fn os_err(call: &'static str) -> Error {
+    Error::last_os(call)
+}
+
+/// An errno returned as a value (post/modify calls) as an error.
+fn errno_err(call: &'static str, errno: i32) -> Error {
+    Error::Sys {
+        call,
+        source: std::io::Error::from_raw_os_error(errno),
+    }
+}
+
+fn unavailable(reason: String) -> Error {
+    Error::ProviderUnavailable {
+        provider: "verbs".into(),
+        reason,
+    }
+}
+
+/// Loads libibverbs or explains why it cannot be used.
+fn lib() -> Result<&'static sys::Verbs> {
+    sys::verbs().map_err(|e| unavailable(e.to_string()))
+}
+
+/// Owns an `ibv_get_device_list` result.
+struct DeviceList {
+    v: &'static sys::Verbs,
+    list: *mut *mut sys::ibv_device,
+    len: usize,
+}
+
+impl DeviceList {
+    fn get(v: &'static sys::Verbs) -> Result<Self> {
+        let mut n = 0;
+        // SAFETY: n is a valid out-pointer; the list is freed in Drop.
+        let list = unsafe { (v.ibv_get_device_list)(&mut n) };
+        if list.is_null() {
+            let e = std::io::Error::last_os_error();
+            return Err(unavailable(format!(
+                "no RDMA devices ({e}; without a NIC, load SoftRoCE: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <if>)"
+            )));
+        }
+        Ok(Self {
+            v,
+            list,
+            len: n.max(0) as usize,
+        })
+    }
+
+    fn devices(&self) -> impl Iterator<Item = *mut sys::ibv_device> + '_ {
+        // SAFETY: the list holds `len` valid device pointers while it lives.
+        (0..self.len).map(move |i| unsafe { *self.list.add(i) })
+    }
+}
+
+impl Drop for DeviceList {
+    fn drop(&mut self) {
+        // SAFETY: a list from ibv_get_device_list, freed once.
+        unsafe { (self.v.ibv_free_device_list)(self.list) };
+    }
+}
+
+fn device_name(v: &sys::Verbs, dev: *mut sys::ibv_device) -> String {
+    // SAFETY: a device from the live list; the name is a NUL-terminated string it owns.
+    unsafe { CStr::from_ptr((v.ibv_get_device_name)(dev)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The RoCE v2 IPv4 GID index from sysfs, else the first RoCE v2 GID, else 0.
+/// `RDMAPOOL_GID_INDEX` overrides.
+fn pick_gid_index(dev: &str, port: u8, gid_tbl_len: i32) -> u8 {
+    if let Some(i) = std::env::var("RDMAPOOL_GID_INDEX")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        return i;
+    }
+    let base = format!("/sys/class/infiniband/{dev}/ports/{port}");
+    let mut first_v2 = None;
+    for i in 0..gid_tbl_len.clamp(0, 256) {
+        let ty = std::fs::read_to_string(format!("{base}/gid_attrs/types/{i}")).unwrap_or_default();
+        if !ty.trim().eq_ignore_ascii_case("RoCE v2") {
+            continue;
+        }
+        let gid = std::fs::read_to_string(format!("{base}/gids/{i}")).unwrap_or_default();
+        if gid.trim().starts_with("0000:0000:0000:0000:0000:ffff:") {
+            return i as u8;
+        }
+        first_v2.get_or_insert(i as u8);
+    }
+    first_v2.unwrap_or(0)
+}
+
+/// An open device.
+pub(crate) struct VerbsContext {
+    pub(crate) v: &'static sys::Verbs,
+    pub(crate) ctx: *mut sys::ibv_context,
+    info: DeviceInfo,
+    pub(crate) port: PortInfo,
+    pub(crate) max_rd_atomic: u8,
+}
+
+// SAFETY: libibverbs objects may be used from any thread; the raw pointers are only handles.
+unsafe impl Send for VerbsContext {}
+// SAFETY: as above; all verbs calls are thread-safe per rdma-core's documentation.
+unsafe impl Sync for VerbsContext {}
+
+impl Drop for VerbsContext {
+    fn drop(&mut self) {
+        // SAFETY: every child holds an Arc to us, so none is alive any more.
+        unsafe { (self.v.ibv_close_device)(self.ctx) };
+    }
+}
+
+fn open_device(v: &'static sys::Verbs, dev: *mut sys::ibv_device) -> Result<VerbsContext> {
+    let name = device_name(v, dev);
+    // SAFETY: a device from a live list.
+    let ctx = unsafe { (v.ibv_open_device)(dev) };
+    if ctx.is_null() {
+        return Err(os_err("ibv_open_device"));
+    }
+    let mut c = VerbsContext {
+        v,
+        ctx,
+        info: DeviceInfo {
+            provider: ProviderKind::Verbs,
+            name: name.clone(),
+            max_mr_size: 0,
+            max_msg_size: 0,
+            max_qp_wr: 0,
+            max_sge: 0,
+            max_cqe: 0,
+            max_mr: 0,
+            atomic_cap: AtomicCap::None,
+            on_demand_paging: false,
+        },
+        port: PortInfo {
+            num: 1,
+            lid: 0,
+            active_mtu: sys::IBV_MTU_1024,
+            link_layer: 0,
+            gid_index: 0,
+            gid: [0; 16],
+        },
+        max_rd_atomic: 0,
+    };
+    // SAFETY: all-zero is a valid ibv_device_attr_ex (plain integers and arrays).
+    let mut attr: sys::ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+    // SAFETY: a live context and a writable attribute struct.
+    let rc = unsafe { sys::ibv_query_device_ex(v, ctx, std::ptr::null(), &mut attr) };
+    if rc != 0 {
+        return Err(errno_err("ibv_query_device_ex", rc));
+    }
+    let a = &attr.orig_attr;
+    c.info.max_mr_size = a.max_mr_size;
+    c.info.max_qp_wr = a.max_qp_wr.max(0) as u32;
+    c.info.max_sge = a.max_sge.max(0) as u32;
+    c.info.max_cqe = a.max_cqe.max(0) as u32;
+    c.info.max_mr = a.max_mr.max(0) as u32;
+    c.info.atomic_cap = match a.atomic_cap {
+        sys::IBV_ATOMIC_HCA => AtomicCap::Hca,
+        sys::IBV_ATOMIC_GLOB => AtomicCap::Global,
+        _ => AtomicCap::None,
+    };
+    c.info.on_demand_paging = attr.odp_caps.general_caps & sys::IBV_ODP_SUPPORT as u64 != 0
+        && attr.odp_caps.per_transport_caps.rc_odp_caps & sys::IBV_ODP_SUPPORT_WRITE != 0;
+    c.max_rd_atomic = a.max_qp_rd_atom.clamp(1, 16) as u8;
+    // The first active port (port numbers start at 1).
+    let mut chosen = None;
+    for p in 1..=a.phys_port_cnt.max(1) {
+        // SAFETY: all-zero is a valid ibv_port_attr.
+        let mut pa: sys::ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: a live context and a writable attribute struct.
+        if unsafe { sys::ibv_query_port(v, ctx, p, &mut pa) } == 0
+            && (chosen.is_none() || pa.state == sys::IBV_PORT_ACTIVE)
+        {
+            let first_is_active = chosen
+                .as_ref()
+                .is_some_and(|(_, q): &(u8, sys::ibv_port_attr)| q.state == sys::IBV_PORT_ACTIVE);
+            if !first_is_active {
+                chosen = Some((p, pa));
+            }
+        }
+    }
+    let (num, pa) = chosen
+        .ok_or_else(|| Error::InvalidArgument(format!("device {name} has no queryable port")))?;
+    c.info.max_msg_size = pa.max_msg_sz;
+    let gid_index = pick_gid_index(&name, num, pa.gid_tbl_len);
+    let mut gid: sys::ibv_gid = unsafe_zeroed_gid();
+    // SAFETY: a live context and a writable GID.
+    if unsafe { (v.ibv_query_gid)(ctx, num, gid_index as i32, &mut gid) } != 0 {
+        return Err(os_err("ibv_query_gid"));
+    }
+    c.port = PortInfo {
+        num,
+        lid: pa.lid,
+        active_mtu: pa.active_mtu,
+        link_layer: pa.link_layer,
+        gid_index,
+        // SAFETY: every bit pattern of the union is a valid [u8; 16].
+        gid: unsafe { gid.raw },
+    };
+    Ok(c)
+}
+
+fn unsafe_zeroed_gid() -> sys::ibv_gid {
+    sys::ibv_gid { raw: [0; 16] }
+}
+
+/// Whether verbs can be used here: its devices, or why not.
+pub(crate) fn status() -> ProviderStatus {
+    let listed = lib().and_then(|v| {
+        let list = DeviceList::get(v)?;
+        let infos: Vec<DeviceInfo> = list.devices().filter_map(|d| open_device(v, d).ok().map(|c| c.info.clone())).collect();
+        if infos.is_empty() {
+            Err(unavailable(
+                "no RDMA devices (no NIC, or the kernel modules are not loaded; for SoftRoCE: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <if>)".into(),
+            ))
+        } else {
+            Ok(infos)
+        }
+    });
+    match listed {
+        Ok(devices) => ProviderStatus {
+            provider: ProviderKind::Verbs,
+            devices,
+            unavailable: None,
+        },
+        Err(e) => ProviderStatus {
+            provider: ProviderKind::Verbs,
+            devices: Vec::new(),
+            unavailable: Some(match e {
+                Error::ProviderUnavailable { reason, .. } => reason,
+                other => other.to_string(),
+            }),
+        },
+    }
+}
+
+/// Opens the device called `name` (or the first one).
+pub(crate) fn open(name: Option<&str>) -> Result<Arc<dyn ContextOps>> {
+    let v = lib()?;
+    let list = DeviceList::get(v)?;
+    let mut names = Vec::new();
+    for d in list.devices() {
+        let n = device_name(v, d);
+        if name.is_none_or(|want| want == n) {
+            return Ok(Arc::new(Arc::new(open_device(v, d)?)));
+        }
+        names.push(n);
+    }
+    Err(match name {
+        Some(n) => Error::InvalidArgument(format!(
+            "no verbs device {n:?} (devices: {})",
+            names.join(", ")
+        )),
+        None => unavailable("no RDMA devices".into()),
+    })
+}
+
+impl ContextOps for Arc<VerbsContext> {
+    fn device(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn alloc_pd(&self) -> Result<Arc<dyn PdOps>> {
+        // SAFETY: a live context.
+        let pd = unsafe { (self.v.ibv_alloc_pd)(self.ctx) };
+        if pd.is_null() {
+            return Err(os_err("ibv_alloc_pd"));
+        }
+        Ok(Arc::new(Arc::new(VerbsPd {
+            ctx: self.clone(),
+            pd,
+        })))
+    }
+
+    fn create_cq(&self, depth: u32) -> Result<Arc<dyn CqOps>> {
+        if depth == 0 || depth > self.info.max_cqe {
+            return Err(Error::InvalidArgument(format!(
+                "CQ depth {depth}: must be 1..={}",
+                self.info.max_cqe
+            )));
+        }
+        // SAFETY: a live context; no channel, vector 0.
+        let cq = unsafe {
+            (self.v.ibv_create_cq)(
+                self.ctx,
+                depth as i32,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        if cq.is_null() {
+            return Err(os_err("ibv_create_cq"));
+        }
+        Ok(Arc::new(VerbsCqHandle(Arc::new(VerbsCq {
+            ctx: self.clone(),
+            cq,
+            depth,
+        }))))
+    }
+
+    fn live_regions(&self) -> usize {
+        crate::verbs::LIVE_MRS.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Registrations alive in this process on the verbs provider.
+static LIVE_MRS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A protection domain.
+pub(crate) struct VerbsPd {
+    pub(crate) ctx: Arc<VerbsContext>,
+    pub(crate) pd: *mut sys::ibv_pd,
+}
+
+// SAFETY: a verbs handle; rdma-core allows use from any thread.
+unsafe impl Send for VerbsPd {}
+// SAFETY: as above.
+unsafe impl Sync for VerbsPd {}
+
+impl Drop for VerbsPd {
+    fn drop(&mut self) {
+        // SAFETY: MRs and QPs hold an Arc to this PD, so none is alive.
+        unsafe { (self.ctx.v.ibv_dealloc_pd)(self.pd) };
+    }
+}
+
+fn ibv_access(a: AccessFlags) -> u32 {
+    let mut f = 0;
+    for (ours, theirs) in [
+        (AccessFlags::LOCAL_WRITE, sys::IBV_ACCESS_LOCAL_WRITE),
+        (AccessFlags::REMOTE_WRITE, sys::IBV_ACCESS_REMOTE_WRITE),
+        (AccessFlags::REMOTE_READ, sys::IBV_ACCESS_REMOTE_READ),
+        (AccessFlags::REMOTE_ATOMIC, sys::IBV_ACCESS_REMOTE_ATOMIC),
+        (AccessFlags::ON_DEMAND, sys::IBV_ACCESS_ON_DEMAND),
+    ] {
+        if a.contains(ours) {
+            f |= theirs;
+        }
+    }
+    f
+}
+
+impl VerbsPd {
+    fn register(
+        self: &Arc<Self>,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+        owned: bool,
+    ) -> Result<Box<dyn MrOps>> {
+        access.validate()?;
+        if len == 0 {
+            return Err(Error::InvalidArgument("zero-length memory region".into()));
+        }
+        if len as u64 > self.ctx.info.max_mr_size {
+            return Err(Error::InvalidArgument(format!(
+                "region of {len} bytes exceeds the device's max_mr_size {}",
+                self.ctx.info.max_mr_size
+            )));
+        }
+        if access.contains(AccessFlags::ON_DEMAND) && !self.ctx.info.on_demand_paging {
+            return Err(Error::InvalidArgument(format!(
+                "device {} does not support on-demand paging (IBV_ACCESS_ON_DEMAND) for RC",
+                self.ctx.info.name
+            )));
+        }
+        // SAFETY: a live PD; the caller keeps the range mapped while the MR lives.
+        let mr =
+            unsafe { sys::ibv_reg_mr(self.ctx.v, self.pd, addr.cast(), len, ibv_access(access)) };
+        if mr.is_null() {
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(errno @ (libc::ENOMEM | libc::EAGAIN | libc::EPERM)) => Error::MemlockLimit {
+                    requested: len,
+                    limit: crate::soft::memory::memlock_limit_text(),
+                    errno,
+                },
+                Some(libc::EINVAL) => Error::InvalidArgument(format!(
+                    "ibv_reg_mr refused {len} bytes at {addr:p} with {access:?} (EINVAL)"
+                )),
+                _ => Error::Sys {
+                    call: "ibv_reg_mr",
+                    source: e,
+                },
+            });
+        }
+        LIVE_MRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Box::new(VerbsMr {
+            pd: self.clone(),
+            mr,
+            access,
+            owned: owned.then_some((addr, len)),
+        }))
+    }
+}
+
+impl PdOps for Arc<VerbsPd> {
+    fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Box<dyn MrOps>> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("zero-length memory region".into()));
+        }
+        // SAFETY: an anonymous private mapping chosen by the kernel.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(os_err("mmap"));
+        }
+        let r = self.register(p.cast(), len, access, true);
+        if r.is_err() {
+            // SAFETY: the mapping made above, never registered.
+            unsafe { libc::munmap(p, len) };
+        }
+        r
+    }
+
+    unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Box<dyn MrOps>> {
+        if addr.is_null() {
+            return Err(Error::InvalidArgument("null address".into()));
+        }
+        self.register(addr, len, access, false)
+    }
+
+    fn create_qp(
+        &self,
+        send_cq: &dyn CqOps,
+        recv_cq: &dyn CqOps,
+        cfg: &QpConfig,
+    ) -> Result<Box<dyn QpOps>> {
+        let verbs_cq = |c: &dyn CqOps| -> Result<Arc<VerbsCq>> {
+            c.as_any()
+                .downcast_ref::<VerbsCqHandle>()
+                .map(|h| h.0.clone())
+                .ok_or_else(|| Error::Mismatch("a verbs QP needs verbs CQs".into()))
+        };
+        qp::VerbsQp::create(self.clone(), verbs_cq(send_cq)?, verbs_cq(recv_cq)?, cfg)
+    }
+}
+
+/// A registration; dropping it deregisters (and unmaps memory it owns).
+struct VerbsMr {
+    pd: Arc<VerbsPd>,
+    mr: *mut sys::ibv_mr,
+    access: AccessFlags,
+    owned: Option<(*mut u8, usize)>,
+}
+
+// SAFETY: a verbs handle plus a mapping we own; usable from any thread.
+unsafe impl Send for VerbsMr {}
+// SAFETY: as above; the handle is only read.
+unsafe impl Sync for VerbsMr {}
+
+impl Drop for VerbsMr {
+    fn drop(&mut self) {
+        // SAFETY: registered once, deregistered once; the device stops using the memory when
+        // this returns, so unmapping afterwards is safe.
+        unsafe {
+            (self.pd.ctx.v.ibv_dereg_mr)(self.mr);
+            if let Some((p, len)) = self.owned {
+                libc::munmap(p.cast(), len);
+            }
+        }
+        LIVE_MRS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl MrOps for VerbsMr {
+    fn addr(&self) -> u64 {
+        // SAFETY: a live MR.
+        unsafe { (*self.mr).addr as u64 }
+    }
+    fn len(&self) -> usize {
+        // SAFETY: a live MR.
+        unsafe { (*self.mr).length }
+    }
+    fn lkey(&self) -> u32 {
+        // SAFETY: a live MR.
+        unsafe { (*self.mr).lkey }
+    }
+    fn rkey(&self) -> u32 {
+        // SAFETY: a live MR.
+        unsafe { (*self.mr).rkey }
+    }
+    fn access(&self) -> AccessFlags {
+        self.access
+    }
+}
+
+/// A completion queue.
+pub(crate) struct VerbsCq {
+    ctx: Arc<VerbsContext>,
+    pub(crate) cq: *mut sys::ibv_cq,
+    depth: u32,
+}
+
+// SAFETY: a verbs handle; polling is thread-safe in rdma-core providers.
+unsafe impl Send for VerbsCq {}
+// SAFETY: as above.
+unsafe impl Sync for VerbsCq {}
+
+impl Drop for VerbsCq {
+    fn drop(&mut self) {
+        // SAFETY: QPs hold an Arc to their CQs, so none uses it any more.
+        unsafe { (self.ctx.v.ibv_destroy_cq)(self.cq) };
+    }
+}
+
+struct VerbsCqHandle(Arc<VerbsCq>);
+
+fn wc_status(s: u32) -> WcStatus {
+    WcStatus::from_u8(s.min(255) as u8).unwrap_or(WcStatus::GeneralErr)
+}
+
+fn wc_opcode(o: u32) -> WcOpcode {
+    match o {
+        sys::IBV_WC_SEND => WcOpcode::Send,
+        sys::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
+        sys::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
+        sys::IBV_WC_COMP_SWAP => WcOpcode::CompSwap,
+        sys::IBV_WC_FETCH_ADD => WcOpcode::FetchAdd,
+        sys::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
+        _ => WcOpcode::Recv,
+    }
+}
+
+impl CqOps for VerbsCqHandle {
+    fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        const CHUNK: usize = 16;
+        // SAFETY: all-zero ibv_wc values are valid plain data.
+        let mut wcs: [sys::ibv_wc; CHUNK] = unsafe { std::mem::zeroed() };
+        let mut n = 0;
+        while n < out.len() {
+            let want = (out.len() - n).min(CHUNK);
+            // SAFETY: a live CQ and room for `want` completions.
+            let got = unsafe { sys::ibv_poll_cq(self.0.cq, want as i32, wcs.as_mut_ptr()) };
+            if got < 0 {
+                return Err(errno_err("ibv_poll_cq", -got));
+            }
+            for wc in &wcs[..got as usize] {
+                let imm = (wc.wc_flags & sys::IBV_WC_WITH_IMM != 0)
+                    // SAFETY: with IBV_WC_WITH_IMM the union holds imm_data (big-endian).
+                    .then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data }));
+                out[n] = Completion {
+                    wr_id: wc.wr_id,
+                    status: wc_status(wc.status),
+                    opcode: wc_opcode(wc.opcode),
+                    byte_len: wc.byte_len,
+                    imm,
+                    qp_num: wc.qp_num,
+                };
+                n += 1;
+            }
+            if (got as usize) < want {
+                break;
+            }
+        }
+        Ok(n)
+    }
+    fn depth(&self) -> u32 {
+        self.0.depth
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,473 @@
+//! RC queue pairs on verbs: creation, the RESET→INIT→RTR→RTS transitions for InfiniBand
+//! (LID) and RoCE (GID) addressing, and posting without allocation.
+
+use super::{errno_err, os_err, VerbsCq, VerbsPd};
+use crate::fabric::provider::QpOps;
+use crate::fabric::{Endpoint, ProviderKind, QpConfig, QpState, RecvWr, SendWr, WrOp};
+use crate::{Error, Result};
+use rdmapool_sys as sys;
+use std::sync::Arc;
+
+/// Work requests handed to the device per doorbell.
+const CHUNK: usize = 16;
+/// Most SGEs per work request this layer stages on the stack.
+const MAX_SGE: usize = 16;
+
+/// The verbs address in an [`Endpoint`]: LID, GID, initial PSN, path MTU, link layer.
+struct VerbsAddress {
+    lid: u16,
+    gid: [u8; 16],
+    psn: u32,
+    mtu: u8,
+    link_layer: u8,
+}
+
+impl VerbsAddress {
+    const LEN: usize = 24;
+
+    fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(Self::LEN);
+        b.extend_from_slice(&self.lid.to_le_bytes());
+        b.extend_from_slice(&self.gid);
+        b.extend_from_slice(&self.psn.to_le_bytes());
+        b.push(self.mtu);
+        b.push(self.link_layer);
+        b
+    }
+
+    fn decode(b: &[u8]) -> Result<Self> {
+        if b.len() != Self::LEN {
+            return Err(Error::Malformed {
+                what: "verbs endpoint address",
+                reason: format!("{} bytes, expected {}", b.len(), Self::LEN),
+            });
+        }
+        Ok(Self {
+            lid: u16::from_le_bytes([b[0], b[1]]),
+            gid: b[2..18].try_into().unwrap(),
+            psn: u32::from_le_bytes(b[18..22].try_into().unwrap()) & 0xff_ffff,
+            mtu: b[22],
+            link_layer: b[23],
+        })
+    }
+}
+
+/// The IB local ACK timeout exponent whose (retry_cnt + 1) tries add up to about `total`.
+fn ack_timeout_exponent(total: std::time::Duration, retry_cnt: u32) -> u8 {
+    let per_try_ns = total.as_nanos() as f64 / (retry_cnt + 1) as f64;
+    let exp = (per_try_ns / 4096.0).log2().ceil();
+    exp.clamp(1.0, 31.0) as u8
+}
+
+/// The smallest RNR timer code (IB spec table) of at least `ms` milliseconds.
+fn rnr_timer_code(ms: f64) -> u8 {
+    const TABLE: [(u8, f64); 31] = [
+        (1, 0.01),
+        (2, 0.02),
+        (3, 0.03),
+        (4, 0.04),
+        (5, 0.06),
+        (6, 0.08),
+        (7, 0.12),
+        (8, 0.16),
+        (9, 0.24),
+        (10, 0.32),
+        (11, 0.48),
+        (12, 0.64),
+        (13, 0.96),
+        (14, 1.28),
+        (15, 1.92),
+        (16, 2.56),
+        (17, 3.84),
+        (18, 5.12),
+        (19, 7.68),
+        (20, 10.24),
+        (21, 15.36),
+        (22, 20.48),
+        (23, 30.72),
+        (24, 40.96),
+        (25, 61.44),
+        (26, 81.92),
+        (27, 122.88),
+        (28, 163.84),
+        (29, 245.76),
+        (30, 327.68),
+        (31, 491.52),
+    ];
+    TABLE.iter().find(|(_, v)| *v >= ms).map_or(31, |(c, _)| *c)
+}
+
+/// An RC queue pair.
+pub(crate) struct VerbsQp {
+    pd: Arc<VerbsPd>,
+    _send_cq: Arc<VerbsCq>,
+    _recv_cq: Arc<VerbsCq>,
+    qp: *mut sys::ibv_qp,
+    cfg: QpConfig,
+    psn: u32,
+}
+
+// SAFETY: a verbs handle; rdma-core QPs may be posted to from any thread.
+unsafe impl Send for VerbsQp {}
+// SAFETY: as above.
+unsafe impl Sync for VerbsQp {}
+
+impl Drop for VerbsQp {
+    fn drop(&mut self) {
+        // SAFETY: created once, destroyed once; the CQs and PD outlive it (Arcs held).
+        unsafe { (self.pd.ctx.v.ibv_destroy_qp)(self.qp) };
+    }
+}
+
+impl VerbsQp {
+    pub(crate) fn create(
+        pd: Arc<VerbsPd>,
+        send_cq: Arc<VerbsCq>,
+        recv_cq: Arc<VerbsCq>,
+        cfg: &QpConfig,
+    ) -> Result<Box<dyn QpOps>> {
+        let info = &pd.ctx;
+        if cfg.max_sge as usize > MAX_SGE {
+            return Err(Error::InvalidArgument(format!(
+                "max_sge {}: this layer supports up to {MAX_SGE}",
+                cfg.max_sge
+            )));
+        }
+        // SAFETY: all-zero is a valid ibv_qp_init_attr (null pointers, zero integers).
+        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = send_cq.cq;
+        init.recv_cq = recv_cq.cq;
+        init.qp_type = sys::IBV_QPT_RC;
+        init.cap.max_send_wr = cfg.max_send_wr;
+        init.cap.max_recv_wr = cfg.max_recv_wr.max(1);
+        init.cap.max_send_sge = cfg.max_sge;
+        init.cap.max_recv_sge = cfg.max_sge;
+        // SAFETY: a live PD and an initialised attribute struct.
+        let qp = unsafe { (info.v.ibv_create_qp)(pd.pd, &mut init) };
+        if qp.is_null() {
+            return Err(os_err("ibv_create_qp"));
+        }
+        let mut r = [0u8; 4];
+        let _ = getrandom::fill(&mut r);
+        let psn = u32::from_le_bytes(r) & 0xff_ffff;
+        Ok(Box::new(VerbsQp {
+            pd,
+            _send_cq: send_cq,
+            _recv_cq: recv_cq,
+            qp,
+            cfg: cfg.clone(),
+            psn,
+        }))
+    }
+
+    fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: u32, what: &'static str) -> Result<()> {
+        // SAFETY: a live QP and an initialised attribute struct.
+        let rc = unsafe { (self.pd.ctx.v.ibv_modify_qp)(self.qp, attr, mask as i32) };
+        if rc != 0 {
+            return Err(match rc {
+                libc::EINVAL => Error::InvalidQpState {
+                    qpn: self.qpn(),
+                    state: self.state(),
+                    needed: what,
+                },
+                e => errno_err("ibv_modify_qp", e),
+            });
+        }
+        Ok(())
+    }
+
+    fn zeroed_attr() -> sys::ibv_qp_attr {
+        // SAFETY: all-zero is a valid ibv_qp_attr (integers and a zero GID).
+        unsafe { std::mem::zeroed() }
+    }
+}
+
+fn from_ibv_state(s: u32) -> QpState {
+    match s {
+        sys::IBV_QPS_RESET => QpState::Reset,
+        sys::IBV_QPS_INIT => QpState::Init,
+        sys::IBV_QPS_RTR => QpState::Rtr,
+        sys::IBV_QPS_RTS => QpState::Rts,
+        _ => QpState::Error,
+    }
+}
+
+impl QpOps for VerbsQp {
+    fn qpn(&self) -> u32 {
+        // SAFETY: a live QP.
+        unsafe { (*self.qp).qp_num }
+    }
+
+    fn state(&self) -> QpState {
+        let mut attr = Self::zeroed_attr();
+        // SAFETY: all-zero is a valid ibv_qp_init_attr.
+        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: a live QP and writable attribute structs.
+        let rc = unsafe {
+            (self.pd.ctx.v.ibv_query_qp)(self.qp, &mut attr, sys::IBV_QP_STATE as i32, &mut init)
+        };
+        if rc != 0 {
+            return QpState::Error;
+        }
+        from_ibv_state(attr.qp_state)
+    }
+
+    fn endpoint(&self) -> Endpoint {
+        let p = &self.pd.ctx.port;
+        Endpoint {
+            provider: ProviderKind::Verbs,
+            qpn: self.qpn(),
+            address: VerbsAddress {
+                lid: p.lid,
+                gid: p.gid,
+                psn: self.psn,
+                mtu: p.active_mtu as u8,
+                link_layer: p.link_layer,
+            }
+            .encode(),
+        }
+    }
+
+    fn to_init(&self) -> Result<()> {
+        let mut a = Self::zeroed_attr();
+        a.qp_state = sys::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = self.pd.ctx.port.num;
+        a.qp_access_flags = sys::IBV_ACCESS_LOCAL_WRITE
+            | sys::IBV_ACCESS_REMOTE_WRITE
+            | sys::IBV_ACCESS_REMOTE_READ
+            | sys::IBV_ACCESS_REMOTE_ATOMIC;
+        let mask = sys::IBV_QP_STATE
+            | sys::IBV_QP_PKEY_INDEX
+            | sys::IBV_QP_PORT
+            | sys::IBV_QP_ACCESS_FLAGS;
+        self.modify(&mut a, mask, "INIT needs RESET")
+    }
+
+    fn to_rtr(&self, remote: &Endpoint) -> Result<()> {
+        if remote.provider != ProviderKind::Verbs {
+            return Err(Error::Mismatch(format!(
+                "verbs QP {} cannot connect to a {} endpoint",
+                self.qpn(),
+                remote.provider
+            )));
+        }
+        let r = VerbsAddress::decode(&remote.address)?;
+        let port = &self.pd.ctx.port;
+        let mut a = Self::zeroed_attr();
+        a.qp_state = sys::IBV_QPS_RTR;
+        a.path_mtu = (port.active_mtu).min(r.mtu as u32).max(sys::IBV_MTU_256);
+        a.dest_qp_num = remote.qpn;
+        a.rq_psn = r.psn;
+        a.max_dest_rd_atomic = self.pd.ctx.max_rd_atomic;
+        a.min_rnr_timer = rnr_timer_code(self.cfg.rnr_timeout.as_secs_f64() * 1000.0 / 7.0);
+        a.ah_attr.dlid = r.lid;
+        a.ah_attr.sl = 0;
+        a.ah_attr.src_path_bits = 0;
+        a.ah_attr.port_num = port.num;
+        // RoCE (Ethernet link layer) always routes by GID; IB does when the peer has no LID.
+        if port.link_layer == sys::IBV_LINK_LAYER_ETHERNET as u8 || r.lid == 0 {
+            a.ah_attr.is_global = 1;
+            a.ah_attr.grh.dgid = sys::ibv_gid { raw: r.gid };
+            a.ah_attr.grh.sgid_index = port.gid_index;
+            a.ah_attr.grh.hop_limit = 64;
+        }
+        let mask = sys::IBV_QP_STATE
+            | sys::IBV_QP_AV
+            | sys::IBV_QP_PATH_MTU
+            | sys::IBV_QP_DEST_QPN
+            | sys::IBV_QP_RQ_PSN
+            | sys::IBV_QP_MAX_DEST_RD_ATOMIC
+            | sys::IBV_QP_MIN_RNR_TIMER;
+        self.modify(&mut a, mask, "RTR needs INIT and a reachable peer")
+    }
+
+    fn to_rts(&self) -> Result<()> {
+        let mut a = Self::zeroed_attr();
+        a.qp_state = sys::IBV_QPS_RTS;
+        a.retry_cnt = 7;
+        a.timeout = ack_timeout_exponent(self.cfg.timeout, 7);
+        a.rnr_retry = 6;
+        a.sq_psn = self.psn;
+        a.max_rd_atomic = self.pd.ctx.max_rd_atomic;
+        let mask = sys::IBV_QP_STATE
+            | sys::IBV_QP_TIMEOUT
+            | sys::IBV_QP_RETRY_CNT
+            | sys::IBV_QP_RNR_RETRY
+            | sys::IBV_QP_SQ_PSN
+            | sys::IBV_QP_MAX_QP_RD_ATOMIC;
+        self.modify(&mut a, mask, "RTS needs RTR")
+    }
+
+    fn set_error(&self) {
+        let mut a = Self::zeroed_attr();
+        a.qp_state = sys::IBV_QPS_ERR;
+        let _ = self.modify(&mut a, sys::IBV_QP_STATE, "ERR");
+    }
+
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        for chunk in wrs.chunks(CHUNK) {
+            // SAFETY: all-zero ibv_send_wr / ibv_sge values are valid plain data.
+            let mut ibv: [sys::ibv_send_wr; CHUNK] = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            let mut sges: [[sys::ibv_sge; MAX_SGE]; CHUNK] = unsafe { std::mem::zeroed() };
+            for (i, wr) in chunk.iter().enumerate() {
+                if wr.sg_list.len() > self.cfg.max_sge as usize {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} SGEs, the QP allows {}",
+                        wr.sg_list.len(),
+                        self.cfg.max_sge
+                    )));
+                }
+                for (d, s) in sges[i].iter_mut().zip(wr.sg_list) {
+                    *d = sys::ibv_sge {
+                        addr: s.addr,
+                        length: s.length,
+                        lkey: s.lkey,
+                    };
+                }
+                let w = &mut ibv[i];
+                w.wr_id = wr.wr_id;
+                w.sg_list = sges[i].as_mut_ptr();
+                w.num_sge = wr.sg_list.len() as i32;
+                w.send_flags = if wr.signaled {
+                    sys::IBV_SEND_SIGNALED
+                } else {
+                    0
+                };
+                let imm = |w: &mut sys::ibv_send_wr, v: u32| {
+                    w.__bindgen_anon_1 = sys::ibv_send_wr__bindgen_ty_1 {
+                        imm_data: v.to_be(),
+                    }
+                };
+                match wr.op {
+                    WrOp::Send { imm: None } => w.opcode = sys::IBV_WR_SEND,
+                    WrOp::Send { imm: Some(v) } => {
+                        w.opcode = sys::IBV_WR_SEND_WITH_IMM;
+                        imm(w, v);
+                    }
+                    WrOp::Write { remote, imm: i } => {
+                        w.opcode = if i.is_some() {
+                            sys::IBV_WR_RDMA_WRITE_WITH_IMM
+                        } else {
+                            sys::IBV_WR_RDMA_WRITE
+                        };
+                        if let Some(v) = i {
+                            imm(w, v);
+                        }
+                        w.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                            remote_addr: remote.addr,
+                            rkey: remote.rkey,
+                        };
+                    }
+                    WrOp::Read { remote } => {
+                        w.opcode = sys::IBV_WR_RDMA_READ;
+                        w.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                            remote_addr: remote.addr,
+                            rkey: remote.rkey,
+                        };
+                    }
+                    WrOp::CompareSwap {
+                        remote,
+                        compare,
+                        swap,
+                    } => {
+                        w.opcode = sys::IBV_WR_ATOMIC_CMP_AND_SWP;
+                        w.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                            remote_addr: remote.addr,
+                            compare_add: compare,
+                            swap,
+                            rkey: remote.rkey,
+                        };
+                    }
+                    WrOp::FetchAdd { remote, add } => {
+                        w.opcode = sys::IBV_WR_ATOMIC_FETCH_AND_ADD;
+                        w.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                            remote_addr: remote.addr,
+                            compare_add: add,
+                            swap: 0,
+                            rkey: remote.rkey,
+                        };
+                    }
+                }
+            }
+            for i in 1..chunk.len() {
+                let next: *mut sys::ibv_send_wr = &mut ibv[i];
+                ibv[i - 1].next = next;
+            }
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: a live QP; the chain and its SGE arrays live on this stack frame for the
+            // call (the device copies work requests at post time).
+            let rc = unsafe { sys::ibv_post_send(self.qp, ibv.as_mut_ptr(), &mut bad) };
+            if rc != 0 {
+                return Err(self.post_error(rc, "send"));
+            }
+        }
+        Ok(())
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        for chunk in wrs.chunks(CHUNK) {
+            // SAFETY: all-zero ibv_recv_wr / ibv_sge values are valid plain data.
+            let mut ibv: [sys::ibv_recv_wr; CHUNK] = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            let mut sges: [[sys::ibv_sge; MAX_SGE]; CHUNK] = unsafe { std::mem::zeroed() };
+            for (i, wr) in chunk.iter().enumerate() {
+                if wr.sg_list.len() > self.cfg.max_sge as usize {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} SGEs, the QP allows {}",
+                        wr.sg_list.len(),
+                        self.cfg.max_sge
+                    )));
+                }
+                for (d, s) in sges[i].iter_mut().zip(wr.sg_list) {
+                    *d = sys::ibv_sge {
+                        addr: s.addr,
+                        length: s.length,
+                        lkey: s.lkey,
+                    };
+                }
+                ibv[i].wr_id = wr.wr_id;
+                ibv[i].sg_list = sges[i].as_mut_ptr();
+                ibv[i].num_sge = wr.sg_list.len() as i32;
+            }
+            for i in 1..chunk.len() {
+                let next: *mut sys::ibv_recv_wr = &mut ibv[i];
+                ibv[i - 1].next = next;
+            }
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: as in post_send.
+            let rc = unsafe { sys::ibv_post_recv(self.qp, ibv.as_mut_ptr(), &mut bad) };
+            if rc != 0 {
+                return Err(self.post_error(rc, "receive"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl VerbsQp {
+    fn post_error(&self, rc: i32, queue: &'static str) -> Error {
+        match rc {
+            libc::ENOMEM => Error::QueueFull {
+                queue,
+                depth: if queue == "send" {
+                    self.cfg.max_send_wr
+                } else {
+                    self.cfg.max_recv_wr
+                },
+            },
+            libc::EINVAL => match self.state() {
+                s @ (QpState::Reset | QpState::Init | QpState::Rtr) if queue == "send" => {
+                    Error::InvalidQpState {
+                        qpn: self.qpn(),
+                        state: s,
+                        needed: "posting sends needs RTS",
+                    }
+                }
+                _ => errno_err("ibv_post", rc),
+            },
+            e => errno_err("ibv_post", e),
+        }
+    }
+}
