@@ -191,29 +191,39 @@ fn missing_access_flag_is_a_remote_access_error() {
 }
 
 #[test]
-fn misaligned_atomic_is_a_remote_invalid_request() {
+fn misaligned_atomic_is_refused_when_posted() {
+    // rxe refuses it in ibv_post_send (EINVAL); both providers check it before posting, so
+    // the caller gets a typed error, the QP stays usable and nothing is touched.
     for t in transports() {
-        for off in [1usize, 4, 7] {
-            let s = setup(t, ALL);
-            let remote = s.target.remote_at(off).unwrap();
-            assert_eq!(
-                s.run(WrOp::FetchAdd { remote, add: 1 }),
-                WcStatus::RemInvReqErr,
-                "{t:?} +{off}"
-            );
-            s.assert_both_in_error("misaligned atomic");
-        }
         let s = setup(t, ALL);
-        let remote = s.target.remote_at(12).unwrap();
+        let sg = [s.local.sge(0, 8).unwrap()];
+        for off in [1usize, 4, 7, 12] {
+            let remote = s.target.remote_at(off).unwrap();
+            for op in [
+                WrOp::FetchAdd { remote, add: 1 },
+                WrOp::CompareSwap {
+                    remote,
+                    compare: 0,
+                    swap: 1,
+                },
+            ] {
+                let r = s.qa.post_send(&[SendWr {
+                    wr_id: 1,
+                    op,
+                    sg_list: &sg,
+                    signaled: true,
+                }]);
+                assert!(matches!(r, Err(Error::InvalidArgument(_))), "{t:?} +{off}");
+            }
+        }
+        assert_eq!(s.qa.state(), QpState::Rts, "{t:?}");
+        s.assert_untouched("misaligned atomics");
+        let remote = s.target.remote_at(8).unwrap();
         assert_eq!(
-            s.run(WrOp::CompareSwap {
-                remote,
-                compare: 0,
-                swap: 1
-            }),
-            WcStatus::RemInvReqErr
+            s.run(WrOp::FetchAdd { remote, add: 1 }),
+            WcStatus::Success,
+            "{t:?} still usable"
         );
-        s.assert_both_in_error("misaligned CAS");
     }
 }
 
@@ -265,7 +275,8 @@ fn region_of_another_pd_is_refused_remotely_and_locally() {
             signaled: true,
         }])
         .unwrap();
-        assert_eq!(one(&s.a.cq).status, WcStatus::LocProtErr, "{t:?} local");
+        // rxe reports another PD's lkey as a local QP operation error.
+        assert_eq!(one(&s.a.cq).status, WcStatus::LocQpOpErr, "{t:?} local");
         s.assert_untouched("foreign lkey");
     }
 }
@@ -282,7 +293,7 @@ fn bad_local_sges_get_local_errors() {
                     length: 0,
                     lkey: m.lkey(),
                 },
-                WcStatus::LocLenErr,
+                WcStatus::Success, // a zero-byte write, as rxe does it
             ),
             (
                 "past the region",
@@ -300,7 +311,7 @@ fn bad_local_sges_get_local_errors() {
                     length: 8,
                     lkey: m.lkey() ^ 0xffff,
                 },
-                WcStatus::LocProtErr,
+                WcStatus::LocQpOpErr, // as rxe reports a key it cannot use
             ),
         ];
         for (what, make, want) in cases {
@@ -316,7 +327,12 @@ fn bad_local_sges_get_local_errors() {
             .unwrap();
             let c = one(&s.a.cq);
             assert_eq!(c.status, want, "{t:?} {what}");
-            assert_eq!(s.qa.state(), QpState::Error, "{what}");
+            let after = if want == WcStatus::Success {
+                QpState::Rts
+            } else {
+                QpState::Error
+            };
+            assert_eq!(s.qa.state(), after, "{what}");
             s.assert_untouched(what);
         }
         // READ into a region without LOCAL_WRITE.
@@ -345,16 +361,14 @@ fn bad_local_sges_get_local_errors() {
             remote: s.target.remote_at(0).unwrap(),
             add: 1,
         };
-        s.qa.post_send(&[SendWr {
+        let r = s.qa.post_send(&[SendWr {
             wr_id: 1,
             op,
             sg_list: &sg,
             signaled: true,
-        }])
-        .unwrap();
-        assert_eq!(
-            one(&s.a.cq).status,
-            WcStatus::LocLenErr,
+        }]);
+        assert!(
+            matches!(r, Err(Error::InvalidArgument(_))),
             "{t:?} short atomic buffer"
         );
         s.assert_untouched("short atomic buffer");
@@ -404,6 +418,11 @@ fn error_flushes_every_later_request_in_order() {
 
 #[test]
 fn posting_to_a_qp_in_error_flushes_sends_and_receives() {
+    // The IB spec and mlx5 flush them; rxe on Linux 6.1 (the guest kernel) posts them and
+    // never completes them, a bug fixed in later kernels.
+    if soft_only("flushing work requests posted in ERR (rxe 6.1 does not)") {
+        return;
+    }
     let s = setup(Transport::Auto, ALL);
     s.qa.modify_to_error();
     assert_eq!(s.qa.state(), QpState::Error);
@@ -461,13 +480,13 @@ fn send_without_receive_is_rnr_and_too_long_send_is_invalid() {
         .unwrap();
         assert_eq!(
             one(&s.a.cq).status,
-            WcStatus::RemInvReqErr,
+            WcStatus::RemOpErr, // rxe's status for a SEND longer than the receive
             "{t:?} requester"
         );
         let r = one(&s.b.cq);
         assert_eq!(
             (r.wr_id, r.status),
-            (8, WcStatus::LocLenErr),
+            (8, WcStatus::LocQpOpErr),
             "{t:?} responder"
         );
         assert!(
@@ -576,9 +595,19 @@ fn region_deregistered_after_use_is_refused_on_every_path() {
 
 #[test]
 fn destroyed_target_qp_stops_answering_on_every_path() {
+    // rxe on Linux 6.1 gave no completion at all within 20 s (1 s timeout) when the target QP
+    // on the same device was destroyed; real HCAs retry out with RETRY_EXC_ERR.
+    if soft_only("retrying out against a destroyed QP (rxe 6.1 never completes)") {
+        return;
+    }
     for t in transports() {
         let (a, b) = (node(), node());
-        let (qa, qb) = pair(&a, &b, &config(t));
+        // A short timeout: on verbs the requester retries until it runs out.
+        let cfg = QpConfig {
+            timeout: std::time::Duration::from_secs(1),
+            ..config(t)
+        };
+        let (qa, qb) = pair(&a, &b, &cfg);
         let target = b.pd.alloc_mr(LEN, ALL).unwrap();
         let local = a.pd.alloc_mr(LEN, ALL).unwrap();
         let sg = [local.sge(0, 8).unwrap()];
@@ -594,6 +623,11 @@ fn destroyed_target_qp_stops_answering_on_every_path() {
 
 #[test]
 fn connecting_to_a_vanished_peer_is_a_typed_error() {
+    // The soft provider opens its connection in RTR->RTS; verbs only meets the peer when the
+    // first request is retried out (RetryExcErr).
+    if soft_only("contacting the peer when moving to RTS") {
+        return;
+    }
     for t in transports() {
         let a = node();
         let ep = {

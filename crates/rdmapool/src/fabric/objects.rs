@@ -343,10 +343,16 @@ impl Qp {
         self.modify_to_rtr(remote)?;
         self.modify_to_rts()
     }
-    /// Posts send work requests. Errors in the request itself (wrong state, too many SGEs,
-    /// full queue) are returned and nothing from the failing request on is posted; errors
-    /// found while executing it arrive as error completions.
+    /// Posts send work requests, in order.
+    ///
+    /// A malformed request ([`SendWr::validate`]: misaligned atomic, wrong atomic buffer)
+    /// rejects the whole list before anything is posted. Errors found while posting (wrong
+    /// state, too many SGEs, full queue) are returned and nothing from the failing request on
+    /// is posted. Errors found while executing a request arrive as error completions.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        for wr in wrs {
+            wr.validate()?;
+        }
         self.inner.post_send(wrs)
     }
     /// Posts receive work requests.

@@ -172,6 +172,28 @@ pub struct SendWr<'a> {
     pub signaled: bool,
 }
 
+impl SendWr<'_> {
+    /// Checks what every provider refuses at post time (rxe with EINVAL): an atomic needs an
+    /// 8-byte aligned remote address and exactly one 8-byte local SGE for the old value.
+    pub fn validate(&self) -> Result<()> {
+        if let WrOp::CompareSwap { remote, .. } | WrOp::FetchAdd { remote, .. } = self.op {
+            if !remote.addr.is_multiple_of(8) {
+                return Err(Error::InvalidArgument(format!(
+                    "work request {}: atomic target {:#x} is not 8-byte aligned",
+                    self.wr_id, remote.addr
+                )));
+            }
+            if self.sg_list.len() != 1 || self.sg_list[0].length != 8 {
+                return Err(Error::InvalidArgument(format!(
+                    "work request {}: an atomic needs one 8-byte local SGE for the old value",
+                    self.wr_id
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A receive-queue work request: where an incoming SEND lands.
 #[derive(Debug, Clone, Copy)]
 pub struct RecvWr<'a> {

@@ -325,9 +325,15 @@ impl SoftQp {
         let mut total = 0u64;
         for s in sges {
             if s.length == 0 {
-                return Err(WcStatus::LocLenErr);
+                continue; // contributes nothing; rxe does not even look at its key
             }
-            let mr = self.ctx.keys.by_lkey(s.lkey).ok_or(WcStatus::LocProtErr)?;
+            // rxe reports a key it cannot use (unknown, or another PD's) as a local QP
+            // operation error, and a range or right the key does not cover as a protection
+            // error.
+            let mr = self.ctx.keys.by_lkey(s.lkey).ok_or(WcStatus::LocQpOpErr)?;
+            if mr.pd_id != self.pd_id {
+                return Err(WcStatus::LocQpOpErr);
+            }
             if !mr.allows(self.pd_id, need, s.addr, s.length as u64) {
                 return Err(WcStatus::LocProtErr);
             }
@@ -398,15 +404,15 @@ impl SoftQp {
             sq.pending.push_back(p);
             return Ok(());
         }
-        let (need, atomic) = match wr.op {
+        let (need, atomic): (AccessFlags, bool) = match wr.op {
             WrOp::Send { .. } | WrOp::Write { .. } => (AccessFlags::empty(), false),
             WrOp::Read { .. } => (AccessFlags::LOCAL_WRITE, false),
             WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => (AccessFlags::LOCAL_WRITE, true),
         };
         let local_error = match self.resolve(wr.sg_list, need) {
-            Ok((_, total)) if atomic && (wr.sg_list.len() != 1 || total != 8) => {
-                Some(WcStatus::LocLenErr)
-            }
+            // Atomic shapes are validated before posting (SendWr::validate); a zero-length
+            // SGE could still leave the list empty here.
+            Ok((_, total)) if atomic && total != 8 => Some(WcStatus::LocLenErr),
             Ok((local, total)) => {
                 p.local = local;
                 p.byte_len = total as u32;

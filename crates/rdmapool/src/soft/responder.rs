@@ -313,9 +313,10 @@ fn execute(
             };
             if req.len as u64 > r.capacity {
                 skip_payload()?;
-                recv_completion(qp, r.wr_id, WcStatus::LocLenErr, opcode, 0, None);
+                // rxe's statuses: LOC_QP_OP_ERR for the receive, REM_OP_ERR for the sender.
+                recv_completion(qp, r.wr_id, WcStatus::LocQpOpErr, opcode, 0, None);
                 qp.enter_error();
-                return reply(nak(WcStatus::RemInvReqErr));
+                return reply(nak(WcStatus::RemOpErr));
             }
             let held: Option<arrayvec::ArrayVec<_, { super::MAX_SGE }>> =
                 local.iter().map(|l| l.mr.hold()).collect();

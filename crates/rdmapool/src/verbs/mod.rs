@@ -130,6 +130,8 @@ pub(crate) struct VerbsContext {
     info: DeviceInfo,
     pub(crate) port: PortInfo,
     pub(crate) max_rd_atomic: u8,
+    /// Registrations alive on this context.
+    live_mrs: std::sync::atomic::AtomicUsize,
 }
 
 // SAFETY: libibverbs objects may be used from any thread; the raw pointers are only handles.
@@ -175,6 +177,7 @@ fn open_device(v: &'static sys::Verbs, dev: *mut sys::ibv_device) -> Result<Verb
             gid: [0; 16],
         },
         max_rd_atomic: 0,
+        live_mrs: std::sync::atomic::AtomicUsize::new(0),
     };
     // SAFETY: all-zero is a valid ibv_device_attr_ex (plain integers and arrays).
     let mut attr: sys::ibv_device_attr_ex = unsafe { std::mem::zeroed() };
@@ -335,12 +338,9 @@ impl ContextOps for Arc<VerbsContext> {
     }
 
     fn live_regions(&self) -> usize {
-        crate::verbs::LIVE_MRS.load(std::sync::atomic::Ordering::Relaxed)
+        self.live_mrs.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
-
-/// Registrations alive in this process on the verbs provider.
-static LIVE_MRS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A protection domain.
 pub(crate) struct VerbsPd {
@@ -420,7 +420,9 @@ impl VerbsPd {
                 },
             });
         }
-        LIVE_MRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.ctx
+            .live_mrs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Box::new(VerbsMr {
             pd: self.clone(),
             mr,
@@ -508,7 +510,10 @@ impl Drop for VerbsMr {
                 libc::munmap(p.cast(), len);
             }
         }
-        LIVE_MRS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.pd
+            .ctx
+            .live_mrs
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs the provider-independent test suite of crates/rdmapool on REAL rdma-core verbs:
+# builds the test binaries here, then runs them inside the SoftRoCE qemu guest
+# (scripts/softroce/run-in-guest.sh) with RDMAPOOL_TEST_PROVIDER=verbs. Exits non-zero when
+# any test fails. Tests that check soft-provider-only behaviour say so and return.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+timeout_secs=${VERBS_CONFORMANCE_TIMEOUT:-900}
+bins=()
+while IFS= read -r bin; do
+  bins+=("$bin")
+done < <(cargo test -p rdmapool --tests --no-run --message-format=json 2>/dev/null |
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["executable"])
+')
+if [ "${#bins[@]}" -eq 0 ]; then
+  echo "verbs-conformance: no test binaries were built" >&2
+  exit 1
+fi
+
+runner=$(mktemp /tmp/verbs-conformance-XXXXXX.sh)
+trap 'rm -f "$runner"' EXIT
+cat >"$runner" <<'INNER'
+#!/bin/sh
+# Inside the guest: run each test binary on the verbs provider; count the failures.
+fails=0
+for b in "$@"; do
+  echo "=== $(basename "$b")"
+  RDMAPOOL_TEST_PROVIDER=verbs RUST_BACKTRACE=0 "$b" --test-threads=1 || fails=$((fails + 1))
+done
+echo "verbs conformance: $fails failing test binaries of $#"
+exit "$fails"
+INNER
+chmod +x "$runner"
+
+copies=(--copy "$runner")
+for b in "${bins[@]}"; do
+  copies+=(--copy "$b")
+done
+exec scripts/softroce/run-in-guest.sh --timeout "$timeout_secs" "${copies[@]}" -- "$runner" "${bins[@]}"
