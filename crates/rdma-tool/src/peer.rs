@@ -9,7 +9,9 @@
 
 use crate::{Result, ToolError};
 use rdmapool::conn::Listener;
-use rdmapool::fabric::{AccessFlags, Context, Cq, Pd, Qp, QpConfig, RemoteRegion, Transport};
+use rdmapool::fabric::{
+    AccessFlags, Context, Cq, Pd, ProviderKind, Qp, QpConfig, RemoteRegion, Transport,
+};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::net::{TcpListener, TcpStream};
@@ -29,6 +31,9 @@ pub struct Args {
     /// Also run the raw echo servers used as references.
     #[arg(long)]
     echo: bool,
+    /// soft or verbs.
+    #[arg(long, default_value = "soft")]
+    provider: String,
 }
 
 fn read_command(lines: &mut impl BufRead) -> Option<String> {
@@ -49,7 +54,10 @@ pub const HELLO: &[u8] = b"rdma-tool";
 /// Runs the peer until its stdin closes.
 pub fn run(args: Args) -> Result<()> {
     let transport = Transport::parse(&args.transport)?;
-    let ctx = Context::open_soft()?;
+    let ctx = match ProviderKind::parse(&args.provider)? {
+        ProviderKind::Soft => Context::open_soft()?,
+        p => Context::open_provider(p, None)?,
+    };
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(1024)?;
     let mr = pd.alloc_mr(args.size, AccessFlags::all_remote())?;
@@ -198,6 +206,16 @@ pub struct PeerProcess {
 impl PeerProcess {
     /// Starts `rdma-tool peer` and reads where it listens.
     pub fn spawn(size: usize, transport: &str, echo: bool) -> Result<Self> {
+        Self::spawn_on(ProviderKind::Soft, size, transport, echo)
+    }
+
+    /// Starts `rdma-tool peer` on `provider`.
+    pub fn spawn_on(
+        provider: ProviderKind,
+        size: usize,
+        transport: &str,
+        echo: bool,
+    ) -> Result<Self> {
         let exe = std::env::current_exe().map_err(|e| ToolError::Io("current_exe".into(), e))?;
         let mut cmd = Command::new(exe);
         cmd.args([
@@ -206,6 +224,8 @@ impl PeerProcess {
             &size.to_string(),
             "--transport",
             transport,
+            "--provider",
+            provider.name(),
         ]);
         if echo {
             cmd.arg("--echo");

@@ -1,9 +1,11 @@
 //! `rdma-tool bench ...`.
 
 mod data;
+mod perftest;
 mod reference;
 mod report;
 mod ucx;
+mod verbs;
 
 use crate::Result;
 

@@ -579,17 +579,18 @@ fn wc_opcode(o: u32) -> WcOpcode {
 impl CqOps for VerbsCqHandle {
     fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         const CHUNK: usize = 16;
-        // SAFETY: all-zero ibv_wc values are valid plain data.
-        let mut wcs: [sys::ibv_wc; CHUNK] = unsafe { std::mem::zeroed() };
+        let mut wcs = [const { std::mem::MaybeUninit::<sys::ibv_wc>::uninit() }; CHUNK];
         let mut n = 0;
         while n < out.len() {
             let want = (out.len() - n).min(CHUNK);
             // SAFETY: a live CQ and room for `want` completions.
-            let got = unsafe { sys::ibv_poll_cq(self.0.cq, want as i32, wcs.as_mut_ptr()) };
+            let got = unsafe { sys::ibv_poll_cq(self.0.cq, want as i32, wcs.as_mut_ptr().cast()) };
             if got < 0 {
                 return Err(errno_err("ibv_poll_cq", -got));
             }
             for wc in &wcs[..got as usize] {
+                // SAFETY: ibv_poll_cq wrote the first `got` entries.
+                let wc = unsafe { wc.assume_init_ref() };
                 let imm = (wc.wc_flags & sys::IBV_WC_WITH_IMM != 0)
                     // SAFETY: with IBV_WC_WITH_IMM the union holds imm_data (big-endian).
                     .then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data }));

@@ -306,11 +306,11 @@ impl QpOps for VerbsQp {
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        use std::mem::MaybeUninit;
         for chunk in wrs.chunks(CHUNK) {
-            // SAFETY: all-zero ibv_send_wr / ibv_sge values are valid plain data.
-            let mut ibv: [sys::ibv_send_wr; CHUNK] = unsafe { std::mem::zeroed() };
-            // SAFETY: as above.
-            let mut sges: [[sys::ibv_sge; MAX_SGE]; CHUNK] = unsafe { std::mem::zeroed() };
+            // Only the entries used are written (zeroing whole arrays per post is measurable).
+            let mut ibv = [const { MaybeUninit::<sys::ibv_send_wr>::uninit() }; CHUNK];
+            let mut sges = [const { [MaybeUninit::<sys::ibv_sge>::uninit(); MAX_SGE] }; CHUNK];
             for (i, wr) in chunk.iter().enumerate() {
                 if wr.sg_list.len() > self.cfg.max_sge as usize {
                     return Err(Error::InvalidArgument(format!(
@@ -320,15 +320,16 @@ impl QpOps for VerbsQp {
                     )));
                 }
                 for (d, s) in sges[i].iter_mut().zip(wr.sg_list) {
-                    *d = sys::ibv_sge {
+                    d.write(sys::ibv_sge {
                         addr: s.addr,
                         length: s.length,
                         lkey: s.lkey,
-                    };
+                    });
                 }
-                let w = &mut ibv[i];
+                // SAFETY: all-zero is a valid ibv_send_wr (null pointers, zero integers).
+                let mut w: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
                 w.wr_id = wr.wr_id;
-                w.sg_list = sges[i].as_mut_ptr();
+                w.sg_list = sges[i].as_mut_ptr().cast();
                 w.num_sge = wr.sg_list.len() as i32;
                 w.send_flags = if wr.signaled {
                     sys::IBV_SEND_SIGNALED
@@ -340,32 +341,43 @@ impl QpOps for VerbsQp {
                         imm_data: v.to_be(),
                     }
                 };
+                let rdma = |remote: crate::fabric::RemoteAddr| sys::ibv_send_wr__bindgen_ty_2 {
+                    rdma: sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                        remote_addr: remote.addr,
+                        rkey: remote.rkey,
+                    },
+                };
+                let atomic = |remote: crate::fabric::RemoteAddr, compare_add, swap| {
+                    sys::ibv_send_wr__bindgen_ty_2 {
+                        atomic: sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                            remote_addr: remote.addr,
+                            compare_add,
+                            swap,
+                            rkey: remote.rkey,
+                        },
+                    }
+                };
                 match wr.op {
                     WrOp::Send { imm: None } => w.opcode = sys::IBV_WR_SEND,
                     WrOp::Send { imm: Some(v) } => {
                         w.opcode = sys::IBV_WR_SEND_WITH_IMM;
-                        imm(w, v);
+                        imm(&mut w, v);
                     }
-                    WrOp::Write { remote, imm: i } => {
-                        w.opcode = if i.is_some() {
-                            sys::IBV_WR_RDMA_WRITE_WITH_IMM
-                        } else {
-                            sys::IBV_WR_RDMA_WRITE
-                        };
-                        if let Some(v) = i {
-                            imm(w, v);
-                        }
-                        w.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                            remote_addr: remote.addr,
-                            rkey: remote.rkey,
-                        };
+                    WrOp::Write { remote, imm: None } => {
+                        w.opcode = sys::IBV_WR_RDMA_WRITE;
+                        w.wr = rdma(remote);
+                    }
+                    WrOp::Write {
+                        remote,
+                        imm: Some(v),
+                    } => {
+                        w.opcode = sys::IBV_WR_RDMA_WRITE_WITH_IMM;
+                        imm(&mut w, v);
+                        w.wr = rdma(remote);
                     }
                     WrOp::Read { remote } => {
                         w.opcode = sys::IBV_WR_RDMA_READ;
-                        w.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                            remote_addr: remote.addr,
-                            rkey: remote.rkey,
-                        };
+                        w.wr = rdma(remote);
                     }
                     WrOp::CompareSwap {
                         remote,
@@ -373,32 +385,25 @@ impl QpOps for VerbsQp {
                         swap,
                     } => {
                         w.opcode = sys::IBV_WR_ATOMIC_CMP_AND_SWP;
-                        w.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                            remote_addr: remote.addr,
-                            compare_add: compare,
-                            swap,
-                            rkey: remote.rkey,
-                        };
+                        w.wr = atomic(remote, compare, swap);
                     }
                     WrOp::FetchAdd { remote, add } => {
                         w.opcode = sys::IBV_WR_ATOMIC_FETCH_AND_ADD;
-                        w.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                            remote_addr: remote.addr,
-                            compare_add: add,
-                            swap: 0,
-                            rkey: remote.rkey,
-                        };
+                        w.wr = atomic(remote, add, 0);
                     }
                 }
+                ibv[i].write(w);
             }
+            let base: *mut sys::ibv_send_wr = ibv.as_mut_ptr().cast();
             for i in 1..chunk.len() {
-                let next: *mut sys::ibv_send_wr = &mut ibv[i];
-                ibv[i - 1].next = next;
+                // SAFETY: entries 0..chunk.len() were written above; `next` links them.
+                unsafe { (*base.add(i - 1)).next = base.add(i) };
             }
             let mut bad = std::ptr::null_mut();
-            // SAFETY: a live QP; the chain and its SGE arrays live on this stack frame for the
-            // call (the device copies work requests at post time).
-            let rc = unsafe { sys::ibv_post_send(self.qp, ibv.as_mut_ptr(), &mut bad) };
+            // SAFETY: a live QP; the first chunk.len() entries are initialised and chained,
+            // and they and their SGE arrays live on this stack frame for the call (the
+            // device copies work requests at post time).
+            let rc = unsafe { sys::ibv_post_send(self.qp, base, &mut bad) };
             if rc != 0 {
                 return Err(self.post_error(rc, "send"));
             }

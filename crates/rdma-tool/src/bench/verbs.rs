@@ -1,0 +1,109 @@
+//! `bench data --provider verbs`: the same measurements on rdma-core, against a peer process
+//! on the same device, next to perftest in the same run.
+
+use super::data::{count_for, iters_for, Bench, Op};
+use super::perftest::{self, Target};
+use super::report::Row;
+use crate::peer::PeerProcess;
+use crate::Result;
+use rdmapool::fabric::{AccessFlags, Context, ProviderKind, QpConfig};
+
+/// Measures `ops` at `sizes` on the first verbs device; adds perftest rows when it can.
+pub fn run(
+    ops: &[Op],
+    sizes: &[usize],
+    iters: u64,
+    perftest_ip: Option<String>,
+) -> Result<Vec<Row>> {
+    let ctx = Context::open_provider(ProviderKind::Verbs, None)?;
+    let device = ctx.device().name.clone();
+    let max_size = sizes.iter().copied().max().unwrap_or(8).max(4096);
+    let peer = PeerProcess::spawn_on(ProviderKind::Verbs, max_size, "auto", false)?;
+    let pd = ctx.alloc_pd()?;
+    let cq = ctx.create_cq(4096)?;
+    let (qp, region) = peer.connect(&pd, &cq, &QpConfig::default())?;
+    let local = pd.alloc_mr(max_size, AccessFlags::all_remote())?;
+    let b = Bench {
+        cq,
+        qp,
+        local,
+        region,
+    };
+    let mut rows = Vec::new();
+    for &op in ops {
+        let op_sizes: Vec<usize> = if op.is_atomic() {
+            vec![8]
+        } else {
+            sizes.to_vec()
+        };
+        for size in op_sizes {
+            let n = iters_for(size, iters);
+            let lat = b.latency(op, size, n)?;
+            let gbps = b.bandwidth(op, size, count_for(size).min(20_000))?;
+            rows.push(Row {
+                provider: "verbs".into(),
+                transport: device.clone(),
+                op: op.name().into(),
+                metric: "latency".into(),
+                size,
+                iters: n,
+                median_ns: lat.median_ns,
+                p99_ns: lat.p99_ns,
+                gbps,
+                reference: "-".into(),
+                reference_value: 0.0,
+                ratio: 0.0,
+            });
+        }
+    }
+    let Some(ip) = perftest_ip else {
+        eprintln!(
+            "perftest comparison skipped: give --perftest-ip (the address of the device's netdev)"
+        );
+        return Ok(rows);
+    };
+    if !perftest::available() {
+        eprintln!(
+            "perftest comparison skipped: perftest is not installed (apt-get install perftest)"
+        );
+        return Ok(rows);
+    }
+    let target = Target {
+        device,
+        gid_index: std::env::var("RDMAPOOL_GID_INDEX").ok(),
+        ip,
+    };
+    for r in &mut rows {
+        // (perftest test, its value column, scale to ns or GB/s; ib_write_lat reports half a
+        // round trip, so ×2)
+        let (test, col, scale, metric) = match (r.op.as_str(), r.size) {
+            ("write", 8) => ("ib_write_lat", 4, 2000.0, "latency"),
+            ("read", 8) => ("ib_read_lat", 4, 1000.0, "latency"),
+            ("write", s) if s >= 65536 => ("ib_write_bw", 3, 1.048576e-3, "bandwidth"),
+            _ => continue,
+        };
+        let n = if metric == "latency" {
+            r.iters.max(1000)
+        } else {
+            5000
+        };
+        let Some(v) = perftest::run(&target, test, r.size, n).and_then(|v| v.get(col).copied())
+        else {
+            eprintln!("{test} gave no result");
+            continue;
+        };
+        let value = v * scale; // ns for latency (t_typical), GB/s for bandwidth (BW average)
+        r.metric = metric.into();
+        r.reference = format!(
+            "perftest {test}{}",
+            if test == "ib_write_lat" { " x2" } else { "" }
+        );
+        r.reference_value = value;
+        r.ratio = if metric == "latency" {
+            r.median_ns / value
+        } else {
+            r.gbps / value
+        };
+    }
+    Ok(rows)
+}

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The verbs benchmark on real rdma-core: `rdma-tool bench data --provider verbs` next to
+# perftest on the same SoftRoCE device, inside the qemu guest, repeated RUNS times (the guest
+# is emulated and noisy: report medians over the runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${RUNS:-3}
+cargo build --release -q -p rdma-tool
+tool=$PWD/target/release/rdma-tool
+exec scripts/softroce/run-in-guest.sh --timeout "${VERBS_BENCH_TIMEOUT:-900}" --copy "$tool" -- \
+  sh -c "for i in \$(seq $runs); do echo \"=== run \$i\"; $tool bench data --provider verbs --op write,read --size 8,64K --iters 2000 || exit 1; done"
