@@ -124,7 +124,7 @@ impl Bench {
                 return Ok(n);
             }
             empty += 1;
-            if empty % 4096 == 0 {
+            if empty.is_multiple_of(4096) {
                 let d = *deadline.get_or_insert_with(|| Instant::now() + WAIT);
                 if Instant::now() > d {
                     return Err(ToolError::Msg("no completion within 30 s".into()));
