@@ -40,6 +40,17 @@ pub fn run(args: Args) -> Result<()> {
                         "max_cqe": d.max_cqe,
                         "max_mr": d.max_mr,
                         "atomic_cap": atomic_name(d.atomic_cap),
+                        "on_demand_paging": d.on_demand_paging,
+                        "ports": d.ports.iter().map(|p| json!({
+                            "port": p.num,
+                            "state": p.state,
+                            "link_layer": p.link_layer,
+                            "lid": p.lid,
+                            "active_mtu": p.active_mtu,
+                            "gid_index": p.gid_index,
+                            "gid": p.gid,
+                            "roce_v2": p.roce_v2,
+                        })).collect::<Vec<_>>(),
                     })).collect::<Vec<_>>(),
                 })
             })
@@ -78,6 +89,19 @@ pub fn run(args: Args) -> Result<()> {
                 d.max_cqe,
                 atomic_name(d.atomic_cap)
             );
+            for p in &d.ports {
+                println!(
+                    "          port {}: {} {} lid {} mtu {} gid[{}] {}{}",
+                    p.num,
+                    p.state,
+                    p.link_layer,
+                    p.lid,
+                    p.active_mtu,
+                    p.gid_index,
+                    p.gid,
+                    if p.roce_v2 { " (RoCE v2)" } else { "" }
+                );
+            }
         }
     }
     Ok(())

@@ -72,6 +72,29 @@ pub struct DeviceInfo {
     pub atomic_cap: AtomicCap,
     /// Whether RC regions can be registered with [`crate::fabric::AccessFlags::ON_DEMAND`].
     pub on_demand_paging: bool,
+    /// The device's ports (verbs; empty for the soft provider, which has none).
+    pub ports: Vec<PortInfo>,
+}
+
+/// One port of a verbs device, as `ibv_devinfo` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortInfo {
+    /// Port number (from 1).
+    pub num: u8,
+    /// "ACTIVE", "DOWN", ...
+    pub state: String,
+    /// "InfiniBand" or "Ethernet" (RoCE).
+    pub link_layer: String,
+    /// Local identifier (InfiniBand).
+    pub lid: u16,
+    /// Active MTU in bytes.
+    pub active_mtu: u32,
+    /// The GID index this library uses (RoCE v2 IPv4 when there is one).
+    pub gid_index: u8,
+    /// That GID, as colon-separated hex.
+    pub gid: String,
+    /// Whether that GID is a RoCE v2 GID.
+    pub roce_v2: bool,
 }
 
 /// Whether a provider can be used here and, if not, why.

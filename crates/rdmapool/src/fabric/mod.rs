@@ -26,7 +26,7 @@ mod wr;
 
 pub use access::AccessFlags;
 pub use completion::{Completion, WcOpcode, WcStatus};
-pub use device::{devices, AtomicCap, DeviceInfo, ProviderKind, ProviderStatus};
+pub use device::{devices, AtomicCap, DeviceInfo, PortInfo, ProviderKind, ProviderStatus};
 pub use objects::{Context, Cq, Mr, Pd, Qp};
 pub use qp::{Endpoint, QpConfig, QpState, Transport};
 pub use wr::{RecvWr, RemoteAddr, RemoteRegion, SendWr, Sge, WrOp};

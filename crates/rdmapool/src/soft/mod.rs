@@ -60,6 +60,7 @@ pub(crate) fn device_info() -> DeviceInfo {
         max_mr: 1 << 20,
         atomic_cap: AtomicCap::Global,
         on_demand_paging: true,
+        ports: Vec::new(),
     }
 }
 

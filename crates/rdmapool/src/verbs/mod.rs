@@ -167,6 +167,7 @@ fn open_device(v: &'static sys::Verbs, dev: *mut sys::ibv_device) -> Result<Verb
             max_mr: 0,
             atomic_cap: AtomicCap::None,
             on_demand_paging: false,
+            ports: Vec::new(),
         },
         port: PortInfo {
             num: 1,
@@ -226,6 +227,29 @@ fn open_device(v: &'static sys::Verbs, dev: *mut sys::ibv_device) -> Result<Verb
     if unsafe { (v.ibv_query_gid)(ctx, num, gid_index as i32, &mut gid) } != 0 {
         return Err(os_err("ibv_query_gid"));
     }
+    let gid_bytes = gid_raw(&gid);
+    c.info.ports.push(crate::fabric::PortInfo {
+        num,
+        state: port_state_name(pa.state).into(),
+        link_layer: if pa.link_layer == sys::IBV_LINK_LAYER_ETHERNET as u8 {
+            "Ethernet"
+        } else {
+            "InfiniBand"
+        }
+        .into(),
+        lid: pa.lid,
+        active_mtu: 128u32 << pa.active_mtu.clamp(1, 5),
+        gid_index,
+        gid: gid_bytes
+            .chunks(2)
+            .map(|p| format!("{:02x}{:02x}", p[0], p[1]))
+            .collect::<Vec<_>>()
+            .join(":"),
+        roce_v2: std::fs::read_to_string(format!(
+            "/sys/class/infiniband/{name}/ports/{num}/gid_attrs/types/{gid_index}"
+        ))
+        .is_ok_and(|t| t.trim().eq_ignore_ascii_case("RoCE v2")),
+    });
     c.port = PortInfo {
         num,
         lid: pa.lid,
@@ -236,6 +260,22 @@ fn open_device(v: &'static sys::Verbs, dev: *mut sys::ibv_device) -> Result<Verb
         gid: unsafe { gid.raw },
     };
     Ok(c)
+}
+
+fn gid_raw(g: &sys::ibv_gid) -> [u8; 16] {
+    // SAFETY: every bit pattern of the union is a valid [u8; 16].
+    unsafe { g.raw }
+}
+
+fn port_state_name(s: u32) -> &'static str {
+    match s {
+        sys::IBV_PORT_DOWN => "DOWN",
+        sys::IBV_PORT_INIT => "INIT",
+        sys::IBV_PORT_ARMED => "ARMED",
+        sys::IBV_PORT_ACTIVE => "ACTIVE",
+        sys::IBV_PORT_ACTIVE_DEFER => "ACTIVE_DEFER",
+        _ => "NOP",
+    }
 }
 
 fn unsafe_zeroed_gid() -> sys::ibv_gid {
