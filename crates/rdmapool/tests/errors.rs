@@ -649,3 +649,33 @@ fn connecting_to_a_vanished_peer_is_a_typed_error() {
         );
     }
 }
+
+#[test]
+fn on_demand_paging_works_where_the_device_has_it_and_says_so_where_not() {
+    let n = node();
+    let odp = AccessFlags::all_remote() | AccessFlags::ON_DEMAND;
+    match n.pd.alloc_mr(LEN, odp) {
+        Ok(mr) => {
+            assert!(
+                n.ctx.device().on_demand_paging,
+                "registered ODP on a device without it"
+            );
+            mr.write_at(0, b"odp").unwrap();
+        }
+        Err(Error::InvalidArgument(msg)) => {
+            assert!(!n.ctx.device().on_demand_paging, "{msg}");
+            assert!(msg.contains("on-demand paging"), "{msg}");
+        }
+        Err(e) => panic!("unexpected error for an ODP registration: {e}"),
+    }
+}
+
+#[test]
+fn unknown_device_names_are_refused_with_the_list() {
+    let r = Context::open_provider(provider(), Some("no-such-device"));
+    match r {
+        Err(Error::InvalidArgument(msg)) => assert!(msg.contains("no-such-device"), "{msg}"),
+        Err(e) => panic!("expected InvalidArgument, got {e}"),
+        Ok(_) => panic!("opened a device that does not exist"),
+    }
+}

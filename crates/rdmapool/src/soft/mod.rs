@@ -435,6 +435,14 @@ impl CqOps for SoftCqHandle {
 
 struct SoftQpHandle(Arc<SoftQp>);
 
+impl Drop for SoftQpHandle {
+    fn drop(&mut self) {
+        // Destroying the QP takes effect now, even if a responder thread still holds it for
+        // a moment: local peers read ERR from its state page from here on.
+        self.0.mark_destroyed();
+    }
+}
+
 impl QpOps for SoftQpHandle {
     fn qpn(&self) -> u32 {
         self.0.qpn

@@ -297,6 +297,14 @@ impl SoftQp {
         self.flush_receives_once();
     }
 
+    /// Destruction: ERR for everyone who looks, and, as with verbs, no completions for the
+    /// receives that were still posted.
+    pub(crate) fn mark_destroyed(&self) {
+        self.rq_flushed.store(true, Ordering::Release);
+        self.state_word()
+            .store(QpState::Error as u64, Ordering::Release);
+    }
+
     /// Once the QP is in ERR (set here or by a local peer through the state page), posted
     /// receives complete with flush errors, exactly once.
     fn flush_receives_once(&self) {
