@@ -31,7 +31,8 @@ cat >"$runner" <<'INNER'
 fails=0
 for b in "$@"; do
   echo "=== $(basename "$b")"
-  RDMAPOOL_TEST_PROVIDER=verbs RUST_BACKTRACE=0 "$b" --test-threads=1 || fails=$((fails + 1))
+  RDMAPOOL_TEST_PROVIDER=verbs RDMAPOOL_TEST_CM_IP="$SOFTROCE_IP" RUST_BACKTRACE=0 \
+    "$b" --test-threads=1 || fails=$((fails + 1))
 done
 echo "verbs conformance: $fails failing test binaries of $#"
 exit "$fails"

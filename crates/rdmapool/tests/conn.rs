@@ -173,3 +173,102 @@ fn waiting_for_a_request_times_out_with_an_error() {
         Err(Error::Connection { .. })
     ));
 }
+
+/// The address RDMA CM tests listen on: set by scripts/verbs-conformance.sh to the SoftRoCE
+/// netdev's address (RDMA CM cannot route over loopback).
+fn cm_ip() -> Option<std::net::IpAddr> {
+    if provider() != ProviderKind::Verbs {
+        eprintln!(
+            "RDMA CM needs the verbs provider; not run on {}",
+            provider()
+        );
+        return None;
+    }
+    let ip = std::env::var("RDMAPOOL_TEST_CM_IP").ok()?.parse().ok();
+    if ip.is_none() {
+        panic!("RDMAPOOL_TEST_CM_IP must name the RDMA netdev's address for the verbs suite");
+    }
+    ip
+}
+
+#[test]
+fn rdma_cm_connects_with_private_data_both_ways_and_rejects() {
+    let Some(ip) = cm_ip() else { return };
+    let (server, client) = (node(), node());
+    let region = server.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
+    let l = Listener::bind_rdma_cm(std::net::SocketAddr::new(ip, 0)).unwrap();
+    let addr = l.local_addr();
+    assert_ne!(addr.port(), 0);
+    let desc = region.remote_region().to_bytes();
+    let cfg = QpConfig::default();
+    std::thread::scope(|s| {
+        let srv = s.spawn(|| {
+            let req = l.get_request(T).unwrap();
+            assert_eq!(req.private_data(), b"over rdma cm");
+            let qp = req
+                .accept(&server.pd, &server.cq, &server.cq, &cfg, &desc)
+                .unwrap();
+            // A second request is refused with a reason.
+            l.get_request(T).unwrap().reject(b"full").unwrap();
+            qp
+        });
+        let conn = rdmapool::conn::connect_rdma_cm(
+            addr,
+            &client.pd,
+            &client.cq,
+            &client.cq,
+            &cfg,
+            b"over rdma cm",
+            T,
+        )
+        .unwrap();
+        assert_eq!(conn.qp.state(), QpState::Rts);
+        let remote = RemoteRegion::from_bytes(&conn.private_data).unwrap();
+        let buf = client.pd.alloc_mr(64, AccessFlags::all_remote()).unwrap();
+        buf.write_at(0, b"cm!").unwrap();
+        conn.qp
+            .post_send(&[write_wr(
+                1,
+                remote.at(0).unwrap(),
+                &[buf.sge(0, 3).unwrap()],
+            )])
+            .unwrap();
+        assert!(one(&client.cq).is_ok());
+        let mut seen = [0u8; 3];
+        region.read_at(0, &mut seen).unwrap();
+        assert_eq!(&seen, b"cm!");
+        match rdmapool::conn::connect_rdma_cm(
+            addr, &client.pd, &client.cq, &client.cq, &cfg, b"again", T,
+        ) {
+            Err(Error::Rejected { private_data, .. }) => assert_eq!(private_data, b"full"),
+            Err(e) => panic!("expected a reject, got {e}"),
+            Ok(_) => panic!("expected a reject"),
+        }
+        let _server_qp = srv.join().unwrap();
+    });
+}
+
+#[test]
+fn rdma_cm_reports_what_is_missing_instead_of_panicking() {
+    let verbs = rdmapool::fabric::devices()
+        .into_iter()
+        .find(|p| p.provider == ProviderKind::Verbs)
+        .unwrap();
+    if verbs.unavailable.is_none() {
+        eprintln!("this machine has RDMA devices; the missing-device path cannot be shown here");
+        return;
+    }
+    let r = Listener::bind_rdma_cm("127.0.0.1:0".parse().unwrap());
+    assert!(r.is_err(), "an RDMA CM listener without any RDMA device");
+    let n = node();
+    let r = rdmapool::conn::connect_rdma_cm(
+        "127.0.0.1:9".parse().unwrap(),
+        &n.pd,
+        &n.cq,
+        &n.cq,
+        &QpConfig::default(),
+        b"x",
+        Duration::from_secs(2),
+    );
+    assert!(r.is_err());
+}

@@ -3,13 +3,17 @@
 //!
 //! This is how region descriptors travel: put [`crate::fabric::RemoteRegion::to_bytes`] in the
 //! private data of the accept (or the request). Sizes follow RDMA CM's limits for RC on
-//! InfiniBand so code written against this API fits real CM: at most
-//! [`MAX_CONNECT_PRIVATE_DATA`] bytes with a request, [`MAX_ACCEPT_PRIVATE_DATA`] with an
-//! accept or reject.
+//! InfiniBand (56 and 196 bytes) less one byte that carries the length (RDMA CM pads what it
+//! delivers): at most [`MAX_CONNECT_PRIVATE_DATA`] bytes with a request,
+//! [`MAX_ACCEPT_PRIVATE_DATA`] with an accept or reject.
 //!
-//! The handshake runs over a TCP connection of its own (the "CM port"), carrying the QP
-//! endpoints both ways, then brings both QPs to RTS in the order RC needs (the passive side
-//! waits for the active side's ready-to-use message).
+//! Two connection managers share this API:
+//! * [`Listener::bind`] / [`connect`]: a handshake over a TCP connection of its own (the "CM
+//!   port") carrying the QP endpoints both ways, then bringing both QPs to RTS in the order RC
+//!   needs. It works with every provider.
+//! * [`Listener::bind_rdma_cm`] / [`connect_rdma_cm`]: librdmacm (verbs provider), which
+//!   resolves the address and route itself; the QPs are still ours (created on the given PD
+//!   and CQs), RDMA CM only says how to move them between states.
 //!
 //! ```
 //! use rdmapool::conn::{connect, Listener};
@@ -41,10 +45,10 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-/// Most private data a connection request carries (RDMA CM, RC over InfiniBand).
-pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
-/// Most private data an accept or reject carries (RDMA CM, RC over InfiniBand).
-pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
+/// Most private data a connection request carries (RDMA CM's 56 bytes less a length byte).
+pub const MAX_CONNECT_PRIVATE_DATA: usize = 55;
+/// Most private data an accept or reject carries (RDMA CM's 196 bytes less a length byte).
+pub const MAX_ACCEPT_PRIVATE_DATA: usize = 195;
 
 const MAGIC: [u8; 4] = *b"RDCM";
 const VERSION: u8 = 1;
@@ -170,18 +174,37 @@ fn send(s: &mut TcpStream, peer: SocketAddr, m: &Message) -> Result<()> {
         .map_err(io_err(peer, "sending a CM message"))
 }
 
-/// A passive side: listens on the CM port for connection requests.
+/// A passive side: listens for connection requests.
 pub struct Listener {
-    listener: TcpListener,
+    kind: ListenerKind,
     addr: SocketAddr,
 }
 
+enum ListenerKind {
+    Tcp(TcpListener),
+    RdmaCm(crate::verbs::cm::CmListener),
+}
+
 impl Listener {
-    /// Listens on `addr` (port 0 picks a free one).
+    /// Listens on the TCP CM port `addr` (port 0 picks a free one).
     pub fn bind(addr: SocketAddr) -> Result<Self> {
         let listener = TcpListener::bind(addr).map_err(io_err(addr, "listening"))?;
         let addr = listener.local_addr().map_err(io_err(addr, "getsockname"))?;
-        Ok(Self { listener, addr })
+        Ok(Self {
+            kind: ListenerKind::Tcp(listener),
+            addr,
+        })
+    }
+
+    /// Listens with librdmacm on `addr` (an address of an RDMA device's netdev; port 0 picks
+    /// one). Needs rdma-core and a device: otherwise a typed error says what is missing.
+    pub fn bind_rdma_cm(addr: SocketAddr) -> Result<Self> {
+        let l = crate::verbs::cm::CmListener::bind(addr)?;
+        let addr = l.local_addr();
+        Ok(Self {
+            kind: ListenerKind::RdmaCm(l),
+            addr,
+        })
     }
 
     /// The address peers connect to.
@@ -192,12 +215,21 @@ impl Listener {
     /// Waits up to `timeout` for the next well-formed connection request. Peers that send
     /// garbage are dropped and waiting goes on.
     pub fn get_request(&self, timeout: Duration) -> Result<ConnRequest> {
+        let listener = match &self.kind {
+            ListenerKind::Tcp(l) => l,
+            ListenerKind::RdmaCm(l) => {
+                return Ok(ConnRequest {
+                    kind: RequestKind::RdmaCm(l.get_request(timeout)?),
+                    timeout,
+                })
+            }
+        };
         let deadline = Instant::now() + timeout;
-        self.listener
+        listener
             .set_nonblocking(true)
             .map_err(io_err(self.addr, "listener"))?;
         loop {
-            match self.listener.accept() {
+            match listener.accept() {
                 Ok((mut s, peer)) => {
                     let _ = s.set_nonblocking(false);
                     let _ = s.set_nodelay(true);
@@ -209,10 +241,12 @@ impl Listener {
                             private,
                         }) => {
                             return Ok(ConnRequest {
-                                stream: s,
-                                peer,
-                                endpoint,
-                                private,
+                                kind: RequestKind::Tcp(TcpRequest {
+                                    stream: s,
+                                    peer,
+                                    endpoint,
+                                    private,
+                                }),
                                 timeout,
                             })
                         }
@@ -238,28 +272,35 @@ impl Listener {
 
 /// A connection request waiting for [`ConnRequest::accept`] or [`ConnRequest::reject`].
 pub struct ConnRequest {
+    kind: RequestKind,
+    timeout: Duration,
+}
+
+enum RequestKind {
+    Tcp(TcpRequest),
+    RdmaCm(crate::verbs::cm::CmRequest),
+}
+
+struct TcpRequest {
     stream: TcpStream,
     peer: SocketAddr,
     endpoint: Endpoint,
     private: Vec<u8>,
-    timeout: Duration,
 }
 
 impl ConnRequest {
     /// The requester's private data.
     pub fn private_data(&self) -> &[u8] {
-        &self.private
-    }
-
-    /// The requester's address on the CM port.
-    pub fn peer(&self) -> SocketAddr {
-        self.peer
+        match &self.kind {
+            RequestKind::Tcp(r) => &r.private,
+            RequestKind::RdmaCm(r) => r.private_data(),
+        }
     }
 
     /// Creates a QP, answers with `private_data`, and returns the QP (in RTS) once the
-    /// requester reports it is ready to use.
+    /// requester reports it is ready to use. Dropping the QP disconnects.
     pub fn accept(
-        mut self,
+        self,
         pd: &Pd,
         send_cq: &Cq,
         recv_cq: &Cq,
@@ -267,37 +308,49 @@ impl ConnRequest {
         private_data: &[u8],
     ) -> Result<Qp> {
         check_private(private_data, MAX_ACCEPT_PRIVATE_DATA, "accept")?;
-        let qp = pd.create_qp(send_cq, recv_cq, cfg)?;
-        qp.modify_to_init()?;
-        qp.modify_to_rtr(&self.endpoint)?;
-        // Ready to send before answering: the requester's QP certainly exists now, and
-        // nothing can be posted on ours until this call returns after the RTU.
-        qp.modify_to_rts()?;
-        let rep = Message {
-            kind: REP,
-            endpoint: Some(qp.endpoint()),
-            private: private_data.to_vec(),
-        };
-        send(&mut self.stream, self.peer, &rep)?;
-        let rtu = Message::read(&mut self.stream, self.peer, Instant::now() + self.timeout)?;
-        if rtu.kind != RTU {
-            return Err(Error::Connection {
-                peer: self.peer.to_string(),
-                reason: "the requester did not complete the handshake".into(),
-            });
+        match self.kind {
+            RequestKind::RdmaCm(r) => {
+                r.accept(pd, send_cq, recv_cq, cfg, private_data, self.timeout)
+            }
+            RequestKind::Tcp(mut r) => {
+                let qp = pd.create_qp(send_cq, recv_cq, cfg)?;
+                qp.modify_to_init()?;
+                qp.modify_to_rtr(&r.endpoint)?;
+                // Ready to send before answering: the requester's QP certainly exists now,
+                // and nothing can be posted on ours until this call returns after the RTU.
+                qp.modify_to_rts()?;
+                let rep = Message {
+                    kind: REP,
+                    endpoint: Some(qp.endpoint()),
+                    private: private_data.to_vec(),
+                };
+                send(&mut r.stream, r.peer, &rep)?;
+                let rtu = Message::read(&mut r.stream, r.peer, Instant::now() + self.timeout)?;
+                if rtu.kind != RTU {
+                    return Err(Error::Connection {
+                        peer: r.peer.to_string(),
+                        reason: "the requester did not complete the handshake".into(),
+                    });
+                }
+                Ok(qp)
+            }
         }
-        Ok(qp)
     }
 
     /// Refuses the request; the requester gets [`Error::Rejected`] with `private_data`.
-    pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
+    pub fn reject(self, private_data: &[u8]) -> Result<()> {
         check_private(private_data, MAX_ACCEPT_PRIVATE_DATA, "reject")?;
-        let rej = Message {
-            kind: REJ,
-            endpoint: None,
-            private: private_data.to_vec(),
-        };
-        send(&mut self.stream, self.peer, &rej)
+        match self.kind {
+            RequestKind::RdmaCm(r) => r.reject(private_data),
+            RequestKind::Tcp(mut r) => {
+                let rej = Message {
+                    kind: REJ,
+                    endpoint: None,
+                    private: private_data.to_vec(),
+                };
+                send(&mut r.stream, r.peer, &rej)
+            }
+        }
     }
 }
 
@@ -364,4 +417,25 @@ pub fn connect(
             reason: "expected an accept or a reject".into(),
         }),
     }
+}
+
+/// Connects to a [`Listener::bind_rdma_cm`] listener at `addr` through librdmacm, sending
+/// `private_data`; returns the QP in RTS with the acceptor's private data. `pd` must be on the
+/// device RDMA CM routes `addr` through. Dropping the QP disconnects.
+pub fn connect_rdma_cm(
+    addr: SocketAddr,
+    pd: &Pd,
+    send_cq: &Cq,
+    recv_cq: &Cq,
+    cfg: &QpConfig,
+    private_data: &[u8],
+    timeout: Duration,
+) -> Result<Connection> {
+    check_private(private_data, MAX_CONNECT_PRIVATE_DATA, "connection request")?;
+    let (qp, private) =
+        crate::verbs::cm::connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout)?;
+    Ok(Connection {
+        qp,
+        private_data: private,
+    })
 }

@@ -127,9 +127,15 @@ impl Pd {
         })
     }
 
+    /// The name of the device this PD lives on.
+    pub fn device_name(&self) -> String {
+        self.inner.device_name()
+    }
+
     /// Creates an RC queue pair in the RESET state.
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, cfg: &QpConfig) -> Result<Qp> {
         Ok(Qp {
+            _connection: None,
             inner: self
                 .inner
                 .create_qp(send_cq.inner.as_ref(), recv_cq.inner.as_ref(), cfg)?,
@@ -303,10 +309,24 @@ impl Cq {
 
 /// A reliable-connected queue pair.
 pub struct Qp {
+    /// What keeps a connection-manager connection alive; dropped (disconnecting) before the
+    /// QP itself is destroyed.
+    _connection: Option<Box<dyn Send + Sync>>,
     inner: Box<dyn QpOps>,
 }
 
 impl Qp {
+    /// Ties a connection manager's state to this QP (it is dropped first).
+    pub(crate) fn with_connection(mut self, c: Box<dyn Send + Sync>) -> Qp {
+        self._connection = Some(c);
+        self
+    }
+
+    /// The provider's QP object.
+    pub(crate) fn provider_qp(&self) -> &dyn std::any::Any {
+        self.inner.as_any()
+    }
+
     /// QP number.
     pub fn qpn(&self) -> u32 {
         self.inner.qpn()

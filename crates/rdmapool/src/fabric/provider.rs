@@ -30,6 +30,8 @@ pub(crate) trait PdOps: Send + Sync {
         recv_cq: &dyn CqOps,
         cfg: &QpConfig,
     ) -> Result<Box<dyn QpOps>>;
+    /// The name of the device the PD lives on.
+    fn device_name(&self) -> String;
 }
 
 /// A registration; dropping it deregisters.
@@ -57,4 +59,6 @@ pub(crate) trait QpOps: Send + Sync {
     fn set_error(&self);
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()>;
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()>;
+    /// The provider's own object (for provider-specific setup such as RDMA CM).
+    fn as_any(&self) -> &dyn Any;
 }

@@ -332,6 +332,10 @@ unsafe fn pin_unless_on_demand(
 }
 
 impl PdOps for SoftPd {
+    fn device_name(&self) -> String {
+        self.ctx.device.name.clone()
+    }
+
     fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Box<dyn MrOps>> {
         self.check_request(len, access)?;
         let mapping = Mapping::new(shm::len_with_control(len))?;
@@ -471,6 +475,9 @@ impl QpOps for SoftQpHandle {
     }
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.0.post_recv(wrs)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 

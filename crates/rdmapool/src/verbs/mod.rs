@@ -5,6 +5,7 @@
 //! library works. Objects hold the raw verbs handles; every handle is destroyed in `Drop`,
 //! children (MRs, QPs, CQs) keep their parents alive through `Arc`s.
 
+pub(crate) mod cm;
 mod qp;
 
 use crate::fabric::provider::{ContextOps, CqOps, MrOps, PdOps, QpOps};
@@ -473,6 +474,10 @@ impl VerbsPd {
 }
 
 impl PdOps for Arc<VerbsPd> {
+    fn device_name(&self) -> String {
+        self.ctx.info.name.clone()
+    }
+
     fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Box<dyn MrOps>> {
         if len == 0 {
             return Err(Error::InvalidArgument("zero-length memory region".into()));

@@ -411,6 +411,10 @@ impl QpOps for VerbsQp {
         Ok(())
     }
 
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         for chunk in wrs.chunks(CHUNK) {
             // SAFETY: all-zero ibv_recv_wr / ibv_sge values are valid plain data.
@@ -452,6 +456,16 @@ impl QpOps for VerbsQp {
 }
 
 impl VerbsQp {
+    /// Applies attributes computed elsewhere (RDMA CM's `rdma_init_qp_attr`).
+    pub(crate) fn modify_raw(&self, attr: &mut sys::ibv_qp_attr, mask: u32) -> Result<()> {
+        self.modify(attr, mask, "the transition RDMA CM asked for")
+    }
+
+    /// Outstanding RDMA READ/atomic depth used on both sides.
+    pub(crate) fn rd_atomic(&self) -> u8 {
+        self.pd.ctx.max_rd_atomic
+    }
+
     fn post_error(&self, rc: i32, queue: &'static str) -> Error {
         match rc {
             libc::ENOMEM => Error::QueueFull {
