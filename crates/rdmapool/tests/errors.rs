@@ -679,3 +679,76 @@ fn unknown_device_names_are_refused_with_the_list() {
         Ok(_) => panic!("opened a device that does not exist"),
     }
 }
+
+/// Sets a netdev down for a test and always brings it back up.
+struct LinkDown(String);
+
+impl LinkDown {
+    fn new(netdev: &str) -> Self {
+        let ok = std::process::Command::new("ip")
+            .args(["link", "set", netdev, "down"])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "could not set {netdev} down");
+        LinkDown(netdev.to_string())
+    }
+}
+
+impl Drop for LinkDown {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "set", &self.0, "up"])
+            .status();
+        // Wait for the RDMA port to come back so later tests find it ACTIVE.
+        for _ in 0..500 {
+            let ports = rdmapool::fabric::devices();
+            let up = ports
+                .iter()
+                .flat_map(|p| &p.devices)
+                .flat_map(|d| &d.ports)
+                .all(|p| p.state == "ACTIVE");
+            if up {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
+#[test]
+fn a_port_that_is_down_is_named_in_the_error() {
+    let Ok(netdev) = std::env::var("SOFTROCE_NETDEV") else {
+        eprintln!("needs the SoftRoCE guest (SOFTROCE_NETDEV); not run here");
+        return;
+    };
+    if provider() != ProviderKind::Verbs {
+        return;
+    }
+    let n = node();
+    let qp = n.pd.create_qp(&n.cq, &n.cq, &QpConfig::default()).unwrap();
+    let _down = LinkDown::new(&netdev);
+    let port_down = || {
+        let providers = rdmapool::fabric::devices();
+        let state = providers
+            .iter()
+            .flat_map(|p| &p.devices)
+            .flat_map(|d| &d.ports)
+            .map(|p| p.state.clone())
+            .next();
+        state.is_some_and(|s| s != "ACTIVE")
+    };
+    for _ in 0..500 {
+        if port_down() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(port_down(), "the RDMA port did not follow its link down");
+    match qp.modify_to_init() {
+        Err(Error::InvalidArgument(msg)) => {
+            assert!(msg.contains("port 1") && !msg.contains("ACTIVE"), "{msg}")
+        }
+        other => panic!("expected a port error, got {other:?}"),
+    }
+}

@@ -210,6 +210,10 @@ fn child_entry() {
             }
             println!("@done");
         }
+        "open-verbs" => match Context::open_provider(ProviderKind::Verbs, None) {
+            Ok(_) => println!("@ok"),
+            Err(e) => println!("@err {e}"),
+        },
         "memlock" => {
             let lim = libc::rlimit {
                 rlim_cur: 1 << 20,
@@ -884,4 +888,23 @@ fn tcp_between_two_hosts_in_network_namespaces() {
     // The region starts zeroed; every FAA crossed the veth pair.
     let word = peer_dump(&mut target, 0, 8);
     assert_eq!(u64::from_ne_bytes(word.try_into().unwrap()), N);
+}
+
+#[test]
+fn verbs_gid_index_out_of_range_is_a_typed_error() {
+    if provider() != ProviderKind::Verbs {
+        eprintln!("verbs only; not run on {}", provider());
+        return;
+    }
+    let mut peer = Peer::spawn("open-verbs", &[("RDMAPOOL_GID_INDEX", "250")]);
+    let line = peer.line();
+    assert!(
+        line.starts_with("err ") && line.contains("out of range"),
+        "{line}"
+    );
+    for bad in ["5000", "not-a-number"] {
+        let mut peer = Peer::spawn("open-verbs", &[("RDMAPOOL_GID_INDEX", bad)]);
+        let line = peer.line();
+        assert!(line.contains("out of range"), "{bad}: {line}");
+    }
 }

@@ -100,13 +100,16 @@ fn device_name(v: &sys::Verbs, dev: *mut sys::ibv_device) -> String {
 }
 
 /// The RoCE v2 IPv4 GID index from sysfs, else the first RoCE v2 GID, else 0.
-/// `RDMAPOOL_GID_INDEX` overrides.
-fn pick_gid_index(dev: &str, port: u8, gid_tbl_len: i32) -> u8 {
-    if let Some(i) = std::env::var("RDMAPOOL_GID_INDEX")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        return i;
+/// `RDMAPOOL_GID_INDEX` overrides; it must be a number inside the port's GID table.
+fn pick_gid_index(dev: &str, port: u8, gid_tbl_len: i32) -> Result<u8> {
+    if let Ok(text) = std::env::var("RDMAPOOL_GID_INDEX") {
+        return match text.trim().parse::<u8>() {
+            Ok(i) if (i as i32) < gid_tbl_len => Ok(i),
+            _ => Err(Error::InvalidArgument(format!(
+                "RDMAPOOL_GID_INDEX={text:?} is out of range: port {port} of {dev} has \
+                 {gid_tbl_len} GIDs (see /sys/class/infiniband/{dev}/ports/{port}/gids)"
+            ))),
+        };
     }
     let base = format!("/sys/class/infiniband/{dev}/ports/{port}");
     let mut first_v2 = None;
@@ -117,11 +120,11 @@ fn pick_gid_index(dev: &str, port: u8, gid_tbl_len: i32) -> u8 {
         }
         let gid = std::fs::read_to_string(format!("{base}/gids/{i}")).unwrap_or_default();
         if gid.trim().starts_with("0000:0000:0000:0000:0000:ffff:") {
-            return i as u8;
+            return Ok(i as u8);
         }
         first_v2.get_or_insert(i as u8);
     }
-    first_v2.unwrap_or(0)
+    Ok(first_v2.unwrap_or(0))
 }
 
 /// An open device.
@@ -222,13 +225,18 @@ fn open_device(v: &'static sys::Verbs, dev: *mut sys::ibv_device) -> Result<Verb
     let (num, pa) = chosen
         .ok_or_else(|| Error::InvalidArgument(format!("device {name} has no queryable port")))?;
     c.info.max_msg_size = pa.max_msg_sz;
-    let gid_index = pick_gid_index(&name, num, pa.gid_tbl_len);
+    let gid_index = pick_gid_index(&name, num, pa.gid_tbl_len)?;
     let mut gid: sys::ibv_gid = unsafe_zeroed_gid();
     // SAFETY: a live context and a writable GID.
     if unsafe { (v.ibv_query_gid)(ctx, num, gid_index as i32, &mut gid) } != 0 {
         return Err(os_err("ibv_query_gid"));
     }
     let gid_bytes = gid_raw(&gid);
+    if gid_bytes == [0; 16] && std::env::var("RDMAPOOL_GID_INDEX").is_ok() {
+        return Err(Error::InvalidArgument(format!(
+            "RDMAPOOL_GID_INDEX={gid_index} is out of range: that entry of port {num} of {name} is empty"
+        )));
+    }
     c.info.ports.push(crate::fabric::PortInfo {
         num,
         state: port_state_name(pa.state).into(),
@@ -279,6 +287,28 @@ fn port_state_name(s: u32) -> &'static str {
     }
 }
 
+impl VerbsContext {
+    /// Fails with a clear error unless the port this context uses is ACTIVE now.
+    pub(crate) fn require_active_port(&self) -> Result<()> {
+        // SAFETY: all-zero is a valid ibv_port_attr.
+        let mut pa: sys::ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: a live context and a writable attribute struct.
+        let rc = unsafe { sys::ibv_query_port(self.v, self.ctx, self.port.num, &mut pa) };
+        if rc != 0 {
+            return Err(errno_err("ibv_query_port", rc));
+        }
+        if pa.state != sys::IBV_PORT_ACTIVE {
+            return Err(Error::InvalidArgument(format!(
+                "port {} of {} is {}: bring its link up (ip link set <netdev> up, or check the cable and subnet manager)",
+                self.port.num,
+                self.info.name,
+                port_state_name(pa.state)
+            )));
+        }
+        Ok(())
+    }
+}
+
 fn unsafe_zeroed_gid() -> sys::ibv_gid {
     sys::ibv_gid { raw: [0; 16] }
 }
@@ -287,13 +317,22 @@ fn unsafe_zeroed_gid() -> sys::ibv_gid {
 pub(crate) fn status() -> ProviderStatus {
     let listed = lib().and_then(|v| {
         let list = DeviceList::get(v)?;
-        let infos: Vec<DeviceInfo> = list.devices().filter_map(|d| open_device(v, d).ok().map(|c| c.info.clone())).collect();
-        if infos.is_empty() {
-            Err(unavailable(
+        let mut infos = Vec::new();
+        let mut first_error = None;
+        for d in list.devices() {
+            match open_device(v, d) {
+                Ok(c) => infos.push(c.info.clone()),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match (infos.is_empty(), first_error) {
+            (false, _) => Ok(infos),
+            (true, Some(e)) => Err(e),
+            (true, None) => Err(unavailable(
                 "no RDMA devices (no NIC, or the kernel modules are not loaded; for SoftRoCE: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <if>)".into(),
-            ))
-        } else {
-            Ok(infos)
+            )),
         }
     });
     match listed {

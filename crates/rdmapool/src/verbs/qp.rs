@@ -229,6 +229,7 @@ impl QpOps for VerbsQp {
     }
 
     fn to_init(&self) -> Result<()> {
+        self.pd.ctx.require_active_port()?;
         let mut a = Self::zeroed_attr();
         a.qp_state = sys::IBV_QPS_INIT;
         a.pkey_index = 0;
