@@ -321,3 +321,48 @@ fn deregistration_returns_every_region() {
     }
     assert_eq!((a.ctx.live_regions(), b.ctx.live_regions()), (0, 0));
 }
+
+/// Waits for `fd` to become readable (or `WAIT` to pass).
+fn readable(fd: std::os::fd::RawFd, wait: std::time::Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, wait.as_millis() as i32) > 0 }
+}
+
+#[test]
+fn an_armed_cq_signals_its_event_fd_once_per_arming() {
+    for t in transports() {
+        let (a, b) = (node(), node());
+        let (qa, qb) = pair(&a, &b, &config(t));
+        let rbuf = b.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
+        let sbuf = a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
+        let fd = b.cq.event_fd();
+        for round in 0..3u64 {
+            qb.post_recv(&[RecvWr {
+                wr_id: round,
+                sg_list: &[rbuf.sge(0, 64).unwrap()],
+            }])
+            .unwrap();
+            b.cq.req_notify().unwrap();
+            let send = WrOp::Send { imm: None };
+            qa.post_send(&[SendWr {
+                wr_id: round,
+                op: send,
+                sg_list: &[sbuf.sge(0, 16).unwrap()],
+                signaled: true,
+            }])
+            .unwrap();
+            assert!(one(&a.cq).is_ok());
+            assert!(readable(fd, WAIT), "{t:?} round {round}: no event");
+            assert!(b.cq.ack_events().unwrap() >= 1, "{t:?}");
+            let c = one(&b.cq);
+            assert_eq!((c.wr_id, c.status), (round, WcStatus::Success), "{t:?}");
+            // Not re-armed: nothing more to read.
+            assert_eq!(b.cq.ack_events().unwrap(), 0, "{t:?}");
+        }
+    }
+}

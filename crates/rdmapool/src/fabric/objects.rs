@@ -288,6 +288,26 @@ impl Cq {
         self.inner.depth()
     }
 
+    /// Arms the CQ (`ibv_req_notify_cq`): the next completion makes [`Cq::event_fd`]
+    /// readable. After a wake-up, [`Cq::ack_events`], re-arm, then drain with [`Cq::poll`]
+    /// until it returns 0 — completions that arrived before re-arming raise no new event.
+    pub fn req_notify(&self) -> Result<()> {
+        self.inner.req_notify()
+    }
+
+    /// The completion channel's descriptor, for poll/epoll or tokio's `AsyncFd`.
+    /// (On the soft provider the send side progresses when the CQ is polled, so an
+    /// event-driven consumer must also poll; the progress engine does this for you.)
+    pub fn event_fd(&self) -> std::os::fd::RawFd {
+        self.inner.event_fd()
+    }
+
+    /// Consumes pending notifications (`ibv_get_cq_event` + `ibv_ack_cq_events`); returns
+    /// how many there were.
+    pub fn ack_events(&self) -> Result<usize> {
+        self.inner.ack_events()
+    }
+
     /// Busy-polls until `n` completions arrived or `timeout` passed; returns what arrived.
     pub fn wait(&self, n: usize, timeout: Duration) -> Result<Vec<Completion>> {
         let deadline = Instant::now() + timeout;

@@ -46,6 +46,12 @@ pub(crate) trait MrOps: Send + Sync {
 pub(crate) trait CqOps: Send + Sync {
     fn poll(&self, out: &mut [Completion]) -> Result<usize>;
     fn depth(&self) -> u32;
+    /// Arms the CQ: the next completion makes `event_fd` readable.
+    fn req_notify(&self) -> Result<()>;
+    /// A descriptor that becomes readable when an armed CQ gets a completion.
+    fn event_fd(&self) -> std::os::fd::RawFd;
+    /// Consumes the pending notifications; returns how many there were.
+    fn ack_events(&self) -> Result<usize>;
     fn as_any(&self) -> &dyn Any;
 }
 

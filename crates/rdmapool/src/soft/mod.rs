@@ -260,7 +260,7 @@ impl ContextOps for Arc<SoftContext> {
                 "CQ depth {depth}: must be 1..={MAX_CQE}"
             )));
         }
-        Ok(Arc::new(SoftCqHandle(Arc::new(SoftCq::new(depth)))))
+        Ok(Arc::new(SoftCqHandle(Arc::new(SoftCq::new(depth)?))))
     }
 }
 
@@ -431,6 +431,16 @@ impl CqOps for SoftCqHandle {
     }
     fn depth(&self) -> u32 {
         self.0.depth()
+    }
+    fn req_notify(&self) -> Result<()> {
+        self.0.req_notify();
+        Ok(())
+    }
+    fn event_fd(&self) -> std::os::fd::RawFd {
+        self.0.event_fd()
+    }
+    fn ack_events(&self) -> Result<usize> {
+        Ok(self.0.ack_events())
     }
     fn as_any(&self) -> &dyn Any {
         self

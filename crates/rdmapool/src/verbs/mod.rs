@@ -397,22 +397,36 @@ impl ContextOps for Arc<VerbsContext> {
                 self.info.max_cqe
             )));
         }
-        // SAFETY: a live context; no channel, vector 0.
+        // SAFETY: a live context.
+        let channel = unsafe { (self.v.ibv_create_comp_channel)(self.ctx) };
+        if channel.is_null() {
+            return Err(os_err("ibv_create_comp_channel"));
+        }
+        // Non-blocking, so ack_events never waits.
+        // SAFETY: fcntl on the channel's own fd.
+        unsafe {
+            let fd = (*channel).fd;
+            libc::fcntl(
+                fd,
+                libc::F_SETFL,
+                libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK,
+            );
+        }
+        // SAFETY: a live context and channel; vector 0.
         let cq = unsafe {
-            (self.v.ibv_create_cq)(
-                self.ctx,
-                depth as i32,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
+            (self.v.ibv_create_cq)(self.ctx, depth as i32, std::ptr::null_mut(), channel, 0)
         };
         if cq.is_null() {
-            return Err(os_err("ibv_create_cq"));
+            let e = os_err("ibv_create_cq");
+            // SAFETY: the channel we just made, unused.
+            unsafe { (self.v.ibv_destroy_comp_channel)(channel) };
+            return Err(e);
         }
         Ok(Arc::new(VerbsCqHandle(Arc::new(VerbsCq {
             ctx: self.clone(),
             cq,
+            channel,
+            unacked: std::sync::atomic::AtomicU32::new(0),
             depth,
         }))))
     }
@@ -627,6 +641,9 @@ impl MrOps for VerbsMr {
 pub(crate) struct VerbsCq {
     ctx: Arc<VerbsContext>,
     pub(crate) cq: *mut sys::ibv_cq,
+    channel: *mut sys::ibv_comp_channel,
+    /// Events read from the channel but not yet acknowledged (acked before destroy).
+    unacked: std::sync::atomic::AtomicU32,
     depth: u32,
 }
 
@@ -637,8 +654,16 @@ unsafe impl Sync for VerbsCq {}
 
 impl Drop for VerbsCq {
     fn drop(&mut self) {
-        // SAFETY: QPs hold an Arc to their CQs, so none uses it any more.
-        unsafe { (self.ctx.v.ibv_destroy_cq)(self.cq) };
+        // SAFETY: QPs hold an Arc to their CQs, so none uses it any more; every event read
+        // from the channel is acknowledged before the CQ is destroyed, as verbs requires.
+        unsafe {
+            let n = self.unacked.swap(0, std::sync::atomic::Ordering::AcqRel);
+            if n > 0 {
+                (self.ctx.v.ibv_ack_cq_events)(self.cq, n);
+            }
+            (self.ctx.v.ibv_destroy_cq)(self.cq);
+            (self.ctx.v.ibv_destroy_comp_channel)(self.channel);
+        }
     }
 }
 
@@ -696,6 +721,35 @@ impl CqOps for VerbsCqHandle {
     }
     fn depth(&self) -> u32 {
         self.0.depth
+    }
+    fn req_notify(&self) -> Result<()> {
+        // SAFETY: a live CQ; 0 = notify on any completion.
+        let rc = unsafe { sys::ibv_req_notify_cq(self.0.cq, 0) };
+        if rc != 0 {
+            return Err(errno_err("ibv_req_notify_cq", rc));
+        }
+        Ok(())
+    }
+    fn event_fd(&self) -> std::os::fd::RawFd {
+        // SAFETY: a live channel.
+        unsafe { (*self.0.channel).fd }
+    }
+    fn ack_events(&self) -> Result<usize> {
+        let mut n = 0u32;
+        loop {
+            let mut cq = std::ptr::null_mut();
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: a live, non-blocking channel and out-pointers.
+            if unsafe { (self.0.ctx.v.ibv_get_cq_event)(self.0.channel, &mut cq, &mut ctx) } != 0 {
+                break;
+            }
+            n += 1;
+        }
+        if n > 0 {
+            // SAFETY: acknowledging exactly the events read above, on their CQ.
+            unsafe { (self.0.ctx.v.ibv_ack_cq_events)(self.0.cq, n) };
+        }
+        Ok(n as usize)
     }
     fn as_any(&self) -> &dyn Any {
         self
