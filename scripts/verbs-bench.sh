@@ -8,4 +8,4 @@ runs=${RUNS:-3}
 cargo build --release -q -p rdma-tool
 tool=$PWD/target/release/rdma-tool
 exec scripts/softroce/run-in-guest.sh --timeout "${VERBS_BENCH_TIMEOUT:-900}" --copy "$tool" -- \
-  sh -c "for i in \$(seq $runs); do echo \"=== run \$i\"; $tool bench data --provider verbs --op write,read --size 8,64K --iters 2000 || exit 1; done"
+  sh -c "for i in \$(seq $runs); do echo \"=== run \$i\"; $tool bench data --provider verbs --op write,read --size 8,64K --iters 5000 || exit 1; done"
