@@ -566,6 +566,11 @@ fn bad_registrations_are_refused() {
     let null = unsafe { n.pd.register_raw(std::ptr::null_mut(), 64, ALL) };
     assert!(matches!(null, Err(Error::InvalidArgument(_))));
     assert!(matches!(n.ctx.create_cq(0), Err(Error::InvalidArgument(_))));
+    let max = n.ctx.device().max_mr_size;
+    if max < usize::MAX as u64 {
+        let too_big = n.pd.alloc_mr(max as usize + 1, ALL);
+        assert!(matches!(too_big, Err(Error::InvalidArgument(ref m)) if m.contains("max_mr_size")));
+    }
     let mr = n.pd.alloc_mr(64, ALL).unwrap();
     assert!(mr.sge(60, 8).is_err());
     assert!(mr.write_at(usize::MAX, b"x").is_err());
