@@ -98,6 +98,18 @@ pub enum Error {
         reason: String,
     },
 
+    /// The request was cancelled before it completed.
+    #[error("cancelled")]
+    Cancelled,
+
+    /// An operation did not finish in the time allowed.
+    #[error("{0} timed out (ETIMEDOUT)")]
+    TimedOut(String),
+
+    /// The device failed (EIO/ENODEV) and refuses further work.
+    #[error("device broken: {0}")]
+    DeviceBroken(String),
+
     /// Objects from different contexts or providers were mixed.
     #[error("object mismatch: {0}")]
     Mismatch(String),

@@ -30,6 +30,7 @@
 pub mod conn;
 mod error;
 pub mod fabric;
+pub mod mr;
 pub mod soft;
 mod util;
 mod verbs;

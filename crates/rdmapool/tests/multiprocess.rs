@@ -214,6 +214,67 @@ fn child_entry() {
             Ok(_) => println!("@ok"),
             Err(e) => println!("@err {e}"),
         },
+        "registrar-memlock" => {
+            let lim = libc::rlimit {
+                rlim_cur: 1 << 20,
+                rlim_max: 1 << 20,
+            };
+            // SAFETY: plain syscalls on this child process only.
+            unsafe {
+                assert_eq!(libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim), 0);
+                if libc::geteuid() == 0 {
+                    assert_eq!(libc::setgid(65534), 0);
+                    assert_eq!(libc::setuid(65534), 0);
+                }
+            }
+            use rdmapool::mr::{Registrar, RegistrarConfig, RetryPolicy};
+            let n = node();
+            let retry = RetryPolicy {
+                max_retries: 3,
+                initial_delay: Duration::from_millis(1),
+                max_delay: Duration::from_millis(4),
+            };
+            let reg = Registrar::new(
+                n.pd.clone(),
+                RegistrarConfig {
+                    workers: 1,
+                    retry,
+                    timeout: None,
+                },
+            )
+            .unwrap();
+            let r = reg.submit(8 << 20, ALL).wait();
+            println!(
+                "@retried {} {}",
+                reg.stats().retries,
+                r.err().map(|e| e.to_string()).unwrap_or_default()
+            );
+            let slow = RetryPolicy {
+                max_retries: 1000,
+                initial_delay: Duration::from_millis(20),
+                max_delay: Duration::from_millis(20),
+            };
+            let cfg = RegistrarConfig {
+                workers: 1,
+                retry: slow,
+                timeout: Some(Duration::from_millis(100)),
+            };
+            let reg = Registrar::new(n.pd.clone(), cfg).unwrap();
+            let r = reg.submit(8 << 20, ALL).wait();
+            println!(
+                "@timeout {} {}",
+                reg.stats().timed_out,
+                r.err().map(|e| e.to_string()).unwrap_or_default()
+            );
+            let ok = reg.submit(64 * 1024, ALL).wait();
+            println!("@small {}", ok.is_ok());
+            drop(ok);
+            println!(
+                "@pinned {} {}",
+                rdmapool::pinned_bytes(),
+                n.ctx.live_regions()
+            );
+        }
         "memlock" => {
             let lim = libc::rlimit {
                 rlim_cur: 1 << 20,
@@ -907,4 +968,28 @@ fn verbs_gid_index_out_of_range_is_a_typed_error() {
         let line = peer.line();
         assert!(line.contains("out of range"), "{bad}: {line}");
     }
+}
+
+#[test]
+fn registrar_retries_enomem_then_fails_and_honours_its_timeout() {
+    if soft_only("mlock accounting in an unprivileged child") {
+        return;
+    }
+    let mut peer = Peer::spawn("registrar-memlock", &[]);
+    let retried = peer.line();
+    assert!(
+        retried.starts_with("retried 3 ") && retried.contains("RLIMIT_MEMLOCK"),
+        "{retried}"
+    );
+    let timeout = peer.line();
+    assert!(
+        timeout.starts_with("timeout 1 ") && timeout.contains("ETIMEDOUT"),
+        "{timeout}"
+    );
+    assert_eq!(peer.line(), "small true");
+    assert_eq!(
+        peer.line(),
+        "pinned 0 0",
+        "pinned bytes and live regions back to zero"
+    );
 }

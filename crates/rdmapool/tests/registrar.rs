@@ -1,0 +1,149 @@
+//! The asynchronous registrar: futures on tokio, blocking waits, callbacks, cancellation in
+//! every state, no leaks, fast failure on bad input.
+
+mod common;
+use common::*;
+use rdmapool::fabric::AccessFlags;
+use rdmapool::mr::{RegState, Registrar, RegistrarConfig};
+use rdmapool::Error;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+const ALL: AccessFlags = AccessFlags::all_remote();
+
+fn registrar(workers: usize) -> (Node, Registrar) {
+    let n = node();
+    let r = Registrar::new(
+        n.pd.clone(),
+        RegistrarConfig {
+            workers,
+            ..RegistrarConfig::default()
+        },
+    )
+    .unwrap();
+    (n, r)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_registrations_complete_as_futures_on_tokio() {
+    let (n, reg) = registrar(2);
+    let handles: Vec<_> = (0..32).map(|i| reg.submit(4096 * (i + 1), ALL)).collect();
+    let mut mrs = Vec::new();
+    for (i, h) in handles.into_iter().enumerate() {
+        let mr = h.await.unwrap();
+        assert_eq!(mr.len(), 4096 * (i + 1));
+        mr.write_at(0, b"usable").unwrap();
+        mrs.push(mr);
+    }
+    assert_eq!(n.ctx.live_regions(), 32);
+    let s = reg.stats();
+    assert_eq!(
+        (s.submitted, s.completed, s.failed, s.cancelled),
+        (32, 32, 0, 0)
+    );
+    drop(mrs);
+    assert_eq!(n.ctx.live_regions(), 0);
+}
+
+#[test]
+fn callbacks_see_the_outcome_and_the_handle_still_delivers_it() {
+    let (_n, reg) = registrar(1);
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s2 = seen.clone();
+    let h = reg.submit_with(8192, ALL, move |r| {
+        if let Ok(mr) = r {
+            s2.store(mr.len(), Ordering::SeqCst);
+        }
+    });
+    let mr = h.wait().unwrap();
+    assert_eq!(seen.load(Ordering::SeqCst), 8192);
+    assert_eq!(mr.len(), 8192);
+    assert_eq!(h.state(), RegState::Completed);
+    assert!(!h.cancel(), "cancel after completion is refused");
+    assert!(
+        matches!(h.wait(), Err(Error::InvalidArgument(_))),
+        "the outcome is handed out once"
+    );
+}
+
+#[test]
+fn bad_requests_fail_fast_without_retries() {
+    let (n, reg) = registrar(1);
+    let zero = reg.submit(0, ALL);
+    assert!(matches!(zero.wait(), Err(Error::InvalidArgument(_))));
+    assert_eq!(zero.state(), RegState::Failed);
+    let no_local_write = reg.submit(4096, AccessFlags::REMOTE_WRITE);
+    assert!(matches!(
+        no_local_write.wait(),
+        Err(Error::InvalidArgument(_))
+    ));
+    // SAFETY: a null address is refused before anything touches it.
+    let null = unsafe { reg.submit_raw(std::ptr::null_mut(), 64, ALL) };
+    assert!(matches!(null.wait(), Err(Error::InvalidArgument(_))));
+    let s = reg.stats();
+    assert_eq!((s.failed, s.retries), (3, 0));
+    assert_eq!(n.ctx.live_regions(), 0);
+}
+
+#[test]
+fn cancellation_in_every_state_never_leaks() {
+    let (n, reg) = registrar(1);
+    // Queued behind a large registration: cancelled while Posted, never registered.
+    let big = reg.submit(64 << 20, ALL);
+    let queued: Vec<_> = (0..20).map(|_| reg.submit(1 << 20, ALL)).collect();
+    let mut cancelled = 0;
+    for h in &queued {
+        if h.cancel() {
+            cancelled += 1;
+            assert_eq!(h.state(), RegState::Cancelled);
+            assert!(matches!(h.wait(), Err(Error::Cancelled)));
+        }
+    }
+    assert!(cancelled > 0, "nothing was still queued to cancel");
+    drop(big.wait().unwrap());
+    // Cancel racing completion, and handles dropped while in flight.
+    for i in 0..200 {
+        let h = reg.submit(4096, ALL);
+        if i % 2 == 0 {
+            let _ = h.cancel();
+        }
+        drop(h);
+    }
+    // Let the worker drain, then nothing may stay registered.
+    let last = reg.submit(4096, ALL);
+    drop(last.wait().unwrap());
+    let until = std::time::Instant::now() + WAIT;
+    while n.ctx.live_regions() != 0 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(
+        n.ctx.live_regions(),
+        0,
+        "a cancelled or dropped registration leaked"
+    );
+    let s = reg.stats();
+    assert_eq!(s.submitted, s.completed + s.failed + s.cancelled, "{s:?}");
+}
+
+#[test]
+fn dropping_the_registrar_cancels_what_is_still_queued() {
+    let (n, reg) = registrar(1);
+    let first = reg.submit(32 << 20, ALL);
+    let rest: Vec<_> = (0..10).map(|_| reg.submit(1 << 20, ALL)).collect();
+    drop(reg);
+    let mut outcomes = vec![first.wait().map(drop)];
+    outcomes.extend(rest.iter().map(|h| h.wait().map(drop)));
+    for (i, o) in outcomes.iter().enumerate() {
+        assert!(
+            o.is_ok() || matches!(o, Err(Error::Cancelled)),
+            "request {i}: {o:?}"
+        );
+        let st = if i == 0 {
+            first.state()
+        } else {
+            rest[i - 1].state()
+        };
+        assert!(st.is_final(), "request {i} left in {st:?}");
+    }
+    assert_eq!(n.ctx.live_regions(), 0);
+}
