@@ -147,3 +147,51 @@ fn dropping_the_registrar_cancels_what_is_still_queued() {
     }
     assert_eq!(n.ctx.live_regions(), 0);
 }
+
+#[test]
+fn huge_page_regions_are_aligned_report_their_backing_and_register() {
+    use rdmapool::mr::{HugeBacking, HugeOptions, HugeRegion, HUGE_PAGE};
+    for bad in [0, 4096, HUGE_PAGE + 1] {
+        assert!(
+            matches!(
+                HugeRegion::alloc(bad, HugeOptions::default()),
+                Err(Error::InvalidArgument(_))
+            ),
+            "{bad}"
+        );
+    }
+    let region = HugeRegion::alloc(
+        4 * HUGE_PAGE,
+        HugeOptions {
+            try_hugetlb: true,
+            pretouch_threads: 2,
+        },
+    )
+    .unwrap();
+    assert_eq!(region.as_ptr() as usize % HUGE_PAGE, 0, "2 MiB aligned");
+    let reserved: usize = std::fs::read_to_string("/proc/sys/vm/nr_hugepages")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    if reserved < 4 {
+        assert_eq!(
+            region.backing(),
+            HugeBacking::Thp,
+            "no reserved pages: THP fallback"
+        );
+    }
+    let (n, reg) = registrar(1);
+    // SAFETY: `region` outlives the registration (dropped at the end of this test, after mr).
+    let mr = unsafe { reg.submit_raw(region.as_ptr(), region.len(), ALL) }
+        .wait()
+        .unwrap();
+    assert_eq!(mr.addr() as usize, region.as_ptr() as usize);
+    mr.write_at(HUGE_PAGE * 3, b"huge").unwrap();
+    drop(mr);
+    assert_eq!(n.ctx.live_regions(), 0);
+    eprintln!(
+        "backing {:?}, THP bytes {}",
+        region.backing(),
+        region.thp_bytes()
+    );
+}

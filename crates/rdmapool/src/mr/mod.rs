@@ -1,8 +1,10 @@
 //! Memory registration that never blocks the caller: the [`Registrar`] and its state
-//! machine ([`RegState`]).
+//! machine ([`RegState`]), and 2 MiB-aligned huge-page memory ([`HugeRegion`]).
 
+mod huge;
 mod registrar;
 mod state;
 
+pub use huge::{HugeBacking, HugeOptions, HugeRegion, HUGE_PAGE};
 pub use registrar::{RegHandle, Registrar, RegistrarConfig, RegistrarStats, RetryPolicy};
 pub use state::RegState;
