@@ -5,6 +5,7 @@ mod demo;
 mod devices;
 mod peer;
 mod sizes;
+mod stress;
 
 use clap::{Parser, Subcommand};
 
@@ -23,6 +24,9 @@ enum Command {
     /// Two processes on the soft provider: register, exchange the region descriptor, then
     /// WRITE, READ back, CAS and FAA, verifying every result.
     Demo(demo::Args),
+    /// Register and deregister memory from many threads through the asynchronous
+    /// registrar; report throughput, latency percentiles, failures and retries.
+    Stress(stress::Args),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::Command),
@@ -43,6 +47,7 @@ fn main() {
     let result = match cli.command {
         Command::Devices(a) => devices::run(a),
         Command::Demo(a) => demo::run(a),
+        Command::Stress(a) => stress::run(a),
         Command::Bench(c) => bench::run(c),
         Command::Peer(a) => peer::run(a),
     };
