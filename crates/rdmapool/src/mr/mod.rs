@@ -1,10 +1,13 @@
 //! Memory registration that never blocks the caller: the [`Registrar`] and its state
 //! machine ([`RegState`]), and 2 MiB-aligned huge-page memory ([`HugeRegion`]).
 
+mod cache;
 mod huge;
+mod monitor;
 mod registrar;
 mod state;
 
+pub use cache::{CacheConfig, CacheStats, CachedMr, RegCache};
 pub use huge::{HugeBacking, HugeOptions, HugeRegion, HUGE_PAGE};
 pub use registrar::{RegHandle, Registrar, RegistrarConfig, RegistrarStats, RetryPolicy};
 pub use state::RegState;
