@@ -203,6 +203,8 @@ impl RegCache {
             .checked_add(len)
             .ok_or_else(|| Error::InvalidArgument("range overflows".into()))?;
         let tick = self.counters.tick.fetch_add(1, Ordering::Relaxed);
+        // No lookup while the monitor applies an unmap it has just read (see monitor::gate).
+        let _gate = self.monitor.is_ok().then(super::monitor::gate);
         {
             let s = self.state.lock();
             // Entries are keyed by start; any that covers us starts at or before `a`.

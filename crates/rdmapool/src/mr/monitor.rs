@@ -41,6 +41,16 @@ struct UffdioRegister {
     ioctls: u64,
 }
 
+/// Held for writing while an event is read and applied, for reading by every lookup. The
+/// kernel lets munmap return as soon as its event is *read*; taking the gate before the
+/// read means no lookup can run between that moment and the invalidation being applied.
+static GATE: parking_lot::RwLock<()> = parking_lot::RwLock::new(());
+
+/// Blocks lookups only while an event is being applied.
+pub(crate) fn gate() -> parking_lot::RwLockReadGuard<'static, ()> {
+    GATE.read()
+}
+
 /// What the monitor calls for every range that stopped being the memory it was.
 pub(crate) type OnInvalid = Arc<dyn Fn(usize, usize) + Send + Sync>;
 
@@ -128,6 +138,7 @@ fn read_events(fd: &OwnedFd, stop: &AtomicBool, on_invalid: &OnInvalid) {
         if unsafe { libc::poll(&mut p, 1, 50) } <= 0 {
             continue;
         }
+        let _applying = GATE.write();
         // SAFETY: reading one uffd_msg (32 bytes) into a local buffer.
         let n = unsafe { libc::read(fd.as_raw_fd(), msg.as_mut_ptr().cast(), msg.len()) };
         if n != 32 {
