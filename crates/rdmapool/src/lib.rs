@@ -27,6 +27,7 @@
 
 #![warn(missing_docs)]
 
+pub mod buf;
 pub mod conn;
 mod error;
 pub mod fabric;

@@ -1,0 +1,427 @@
+//! Pre-registered buffer pools: 2 MiB huge-page chunks, registered once through the
+//! [`Registrar`](crate::mr::Registrar), carved into size classes. Allocation pops a slot
+//! from a per-thread cache (no lock on the common path), then from the pool's shared free
+//! list; it never registers memory. When free slots run low the pool asks the registrar for
+//! another chunk in the background; [`BufferPool::alloc`] never waits for it, and
+//! [`BufferPool::alloc_wait`] waits up to a timeout.
+
+use crate::fabric::{AccessFlags, Mr, Pd, RemoteAddr, Sge};
+use crate::mr::{HugeOptions, HugeRegion, RegHandle, Registrar, RegistrarConfig, HUGE_PAGE};
+use crate::{Error, Result};
+use parking_lot::{Condvar, Mutex};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The size classes, smallest first (each a power of two dividing 2 MiB).
+pub const CLASSES: [usize; 8] = [
+    256,
+    1 << 10,
+    4 << 10,
+    16 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+    2 << 20,
+];
+/// Slots a thread keeps per class before handing frees back to the pool.
+const THREAD_CACHE: usize = 64;
+
+/// How a pool is set up.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Chunks registered before `new` returns (spread across the classes in order).
+    pub initial_chunks: usize,
+    /// Most chunks the pool may ever register.
+    pub max_chunks: usize,
+    /// When a class has fewer free slots than this, another chunk is requested.
+    pub low_watermark: usize,
+    /// Access rights of the registered chunks.
+    pub access: AccessFlags,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            initial_chunks: 1,
+            max_chunks: 256,
+            low_watermark: 4,
+            access: AccessFlags::all_remote(),
+        }
+    }
+}
+
+/// Pool counters (a snapshot).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Chunks registered.
+    pub chunks: u64,
+    /// Bytes registered.
+    pub bytes_registered: u64,
+    /// Buffers handed out over the pool's life.
+    pub allocations: u64,
+    /// Buffers currently handed out.
+    pub in_use: u64,
+    /// Allocations that found no free slot.
+    pub empty: u64,
+    /// Chunk registrations requested because a class ran low.
+    pub growths: u64,
+}
+
+/// One registered chunk: the memory and its registration (dropped in that order reversed).
+struct Chunk {
+    _mr: Mr,
+    _memory: HugeRegion,
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    addr: usize,
+    lkey: u32,
+    rkey: u32,
+}
+
+struct Shared {
+    id: u64,
+    cfg: PoolConfig,
+    free: [Mutex<Vec<Slot>>; CLASSES.len()],
+    arrived: Condvar,
+    arrived_lock: Mutex<()>,
+    chunks: Mutex<Vec<Chunk>>,
+    growing: Mutex<Vec<(usize, RegHandle, HugeRegion)>>,
+    registrar: Registrar,
+    allocations: AtomicU64,
+    in_use: AtomicU64,
+    empty: AtomicU64,
+    growths: AtomicU64,
+    chunk_count: AtomicUsize,
+}
+
+static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// Per-thread free slots: pool id -> one list per class.
+    static CACHE: RefCell<HashMap<u64, Vec<Vec<Slot>>>> = RefCell::new(HashMap::new());
+}
+
+/// A pool of pre-registered buffers.
+///
+/// ```
+/// use rdmapool::buf::{BufferPool, PoolConfig};
+/// use rdmapool::fabric::Context;
+/// # fn main() -> rdmapool::Result<()> {
+/// let pool = BufferPool::new(Context::open_soft()?.alloc_pd()?, PoolConfig::default())?;
+/// let buf = pool.alloc(4096)?;          // no registration on this path
+/// buf.write_at(0, b"ready for RDMA")?;
+/// let _sge = buf.sge(0, 14)?;            // carries the pool chunk's lkey
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct BufferPool {
+    shared: Arc<Shared>,
+}
+
+fn class_of(len: usize) -> Option<usize> {
+    CLASSES.iter().position(|&c| c >= len)
+}
+
+impl BufferPool {
+    /// Registers `cfg.initial_chunks` chunks (through a registrar of its own) and returns.
+    pub fn new(pd: Pd, cfg: PoolConfig) -> Result<Self> {
+        cfg.access.validate()?;
+        if cfg.max_chunks == 0 || cfg.initial_chunks > cfg.max_chunks {
+            return Err(Error::InvalidArgument(
+                "pool: need 0 < initial_chunks <= max_chunks".into(),
+            ));
+        }
+        let registrar = Registrar::new(
+            pd,
+            RegistrarConfig {
+                workers: 1,
+                ..RegistrarConfig::default()
+            },
+        )?;
+        let shared = Arc::new(Shared {
+            id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
+            cfg: cfg.clone(),
+            free: std::array::from_fn(|_| Mutex::new(Vec::new())),
+            arrived: Condvar::new(),
+            arrived_lock: Mutex::new(()),
+            chunks: Mutex::new(Vec::new()),
+            growing: Mutex::new(Vec::new()),
+            registrar,
+            allocations: AtomicU64::new(0),
+            in_use: AtomicU64::new(0),
+            empty: AtomicU64::new(0),
+            growths: AtomicU64::new(0),
+            chunk_count: AtomicUsize::new(0),
+        });
+        let pool = Self { shared };
+        for i in 0..cfg.initial_chunks {
+            pool.grow(i % CLASSES.len())?;
+        }
+        pool.collect(Some(Instant::now() + Duration::from_secs(60)));
+        Ok(pool)
+    }
+
+    /// Requests one more chunk for `class` from the registrar (does not wait).
+    fn grow(&self, class: usize) -> Result<()> {
+        let s = &self.shared;
+        if s.chunk_count.fetch_add(1, Ordering::AcqRel) >= s.cfg.max_chunks {
+            s.chunk_count.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::InvalidArgument(format!(
+                "pool is at its {} chunk limit",
+                s.cfg.max_chunks
+            )));
+        }
+        let memory = HugeRegion::alloc(HUGE_PAGE, HugeOptions::default())?;
+        // SAFETY: `memory` is kept with the handle and then with the chunk, so it outlives
+        // the registration (a chunk drops its Mr before its memory).
+        let handle = unsafe {
+            s.registrar
+                .submit_raw(memory.as_ptr(), memory.len(), s.cfg.access)
+        };
+        s.growths.fetch_add(1, Ordering::Relaxed);
+        s.growing.lock().push((class, handle, memory));
+        Ok(())
+    }
+
+    /// Moves finished chunk registrations into the free lists; waits for them until
+    /// `deadline` when given.
+    fn collect(&self, deadline: Option<Instant>) {
+        let s = &self.shared;
+        let pending: Vec<_> = std::mem::take(&mut *s.growing.lock());
+        let mut still = Vec::new();
+        for (class, handle, memory) in pending {
+            let done = deadline.is_some() || handle.state().is_final();
+            if !done {
+                still.push((class, handle, memory));
+                continue;
+            }
+            match handle.wait() {
+                Ok(mr) => {
+                    let size = CLASSES[class];
+                    let slots = (0..memory.len() / size).map(|i| Slot {
+                        addr: memory.as_ptr() as usize + i * size,
+                        lkey: mr.lkey(),
+                        rkey: mr.rkey(),
+                    });
+                    s.free[class].lock().extend(slots);
+                    s.chunks.lock().push(Chunk {
+                        _mr: mr,
+                        _memory: memory,
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("pool growth failed: {e}");
+                    s.chunk_count.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+        s.growing.lock().extend(still);
+        s.arrived.notify_all();
+    }
+
+    /// A buffer of at least `len` bytes (up to 2 MiB), or [`Error::QueueFull`] when its class
+    /// has no free slot right now (more is on the way). Never registers memory.
+    pub fn alloc(&self, len: usize) -> Result<Buffer> {
+        let class = class_of(len).filter(|_| len > 0).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "pool buffers are 1..={} bytes, not {len}",
+                CLASSES[CLASSES.len() - 1]
+            ))
+        })?;
+        let s = &self.shared;
+        let slot = CACHE
+            .with(|c| c.borrow_mut().get_mut(&s.id).and_then(|v| v[class].pop()))
+            .or_else(|| self.refill(class));
+        let Some(slot) = slot else {
+            s.empty.fetch_add(1, Ordering::Relaxed);
+            self.collect(None);
+            if s.growing.lock().iter().all(|(c, ..)| *c != class) {
+                let _ = self.grow(class);
+            }
+            return Err(Error::QueueFull {
+                queue: "buffer pool",
+                depth: 0,
+            });
+        };
+        s.allocations.fetch_add(1, Ordering::Relaxed);
+        s.in_use.fetch_add(1, Ordering::Relaxed);
+        Ok(Buffer {
+            slot,
+            len,
+            class,
+            pool: self.shared.clone(),
+        })
+    }
+
+    /// Like [`BufferPool::alloc`], waiting up to `timeout` for a chunk being registered.
+    pub fn alloc_wait(&self, len: usize, timeout: Duration) -> Result<Buffer> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.alloc(len) {
+                Err(Error::QueueFull { .. }) if Instant::now() < deadline => {
+                    self.collect(None);
+                    let mut g = self.shared.arrived_lock.lock();
+                    self.shared
+                        .arrived
+                        .wait_for(&mut g, Duration::from_millis(1));
+                }
+                Err(Error::QueueFull { .. }) => {
+                    return Err(Error::TimedOut("buffer allocation".into()))
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Takes a batch of slots from the shared list into this thread's cache; asks for more
+    /// memory when the class runs low.
+    fn refill(&self, class: usize) -> Option<Slot> {
+        let s = &self.shared;
+        let (got, left) = {
+            let mut free = s.free[class].lock();
+            let take = free.len().min(THREAD_CACHE / 2);
+            let at = free.len() - take;
+            (free.split_off(at), free.len())
+        };
+        if left < s.cfg.low_watermark {
+            self.collect(None);
+            if s.growing.lock().iter().all(|(c, ..)| *c != class) {
+                let _ = self.grow(class);
+            }
+        }
+        let mut got = got;
+        let first = got.pop()?;
+        CACHE.with(|c| {
+            let mut c = c.borrow_mut();
+            let lists = c
+                .entry(s.id)
+                .or_insert_with(|| vec![Vec::new(); CLASSES.len()]);
+            lists[class].extend(got);
+        });
+        Some(first)
+    }
+
+    /// Counters now.
+    pub fn stats(&self) -> PoolStats {
+        let s = &self.shared;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let chunks = s.chunks.lock().len() as u64;
+        PoolStats {
+            chunks,
+            bytes_registered: chunks * HUGE_PAGE as u64,
+            allocations: g(&s.allocations),
+            in_use: g(&s.in_use),
+            empty: g(&s.empty),
+            growths: g(&s.growths),
+        }
+    }
+}
+
+/// A pre-registered buffer; returns to its pool when dropped.
+pub struct Buffer {
+    slot: Slot,
+    len: usize,
+    class: usize,
+    pool: Arc<Shared>,
+}
+
+impl Buffer {
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.slot.addr as u64
+    }
+    /// Usable length (what was asked for).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Always false (zero-length buffers are refused).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Local key of the chunk the buffer lives in.
+    pub fn lkey(&self) -> u32 {
+        self.slot.lkey
+    }
+    /// Remote key of that chunk.
+    pub fn rkey(&self) -> u32 {
+        self.slot.rkey
+    }
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "range {offset}+{len} outside a {}-byte buffer",
+                self.len
+            ))),
+        }
+    }
+    /// An SGE for `len` bytes at `offset`.
+    pub fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
+        self.check(offset, len as usize)?;
+        Ok(Sge {
+            addr: self.addr() + offset as u64,
+            length: len,
+            lkey: self.lkey(),
+        })
+    }
+    /// Where a peer reaches `offset` of this buffer.
+    pub fn remote_at(&self, offset: usize) -> Result<RemoteAddr> {
+        self.check(offset, 0)?;
+        Ok(RemoteAddr {
+            addr: self.addr() + offset as u64,
+            rkey: self.rkey(),
+        })
+    }
+    /// Copies `data` in at `offset`.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check(offset, data.len())?;
+        // SAFETY: inside this buffer's slot of a registered chunk the pool keeps mapped.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                (self.slot.addr + offset) as *mut u8,
+                data.len(),
+            )
+        };
+        Ok(())
+    }
+    /// Copies `out.len()` bytes out from `offset`.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check(offset, out.len())?;
+        // SAFETY: as in write_at.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (self.slot.addr + offset) as *const u8,
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Ok(())
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let s = &self.pool;
+        s.in_use.fetch_sub(1, Ordering::Relaxed);
+        let spill = CACHE
+            .try_with(|c| {
+                let mut c = c.borrow_mut();
+                let lists = c
+                    .entry(s.id)
+                    .or_insert_with(|| vec![Vec::new(); CLASSES.len()]);
+                let list = &mut lists[self.class];
+                list.push(self.slot);
+                (list.len() > THREAD_CACHE).then(|| list.split_off(THREAD_CACHE / 2))
+            })
+            .unwrap_or(Some(vec![self.slot]));
+        if let Some(extra) = spill {
+            s.free[self.class].lock().extend(extra);
+        }
+    }
+}
