@@ -31,6 +31,7 @@ pub mod buf;
 pub mod conn;
 mod error;
 pub mod fabric;
+pub mod metrics;
 pub mod mr;
 pub mod soft;
 mod util;

@@ -195,3 +195,44 @@ fn huge_page_regions_are_aligned_report_their_backing_and_register() {
         region.thp_bytes()
     );
 }
+
+#[test]
+fn metrics_snapshot_and_prometheus_text() {
+    use rdmapool::buf::{BufferPool, PoolConfig};
+    use rdmapool::metrics::Metrics;
+    use rdmapool::mr::{CacheConfig, RegCache};
+    let (n, reg) = registrar(1);
+    for len in [4096, 1 << 20] {
+        drop(reg.submit(len, ALL).wait().unwrap());
+    }
+    let cache = RegCache::new(n.pd.clone(), CacheConfig::default()).unwrap();
+    let buf = vec![0u8; 8192];
+    // SAFETY: `buf` outlives the handles.
+    let (_h1, _h2) = unsafe {
+        (
+            cache.get(buf.as_ptr(), 4096).unwrap(),
+            cache.get(buf.as_ptr(), 100).unwrap(),
+        )
+    };
+    let pool = BufferPool::new(n.pd.clone(), PoolConfig::default()).unwrap();
+    let _b = pool.alloc(256).unwrap();
+    let m = Metrics::collect(Some(&reg), Some(&cache), Some(&pool));
+    assert_eq!(m.registrar.unwrap().completed, 2);
+    assert_eq!(m.latency.iter().map(|l| l.count).sum::<u64>(), 2);
+    assert!(m
+        .latency
+        .iter()
+        .all(|l| l.p50_ns > 0 && l.p99_ns >= l.p50_ns));
+    let text = m.to_prometheus();
+    for needle in [
+        "rdmapool_registrations_completed_total 2",
+        "rdmapool_pool_buffers_in_use 1",
+        "# TYPE rdmapool_registration_seconds summary",
+        "rdmapool_registration_seconds_count{size_le=\"4096\"} 1",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    if cache.monitoring().is_ok() {
+        assert!(text.contains("rdmapool_cache_hits_total 1"), "{text}");
+    }
+}

@@ -9,5 +9,8 @@ mod state;
 
 pub use cache::{CacheConfig, CacheStats, CachedMr, RegCache};
 pub use huge::{HugeBacking, HugeOptions, HugeRegion, HUGE_PAGE};
-pub use registrar::{RegHandle, Registrar, RegistrarConfig, RegistrarStats, RetryPolicy};
+pub use registrar::{
+    LatencyClass, RegHandle, Registrar, RegistrarConfig, RegistrarStats, RetryPolicy,
+    LATENCY_CLASSES,
+};
 pub use state::RegState;

@@ -108,6 +108,7 @@ type Callback = Box<dyn FnOnce(&Result<Mr>) + Send>;
 struct Request {
     state: StateCell,
     spec: RegionSpec,
+    submitted: Instant,
     deadline: Option<Instant>,
     outcome: Mutex<Outcome>,
     done: Condvar,
@@ -138,7 +139,32 @@ impl Request {
     }
 }
 
+/// Upper bounds (bytes) of the size classes registration latency is recorded by.
+pub const LATENCY_CLASSES: [u64; 6] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, u64::MAX];
+
+/// Registration latency (submission to completion) of one size class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatencyClass {
+    /// Largest region size in the class, bytes (`u64::MAX`: the rest).
+    pub up_to: u64,
+    /// Registrations recorded.
+    pub count: u64,
+    /// Median, ns.
+    pub p50_ns: u64,
+    /// 99th percentile, ns.
+    pub p99_ns: u64,
+    /// Maximum, ns.
+    pub max_ns: u64,
+}
+
+fn spec_len(spec: RegionSpec) -> u64 {
+    match spec {
+        RegionSpec::Alloc { len, .. } | RegionSpec::Raw { len, .. } => len as u64,
+    }
+}
+
 struct Shared {
+    latency: Mutex<Vec<hdrhistogram::Histogram<u64>>>,
     pd: Pd,
     cfg: RegistrarConfig,
     queue: Mutex<VecDeque<Arc<Request>>>,
@@ -175,6 +201,15 @@ impl Registrar {
             ));
         }
         let shared = Arc::new(Shared {
+            latency: Mutex::new(
+                LATENCY_CLASSES
+                    .iter()
+                    .map(|_| {
+                        hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
+                            .expect("valid bounds")
+                    })
+                    .collect(),
+            ),
             pd,
             cfg: cfg.clone(),
             queue: Mutex::new(VecDeque::new()),
@@ -235,6 +270,7 @@ impl Registrar {
         let req = Arc::new(Request {
             state: StateCell::new(),
             spec,
+            submitted: Instant::now(),
             deadline: self.shared.cfg.timeout.map(|t| Instant::now() + t),
             outcome: Mutex::new(Outcome {
                 callback,
@@ -272,6 +308,23 @@ impl Registrar {
             undone_after_cancel: g(&c.undone_after_cancel),
             timed_out: g(&c.timed_out),
         }
+    }
+
+    /// Registration latency per size class ([`LATENCY_CLASSES`]), for classes that saw any.
+    pub fn latency(&self) -> Vec<LatencyClass> {
+        let h = self.shared.latency.lock();
+        LATENCY_CLASSES
+            .iter()
+            .zip(h.iter())
+            .filter(|(_, h)| !h.is_empty())
+            .map(|(&up_to, h)| LatencyClass {
+                up_to,
+                count: h.len(),
+                p50_ns: h.value_at_quantile(0.5),
+                p99_ns: h.value_at_quantile(0.99),
+                max_ns: h.max(),
+            })
+            .collect()
     }
 
     /// Why the device was marked broken (EIO/ENODEV during a registration), if it was.
@@ -350,6 +403,13 @@ fn worker(s: &Shared) {
             Ok(mr) => {
                 if req.state.complete() {
                     inc(&s.counters.completed);
+                    let len = spec_len(req.spec);
+                    let class = LATENCY_CLASSES
+                        .iter()
+                        .position(|&c| len <= c)
+                        .unwrap_or(LATENCY_CLASSES.len() - 1);
+                    let ns = req.submitted.elapsed().as_nanos().max(1) as u64;
+                    s.latency.lock()[class].saturating_record(ns);
                     req.finish(Ok(mr));
                 } else {
                     inc(&s.counters.undone_after_cancel);
