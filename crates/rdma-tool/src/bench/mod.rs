@@ -3,6 +3,7 @@
 mod data;
 mod perftest;
 mod reference;
+mod reg;
 mod report;
 mod ucx;
 mod verbs;
@@ -15,12 +16,16 @@ pub enum Command {
     /// One-sided WRITE/READ/CAS/FAA latency and bandwidth, next to raw references measured
     /// in the same run (memcpy, TCP and Unix-socket ping-pong and stream, UCX perftest).
     Data(data::Args),
+    /// Registration: caller-blocking time of async vs sync, cache hit vs miss, pooled vs
+    /// per-transfer registration, page size and alignment, parallel chunked vs one call.
+    Reg(reg::Args),
 }
 
 /// Runs a benchmark.
 pub fn run(c: Command) -> Result<()> {
     match c {
         Command::Data(a) => data::run(a),
+        Command::Reg(a) => reg::run(a),
     }
 }
 

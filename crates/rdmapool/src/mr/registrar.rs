@@ -223,7 +223,16 @@ impl Registrar {
             let s = shared.clone();
             let h = std::thread::Builder::new()
                 .name(format!("rdmapool-reg-{i}"))
-                .spawn(move || worker(&s))
+                .spawn(move || {
+                    // Registration is background work: a lower priority keeps a worker that
+                    // was just woken from preempting the thread that submitted (on few cores
+                    // that otherwise shows up as milliseconds of caller blocking).
+                    // SAFETY: setpriority on this thread's own id.
+                    unsafe {
+                        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10)
+                    };
+                    worker(&s)
+                })
                 .map_err(|e| Error::Sys {
                     call: "spawn",
                     source: e,
