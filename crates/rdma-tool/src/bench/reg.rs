@@ -23,6 +23,9 @@ pub struct Args {
     /// Region size for the parallel-registration benchmark.
     #[arg(long, default_value = "4G")]
     parallel_size: String,
+    /// soft or verbs.
+    #[arg(long, default_value = "soft")]
+    provider: String,
     /// Print JSON lines instead of a table.
     #[arg(long)]
     json: bool,
@@ -120,7 +123,14 @@ fn time_register(pd: &Pd, ptr: *mut u8, len: usize) -> Result<Duration> {
 
 /// Runs the benchmarks and prints them.
 pub fn run(args: Args) -> Result<()> {
-    let ctx = Context::open_soft()?;
+    let provider = ProviderKind::parse(&args.provider)?;
+    let open = || -> Result<Context> {
+        Ok(match provider {
+            ProviderKind::Soft => Context::open_soft()?,
+            p => Context::open_provider(p, None)?,
+        })
+    };
+    let ctx = open()?;
     let pd = ctx.alloc_pd()?;
     let mut rows = Vec::new();
 
@@ -193,7 +203,7 @@ pub fn run(args: Args) -> Result<()> {
 
     // 3. The seeds' pattern A vs B: 4 KiB transfers from pooled buffers vs registering per
     //    transfer (register, WRITE, deregister).
-    let peer = Context::open_soft()?;
+    let peer = open()?;
     let (ppd, pcq, cq) = (peer.alloc_pd()?, peer.create_cq(64)?, ctx.create_cq(64)?);
     let cfg = QpConfig::default();
     let (qa, qb) = (
