@@ -113,7 +113,9 @@ thread_local! {
 /// use rdmapool::fabric::Context;
 /// # fn main() -> rdmapool::Result<()> {
 /// let pool = BufferPool::new(Context::open_soft()?.alloc_pd()?, PoolConfig::default())?;
-/// let buf = pool.alloc(4096)?;          // no registration on this path
+/// let small = pool.alloc(200)?;          // from the chunk registered up front; no registration
+/// // The 4 KiB class has no chunk yet: alloc would say QueueFull and start one; wait for it.
+/// let buf = pool.alloc_wait(4096, std::time::Duration::from_secs(10))?;
 /// buf.write_at(0, b"ready for RDMA")?;
 /// let _sge = buf.sge(0, 14)?;            // carries the pool chunk's lkey
 /// # Ok(()) }
