@@ -8,21 +8,39 @@ use rdmapool::mr::{CacheConfig, RegCache};
 const PAGE: usize = 4096;
 
 /// An anonymous mapping owned by the test (so it can be unmapped and replaced).
-fn map(len: usize, at: Option<usize>) -> *mut u8 {
-    let (addr, flags) = match at {
-        Some(a) => (
-            a as *mut libc::c_void,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-        ),
-        None => (
+fn map(len: usize) -> *mut u8 {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    // SAFETY: a fresh anonymous mapping chosen by the kernel.
+    let p = unsafe {
+        libc::mmap(
             std::ptr::null_mut(),
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-        ),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            -1,
+            0,
+        )
     };
-    // SAFETY: an anonymous mapping; with MAP_FIXED only over a range this test unmapped.
-    let p = unsafe { libc::mmap(addr, len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
     assert_ne!(p, libc::MAP_FAILED);
     p.cast()
+}
+
+/// Maps new memory exactly at `at` (just unmapped by the test), or None if another thread
+/// took the address meanwhile. MAP_FIXED_NOREPLACE never clobbers someone else's mapping.
+fn map_at(len: usize, at: usize) -> Option<*mut u8> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+    // SAFETY: NOREPLACE fails instead of replacing an existing mapping.
+    let p = unsafe {
+        libc::mmap(
+            at as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED && p as usize == at).then_some(p.cast())
 }
 
 fn unmap(p: *mut u8, len: usize) {
@@ -38,7 +56,7 @@ fn a_remapped_address_never_gets_the_old_registration() {
         eprintln!("no memory monitor here ({why}): registrations are handed out uncached");
     }
     let len = 4 * PAGE;
-    let p = map(len, None);
+    let p = map(len);
     // SAFETY: the mapping is live until unmapped below, after the handles are dropped.
     let first = unsafe { cache.get(p, len) }.unwrap();
     let old_keys = (first.lkey(), first.rkey());
@@ -54,8 +72,12 @@ fn a_remapped_address_never_gets_the_old_registration() {
     }
     drop((first, again));
     unmap(p, len);
-    let q = map(len, Some(p as usize));
-    assert_eq!(q, p, "new memory at the same address");
+    let Some(q) = map_at(len, p as usize) else {
+        // Another test thread mapped something there first; the point cannot be made now,
+        // and replacing its memory would corrupt it.
+        eprintln!("the address was reused by another thread before the test could remap it");
+        return;
+    };
     // SAFETY: the new mapping is live until unmapped at the end.
     let fresh = unsafe { cache.get(q, len) }.unwrap();
     assert_ne!(
@@ -93,7 +115,7 @@ fn least_recently_used_entries_are_evicted_under_the_caps() {
         eprintln!("no memory monitor: nothing is cached, eviction cannot be shown");
         return;
     }
-    let bufs: Vec<*mut u8> = (0..3).map(|_| map(PAGE, None)).collect();
+    let bufs: Vec<*mut u8> = (0..3).map(|_| map(PAGE)).collect();
     // SAFETY (all gets below): the mappings live until the end of the test.
     let a = unsafe { cache.get(bufs[0], PAGE) }.unwrap();
     let _b = unsafe { cache.get(bufs[1], PAGE) }.unwrap();
@@ -137,7 +159,7 @@ fn least_recently_used_entries_are_evicted_under_the_caps() {
 fn explicit_invalidation_and_bad_input() {
     let n = node();
     let cache = RegCache::new(n.pd.clone(), CacheConfig::default()).unwrap();
-    let p = map(2 * PAGE, None);
+    let p = map(2 * PAGE);
     // SAFETY: the mapping lives until the end of the test.
     let a = unsafe { cache.get(p, 2 * PAGE) }.unwrap();
     cache.invalidate(p.wrapping_add(PAGE), 1);
