@@ -68,3 +68,10 @@ pub(crate) trait QpOps: Send + Sync {
     /// The provider's own object (for provider-specific setup such as RDMA CM).
     fn as_any(&self) -> &dyn Any;
 }
+
+/// The provider's own CQ behind `c`, or a mismatch error naming the provider.
+pub(crate) fn provider_cq<'a, T: 'static>(c: &'a dyn CqOps, provider: &str) -> Result<&'a T> {
+    c.as_any()
+        .downcast_ref::<T>()
+        .ok_or_else(|| crate::Error::Mismatch(format!("a {provider} QP needs {provider} CQs")))
+}

@@ -19,7 +19,7 @@ mod responder;
 mod shm;
 mod wire;
 
-use crate::fabric::provider::{ContextOps, CqOps, MrOps, PdOps, QpOps};
+use crate::fabric::provider::{provider_cq, ContextOps, CqOps, MrOps, PdOps, QpOps};
 use crate::fabric::{
     AccessFlags, AtomicCap, Completion, DeviceInfo, Endpoint, ProviderKind, QpConfig, QpState,
     RecvWr, SendWr,
@@ -387,12 +387,7 @@ impl PdOps for SoftPd {
         recv_cq: &dyn CqOps,
         cfg: &QpConfig,
     ) -> Result<Box<dyn QpOps>> {
-        let soft_cq = |c: &dyn CqOps| -> Result<Arc<SoftCq>> {
-            c.as_any()
-                .downcast_ref::<SoftCqHandle>()
-                .map(|h| h.0.clone())
-                .ok_or_else(|| Error::Mismatch("a soft QP needs soft CQs".into()))
-        };
+        let soft_cq = |c| provider_cq::<SoftCqHandle>(c, "soft").map(|h| h.0.clone());
         let dev = &self.ctx.device;
         if cfg.max_send_wr == 0
             || cfg.max_send_wr > dev.max_qp_wr

@@ -8,7 +8,7 @@
 pub(crate) mod cm;
 mod qp;
 
-use crate::fabric::provider::{ContextOps, CqOps, MrOps, PdOps, QpOps};
+use crate::fabric::provider::{provider_cq, ContextOps, CqOps, MrOps, PdOps, QpOps};
 use crate::fabric::{
     AccessFlags, AtomicCap, Completion, DeviceInfo, ProviderKind, ProviderStatus, QpConfig,
     WcOpcode, WcStatus,
@@ -575,12 +575,7 @@ impl PdOps for Arc<VerbsPd> {
         recv_cq: &dyn CqOps,
         cfg: &QpConfig,
     ) -> Result<Box<dyn QpOps>> {
-        let verbs_cq = |c: &dyn CqOps| -> Result<Arc<VerbsCq>> {
-            c.as_any()
-                .downcast_ref::<VerbsCqHandle>()
-                .map(|h| h.0.clone())
-                .ok_or_else(|| Error::Mismatch("a verbs QP needs verbs CQs".into()))
-        };
+        let verbs_cq = |c| provider_cq::<VerbsCqHandle>(c, "verbs").map(|h| h.0.clone());
         qp::VerbsQp::create(self.clone(), verbs_cq(send_cq)?, verbs_cq(recv_cq)?, cfg)
     }
 }
