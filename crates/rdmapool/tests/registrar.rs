@@ -236,3 +236,43 @@ fn metrics_snapshot_and_prometheus_text() {
         assert!(text.contains("rdmapool_cache_hits_total 1"), "{text}");
     }
 }
+
+#[test]
+fn a_large_region_registers_in_chunks_and_no_object_straddles_two() {
+    use rdmapool::mr::{HugeOptions, HugeRegion, HUGE_PAGE};
+    let (n, reg) = registrar(2);
+    let region = HugeRegion::alloc(8 * HUGE_PAGE, HugeOptions::default()).unwrap();
+    let max_mr = n.ctx.device().max_mr_size;
+    // SAFETY: `region` outlives `chunked`, dropped first below.
+    let chunked =
+        unsafe { reg.register_chunked(region.as_ptr(), region.len(), 3 * HUGE_PAGE, max_mr) }
+            .unwrap();
+    assert_eq!(chunked.regions().len(), 3, "8 huge pages in chunks of 3");
+    assert_eq!(chunked.regions()[2].len(), 2 * HUGE_PAGE);
+    let inside = chunked
+        .region_for(region.as_ptr().wrapping_add(HUGE_PAGE), 4096)
+        .unwrap();
+    assert_eq!(inside.addr(), region.as_ptr() as u64);
+    let across = region.as_ptr().wrapping_add(3 * HUGE_PAGE - 8);
+    assert!(
+        chunked.region_for(across, 16).is_err(),
+        "a range across two registrations is refused"
+    );
+    assert!(chunked
+        .region_for(region.as_ptr().wrapping_add(8 * HUGE_PAGE), 1)
+        .is_err());
+    // A device limit smaller than the chunk wins.
+    // SAFETY: as above.
+    let capped = unsafe {
+        reg.register_chunked(
+            region.as_ptr(),
+            region.len(),
+            8 * HUGE_PAGE,
+            2 * HUGE_PAGE as u64,
+        )
+    }
+    .unwrap();
+    assert_eq!(capped.regions().len(), 4);
+    drop((chunked, capped));
+    assert_eq!(n.ctx.live_regions(), 0);
+}

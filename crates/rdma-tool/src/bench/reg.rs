@@ -328,16 +328,8 @@ pub fn run(args: Args) -> Result<()> {
         },
     )?;
     let t = Instant::now();
-    // SAFETY: each chunk lies in `region`, which outlives the registrations dropped below.
-    let handles: Vec<_> = (0..chunks)
-        .map(|i| unsafe {
-            par.submit_raw(region.ptr.add(i * chunk), chunk, AccessFlags::all_remote())
-        })
-        .collect();
-    let mrs = handles
-        .into_iter()
-        .map(|h| h.wait())
-        .collect::<rdmapool::Result<Vec<_>>>()?;
+    // SAFETY: `region` outlives the chunked registration, dropped below.
+    let mrs = unsafe { par.register_chunked(region.ptr, len, chunk, ctx.device().max_mr_size)? };
     let parallel = t.elapsed();
     drop(mrs);
     drop(region);

@@ -10,7 +10,7 @@ mod state;
 pub use cache::{CacheConfig, CacheStats, CachedMr, RegCache};
 pub use huge::{HugeBacking, HugeOptions, HugeRegion, HUGE_PAGE};
 pub use registrar::{
-    LatencyClass, RegHandle, Registrar, RegistrarConfig, RegistrarStats, RetryPolicy,
+    ChunkedMr, LatencyClass, RegHandle, Registrar, RegistrarConfig, RegistrarStats, RetryPolicy,
     LATENCY_CLASSES,
 };
 pub use state::RegState;
