@@ -276,3 +276,72 @@ fn a_large_region_registers_in_chunks_and_no_object_straddles_two() {
     drop((chunked, capped));
     assert_eq!(n.ctx.live_regions(), 0);
 }
+
+#[test]
+fn batched_ranges_coalesce_and_each_caller_keeps_its_own_range() {
+    let (n, reg) = registrar(2);
+    let a = vec![0u8; 64 << 10];
+    let b = vec![0u8; 8 << 10];
+    // Three slices of `a` (adjacent and overlapping) and one of `b`: two registrations.
+    let ranges = [
+        (a.as_ptr(), 4096),
+        (b.as_ptr(), 100),
+        (a[4096..].as_ptr(), 8192),
+        (a[6000..].as_ptr(), 1000),
+    ];
+    // SAFETY: `a` and `b` outlive the handles, dropped before them.
+    let got = unsafe { reg.register_batch(&ranges, ALL) }.unwrap();
+    assert_eq!(got.len(), 4);
+    assert_eq!(
+        got[0].lkey(),
+        got[2].lkey(),
+        "adjacent ranges share one registration"
+    );
+    assert_eq!(
+        got[0].lkey(),
+        got[3].lkey(),
+        "overlapping ranges share one registration"
+    );
+    assert_ne!(got[0].lkey(), got[1].lkey());
+    assert_eq!(reg.stats().completed, 2, "four ranges, two registrations");
+    assert_eq!(
+        (got[2].addr(), got[2].len()),
+        (a[4096..].as_ptr() as u64, 8192)
+    );
+    assert!(got[1].sge(0, 100).is_ok());
+    assert!(
+        got[1].sge(0, 101).is_err(),
+        "a caller cannot reach past its own range"
+    );
+    // SAFETY: a null range is refused before anything is registered.
+    assert!(unsafe { reg.register_batch(&[(std::ptr::null(), 8)], ALL) }.is_err());
+    drop(got);
+    assert_eq!(n.ctx.live_regions(), 0);
+}
+
+#[test]
+fn a_pre_registration_ring_has_buffers_ready_before_they_are_needed() {
+    use rdmapool::mr::PreRegRing;
+    let (n, reg) = registrar(2);
+    let mut ring = PreRegRing::new(&reg, 4, 1 << 20, ALL).unwrap();
+    let until = std::time::Instant::now() + WAIT;
+    while ring.ready() < 4 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(ring.ready(), 4, "registered ahead of use");
+    let taken: Vec<_> = (0..10).map(|_| ring.take().unwrap()).collect();
+    assert!(taken.iter().all(|m| m.len() == 1 << 20));
+    assert_eq!(
+        reg.stats().submitted,
+        14,
+        "every take submits a replacement"
+    );
+    assert!(PreRegRing::new(&reg, 0, 4096, ALL).is_err());
+    drop((taken, ring));
+    drop(reg);
+    assert_eq!(
+        n.ctx.live_regions(),
+        0,
+        "replacements still in the ring are cancelled or dropped"
+    );
+}
