@@ -275,6 +275,85 @@ fn child_entry() {
                 n.ctx.live_regions()
             );
         }
+        "leak-check" => {
+            // Every registration path, one after another in a process of its own, reporting
+            // pinned bytes and live regions after each.
+            use rdmapool::buf::{BufferPool, PoolConfig};
+            use rdmapool::mr::{
+                CacheConfig, HugeOptions, HugeRegion, PreRegRing, RegCache, Registrar,
+                RegistrarConfig, HUGE_PAGE,
+            };
+            let n = node();
+            let report = |what: &str| {
+                println!(
+                    "@{what} {} {}",
+                    rdmapool::pinned_bytes(),
+                    n.ctx.live_regions()
+                )
+            };
+            {
+                let reg = Registrar::new(n.pd.clone(), RegistrarConfig::default()).unwrap();
+                for i in 0..100 {
+                    let h = reg.submit(64 << 10, ALL);
+                    if i % 3 == 0 {
+                        h.cancel();
+                    } else if i % 3 == 1 {
+                        drop(h.wait());
+                    }
+                }
+                let mut ring = PreRegRing::new(&reg, 3, 1 << 20, ALL).unwrap();
+                drop(ring.take().unwrap());
+                drop(ring);
+                let huge = HugeRegion::alloc(4 * HUGE_PAGE, HugeOptions::default()).unwrap();
+                // SAFETY: `huge` outlives the registrations dropped inside this block.
+                unsafe {
+                    drop(
+                        reg.register_chunked(huge.as_ptr(), huge.len(), HUGE_PAGE, u64::MAX)
+                            .unwrap(),
+                    );
+                    drop(
+                        reg.register_batch(
+                            &[(huge.as_ptr(), 100), (huge.as_ptr().add(5000), 100)],
+                            ALL,
+                        )
+                        .unwrap(),
+                    );
+                }
+            }
+            report("registrar");
+            {
+                let cache = RegCache::new(
+                    n.pd.clone(),
+                    CacheConfig {
+                        max_entries: 4,
+                        ..CacheConfig::default()
+                    },
+                )
+                .unwrap();
+                let bufs: Vec<Vec<u8>> = (0..8).map(|_| vec![1u8; 1 << 16]).collect();
+                for b in &bufs {
+                    // SAFETY: `bufs` outlives the cache.
+                    drop(unsafe { cache.get(b.as_ptr(), b.len()) }.unwrap());
+                }
+                cache.invalidate(bufs[7].as_ptr(), 1);
+            }
+            report("cache");
+            {
+                let pool = BufferPool::new(
+                    n.pd.clone(),
+                    PoolConfig {
+                        initial_chunks: 2,
+                        ..PoolConfig::default()
+                    },
+                )
+                .unwrap();
+                let held: Vec<_> = (0..100)
+                    .map(|_| pool.alloc_wait(4096, WAIT).unwrap())
+                    .collect();
+                drop(held);
+            }
+            report("pool");
+        }
         "memlock" => {
             let lim = libc::rlimit {
                 rlim_cur: 1 << 20,
@@ -992,4 +1071,19 @@ fn registrar_retries_enomem_then_fails_and_honours_its_timeout() {
         "pinned 0 0",
         "pinned bytes and live regions back to zero"
     );
+}
+
+#[test]
+fn every_registration_path_returns_pinned_bytes_and_regions_to_zero() {
+    if soft_only("the soft provider's pinned-bytes accounting") {
+        return;
+    }
+    let mut peer = Peer::spawn("leak-check", &[]);
+    for what in ["registrar", "cache", "pool"] {
+        assert_eq!(
+            peer.line(),
+            format!("{what} 0 0"),
+            "pinned bytes and live regions after the {what}"
+        );
+    }
 }
