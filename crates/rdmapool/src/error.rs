@@ -98,6 +98,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// A work request completed with an error status.
+    #[error("work request {wr_id:#x} completed with {status}")]
+    Completion {
+        /// The status (as `ibv_wc_status`).
+        status: crate::fabric::WcStatus,
+        /// The work request id.
+        wr_id: u64,
+    },
+
     /// The request was cancelled before it completed.
     #[error("cancelled")]
     Cancelled,

@@ -29,6 +29,7 @@
 
 pub mod buf;
 pub mod conn;
+pub mod cq;
 mod error;
 pub mod fabric;
 pub mod metrics;
