@@ -256,7 +256,25 @@ pub struct OpFuture<'q> {
     error: Option<Error>,
 }
 
-impl OpFuture<'_> {
+impl<'q> OpFuture<'q> {
+    fn to_post(qp: &'q AsyncQp, todo: ToPost) -> Self {
+        OpFuture {
+            qp,
+            pending: Some(todo),
+            slot: None,
+            error: None,
+        }
+    }
+
+    fn failed(qp: &'q AsyncQp, e: Error) -> Self {
+        OpFuture {
+            qp,
+            pending: None,
+            slot: None,
+            error: Some(e),
+        }
+    }
+
     fn try_post(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let s = &self.qp.shared;
         let Some(idx) = s.free.pop() else {
@@ -408,21 +426,14 @@ impl AsyncQp {
 
     fn op(&self, op: WrOp, local: LocalBuf, offset: usize, len: u32) -> OpFuture<'_> {
         match local.sge(offset, len) {
-            Ok(sge) => OpFuture {
-                qp: self,
-                pending: Some(ToPost::Send {
+            Ok(sge) => OpFuture::to_post(
+                self,
+                ToPost::Send {
                     ops: vec![(op, sge)],
                     keep: local,
-                }),
-                slot: None,
-                error: None,
-            },
-            Err(e) => OpFuture {
-                qp: self,
-                pending: None,
-                slot: None,
-                error: Some(e),
-            },
+                },
+            ),
+            Err(e) => OpFuture::failed(self, e),
         }
     }
 
@@ -488,18 +499,8 @@ impl AsyncQp {
     /// Posts a receive into `len` bytes at `offset` of `local`; resolves when a message lands.
     pub fn recv(&self, local: LocalBuf, offset: usize, len: u32) -> OpFuture<'_> {
         match local.sge(offset, len) {
-            Ok(sge) => OpFuture {
-                qp: self,
-                pending: Some(ToPost::Recv { sge, keep: local }),
-                slot: None,
-                error: None,
-            },
-            Err(e) => OpFuture {
-                qp: self,
-                pending: None,
-                slot: None,
-                error: Some(e),
-            },
+            Ok(sge) => OpFuture::to_post(self, ToPost::Recv { sge, keep: local }),
+            Err(e) => OpFuture::failed(self, e),
         }
     }
 
@@ -508,37 +509,23 @@ impl AsyncQp {
     /// with the first error completion.
     pub fn batch(&self, ops: Vec<(WrOp, LocalBuf, usize, u32)>) -> OpFuture<'_> {
         if ops.is_empty() {
-            return OpFuture {
-                qp: self,
-                pending: None,
-                slot: None,
-                error: Some(Error::InvalidArgument("an empty batch".into())),
-            };
+            return OpFuture::failed(self, Error::InvalidArgument("an empty batch".into()));
         }
         let mut list = Vec::with_capacity(ops.len());
         let mut keep = Vec::with_capacity(ops.len());
         for (op, local, offset, len) in ops {
             match local.sge(offset, len) {
                 Ok(sge) => list.push((op, sge)),
-                Err(e) => {
-                    return OpFuture {
-                        qp: self,
-                        pending: None,
-                        slot: None,
-                        error: Some(e),
-                    }
-                }
+                Err(e) => return OpFuture::failed(self, e),
             }
             keep.push(local);
         }
-        OpFuture {
-            qp: self,
-            pending: Some(ToPost::Send {
+        OpFuture::to_post(
+            self,
+            ToPost::Send {
                 ops: list,
                 keep: LocalBuf::Many(keep),
-            }),
-            slot: None,
-            error: None,
-        }
+            },
+        )
     }
 }

@@ -97,6 +97,35 @@ pub struct PortInfo {
     pub roce_v2: bool,
 }
 
+impl DeviceInfo {
+    /// The checks every provider makes before registering: rights that fit together, a
+    /// non-empty region within `max_mr_size`, and on-demand paging only where supported.
+    pub(crate) fn check_registration(
+        &self,
+        len: usize,
+        access: crate::fabric::AccessFlags,
+    ) -> crate::Result<()> {
+        use crate::Error;
+        access.validate()?;
+        if len == 0 {
+            return Err(Error::InvalidArgument("zero-length memory region".into()));
+        }
+        if len as u64 > self.max_mr_size {
+            return Err(Error::InvalidArgument(format!(
+                "region of {len} bytes exceeds the device's max_mr_size {}",
+                self.max_mr_size
+            )));
+        }
+        if access.contains(crate::fabric::AccessFlags::ON_DEMAND) && !self.on_demand_paging {
+            return Err(Error::InvalidArgument(format!(
+                "device {} does not support on-demand paging (IBV_ACCESS_ON_DEMAND) for RC",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Whether a provider can be used here and, if not, why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderStatus {

@@ -298,22 +298,6 @@ impl MrOps for SoftMr {
     }
 }
 
-impl SoftPd {
-    fn check_request(&self, len: usize, access: AccessFlags) -> Result<()> {
-        access.validate()?;
-        if len == 0 {
-            return Err(Error::InvalidArgument("zero-length memory region".into()));
-        }
-        if len as u64 > self.ctx.device.max_mr_size {
-            return Err(Error::InvalidArgument(format!(
-                "region of {len} bytes exceeds max_mr_size {}",
-                self.ctx.device.max_mr_size
-            )));
-        }
-        Ok(())
-    }
-}
-
 /// Pins the range, except for on-demand-paging regions (the soft NIC then touches pages as
 /// it needs them, which faults them in like an ODP-capable HCA).
 ///
@@ -337,7 +321,7 @@ impl PdOps for SoftPd {
     }
 
     fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Box<dyn MrOps>> {
-        self.check_request(len, access)?;
+        self.ctx.device.check_registration(len, access)?;
         let mapping = Mapping::new(shm::len_with_control(len))?;
         // SAFETY: the mapping was just created and lives in the region, so it outlives the pin.
         let pin = unsafe { pin_unless_on_demand(access, mapping.ptr(), mapping.len())? };
@@ -361,7 +345,7 @@ impl PdOps for SoftPd {
         len: usize,
         access: AccessFlags,
     ) -> Result<Box<dyn MrOps>> {
-        self.check_request(len, access)?;
+        self.ctx.device.check_registration(len, access)?;
         if addr.is_null() {
             return Err(Error::InvalidArgument("null address".into()));
         }

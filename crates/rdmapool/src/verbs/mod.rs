@@ -478,22 +478,7 @@ impl VerbsPd {
         access: AccessFlags,
         owned: bool,
     ) -> Result<Box<dyn MrOps>> {
-        access.validate()?;
-        if len == 0 {
-            return Err(Error::InvalidArgument("zero-length memory region".into()));
-        }
-        if len as u64 > self.ctx.info.max_mr_size {
-            return Err(Error::InvalidArgument(format!(
-                "region of {len} bytes exceeds the device's max_mr_size {}",
-                self.ctx.info.max_mr_size
-            )));
-        }
-        if access.contains(AccessFlags::ON_DEMAND) && !self.ctx.info.on_demand_paging {
-            return Err(Error::InvalidArgument(format!(
-                "device {} does not support on-demand paging (IBV_ACCESS_ON_DEMAND) for RC",
-                self.ctx.info.name
-            )));
-        }
+        self.ctx.info.check_registration(len, access)?;
         // SAFETY: a live PD; the caller keeps the range mapped while the MR lives.
         let mr =
             unsafe { sys::ibv_reg_mr(self.ctx.v, self.pd, addr.cast(), len, ibv_access(access)) };
@@ -532,10 +517,8 @@ impl PdOps for Arc<VerbsPd> {
     }
 
     fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Box<dyn MrOps>> {
-        if len == 0 {
-            return Err(Error::InvalidArgument("zero-length memory region".into()));
-        }
-        // SAFETY: an anonymous private mapping chosen by the kernel.
+        self.ctx.info.check_registration(len, access)?; // before mapping anything
+                                                        // SAFETY: an anonymous private mapping chosen by the kernel.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
