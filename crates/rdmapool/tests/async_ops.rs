@@ -1,10 +1,11 @@
 //! The async API: many concurrent futures over several QPs and CQs, batches with one
-//! doorbell, backpressure, dropped futures that keep their buffers until completion, a QP
-//! forced into ERR while futures wait, and caller-driven progress.
+//! doorbell (mixed, selectively signalled), backpressure, dropped futures that keep their
+//! buffers until completion (cancellation storms), a QP forced into ERR while futures wait,
+//! CQ sizing and overrun, in all three progress modes.
 
 mod common;
 use common::*;
-use rdmapool::cq::{CqPool, Engine, EngineConfig, LocalBuf};
+use rdmapool::cq::{CqPool, Engine, EngineConfig, LocalBuf, Progress};
 use rdmapool::fabric::*;
 use std::future::Future;
 use std::pin::Pin;
@@ -43,100 +44,246 @@ struct Setup {
     target: Mr,
 }
 
-fn setup(qps: usize, cfg: QpConfig, busy: bool) -> Setup {
-    let (a, b) = (node(), node());
-    let pool = CqPool::new(&a.ctx, 2, 4096).unwrap();
-    let mut raw = Vec::new();
-    let mut peers = Vec::new();
-    for _ in 0..qps {
-        let cq = pool.next();
-        let qa = a.pd.create_qp(cq, cq, &cfg).unwrap();
-        let qb = b.pd.create_qp(&b.cq, &b.cq, &cfg).unwrap();
-        qa.connect(&qb.endpoint()).unwrap();
-        qb.connect(&qa.endpoint()).unwrap();
-        peers.push(qb);
-        raw.push(qa);
-    }
-    let engine = Engine::new(
-        pool.cqs().to_vec(),
+fn setup(qps: usize, cfg: QpConfig, progress: Progress) -> Setup {
+    setup_with(
+        qps,
+        cfg,
         EngineConfig {
-            busy_poll_threads: busy,
+            progress,
             ..EngineConfig::default()
         },
     )
-    .unwrap();
-    let qps = raw.into_iter().map(|q| engine.wrap(q)).collect();
+}
+
+fn setup_with(qps: usize, cfg: QpConfig, engine_cfg: EngineConfig) -> Setup {
+    let (a, b) = (node(), node());
+    let pool = CqPool::new(&a.ctx, 2, 4096).unwrap();
+    let engine = Engine::new(pool.cqs().to_vec(), engine_cfg).unwrap();
+    let mut out = Vec::new();
+    let mut peers = Vec::new();
+    for _ in 0..qps {
+        let qa = engine.create_qp(&a.pd, &cfg).unwrap();
+        let qb = b.pd.create_qp(&b.cq, &b.cq, &cfg).unwrap();
+        qa.connect(&qb.endpoint()).unwrap();
+        qb.connect(&qa.qp().endpoint()).unwrap();
+        peers.push(qb);
+        out.push(qa);
+    }
     let target = b.pd.alloc_mr(1 << 20, AccessFlags::all_remote()).unwrap();
     Setup {
         _a: a,
         _b: b,
         _peers: peers,
         engine,
-        qps,
+        qps: out,
         target,
     }
 }
 
+/// The modes a tokio test can run in (caller-driven needs its own loop).
+const TOKIO_MODES: [Progress; 2] = [Progress::BusyPoll, Progress::Event];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_concurrent_futures_over_several_qps_and_cqs() {
-    for t in transports() {
-        let s = setup(4, config(t), true);
-        let local = Arc::new(
-            s._a.pd
-                .alloc_mr(1 << 20, AccessFlags::all_remote())
-                .unwrap(),
-        );
-        for i in 0..256 {
-            local.write_at(i * 4096, &pattern(4096, i as u8)).unwrap();
+    for mode in TOKIO_MODES {
+        for t in transports() {
+            let s = setup(4, config(t), mode);
+            let local = Arc::new(
+                s._a.pd
+                    .alloc_mr(1 << 20, AccessFlags::all_remote())
+                    .unwrap(),
+            );
+            for i in 0..256 {
+                local.write_at(i * 4096, &pattern(4096, i as u8)).unwrap();
+            }
+            let futs: Vec<_> = (0..256)
+                .map(|i| {
+                    s.qps[i % 4].write(
+                        LocalBuf::Region(local.clone()),
+                        i * 4096,
+                        4096,
+                        s.target.remote_at(i * 4096).unwrap(),
+                    )
+                })
+                .collect();
+            for r in join_all(futs).await {
+                r.unwrap();
+            }
+            for i in 0..256usize {
+                let mut got = vec![0u8; 4096];
+                s.target.read_at(i * 4096, &mut got).unwrap();
+                assert!(got == pattern(4096, i as u8), "{mode:?} {t:?} block {i}");
+            }
+            // Atomics and reads through the same engine.
+            let word = s.target.remote_at(0).unwrap();
+            let futs: Vec<_> = (0..64)
+                .map(|i| {
+                    s.qps[i % 4].fetch_and_add(LocalBuf::Region(local.clone()), 8 * i, word, 1)
+                })
+                .collect();
+            for r in join_all(futs).await {
+                r.unwrap();
+            }
+            let before = u64::from_ne_bytes(pattern(8, 0).try_into().unwrap());
+            assert_eq!(
+                s.target.read_u64(0).unwrap(),
+                before.wrapping_add(64),
+                "{mode:?} {t:?}"
+            );
+            let back = Arc::new(
+                s._a.pd
+                    .alloc_mr(1 << 20, AccessFlags::all_remote())
+                    .unwrap(),
+            );
+            let futs: Vec<_> = (1..256)
+                .map(|i| {
+                    s.qps[i % 4].read(
+                        LocalBuf::Region(back.clone()),
+                        i * 4096,
+                        4096,
+                        s.target.remote_at(i * 4096).unwrap(),
+                    )
+                })
+                .collect();
+            for r in join_all(futs).await {
+                r.unwrap();
+            }
+            for i in 1..256usize {
+                let mut got = vec![0u8; 4096];
+                back.read_at(i * 4096, &mut got).unwrap();
+                assert!(got == pattern(4096, i as u8), "{mode:?} {t:?} read {i}");
+            }
+            assert!(s.engine.stats().completions >= 256 + 64 + 255);
         }
-        let futs: Vec<_> = (0..256)
-            .map(|i| {
-                s.qps[i % 4].write(
-                    LocalBuf::Region(local.clone()),
-                    i * 4096,
-                    4096,
-                    s.target.remote_at((i % 256) * 4096).unwrap(),
-                )
-            })
-            .collect();
-        for r in join_all(futs).await {
-            r.unwrap();
-        }
-        for i in 0..256usize {
-            let mut got = vec![0u8; 4096];
-            s.target.read_at(i * 4096, &mut got).unwrap();
-            assert!(got == pattern(4096, i as u8), "{t:?} block {i}");
-        }
-        // Atomics and reads through the same engine.
-        let word = s.target.remote_at(0).unwrap();
-        let futs: Vec<_> = (0..64)
-            .map(|i| s.qps[i % 4].fetch_and_add(LocalBuf::Region(local.clone()), 8 * i, word, 1))
-            .collect();
-        for r in join_all(futs).await {
-            r.unwrap();
-        }
-        let before = u64::from_ne_bytes(pattern(8, 0).try_into().unwrap());
-        assert_eq!(
-            s.target.read_u64(0).unwrap(),
-            before.wrapping_add(64),
-            "{t:?}"
-        );
-        drop(s.engine);
     }
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn event_driven_progress_on_a_single_threaded_runtime() {
+    // The event task and the futures share one thread: nothing may block it. No tick:
+    // every completion must arrive through the completion channel.
+    for t in transports() {
+        let s = setup_with(
+            2,
+            config(t),
+            EngineConfig {
+                progress: Progress::Event,
+                event_tick: None,
+                ..EngineConfig::default()
+            },
+        );
+        let local = Arc::new(
+            s._a.pd
+                .alloc_mr(1 << 16, AccessFlags::all_remote())
+                .unwrap(),
+        );
+        local.write_at(0, &pattern(1 << 16, 7)).unwrap();
+        for round in 0..50usize {
+            let futs: Vec<_> = (0..8)
+                .map(|i| {
+                    s.qps[i % 2].write(
+                        LocalBuf::Region(local.clone()),
+                        i * 4096,
+                        4096,
+                        s.target.remote_at(i * 4096).unwrap(),
+                    )
+                })
+                .collect();
+            let done = tokio::time::timeout(WAIT, join_all(futs))
+                .await
+                .unwrap_or_else(|_| panic!("{t:?} round {round}: no wake-up within {WAIT:?}"));
+            for r in done {
+                r.unwrap_or_else(|e| panic!("{t:?} round {round}: {e}"));
+            }
+        }
+        let mut got = vec![0u8; 8 * 4096];
+        s.target.read_at(0, &mut got).unwrap();
+        assert!(got[..] == pattern(1 << 16, 7)[..8 * 4096], "{t:?}");
+        assert!(s.engine.stats().wakeups > 0, "{t:?}");
+    }
+}
+
+#[test]
+fn the_completion_channel_wakes_for_every_kind_of_progress() {
+    // Fabric level, as a user without the engine would use it: arm, wait on the fd,
+    // acknowledge, re-arm, drain. On the soft provider a response arriving on the socket
+    // must wake the channel too (the requester half runs when the CQ is polled).
+    for t in transports() {
+        let (a, b) = (node(), node());
+        let (qa, _qb) = pair(&a, &b, &config(t));
+        let target = b.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap();
+        let local = a.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap();
+        for round in 0..20u64 {
+            a.cq.req_notify().unwrap();
+            let op = if round % 2 == 0 {
+                WrOp::Read {
+                    remote: target.remote_at(0).unwrap(),
+                }
+            } else {
+                WrOp::Write {
+                    remote: target.remote_at(0).unwrap(),
+                    imm: None,
+                }
+            };
+            qa.post_send(&[SendWr {
+                wr_id: round,
+                op,
+                sg_list: &[local.sge(0, 1 << 16).unwrap()],
+                signaled: true,
+            }])
+            .unwrap();
+            let mut got = 0;
+            let mut out = [Completion::EMPTY; 4];
+            let until = std::time::Instant::now() + WAIT;
+            while got == 0 {
+                let remaining = until.saturating_duration_since(std::time::Instant::now());
+                assert!(!remaining.is_zero(), "{t:?} round {round}: no event");
+                if !wait_readable(a.cq.event_fd(), remaining) {
+                    continue;
+                }
+                a.cq.ack_events().unwrap();
+                a.cq.req_notify().unwrap();
+                got = a.cq.poll(&mut out).unwrap();
+            }
+            assert_eq!(got, 1, "{t:?}");
+            assert!(
+                out[0].is_ok() && out[0].wr_id == round,
+                "{t:?}: {:?}",
+                out[0]
+            );
+        }
+    }
+}
+
+/// Waits up to `timeout` (at most a second) for `fd` to be readable.
+fn wait_readable(fd: std::os::fd::RawFd, timeout: std::time::Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd on the stack.
+    let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(1000) as i32) };
+    n > 0 && p.revents & libc::POLLIN != 0
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_posts_once_and_signals_once() {
-    let s = setup(1, config(Transport::Auto), true);
-    let local = Arc::new(
-        s._a.pd
-            .alloc_mr(64 * 64, AccessFlags::all_remote())
-            .unwrap(),
-    );
-    let ops: Vec<_> = (0..64)
-        .map(|i| {
-            local.write_at(i * 64, &[i as u8; 64]).unwrap();
-            (
+async fn mixed_batches_post_once_and_signal_once() {
+    for mode in TOKIO_MODES {
+        let s = setup(1, config(Transport::Auto), mode);
+        let local = Arc::new(
+            s._a.pd
+                .alloc_mr(64 * 64 + 4096, AccessFlags::all_remote())
+                .unwrap(),
+        );
+        let counter = s.target.remote_at(8192).unwrap();
+        s.target.write_at(8192, &10u64.to_ne_bytes()).unwrap();
+        // WRITE, FAA and READ interleaved; only the last is signalled. RC order means the
+        // READs see the WRITEs before them.
+        let mut ops = Vec::new();
+        for i in 0..16usize {
+            local.write_at(i * 64, &[i as u8 + 1; 64]).unwrap();
+            ops.push((
                 WrOp::Write {
                     remote: s.target.remote_at(i * 64).unwrap(),
                     imm: None,
@@ -144,135 +291,240 @@ async fn a_batch_posts_once_and_signals_once() {
                 LocalBuf::Region(local.clone()),
                 i * 64,
                 64,
-            )
-        })
-        .collect();
-    let c = s.qps[0].batch(ops).await.unwrap();
-    assert_eq!(c.opcode, WcOpcode::RdmaWrite);
-    for i in 0..64usize {
-        let mut got = [0u8; 64];
-        s.target.read_at(i * 64, &mut got).unwrap();
-        assert_eq!(got, [i as u8; 64]);
+            ));
+            ops.push((
+                WrOp::FetchAdd {
+                    remote: counter,
+                    add: 1,
+                },
+                LocalBuf::Region(local.clone()),
+                2048 + 8 * i,
+                8,
+            ));
+            ops.push((
+                WrOp::Read {
+                    remote: s.target.remote_at(i * 64).unwrap(),
+                },
+                LocalBuf::Region(local.clone()),
+                4096 + i * 64,
+                64,
+            ));
+        }
+        let c = s.qps[0].batch(ops).await.unwrap();
+        assert_eq!(c.opcode, WcOpcode::RdmaRead, "{mode:?}");
+        for i in 0..16usize {
+            let mut got = [0u8; 64];
+            s.target.read_at(i * 64, &mut got).unwrap();
+            assert_eq!(got, [i as u8 + 1; 64], "{mode:?} write {i}");
+            local.read_at(4096 + i * 64, &mut got).unwrap();
+            assert_eq!(got, [i as u8 + 1; 64], "{mode:?} read {i}");
+            let mut old = [0u8; 8];
+            local.read_at(2048 + 8 * i, &mut old).unwrap();
+            assert_eq!(u64::from_ne_bytes(old), 10 + i as u64, "{mode:?} faa {i}");
+        }
+        assert_eq!(s.target.read_u64(8192).unwrap(), 26);
+        // A batch deeper than the send queue is refused, not split behind the caller's back.
+        let too_many: Vec<_> = (0..QpConfig::default().max_send_wr as usize + 1)
+            .map(|_| {
+                (
+                    WrOp::Write {
+                        remote: s.target.remote_at(0).unwrap(),
+                        imm: None,
+                    },
+                    LocalBuf::Region(local.clone()),
+                    0,
+                    8,
+                )
+            })
+            .collect();
+        assert!(matches!(
+            s.qps[0].batch(too_many).await,
+            Err(rdmapool::Error::InvalidArgument(_))
+        ));
+        // A batch with a bad request fails with its status (the QP then goes to ERR).
+        let good = s.target.remote_at(0).unwrap();
+        let bad = vec![
+            (
+                WrOp::Write {
+                    remote: good,
+                    imm: None,
+                },
+                LocalBuf::Region(local.clone()),
+                0,
+                8,
+            ),
+            (
+                WrOp::Write {
+                    remote: RemoteAddr {
+                        addr: good.addr,
+                        rkey: good.rkey ^ 0x5a5a,
+                    },
+                    imm: None,
+                },
+                LocalBuf::Region(local.clone()),
+                0,
+                8,
+            ),
+        ];
+        match s.qps[0].batch(bad).await {
+            Err(rdmapool::Error::Completion { status, .. }) => {
+                assert_eq!(status, WcStatus::RemAccessErr, "{mode:?}")
+            }
+            other => panic!("{mode:?}: a bad rkey in a batch gave {other:?}"),
+        }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_send_queue_makes_futures_wait_not_fail() {
-    let cfg = QpConfig {
-        max_send_wr: 4,
-        ..config(Transport::Tcp)
-    };
-    let s = setup(1, cfg, true);
-    let local = Arc::new(s._a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
-    let futs: Vec<_> = (0..200)
-        .map(|i| {
-            s.qps[0].write(
-                LocalBuf::Region(local.clone()),
-                0,
-                64,
-                s.target.remote_at(64 * (i % 16)).unwrap(),
-            )
-        })
-        .collect();
-    for r in join_all(futs).await {
-        r.unwrap();
+    for mode in TOKIO_MODES {
+        let cfg = QpConfig {
+            max_send_wr: 4,
+            ..config(Transport::Tcp)
+        };
+        let s = setup(1, cfg, mode);
+        let local = Arc::new(s._a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
+        let futs: Vec<_> = (0..200)
+            .map(|i| {
+                s.qps[0].write(
+                    LocalBuf::Region(local.clone()),
+                    0,
+                    64,
+                    s.target.remote_at(64 * (i % 16)).unwrap(),
+                )
+            })
+            .collect();
+        for r in join_all(futs).await {
+            r.unwrap();
+        }
     }
 }
 
-#[test]
-fn dropped_futures_keep_their_buffers_until_the_completion() {
-    let s = setup(2, config(Transport::Tcp), true);
-    let local = Arc::new(
-        s._a.pd
-            .alloc_mr(1 << 20, AccessFlags::all_remote())
-            .unwrap(),
-    );
-    let waker = std::task::Waker::noop();
-    let mut cx = Context::from_waker(waker);
-    for _ in 0..20 {
-        for i in 0..32 {
-            let mut f = Box::pin(s.qps[i % 2].read(
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_storms_never_free_a_buffer_early() {
+    for mode in TOKIO_MODES {
+        let s = setup(2, config(Transport::Tcp), mode);
+        let local = Arc::new(
+            s._a.pd
+                .alloc_mr(1 << 20, AccessFlags::all_remote())
+                .unwrap(),
+        );
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        for round in 0..20 {
+            // Polled once (posted) then dropped in flight, never polled (dropped before
+            // posting), or cancelled by a timeout while waiting.
+            for i in 0..32 {
+                let mut f = Box::pin(s.qps[i % 2].read(
+                    LocalBuf::Region(local.clone()),
+                    0,
+                    1 << 20,
+                    s.target.remote_at(0).unwrap(),
+                ));
+                if (i + round) % 3 != 0 {
+                    let _ = f.as_mut().poll(&mut cx);
+                }
+                drop(f);
+            }
+            let f = s.qps[round % 2].read(
                 LocalBuf::Region(local.clone()),
                 0,
                 1 << 20,
                 s.target.remote_at(0).unwrap(),
-            ));
-            let _ = f.as_mut().poll(&mut cx); // posted; then dropped while in flight
-            drop(f);
+            );
+            let _ = tokio::time::timeout(std::time::Duration::from_micros(10), f).await;
+        }
+        // The engine releases every buffer when its completion arrives.
+        let until = std::time::Instant::now() + WAIT;
+        while Arc::strong_count(&local) > 1 && std::time::Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        assert_eq!(
+            Arc::strong_count(&local),
+            1,
+            "{mode:?}: a dropped future's buffer was never released"
+        );
+        assert_eq!(s.engine.stats().in_flight, 0, "{mode:?}");
+        // Both QPs still work, with verified data.
+        for (i, q) in s.qps.iter().enumerate() {
+            local.write_at(0, &pattern(4096, i as u8 + 3)).unwrap();
+            q.write(
+                LocalBuf::Region(local.clone()),
+                0,
+                4096,
+                s.target.remote_at(0).unwrap(),
+            )
+            .await
+            .unwrap();
+            let mut got = vec![0u8; 4096];
+            s.target.read_at(0, &mut got).unwrap();
+            assert!(got == pattern(4096, i as u8 + 3), "{mode:?} qp {i}");
         }
     }
-    // The engine releases every buffer when its completion arrives.
-    let until = std::time::Instant::now() + WAIT;
-    while Arc::strong_count(&local) > 1 && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    assert_eq!(
-        Arc::strong_count(&local),
-        1,
-        "a dropped future's buffer was never released"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qp_forced_into_error_fails_its_pending_futures() {
-    let s = setup(2, config(Transport::Tcp), true);
-    let local = Arc::new(
-        s._a.pd
-            .alloc_mr(1 << 20, AccessFlags::all_remote())
-            .unwrap(),
-    );
-    let doomed: Vec<_> = (0..16)
-        .map(|_| {
-            s.qps[0].read(
+    for mode in TOKIO_MODES {
+        let s = setup(2, config(Transport::Tcp), mode);
+        let local = Arc::new(
+            s._a.pd
+                .alloc_mr(1 << 20, AccessFlags::all_remote())
+                .unwrap(),
+        );
+        let doomed: Vec<_> = (0..16)
+            .map(|_| {
+                s.qps[0].read(
+                    LocalBuf::Region(local.clone()),
+                    0,
+                    1 << 20,
+                    s.target.remote_at(0).unwrap(),
+                )
+            })
+            .collect();
+        let mut doomed: Vec<_> = doomed.into_iter().map(Box::pin).collect();
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        // Post them all; a future that already finished keeps its result.
+        let mut results = Vec::new();
+        doomed.retain_mut(|f| match f.as_mut().poll(&mut cx) {
+            Poll::Ready(r) => {
+                results.push(r);
+                false
+            }
+            Poll::Pending => true,
+        });
+        s.qps[0].qp().modify_to_error();
+        results.extend(join_all(doomed).await);
+        // Each future finishes: done before the error, a flush/error completion, or (rxe) a
+        // post refused because the QP is already in ERR. None hangs.
+        let errors = results.iter().filter(|r| r.is_err()).count();
+        if provider() == ProviderKind::Soft {
+            assert!(errors > 0, "{mode:?}: no future saw the error: {results:?}");
+        } else if errors == 0 {
+            // rxe on Linux 6.1 lets requests already in flight finish (no flush); what
+            // matters here is that every future finished.
+            eprintln!(
+                "all {} requests finished before the QP's error took effect",
+                results.len()
+            );
+        }
+        // The other QP on the engine keeps working.
+        s.qps[1]
+            .write(
                 LocalBuf::Region(local.clone()),
                 0,
-                1 << 20,
+                8,
                 s.target.remote_at(0).unwrap(),
             )
-        })
-        .collect();
-    let mut doomed: Vec<_> = doomed.into_iter().map(Box::pin).collect();
-    let waker = std::task::Waker::noop();
-    let mut cx = Context::from_waker(waker);
-    // Post them all; a future that already finished keeps its result.
-    let mut results = Vec::new();
-    doomed.retain_mut(|f| match f.as_mut().poll(&mut cx) {
-        Poll::Ready(r) => {
-            results.push(r);
-            false
-        }
-        Poll::Pending => true,
-    });
-    s.qps[0].qp().modify_to_error();
-    results.extend(join_all(doomed).await);
-    // Each future finishes: done before the error, a flush/error completion, or (rxe) a
-    // post refused because the QP is already in ERR. None hangs.
-    let errors = results.iter().filter(|r| r.is_err()).count();
-    if provider() == ProviderKind::Soft {
-        assert!(errors > 0, "no future saw the error: {results:?}");
-    } else if errors == 0 {
-        // rxe on Linux 6.1 lets requests already in flight finish (no flush); what matters
-        // here is that every future finished.
-        eprintln!(
-            "all {} requests finished before the QP's error took effect",
-            results.len()
-        );
+            .await
+            .unwrap();
     }
-    // The other QP on the engine keeps working.
-    s.qps[1]
-        .write(
-            LocalBuf::Region(local.clone()),
-            0,
-            8,
-            s.target.remote_at(0).unwrap(),
-        )
-        .await
-        .unwrap();
 }
 
 #[test]
 fn caller_driven_progress_without_threads() {
-    let s = setup(1, config(Transport::Auto), false);
+    let s = setup(1, config(Transport::Auto), Progress::Caller);
     let local = Arc::new(s._a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
     local.write_at(0, b"polled by me").unwrap();
     let mut f = Box::pin(s.qps[0].write(
@@ -295,4 +547,106 @@ fn caller_driven_progress_without_threads() {
     let mut got = [0u8; 12];
     s.target.read_at(0, &mut got).unwrap();
     assert_eq!(&got, b"polled by me");
+}
+
+#[test]
+fn event_mode_outside_a_runtime_is_a_clear_error() {
+    let a = node();
+    let err = Engine::new(
+        vec![a.cq.clone()],
+        EngineConfig {
+            progress: Progress::Event,
+            ..EngineConfig::default()
+        },
+    )
+    .err()
+    .expect("no runtime");
+    assert!(err.to_string().contains("tokio runtime"), "{err}");
+}
+
+#[test]
+fn qps_are_never_promised_more_cq_entries_than_there_are() {
+    let a = node();
+    let pool = CqPool::new(&a.ctx, 2, 1024).unwrap();
+    let engine = Engine::new(
+        pool.cqs().to_vec(),
+        EngineConfig {
+            progress: Progress::Caller,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    // 256 + 256 entries each: two QPs fill a CQ of 1024, so four fill the pool.
+    let cfg = config(Transport::Auto);
+    let qps: Vec<_> = (0..4)
+        .map(|_| engine.create_qp(&a.pd, &cfg).unwrap())
+        .collect();
+    let on: Vec<_> = qps.iter().map(|q| q.cq_index().unwrap()).collect();
+    assert_eq!(on.iter().filter(|&&c| c == 0).count(), 2, "{on:?}");
+    assert_eq!(on.iter().filter(|&&c| c == 1).count(), 2, "{on:?}");
+    let err = engine
+        .create_qp(&a.pd, &cfg)
+        .err()
+        .expect("the pool is full");
+    assert!(err.to_string().contains("no CQ has room"), "{err}");
+    drop(qps.into_iter().next());
+    engine
+        .create_qp(&a.pd, &cfg)
+        .expect("room again after a QP is gone");
+}
+
+#[test]
+fn a_cq_overrun_is_detected_and_reported() {
+    if soft_only("losing completions to a full CQ") {
+        return;
+    }
+    // A QP made by hand on a CQ too small for it (create_qp would refuse): the zero-copy
+    // path completes writes at post time, so 32 unpolled writes overrun a CQ of 8.
+    let (a, b) = (node(), node());
+    let small = a.ctx.create_cq(8).unwrap();
+    let cfg = config(Transport::Local);
+    let qa = a.pd.create_qp(&small, &small, &cfg).unwrap();
+    let qb = b.pd.create_qp(&b.cq, &b.cq, &cfg).unwrap();
+    qa.connect(&qb.endpoint()).unwrap();
+    qb.connect(&qa.endpoint()).unwrap();
+    let engine = Engine::new(
+        vec![small.clone()],
+        EngineConfig {
+            progress: Progress::Caller,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let q = engine.wrap(qa, &cfg);
+    let target = b.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
+    let local = Arc::new(a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
+    let waker = std::task::Waker::noop();
+    let mut cx = Context::from_waker(waker);
+    let mut futs: Vec<_> = (0..32)
+        .map(|_| {
+            Box::pin(q.write(
+                LocalBuf::Region(local.clone()),
+                0,
+                8,
+                target.remote_at(0).unwrap(),
+            ))
+        })
+        .collect();
+    for f in &mut futs {
+        assert!(f.as_mut().poll(&mut cx).is_pending());
+    }
+    engine.progress();
+    let mut overrun = 0;
+    for f in &mut futs {
+        match f.as_mut().poll(&mut cx) {
+            Poll::Ready(Err(rdmapool::Error::CqOverrun { depth })) => {
+                assert_eq!(depth, 8);
+                overrun += 1;
+            }
+            Poll::Ready(Ok(_)) => {}
+            other => panic!("after an overrun: {other:?}"),
+        }
+    }
+    assert!(overrun > 0, "no future learnt of the overrun");
+    assert_eq!(engine.stats().overruns, 1);
 }

@@ -1,5 +1,6 @@
 //! The data path makes no heap allocation per operation: after warm-up, posting and polling
-//! one-sided operations allocates nothing on the calling thread (both paths).
+//! one-sided operations allocates nothing on the calling thread (both paths), raw or through
+//! the async engine (post, dispatch by wr_id, resolve).
 
 mod common;
 use common::*;
@@ -85,5 +86,61 @@ fn posting_and_polling_allocate_nothing() {
         run(500);
         let during = allocs() - before;
         assert_eq!(during, 0, "{t:?}: {during} allocations in 2000 operations");
+    }
+}
+
+#[test]
+fn async_operations_allocate_nothing() {
+    use rdmapool::cq::{Engine, EngineConfig, LocalBuf, Progress};
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+    for t in transports() {
+        let (a, b) = (node(), node());
+        let engine = Engine::new(
+            vec![a.cq.clone()],
+            EngineConfig {
+                progress: Progress::Caller,
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap();
+        let cfg = config(t);
+        let qa = engine.create_qp(&a.pd, &cfg).unwrap();
+        let qb = b.pd.create_qp(&b.cq, &b.cq, &cfg).unwrap();
+        qa.connect(&qb.endpoint()).unwrap();
+        qb.connect(&qa.qp().endpoint()).unwrap();
+        let target = b.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap();
+        let local = Arc::new(a.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap());
+        let remote = target.remote_at(0).unwrap();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut run = |rounds: u64| {
+            for _ in 0..rounds {
+                let ops = [
+                    qa.write(LocalBuf::Region(local.clone()), 0, 4096, remote),
+                    qa.read(LocalBuf::Region(local.clone()), 0, 4096, remote),
+                    qa.fetch_and_add(LocalBuf::Region(local.clone()), 8192, remote, 1),
+                    qa.compare_and_swap(LocalBuf::Region(local.clone()), 8192, remote, 0, 1),
+                ];
+                for f in ops {
+                    let mut f = std::pin::pin!(f);
+                    let r = loop {
+                        if let Poll::Ready(r) = f.as_mut().poll(&mut cx) {
+                            break r;
+                        }
+                        engine.progress();
+                    };
+                    assert!(r.is_ok(), "{r:?}");
+                }
+            }
+        };
+        run(50);
+        let before = allocs();
+        run(500);
+        let during = allocs() - before;
+        assert_eq!(
+            during, 0,
+            "{t:?}: {during} allocations in 2000 async operations"
+        );
     }
 }

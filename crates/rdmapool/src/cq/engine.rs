@@ -1,13 +1,15 @@
 //! The progress engine and the async one-sided API.
 
 use crate::buf::Buffer;
-use crate::fabric::{Completion, Cq, Mr, Qp, RecvWr, RemoteAddr, SendWr, Sge, WcStatus, WrOp};
+use crate::fabric::{
+    Completion, Cq, Mr, Pd, Qp, QpConfig, RecvWr, RemoteAddr, SendWr, Sge, WcStatus, WrOp,
+};
 use crate::{Error, Result};
 use crossbeam_queue::ArrayQueue;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -35,21 +37,110 @@ impl LocalBuf {
     }
 }
 
+/// How completions reach the futures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// One busy-polling thread per CQ (it naps 50 µs after ~2000 empty polls). Lowest
+    /// latency; burns a core per CQ while there is traffic.
+    BusyPoll,
+    /// Nobody polls but the caller, through [`Engine::progress`].
+    Caller,
+    /// Event-driven: one tokio task per CQ waits on the completion channel (`AsyncFd`),
+    /// then acknowledges, re-arms and drains until the channel would block. Needs a tokio
+    /// runtime with I/O and time enabled when the engine is created.
+    Event,
+}
+
+/// How new QPs are spread over the engine's CQs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assignment {
+    /// Each new QP takes the next CQ (with room).
+    RoundRobin,
+    /// QPs created on the same thread share a CQ (with room).
+    PerThread,
+}
+
 /// How the engine progresses.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Operations in flight at once (the slot table).
     pub slots: usize,
-    /// One busy-polling thread per CQ (it sleeps briefly after long idle stretches). When
-    /// false, completions are dispatched only by [`Engine::progress`] (caller-driven).
-    pub busy_poll_threads: bool,
+    /// Who polls the CQs.
+    pub progress: Progress,
+    /// How [`Engine::create_qp`] picks a CQ.
+    pub assignment: Assignment,
+    /// [`Progress::Event`] only: also drain this often while operations are in flight.
+    /// The soft provider notices a silent peer (its retry timeout) only when polled;
+    /// `None` relies on events alone.
+    pub event_tick: Option<Duration>,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             slots: 4096,
-            busy_poll_threads: true,
+            progress: Progress::BusyPoll,
+            assignment: Assignment::RoundRobin,
+            event_tick: Some(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Counters of an engine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Operations posted and not finished (including abandoned ones).
+    pub in_flight: usize,
+    /// Completions dispatched.
+    pub completions: u64,
+    /// CQs that overran (their QPs' operations failed with [`Error::CqOverrun`]).
+    pub overruns: u64,
+    /// Event-driven mode: wake-ups by the completion channel (ticks not counted).
+    pub wakeups: u64,
+}
+
+/// A QP's share of the engine: its queues' free entries and the CQ it is bound to.
+struct QpShared {
+    qp: Qp,
+    /// Free send-queue entries; a post takes as many as it has work requests and the
+    /// completion gives them back, so posting never overflows the queue.
+    send_credits: AtomicU32,
+    send_depth: u32,
+    recv_credits: AtomicU32,
+    recv_depth: u32,
+    /// Index of the CQ in the engine, or `UNKNOWN_CQ` for a wrapped QP.
+    cq: usize,
+    /// Entries this QP reserved in its CQ (released on drop).
+    reserved: u64,
+    engine: Arc<Shared>,
+}
+
+const UNKNOWN_CQ: usize = usize::MAX;
+
+impl QpShared {
+    fn credits(&self, recv: bool) -> &AtomicU32 {
+        if recv {
+            &self.recv_credits
+        } else {
+            &self.send_credits
+        }
+    }
+
+    fn take(&self, recv: bool, n: u32) -> bool {
+        self.credits(recv)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(n))
+            .is_ok()
+    }
+
+    fn give(&self, recv: bool, n: u32) {
+        self.credits(recv).fetch_add(n, Ordering::AcqRel);
+    }
+}
+
+impl Drop for QpShared {
+    fn drop(&mut self) {
+        if self.cq != UNKNOWN_CQ {
+            self.engine.reserved[self.cq].fetch_sub(self.reserved, Ordering::AcqRel);
         }
     }
 }
@@ -58,9 +149,14 @@ impl Default for EngineConfig {
 struct SlotState {
     active: bool,
     abandoned: bool,
-    result: Option<Completion>,
+    result: Option<Result<Completion>>,
     waker: Option<Waker>,
     keep: Option<LocalBuf>,
+    /// The QP and the queue entries the operation holds, returned on completion. Holding
+    /// the QP also keeps it from being destroyed under an in-flight request.
+    owner: Option<Arc<QpShared>>,
+    credits: u32,
+    recv: bool,
 }
 
 struct Slot {
@@ -72,8 +168,16 @@ struct Shared {
     slots: Box<[Slot]>,
     free: ArrayQueue<u32>,
     cqs: Vec<Cq>,
+    /// Entries promised to QPs, per CQ (sizing: never more than its depth).
+    reserved: Vec<AtomicU64>,
+    /// CQs that overran: their QPs fail.
+    broken: Vec<AtomicBool>,
+    next_cq: AtomicUsize,
     stop: AtomicBool,
-    /// Futures waiting for a free slot or send-queue space (touched only when there are some).
+    completions: AtomicU64,
+    overruns: AtomicU64,
+    wakeups: AtomicU64,
+    /// Futures waiting for a free slot or queue entries (touched only when there are some).
     waiting: Mutex<Vec<Waker>>,
     has_waiting: AtomicBool,
 }
@@ -83,7 +187,27 @@ impl Shared {
         ((self.slots[idx as usize].generation.load(Ordering::Acquire) as u64) << 32) | idx as u64
     }
 
+    fn in_flight(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// Registers `waker` to be woken when a slot or queue entries free up.
+    fn wait_for_room(&self, waker: &Waker) {
+        self.waiting.lock().push(waker.clone());
+        self.has_waiting.store(true, Ordering::Release);
+    }
+
+    fn wake_waiters(&self) {
+        if self.has_waiting.swap(false, Ordering::AcqRel) {
+            for w in self.waiting.lock().drain(..) {
+                w.wake();
+            }
+        }
+    }
+
+    /// Gives back what the operation held (entries, buffer, QP) and frees the slot.
     fn release(&self, idx: u32, st: &mut SlotState) {
+        self.return_credits(st);
         st.active = false;
         st.abandoned = false;
         st.result = None;
@@ -93,14 +217,18 @@ impl Shared {
             .generation
             .fetch_add(1, Ordering::AcqRel);
         let _ = self.free.push(idx);
-        if self.has_waiting.swap(false, Ordering::AcqRel) {
-            for w in self.waiting.lock().drain(..) {
-                w.wake();
-            }
+        self.wake_waiters();
+    }
+
+    fn return_credits(&self, st: &mut SlotState) {
+        if let Some(owner) = st.owner.take() {
+            owner.give(st.recv, st.credits);
+            st.credits = 0;
         }
     }
 
     fn dispatch(&self, c: &Completion) {
+        self.completions.fetch_add(1, Ordering::Relaxed);
         let idx = (c.wr_id & 0xffff_ffff) as u32;
         let generation = (c.wr_id >> 32) as u32;
         let Some(slot) = self.slots.get(idx as usize) else {
@@ -117,23 +245,81 @@ impl Shared {
             self.release(idx, &mut st); // the future is gone: release its buffer now
             return;
         }
-        st.result = Some(*c);
+        // The queue entries are free once their completion is polled.
+        self.return_credits(&mut st);
+        self.wake_waiters();
+        st.result = Some(if c.status == WcStatus::Success {
+            Ok(*c)
+        } else {
+            Err(Error::Completion {
+                status: c.status,
+                wr_id: c.wr_id,
+            })
+        });
         if let Some(w) = st.waker.take() {
             w.wake();
         }
     }
 
-    fn poll_once(&self, cq: &Cq, buf: &mut [Completion]) -> usize {
-        match cq.poll(buf) {
+    /// Fails every operation of QPs bound to CQ `cq` (and of wrapped QPs, whose CQ is not
+    /// known): their completions may be lost.
+    fn fail_cq(&self, cq: usize, depth: u32) {
+        for (idx, slot) in self.slots.iter().enumerate() {
+            let mut st = slot.state.lock();
+            let on_cq = st
+                .owner
+                .as_ref()
+                .is_some_and(|o| o.cq == cq || o.cq == UNKNOWN_CQ);
+            if !st.active || st.result.is_some() || !on_cq {
+                continue;
+            }
+            if st.abandoned {
+                // Its buffer may still be written by a request whose completion was lost;
+                // keep it (leak) rather than hand it back for reuse.
+                std::mem::forget(st.keep.take());
+                self.release(idx as u32, &mut st);
+                continue;
+            }
+            st.result = Some(Err(Error::CqOverrun { depth }));
+            if let Some(w) = st.waker.take() {
+                w.wake();
+            }
+        }
+    }
+
+    fn poll_once(&self, cq: usize, buf: &mut [Completion]) -> usize {
+        match self.cqs[cq].poll(buf) {
             Ok(n) => {
                 for c in &buf[..n] {
                     self.dispatch(c);
                 }
                 n
             }
+            Err(Error::CqOverrun { depth }) => {
+                if !self.broken[cq].swap(true, Ordering::AcqRel) {
+                    self.overruns.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(cq, depth, "completion queue overrun: failing its QPs");
+                }
+                // Again on every poll: a wrapped QP (CQ unknown) can still post onto it.
+                self.fail_cq(cq, depth);
+                0
+            }
             Err(e) => {
                 tracing::error!("completion queue failed: {e}");
                 0
+            }
+        }
+    }
+
+    /// Polls `cq` until it is empty.
+    fn drain(&self, cq: usize) -> usize {
+        let mut buf = [Completion::EMPTY; 32];
+        let mut total = 0;
+        loop {
+            let n = self.poll_once(cq, &mut buf);
+            total += n;
+            if n < buf.len() {
+                return total;
             }
         }
     }
@@ -142,11 +328,15 @@ impl Shared {
 /// Dispatches completions of its CQs to the futures of [`AsyncQp`] operations.
 pub struct Engine {
     shared: Arc<Shared>,
+    assignment: Assignment,
     threads: Vec<std::thread::JoinHandle<()>>,
+    #[cfg(not(loom))]
+    tasks: Vec<tokio::task::AbortHandle>,
 }
 
 impl Engine {
-    /// An engine over `cqs` (every CQ the async QPs use, send and receive).
+    /// An engine over `cqs` (every CQ its QPs use). With [`Progress::Event`] it must be
+    /// created inside a tokio runtime.
     pub fn new(cqs: Vec<Cq>, cfg: EngineConfig) -> Result<Self> {
         if cfg.slots == 0 || cfg.slots > u32::MAX as usize || cqs.is_empty() {
             return Err(Error::InvalidArgument(
@@ -163,48 +353,166 @@ impl Engine {
                 state: Mutex::new(SlotState::default()),
             })
             .collect();
+        let n = cqs.len();
         let shared = Arc::new(Shared {
             slots,
             free,
             cqs,
+            reserved: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            broken: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            next_cq: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
+            completions: AtomicU64::new(0),
+            overruns: AtomicU64::new(0),
+            wakeups: AtomicU64::new(0),
             waiting: Mutex::new(Vec::new()),
             has_waiting: AtomicBool::new(false),
         });
-        let mut threads = Vec::new();
-        if cfg.busy_poll_threads {
-            for i in 0..shared.cqs.len() {
-                let s = shared.clone();
-                threads.push(
-                    std::thread::Builder::new()
-                        .name(format!("rdmapool-progress-{i}"))
-                        .spawn(move || busy_poll(&s, i))
-                        .map_err(|e| Error::Sys {
-                            call: "spawn",
-                            source: e,
-                        })?,
-                );
+        let mut engine = Self {
+            shared,
+            assignment: cfg.assignment,
+            threads: Vec::new(),
+            #[cfg(not(loom))]
+            tasks: Vec::new(),
+        };
+        match cfg.progress {
+            Progress::Caller => {}
+            Progress::BusyPoll => {
+                for i in 0..n {
+                    let s = engine.shared.clone();
+                    engine.threads.push(
+                        std::thread::Builder::new()
+                            .name(format!("rdmapool-progress-{i}"))
+                            .spawn(move || busy_poll(&s, i))
+                            .map_err(|e| Error::Sys {
+                                call: "spawn",
+                                source: e,
+                            })?,
+                    );
+                }
+            }
+            #[cfg(not(loom))]
+            Progress::Event => {
+                let rt = tokio::runtime::Handle::try_current().map_err(|_| {
+                    Error::InvalidArgument(
+                        "event-driven progress needs a tokio runtime (create the engine \
+                         inside one)"
+                            .into(),
+                    )
+                })?;
+                let _in_runtime = rt.enter();
+                for i in 0..n {
+                    let channel =
+                        super::event::CompletionChannel::new(engine.shared.cqs[i].clone());
+                    // SAFETY: the channel holds its CQ, so the descriptor stays open and the
+                    // same for the AsyncFd's whole life.
+                    let afd = unsafe {
+                        tokio::io::unix::AsyncFd::register_with_interest(
+                            channel,
+                            tokio::io::Interest::READABLE,
+                        )
+                    }
+                    .map_err(|e| Error::Sys {
+                        call: "AsyncFd::register (completion channel)",
+                        source: e.into_parts().1,
+                    })?;
+                    let s = engine.shared.clone();
+                    engine.tasks.push(
+                        rt.spawn(event_loop(s, i, afd, cfg.event_tick))
+                            .abort_handle(),
+                    );
+                }
+            }
+            #[cfg(loom)]
+            Progress::Event => {
+                return Err(Error::InvalidArgument(
+                    "event-driven progress is not built under loom".into(),
+                ))
             }
         }
-        Ok(Self { shared, threads })
+        Ok(engine)
     }
 
     /// Polls every CQ once and dispatches what it finds (caller-driven mode); returns how
     /// many completions it dispatched.
     pub fn progress(&self) -> usize {
         let mut buf = [Completion::EMPTY; 32];
-        self.shared
-            .cqs
-            .iter()
-            .map(|cq| self.shared.poll_once(cq, &mut buf))
+        (0..self.shared.cqs.len())
+            .map(|i| self.shared.poll_once(i, &mut buf))
             .sum()
     }
 
-    /// Wraps a connected QP whose CQs belong to this engine.
-    pub fn wrap(&self, qp: Qp) -> AsyncQp {
+    /// Counters.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            in_flight: self.shared.in_flight(),
+            completions: self.shared.completions.load(Ordering::Relaxed),
+            overruns: self.shared.overruns.load(Ordering::Relaxed),
+            wakeups: self.shared.wakeups.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Creates a QP on `pd` bound (send and receive) to one of the engine's CQs, chosen by
+    /// the [`Assignment`] among those with room: a CQ is never promised more entries
+    /// (`max_send_wr + max_recv_wr` per QP) than its depth, so it cannot overrun. Connect
+    /// it with [`AsyncQp::connect`].
+    pub fn create_qp(&self, pd: &Pd, cfg: &QpConfig) -> Result<AsyncQp> {
+        let s = &self.shared;
+        let need = cfg.max_send_wr as u64 + cfg.max_recv_wr as u64;
+        let n = s.cqs.len();
+        let start = match self.assignment {
+            Assignment::RoundRobin => s.next_cq.fetch_add(1, Ordering::Relaxed),
+            Assignment::PerThread => {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                std::thread::current().id().hash(&mut h);
+                h.finish() as usize
+            }
+        };
+        let cq = (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&i| {
+                let depth = s.cqs[i].depth() as u64;
+                s.reserved[i]
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                        (r + need <= depth).then_some(r + need)
+                    })
+                    .is_ok()
+            })
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "no CQ has room for a QP of {need} entries (send + receive depth); \
+                     use deeper or more CQs"
+                ))
+            })?;
+        let qp = match pd.create_qp(&s.cqs[cq], &s.cqs[cq], cfg) {
+            Ok(qp) => qp,
+            Err(e) => {
+                s.reserved[cq].fetch_sub(need, Ordering::AcqRel);
+                return Err(e);
+            }
+        };
+        Ok(self.async_qp(qp, cfg, cq, need))
+    }
+
+    /// Wraps a QP made elsewhere (for example by [`crate::conn`]) whose CQs belong to this
+    /// engine. Sizing its CQ is then the caller's job; `cfg` must be the QP's own.
+    pub fn wrap(&self, qp: Qp, cfg: &QpConfig) -> AsyncQp {
+        self.async_qp(qp, cfg, UNKNOWN_CQ, 0)
+    }
+
+    fn async_qp(&self, qp: Qp, cfg: &QpConfig, cq: usize, reserved: u64) -> AsyncQp {
         AsyncQp {
-            qp,
-            shared: self.shared.clone(),
+            inner: Arc::new(QpShared {
+                qp,
+                send_credits: AtomicU32::new(cfg.max_send_wr),
+                send_depth: cfg.max_send_wr,
+                recv_credits: AtomicU32::new(cfg.max_recv_wr),
+                recv_depth: cfg.max_recv_wr,
+                cq,
+                reserved,
+                engine: self.shared.clone(),
+            }),
         }
     }
 }
@@ -215,6 +523,10 @@ impl Drop for Engine {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        #[cfg(not(loom))]
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
     }
 }
 
@@ -222,8 +534,10 @@ fn busy_poll(s: &Shared, cq: usize) {
     let mut buf = [Completion::EMPTY; 32];
     let mut idle = 0u32;
     while !s.stop.load(Ordering::Acquire) {
-        if s.poll_once(&s.cqs[cq], &mut buf) > 0 {
+        if s.poll_once(cq, &mut buf) > 0 {
             idle = 0;
+        } else if s.broken[cq].load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(1));
         } else {
             idle += 1;
             if idle > 2000 {
@@ -235,9 +549,55 @@ fn busy_poll(s: &Shared, cq: usize) {
     }
 }
 
-/// What a future still has to post (kept until there is a slot and send-queue space).
+#[cfg(not(loom))]
+async fn event_loop(
+    s: Arc<Shared>,
+    cq: usize,
+    afd: tokio::io::unix::AsyncFd<super::event::CompletionChannel>,
+    tick: Option<Duration>,
+) {
+    loop {
+        // Arm first, then drain: a completion that lands after the drain's last poll
+        // raises an event, and the ones before the arm are drained here.
+        if let Err(e) = s.cqs[cq].req_notify() {
+            tracing::error!(cq, "cannot arm the completion queue: {e}");
+            return;
+        }
+        s.drain(cq);
+        if s.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let ready = match tick {
+            Some(t) if s.in_flight() > 0 => tokio::time::timeout(t, afd.readable()).await.ok(),
+            _ => Some(afd.readable().await),
+        };
+        match ready {
+            None => {}
+            Some(Err(e)) => {
+                tracing::error!(cq, "completion channel failed: {e}");
+                return;
+            }
+            Some(Ok(mut guard)) => {
+                s.wakeups.fetch_add(1, Ordering::Relaxed);
+                // Consume every queued event (an unconsumed one raises no new edge), then
+                // clear readiness only if the channel would now block.
+                let _ = s.cqs[cq].ack_events();
+                if !guard.get_inner().readable_now() {
+                    guard.clear_ready();
+                }
+            }
+        }
+    }
+}
+
+/// What a future still has to post (kept until there is a slot and queue room).
 enum ToPost {
-    Send {
+    One {
+        op: WrOp,
+        sge: Sge,
+        keep: LocalBuf,
+    },
+    Batch {
         ops: Vec<(WrOp, Sge)>,
         keep: LocalBuf,
     },
@@ -247,17 +607,83 @@ enum ToPost {
     },
 }
 
+impl ToPost {
+    fn entries(&self) -> u32 {
+        match self {
+            ToPost::Batch { ops, .. } => ops.len() as u32,
+            _ => 1,
+        }
+    }
+
+    fn is_recv(&self) -> bool {
+        matches!(self, ToPost::Recv { .. })
+    }
+
+    fn into_keep(self) -> LocalBuf {
+        match self {
+            ToPost::One { keep, .. } | ToPost::Batch { keep, .. } | ToPost::Recv { keep, .. } => {
+                keep
+            }
+        }
+    }
+
+    /// Posts with one doorbell; only the last send is signalled. No heap allocation for a
+    /// single operation.
+    fn post(&self, qp: &Qp, wr_id: u64) -> Result<()> {
+        match self {
+            ToPost::One { op, sge, .. } => qp.post_send(&[SendWr {
+                wr_id,
+                op: *op,
+                sg_list: std::slice::from_ref(sge),
+                signaled: true,
+            }]),
+            ToPost::Batch { ops, .. } => {
+                let last = ops.len() - 1;
+                let wrs: Vec<SendWr<'_>> = ops
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (op, sge))| SendWr {
+                        wr_id,
+                        op: *op,
+                        sg_list: std::slice::from_ref(sge),
+                        signaled: i == last,
+                    })
+                    .collect();
+                qp.post_send(&wrs)
+            }
+            ToPost::Recv { sge, .. } => qp.post_recv(&[RecvWr {
+                wr_id,
+                sg_list: std::slice::from_ref(sge),
+            }]),
+        }
+    }
+}
+
 /// An operation in flight: resolves to its completion, or to the typed error of an error
 /// completion. Dropping it never frees its buffer early.
 pub struct OpFuture<'q> {
     qp: &'q AsyncQp,
     pending: Option<ToPost>,
-    slot: Option<(u32, u32)>,
+    slot: Option<u32>,
     error: Option<Error>,
 }
 
 impl<'q> OpFuture<'q> {
     fn to_post(qp: &'q AsyncQp, todo: ToPost) -> Self {
+        let depth = if todo.is_recv() {
+            qp.inner.recv_depth
+        } else {
+            qp.inner.send_depth
+        };
+        if todo.entries() > depth {
+            return Self::failed(
+                qp,
+                Error::InvalidArgument(format!(
+                    "{} work requests at once, the queue holds {depth}",
+                    todo.entries()
+                )),
+            );
+        }
         OpFuture {
             qp,
             pending: Some(todo),
@@ -275,73 +701,65 @@ impl<'q> OpFuture<'q> {
         }
     }
 
-    fn try_post(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        let s = &self.qp.shared;
-        let Some(idx) = s.free.pop() else {
-            s.waiting.lock().push(cx.waker().clone());
-            s.has_waiting.store(true, Ordering::Release);
-            // A slot may have been freed between pop and push: try once more.
-            return match s.free.pop() {
-                Some(i) => self.post_with(i, cx),
-                None => Poll::Pending,
-            };
-        };
-        self.post_with(idx, cx)
+    /// Takes queue entries and a slot, or registers to be woken when they free up.
+    fn reserve(&self, cx: &mut Context<'_>) -> Option<u32> {
+        let q = &self.qp.inner;
+        let s = &q.engine;
+        let todo = self.pending.as_ref()?;
+        let (recv, n) = (todo.is_recv(), todo.entries());
+        for attempt in 0..2 {
+            if q.take(recv, n) {
+                if let Some(idx) = s.free.pop() {
+                    return Some(idx);
+                }
+                q.give(recv, n);
+            }
+            if attempt == 0 {
+                // Register, then look again: room freed in between would not wake us.
+                s.wait_for_room(cx.waker());
+            }
+        }
+        None
     }
 
-    fn post_with(&mut self, idx: u32, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        let s = &self.qp.shared;
+    fn try_post(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let q = self.qp.inner.clone();
+        let s = &q.engine;
+        if q.cq != UNKNOWN_CQ && s.broken[q.cq].load(Ordering::Acquire) {
+            self.pending = None;
+            return Poll::Ready(Err(Error::CqOverrun {
+                depth: s.cqs[q.cq].depth(),
+            }));
+        }
+        let Some(idx) = self.reserve(cx) else {
+            return Poll::Pending;
+        };
         let wr_id = s.wr_id(idx);
         let slot = &s.slots[idx as usize];
-        let todo = self.pending.take().expect("posting once");
+        let todo = self.pending.take().expect("reserve saw it");
+        let (recv, credits) = (todo.is_recv(), todo.entries());
         {
+            // Filled before posting: the completion may arrive before post returns.
             let mut st = slot.state.lock();
             st.active = true;
             st.waker = Some(cx.waker().clone());
+            st.owner = Some(q.clone());
+            st.credits = credits;
+            st.recv = recv;
         }
-        let (res, keep) = match todo {
-            ToPost::Send { ops, keep } => {
-                let sges: Vec<[Sge; 1]> = ops.iter().map(|(_, g)| [*g]).collect();
-                let last = ops.len() - 1;
-                let wrs: Vec<SendWr> = ops
-                    .iter()
-                    .zip(&sges)
-                    .enumerate()
-                    .map(|(i, ((op, _), sg))| SendWr {
-                        wr_id,
-                        op: *op,
-                        sg_list: sg,
-                        signaled: i == last,
-                    })
-                    .collect();
-                (self.qp.qp.post_send(&wrs), ToPost::Send { ops, keep })
-            }
-            ToPost::Recv { sge, keep } => (
-                self.qp.qp.post_recv(&[RecvWr {
-                    wr_id,
-                    sg_list: &[sge],
-                }]),
-                ToPost::Recv { sge, keep },
-            ),
-        };
-        match res {
+        match todo.post(&q.qp, wr_id) {
             Ok(()) => {
-                let keep = match keep {
-                    ToPost::Send { keep, .. } | ToPost::Recv { keep, .. } => keep,
-                };
-                slot.state.lock().keep = Some(keep);
-                self.slot = Some((idx, (wr_id >> 32) as u32));
+                slot.state.lock().keep = Some(todo.into_keep());
+                self.slot = Some(idx);
                 Poll::Ready(Ok(()))
             }
             Err(Error::QueueFull { .. }) => {
-                // Backpressure: give the slot back and wait for completions to make room.
+                // Someone posted on the raw QP too: wait for completions to make room.
                 let mut st = slot.state.lock();
                 s.release(idx, &mut st);
                 drop(st);
-                self.pending = Some(keep);
-                s.waiting.lock().push(cx.waker().clone());
-                s.has_waiting.store(true, Ordering::Release);
-                // Completions that freed room before we registered would not wake us.
+                self.pending = Some(todo);
+                s.wait_for_room(cx.waker());
                 cx.waker().wake_by_ref();
                 Poll::Pending
             }
@@ -368,29 +786,24 @@ impl Future for OpFuture<'_> {
                 Poll::Ready(Ok(())) => {}
             }
         }
-        let Some((idx, _)) = self.slot else {
+        let Some(idx) = self.slot else {
             return Poll::Ready(Err(Error::InvalidArgument(
                 "the operation already finished".into(),
             )));
         };
-        let s = &self.qp.shared;
+        let s = &self.qp.inner.engine;
         let mut st = s.slots[idx as usize].state.lock();
         match st.result.take() {
-            Some(c) => {
+            Some(r) => {
                 s.release(idx, &mut st);
                 drop(st);
                 self.slot = None;
-                Poll::Ready(if c.status == WcStatus::Success {
-                    Ok(c)
-                } else {
-                    Err(Error::Completion {
-                        status: c.status,
-                        wr_id: c.wr_id,
-                    })
-                })
+                Poll::Ready(r)
             }
             None => {
-                st.waker = Some(cx.waker().clone());
+                if !st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    st.waker = Some(cx.waker().clone());
+                }
                 Poll::Pending
             }
         }
@@ -399,8 +812,8 @@ impl Future for OpFuture<'_> {
 
 impl Drop for OpFuture<'_> {
     fn drop(&mut self) {
-        if let Some((idx, _)) = self.slot.take() {
-            let s = &self.qp.shared;
+        if let Some(idx) = self.slot.take() {
+            let s = &self.qp.inner.engine;
             let mut st = s.slots[idx as usize].state.lock();
             if st.result.is_some() {
                 s.release(idx, &mut st); // completed but never polled again
@@ -414,22 +827,32 @@ impl Drop for OpFuture<'_> {
 
 /// A QP with async one-sided and two-sided operations.
 pub struct AsyncQp {
-    qp: Qp,
-    shared: Arc<Shared>,
+    inner: Arc<QpShared>,
 }
 
 impl AsyncQp {
     /// The wrapped QP.
     pub fn qp(&self) -> &Qp {
-        &self.qp
+        &self.inner.qp
+    }
+
+    /// Connects the QP to a peer's endpoint (RESET to RTS).
+    pub fn connect(&self, remote: &crate::fabric::Endpoint) -> Result<()> {
+        self.inner.qp.connect(remote)
+    }
+
+    /// Which of the engine's CQs the QP is bound to (None for a wrapped QP).
+    pub fn cq_index(&self) -> Option<usize> {
+        (self.inner.cq != UNKNOWN_CQ).then_some(self.inner.cq)
     }
 
     fn op(&self, op: WrOp, local: LocalBuf, offset: usize, len: u32) -> OpFuture<'_> {
         match local.sge(offset, len) {
             Ok(sge) => OpFuture::to_post(
                 self,
-                ToPost::Send {
-                    ops: vec![(op, sge)],
+                ToPost::One {
+                    op,
+                    sge,
                     keep: local,
                 },
             ),
@@ -506,7 +929,7 @@ impl AsyncQp {
 
     /// Posts `ops` (operation, buffer, offset, length) as one list with one doorbell, only
     /// the last signalled; resolves when the last completes (RC order: all are done), or
-    /// with the first error completion.
+    /// with the first error completion. At most the send-queue depth of them.
     pub fn batch(&self, ops: Vec<(WrOp, LocalBuf, usize, u32)>) -> OpFuture<'_> {
         if ops.is_empty() {
             return OpFuture::failed(self, Error::InvalidArgument("an empty batch".into()));
@@ -522,7 +945,7 @@ impl AsyncQp {
         }
         OpFuture::to_post(
             self,
-            ToPost::Send {
+            ToPost::Batch {
                 ops: list,
                 keep: LocalBuf::Many(keep),
             },

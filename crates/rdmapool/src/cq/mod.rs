@@ -8,8 +8,12 @@
 //! holds, to the engine, which releases both when the completion arrives.
 
 mod engine;
+#[cfg(not(loom))]
+mod event;
 
-pub use engine::{AsyncQp, Engine, EngineConfig, LocalBuf, OpFuture};
+pub use engine::{
+    Assignment, AsyncQp, Engine, EngineConfig, EngineStats, LocalBuf, OpFuture, Progress,
+};
 
 use crate::fabric::{Context, Cq};
 use crate::{Error, Result};

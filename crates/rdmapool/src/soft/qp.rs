@@ -19,7 +19,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -98,6 +98,8 @@ pub(crate) struct SoftQp {
     state_page: Mapping,
     rq_flushed: AtomicBool,
     sq: Mutex<SendQueue>,
+    /// The connection's descriptor once connected (-1 before), readable without `sq`.
+    conn_fd: AtomicI32,
     pub(crate) rq: Mutex<VecDeque<RecvEntry>>,
     peer: Mutex<Option<(u32, SoftAddress)>>,
 }
@@ -130,6 +132,7 @@ impl SoftQp {
             recv_cq,
             state_page,
             rq_flushed: AtomicBool::new(false),
+            conn_fd: AtomicI32::new(-1),
             sq: Mutex::new(SendQueue {
                 conn: None,
                 broken: None,
@@ -216,6 +219,8 @@ impl SoftQp {
         let (peer_qpn, addr) = self.peer.lock().clone().expect("RTR has a peer");
         let (fd, local) = self.dial(peer_qpn, &addr)?;
         let mut sq = self.sq.lock();
+        self.send_cq.watch_socket(fd.as_raw_fd());
+        self.conn_fd.store(fd.as_raw_fd(), Ordering::Release);
         sq.conn = Some(fd);
         sq.local = local;
         drop(sq);
@@ -643,6 +648,8 @@ impl SoftQp {
     /// Marks the connection dead: the oldest outstanding request gets `status`, the rest
     /// are flushed.
     fn break_connection(&self, sq: &mut SendQueue, fd: RawFd, status: WcStatus) {
+        // A shut-down socket is readable forever: take it out of the completion channel.
+        self.send_cq.unwatch_socket(fd);
         // SAFETY: shutdown on a descriptor we own; it stays open (closed on drop) so the
         // number cannot be reused under us.
         unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
@@ -655,6 +662,25 @@ impl SoftQp {
             }
         }
         sq.in_flight = 0;
+    }
+
+    /// Called when `cq` (our send CQ) is armed: if requests await responses, their arrival
+    /// makes the CQ's channel readable (see `SoftCq::channel`).
+    pub(crate) fn arm_response_wakeup(&self, cq: &SoftCq) {
+        match self.sq.try_lock() {
+            Some(sq) => {
+                if let (Some(c), true, None) = (&sq.conn, sq.in_flight > 0, sq.broken) {
+                    cq.rearm_socket(c.as_raw_fd());
+                }
+            }
+            // Someone is posting or progressing; waking once too many is harmless.
+            None => {
+                let fd = self.conn_fd.load(Ordering::Acquire);
+                if fd >= 0 {
+                    cq.rearm_socket(fd);
+                }
+            }
+        }
     }
 
     /// Caller-driven progress (from polling the send CQ): reads responses, enforces the
@@ -848,5 +874,8 @@ impl Drop for SoftQp {
         self.state_word()
             .store(QpState::Error as u64, Ordering::Release);
         self.ctx.qps.write().remove(&self.qpn);
+        if let Some(c) = &self.sq.get_mut().conn {
+            self.send_cq.unwatch_socket(c.as_raw_fd());
+        }
     }
 }
