@@ -84,7 +84,22 @@ pub fn run(args: Args) -> Result<()> {
         transport,
         ..QpConfig::default()
     };
-    let _qp = request.accept(&pd, &cq, &cq, &cfg, &mr.remote_region().to_bytes())?;
+    let region = mr.remote_region().to_bytes();
+    let _qp = request.accept(&pd, &cq, &cq, &cfg, &region)?;
+    // Benchmarks with several QPs connect again: accept them in the background.
+    std::thread::spawn(move || {
+        let mut more = Vec::new();
+        while let Ok(request) = listener.get_request(Duration::from_secs(3600)) {
+            if request.private_data() != HELLO {
+                let _ = request.reject(b"unknown client");
+                continue;
+            }
+            match request.accept(&pd, &cq, &cq, &cfg, &region) {
+                Ok(qp) => more.push(qp),
+                Err(e) => eprintln!("peer: accepting a further connection: {e}"),
+            }
+        }
+    });
     let mut stdin = BufReader::new(std::io::stdin());
     while let Some(cmd) = read_command(&mut stdin) {
         let mut parts = cmd.split(' ');

@@ -34,6 +34,24 @@ pub struct Args {
     /// Print JSON lines instead of a table.
     #[arg(long)]
     json: bool,
+    /// Measure the async API's 8 B WRITE latency in each progress mode (caller-driven,
+    /// busy-poll thread, event-driven) against the raw post-and-poll loop. Any of
+    /// --async/--batch/--cqs runs these engine benchmarks instead of the size sweep.
+    #[arg(long = "async")]
+    async_latency: bool,
+    /// Message rate of 8 B WRITEs posted as lists of N (one doorbell, last signalled) vs one
+    /// WR per doorbell, raw and async; comma-separated list lengths, e.g. 16,64.
+    #[arg(long, value_delimiter = ',')]
+    batch: Vec<usize>,
+    /// Message rate with --threads threads over N CQs; comma-separated, e.g. 1,2,4.
+    #[arg(long, value_delimiter = ',')]
+    cqs: Vec<usize>,
+    /// Threads for --cqs (each with its own QP).
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// Operations per message-rate measurement.
+    #[arg(long, default_value_t = 200_000)]
+    count: u64,
     /// With `--provider verbs`: the IP address of the device's netdev, where perftest's
     /// server listens for its reference runs (default: $SOFTROCE_IP inside the guest).
     #[arg(long)]
@@ -107,7 +125,7 @@ impl Bench {
         ))
     }
 
-    fn wait_one(&self, buf: &mut [Completion]) -> Result<usize> {
+    pub(super) fn wait_one(&self, buf: &mut [Completion]) -> Result<usize> {
         // The deadline is armed only after many empty polls, so a completion that is already
         // there costs no clock read (a measurable share of a latency sample).
         let mut deadline = None;
@@ -205,6 +223,23 @@ pub fn run(args: Args) -> Result<()> {
     let provider = ProviderKind::parse(&args.provider)?;
     let ops: Vec<Op> = args.op.split(',').map(Op::parse).collect::<Result<_>>()?;
     let sizes = parse_sizes(&args.size)?;
+    let engine = super::engine::Selection {
+        latency: args.async_latency,
+        batch: args.batch.clone(),
+        cqs: args.cqs.clone(),
+        threads: args.threads,
+        iters: args.iters,
+        count: args.count,
+    };
+    if engine.any() {
+        let rows = run_engine(provider, &args.transport, &engine)?;
+        if args.json {
+            print_json(&rows);
+        } else {
+            print_table(&rows);
+        }
+        return Ok(());
+    }
     if provider == ProviderKind::Verbs {
         let ip = args
             .perftest_ip
@@ -318,6 +353,7 @@ pub fn run(args: Args) -> Result<()> {
                     median_ns: lat.median_ns,
                     p99_ns: lat.p99_ns,
                     gbps,
+                    mops: 0.0,
                     reference,
                     reference_value,
                     ratio,
@@ -369,6 +405,56 @@ pub fn run(args: Args) -> Result<()> {
         print_table(&rows);
     }
     Ok(())
+}
+
+/// The engine benchmarks on each of `transports` (soft) or on the verbs device.
+fn run_engine(
+    provider: ProviderKind,
+    transports: &str,
+    sel: &super::engine::Selection,
+) -> Result<Vec<Row>> {
+    let paths: Vec<&str> = if provider == ProviderKind::Verbs {
+        vec!["auto"]
+    } else {
+        transports.split(',').map(str::trim).collect()
+    };
+    let mut rows = Vec::new();
+    for tname in paths {
+        let transport = Transport::parse(tname)?;
+        let peer = PeerProcess::spawn_on(provider, 4096, tname, false)?;
+        let ctx = match provider {
+            ProviderKind::Soft => Context::open_soft()?,
+            p => Context::open_provider(p, None)?,
+        };
+        let pd = ctx.alloc_pd()?;
+        let cq = ctx.create_cq(4096)?;
+        let cfg = QpConfig {
+            transport,
+            ..QpConfig::default()
+        };
+        let (qp, region) = peer.connect(&pd, &cq, &cfg)?;
+        let raw = Bench {
+            cq,
+            qp,
+            local: pd.alloc_mr(4096, AccessFlags::all_remote())?,
+            region,
+        };
+        let path = match (provider, transport) {
+            (ProviderKind::Verbs, _) => ctx.device().name.clone(),
+            (_, Transport::Tcp) => "tcp".to_string(),
+            _ => "local".to_string(),
+        };
+        let target = super::engine::Target {
+            peer: &peer,
+            ctx: &ctx,
+            pd: &pd,
+            cfg,
+            provider: provider.name(),
+            path,
+        };
+        rows.extend(sel.run(&target, &raw)?);
+    }
+    Ok(rows)
 }
 
 /// UCX perftest over the transport that matches `path`, compared with our rows.

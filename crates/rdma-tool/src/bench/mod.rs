@@ -1,6 +1,7 @@
 //! `rdma-tool bench ...`.
 
 mod data;
+mod engine;
 mod perftest;
 mod reference;
 mod reg;

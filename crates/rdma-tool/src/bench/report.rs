@@ -23,6 +23,9 @@ pub struct Row {
     pub p99_ns: f64,
     /// Throughput in GB/s (1e9 bytes per second) with a window of operations in flight.
     pub gbps: f64,
+    /// Message rate in millions of operations per second (rows of metric "rate"; else 0).
+    #[serde(default)]
+    pub mops: f64,
     /// The reference this row is compared with.
     pub reference: String,
     /// The reference's value (ns for latency, GB/s for bandwidth).
@@ -35,7 +38,7 @@ pub struct Row {
 /// Prints rows as an aligned table.
 pub fn print_table(rows: &[Row]) {
     println!(
-        "{:<9} {:<6} {:<9} {:>6} {:>7} {:>11} {:>11} {:>9}  {:<32} {:>11} {:>7}",
+        "{:<9} {:<18} {:<9} {:>6} {:>7} {:>11} {:>11} {:>11}  {:<32} {:>11} {:>7}",
         "transport",
         "op",
         "metric",
@@ -43,19 +46,24 @@ pub fn print_table(rows: &[Row]) {
         "iters",
         "median",
         "p99",
-        "GB/s",
+        "GB/s|Mop/s",
         "reference",
         "ref value",
         "ratio"
     );
     for r in rows {
-        let refv = if r.metric == "latency" {
-            fmt_ns(r.reference_value)
+        let refv = match r.metric.as_str() {
+            "latency" => fmt_ns(r.reference_value),
+            "rate" => format!("{:.3} Mop/s", r.reference_value),
+            _ => format!("{:.2} GB/s", r.reference_value),
+        };
+        let value = if r.metric == "rate" {
+            format!("{:.3} Mop/s", r.mops)
         } else {
-            format!("{:.2} GB/s", r.reference_value)
+            format!("{:.3}", r.gbps)
         };
         println!(
-            "{:<9} {:<6} {:<9} {:>6} {:>7} {:>11} {:>11} {:>9.3}  {:<32} {:>11} {:>7.2}",
+            "{:<9} {:<18} {:<9} {:>6} {:>7} {:>11} {:>11} {:>11}  {:<32} {:>11} {:>7.2}",
             r.transport,
             r.op,
             r.metric,
@@ -63,7 +71,7 @@ pub fn print_table(rows: &[Row]) {
             r.iters,
             fmt_ns(r.median_ns),
             fmt_ns(r.p99_ns),
-            r.gbps,
+            value,
             r.reference,
             refv,
             r.ratio

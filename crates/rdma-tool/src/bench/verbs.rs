@@ -50,6 +50,7 @@ pub fn run(
                 median_ns: lat.median_ns,
                 p99_ns: lat.p99_ns,
                 gbps,
+                mops: 0.0,
                 reference: "-".into(),
                 reference_value: 0.0,
                 ratio: 0.0,

@@ -152,11 +152,15 @@ struct SlotState {
     result: Option<Result<Completion>>,
     waker: Option<Waker>,
     keep: Option<LocalBuf>,
-    /// The QP and the queue entries the operation holds, returned on completion. Holding
-    /// the QP also keeps it from being destroyed under an in-flight request.
+    /// Set when the future is dropped in flight: the QP, kept from being destroyed under
+    /// the request and given back its queue entries on completion. (A live future
+    /// borrows its QP, so it needs no reference here.)
     owner: Option<Arc<QpShared>>,
+    /// Queue entries the operation holds, returned when its slot is released.
     credits: u32,
     recv: bool,
+    /// The engine CQ of its QP (`UNKNOWN_CQ` for a wrapped QP).
+    cq: usize,
 }
 
 struct Slot {
@@ -205,30 +209,28 @@ impl Shared {
         }
     }
 
-    /// Gives back what the operation held (entries, buffer, QP) and frees the slot.
-    fn release(&self, idx: u32, st: &mut SlotState) {
-        self.return_credits(st);
+    /// Gives back what the operation held (queue entries to `qp`, or to the owner of an
+    /// abandoned operation; the buffer) and frees the slot. Called with the slot locked.
+    fn release(&self, idx: u32, st: &mut SlotState, qp: Option<&QpShared>) {
+        let owner = st.owner.take();
+        if let Some(q) = qp.or(owner.as_deref()) {
+            q.give(st.recv, st.credits);
+        }
+        st.credits = 0;
         st.active = false;
         st.abandoned = false;
         st.result = None;
         st.waker = None;
         st.keep = None;
-        self.slots[idx as usize]
-            .generation
-            .fetch_add(1, Ordering::AcqRel);
+        let g = &self.slots[idx as usize].generation;
+        // Only the slot's lock holder changes the generation: no read-modify-write needed.
+        g.store(g.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
         let _ = self.free.push(idx);
         self.wake_waiters();
-    }
-
-    fn return_credits(&self, st: &mut SlotState) {
-        if let Some(owner) = st.owner.take() {
-            owner.give(st.recv, st.credits);
-            st.credits = 0;
-        }
+        drop(owner);
     }
 
     fn dispatch(&self, c: &Completion) {
-        self.completions.fetch_add(1, Ordering::Relaxed);
         let idx = (c.wr_id & 0xffff_ffff) as u32;
         let generation = (c.wr_id >> 32) as u32;
         let Some(slot) = self.slots.get(idx as usize) else {
@@ -242,12 +244,9 @@ impl Shared {
             return; // stale, or a later completion of a batch that already finished
         }
         if st.abandoned {
-            self.release(idx, &mut st); // the future is gone: release its buffer now
+            self.release(idx, &mut st, None); // the future is gone: release its buffer now
             return;
         }
-        // The queue entries are free once their completion is polled.
-        self.return_credits(&mut st);
-        self.wake_waiters();
         st.result = Some(if c.status == WcStatus::Success {
             Ok(*c)
         } else {
@@ -266,10 +265,7 @@ impl Shared {
     fn fail_cq(&self, cq: usize, depth: u32) {
         for (idx, slot) in self.slots.iter().enumerate() {
             let mut st = slot.state.lock();
-            let on_cq = st
-                .owner
-                .as_ref()
-                .is_some_and(|o| o.cq == cq || o.cq == UNKNOWN_CQ);
+            let on_cq = st.cq == cq || st.cq == UNKNOWN_CQ;
             if !st.active || st.result.is_some() || !on_cq {
                 continue;
             }
@@ -277,7 +273,7 @@ impl Shared {
                 // Its buffer may still be written by a request whose completion was lost;
                 // keep it (leak) rather than hand it back for reuse.
                 std::mem::forget(st.keep.take());
-                self.release(idx as u32, &mut st);
+                self.release(idx as u32, &mut st, None);
                 continue;
             }
             st.result = Some(Err(Error::CqOverrun { depth }));
@@ -290,8 +286,11 @@ impl Shared {
     fn poll_once(&self, cq: usize, buf: &mut [Completion]) -> usize {
         match self.cqs[cq].poll(buf) {
             Ok(n) => {
-                for c in &buf[..n] {
-                    self.dispatch(c);
+                if n > 0 {
+                    for c in &buf[..n] {
+                        self.dispatch(c);
+                    }
+                    self.completions.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 n
             }
@@ -436,10 +435,59 @@ impl Engine {
     /// Polls every CQ once and dispatches what it finds (caller-driven mode); returns how
     /// many completions it dispatched.
     pub fn progress(&self) -> usize {
-        let mut buf = [Completion::EMPTY; 32];
+        self.progress_into(&mut [Completion::EMPTY; 32])
+    }
+
+    fn progress_into(&self, buf: &mut [Completion]) -> usize {
         (0..self.shared.cqs.len())
-            .map(|i| self.shared.poll_once(i, &mut buf))
+            .map(|i| self.shared.poll_once(i, buf))
             .sum()
+    }
+
+    /// Polls CQ `cq` (an index into the engine's CQs) once; for threads that each drive
+    /// their own CQ. Returns how many completions it dispatched (0 for a bad index).
+    pub fn progress_cq(&self, cq: usize) -> usize {
+        let mut buf = [Completion::EMPTY; 32];
+        if cq >= self.shared.cqs.len() {
+            return 0;
+        }
+        self.shared.poll_once(cq, &mut buf)
+    }
+
+    /// Runs `fut` to completion on this thread, progressing the engine between polls: the
+    /// caller-driven busy-poll loop, with no thread hand-off (the lowest latency).
+    ///
+    /// ```
+    /// # use rdmapool::cq::{Engine, EngineConfig, LocalBuf, Progress};
+    /// # use rdmapool::fabric::*;
+    /// # use std::sync::Arc;
+    /// # fn main() -> rdmapool::Result<()> {
+    /// let ctx = Context::open_soft()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let cfg = EngineConfig { progress: Progress::Caller, ..EngineConfig::default() };
+    /// let engine = Engine::new(vec![ctx.create_cq(1024)?], cfg)?;
+    /// let (a, b) = (engine.create_qp(&pd, &QpConfig::default())?, engine.create_qp(&pd, &QpConfig::default())?);
+    /// a.connect(&b.qp().endpoint())?;
+    /// b.connect(&a.qp().endpoint())?;
+    /// let target = pd.alloc_mr(4096, AccessFlags::all_remote())?;
+    /// let local = Arc::new(pd.alloc_mr(4096, AccessFlags::all_remote())?);
+    /// local.write_at(0, b"hello")?;
+    /// engine.run_until(a.write(LocalBuf::Region(local), 0, 5, target.remote_at(0)?))?;
+    /// let mut got = [0u8; 5];
+    /// target.read_at(0, &mut got)?;
+    /// assert_eq!(&got, b"hello");
+    /// # Ok(()) }
+    /// ```
+    pub fn run_until<F: Future>(&self, fut: F) -> F::Output {
+        let mut fut = std::pin::pin!(fut);
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut buf = [Completion::EMPTY; 16];
+        loop {
+            if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                return v;
+            }
+            self.progress_into(&mut buf);
+        }
     }
 
     /// Counters.
@@ -619,7 +667,7 @@ impl ToPost {
         matches!(self, ToPost::Recv { .. })
     }
 
-    fn into_keep(self) -> LocalBuf {
+    fn keep_mut(&mut self) -> &mut LocalBuf {
         match self {
             ToPost::One { keep, .. } | ToPost::Batch { keep, .. } | ToPost::Recv { keep, .. } => {
                 keep
@@ -723,7 +771,7 @@ impl<'q> OpFuture<'q> {
     }
 
     fn try_post(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        let q = self.qp.inner.clone();
+        let q = &self.qp.inner;
         let s = &q.engine;
         if q.cq != UNKNOWN_CQ && s.broken[q.cq].load(Ordering::Acquire) {
             self.pending = None;
@@ -736,27 +784,32 @@ impl<'q> OpFuture<'q> {
         };
         let wr_id = s.wr_id(idx);
         let slot = &s.slots[idx as usize];
-        let todo = self.pending.take().expect("reserve saw it");
+        let mut todo = self.pending.take().expect("reserve saw it");
         let (recv, credits) = (todo.is_recv(), todo.entries());
+        // An empty Vec does not allocate.
+        let keep = std::mem::replace(todo.keep_mut(), LocalBuf::Many(Vec::new()));
         {
             // Filled before posting: the completion may arrive before post returns.
             let mut st = slot.state.lock();
             st.active = true;
             st.waker = Some(cx.waker().clone());
-            st.owner = Some(q.clone());
+            st.cq = q.cq;
             st.credits = credits;
             st.recv = recv;
+            st.keep = Some(keep);
         }
         match todo.post(&q.qp, wr_id) {
             Ok(()) => {
-                slot.state.lock().keep = Some(todo.into_keep());
                 self.slot = Some(idx);
                 Poll::Ready(Ok(()))
             }
             Err(Error::QueueFull { .. }) => {
                 // Someone posted on the raw QP too: wait for completions to make room.
                 let mut st = slot.state.lock();
-                s.release(idx, &mut st);
+                if let Some(keep) = st.keep.take() {
+                    *todo.keep_mut() = keep;
+                }
+                s.release(idx, &mut st, Some(q));
                 drop(st);
                 self.pending = Some(todo);
                 s.wait_for_room(cx.waker());
@@ -765,7 +818,7 @@ impl<'q> OpFuture<'q> {
             }
             Err(e) => {
                 let mut st = slot.state.lock();
-                s.release(idx, &mut st);
+                s.release(idx, &mut st, Some(q));
                 Poll::Ready(Err(e))
             }
         }
@@ -780,11 +833,11 @@ impl Future for OpFuture<'_> {
             return Poll::Ready(Err(e));
         }
         if self.pending.is_some() {
-            match self.try_post(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Ready(Ok(())) => {}
-            }
+            // Posted: the slot holds our waker, so a completion wakes us.
+            return match self.try_post(cx) {
+                Poll::Ready(Ok(())) => Poll::Pending,
+                other => other.map(|r| r.map(|()| Completion::EMPTY)),
+            };
         }
         let Some(idx) = self.slot else {
             return Poll::Ready(Err(Error::InvalidArgument(
@@ -795,7 +848,7 @@ impl Future for OpFuture<'_> {
         let mut st = s.slots[idx as usize].state.lock();
         match st.result.take() {
             Some(r) => {
-                s.release(idx, &mut st);
+                s.release(idx, &mut st, Some(&self.qp.inner));
                 drop(st);
                 self.slot = None;
                 Poll::Ready(r)
@@ -816,10 +869,13 @@ impl Drop for OpFuture<'_> {
             let s = &self.qp.inner.engine;
             let mut st = s.slots[idx as usize].state.lock();
             if st.result.is_some() {
-                s.release(idx, &mut st); // completed but never polled again
+                s.release(idx, &mut st, Some(&self.qp.inner)); // completed, never polled again
             } else {
-                st.abandoned = true; // the engine releases slot and buffer on completion
+                // The engine releases slot, entries and buffer on completion; until then the
+                // slot keeps the QP alive.
+                st.abandoned = true;
                 st.waker = None;
+                st.owner = Some(self.qp.inner.clone());
             }
         }
     }

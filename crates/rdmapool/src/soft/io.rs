@@ -203,13 +203,17 @@ pub(crate) unsafe fn send_all(
     fd: RawFd,
     iov: &mut IoVecs,
     deadline: Instant,
+    more: bool,
     mut on_block: impl FnMut() -> bool,
 ) -> io::Result<()> {
+    // MSG_MORE: more requests of the same post follow, so the kernel may hold this one
+    // back and put the whole list into one segment (a doorbell for a list of WRs).
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
     let mut backoff = Backoff(None);
     while !iov.is_done() {
         let m = iov.msghdr();
         // SAFETY: the caller guarantees the iovecs point at readable memory.
-        let n = unsafe { libc::sendmsg(fd, &m, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        let n = unsafe { libc::sendmsg(fd, &m, flags) };
         if n >= 0 {
             iov.advance(n as usize);
             backoff.reset();
@@ -242,7 +246,7 @@ pub(crate) fn send_buf(fd: RawFd, buf: &[u8], deadline: Instant) -> io::Result<(
     let mut iov = IoVecs::new();
     iov.push(buf.as_ptr(), buf.len());
     // SAFETY: the piece is the caller's buffer, borrowed for the call.
-    unsafe { send_all(fd, &mut iov, deadline, || true) }
+    unsafe { send_all(fd, &mut iov, deadline, false, || true) }
 }
 
 /// Waits for `fd` to become readable: spins for `spin` first (cheap wake-up while traffic

@@ -369,8 +369,8 @@ impl SoftQp {
     pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut sq = self.sq.lock();
         let mut result = Ok(());
-        for wr in wrs {
-            if let Err(e) = self.post_one(&mut sq, wr) {
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(e) = self.post_one(&mut sq, wr, i + 1 < wrs.len()) {
                 result = Err(e);
                 break;
             }
@@ -379,7 +379,7 @@ impl SoftQp {
         result
     }
 
-    fn post_one(&self, sq: &mut SendQueue, wr: &SendWr<'_>) -> Result<()> {
+    fn post_one(&self, sq: &mut SendQueue, wr: &SendWr<'_>, more: bool) -> Result<()> {
         let state = self.state();
         if !matches!(state, QpState::Rts | QpState::Error) {
             return Err(self.bad_state("posting sends needs RTS"));
@@ -468,7 +468,7 @@ impl SoftQp {
             swap,
             imm,
         };
-        self.transmit(sq, &req, p);
+        self.transmit(sq, &req, p, more);
         Ok(())
     }
 
@@ -591,7 +591,7 @@ impl SoftQp {
     }
 
     /// Puts one request on the wire (header plus gathered payload) and queues it.
-    fn transmit(&self, sq: &mut SendQueue, req: &Request, mut p: Pending) {
+    fn transmit(&self, sq: &mut SendQueue, req: &Request, mut p: Pending, more: bool) {
         let hdr = req.encode();
         let fd = sq
             .conn
@@ -621,7 +621,7 @@ impl SoftQp {
                     // SAFETY: the header is on our stack and each payload piece lies inside
                     // a region whose registration `_held` keeps for the whole send.
                     Some(unsafe {
-                        io::send_all(fd, &mut iov, deadline, || {
+                        io::send_all(fd, &mut iov, deadline, more, || {
                             self.progress_rx(sq);
                             sq.broken.is_none()
                         })

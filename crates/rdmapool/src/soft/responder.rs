@@ -263,7 +263,7 @@ fn execute(
             iov.push(req.remote_addr as *const u8, req.len as usize);
             // SAFETY: the header is ours; the data range passed the bounds check of a region
             // that `_held` keeps registered and that grants REMOTE_READ.
-            unsafe { io::send_all(fd, &mut iov, deadline, || true) }
+            unsafe { io::send_all(fd, &mut iov, deadline, false, || true) }
         }
         ReqOp::CompareSwap | ReqOp::FetchAdd => {
             if !req.remote_addr.is_multiple_of(8) {

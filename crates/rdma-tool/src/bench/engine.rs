@@ -1,0 +1,428 @@
+//! `bench data --async`, `--batch N`, `--cqs N`: the progress engine and the async API
+//! against the raw fabric-level loop on the same provider and peer, in the same run.
+
+use super::data::{Bench, Op};
+use super::report::Row;
+use super::Stats;
+use crate::peer::PeerProcess;
+use crate::{Result, ToolError};
+use rdmapool::cq::{AsyncQp, Engine, EngineConfig, LocalBuf, OpFuture, Progress};
+use rdmapool::fabric::*;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Barrier};
+use std::task::{Context as TaskContext, Poll, Waker};
+use std::time::Instant;
+
+/// What the engine benchmarks run against.
+pub(super) struct Target<'a> {
+    pub(super) peer: &'a PeerProcess,
+    pub(super) ctx: &'a Context,
+    pub(super) pd: &'a Pd,
+    pub(super) cfg: QpConfig,
+    /// "soft" or "verbs".
+    pub(super) provider: &'static str,
+    /// The path or device, for the rows.
+    pub(super) path: String,
+}
+
+/// A fresh engine with its own CQs and `qps` QPs connected to the peer, spread over them.
+struct Rig {
+    engine: Engine,
+    qps: Vec<(AsyncQp, usize)>,
+    remote: RemoteAddr,
+}
+
+impl Target<'_> {
+    fn rig(&self, cqs: usize, qps: usize, progress: Progress) -> Result<Rig> {
+        let cq_list = (0..cqs)
+            .map(|_| self.ctx.create_cq(4096))
+            .collect::<rdmapool::Result<Vec<_>>>()?;
+        let engine = Engine::new(
+            cq_list.clone(),
+            EngineConfig {
+                progress,
+                ..EngineConfig::default()
+            },
+        )?;
+        let mut out = Vec::new();
+        let mut region = None;
+        for k in 0..qps {
+            let (qp, r) = self.peer.connect(self.pd, &cq_list[k % cqs], &self.cfg)?;
+            region = Some(r);
+            out.push((engine.wrap(qp, &self.cfg), k % cqs));
+        }
+        let region = region.ok_or_else(|| ToolError::Msg("a rig needs a QP".into()))?;
+        Ok(Rig {
+            engine,
+            qps: out,
+            remote: region.at(0)?,
+        })
+    }
+
+    fn row(&self, op: String, metric: &str, iters: u64) -> Row {
+        Row {
+            provider: self.provider.into(),
+            transport: self.path.clone(),
+            op,
+            metric: metric.into(),
+            size: 8,
+            iters,
+            median_ns: 0.0,
+            p99_ns: 0.0,
+            gbps: 0.0,
+            mops: 0.0,
+            reference: String::new(),
+            reference_value: 0.0,
+            ratio: 0.0,
+        }
+    }
+
+    /// 8-byte WRITE latency through the async API in each progress mode, each next to the
+    /// raw post-and-poll loop measured just before it.
+    pub(super) fn async_latency(&self, raw: &Bench, iters: u64) -> Result<Vec<Row>> {
+        let local = Arc::new(self.pd.alloc_mr(4096, AccessFlags::all_remote())?);
+        let mut rows = Vec::new();
+        let warm = (iters / 10).max(10);
+        for (mode, name) in [
+            (Progress::Caller, "caller-driven"),
+            (Progress::BusyPoll, "busy-poll thread"),
+            (Progress::Event, "event (AsyncFd)"),
+        ] {
+            let raw_lat = raw.latency(Op::Write, 8, iters)?;
+            // Event mode needs the runtime when the engine is made; the others ignore it.
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| ToolError::Io("tokio runtime".into(), e))?;
+            let _in_rt = rt.enter();
+            let rig = self.rig(1, 1, mode)?;
+            let q = &rig.qps[0].0;
+            let mut samples = Vec::with_capacity(iters as usize);
+            let op = || q.write(LocalBuf::Region(local.clone()), 0, 8, rig.remote);
+            if mode == Progress::Caller {
+                for i in 0..warm + iters {
+                    let t = Instant::now();
+                    rig.engine.run_until(op())?;
+                    if i >= warm {
+                        samples.push(t.elapsed().as_nanos() as u64);
+                    }
+                }
+            } else {
+                rt.block_on(async {
+                    for i in 0..warm + iters {
+                        let t = Instant::now();
+                        op().await?;
+                        if i >= warm {
+                            samples.push(t.elapsed().as_nanos() as u64);
+                        }
+                    }
+                    Ok::<_, rdmapool::Error>(())
+                })?;
+            }
+            let lat = Stats::from_samples(&samples);
+            rows.push(Row {
+                median_ns: lat.median_ns,
+                p99_ns: lat.p99_ns,
+                reference: "raw post + busy-poll".into(),
+                reference_value: raw_lat.median_ns,
+                ratio: lat.median_ns / raw_lat.median_ns,
+                ..self.row(format!("write async {name}"), "latency", iters)
+            });
+        }
+        Ok(rows)
+    }
+
+    /// Message rate of 8-byte WRITEs posted as lists of `n` (one doorbell, last signalled)
+    /// against one work request per doorbell with the same number in flight: raw and async.
+    pub(super) fn batching(&self, raw: &Bench, n: usize, count: u64) -> Result<Vec<Row>> {
+        let count = count / n as u64 * n as u64;
+        let depth = 2 * n;
+        let single = rate(count, || raw_window(raw, depth, count))?;
+        let batched = rate(count, || raw_batches(raw, n, count))?;
+        let rig = self.rig(1, 1, Progress::Caller)?;
+        let local = Arc::new(self.pd.alloc_mr(4096, AccessFlags::all_remote())?);
+        let q = &rig.qps[0].0;
+        let a_single = rate(count, || {
+            async_window(&rig.engine, q, &local, rig.remote, depth, count, 0)
+        })?;
+        let a_batched = rate(count, || {
+            async_batches(&rig.engine, q, &local, rig.remote, n, count)
+        })?;
+        let r = |op: String, mops: f64, reference: String, reference_value: f64| Row {
+            mops,
+            reference,
+            reference_value,
+            ratio: mops / reference_value,
+            ..self.row(op, "rate", count)
+        };
+        Ok(vec![
+            r(
+                format!("write raw list {n}"),
+                batched,
+                format!("raw 1 WR/doorbell, {depth} in flight"),
+                single,
+            ),
+            r(
+                format!("write async batch {n}"),
+                a_batched,
+                format!("async 1 op/future, {depth} in flight"),
+                a_single,
+            ),
+        ])
+    }
+
+    /// 8-byte WRITE message rate of `threads` threads, each with its own QP and a window of
+    /// 16 futures, over `cqs` CQs; each thread drives the CQ its QP is bound to.
+    pub(super) fn cq_scaling(&self, cqs: usize, threads: usize, count: u64) -> Result<f64> {
+        let rig = self.rig(cqs, threads, Progress::Caller)?;
+        let local = Arc::new(
+            self.pd
+                .alloc_mr(64 * threads.max(1), AccessFlags::all_remote())?,
+        );
+        let start = Barrier::new(threads + 1);
+        let t = std::thread::scope(|s| {
+            let workers: Vec<_> = rig
+                .qps
+                .iter()
+                .enumerate()
+                .map(|(k, (q, cq))| {
+                    let (engine, local, start) = (&rig.engine, &local, &start);
+                    let remote = RemoteAddr {
+                        addr: rig.remote.addr + 64 * k as u64,
+                        ..rig.remote
+                    };
+                    s.spawn(move || {
+                        start.wait();
+                        async_window(engine, q, local, remote, 16, count, *cq).map(|_| ())
+                    })
+                })
+                .collect();
+            start.wait();
+            let t = Instant::now();
+            for w in workers {
+                w.join()
+                    .map_err(|_| ToolError::Msg("a benchmark thread panicked".into()))??;
+            }
+            Ok::<_, ToolError>(t.elapsed())
+        })?;
+        Ok((threads as u64 * count) as f64 / t.as_nanos() as f64 * 1e3)
+    }
+
+    /// Rows for 1, 2, 4... CQs, each against the first count in `cqs`.
+    pub(super) fn cq_scaling_rows(
+        &self,
+        cqs: &[usize],
+        threads: usize,
+        count: u64,
+    ) -> Result<Vec<Row>> {
+        let mut rows = Vec::new();
+        let mut base = None;
+        for &n in cqs {
+            let mops = self.cq_scaling(n, threads, count)?;
+            let (first_n, first) = *base.get_or_insert((n, mops));
+            rows.push(Row {
+                mops,
+                reference: format!("{threads} threads on {first_n} CQ"),
+                reference_value: first,
+                ratio: mops / first,
+                ..self.row(
+                    format!("write {threads}thr {n}cq"),
+                    "rate",
+                    count * threads as u64,
+                )
+            });
+        }
+        Ok(rows)
+    }
+}
+
+/// Runs `f` (which performs `count` operations) three times; the best rate in Mop/s.
+fn rate(count: u64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        f()?;
+        best = best.max(count as f64 / t.elapsed().as_nanos() as f64 * 1e3);
+    }
+    Ok(best)
+}
+
+/// Raw: one signalled WR per post, `depth` in flight.
+fn raw_window(b: &Bench, depth: usize, count: u64) -> Result<()> {
+    let sg = [b.local.sge(0, 8)?];
+    let remote = b.region.at(0)?;
+    let mut buf = [Completion::EMPTY; 64];
+    let (mut posted, mut done) = (0u64, 0u64);
+    while done < count {
+        while posted < count && posted - done < depth as u64 {
+            b.qp.post_send(&[SendWr {
+                wr_id: posted,
+                op: WrOp::Write { remote, imm: None },
+                sg_list: &sg,
+                signaled: true,
+            }])?;
+            posted += 1;
+        }
+        done += b.wait_one(&mut buf)? as u64;
+    }
+    Ok(())
+}
+
+/// Raw: lists of `n` WRs in one post, only the last signalled, two lists in flight.
+fn raw_batches(b: &Bench, n: usize, count: u64) -> Result<()> {
+    let sg = [b.local.sge(0, 8)?];
+    let remote = b.region.at(0)?;
+    let list: Vec<SendWr<'_>> = (0..n)
+        .map(|i| SendWr {
+            wr_id: i as u64,
+            op: WrOp::Write { remote, imm: None },
+            sg_list: &sg,
+            signaled: i == n - 1,
+        })
+        .collect();
+    let mut buf = [Completion::EMPTY; 4];
+    let (mut posted, mut done) = (0u64, 0u64);
+    while done < count {
+        while posted < count && posted - done < 2 * n as u64 {
+            b.qp.post_send(&list)?;
+            posted += n as u64;
+        }
+        done += (b.wait_one(&mut buf)? * n) as u64;
+    }
+    Ok(())
+}
+
+/// Async: `depth` single-WRITE futures in flight, driven on this thread (polling CQ `cq`).
+fn async_window(
+    engine: &Engine,
+    q: &AsyncQp,
+    local: &Arc<Mr>,
+    remote: RemoteAddr,
+    depth: usize,
+    count: u64,
+    cq: usize,
+) -> Result<()> {
+    let mut window: Vec<Option<OpFuture<'_>>> = (0..depth).map(|_| None).collect();
+    let mut cx = TaskContext::from_waker(Waker::noop());
+    let (mut started, mut done) = (0u64, 0u64);
+    while done < count {
+        let mut progressed = false;
+        for f in window.iter_mut() {
+            if f.is_none() && started < count {
+                *f = Some(q.write(LocalBuf::Region(local.clone()), 0, 8, remote));
+                started += 1;
+            }
+            if let Some(fut) = f {
+                if let Poll::Ready(r) = Pin::new(fut).poll(&mut cx) {
+                    r?;
+                    *f = None;
+                    done += 1;
+                    progressed = true;
+                }
+            }
+        }
+        if !progressed {
+            engine.progress_cq(cq);
+        }
+    }
+    Ok(())
+}
+
+/// Async: batches of `n` WRITEs (one future each), two in flight.
+fn async_batches(
+    engine: &Engine,
+    q: &AsyncQp,
+    local: &Arc<Mr>,
+    remote: RemoteAddr,
+    n: usize,
+    count: u64,
+) -> Result<()> {
+    let batch = || {
+        q.batch(
+            (0..n)
+                .map(|_| {
+                    (
+                        WrOp::Write { remote, imm: None },
+                        LocalBuf::Region(local.clone()),
+                        0,
+                        8,
+                    )
+                })
+                .collect(),
+        )
+    };
+    let mut window: [Option<OpFuture<'_>>; 2] = [None, None];
+    let mut cx = TaskContext::from_waker(Waker::noop());
+    let (mut started, mut done) = (0u64, 0u64);
+    while done < count {
+        let mut progressed = false;
+        for f in window.iter_mut() {
+            if f.is_none() && started < count {
+                *f = Some(batch());
+                started += n as u64;
+            }
+            if let Some(fut) = f {
+                if let Poll::Ready(r) = Pin::new(fut).poll(&mut cx) {
+                    r?;
+                    *f = None;
+                    done += n as u64;
+                    progressed = true;
+                }
+            }
+        }
+        if !progressed {
+            engine.progress();
+        }
+    }
+    Ok(())
+}
+
+/// Which engine benchmarks to run (from `bench data`'s flags).
+pub(super) struct Selection {
+    /// Async latency in the three progress modes.
+    pub(super) latency: bool,
+    /// List lengths for the batching comparison.
+    pub(super) batch: Vec<usize>,
+    /// CQ counts for the scaling comparison.
+    pub(super) cqs: Vec<usize>,
+    /// Threads for the scaling comparison.
+    pub(super) threads: usize,
+    /// Latency iterations.
+    pub(super) iters: u64,
+    /// Operations per rate measurement (per thread for scaling).
+    pub(super) count: u64,
+}
+
+impl Selection {
+    /// Whether any engine benchmark was asked for.
+    pub(super) fn any(&self) -> bool {
+        self.latency || !self.batch.is_empty() || !self.cqs.is_empty()
+    }
+
+    /// Runs what was asked for against `target`, with `raw` as the fabric-level reference.
+    pub(super) fn run(&self, target: &Target<'_>, raw: &Bench) -> Result<Vec<Row>> {
+        let mut rows = Vec::new();
+        if self.latency {
+            rows.extend(target.async_latency(raw, self.iters)?);
+        }
+        for &n in &self.batch {
+            if n == 0 || n as u32 * 2 > target.cfg.max_send_wr {
+                return Err(ToolError::Msg(format!(
+                    "--batch {n}: lists must be 1..={} long (two in flight fill the send queue)",
+                    target.cfg.max_send_wr / 2
+                )));
+            }
+            rows.extend(target.batching(raw, n, self.count)?);
+        }
+        if !self.cqs.is_empty() {
+            if self.cqs.contains(&0) || self.threads == 0 {
+                return Err(ToolError::Msg(
+                    "--cqs and --threads take positive numbers".into(),
+                ));
+            }
+            rows.extend(target.cq_scaling_rows(&self.cqs, self.threads, self.count / 4)?);
+        }
+        Ok(rows)
+    }
+}
