@@ -37,6 +37,11 @@ impl IoVecs {
         self.first >= self.iov.len()
     }
 
+    /// The next piece still to fill or drain.
+    fn current(&self) -> Option<&libc::iovec> {
+        self.iov.get(self.first)
+    }
+
     fn advance(&mut self, mut n: usize) {
         while n > 0 && !self.is_done() {
             let v = &mut self.iov[self.first];
@@ -283,4 +288,128 @@ pub(crate) fn wait_readable(
         }
     }
     wait_fd(fd, libc::POLLIN, deadline)
+}
+
+/// Bytes read from a socket ahead of the frame being parsed. One `recv` takes every frame
+/// that has arrived, so a list of requests (or their responses) costs one system call rather
+/// than one or two per frame. Payloads go to their destination: buffered bytes are copied,
+/// the rest is received straight into registered memory.
+pub(crate) struct RxBuf {
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+/// Read-ahead per connection: a few hundred frames, small next to a socket buffer.
+const RX_AHEAD: usize = 64 * 1024;
+
+impl RxBuf {
+    pub(crate) fn new() -> Self {
+        Self {
+            buf: vec![0u8; RX_AHEAD].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// Bytes buffered and not yet taken.
+    pub(crate) fn len(&self) -> usize {
+        self.end - self.start
+    }
+
+    fn compact(&mut self) {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+    }
+
+    /// One non-blocking read of whatever has arrived. Ok(0): nothing new (or the buffer is
+    /// full); Err(UnexpectedEof) on EOF.
+    pub(crate) fn fill_nowait(&mut self, fd: RawFd) -> io::Result<usize> {
+        if self.end == self.buf.len() {
+            self.compact();
+        }
+        if self.end == self.buf.len() {
+            return Ok(0);
+        }
+        let n = recv_nowait(fd, &mut self.buf[self.end..])?;
+        self.end += n;
+        Ok(n)
+    }
+
+    /// Waits (until `deadline`) until at least `n` bytes (a frame header) are buffered.
+    pub(crate) fn fill_to(&mut self, fd: RawFd, n: usize, deadline: Instant) -> io::Result<()> {
+        debug_assert!(n <= self.buf.len());
+        if self.len() >= n {
+            return Ok(());
+        }
+        if self.start + n > self.buf.len() {
+            self.compact();
+        }
+        let mut backoff = Backoff(None);
+        while self.len() < n {
+            match self.fill_nowait(fd)? {
+                0 if backoff.spin() => {}
+                0 => {
+                    if !wait_fd(fd, libc::POLLIN, Some(deadline))? {
+                        return Err(timed_out());
+                    }
+                }
+                _ => backoff.reset(),
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the next `n` buffered bytes (callers check `len()` first).
+    pub(crate) fn take(&mut self, n: usize) -> &[u8] {
+        let s = self.start;
+        self.start += n.min(self.len());
+        &self.buf[s..self.start]
+    }
+
+    /// Moves the next bytes of the stream into every piece of `iov`: buffered bytes first,
+    /// the rest straight from the socket.
+    ///
+    /// # Safety
+    /// Every piece must be writable memory that stays valid for the call.
+    pub(crate) unsafe fn read_into(
+        &mut self,
+        fd: RawFd,
+        iov: &mut IoVecs,
+        deadline: Instant,
+    ) -> io::Result<()> {
+        while self.len() > 0 {
+            let Some(v) = iov.current() else { break };
+            let n = v.iov_len.min(self.len());
+            // SAFETY: the source is our buffer; the destination piece is writable for
+            // iov_len >= n bytes (the caller's guarantee); they cannot overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.buf[self.start..].as_ptr(),
+                    v.iov_base as *mut u8,
+                    n,
+                )
+            };
+            self.start += n;
+            iov.advance(n);
+        }
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        }
+        if iov.is_done() {
+            return Ok(());
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { recv_all(fd, iov, deadline) }
+    }
+
+    /// Skips the next `n` bytes of the stream (a payload that will not be executed).
+    pub(crate) fn discard(&mut self, fd: RawFd, n: usize, deadline: Instant) -> io::Result<()> {
+        let k = n.min(self.len());
+        self.start += k;
+        discard(fd, n - k, deadline)
+    }
 }

@@ -2,7 +2,7 @@
 
 use super::addr::{host_id, SoftAddress};
 use super::cq::SoftCq;
-use super::io::{self, IoVecs};
+use super::io::{self, IoVecs, RxBuf};
 use super::keys::MrInner;
 use super::memory::Mapping;
 use super::shm::{self, FastOp, RemoteMr, RemoteQpState};
@@ -63,6 +63,8 @@ struct Pending {
 /// The send side. Invariant: `pending` is some `Sent` entries followed by `Done` ones.
 struct SendQueue {
     conn: Option<OwnedFd>,
+    /// Responses read ahead of the one being applied.
+    rx: RxBuf,
     broken: Option<WcStatus>,
     pending: VecDeque<Pending>,
     in_flight: usize,
@@ -135,6 +137,7 @@ impl SoftQp {
             conn_fd: AtomicI32::new(-1),
             sq: Mutex::new(SendQueue {
                 conn: None,
+                rx: RxBuf::new(),
                 broken: None,
                 pending: VecDeque::with_capacity(cfg.max_send_wr as usize),
                 in_flight: 0,
@@ -477,7 +480,9 @@ impl SoftQp {
     /// (not a local peer, socket requests still in flight — RC order —, a region the peer
     /// cannot share, or an operation that needs the peer's receive queue).
     fn try_zero_copy(&self, sq: &mut SendQueue, op: &WrOp, p: &Pending) -> Option<WcStatus> {
-        if sq.in_flight != 0 || p.byte_len == 0 {
+        // (Read-ahead bytes are only there while responses are outstanding; the Map
+        // exchange below reads the socket directly.)
+        if sq.in_flight != 0 || sq.rx.len() != 0 || p.byte_len == 0 {
             return None;
         }
         let (remote, fop) = match *op {
@@ -704,20 +709,24 @@ impl SoftQp {
         while sq.in_flight > 0 {
             // Completed requests leave the head first, so the head is the oldest one sent.
             self.drain_done(sq);
-            let mut hdr = [0u8; RESP_LEN];
-            let got = match io::recv_nowait(fd, &mut hdr) {
-                Ok(0) => break,
-                Ok(n) if n < RESP_LEN => {
-                    io::recv_exact(fd, &mut hdr[n..], Instant::now() + self.cfg.timeout).map(|_| ())
+            if sq.rx.len() < RESP_LEN {
+                // One read takes every response that has arrived.
+                match sq.rx.fill_nowait(fd) {
+                    Ok(_) if sq.rx.len() == 0 => break,
+                    Ok(_) => {}
+                    Err(_) => {
+                        self.break_connection(sq, fd, WcStatus::RetryExcErr);
+                        return;
+                    }
                 }
-                Ok(_) => Ok(()),
-                Err(e) => Err(e),
-            };
-            if got.is_err() {
-                self.break_connection(sq, fd, WcStatus::RetryExcErr);
-                return;
+                let deadline = Instant::now() + self.cfg.timeout;
+                if sq.rx.fill_to(fd, RESP_LEN, deadline).is_err() {
+                    self.break_connection(sq, fd, WcStatus::RetryExcErr);
+                    return;
+                }
             }
-            let status = match Response::decode(&hdr, self.ctx.max_msg) {
+            let hdr: &[u8; RESP_LEN] = sq.rx.take(RESP_LEN).try_into().expect("a whole header");
+            let status = match Response::decode(hdr, self.ctx.max_msg) {
                 Ok(resp) => self.complete_front(sq, fd, resp),
                 Err(_) => Err(WcStatus::BadRespErr),
             };
@@ -742,7 +751,8 @@ impl SoftQp {
         resp: Response,
     ) -> std::result::Result<(), WcStatus> {
         let timeout = self.cfg.timeout;
-        let e = sq.pending.front_mut().ok_or(WcStatus::BadRespErr)?;
+        let SendQueue { pending, rx, .. } = sq;
+        let e = pending.front_mut().ok_or(WcStatus::BadRespErr)?;
         if e.outcome != Outcome::Sent || e.seq != resp.seq() {
             return Err(WcStatus::BadRespErr);
         }
@@ -761,12 +771,12 @@ impl SoftQp {
                         }
                         // SAFETY: each piece lies in a registered region with LOCAL_WRITE
                         // (checked at post time) that `_held` keeps registered.
-                        unsafe { io::recv_all(fd, &mut iov, deadline) }
+                        unsafe { rx.read_into(fd, &mut iov, deadline) }
                             .map_err(|_| WcStatus::RetryExcErr)?;
                         WcStatus::Success
                     }
                     None => {
-                        io::discard(fd, len as usize, deadline)
+                        rx.discard(fd, len as usize, deadline)
                             .map_err(|_| WcStatus::RetryExcErr)?;
                         WcStatus::LocProtErr
                     }

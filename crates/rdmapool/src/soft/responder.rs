@@ -1,10 +1,10 @@
 //! The target half of the emulated NIC: executes incoming requests against registered
 //! memory, with the access checks an HCA makes, on its own threads (never the application's).
 
-use super::io::{self, IoVecs};
+use super::io::{self, IoVecs, RxBuf};
 use super::keys::MrInner;
 use super::qp::{RecvEntry, SoftQp};
-use super::wire::{self, HelloStatus, ReqOp, Request, Response, HELLO_LEN, REQ_LEN};
+use super::wire::{self, HelloStatus, ReqOp, Request, Response, HELLO_LEN, REQ_LEN, RESP_LEN};
 use super::{shm, CtxShared};
 use crate::fabric::{AccessFlags, Completion, QpState, WcOpcode, WcStatus};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -24,27 +24,51 @@ pub(crate) fn serve(ctx: Arc<CtxShared>, conn: OwnedFd, local: bool) {
     let (qpn, timeout) = (qp.qpn, qp.cfg.timeout);
     let weak = Arc::downgrade(&qp);
     drop(qp);
+    let mut conn = Conn {
+        fd,
+        rx: RxBuf::new(),
+        tx: Vec::with_capacity(TX_BATCH * RESP_LEN),
+        timeout,
+    };
     loop {
-        // Wait for the next frame: spin briefly while traffic flows, then sleep.
-        match io::wait_readable(
-            fd,
-            ctx.spin,
-            Some(Instant::now() + Duration::from_millis(200)),
-        ) {
-            Ok(true) => {}
-            Ok(false) => {
-                if ctx.is_closing() || weak.strong_count() == 0 {
-                    return;
-                }
-                continue;
+        if conn.rx.len() < REQ_LEN {
+            // No whole request buffered: answer what was executed (one send for a list of
+            // requests), then read what has arrived, or wait for it.
+            if conn.flush().is_err() {
+                return;
             }
-            Err(_) => return,
+            match conn.rx.fill_nowait(fd) {
+                Ok(0) => {}
+                Ok(_) => continue,
+                Err(_) => return, // EOF or reset
+            }
+            if conn.rx.len() == 0 {
+                // Spin briefly while traffic flows, then sleep.
+                match io::wait_readable(
+                    fd,
+                    ctx.spin,
+                    Some(Instant::now() + Duration::from_millis(200)),
+                ) {
+                    Ok(true) => continue,
+                    Ok(false) => {
+                        if ctx.is_closing() || weak.strong_count() == 0 {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(_) => return,
+                }
+            }
         }
-        let mut hdr = [0u8; REQ_LEN];
-        if io::recv_exact(fd, &mut hdr, Instant::now() + timeout).is_err() {
+        if conn
+            .rx
+            .fill_to(fd, REQ_LEN, Instant::now() + timeout)
+            .is_err()
+        {
             return; // EOF or a peer that stalled mid-frame
         }
-        let req = match Request::decode(&hdr, ctx.max_msg) {
+        let hdr: &[u8; REQ_LEN] = conn.rx.take(REQ_LEN).try_into().expect("a whole header");
+        let req = match Request::decode(hdr, ctx.max_msg) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(qpn, "closing connection: {e}");
@@ -52,10 +76,53 @@ pub(crate) fn serve(ctx: Arc<CtxShared>, conn: OwnedFd, local: bool) {
             }
         };
         let Some(qp) = upgrade(&weak) else { return };
-        if let Err(e) = execute(&ctx, &qp, fd, &req, local) {
+        if let Err(e) = execute(&ctx, &qp, &mut conn, &req, local) {
             tracing::debug!(qpn, "connection ended: {e}");
             return;
         }
+    }
+}
+
+/// Responses held back to go out together, at most.
+const TX_BATCH: usize = 64;
+
+/// One served connection: its read-ahead and the responses not yet sent.
+struct Conn {
+    fd: RawFd,
+    rx: RxBuf,
+    tx: Vec<u8>,
+    timeout: Duration,
+}
+
+impl Conn {
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    /// Queues a fixed-size response; sends the queue when it is full.
+    fn reply(&mut self, r: Response) -> std::io::Result<()> {
+        self.tx.extend_from_slice(&r.encode());
+        if self.tx.len() >= TX_BATCH * RESP_LEN {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Sends the queued responses (before anything that may wait, and when no request is
+    /// buffered).
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.tx.is_empty() {
+            return Ok(());
+        }
+        let r = io::send_buf(self.fd, &self.tx, self.deadline());
+        self.tx.clear();
+        r
+    }
+
+    fn skip_payload(&mut self, req: &Request) -> std::io::Result<()> {
+        let deadline = self.deadline();
+        self.rx
+            .discard(self.fd, req.payload_len() as usize, deadline)
     }
 }
 
@@ -105,6 +172,15 @@ fn ready(qp: &SoftQp) -> bool {
     }
 }
 
+/// Takes the oldest posted receive; before waiting for one, sends the queued responses.
+fn take_recv_flushing(qp: &SoftQp, conn: &mut Conn) -> std::io::Result<Option<RecvEntry>> {
+    if let Some(e) = qp.rq.lock().pop_front() {
+        return Ok(Some(e));
+    }
+    conn.flush()?;
+    Ok(take_recv(qp))
+}
+
 /// Takes the oldest posted receive, waiting up to the RNR timeout for one.
 fn take_recv(qp: &SoftQp) -> Option<RecvEntry> {
     let until = Instant::now() + qp.cfg.rnr_timeout;
@@ -148,20 +224,22 @@ fn check(ctx: &CtxShared, qp: &SoftQp, req: &Request, need: AccessFlags) -> Opti
 fn execute(
     ctx: &CtxShared,
     qp: &SoftQp,
-    fd: RawFd,
+    conn: &mut Conn,
     req: &Request,
     local: bool,
 ) -> std::io::Result<()> {
-    let deadline = Instant::now() + qp.cfg.timeout;
-    let reply = |r: Response| io::send_buf(fd, &r.encode(), deadline);
+    let fd = conn.fd;
+    let deadline = conn.deadline();
     let nak = |status: WcStatus| Response::Nak {
         seq: req.seq,
         status,
     };
-    let skip_payload = || io::discard(fd, req.payload_len() as usize, deadline);
-    if !ready(qp) {
-        skip_payload()?;
-        return reply(nak(WcStatus::RetryExcErr));
+    if !matches!(qp.state(), QpState::Rtr | QpState::Rts) {
+        conn.flush()?; // about to wait: send what is done
+        if !ready(qp) {
+            conn.skip_payload(req)?;
+            return conn.reply(nak(WcStatus::RetryExcErr));
+        }
     }
     match req.op {
         ReqOp::Map => {
@@ -178,6 +256,7 @@ fn execute(
                 mappable: memfd.is_some(),
             }
             .encode();
+            conn.flush()?;
             match memfd {
                 Some(m) => shm::send_with_fds(fd, &hdr, &[m]),
                 None => io::send_buf(fd, &hdr, deadline),
@@ -190,34 +269,34 @@ fn execute(
                 match check(ctx, qp, req, AccessFlags::REMOTE_WRITE) {
                     Some(mr) => Some(mr),
                     None => {
-                        skip_payload()?;
+                        conn.skip_payload(req)?;
                         qp.enter_error();
-                        return reply(nak(WcStatus::RemAccessErr));
+                        return conn.reply(nak(WcStatus::RemAccessErr));
                     }
                 }
             };
             // WRITE with immediate needs a receive before anything is written.
             let recv = match req.imm {
-                Some(_) => match take_recv(qp) {
+                Some(_) => match take_recv_flushing(qp, conn)? {
                     Some(r) => Some(r),
                     None => {
-                        skip_payload()?;
-                        return reply(nak(WcStatus::RnrRetryExcErr));
+                        conn.skip_payload(req)?;
+                        return conn.reply(nak(WcStatus::RnrRetryExcErr));
                     }
                 },
                 None => None,
             };
             if let Some(mr) = mr {
                 let Some(_held) = mr.hold() else {
-                    skip_payload()?;
+                    conn.skip_payload(req)?;
                     qp.enter_error();
-                    return reply(nak(WcStatus::RemAccessErr));
+                    return conn.reply(nak(WcStatus::RemAccessErr));
                 };
                 let mut iov = IoVecs::new();
                 iov.push(req.remote_addr as *const u8, req.len as usize);
                 // SAFETY: the range passed the bounds check of a region that `_held` keeps
                 // registered (so mapped and pinned), and it grants REMOTE_WRITE.
-                unsafe { io::recv_all(fd, &mut iov, deadline)? };
+                unsafe { conn.rx.read_into(fd, &mut iov, deadline)? };
             }
             if let Some(r) = recv {
                 recv_completion(
@@ -229,7 +308,7 @@ fn execute(
                     req.imm,
                 );
             }
-            reply(Response::Ack { seq: req.seq })
+            conn.reply(Response::Ack { seq: req.seq })
         }
         ReqOp::Read => {
             let held = if req.len == 0 {
@@ -239,7 +318,7 @@ fn execute(
                     Some(mr) => Some(mr),
                     None => {
                         qp.enter_error();
-                        return reply(nak(WcStatus::RemAccessErr));
+                        return conn.reply(nak(WcStatus::RemAccessErr));
                     }
                 }
             };
@@ -255,28 +334,29 @@ fn execute(
                     Some(g) => Some(g),
                     None => {
                         qp.enter_error();
-                        return reply(nak(WcStatus::RemAccessErr));
+                        return conn.reply(nak(WcStatus::RemAccessErr));
                     }
                 },
                 None => None,
             };
             iov.push(req.remote_addr as *const u8, req.len as usize);
-            // SAFETY: the header is ours; the data range passed the bounds check of a region
-            // that `_held` keeps registered and that grants REMOTE_READ.
+            conn.flush()?; // responses leave in order
+                           // SAFETY: the header is ours; the data range passed the bounds check of a region
+                           // that `_held` keeps registered and that grants REMOTE_READ.
             unsafe { io::send_all(fd, &mut iov, deadline, false, || true) }
         }
         ReqOp::CompareSwap | ReqOp::FetchAdd => {
             if !req.remote_addr.is_multiple_of(8) {
                 qp.enter_error();
-                return reply(nak(WcStatus::RemInvReqErr));
+                return conn.reply(nak(WcStatus::RemInvReqErr));
             }
             let Some(mr) = check(ctx, qp, req, AccessFlags::REMOTE_ATOMIC) else {
                 qp.enter_error();
-                return reply(nak(WcStatus::RemAccessErr));
+                return conn.reply(nak(WcStatus::RemAccessErr));
             };
             let Some(_held) = mr.hold() else {
                 qp.enter_error();
-                return reply(nak(WcStatus::RemAccessErr));
+                return conn.reply(nak(WcStatus::RemAccessErr));
             };
             // SAFETY: 8-byte aligned, inside a registered, pinned region kept registered by
             // `_held`; every RDMA atomic on this word goes through an AtomicU64, so they are
@@ -294,37 +374,37 @@ fn execute(
             } else {
                 word.fetch_add(req.compare_add, Ordering::AcqRel)
             };
-            reply(Response::Atomic { seq: req.seq, old })
+            conn.reply(Response::Atomic { seq: req.seq, old })
         }
         ReqOp::Send => {
-            let Some(r) = take_recv(qp) else {
-                skip_payload()?;
-                return reply(nak(WcStatus::RnrRetryExcErr));
+            let Some(r) = take_recv_flushing(qp, conn)? else {
+                conn.skip_payload(req)?;
+                return conn.reply(nak(WcStatus::RnrRetryExcErr));
             };
             let opcode = WcOpcode::Recv;
             let local = match r.local {
                 Ok(l) => l,
                 Err(status) => {
-                    skip_payload()?;
+                    conn.skip_payload(req)?;
                     recv_completion(qp, r.wr_id, status, opcode, 0, None);
                     qp.enter_error();
-                    return reply(nak(WcStatus::RemOpErr));
+                    return conn.reply(nak(WcStatus::RemOpErr));
                 }
             };
             if req.len as u64 > r.capacity {
-                skip_payload()?;
+                conn.skip_payload(req)?;
                 // rxe's statuses: LOC_QP_OP_ERR for the receive, REM_OP_ERR for the sender.
                 recv_completion(qp, r.wr_id, WcStatus::LocQpOpErr, opcode, 0, None);
                 qp.enter_error();
-                return reply(nak(WcStatus::RemOpErr));
+                return conn.reply(nak(WcStatus::RemOpErr));
             }
             let held: Option<arrayvec::ArrayVec<_, { super::MAX_SGE }>> =
                 local.iter().map(|l| l.mr.hold()).collect();
             if held.is_none() {
-                skip_payload()?;
+                conn.skip_payload(req)?;
                 recv_completion(qp, r.wr_id, WcStatus::LocProtErr, opcode, 0, None);
                 qp.enter_error();
-                return reply(nak(WcStatus::RemOpErr));
+                return conn.reply(nak(WcStatus::RemOpErr));
             }
             let mut iov = IoVecs::new();
             let mut left = req.len as usize;
@@ -335,10 +415,10 @@ fn execute(
             }
             // SAFETY: every piece lies in a receive buffer checked for LOCAL_WRITE when it
             // was posted and kept registered by `held`.
-            unsafe { io::recv_all(fd, &mut iov, deadline)? };
+            unsafe { conn.rx.read_into(fd, &mut iov, deadline)? };
             drop(held);
             recv_completion(qp, r.wr_id, WcStatus::Success, opcode, req.len, req.imm);
-            reply(Response::Ack { seq: req.seq })
+            conn.reply(Response::Ack { seq: req.seq })
         }
     }
 }
