@@ -153,6 +153,11 @@ impl Bench {
 
     /// One operation at a time: post, busy-poll its completion.
     pub(super) fn latency(&self, op: Op, size: usize, iters: u64) -> Result<Stats> {
+        Ok(Stats::from_samples(&self.latency_samples(op, size, iters)?))
+    }
+
+    /// The samples (ns) behind [`Bench::latency`], after a warm-up of a tenth.
+    pub(super) fn latency_samples(&self, op: Op, size: usize, iters: u64) -> Result<Vec<u64>> {
         let (wop, sge) = self.wr(op, size, 0)?;
         let sg = [sge];
         let mut buf = [Completion::EMPTY; 1];
@@ -171,7 +176,7 @@ impl Bench {
                 samples.push(t.elapsed().as_nanos() as u64);
             }
         }
-        Ok(Stats::from_samples(&samples))
+        Ok(samples)
     }
 
     /// A window of operations in flight; returns GB/s of payload.

@@ -78,18 +78,20 @@ impl Target<'_> {
         }
     }
 
-    /// 8-byte WRITE latency through the async API in each progress mode, each next to the
-    /// raw post-and-poll loop measured just before it.
+    /// 8-byte WRITE latency through the async API in each progress mode, next to the raw
+    /// post-and-poll loop on the same provider and peer. The two alternate in blocks
+    /// (ten rounds), so drift on a shared machine hits both alike.
     pub(super) fn async_latency(&self, raw: &Bench, iters: u64) -> Result<Vec<Row>> {
+        const ROUNDS: u64 = 10;
         let local = Arc::new(self.pd.alloc_mr(4096, AccessFlags::all_remote())?);
         let mut rows = Vec::new();
-        let warm = (iters / 10).max(10);
+        let block = (iters / ROUNDS).max(10);
+        let warm = (block / 10).max(10);
         for (mode, name) in [
             (Progress::Caller, "caller-driven"),
             (Progress::BusyPoll, "busy-poll thread"),
             (Progress::Event, "event (AsyncFd)"),
         ] {
-            let raw_lat = raw.latency(Op::Write, 8, iters)?;
             // Event mode needs the runtime when the engine is made; the others ignore it.
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -98,36 +100,39 @@ impl Target<'_> {
             let _in_rt = rt.enter();
             let rig = self.rig(1, 1, mode)?;
             let q = &rig.qps[0].0;
-            let mut samples = Vec::with_capacity(iters as usize);
             let op = || q.write(LocalBuf::Region(local.clone()), 0, 8, rig.remote);
-            if mode == Progress::Caller {
-                for i in 0..warm + iters {
-                    let t = Instant::now();
-                    rig.engine.run_until(op())?;
-                    if i >= warm {
-                        samples.push(t.elapsed().as_nanos() as u64);
-                    }
-                }
-            } else {
-                rt.block_on(async {
-                    for i in 0..warm + iters {
+            let (mut ours, mut reference) = (Vec::new(), Vec::new());
+            for _ in 0..ROUNDS {
+                reference.extend(raw.latency_samples(Op::Write, 8, block)?);
+                if mode == Progress::Caller {
+                    for i in 0..warm + block {
                         let t = Instant::now();
-                        op().await?;
+                        rig.engine.run_until(op())?;
                         if i >= warm {
-                            samples.push(t.elapsed().as_nanos() as u64);
+                            ours.push(t.elapsed().as_nanos() as u64);
                         }
                     }
-                    Ok::<_, rdmapool::Error>(())
-                })?;
+                } else {
+                    rt.block_on(async {
+                        for i in 0..warm + block {
+                            let t = Instant::now();
+                            op().await?;
+                            if i >= warm {
+                                ours.push(t.elapsed().as_nanos() as u64);
+                            }
+                        }
+                        Ok::<_, rdmapool::Error>(())
+                    })?;
+                }
             }
-            let lat = Stats::from_samples(&samples);
+            let (lat, raw_lat) = (Stats::from_samples(&ours), Stats::from_samples(&reference));
             rows.push(Row {
                 median_ns: lat.median_ns,
                 p99_ns: lat.p99_ns,
                 reference: "raw post + busy-poll".into(),
                 reference_value: raw_lat.median_ns,
                 ratio: lat.median_ns / raw_lat.median_ns,
-                ..self.row(format!("write async {name}"), "latency", iters)
+                ..self.row(format!("write async {name}"), "latency", block * ROUNDS)
             });
         }
         Ok(rows)
@@ -306,6 +311,7 @@ fn async_window(
     let mut window: Vec<Option<OpFuture<'_>>> = (0..depth).map(|_| None).collect();
     let mut cx = TaskContext::from_waker(Waker::noop());
     let (mut started, mut done) = (0u64, 0u64);
+    let mut idle = 0u32;
     while done < count {
         let mut progressed = false;
         for f in window.iter_mut() {
@@ -322,8 +328,15 @@ fn async_window(
                 }
             }
         }
-        if !progressed {
-            engine.progress_cq(cq);
+        if progressed || engine.progress_cq(cq) > 0 {
+            idle = 0;
+        } else {
+            // Polite polling: with more threads than cores, a spinning thread would take
+            // the core from the one (or the responder) that has work.
+            idle += 1;
+            if idle.is_multiple_of(64) {
+                std::thread::yield_now();
+            }
         }
     }
     Ok(())

@@ -171,6 +171,9 @@ struct Slot {
 struct Shared {
     slots: Box<[Slot]>,
     free: ArrayQueue<u32>,
+    /// The slot freed last (index + 1; 0 = none), handed out first: with few operations in
+    /// flight the same cache-hot slot is reused instead of cycling through the table.
+    hot: AtomicU32,
     cqs: Vec<Cq>,
     /// Entries promised to QPs, per CQ (sizing: never more than its depth).
     reserved: Vec<AtomicU64>,
@@ -192,7 +195,25 @@ impl Shared {
     }
 
     fn in_flight(&self) -> usize {
-        self.slots.len() - self.free.len()
+        let hot = (self.hot.load(Ordering::Acquire) != 0) as usize;
+        self.slots.len() - self.free.len() - hot
+    }
+
+    fn take_slot(&self) -> Option<u32> {
+        match self.hot.swap(0, Ordering::AcqRel) {
+            0 => self.free.pop(),
+            h => Some(h - 1),
+        }
+    }
+
+    fn put_slot(&self, idx: u32) {
+        if self
+            .hot
+            .compare_exchange(0, idx + 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            let _ = self.free.push(idx);
+        }
     }
 
     /// Registers `waker` to be woken when a slot or queue entries free up.
@@ -225,7 +246,7 @@ impl Shared {
         let g = &self.slots[idx as usize].generation;
         // Only the slot's lock holder changes the generation: no read-modify-write needed.
         g.store(g.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
-        let _ = self.free.push(idx);
+        self.put_slot(idx);
         self.wake_waiters();
         drop(owner);
     }
@@ -356,6 +377,7 @@ impl Engine {
         let shared = Arc::new(Shared {
             slots,
             free,
+            hot: AtomicU32::new(0),
             cqs,
             reserved: (0..n).map(|_| AtomicU64::new(0)).collect(),
             broken: (0..n).map(|_| AtomicBool::new(false)).collect(),
@@ -757,7 +779,7 @@ impl<'q> OpFuture<'q> {
         let (recv, n) = (todo.is_recv(), todo.entries());
         for attempt in 0..2 {
             if q.take(recv, n) {
-                if let Some(idx) = s.free.pop() {
+                if let Some(idx) = s.take_slot() {
                     return Some(idx);
                 }
                 q.give(recv, n);
