@@ -102,9 +102,9 @@ impl Target<'_> {
             let q = &rig.qps[0].0;
             let op = || q.write(LocalBuf::Region(local.clone()), 0, 8, rig.remote);
             let (mut ours, mut reference) = (Vec::new(), Vec::new());
-            for _ in 0..ROUNDS {
-                reference.extend(raw.latency_samples(Op::Write, 8, block)?);
-                if mode == Progress::Caller {
+            if mode == Progress::Caller {
+                for _ in 0..ROUNDS {
+                    reference.extend(raw.latency_samples(Op::Write, 8, block)?);
                     for i in 0..warm + block {
                         let t = Instant::now();
                         rig.engine.run_until(op())?;
@@ -112,8 +112,11 @@ impl Target<'_> {
                             ours.push(t.elapsed().as_nanos() as u64);
                         }
                     }
-                } else {
-                    rt.block_on(async {
+                }
+            } else {
+                rt.block_on(async {
+                    for _ in 0..ROUNDS {
+                        reference.extend(raw.latency_samples(Op::Write, 8, block)?);
                         for i in 0..warm + block {
                             let t = Instant::now();
                             op().await?;
@@ -121,9 +124,9 @@ impl Target<'_> {
                                 ours.push(t.elapsed().as_nanos() as u64);
                             }
                         }
-                        Ok::<_, rdmapool::Error>(())
-                    })?;
-                }
+                    }
+                    Ok::<_, ToolError>(())
+                })?;
             }
             let (lat, raw_lat) = (Stats::from_samples(&ours), Stats::from_samples(&reference));
             rows.push(Row {
