@@ -6,6 +6,7 @@
 //! children (MRs, QPs, CQs) keep their parents alive through `Arc`s.
 
 pub(crate) mod cm;
+mod events;
 mod qp;
 
 use crate::fabric::provider::{provider_cq, ContextOps, CqOps, MrOps, PdOps, QpOps};
@@ -136,6 +137,8 @@ pub(crate) struct VerbsContext {
     pub(crate) max_rd_atomic: u8,
     /// Registrations alive on this context.
     live_mrs: std::sync::atomic::AtomicUsize,
+    /// The asynchronous-event thread (None only while opening).
+    events: Option<events::AsyncEvents>,
 }
 
 // SAFETY: libibverbs objects may be used from any thread; the raw pointers are only handles.
@@ -145,6 +148,9 @@ unsafe impl Sync for VerbsContext {}
 
 impl Drop for VerbsContext {
     fn drop(&mut self) {
+        if let Some(e) = &mut self.events {
+            e.stop(); // it reads events of this context: stop it before closing
+        }
         // SAFETY: every child holds an Arc to us, so none is alive any more.
         unsafe { (self.v.ibv_close_device)(self.ctx) };
     }
@@ -183,6 +189,7 @@ fn open_device(v: &'static sys::Verbs, dev: *mut sys::ibv_device) -> Result<Verb
         },
         max_rd_atomic: 0,
         live_mrs: std::sync::atomic::AtomicUsize::new(0),
+        events: None,
     };
     // SAFETY: all-zero is a valid ibv_device_attr_ex (plain integers and arrays).
     let mut attr: sys::ibv_device_attr_ex = unsafe { std::mem::zeroed() };
@@ -268,6 +275,7 @@ fn open_device(v: &'static sys::Verbs, dev: *mut sys::ibv_device) -> Result<Verb
         // SAFETY: every bit pattern of the union is a valid [u8; 16].
         gid: unsafe { gid.raw },
     };
+    c.events = Some(events::AsyncEvents::start(v, ctx)?);
     Ok(c)
 }
 
@@ -422,12 +430,17 @@ impl ContextOps for Arc<VerbsContext> {
             unsafe { (self.v.ibv_destroy_comp_channel)(channel) };
             return Err(e);
         }
+        let overrun = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if let Some(e) = &self.events {
+            e.watch_cq(cq, &overrun);
+        }
         Ok(Arc::new(VerbsCqHandle(Arc::new(VerbsCq {
             ctx: self.clone(),
             cq,
             channel,
             unacked: std::sync::atomic::AtomicU32::new(0),
             depth,
+            overrun,
         }))))
     }
 
@@ -623,6 +636,8 @@ pub(crate) struct VerbsCq {
     /// Events read from the channel but not yet acknowledged (acked before destroy).
     unacked: std::sync::atomic::AtomicU32,
     depth: u32,
+    /// Set by the event thread when the device reports this CQ overran.
+    overrun: Arc<std::sync::atomic::AtomicBool>,
 }
 
 // SAFETY: a verbs handle; polling is thread-safe in rdma-core providers.
@@ -632,6 +647,9 @@ unsafe impl Sync for VerbsCq {}
 
 impl Drop for VerbsCq {
     fn drop(&mut self) {
+        if let Some(e) = &self.ctx.events {
+            e.unwatch_cq(self.cq);
+        }
         // SAFETY: QPs hold an Arc to their CQs, so none uses it any more; every event read
         // from the channel is acknowledged before the CQ is destroyed, as verbs requires.
         unsafe {
@@ -665,6 +683,11 @@ fn wc_opcode(o: u32) -> WcOpcode {
 
 impl CqOps for VerbsCqHandle {
     fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        if self.0.overrun.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::CqOverrun {
+                depth: self.0.depth,
+            });
+        }
         const CHUNK: usize = 16;
         let mut wcs = [const { std::mem::MaybeUninit::<sys::ibv_wc>::uninit() }; CHUNK];
         let mut n = 0;
