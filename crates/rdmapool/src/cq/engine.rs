@@ -163,8 +163,12 @@ struct SlotState {
     cq: usize,
 }
 
+type SlotGuard<'a> = parking_lot::MutexGuard<'a, SlotState>;
+
 struct Slot {
     generation: AtomicU32,
+    /// Held for a few field moves only, never across a call that may block, wake a thread
+    /// or drop a buffer.
     state: Mutex<SlotState>,
 }
 
@@ -232,7 +236,7 @@ impl Shared {
 
     /// Gives back what the operation held (queue entries to `qp`, or to the owner of an
     /// abandoned operation; the buffer) and frees the slot. Called with the slot locked.
-    fn release(&self, idx: u32, st: &mut SlotState, qp: Option<&QpShared>) {
+    fn release(&self, idx: u32, mut st: SlotGuard<'_>, qp: Option<&QpShared>) {
         let owner = st.owner.take();
         if let Some(q) = qp.or(owner.as_deref()) {
             q.give(st.recv, st.credits);
@@ -241,14 +245,16 @@ impl Shared {
         st.active = false;
         st.abandoned = false;
         st.result = None;
-        st.waker = None;
-        st.keep = None;
+        let waker = st.waker.take();
+        let keep = st.keep.take();
         let g = &self.slots[idx as usize].generation;
         // Only the slot's lock holder changes the generation: no read-modify-write needed.
         g.store(g.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
+        drop(st);
+        // Outside the lock: dropping a buffer may deregister it, waking may enter the kernel.
         self.put_slot(idx);
         self.wake_waiters();
-        drop(owner);
+        drop((keep, waker, owner));
     }
 
     fn dispatch(&self, c: &Completion) {
@@ -265,7 +271,7 @@ impl Shared {
             return; // stale, or a later completion of a batch that already finished
         }
         if st.abandoned {
-            self.release(idx, &mut st, None); // the future is gone: release its buffer now
+            self.release(idx, st, None); // the future is gone: release its buffer now
             return;
         }
         st.result = Some(if c.status == WcStatus::Success {
@@ -276,7 +282,9 @@ impl Shared {
                 wr_id: c.wr_id,
             })
         });
-        if let Some(w) = st.waker.take() {
+        let waker = st.waker.take();
+        drop(st);
+        if let Some(w) = waker {
             w.wake();
         }
     }
@@ -294,11 +302,13 @@ impl Shared {
                 // Its buffer may still be written by a request whose completion was lost;
                 // keep it (leak) rather than hand it back for reuse.
                 std::mem::forget(st.keep.take());
-                self.release(idx as u32, &mut st, None);
+                self.release(idx as u32, st, None);
                 continue;
             }
             st.result = Some(Err(Error::CqOverrun { depth }));
-            if let Some(w) = st.waker.take() {
+            let waker = st.waker.take();
+            drop(st);
+            if let Some(w) = waker {
                 w.wake();
             }
         }
@@ -831,16 +841,14 @@ impl<'q> OpFuture<'q> {
                 if let Some(keep) = st.keep.take() {
                     *todo.keep_mut() = keep;
                 }
-                s.release(idx, &mut st, Some(q));
-                drop(st);
+                s.release(idx, st, Some(q));
                 self.pending = Some(todo);
                 s.wait_for_room(cx.waker());
                 cx.waker().wake_by_ref();
                 Poll::Pending
             }
             Err(e) => {
-                let mut st = slot.state.lock();
-                s.release(idx, &mut st, Some(q));
+                s.release(idx, slot.state.lock(), Some(q));
                 Poll::Ready(Err(e))
             }
         }
@@ -870,8 +878,7 @@ impl Future for OpFuture<'_> {
         let mut st = s.slots[idx as usize].state.lock();
         match st.result.take() {
             Some(r) => {
-                s.release(idx, &mut st, Some(&self.qp.inner));
-                drop(st);
+                s.release(idx, st, Some(&self.qp.inner));
                 self.slot = None;
                 Poll::Ready(r)
             }
@@ -891,7 +898,7 @@ impl Drop for OpFuture<'_> {
             let s = &self.qp.inner.engine;
             let mut st = s.slots[idx as usize].state.lock();
             if st.result.is_some() {
-                s.release(idx, &mut st, Some(&self.qp.inner)); // completed, never polled again
+                s.release(idx, st, Some(&self.qp.inner)); // completed, never polled again
             } else {
                 // The engine releases slot, entries and buffer on completion; until then the
                 // slot keeps the QP alive.
