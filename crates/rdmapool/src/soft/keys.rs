@@ -4,7 +4,9 @@ use super::memory::{Mapping, Pin};
 use crate::fabric::AccessFlags;
 use crate::{Error, Result};
 use parking_lot::{RwLock, RwLockReadGuard};
-use std::collections::HashMap;
+// Keys come from the OS CSPRNG, so a fast non-keyed hash spreads them as well as SipHash;
+// a peer controls only the keys it probes, never the ones stored.
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 /// One registration: its range, rights, keys and the memory behind it.

@@ -15,7 +15,8 @@ use crate::fabric::{
 use crate::{Error, Result};
 use arrayvec::ArrayVec;
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::VecDeque;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -284,7 +285,7 @@ impl SoftQp {
                 let local = LocalPeer {
                     target_state: RemoteQpState::new(state_fd)?,
                     target_pd: u32::from_le_bytes(info[..4].try_into().unwrap()),
-                    maps: HashMap::new(),
+                    maps: HashMap::default(),
                     last_liveness_check: Instant::now(),
                 };
                 Ok((fd, Some(local)))

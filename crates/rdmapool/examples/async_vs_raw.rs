@@ -1,0 +1,64 @@
+//! 8-byte WRITEs on the soft provider's intra-host path, one at a time: through the raw
+//! fabric loop (`post_send` + `Cq::poll`) or through the async engine (`Engine::run_until`).
+//! Meant for instruction counts, which are repeatable on a noisy machine:
+//!
+//! ```sh
+//! cargo build --release -p rdmapool --example async_vs_raw
+//! valgrind --tool=callgrind target/release/examples/async_vs_raw raw 20000
+//! valgrind --tool=callgrind target/release/examples/async_vs_raw async 20000
+//! ```
+
+use rdmapool::cq::{Engine, EngineConfig, LocalBuf, Progress};
+use rdmapool::fabric::*;
+use std::sync::Arc;
+
+fn main() -> rdmapool::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let mode = args.next().unwrap_or_else(|| "async".into());
+    let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    let (a, b) = (Context::open_soft()?, Context::open_soft()?);
+    let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);
+    let cfg = QpConfig {
+        transport: Transport::Local,
+        ..QpConfig::default()
+    };
+    let target = pb.alloc_mr(4096, AccessFlags::all_remote())?;
+    let remote = target.remote_at(0)?;
+    let local = Arc::new(pa.alloc_mr(4096, AccessFlags::all_remote())?);
+    let cq_b = b.create_cq(4096)?;
+    let peer = pb.create_qp(&cq_b, &cq_b, &cfg)?;
+    let t = std::time::Instant::now();
+    if mode == "raw" {
+        let cq = a.create_cq(4096)?;
+        let qp = pa.create_qp(&cq, &cq, &cfg)?;
+        qp.connect(&peer.endpoint())?;
+        peer.connect(&qp.endpoint())?;
+        let sg = [local.sge(0, 8)?];
+        let mut buf = [Completion::EMPTY; 1];
+        for i in 0..n {
+            qp.post_send(&[SendWr {
+                wr_id: i,
+                op: WrOp::Write { remote, imm: None },
+                sg_list: &sg,
+                signaled: true,
+            }])?;
+            while cq.poll(&mut buf)? == 0 {}
+        }
+    } else {
+        let engine = Engine::new(
+            vec![a.create_cq(4096)?],
+            EngineConfig {
+                progress: Progress::Caller,
+                ..EngineConfig::default()
+            },
+        )?;
+        let qp = engine.create_qp(&pa, &cfg)?;
+        qp.connect(&peer.endpoint())?;
+        peer.connect(&qp.qp().endpoint())?;
+        for _ in 0..n {
+            engine.run_until(qp.write(LocalBuf::Region(local.clone()), 0, 8, remote))?;
+        }
+    }
+    println!("{mode}: {n} WRITEs, {:?} each", t.elapsed() / n as u32);
+    Ok(())
+}
