@@ -202,6 +202,35 @@ impl Bench {
     }
 }
 
+/// Opens a context on `provider` and connects a QP to `peer` over `transport`, with a local
+/// region of `local_size` bytes: what every data benchmark starts from.
+pub(super) fn connect_bench(
+    provider: ProviderKind,
+    peer: &PeerProcess,
+    transport: Transport,
+    local_size: usize,
+) -> Result<(Context, Pd, Bench)> {
+    let ctx = match provider {
+        ProviderKind::Soft => Context::open_soft()?,
+        p => Context::open_provider(p, None)?,
+    };
+    let pd = ctx.alloc_pd()?;
+    let cq = ctx.create_cq(4096)?;
+    let cfg = QpConfig {
+        transport,
+        ..QpConfig::default()
+    };
+    let (qp, region) = peer.connect(&pd, &cq, &cfg)?;
+    let local = pd.alloc_mr(local_size, AccessFlags::all_remote())?;
+    let bench = Bench {
+        cq,
+        qp,
+        local,
+        region,
+    };
+    Ok((ctx, pd, bench))
+}
+
 /// Fewer latency iterations for larger messages, to bound run time.
 pub(super) fn iters_for(size: usize, base: u64) -> u64 {
     (base * 8 / size.max(8) as u64).clamp(50, base)
@@ -290,21 +319,7 @@ pub fn run(args: Args) -> Result<()> {
         let transport = Transport::parse(tname)?;
         let peer = PeerProcess::spawn(max_size, tname, true)?;
         let echo = peer.echo.clone().expect("asked for echo servers");
-        let ctx = Context::open_soft()?;
-        let pd = ctx.alloc_pd()?;
-        let cq = ctx.create_cq(4096)?;
-        let cfg = QpConfig {
-            transport,
-            ..QpConfig::default()
-        };
-        let (qp, region) = peer.connect(&pd, &cq, &cfg)?;
-        let local = pd.alloc_mr(max_size, AccessFlags::all_remote())?;
-        let b = Bench {
-            cq,
-            qp,
-            local,
-            region,
-        };
+        let (_ctx, _pd, b) = connect_bench(ProviderKind::Soft, &peer, transport, max_size)?;
         // Which path "auto" took: local when the peer is on this host.
         let path = if transport == Transport::Tcp {
             "tcp"
@@ -427,22 +442,10 @@ fn run_engine(
     for tname in paths {
         let transport = Transport::parse(tname)?;
         let peer = PeerProcess::spawn_on(provider, 4096, tname, false)?;
-        let ctx = match provider {
-            ProviderKind::Soft => Context::open_soft()?,
-            p => Context::open_provider(p, None)?,
-        };
-        let pd = ctx.alloc_pd()?;
-        let cq = ctx.create_cq(4096)?;
+        let (ctx, pd, raw) = connect_bench(provider, &peer, transport, 4096)?;
         let cfg = QpConfig {
             transport,
             ..QpConfig::default()
-        };
-        let (qp, region) = peer.connect(&pd, &cq, &cfg)?;
-        let raw = Bench {
-            cq,
-            qp,
-            local: pd.alloc_mr(4096, AccessFlags::all_remote())?,
-            region,
         };
         let path = match (provider, transport) {
             (ProviderKind::Verbs, _) => ctx.device().name.clone(),

@@ -419,6 +419,18 @@ impl Selection {
     /// Runs what was asked for against `target`, with `raw` as the fabric-level reference.
     pub(super) fn run(&self, target: &Target<'_>, raw: &Bench) -> Result<Vec<Row>> {
         let mut rows = Vec::new();
+        if (!self.batch.is_empty() || !self.cqs.is_empty()) && self.count < 1000 {
+            return Err(ToolError::Msg(format!(
+                "--count {}: message rates need at least 1000 operations",
+                self.count
+            )));
+        }
+        if self.latency && self.iters < 100 {
+            return Err(ToolError::Msg(format!(
+                "--iters {}: latency needs at least 100 samples",
+                self.iters
+            )));
+        }
         if self.latency {
             rows.extend(target.async_latency(raw, self.iters)?);
         }

@@ -1,12 +1,12 @@
 //! `bench data --provider verbs`: the same measurements on rdma-core, against a peer process
 //! on the same device, next to perftest in the same run.
 
-use super::data::{count_for, iters_for, Bench, Op};
+use super::data::{connect_bench, count_for, iters_for, Op};
 use super::perftest::{self, Target};
 use super::report::Row;
 use crate::peer::PeerProcess;
 use crate::Result;
-use rdmapool::fabric::{AccessFlags, Context, ProviderKind, QpConfig};
+use rdmapool::fabric::{ProviderKind, Transport};
 
 /// Measures `ops` at `sizes` on the first verbs device; adds perftest rows when it can.
 pub fn run(
@@ -15,20 +15,10 @@ pub fn run(
     iters: u64,
     perftest_ip: Option<String>,
 ) -> Result<Vec<Row>> {
-    let ctx = Context::open_provider(ProviderKind::Verbs, None)?;
-    let device = ctx.device().name.clone();
     let max_size = sizes.iter().copied().max().unwrap_or(8).max(4096);
     let peer = PeerProcess::spawn_on(ProviderKind::Verbs, max_size, "auto", false)?;
-    let pd = ctx.alloc_pd()?;
-    let cq = ctx.create_cq(4096)?;
-    let (qp, region) = peer.connect(&pd, &cq, &QpConfig::default())?;
-    let local = pd.alloc_mr(max_size, AccessFlags::all_remote())?;
-    let b = Bench {
-        cq,
-        qp,
-        local,
-        region,
-    };
+    let (ctx, _pd, b) = connect_bench(ProviderKind::Verbs, &peer, Transport::Auto, max_size)?;
+    let device = ctx.device().name.clone();
     let mut rows = Vec::new();
     for &op in ops {
         let op_sizes: Vec<usize> = if op.is_atomic() {
