@@ -673,3 +673,37 @@ fn a_cq_overrun_is_detected_and_reported() {
     );
     assert_eq!(engine.stats().overruns, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qp_outliving_its_engine_handle_still_completes() {
+    for mode in TOKIO_MODES {
+        let s = setup(1, config(Transport::Tcp), mode);
+        let Setup {
+            _a: a,
+            _b: b,
+            _peers: peers,
+            engine,
+            qps,
+            target,
+        } = s;
+        drop(engine); // progress continues while a QP of the engine is alive
+        let local = Arc::new(a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
+        local.write_at(0, b"after the engine").unwrap();
+        let done = tokio::time::timeout(
+            WAIT,
+            qps[0].write(
+                LocalBuf::Region(local.clone()),
+                0,
+                16,
+                target.remote_at(0).unwrap(),
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{mode:?}: no progress after the Engine handle was dropped"));
+        done.unwrap();
+        let mut got = [0u8; 16];
+        target.read_at(0, &mut got).unwrap();
+        assert_eq!(&got, b"after the engine", "{mode:?}");
+        drop((qps, peers, b));
+    }
+}

@@ -113,6 +113,7 @@ struct QpShared {
     /// Entries this QP reserved in its CQ (released on drop).
     reserved: u64,
     engine: Arc<Shared>,
+    _progressors: Arc<Progressors>,
 }
 
 const UNKNOWN_CQ: usize = usize::MAX;
@@ -359,9 +360,35 @@ impl Shared {
 pub struct Engine {
     shared: Arc<Shared>,
     assignment: Assignment,
+    progressors: Arc<Progressors>,
+}
+
+/// The engine's progress threads or tasks. Every `Engine` and `AsyncQp` holds them, so they
+/// stop only when the last of those is gone: a QP that outlives its `Engine` handle still
+/// gets its completions.
+struct Progressors {
+    shared: Arc<Shared>,
     threads: Vec<std::thread::JoinHandle<()>>,
     #[cfg(not(loom))]
     tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl Drop for Progressors {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        // The last holder may be a progress thread itself (releasing an abandoned
+        // operation's QP): it must not wait for itself, and exits on the stop flag.
+        let me = std::thread::current().id();
+        for t in self.threads.drain(..) {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+        #[cfg(not(loom))]
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
 }
 
 impl Engine {
@@ -399,9 +426,8 @@ impl Engine {
             waiting: Mutex::new(Vec::new()),
             has_waiting: AtomicBool::new(false),
         });
-        let mut engine = Self {
+        let mut engine = Progressors {
             shared,
-            assignment: cfg.assignment,
             threads: Vec::new(),
             #[cfg(not(loom))]
             tasks: Vec::new(),
@@ -461,7 +487,11 @@ impl Engine {
                 ))
             }
         }
-        Ok(engine)
+        Ok(Self {
+            shared: engine.shared.clone(),
+            assignment: cfg.assignment,
+            progressors: Arc::new(engine),
+        })
     }
 
     /// Polls every CQ once and dispatches what it finds (caller-driven mode); returns how
@@ -592,20 +622,8 @@ impl Engine {
                 cq,
                 reserved,
                 engine: self.shared.clone(),
+                _progressors: self.progressors.clone(),
             }),
-        }
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-        #[cfg(not(loom))]
-        for t in self.tasks.drain(..) {
-            t.abort();
         }
     }
 }
