@@ -146,11 +146,31 @@ impl Drop for QpShared {
     }
 }
 
+/// How an operation ended, as the dispatcher records it.
+enum Outcome {
+    Completed(Completion),
+    /// Its CQ overran (depth): the completion may be lost.
+    Overrun(u32),
+}
+
+impl Outcome {
+    fn into_result(self) -> Result<Completion> {
+        match self {
+            Outcome::Completed(c) if c.status == WcStatus::Success => Ok(c),
+            Outcome::Completed(c) => Err(Error::Completion {
+                status: c.status,
+                wr_id: c.wr_id,
+            }),
+            Outcome::Overrun(depth) => Err(Error::CqOverrun { depth }),
+        }
+    }
+}
+
 #[derive(Default)]
 struct SlotState {
     active: bool,
     abandoned: bool,
-    result: Option<Result<Completion>>,
+    outcome: Option<Outcome>,
     waker: Option<Waker>,
     keep: Option<LocalBuf>,
     /// Set when the future is dropped in flight: the QP, kept from being destroyed under
@@ -245,7 +265,7 @@ impl Shared {
         st.credits = 0;
         st.active = false;
         st.abandoned = false;
-        st.result = None;
+        st.outcome = None;
         let waker = st.waker.take();
         let keep = st.keep.take();
         let g = &self.slots[idx as usize].generation;
@@ -267,7 +287,7 @@ impl Shared {
         let mut st = slot.state.lock();
         if !st.active
             || slot.generation.load(Ordering::Acquire) != generation
-            || st.result.is_some()
+            || st.outcome.is_some()
         {
             return; // stale, or a later completion of a batch that already finished
         }
@@ -275,14 +295,7 @@ impl Shared {
             self.release(idx, st, None); // the future is gone: release its buffer now
             return;
         }
-        st.result = Some(if c.status == WcStatus::Success {
-            Ok(*c)
-        } else {
-            Err(Error::Completion {
-                status: c.status,
-                wr_id: c.wr_id,
-            })
-        });
+        st.outcome = Some(Outcome::Completed(*c));
         let waker = st.waker.take();
         drop(st);
         if let Some(w) = waker {
@@ -296,7 +309,7 @@ impl Shared {
         for (idx, slot) in self.slots.iter().enumerate() {
             let mut st = slot.state.lock();
             let on_cq = st.cq == cq || st.cq == UNKNOWN_CQ;
-            if !st.active || st.result.is_some() || !on_cq {
+            if !st.active || st.outcome.is_some() || !on_cq {
                 continue;
             }
             if st.abandoned {
@@ -306,7 +319,7 @@ impl Shared {
                 self.release(idx as u32, st, None);
                 continue;
             }
-            st.result = Some(Err(Error::CqOverrun { depth }));
+            st.outcome = Some(Outcome::Overrun(depth));
             let waker = st.waker.take();
             drop(st);
             if let Some(w) = waker {
@@ -688,54 +701,36 @@ async fn event_loop(
     }
 }
 
-/// What a future still has to post (kept until there is a slot and queue room).
-enum ToPost {
-    One {
-        op: WrOp,
-        sge: Sge,
-        keep: LocalBuf,
-    },
-    Batch {
-        ops: Vec<(WrOp, Sge)>,
-        keep: LocalBuf,
-    },
-    Recv {
-        sge: Sge,
-        keep: LocalBuf,
-    },
+/// The work requests of an operation, without their buffers.
+enum Spec {
+    One { op: WrOp, sge: Sge },
+    Batch(Vec<(WrOp, Sge)>),
+    Recv { sge: Sge },
 }
 
-impl ToPost {
+impl Spec {
     fn entries(&self) -> u32 {
         match self {
-            ToPost::Batch { ops, .. } => ops.len() as u32,
+            Spec::Batch(ops) => ops.len() as u32,
             _ => 1,
         }
     }
 
     fn is_recv(&self) -> bool {
-        matches!(self, ToPost::Recv { .. })
-    }
-
-    fn keep_mut(&mut self) -> &mut LocalBuf {
-        match self {
-            ToPost::One { keep, .. } | ToPost::Batch { keep, .. } | ToPost::Recv { keep, .. } => {
-                keep
-            }
-        }
+        matches!(self, Spec::Recv { .. })
     }
 
     /// Posts with one doorbell; only the last send is signalled. No heap allocation for a
     /// single operation.
     fn post(&self, qp: &Qp, wr_id: u64) -> Result<()> {
         match self {
-            ToPost::One { op, sge, .. } => qp.post_send(&[SendWr {
+            Spec::One { op, sge } => qp.post_send(&[SendWr {
                 wr_id,
                 op: *op,
                 sg_list: std::slice::from_ref(sge),
                 signaled: true,
             }]),
-            ToPost::Batch { ops, .. } => {
+            Spec::Batch(ops) => {
                 let last = ops.len() - 1;
                 let wrs: Vec<SendWr<'_>> = ops
                     .iter()
@@ -749,7 +744,7 @@ impl ToPost {
                     .collect();
                 qp.post_send(&wrs)
             }
-            ToPost::Recv { sge, .. } => qp.post_recv(&[RecvWr {
+            Spec::Recv { sge } => qp.post_recv(&[RecvWr {
                 wr_id,
                 sg_list: std::slice::from_ref(sge),
             }]),
@@ -757,54 +752,58 @@ impl ToPost {
     }
 }
 
+/// Where an operation's future is.
+enum Stage {
+    /// Refused before posting.
+    Failed(Error),
+    /// Waiting for a slot and queue room.
+    ToPost(Spec, LocalBuf),
+    /// Posted: the slot holds the buffer and the waker.
+    Posted(u32),
+    /// Its result was returned.
+    Finished,
+}
+
 /// An operation in flight: resolves to its completion, or to the typed error of an error
 /// completion. Dropping it never frees its buffer early.
 pub struct OpFuture<'q> {
     qp: &'q AsyncQp,
-    pending: Option<ToPost>,
-    slot: Option<u32>,
-    error: Option<Error>,
+    stage: Stage,
 }
 
 impl<'q> OpFuture<'q> {
-    fn to_post(qp: &'q AsyncQp, todo: ToPost) -> Self {
-        let depth = if todo.is_recv() {
+    fn to_post(qp: &'q AsyncQp, spec: Spec, keep: LocalBuf) -> Self {
+        let depth = if spec.is_recv() {
             qp.inner.recv_depth
         } else {
             qp.inner.send_depth
         };
-        if todo.entries() > depth {
+        if spec.entries() > depth {
             return Self::failed(
                 qp,
                 Error::InvalidArgument(format!(
                     "{} work requests at once, the queue holds {depth}",
-                    todo.entries()
+                    spec.entries()
                 )),
             );
         }
         OpFuture {
             qp,
-            pending: Some(todo),
-            slot: None,
-            error: None,
+            stage: Stage::ToPost(spec, keep),
         }
     }
 
     fn failed(qp: &'q AsyncQp, e: Error) -> Self {
         OpFuture {
             qp,
-            pending: None,
-            slot: None,
-            error: Some(e),
+            stage: Stage::Failed(e),
         }
     }
 
-    /// Takes queue entries and a slot, or registers to be woken when they free up.
-    fn reserve(&self, cx: &mut Context<'_>) -> Option<u32> {
+    /// Takes `n` queue entries and a slot, or registers to be woken when they free up.
+    fn reserve(&self, recv: bool, n: u32, cx: &mut Context<'_>) -> Option<u32> {
         let q = &self.qp.inner;
         let s = &q.engine;
-        let todo = self.pending.as_ref()?;
-        let (recv, n) = (todo.is_recv(), todo.entries());
         for attempt in 0..2 {
             if q.take(recv, n) {
                 if let Some(idx) = s.take_slot() {
@@ -820,24 +819,22 @@ impl<'q> OpFuture<'q> {
         None
     }
 
-    fn try_post(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+    /// Posts, or waits for room. Ready(Ok) means posted (the future is now `Posted`).
+    fn try_post(&mut self, spec: Spec, keep: LocalBuf, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let q = &self.qp.inner;
         let s = &q.engine;
         if q.cq != UNKNOWN_CQ && s.broken[q.cq].load(Ordering::Acquire) {
-            self.pending = None;
             return Poll::Ready(Err(Error::CqOverrun {
                 depth: s.cqs[q.cq].depth(),
             }));
         }
-        let Some(idx) = self.reserve(cx) else {
+        let (recv, credits) = (spec.is_recv(), spec.entries());
+        let Some(idx) = self.reserve(recv, credits, cx) else {
+            self.stage = Stage::ToPost(spec, keep);
             return Poll::Pending;
         };
         let wr_id = s.wr_id(idx);
         let slot = &s.slots[idx as usize];
-        let mut todo = self.pending.take().expect("reserve saw it");
-        let (recv, credits) = (todo.is_recv(), todo.entries());
-        // An empty Vec does not allocate.
-        let keep = std::mem::replace(todo.keep_mut(), LocalBuf::Many(Vec::new()));
         {
             // Filled before posting: the completion may arrive before post returns.
             let mut st = slot.state.lock();
@@ -848,19 +845,17 @@ impl<'q> OpFuture<'q> {
             st.recv = recv;
             st.keep = Some(keep);
         }
-        match todo.post(&q.qp, wr_id) {
+        match spec.post(&q.qp, wr_id) {
             Ok(()) => {
-                self.slot = Some(idx);
+                self.stage = Stage::Posted(idx);
                 Poll::Ready(Ok(()))
             }
             Err(Error::QueueFull { .. }) => {
                 // Someone posted on the raw QP too: wait for completions to make room.
                 let mut st = slot.state.lock();
-                if let Some(keep) = st.keep.take() {
-                    *todo.keep_mut() = keep;
-                }
+                let keep = st.keep.take().unwrap_or(LocalBuf::Many(Vec::new()));
                 s.release(idx, st, Some(q));
-                self.pending = Some(todo);
+                self.stage = Stage::ToPost(spec, keep);
                 s.wait_for_room(cx.waker());
                 cx.waker().wake_by_ref();
                 Poll::Pending
@@ -877,33 +872,35 @@ impl Future for OpFuture<'_> {
     type Output = Result<Completion>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let Some(e) = self.error.take() {
-            return Poll::Ready(Err(e));
-        }
-        if self.pending.is_some() {
-            // Posted: the slot holds our waker, so a completion wakes us.
-            return match self.try_post(cx) {
-                Poll::Ready(Ok(())) => Poll::Pending,
-                other => other.map(|r| r.map(|()| Completion::EMPTY)),
-            };
-        }
-        let Some(idx) = self.slot else {
-            return Poll::Ready(Err(Error::InvalidArgument(
-                "the operation already finished".into(),
-            )));
+        let idx = match std::mem::replace(&mut self.stage, Stage::Finished) {
+            Stage::Posted(idx) => idx,
+            Stage::ToPost(spec, keep) => {
+                // Posted: the slot holds our waker, so a completion wakes us.
+                return match self.try_post(spec, keep, cx) {
+                    Poll::Ready(Ok(())) | Poll::Pending => Poll::Pending,
+                    Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                };
+            }
+            Stage::Failed(e) => return Poll::Ready(Err(e)),
+            Stage::Finished => {
+                return Poll::Ready(Err(Error::InvalidArgument(
+                    "the operation already finished".into(),
+                )))
+            }
         };
         let s = &self.qp.inner.engine;
         let mut st = s.slots[idx as usize].state.lock();
-        match st.result.take() {
-            Some(r) => {
+        match st.outcome.take() {
+            Some(outcome) => {
                 s.release(idx, st, Some(&self.qp.inner));
-                self.slot = None;
-                Poll::Ready(r)
+                Poll::Ready(outcome.into_result())
             }
             None => {
                 if !st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                     st.waker = Some(cx.waker().clone());
                 }
+                drop(st);
+                self.stage = Stage::Posted(idx);
                 Poll::Pending
             }
         }
@@ -912,10 +909,10 @@ impl Future for OpFuture<'_> {
 
 impl Drop for OpFuture<'_> {
     fn drop(&mut self) {
-        if let Some(idx) = self.slot.take() {
+        if let Stage::Posted(idx) = self.stage {
             let s = &self.qp.inner.engine;
             let mut st = s.slots[idx as usize].state.lock();
-            if st.result.is_some() {
+            if st.outcome.is_some() {
                 s.release(idx, st, Some(&self.qp.inner)); // completed, never polled again
             } else {
                 // The engine releases slot, entries and buffer on completion; until then the
@@ -951,14 +948,7 @@ impl AsyncQp {
 
     fn op(&self, op: WrOp, local: LocalBuf, offset: usize, len: u32) -> OpFuture<'_> {
         match local.sge(offset, len) {
-            Ok(sge) => OpFuture::to_post(
-                self,
-                ToPost::One {
-                    op,
-                    sge,
-                    keep: local,
-                },
-            ),
+            Ok(sge) => OpFuture::to_post(self, Spec::One { op, sge }, local),
             Err(e) => OpFuture::failed(self, e),
         }
     }
@@ -1025,7 +1015,7 @@ impl AsyncQp {
     /// Posts a receive into `len` bytes at `offset` of `local`; resolves when a message lands.
     pub fn recv(&self, local: LocalBuf, offset: usize, len: u32) -> OpFuture<'_> {
         match local.sge(offset, len) {
-            Ok(sge) => OpFuture::to_post(self, ToPost::Recv { sge, keep: local }),
+            Ok(sge) => OpFuture::to_post(self, Spec::Recv { sge }, local),
             Err(e) => OpFuture::failed(self, e),
         }
     }
@@ -1046,12 +1036,6 @@ impl AsyncQp {
             }
             keep.push(local);
         }
-        OpFuture::to_post(
-            self,
-            ToPost::Batch {
-                ops: list,
-                keep: LocalBuf::Many(keep),
-            },
-        )
+        OpFuture::to_post(self, Spec::Batch(list), LocalBuf::Many(keep))
     }
 }
