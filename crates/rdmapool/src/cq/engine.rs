@@ -242,13 +242,23 @@ impl Shared {
     }
 
     /// Registers `waker` to be woken when a slot or queue entries free up.
+    /// The waiter's half of a store-fence-load handshake with `wake_waiters`: it announces
+    /// itself, then (its caller) looks for room again. With a SeqCst fence on both sides,
+    /// either the waker sees the announcement or the waiter sees the room, so no wake-up is
+    /// lost, and the common path (nobody waiting) only reads the flag: no cache line
+    /// bouncing between threads per operation.
     fn wait_for_room(&self, waker: &Waker) {
         self.waiting.lock().push(waker.clone());
-        self.has_waiting.store(true, Ordering::Release);
+        self.has_waiting.store(true, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
+    /// Called after room was made (a slot or queue entries given back).
     fn wake_waiters(&self) {
-        if self.has_waiting.swap(false, Ordering::AcqRel) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.has_waiting.load(Ordering::Relaxed)
+            && self.has_waiting.swap(false, Ordering::AcqRel)
+        {
             for w in self.waiting.lock().drain(..) {
                 w.wake();
             }
