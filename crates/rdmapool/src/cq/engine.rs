@@ -595,12 +595,7 @@ impl Engine {
         let n = s.cqs.len();
         let start = match self.assignment {
             Assignment::RoundRobin => s.next_cq.fetch_add(1, Ordering::Relaxed),
-            Assignment::PerThread => {
-                use std::hash::{Hash, Hasher};
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                std::thread::current().id().hash(&mut h);
-                h.finish() as usize
-            }
+            Assignment::PerThread => super::thread_hash(),
         };
         let cq = (0..n)
             .map(|k| (start + k) % n)

@@ -55,14 +55,19 @@ impl CqPool {
 
     /// The CQ this thread always gets.
     pub fn for_thread(&self) -> &Cq {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        std::thread::current().id().hash(&mut h);
-        &self.cqs[h.finish() as usize % self.cqs.len()]
+        &self.cqs[thread_hash() % self.cqs.len()]
     }
 
     /// All CQs.
     pub fn cqs(&self) -> &[Cq] {
         &self.cqs
     }
+}
+
+/// A number fixed for the calling thread: the per-thread choice of a CQ.
+pub(crate) fn thread_hash() -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::thread::current().id().hash(&mut h);
+    h.finish() as usize
 }
