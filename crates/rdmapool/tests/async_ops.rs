@@ -35,6 +35,22 @@ async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
     .await
 }
 
+/// Awaits every future; each must succeed.
+async fn all_ok<F: Future<Output = rdmapool::Result<Completion>>>(futs: Vec<F>) {
+    for r in join_all(futs).await {
+        r.unwrap();
+    }
+}
+
+/// Block `i` (4 KiB) of `mr` must hold `pattern(4096, i)` for every `i` in `blocks`.
+fn assert_blocks(mr: &Mr, blocks: std::ops::Range<usize>, what: &str) {
+    for i in blocks {
+        let mut got = vec![0u8; 4096];
+        mr.read_at(i * 4096, &mut got).unwrap();
+        assert!(got == pattern(4096, i as u8), "{what} {i}");
+    }
+}
+
 struct Setup {
     _a: Node,
     _b: Node,
@@ -106,14 +122,8 @@ async fn many_concurrent_futures_over_several_qps_and_cqs() {
                     )
                 })
                 .collect();
-            for r in join_all(futs).await {
-                r.unwrap();
-            }
-            for i in 0..256usize {
-                let mut got = vec![0u8; 4096];
-                s.target.read_at(i * 4096, &mut got).unwrap();
-                assert!(got == pattern(4096, i as u8), "{mode:?} {t:?} block {i}");
-            }
+            all_ok(futs).await;
+            assert_blocks(&s.target, 0..256, &format!("{mode:?} {t:?} block"));
             // Atomics and reads through the same engine.
             let word = s.target.remote_at(0).unwrap();
             let futs: Vec<_> = (0..64)
@@ -121,9 +131,7 @@ async fn many_concurrent_futures_over_several_qps_and_cqs() {
                     s.qps[i % 4].fetch_and_add(LocalBuf::Region(local.clone()), 8 * i, word, 1)
                 })
                 .collect();
-            for r in join_all(futs).await {
-                r.unwrap();
-            }
+            all_ok(futs).await;
             let before = u64::from_ne_bytes(pattern(8, 0).try_into().unwrap());
             assert_eq!(
                 s.target.read_u64(0).unwrap(),
@@ -145,14 +153,8 @@ async fn many_concurrent_futures_over_several_qps_and_cqs() {
                     )
                 })
                 .collect();
-            for r in join_all(futs).await {
-                r.unwrap();
-            }
-            for i in 1..256usize {
-                let mut got = vec![0u8; 4096];
-                back.read_at(i * 4096, &mut got).unwrap();
-                assert!(got == pattern(4096, i as u8), "{mode:?} {t:?} read {i}");
-            }
+            all_ok(futs).await;
+            assert_blocks(&back, 1..256, &format!("{mode:?} {t:?} read"));
             assert!(s.engine.stats().completions >= 256 + 64 + 255);
         }
     }
@@ -394,9 +396,7 @@ async fn a_full_send_queue_makes_futures_wait_not_fail() {
                 )
             })
             .collect();
-        for r in join_all(futs).await {
-            r.unwrap();
-        }
+        all_ok(futs).await;
     }
 }
 
