@@ -10,7 +10,8 @@
 use crate::{Result, ToolError};
 use rdmapool::conn::Listener;
 use rdmapool::fabric::{
-    AccessFlags, Context, Cq, Pd, ProviderKind, Qp, QpConfig, RemoteRegion, Transport,
+    AccessFlags, Context, Cq, Pd, ProviderKind, Qp, QpConfig, RegisteredMemory, RemoteRegion,
+    Transport,
 };
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;

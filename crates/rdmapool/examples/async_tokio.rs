@@ -1,11 +1,14 @@
 //! The async API on tokio with event-driven progress: two soft NICs in one process, a QP
-//! pair, then concurrent WRITEs, a batch with one doorbell and fetch-and-adds, each checked.
+//! pair, then concurrent WRITEs, a READ into a pooled buffer and one into a safely registered
+//! `Vec<u8>` (each buffer comes back with the outcome), and a batch of fetch-and-adds with
+//! one doorbell, each checked.
 //!
 //! ```sh
 //! cargo run --release -p rdmapool --example async_tokio
 //! ```
 
-use rdmapool::cq::{CqPool, Engine, EngineConfig, LocalBuf, Progress};
+use rdmapool::buf::{BufferPool, PoolConfig};
+use rdmapool::cq::{CqPool, Engine, EngineConfig, Progress};
 use rdmapool::fabric::*;
 use std::sync::Arc;
 
@@ -40,7 +43,7 @@ async fn main() -> rdmapool::Result<()> {
     let writes: Vec<_> = (0..16)
         .map(|i| {
             qp.write(
-                LocalBuf::Region(local.clone()),
+                local.clone(),
                 i * 4096,
                 4096,
                 target.remote_at(i * 4096).unwrap(),
@@ -48,13 +51,30 @@ async fn main() -> rdmapool::Result<()> {
         })
         .collect();
     for w in writes {
-        w.await?;
+        let (result, _local) = w.await; // the buffer comes back with the outcome
+        result?;
     }
     for i in 0..16 {
         let mut got = [0u8; 4096];
         target.read_at(i * 4096, &mut got)?;
         assert!(got.iter().all(|&b| b == i as u8), "block {i}");
     }
+
+    // A READ into a pooled, pre-registered buffer: it comes back holding the data.
+    let buffers = BufferPool::new(pd.clone(), PoolConfig::default())?;
+    let buf = buffers.alloc(4096)?;
+    let (result, buf) = qp.read(buf, 0, 4096, target.remote_at(3 * 4096)?).await;
+    result?;
+    let mut got = [0u8; 4096];
+    buf.read_at(0, &mut got)?;
+    assert!(got.iter().all(|&b| b == 3), "pooled READ");
+
+    // Memory the caller owns, registered without `unsafe`, READ into, and given back.
+    let owned = pd.register(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)?;
+    let (result, owned) = qp.read(owned, 0, 4096, target.remote_at(5 * 4096)?).await;
+    result?;
+    let plain: Vec<u8> = owned.into_inner(); // deregistered: an ordinary Vec again
+    assert!(plain.iter().all(|&b| b == 5), "READ into a registered Vec");
 
     // A counter: a batch of eight fetch-and-adds, one doorbell, one completion.
     let counter = target.remote_at(0)?;
@@ -66,16 +86,17 @@ async fn main() -> rdmapool::Result<()> {
                     remote: counter,
                     add: 1,
                 },
-                LocalBuf::Region(local.clone()),
+                local.clone(),
                 8 * i,
                 8,
             )
         })
         .collect();
-    qp.batch(adds).await?;
+    let (result, _buffers) = qp.batch(adds).await;
+    result?;
     assert_eq!(target.read_u64(0)?, 8);
     println!(
-        "16 WRITEs and a batch of 8 FAAs checked; {} completions, {} wake-ups",
+        "16 WRITEs, 2 READs and a batch of 8 FAAs checked; {} completions, {} wake-ups",
         engine.stats().completions,
         engine.stats().wakeups
     );

@@ -8,7 +8,7 @@
 //! valgrind --tool=callgrind target/release/examples/async_vs_raw async 20000
 //! ```
 
-use rdmapool::cq::{Engine, EngineConfig, LocalBuf, Progress};
+use rdmapool::cq::{Engine, EngineConfig, Progress};
 use rdmapool::fabric::*;
 use std::sync::Arc;
 
@@ -56,7 +56,7 @@ fn main() -> rdmapool::Result<()> {
         qp.connect(&peer.endpoint())?;
         peer.connect(&qp.qp().endpoint())?;
         for _ in 0..n {
-            engine.run_until(qp.write(LocalBuf::Region(local.clone()), 0, 8, remote))?;
+            engine.run_until(qp.write(local.clone(), 0, 8, remote)).0?;
         }
     }
     println!("{mode}: {n} WRITEs, {:?} each", t.elapsed() / n as u32);

@@ -44,6 +44,20 @@ pub enum Error {
         depth: u32,
     },
 
+    /// A buffer pool has no free buffer of the class asked for right now.
+    #[error(
+        "buffer pool: no free {class}-byte buffer ({chunks} of at most {max_chunks} chunks \
+         registered; below the limit more is being registered, so retry or use alloc_wait)"
+    )]
+    PoolExhausted {
+        /// The size class (bytes) that ran out.
+        class: usize,
+        /// Chunks the pool has registered or is registering.
+        chunks: usize,
+        /// The pool's chunk limit.
+        max_chunks: usize,
+    },
+
     /// The queue pair is not in a state that allows the operation.
     #[error("QP {qpn} is in state {state}; {needed}")]
     InvalidQpState {

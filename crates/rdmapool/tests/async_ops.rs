@@ -36,8 +36,8 @@ async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
 }
 
 /// Awaits every future; each must succeed.
-async fn all_ok<F: Future<Output = rdmapool::Result<Completion>>>(futs: Vec<F>) {
-    for r in join_all(futs).await {
+async fn all_ok<B, F: Future<Output = (rdmapool::Result<Completion>, B)>>(futs: Vec<F>) {
+    for (r, _buf) in join_all(futs).await {
         r.unwrap();
     }
 }
@@ -194,7 +194,7 @@ async fn event_driven_progress_on_a_single_threaded_runtime() {
             let done = tokio::time::timeout(WAIT, join_all(futs))
                 .await
                 .unwrap_or_else(|_| panic!("{t:?} round {round}: no wake-up within {WAIT:?}"));
-            for r in done {
+            for (r, _) in done {
                 r.unwrap_or_else(|e| panic!("{t:?} round {round}: {e}"));
             }
         }
@@ -312,7 +312,7 @@ async fn mixed_batches_post_once_and_signal_once() {
                 64,
             ));
         }
-        let c = s.qps[0].batch(ops).await.unwrap();
+        let c = s.qps[0].batch(ops).await.0.unwrap();
         assert_eq!(c.opcode, WcOpcode::RdmaRead, "{mode:?}");
         for i in 0..16usize {
             let mut got = [0u8; 64];
@@ -340,7 +340,7 @@ async fn mixed_batches_post_once_and_signal_once() {
             })
             .collect();
         assert!(matches!(
-            s.qps[0].batch(too_many).await,
+            s.qps[0].batch(too_many).await.0,
             Err(rdmapool::Error::InvalidArgument(_))
         ));
         // A batch with a bad request fails with its status (the QP then goes to ERR).
@@ -368,7 +368,7 @@ async fn mixed_batches_post_once_and_signal_once() {
                 8,
             ),
         ];
-        match s.qps[0].batch(bad).await {
+        match s.qps[0].batch(bad).await.0 {
             Err(rdmapool::Error::Completion { status, .. }) => {
                 assert_eq!(status, WcStatus::RemAccessErr, "{mode:?}")
             }
@@ -455,6 +455,7 @@ async fn cancellation_storms_never_free_a_buffer_early() {
                 s.target.remote_at(0).unwrap(),
             )
             .await
+            .0
             .unwrap();
             let mut got = vec![0u8; 4096];
             s.target.read_at(0, &mut got).unwrap();
@@ -488,14 +489,14 @@ async fn a_qp_forced_into_error_fails_its_pending_futures() {
         // Post them all; a future that already finished keeps its result.
         let mut results = Vec::new();
         doomed.retain_mut(|f| match f.as_mut().poll(&mut cx) {
-            Poll::Ready(r) => {
+            Poll::Ready((r, _)) => {
                 results.push(r);
                 false
             }
             Poll::Pending => true,
         });
         s.qps[0].qp().modify_to_error();
-        results.extend(join_all(doomed).await);
+        results.extend(join_all(doomed).await.into_iter().map(|(r, _)| r));
         // Each future finishes: done before the error, a flush/error completion, or (rxe) a
         // post refused because the QP is already in ERR. None hangs.
         let errors = results.iter().filter(|r| r.is_err()).count();
@@ -518,6 +519,7 @@ async fn a_qp_forced_into_error_fails_its_pending_futures() {
                 s.target.remote_at(0).unwrap(),
             )
             .await
+            .0
             .unwrap();
     }
 }
@@ -543,7 +545,7 @@ fn caller_driven_progress_without_threads() {
         s.engine.progress();
         assert!(std::time::Instant::now() < until, "no progress");
     };
-    done.unwrap();
+    done.0.unwrap();
     let mut got = [0u8; 12];
     s.target.read_at(0, &mut got).unwrap();
     assert_eq!(&got, b"polled by me");
@@ -654,12 +656,12 @@ fn a_cq_overrun_is_detected_and_reported() {
         );
         engine.progress();
         pending.retain_mut(|f| match f.as_mut().poll(&mut cx) {
-            Poll::Ready(Err(rdmapool::Error::CqOverrun { depth })) => {
+            Poll::Ready((Err(rdmapool::Error::CqOverrun { depth }), _)) => {
                 assert_eq!(depth, 8);
                 overrun += 1;
                 false
             }
-            Poll::Ready(Ok(_)) => {
+            Poll::Ready((Ok(_), _)) => {
                 ok += 1;
                 false
             }
@@ -700,10 +702,69 @@ async fn a_qp_outliving_its_engine_handle_still_completes() {
         )
         .await
         .unwrap_or_else(|_| panic!("{mode:?}: no progress after the Engine handle was dropped"));
-        done.unwrap();
+        done.0.unwrap();
         let mut got = [0u8; 16];
         target.read_at(0, &mut got).unwrap();
         assert_eq!(&got, b"after the engine", "{mode:?}");
         drop((qps, peers, b));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_operations_give_the_buffer_back_with_the_outcome() {
+    use rdmapool::buf::{BufferPool, PoolConfig};
+    for mode in TOKIO_MODES {
+        let s = setup(1, config(Transport::Auto), mode);
+        s.target.write_at(0, &pattern(4096, 42)).unwrap();
+        // A READ into a pooled buffer: the buffer comes back holding the data.
+        let pool = BufferPool::new(s._a.pd.clone(), PoolConfig::default()).unwrap();
+        let buf = pool.alloc(4096).unwrap();
+        let (r, buf) = s.qps[0]
+            .read(buf, 0, 4096, s.target.remote_at(0).unwrap())
+            .await;
+        r.unwrap();
+        let mut got = vec![0u8; 4096];
+        buf.read_at(0, &mut got).unwrap();
+        assert!(got == pattern(4096, 42), "{mode:?}: pooled READ");
+        // A READ into a safely registered Vec, given back as a plain Vec.
+        let owned =
+            s._a.pd
+                .register(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)
+                .unwrap();
+        let (r, owned) = s.qps[0]
+            .read(owned, 0, 4096, s.target.remote_at(0).unwrap())
+            .await;
+        r.unwrap();
+        assert!(
+            owned.into_inner() == pattern(4096, 42),
+            "{mode:?}: Vec READ"
+        );
+        // Refused before posting (range past the buffer): the buffer still comes back.
+        let (r, buf) = s.qps[0]
+            .write(buf, 4000, 200, s.target.remote_at(0).unwrap())
+            .await;
+        assert!(
+            matches!(r, Err(rdmapool::Error::InvalidArgument(_))),
+            "{r:?}"
+        );
+        assert_eq!(buf.len(), 4096);
+        // An error completion: the buffer comes back too (a bad rkey; the QP then fails).
+        let bad = RemoteAddr {
+            rkey: s.target.rkey() ^ 0x5a5a,
+            ..s.target.remote_at(0).unwrap()
+        };
+        let (r, buf) = s.qps[0].read(buf, 0, 64, bad).await;
+        assert!(
+            matches!(
+                r,
+                Err(rdmapool::Error::Completion {
+                    status: WcStatus::RemAccessErr,
+                    ..
+                })
+            ),
+            "{mode:?}: {r:?}"
+        );
+        drop(buf);
+        assert_eq!(pool.stats().in_use, 0, "{mode:?}");
     }
 }

@@ -3,6 +3,7 @@
 
 mod common;
 use common::*;
+use rdmapool::fabric::RegisteredMemory;
 use rdmapool::mr::{CacheConfig, RegCache};
 
 const PAGE: usize = 4096;

@@ -342,7 +342,7 @@ fn child_entry() {
                 let pool = BufferPool::new(
                     n.pd.clone(),
                     PoolConfig {
-                        initial_chunks: 2,
+                        chunks_per_class: 2,
                         ..PoolConfig::default()
                     },
                 )

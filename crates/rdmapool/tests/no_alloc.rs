@@ -130,7 +130,7 @@ fn async_operations_allocate_nothing() {
                         }
                         engine.progress();
                     };
-                    assert!(r.is_ok(), "{r:?}");
+                    assert!(r.0.is_ok(), "{:?}", r.0);
                 }
             }
         };

@@ -16,14 +16,17 @@ fn pooled_buffers_are_registered_memory_usable_for_rdma() {
     let pool = BufferPool::new(
         a.pd.clone(),
         PoolConfig {
-            initial_chunks: CLASSES.len(),
+            low_watermark: 0,
             ..PoolConfig::default()
         },
     )
     .unwrap();
     let target = b.pd.alloc_mr(4 << 20, AccessFlags::all_remote()).unwrap();
     for (i, &size) in CLASSES.iter().enumerate() {
-        let buf = pool.alloc(size).unwrap();
+        // Every class has memory as soon as `new` returns.
+        let buf = pool
+            .alloc(size)
+            .unwrap_or_else(|e| panic!("class {size}: {e}"));
         let data = pattern(size, i as u8);
         buf.write_at(0, &data).unwrap();
         qa.post_send(&[write_wr(
@@ -37,6 +40,32 @@ fn pooled_buffers_are_registered_memory_usable_for_rdma() {
         target.read_at(0, &mut seen).unwrap();
         assert!(seen == data, "class {size}");
     }
+    let s = pool.stats();
+    assert_eq!((s.chunks, s.growths), (CLASSES.len() as u64, 0), "{s:?}");
+}
+
+#[test]
+fn pool_buffers_are_local_only_unless_asked() {
+    let (a, b) = (node(), node());
+    let (_qa, qb) = pair(&a, &b, &config(Transport::Auto));
+    let pool = BufferPool::new(a.pd.clone(), PoolConfig::default()).unwrap();
+    let buf = pool.alloc(4096).unwrap();
+    let neighbour = pool.alloc(4096).unwrap();
+    neighbour.write_at(0, b"secret").unwrap();
+    // A peer given this buffer's key cannot use it to reach a chunk neighbour (nor the
+    // buffer itself: the chunk grants no remote access).
+    let src = b.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
+    src.write_at(0, b"INTRUDER").unwrap();
+    let next_door = RemoteAddr {
+        addr: neighbour.addr(),
+        rkey: buf.rkey(),
+    };
+    qb.post_send(&[write_wr(1, next_door, &[src.sge(0, 8).unwrap()])])
+        .unwrap();
+    assert_eq!(one(&b.cq).status, WcStatus::RemAccessErr);
+    let mut got = [0u8; 6];
+    neighbour.read_at(0, &mut got).unwrap();
+    assert_eq!(&got, b"secret");
 }
 
 #[test]
@@ -45,7 +74,7 @@ fn allocation_never_registers_and_buffers_come_back() {
     let pool = BufferPool::new(
         n.pd.clone(),
         PoolConfig {
-            initial_chunks: 1,
+            largest: 256,
             low_watermark: 0,
             ..PoolConfig::default()
         },
@@ -65,12 +94,12 @@ fn allocation_never_registers_and_buffers_come_back() {
         regions,
         "allocation registered memory"
     );
-    assert!(
-        matches!(pool.alloc(200), Err(Error::QueueFull { .. })),
-        "the class is exhausted"
-    );
+    match pool.alloc(200) {
+        Err(Error::PoolExhausted { class: 256, .. }) => {}
+        other => panic!("the class is exhausted, yet: {other:?}"),
+    }
     let s = pool.stats();
-    assert_eq!((s.in_use, s.empty), (8192, 1));
+    assert_eq!((s.in_use, s.empty, s.growths), (8192, 1, 1), "{s:?}");
     drop(live);
     assert_eq!(pool.stats().in_use, 0);
     let again = pool.alloc(256).unwrap();
@@ -83,7 +112,7 @@ fn an_exhausted_class_grows_through_the_registrar() {
     let pool = BufferPool::new(
         n.pd.clone(),
         PoolConfig {
-            initial_chunks: 0,
+            chunks_per_class: 0,
             max_chunks: 2,
             low_watermark: 1,
             ..PoolConfig::default()
@@ -91,7 +120,14 @@ fn an_exhausted_class_grows_through_the_registrar() {
     )
     .unwrap();
     // Nothing registered yet: the first alloc finds nothing and starts a chunk.
-    assert!(matches!(pool.alloc(2 << 20), Err(Error::QueueFull { .. })));
+    assert!(matches!(
+        pool.alloc(2 << 20),
+        Err(Error::PoolExhausted {
+            class: 0x20_0000,
+            max_chunks: 2,
+            ..
+        })
+    ));
     let first = pool.alloc_wait(2 << 20, WAIT).unwrap();
     let second = pool.alloc_wait(2 << 20, WAIT).unwrap();
     assert_ne!(first.addr(), second.addr());
@@ -115,7 +151,7 @@ fn many_threads_allocate_and_free_without_sharing_a_slot() {
     let pool = BufferPool::new(
         n.pd.clone(),
         PoolConfig {
-            initial_chunks: 2,
+            chunks_per_class: 2,
             ..PoolConfig::default()
         },
     )
@@ -162,10 +198,20 @@ fn bad_requests_are_refused() {
         "past the requested length"
     );
     assert!(b.sge(0, 101).is_err());
+    let small = BufferPool::new(
+        n.pd.clone(),
+        PoolConfig {
+            largest: 4096,
+            ..PoolConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(small.stats().chunks, 3, "256 B, 1 KiB and 4 KiB classes");
+    assert!(matches!(small.alloc(4097), Err(Error::InvalidArgument(_))));
     assert!(BufferPool::new(
         n.pd.clone(),
         PoolConfig {
-            initial_chunks: 3,
+            chunks_per_class: 1,
             max_chunks: 2,
             ..PoolConfig::default()
         }

@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use rdmapool::fabric::AccessFlags;
+use rdmapool::fabric::RegisteredMemory;
 use rdmapool::mr::{RegState, Registrar, RegistrarConfig};
 use rdmapool::Error;
 use std::sync::atomic::{AtomicUsize, Ordering};

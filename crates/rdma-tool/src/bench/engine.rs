@@ -6,7 +6,7 @@ use super::report::Row;
 use super::Stats;
 use crate::peer::PeerProcess;
 use crate::{Result, ToolError};
-use rdmapool::cq::{AsyncQp, Engine, EngineConfig, LocalBuf, OpFuture, Progress};
+use rdmapool::cq::{AsyncQp, Engine, EngineConfig, OpFuture, Progress};
 use rdmapool::fabric::*;
 use std::future::Future;
 use std::pin::Pin;
@@ -100,14 +100,14 @@ impl Target<'_> {
             let _in_rt = rt.enter();
             let rig = self.rig(1, 1, mode)?;
             let q = &rig.qps[0].0;
-            let op = || q.write(LocalBuf::Region(local.clone()), 0, 8, rig.remote);
+            let op = || q.write(local.clone(), 0, 8, rig.remote);
             let (mut ours, mut reference) = (Vec::new(), Vec::new());
             if mode == Progress::Caller {
                 for _ in 0..ROUNDS {
                     reference.extend(raw.latency_samples(Op::Write, 8, block)?);
                     for i in 0..warm + block {
                         let t = Instant::now();
-                        rig.engine.run_until(op())?;
+                        rig.engine.run_until(op()).0?;
                         if i >= warm {
                             ours.push(t.elapsed().as_nanos() as u64);
                         }
@@ -119,7 +119,7 @@ impl Target<'_> {
                         reference.extend(raw.latency_samples(Op::Write, 8, block)?);
                         for i in 0..warm + block {
                             let t = Instant::now();
-                            op().await?;
+                            op().await.0?;
                             if i >= warm {
                                 ours.push(t.elapsed().as_nanos() as u64);
                             }
@@ -311,7 +311,7 @@ fn async_window(
     count: u64,
     cq: usize,
 ) -> Result<()> {
-    let mut window: Vec<Option<OpFuture<'_>>> = (0..depth).map(|_| None).collect();
+    let mut window: Vec<Option<OpFuture<'_, Arc<Mr>>>> = (0..depth).map(|_| None).collect();
     let mut cx = TaskContext::from_waker(Waker::noop());
     let (mut started, mut done) = (0u64, 0u64);
     let mut idle = 0u32;
@@ -319,12 +319,12 @@ fn async_window(
         let mut progressed = false;
         for f in window.iter_mut() {
             if f.is_none() && started < count {
-                *f = Some(q.write(LocalBuf::Region(local.clone()), 0, 8, remote));
+                *f = Some(q.write(local.clone(), 0, 8, remote));
                 started += 1;
             }
             if let Some(fut) = f {
                 if let Poll::Ready(r) = Pin::new(fut).poll(&mut cx) {
-                    r?;
+                    r.0?;
                     *f = None;
                     done += 1;
                     progressed = true;
@@ -357,18 +357,11 @@ fn async_batches(
     let batch = || {
         q.batch(
             (0..n)
-                .map(|_| {
-                    (
-                        WrOp::Write { remote, imm: None },
-                        LocalBuf::Region(local.clone()),
-                        0,
-                        8,
-                    )
-                })
+                .map(|_| (WrOp::Write { remote, imm: None }, local.clone(), 0, 8))
                 .collect(),
         )
     };
-    let mut window: [Option<OpFuture<'_>>; 2] = [None, None];
+    let mut window: [Option<OpFuture<'_, Vec<Arc<Mr>>>>; 2] = [None, None];
     let mut cx = TaskContext::from_waker(Waker::noop());
     let (mut started, mut done) = (0u64, 0u64);
     while done < count {
@@ -380,7 +373,7 @@ fn async_batches(
             }
             if let Some(fut) = f {
                 if let Poll::Ready(r) = Pin::new(fut).poll(&mut cx) {
-                    r?;
+                    r.0?;
                     *f = None;
                     done += n as u64;
                     progressed = true;

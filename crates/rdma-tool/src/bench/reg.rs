@@ -213,13 +213,7 @@ pub fn run(args: Args) -> Result<()> {
     qa.connect(&qb.endpoint())?;
     qb.connect(&qa.endpoint())?;
     let target = ppd.alloc_mr(1 << 20, AccessFlags::all_remote())?;
-    let pool = BufferPool::new(
-        pd.clone(),
-        PoolConfig {
-            initial_chunks: 3,
-            ..PoolConfig::default()
-        },
-    )?;
+    let pool = BufferPool::new(pd.clone(), PoolConfig::default())?;
     let write = |sge: Sge| -> Result<()> {
         qa.post_send(&[SendWr {
             wr_id: 0,

@@ -5,7 +5,7 @@
 //! another chunk in the background; [`BufferPool::alloc`] never waits for it, and
 //! [`BufferPool::alloc_wait`] waits up to a timeout.
 
-use crate::fabric::{AccessFlags, Mr, Pd, RemoteAddr, Sge};
+use crate::fabric::{AccessFlags, Mr, Pd, RegisteredMemory};
 use crate::mr::{HugeOptions, HugeRegion, RegHandle, Registrar, RegistrarConfig, HUGE_PAGE};
 use crate::{Error, Result};
 use parking_lot::{Condvar, Mutex};
@@ -32,23 +32,29 @@ const THREAD_CACHE: usize = 64;
 /// How a pool is set up.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
-    /// Chunks registered before `new` returns (spread across the classes in order).
-    pub initial_chunks: usize,
+    /// Chunks registered for each served class before `new` returns, so that `alloc` of
+    /// every class works at once (0: every class starts empty and grows on first use).
+    pub chunks_per_class: usize,
+    /// The largest buffer the pool serves (rounded up to a class); the classes above it get
+    /// no chunk, and asking for them is an error. 2 MiB (all classes) by default.
+    pub largest: usize,
     /// Most chunks the pool may ever register.
     pub max_chunks: usize,
     /// When a class has fewer free slots than this, another chunk is requested.
     pub low_watermark: usize,
-    /// Access rights of the registered chunks.
+    /// Access rights of the registered chunks. Local only by default: a chunk-wide remote
+    /// key would let a peer reach every buffer of the chunk, not just the one it was given.
     pub access: AccessFlags,
 }
 
 impl Default for PoolConfig {
     fn default() -> Self {
         Self {
-            initial_chunks: 1,
+            chunks_per_class: 1,
+            largest: CLASSES[CLASSES.len() - 1],
             max_chunks: 256,
             low_watermark: 4,
-            access: AccessFlags::all_remote(),
+            access: AccessFlags::LOCAL_WRITE,
         }
     }
 }
@@ -66,7 +72,7 @@ pub struct PoolStats {
     pub in_use: u64,
     /// Allocations that found no free slot.
     pub empty: u64,
-    /// Chunk registrations requested because a class ran low.
+    /// Chunk registrations requested after `new` because a class ran low or out.
     pub growths: u64,
 }
 
@@ -76,7 +82,7 @@ struct Chunk {
     _memory: HugeRegion,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct Slot {
     addr: usize,
     lkey: u32,
@@ -91,7 +97,11 @@ struct Shared {
     arrived_lock: Mutex<()>,
     chunks: Mutex<Vec<Chunk>>,
     growing: Mutex<Vec<(usize, RegHandle, HugeRegion)>>,
+    /// The first failed chunk registration (reported by `new`).
+    first_error: Mutex<Option<Error>>,
     registrar: Registrar,
+    /// Classes `0..served` are served.
+    served: usize,
     allocations: AtomicU64,
     in_use: AtomicU64,
     empty: AtomicU64,
@@ -110,14 +120,16 @@ thread_local! {
 ///
 /// ```
 /// use rdmapool::buf::{BufferPool, PoolConfig};
-/// use rdmapool::fabric::Context;
+/// use rdmapool::fabric::{Context, RegisteredMemory};
 /// # fn main() -> rdmapool::Result<()> {
 /// let pool = BufferPool::new(Context::open_soft()?.alloc_pd()?, PoolConfig::default())?;
-/// let small = pool.alloc(200)?;          // from the chunk registered up front; no registration
-/// // The 4 KiB class has no chunk yet: alloc would say QueueFull and start one; wait for it.
-/// let buf = pool.alloc_wait(4096, std::time::Duration::from_secs(10))?;
+/// let small = pool.alloc(200)?;          // every class has a chunk from `new`: no registration
+/// let buf = pool.alloc(4096)?;
 /// buf.write_at(0, b"ready for RDMA")?;
 /// let _sge = buf.sge(0, 14)?;            // carries the pool chunk's lkey
+/// // When a class runs out, `alloc` says PoolExhausted and more is registered in the
+/// // background; `alloc_wait` waits for it.
+/// let _more = pool.alloc_wait(4096, std::time::Duration::from_secs(10))?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -133,10 +145,20 @@ impl BufferPool {
     /// Registers `cfg.initial_chunks` chunks (through a registrar of its own) and returns.
     pub fn new(pd: Pd, cfg: PoolConfig) -> Result<Self> {
         cfg.access.validate()?;
-        if cfg.max_chunks == 0 || cfg.initial_chunks > cfg.max_chunks {
-            return Err(Error::InvalidArgument(
-                "pool: need 0 < initial_chunks <= max_chunks".into(),
-            ));
+        let served = class_of(cfg.largest.max(1)).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "pool: largest buffer {} is over {} bytes",
+                cfg.largest,
+                CLASSES[CLASSES.len() - 1]
+            ))
+        })? + 1;
+        let initial = cfg.chunks_per_class.saturating_mul(served);
+        if cfg.max_chunks == 0 || initial > cfg.max_chunks {
+            return Err(Error::InvalidArgument(format!(
+                "pool: {} chunks per class for {served} classes need {initial} chunks, more \
+                 than max_chunks {} (which must be positive)",
+                cfg.chunks_per_class, cfg.max_chunks
+            )));
         }
         let registrar = Registrar::new(
             pd,
@@ -153,7 +175,9 @@ impl BufferPool {
             arrived_lock: Mutex::new(()),
             chunks: Mutex::new(Vec::new()),
             growing: Mutex::new(Vec::new()),
+            first_error: Mutex::new(None),
             registrar,
+            served,
             allocations: AtomicU64::new(0),
             in_use: AtomicU64::new(0),
             empty: AtomicU64::new(0),
@@ -161,15 +185,29 @@ impl BufferPool {
             chunk_count: AtomicUsize::new(0),
         });
         let pool = Self { shared };
-        for i in 0..cfg.initial_chunks {
-            pool.grow(i % CLASSES.len())?;
+        for class in 0..served {
+            for _ in 0..cfg.chunks_per_class {
+                pool.grow(class, false)?;
+            }
         }
         pool.collect(Some(Instant::now() + Duration::from_secs(60)));
+        if let Some(class) = (0..served)
+            .filter(|_| cfg.chunks_per_class > 0)
+            .find(|&c| pool.shared.free[c].lock().is_empty())
+        {
+            return Err(pool.shared.first_error.lock().take().unwrap_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "pool: the chunk for the {}-byte class could not be registered",
+                    CLASSES[class]
+                ))
+            }));
+        }
         Ok(pool)
     }
 
-    /// Requests one more chunk for `class` from the registrar (does not wait).
-    fn grow(&self, class: usize) -> Result<()> {
+    /// Requests one more chunk for `class` from the registrar (does not wait); `growth` says
+    /// whether it counts as growth (not the chunks `new` registers).
+    fn grow(&self, class: usize, growth: bool) -> Result<()> {
         let s = &self.shared;
         if s.chunk_count.fetch_add(1, Ordering::AcqRel) >= s.cfg.max_chunks {
             s.chunk_count.fetch_sub(1, Ordering::AcqRel);
@@ -185,7 +223,9 @@ impl BufferPool {
             s.registrar
                 .submit_raw(memory.as_ptr(), memory.len(), s.cfg.access)
         };
-        s.growths.fetch_add(1, Ordering::Relaxed);
+        if growth {
+            s.growths.fetch_add(1, Ordering::Relaxed);
+        }
         s.growing.lock().push((class, handle, memory));
         Ok(())
     }
@@ -219,6 +259,7 @@ impl BufferPool {
                 Err(e) => {
                     tracing::warn!("pool growth failed: {e}");
                     s.chunk_count.fetch_sub(1, Ordering::AcqRel);
+                    s.first_error.lock().get_or_insert(e);
                 }
             }
         }
@@ -226,15 +267,20 @@ impl BufferPool {
         s.arrived.notify_all();
     }
 
-    /// A buffer of at least `len` bytes (up to 2 MiB), or [`Error::QueueFull`] when its class
-    /// has no free slot right now (more is on the way). Never registers memory.
+    /// A buffer of at least `len` bytes (up to the largest class served), or
+    /// [`Error::PoolExhausted`] when its class has no free slot right now (more is
+    /// registered in the background unless the pool is at `max_chunks`). Never registers
+    /// memory.
     pub fn alloc(&self, len: usize) -> Result<Buffer> {
-        let class = class_of(len).filter(|_| len > 0).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "pool buffers are 1..={} bytes, not {len}",
-                CLASSES[CLASSES.len() - 1]
-            ))
-        })?;
+        let served = self.shared.served;
+        let class = class_of(len)
+            .filter(|&c| len > 0 && c < served)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "this pool's buffers are 1..={} bytes, not {len}",
+                    CLASSES[served - 1]
+                ))
+            })?;
         let s = &self.shared;
         let slot = CACHE
             .with(|c| c.borrow_mut().get_mut(&s.id).and_then(|v| v[class].pop()))
@@ -243,11 +289,12 @@ impl BufferPool {
             s.empty.fetch_add(1, Ordering::Relaxed);
             self.collect(None);
             if s.growing.lock().iter().all(|(c, ..)| *c != class) {
-                let _ = self.grow(class);
+                let _ = self.grow(class, true);
             }
-            return Err(Error::QueueFull {
-                queue: "buffer pool",
-                depth: 0,
+            return Err(Error::PoolExhausted {
+                class: CLASSES[class],
+                chunks: s.chunk_count.load(Ordering::Acquire),
+                max_chunks: s.cfg.max_chunks,
             });
         };
         s.allocations.fetch_add(1, Ordering::Relaxed);
@@ -265,14 +312,14 @@ impl BufferPool {
         let deadline = Instant::now() + timeout;
         loop {
             match self.alloc(len) {
-                Err(Error::QueueFull { .. }) if Instant::now() < deadline => {
+                Err(Error::PoolExhausted { .. }) if Instant::now() < deadline => {
                     self.collect(None);
                     let mut g = self.shared.arrived_lock.lock();
                     self.shared
                         .arrived
                         .wait_for(&mut g, Duration::from_millis(1));
                 }
-                Err(Error::QueueFull { .. }) => {
+                Err(Error::PoolExhausted { .. }) => {
                     return Err(Error::TimedOut("buffer allocation".into()))
                 }
                 other => return other,
@@ -293,7 +340,7 @@ impl BufferPool {
         if left < s.cfg.low_watermark {
             self.collect(None);
             if s.growing.lock().iter().all(|(c, ..)| *c != class) {
-                let _ = self.grow(class);
+                let _ = self.grow(class, true);
             }
         }
         let mut got = got;
@@ -332,52 +379,35 @@ pub struct Buffer {
     pool: Arc<Shared>,
 }
 
-impl Buffer {
-    /// Start address.
-    pub fn addr(&self) -> u64 {
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("addr", &format_args!("{:#x}", self.slot.addr))
+            .field("len", &self.len)
+            .field("class", &CLASSES[self.class])
+            .finish()
+    }
+}
+
+impl RegisteredMemory for Buffer {
+    fn addr(&self) -> u64 {
         self.slot.addr as u64
     }
     /// Usable length (what was asked for).
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.len
     }
-    /// Always false (zero-length buffers are refused).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// Local key of the chunk the buffer lives in.
-    pub fn lkey(&self) -> u32 {
+    fn lkey(&self) -> u32 {
         self.slot.lkey
     }
-    /// Remote key of that chunk.
-    pub fn rkey(&self) -> u32 {
+    fn rkey(&self) -> u32 {
         self.slot.rkey
     }
+}
+
+impl Buffer {
     fn check(&self, offset: usize, len: usize) -> Result<()> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(()),
-            _ => Err(Error::InvalidArgument(format!(
-                "range {offset}+{len} outside a {}-byte buffer",
-                self.len
-            ))),
-        }
-    }
-    /// An SGE for `len` bytes at `offset`.
-    pub fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
-        self.check(offset, len as usize)?;
-        Ok(Sge {
-            addr: self.addr() + offset as u64,
-            length: len,
-            lkey: self.lkey(),
-        })
-    }
-    /// Where a peer reaches `offset` of this buffer.
-    pub fn remote_at(&self, offset: usize) -> Result<RemoteAddr> {
-        self.check(offset, 0)?;
-        Ok(RemoteAddr {
-            addr: self.addr() + offset as u64,
-            rkey: self.rkey(),
-        })
+        crate::fabric::check_range(self.len, offset, len)
     }
     /// Copies `data` in at `offset`.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {

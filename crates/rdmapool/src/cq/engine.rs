@@ -2,7 +2,8 @@
 
 use crate::buf::Buffer;
 use crate::fabric::{
-    Completion, Cq, Mr, Pd, Qp, QpConfig, RecvWr, RemoteAddr, SendWr, Sge, WcStatus, WrOp,
+    Completion, Cq, Mr, Pd, Qp, QpConfig, RecvWr, RegisteredMemory, RemoteAddr, SendWr, Sge,
+    WcStatus, WrOp,
 };
 use crate::{Error, Result};
 use crossbeam_queue::ArrayQueue;
@@ -14,25 +15,39 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-/// Local memory an async operation uses, kept alive until its completion arrives — even if
-/// the future is dropped first.
+/// Either of the two common kinds of registered memory, for a batch that mixes them (every
+/// operation of a batch takes the same buffer type).
+#[derive(Debug)]
 pub enum LocalBuf {
     /// A registered region (shared).
     Region(Arc<Mr>),
     /// A pooled, pre-registered buffer.
     Pooled(Buffer),
-    /// Several, for a batch.
-    Many(Vec<LocalBuf>),
 }
 
-impl LocalBuf {
-    fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
+impl RegisteredMemory for LocalBuf {
+    fn addr(&self) -> u64 {
         match self {
-            LocalBuf::Region(m) => m.sge(offset, len),
-            LocalBuf::Pooled(b) => b.sge(offset, len),
-            LocalBuf::Many(_) => Err(Error::InvalidArgument(
-                "a batch buffer has no single SGE".into(),
-            )),
+            LocalBuf::Region(m) => m.addr(),
+            LocalBuf::Pooled(b) => b.addr(),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            LocalBuf::Region(m) => m.len(),
+            LocalBuf::Pooled(b) => b.len(),
+        }
+    }
+    fn lkey(&self) -> u32 {
+        match self {
+            LocalBuf::Region(m) => m.lkey(),
+            LocalBuf::Pooled(b) => b.lkey(),
+        }
+    }
+    fn rkey(&self) -> u32 {
+        match self {
+            LocalBuf::Region(m) => m.rkey(),
+            LocalBuf::Pooled(b) => b.rkey(),
         }
     }
 }
@@ -172,7 +187,9 @@ struct SlotState {
     abandoned: bool,
     outcome: Option<Outcome>,
     waker: Option<Waker>,
-    keep: Option<LocalBuf>,
+    /// The buffer of an operation whose future was dropped in flight, kept until the
+    /// completion arrives (a live future holds its buffer itself).
+    keep: Option<Box<dyn Send>>,
     /// Set when the future is dropped in flight: the QP, kept from being destroyed under
     /// the request and given back its queue entries on completion. (A live future
     /// borrows its QP, so it needs no reference here.)
@@ -543,7 +560,7 @@ impl Engine {
     /// caller-driven busy-poll loop, with no thread hand-off (the lowest latency).
     ///
     /// ```
-    /// # use rdmapool::cq::{Engine, EngineConfig, LocalBuf, Progress};
+    /// # use rdmapool::cq::{Engine, EngineConfig, Progress};
     /// # use rdmapool::fabric::*;
     /// # use std::sync::Arc;
     /// # fn main() -> rdmapool::Result<()> {
@@ -557,7 +574,8 @@ impl Engine {
     /// let target = pd.alloc_mr(4096, AccessFlags::all_remote())?;
     /// let local = Arc::new(pd.alloc_mr(4096, AccessFlags::all_remote())?);
     /// local.write_at(0, b"hello")?;
-    /// engine.run_until(a.write(LocalBuf::Region(local), 0, 5, target.remote_at(0)?))?;
+    /// let (result, _local) = engine.run_until(a.write(local, 0, 5, target.remote_at(0)?));
+    /// result?;
     /// let mut got = [0u8; 5];
     /// target.read_at(0, &mut got)?;
     /// assert_eq!(&got, b"hello");
@@ -762,22 +780,31 @@ enum Stage {
     /// Refused before posting.
     Failed(Error),
     /// Waiting for a slot and queue room.
-    ToPost(Spec, LocalBuf),
-    /// Posted: the slot holds the buffer and the waker.
+    ToPost(Spec),
+    /// Posted: the slot holds the waker.
     Posted(u32),
     /// Its result was returned.
     Finished,
 }
 
-/// An operation in flight: resolves to its completion, or to the typed error of an error
-/// completion. Dropping it never frees its buffer early.
-pub struct OpFuture<'q> {
+/// An operation in flight. It resolves to its outcome and the buffer it was given, in the
+/// style of tokio-uring: `(Ok(completion), buf)`, or `(Err(e), buf)` for a refusal or an
+/// error completion, so data READ into the buffer can be looked at and the buffer reused.
+///
+/// Dropping it in flight never frees the buffer early: the engine keeps the buffer until the
+/// completion arrives, then drops it. Like every future, it must not be polled again after
+/// it resolved.
+pub struct OpFuture<'q, B: Send + 'static> {
     qp: &'q AsyncQp,
     stage: Stage,
+    buf: Option<B>,
 }
 
-impl<'q> OpFuture<'q> {
-    fn to_post(qp: &'q AsyncQp, spec: Spec, keep: LocalBuf) -> Self {
+// The buffer is never pinned: it is moved out when the future resolves.
+impl<B: Send + 'static> Unpin for OpFuture<'_, B> {}
+
+impl<'q, B: Send + 'static> OpFuture<'q, B> {
+    fn to_post(qp: &'q AsyncQp, spec: Spec, buf: B) -> Self {
         let depth = if spec.is_recv() {
             qp.inner.recv_depth
         } else {
@@ -790,18 +817,21 @@ impl<'q> OpFuture<'q> {
                     "{} work requests at once, the queue holds {depth}",
                     spec.entries()
                 )),
+                buf,
             );
         }
         OpFuture {
             qp,
-            stage: Stage::ToPost(spec, keep),
+            stage: Stage::ToPost(spec),
+            buf: Some(buf),
         }
     }
 
-    fn failed(qp: &'q AsyncQp, e: Error) -> Self {
+    fn failed(qp: &'q AsyncQp, e: Error, buf: B) -> Self {
         OpFuture {
             qp,
             stage: Stage::Failed(e),
+            buf: Some(buf),
         }
     }
 
@@ -825,7 +855,7 @@ impl<'q> OpFuture<'q> {
     }
 
     /// Posts, or waits for room. Ready(Ok) means posted (the future is now `Posted`).
-    fn try_post(&mut self, spec: Spec, keep: LocalBuf, cx: &mut Context<'_>) -> Poll<Result<()>> {
+    fn try_post(&mut self, spec: Spec, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let q = &self.qp.inner;
         let s = &q.engine;
         if q.cq != UNKNOWN_CQ && s.broken[q.cq].load(Ordering::Acquire) {
@@ -835,7 +865,7 @@ impl<'q> OpFuture<'q> {
         }
         let (recv, credits) = (spec.is_recv(), spec.entries());
         let Some(idx) = self.reserve(recv, credits, cx) else {
-            self.stage = Stage::ToPost(spec, keep);
+            self.stage = Stage::ToPost(spec);
             return Poll::Pending;
         };
         let wr_id = s.wr_id(idx);
@@ -848,7 +878,6 @@ impl<'q> OpFuture<'q> {
             st.cq = q.cq;
             st.credits = credits;
             st.recv = recv;
-            st.keep = Some(keep);
         }
         match spec.post(&q.qp, wr_id) {
             Ok(()) => {
@@ -857,10 +886,8 @@ impl<'q> OpFuture<'q> {
             }
             Err(Error::QueueFull { .. }) => {
                 // Someone posted on the raw QP too: wait for completions to make room.
-                let mut st = slot.state.lock();
-                let keep = st.keep.take().unwrap_or(LocalBuf::Many(Vec::new()));
-                s.release(idx, st, Some(q));
-                self.stage = Stage::ToPost(spec, keep);
+                s.release(idx, slot.state.lock(), Some(q));
+                self.stage = Stage::ToPost(spec);
                 s.wait_for_room(cx.waker());
                 cx.waker().wake_by_ref();
                 Poll::Pending
@@ -871,34 +898,35 @@ impl<'q> OpFuture<'q> {
             }
         }
     }
+
+    fn resolve(&mut self, r: Result<Completion>) -> Poll<(Result<Completion>, B)> {
+        let buf = self.buf.take().expect("OpFuture polled after it resolved");
+        Poll::Ready((r, buf))
+    }
 }
 
-impl Future for OpFuture<'_> {
-    type Output = Result<Completion>;
+impl<B: Send + 'static> Future for OpFuture<'_, B> {
+    type Output = (Result<Completion>, B);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let idx = match std::mem::replace(&mut self.stage, Stage::Finished) {
             Stage::Posted(idx) => idx,
-            Stage::ToPost(spec, keep) => {
+            Stage::ToPost(spec) => {
                 // Posted: the slot holds our waker, so a completion wakes us.
-                return match self.try_post(spec, keep, cx) {
+                return match self.try_post(spec, cx) {
                     Poll::Ready(Ok(())) | Poll::Pending => Poll::Pending,
-                    Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                    Poll::Ready(Err(e)) => self.resolve(Err(e)),
                 };
             }
-            Stage::Failed(e) => return Poll::Ready(Err(e)),
-            Stage::Finished => {
-                return Poll::Ready(Err(Error::InvalidArgument(
-                    "the operation already finished".into(),
-                )))
-            }
+            Stage::Failed(e) => return self.resolve(Err(e)),
+            Stage::Finished => panic!("OpFuture polled after it resolved"),
         };
         let s = &self.qp.inner.engine;
         let mut st = s.slots[idx as usize].state.lock();
         match st.outcome.take() {
             Some(outcome) => {
                 s.release(idx, st, Some(&self.qp.inner));
-                Poll::Ready(outcome.into_result())
+                self.resolve(outcome.into_result())
             }
             None => {
                 if !st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
@@ -912,7 +940,7 @@ impl Future for OpFuture<'_> {
     }
 }
 
-impl Drop for OpFuture<'_> {
+impl<B: Send + 'static> Drop for OpFuture<'_, B> {
     fn drop(&mut self) {
         if let Stage::Posted(idx) = self.stage {
             let s = &self.qp.inner.engine;
@@ -921,10 +949,11 @@ impl Drop for OpFuture<'_> {
                 s.release(idx, st, Some(&self.qp.inner)); // completed, never polled again
             } else {
                 // The engine releases slot, entries and buffer on completion; until then the
-                // slot keeps the QP alive.
+                // slot keeps the QP and the buffer alive (the one allocation on this path).
                 st.abandoned = true;
                 st.waker = None;
                 st.owner = Some(self.qp.inner.clone());
+                st.keep = self.buf.take().map(|b| Box::new(b) as Box<dyn Send>);
             }
         }
     }
@@ -951,44 +980,51 @@ impl AsyncQp {
         (self.inner.cq != UNKNOWN_CQ).then_some(self.inner.cq)
     }
 
-    fn op(&self, op: WrOp, local: LocalBuf, offset: usize, len: u32) -> OpFuture<'_> {
+    fn op<B: RegisteredMemory + Send + 'static>(
+        &self,
+        op: WrOp,
+        local: B,
+        offset: usize,
+        len: u32,
+    ) -> OpFuture<'_, B> {
         match local.sge(offset, len) {
             Ok(sge) => OpFuture::to_post(self, Spec::One { op, sge }, local),
-            Err(e) => OpFuture::failed(self, e),
+            Err(e) => OpFuture::failed(self, e, local),
         }
     }
 
     /// RDMA WRITE of `len` bytes at `offset` of `local` to `remote`.
-    pub fn write(
+    pub fn write<B: RegisteredMemory + Send + 'static>(
         &self,
-        local: LocalBuf,
+        local: B,
         offset: usize,
         len: u32,
         remote: RemoteAddr,
-    ) -> OpFuture<'_> {
+    ) -> OpFuture<'_, B> {
         self.op(WrOp::Write { remote, imm: None }, local, offset, len)
     }
 
-    /// RDMA READ of `len` bytes from `remote` into `offset` of `local`.
-    pub fn read(
+    /// RDMA READ of `len` bytes from `remote` into `offset` of `local`; the buffer comes back
+    /// with the outcome, holding the data.
+    pub fn read<B: RegisteredMemory + Send + 'static>(
         &self,
-        local: LocalBuf,
+        local: B,
         offset: usize,
         len: u32,
         remote: RemoteAddr,
-    ) -> OpFuture<'_> {
+    ) -> OpFuture<'_, B> {
         self.op(WrOp::Read { remote }, local, offset, len)
     }
 
     /// Compare-and-swap; the old value lands at `offset` of `local` (8 bytes).
-    pub fn compare_and_swap(
+    pub fn compare_and_swap<B: RegisteredMemory + Send + 'static>(
         &self,
-        local: LocalBuf,
+        local: B,
         offset: usize,
         remote: RemoteAddr,
         compare: u64,
         swap: u64,
-    ) -> OpFuture<'_> {
+    ) -> OpFuture<'_, B> {
         self.op(
             WrOp::CompareSwap {
                 remote,
@@ -1002,45 +1038,63 @@ impl AsyncQp {
     }
 
     /// Fetch-and-add; the old value lands at `offset` of `local` (8 bytes).
-    pub fn fetch_and_add(
+    pub fn fetch_and_add<B: RegisteredMemory + Send + 'static>(
         &self,
-        local: LocalBuf,
+        local: B,
         offset: usize,
         remote: RemoteAddr,
         add: u64,
-    ) -> OpFuture<'_> {
+    ) -> OpFuture<'_, B> {
         self.op(WrOp::FetchAdd { remote, add }, local, offset, 8)
     }
 
     /// SEND of `len` bytes at `offset` of `local`.
-    pub fn send(&self, local: LocalBuf, offset: usize, len: u32) -> OpFuture<'_> {
+    pub fn send<B: RegisteredMemory + Send + 'static>(
+        &self,
+        local: B,
+        offset: usize,
+        len: u32,
+    ) -> OpFuture<'_, B> {
         self.op(WrOp::Send { imm: None }, local, offset, len)
     }
 
     /// Posts a receive into `len` bytes at `offset` of `local`; resolves when a message lands.
-    pub fn recv(&self, local: LocalBuf, offset: usize, len: u32) -> OpFuture<'_> {
+    pub fn recv<B: RegisteredMemory + Send + 'static>(
+        &self,
+        local: B,
+        offset: usize,
+        len: u32,
+    ) -> OpFuture<'_, B> {
         match local.sge(offset, len) {
             Ok(sge) => OpFuture::to_post(self, Spec::Recv { sge }, local),
-            Err(e) => OpFuture::failed(self, e),
+            Err(e) => OpFuture::failed(self, e, local),
         }
     }
 
     /// Posts `ops` (operation, buffer, offset, length) as one list with one doorbell, only
     /// the last signalled; resolves when the last completes (RC order: all are done), or
-    /// with the first error completion. At most the send-queue depth of them.
-    pub fn batch(&self, ops: Vec<(WrOp, LocalBuf, usize, u32)>) -> OpFuture<'_> {
-        if ops.is_empty() {
-            return OpFuture::failed(self, Error::InvalidArgument("an empty batch".into()));
-        }
+    /// with the first error completion, and gives every buffer back in order. At most the
+    /// send-queue depth of them. ([`LocalBuf`] mixes regions and pooled buffers.)
+    pub fn batch<B: RegisteredMemory + Send + 'static>(
+        &self,
+        ops: Vec<(WrOp, B, usize, u32)>,
+    ) -> OpFuture<'_, Vec<B>> {
         let mut list = Vec::with_capacity(ops.len());
         let mut keep = Vec::with_capacity(ops.len());
+        let mut refused = None;
         for (op, local, offset, len) in ops {
             match local.sge(offset, len) {
                 Ok(sge) => list.push((op, sge)),
-                Err(e) => return OpFuture::failed(self, e),
+                Err(e) => refused = refused.or(Some(e)),
             }
             keep.push(local);
         }
-        OpFuture::to_post(self, Spec::Batch(list), LocalBuf::Many(keep))
+        if keep.is_empty() {
+            refused = Some(Error::InvalidArgument("an empty batch".into()));
+        }
+        match refused {
+            Some(e) => OpFuture::failed(self, e, keep),
+            None => OpFuture::to_post(self, Spec::Batch(list), keep),
+        }
     }
 }

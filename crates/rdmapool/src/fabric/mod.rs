@@ -19,7 +19,9 @@
 mod access;
 mod completion;
 mod device;
+mod memory;
 mod objects;
+pub(crate) use memory::check_range;
 pub(crate) mod provider;
 mod qp;
 mod wr;
@@ -27,6 +29,7 @@ mod wr;
 pub use access::AccessFlags;
 pub use completion::{Completion, WcOpcode, WcStatus};
 pub use device::{devices, AtomicCap, DeviceInfo, PortInfo, ProviderKind, ProviderStatus};
+pub use memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
 pub use objects::{Context, Cq, Mr, Pd, Qp};
 pub use qp::{Endpoint, QpConfig, QpState, Transport};
 pub use wr::{RecvWr, RemoteAddr, RemoteRegion, SendWr, Sge, WrOp};

@@ -1,9 +1,9 @@
 //! The public objects: thin, provider-independent handles.
 
+use super::memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
 use super::provider::{ContextOps, CqOps, MrOps, PdOps, QpOps};
 use super::{
-    AccessFlags, Completion, DeviceInfo, Endpoint, ProviderKind, QpConfig, QpState, RecvWr,
-    RemoteAddr, RemoteRegion, SendWr, Sge,
+    AccessFlags, Completion, DeviceInfo, Endpoint, ProviderKind, QpConfig, QpState, RecvWr, SendWr,
 };
 use crate::{Error, Result};
 use std::sync::atomic::AtomicU64;
@@ -127,6 +127,35 @@ impl Pd {
         })
     }
 
+    /// Registers a buffer the caller owns, safely: the registration takes the buffer and
+    /// [`Registered::into_inner`] gives it back after deregistering. On failure the buffer
+    /// comes back inside the error.
+    ///
+    /// ```
+    /// use rdmapool::fabric::*;
+    /// # fn main() -> rdmapool::Result<()> {
+    /// let pd = Context::open_soft()?.alloc_pd()?;
+    /// let reg = pd.register(vec![0u8; 8192], AccessFlags::LOCAL_WRITE)?;
+    /// assert_eq!(reg.len(), 8192);
+    /// let err = pd.register(Vec::new(), AccessFlags::LOCAL_WRITE).unwrap_err();
+    /// assert!(err.into_inner().is_empty());          // an empty buffer is refused, and returned
+    /// # Ok(()) }
+    /// ```
+    pub fn register<B: StableBuf>(
+        &self,
+        mut buf: B,
+        access: AccessFlags,
+    ) -> std::result::Result<Registered<B>, RegisterError<B>> {
+        let (ptr, len) = (buf.stable_ptr(), buf.stable_len());
+        // SAFETY: `StableBuf` promises the bytes stay put and owned while `buf` lives and is
+        // not mutably accessed; `Registered` owns `buf`, never lends it mutably, and drops the
+        // registration before the buffer.
+        match unsafe { self.register_raw(ptr, len, access) } {
+            Ok(mr) => Ok(Registered::from_parts(mr, buf)),
+            Err(e) => Err(RegisterError::new(e, buf)),
+        }
+    }
+
     /// The name of the device this PD lives on.
     pub fn device_name(&self) -> String {
         self.inner.device_name()
@@ -161,64 +190,29 @@ impl std::fmt::Debug for Mr {
     }
 }
 
-impl Mr {
-    /// Start address.
-    pub fn addr(&self) -> u64 {
+impl RegisteredMemory for Mr {
+    fn addr(&self) -> u64 {
         self.inner.addr()
     }
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.inner.len()
     }
-    /// Always false: zero-length regions cannot be registered.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Local key.
-    pub fn lkey(&self) -> u32 {
+    fn lkey(&self) -> u32 {
         self.inner.lkey()
     }
-    /// Remote key.
-    pub fn rkey(&self) -> u32 {
+    fn rkey(&self) -> u32 {
         self.inner.rkey()
     }
+}
+
+impl Mr {
     /// Access rights.
     pub fn access(&self) -> AccessFlags {
         self.inner.access()
     }
 
     fn check_range(&self, offset: usize, len: usize) -> Result<()> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len() => Ok(()),
-            _ => Err(Error::InvalidArgument(format!(
-                "range {offset}+{len} outside region of {} bytes",
-                self.len()
-            ))),
-        }
-    }
-
-    /// An SGE for `len` bytes at `offset`, checked against the region.
-    pub fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
-        self.check_range(offset, len as usize)?;
-        Ok(Sge {
-            addr: self.addr() + offset as u64,
-            length: len,
-            lkey: self.lkey(),
-        })
-    }
-
-    /// The descriptor a peer needs to access this region.
-    pub fn remote_region(&self) -> RemoteRegion {
-        RemoteRegion {
-            addr: self.addr(),
-            len: self.len() as u64,
-            rkey: self.rkey(),
-        }
-    }
-
-    /// The remote address of `offset` (for loopback use of one's own region).
-    pub fn remote_at(&self, offset: usize) -> Result<RemoteAddr> {
-        self.remote_region().at(offset as u64)
+        super::memory::check_range(self.len(), offset, len)
     }
 
     /// Copies `data` into the region at `offset`.

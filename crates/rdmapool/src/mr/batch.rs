@@ -5,7 +5,7 @@
 //!   ([`PreRegRing`]).
 
 use super::registrar::{RegHandle, Registrar};
-use crate::fabric::{AccessFlags, Mr, RemoteAddr, Sge};
+use crate::fabric::{AccessFlags, Mr, RegisteredMemory};
 use crate::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -23,52 +23,20 @@ impl SharedMr {
     pub fn mr(&self) -> &Mr {
         &self.mr
     }
-    /// This range's start.
-    pub fn addr(&self) -> u64 {
+}
+
+impl RegisteredMemory for SharedMr {
+    fn addr(&self) -> u64 {
         self.addr
     }
-    /// This range's length.
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.len
     }
-    /// Always false (empty ranges are refused).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// Local key.
-    pub fn lkey(&self) -> u32 {
+    fn lkey(&self) -> u32 {
         self.mr.lkey()
     }
-    /// Remote key.
-    pub fn rkey(&self) -> u32 {
+    fn rkey(&self) -> u32 {
         self.mr.rkey()
-    }
-    /// An SGE inside this caller's range only.
-    pub fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
-        match offset.checked_add(len as usize) {
-            Some(end) if end <= self.len => Ok(Sge {
-                addr: self.addr + offset as u64,
-                length: len,
-                lkey: self.lkey(),
-            }),
-            _ => Err(Error::InvalidArgument(format!(
-                "range {offset}+{len} outside a {}-byte range",
-                self.len
-            ))),
-        }
-    }
-    /// Where a peer reaches `offset` of this range.
-    pub fn remote_at(&self, offset: usize) -> Result<RemoteAddr> {
-        if offset > self.len {
-            return Err(Error::InvalidArgument(format!(
-                "offset {offset} outside a {}-byte range",
-                self.len
-            )));
-        }
-        Ok(RemoteAddr {
-            addr: self.addr + offset as u64,
-            rkey: self.rkey(),
-        })
     }
 }
 

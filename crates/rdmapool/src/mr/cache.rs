@@ -6,7 +6,7 @@
 //! cannot watch a range, the registration is handed out uncached instead.
 
 use super::monitor::Shared as SharedMonitor;
-use crate::fabric::{AccessFlags, Mr, Pd, RemoteAddr, Sge};
+use crate::fabric::{AccessFlags, Mr, Pd, RegisteredMemory, RemoteAddr, Sge};
 use crate::util::page_size;
 use crate::{Error, Result};
 use parking_lot::Mutex;
@@ -64,28 +64,28 @@ struct Entry {
 
 /// A cached registration covering at least the range asked for. Keeps it registered while
 /// any handle lives, even after eviction or invalidation.
+///
+/// As [`RegisteredMemory`], it is the range asked for: offset 0 is the address passed to
+/// [`RegCache::get`]. [`CachedMr::mr`] is the whole registration (pages rounded out, maybe
+/// shared with other ranges).
 #[derive(Debug, Clone)]
-pub struct CachedMr(Arc<Entry>);
+pub struct CachedMr {
+    entry: Arc<Entry>,
+    addr: usize,
+    len: usize,
+}
 
 impl CachedMr {
     /// The registration.
     pub fn mr(&self) -> &Mr {
-        &self.0.mr
+        &self.entry.mr
     }
-    /// Its local key.
-    pub fn lkey(&self) -> u32 {
-        self.0.mr.lkey()
-    }
-    /// Its remote key.
-    pub fn rkey(&self) -> u32 {
-        self.0.mr.rkey()
-    }
-    /// An SGE for `len` bytes at address `addr`, checked against the registration.
-    pub fn sge(&self, addr: *const u8, len: u32) -> Result<Sge> {
+    /// An SGE for `len` bytes at address `addr`, checked against the range asked for.
+    pub fn sge_at_ptr(&self, addr: *const u8, len: u32) -> Result<Sge> {
         let off = (addr as usize)
-            .checked_sub(self.0.start)
-            .ok_or_else(|| Error::InvalidArgument("address before the registration".into()))?;
-        self.0.mr.sge(off, len)
+            .checked_sub(self.addr)
+            .ok_or_else(|| Error::InvalidArgument("address before the cached range".into()))?;
+        self.sge(off, len)
     }
     /// The remote address of `addr` for a peer.
     pub fn remote_addr(&self, addr: *const u8) -> RemoteAddr {
@@ -93,6 +93,21 @@ impl CachedMr {
             addr: addr as u64,
             rkey: self.rkey(),
         }
+    }
+}
+
+impl RegisteredMemory for CachedMr {
+    fn addr(&self) -> u64 {
+        self.addr as u64
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn lkey(&self) -> u32 {
+        self.entry.mr.lkey()
+    }
+    fn rkey(&self) -> u32 {
+        self.entry.mr.rkey()
     }
 }
 
@@ -133,7 +148,7 @@ fn drop_overlapping(state: &Mutex<State>, counters: &Counters, start: usize, len
 /// A registration cache for one PD.
 ///
 /// ```
-/// use rdmapool::fabric::Context;
+/// use rdmapool::fabric::{Context, RegisteredMemory};
 /// use rdmapool::mr::{CacheConfig, RegCache};
 /// # fn main() -> rdmapool::Result<()> {
 /// let pd = Context::open_soft()?.alloc_pd()?;
@@ -217,7 +232,11 @@ impl RegCache {
             {
                 e.last_use.store(tick, Ordering::Relaxed);
                 self.counters.hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(CachedMr(e.clone()));
+                return Ok(CachedMr {
+                    entry: e.clone(),
+                    addr: a,
+                    len,
+                });
             }
         }
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
@@ -242,7 +261,11 @@ impl RegCache {
             .is_ok_and(|(m, _)| m.watch(start, end - start).is_ok());
         if !watched {
             self.counters.uncached.fetch_add(1, Ordering::Relaxed);
-            return Ok(CachedMr(entry));
+            return Ok(CachedMr {
+                entry,
+                addr: a,
+                len,
+            });
         }
         let mut s = self.state.lock();
         let id = s.next_id;
@@ -262,7 +285,11 @@ impl RegCache {
                 self.counters.evictions.fetch_add(1, Ordering::Relaxed);
             }
         }
-        Ok(CachedMr(entry))
+        Ok(CachedMr {
+            entry,
+            addr: a,
+            len,
+        })
     }
 
     /// Drops every cached registration overlapping `[addr, addr+len)` (handles still in use

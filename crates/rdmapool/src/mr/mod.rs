@@ -12,7 +12,7 @@ pub use batch::{PreRegRing, SharedMr};
 pub use cache::{CacheConfig, CacheStats, CachedMr, RegCache};
 pub use huge::{HugeBacking, HugeOptions, HugeRegion, HUGE_PAGE};
 pub use registrar::{
-    ChunkedMr, LatencyClass, RegHandle, Registrar, RegistrarConfig, RegistrarStats, RetryPolicy,
-    LATENCY_CLASSES,
+    ChunkedMr, LatencyClass, OwnedRegHandle, RegHandle, Registrar, RegistrarConfig, RegistrarStats,
+    RetryPolicy, LATENCY_CLASSES,
 };
 pub use state::RegState;

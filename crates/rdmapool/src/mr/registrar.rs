@@ -3,7 +3,9 @@
 //! executor), a blocking [`RegHandle::wait`], and/or a callback.
 
 use super::state::{RegState, StateCell};
-use crate::fabric::{AccessFlags, Mr, Pd};
+use crate::fabric::{
+    AccessFlags, Mr, Pd, RegisterError, Registered, RegisteredMemory, RemoteAddr, Sge, StableBuf,
+};
 use crate::{Error, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
@@ -112,6 +114,9 @@ struct Request {
     deadline: Option<Instant>,
     outcome: Mutex<Outcome>,
     done: Condvar,
+    /// An owned buffer whose handle was dropped before the outcome was taken: kept until the
+    /// request itself is gone. Last field: dropped after `outcome` (and any region in it).
+    keep: Mutex<Option<Box<dyn Send>>>,
 }
 
 #[derive(Default)]
@@ -177,7 +182,7 @@ struct Shared {
 /// Registers memory on worker threads so callers never block on pinning.
 ///
 /// ```
-/// use rdmapool::fabric::{AccessFlags, Context};
+/// use rdmapool::fabric::{AccessFlags, Context, RegisteredMemory};
 /// use rdmapool::mr::{Registrar, RegistrarConfig, RegState};
 /// # fn main() -> rdmapool::Result<()> {
 /// let pd = Context::open_soft()?.alloc_pd()?;
@@ -275,6 +280,33 @@ impl Registrar {
         )
     }
 
+    /// Submits a registration of a buffer the caller owns, safely: the handle resolves to a
+    /// [`Registered`] buffer, or to the error with the buffer back. Dropping the handle
+    /// early cancels the request; the buffer is freed only after the worker is done with it.
+    ///
+    /// ```
+    /// use rdmapool::fabric::{AccessFlags, Context};
+    /// use rdmapool::mr::{Registrar, RegistrarConfig};
+    /// # fn main() -> rdmapool::Result<()> {
+    /// let registrar = Registrar::new(Context::open_soft()?.alloc_pd()?, RegistrarConfig::default())?;
+    /// let handle = registrar.submit_owned(vec![0u8; 1 << 16], AccessFlags::LOCAL_WRITE);
+    /// let reg = handle.wait()?;                  // or `.await`
+    /// let buf: Vec<u8> = reg.into_inner();
+    /// assert_eq!(buf.len(), 1 << 16);
+    /// # Ok(()) }
+    /// ```
+    pub fn submit_owned<B: StableBuf>(&self, mut buf: B, access: AccessFlags) -> OwnedRegHandle<B> {
+        let spec = RegionSpec::Raw {
+            addr: buf.stable_ptr() as usize,
+            len: buf.stable_len(),
+            access,
+        };
+        OwnedRegHandle {
+            handle: self.enqueue(spec, None),
+            buf: Some(buf),
+        }
+    }
+
     fn enqueue(&self, spec: RegionSpec, callback: Option<Callback>) -> RegHandle {
         let req = Arc::new(Request {
             state: StateCell::new(),
@@ -286,6 +318,7 @@ impl Registrar {
                 ..Outcome::default()
             }),
             done: Condvar::new(),
+            keep: Mutex::new(None),
         });
         inc(&self.shared.counters.submitted);
         if let Some(reason) = self.shared.broken.lock().clone() {
@@ -560,6 +593,67 @@ impl Drop for RegHandle {
     }
 }
 
+/// A submitted registration of an owned buffer ([`Registrar::submit_owned`]): a future, or
+/// [`OwnedRegHandle::wait`]. Like every future it must not be polled after it resolved.
+pub struct OwnedRegHandle<B: StableBuf> {
+    handle: RegHandle,
+    buf: Option<B>,
+}
+
+impl<B: StableBuf> OwnedRegHandle<B> {
+    /// Where the request is now.
+    pub fn state(&self) -> RegState {
+        self.handle.state()
+    }
+
+    /// Cancels the request (see [`RegHandle::cancel`]); the outcome, with the buffer, stays
+    /// available.
+    pub fn cancel(&self) -> bool {
+        self.handle.cancel()
+    }
+
+    fn finish(&mut self, r: Result<Mr>) -> std::result::Result<Registered<B>, RegisterError<B>> {
+        let buf = self
+            .buf
+            .take()
+            .expect("OwnedRegHandle polled after it resolved");
+        match r {
+            Ok(mr) => Ok(Registered::from_parts(mr, buf)),
+            Err(e) => Err(RegisterError::new(e, buf)),
+        }
+    }
+
+    /// Blocks until the request is final; the registered buffer, or the error and the buffer.
+    pub fn wait(mut self) -> std::result::Result<Registered<B>, RegisterError<B>> {
+        let r = self.handle.wait();
+        self.finish(r)
+    }
+}
+
+impl<B: StableBuf> Unpin for OwnedRegHandle<B> {}
+
+impl<B: StableBuf> Future for OwnedRegHandle<B> {
+    type Output = std::result::Result<Registered<B>, RegisterError<B>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match Pin::new(&mut self.handle).poll(cx) {
+            Poll::Ready(r) => Poll::Ready(self.finish(r)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<B: StableBuf> Drop for OwnedRegHandle<B> {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            // A worker may still be registering the buffer, or the finished region may still
+            // sit in the request: the request keeps the buffer and drops it after both.
+            self.handle.cancel();
+            *self.handle.req.keep.lock() = Some(Box::new(buf));
+        }
+    }
+}
+
 /// A large region registered as several regions of at most one chunk each, in parallel.
 #[derive(Debug)]
 pub struct ChunkedMr {
@@ -600,6 +694,38 @@ impl ChunkedMr {
             )));
         }
         Ok(mr)
+    }
+}
+
+impl RegisteredMemory for ChunkedMr {
+    fn addr(&self) -> u64 {
+        self.start as u64
+    }
+    fn len(&self) -> usize {
+        self.mrs.iter().map(Mr::len).sum()
+    }
+    /// The first chunk's key; [`RegisteredMemory::sge`] picks the right one per range.
+    fn lkey(&self) -> u32 {
+        self.mrs[0].lkey()
+    }
+    /// The first chunk's key; [`RegisteredMemory::remote_at`] picks the right one.
+    fn rkey(&self) -> u32 {
+        self.mrs[0].rkey()
+    }
+    /// An SGE inside the one chunk holding `[offset, offset+len)`; an error if the range
+    /// straddles two chunks.
+    fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
+        let addr = self.start.wrapping_add(offset) as *const u8;
+        let mr = self.region_for(addr, len as usize)?;
+        mr.sge(self.start + offset - mr.addr() as usize, len)
+    }
+    fn remote_at(&self, offset: usize) -> Result<RemoteAddr> {
+        crate::fabric::check_range(self.len(), offset, 0)?;
+        let i = (offset / self.chunk).min(self.mrs.len() - 1);
+        Ok(RemoteAddr {
+            addr: (self.start + offset) as u64,
+            rkey: self.mrs[i].rkey(),
+        })
     }
 }
 
