@@ -757,3 +757,176 @@ fn a_port_that_is_down_is_named_in_the_error() {
         other => panic!("expected a port error, got {other:?}"),
     }
 }
+
+#[test]
+fn a_bad_lkey_where_data_lands_is_a_protection_error() {
+    for t in transports() {
+        type Case = (&'static str, fn(RemoteAddr) -> WrOp);
+        let cases: [Case; 3] = [
+            ("read", |remote| WrOp::Read { remote }),
+            ("fetch-and-add", |remote| WrOp::FetchAdd { remote, add: 1 }),
+            ("compare-and-swap", |remote| WrOp::CompareSwap {
+                remote,
+                compare: 0,
+                swap: 1,
+            }),
+        ];
+        for (what, make) in cases {
+            let s = setup(t, ALL);
+            let sg = [Sge {
+                addr: s.local.addr(),
+                length: 8,
+                lkey: s.local.lkey() ^ 0xffff,
+            }];
+            s.qa.post_send(&[SendWr {
+                wr_id: 5,
+                op: make(s.target.remote_at(0).unwrap()),
+                sg_list: &sg,
+                signaled: true,
+            }])
+            .unwrap();
+            let c = one(&s.a.cq);
+            // rxe: LocProtErr where data lands (a gathering WRITE/SEND says LocQpOpErr).
+            assert_eq!(c.status, WcStatus::LocProtErr, "{t:?} {what}");
+            s.assert_untouched(what);
+        }
+    }
+}
+
+#[test]
+fn the_send_queue_holds_exactly_its_capacity() {
+    for t in transports() {
+        let (a, b) = (node(), node());
+        let cfg = QpConfig {
+            max_send_wr: 4,
+            ..config(t)
+        };
+        let (qa, _qb) = pair(&a, &b, &cfg);
+        let cap = qa.capacity();
+        assert!(cap.send >= 4, "{t:?}: {cap:?}");
+        if provider() == ProviderKind::Soft {
+            assert_eq!((cap.send, cap.recv), (4, cfg.max_recv_wr), "{t:?}");
+        }
+        let target = b.pd.alloc_mr(LEN, ALL).unwrap();
+        let local = a.pd.alloc_mr(LEN, ALL).unwrap();
+        let sg = [local.sge(0, 8).unwrap()];
+        let wrs: Vec<_> = (0..cap.send as u64 + 1)
+            .map(|i| SendWr {
+                wr_id: i,
+                op: write_at(target.remote_at(0).unwrap()),
+                sg_list: &sg,
+                signaled: true,
+            })
+            .collect();
+        // One list longer than the queue: it fills the queue and refuses the rest, saying the
+        // real capacity.
+        match qa.post_send(&wrs) {
+            Err(Error::QueueFull {
+                queue: "send",
+                depth,
+            }) => assert_eq!(depth, cap.send, "{t:?}"),
+            other => panic!("{t:?}: a list of {} gave {other:?}", wrs.len()),
+        }
+        let done = a.cq.wait(cap.send as usize, WAIT).unwrap();
+        assert_eq!(done.len(), cap.send as usize, "{t:?}");
+        assert!(done.iter().all(|c| c.is_ok()), "{t:?}: {done:?}");
+        // Room again once completions were taken.
+        qa.post_send(&wrs[..1]).unwrap();
+        assert!(one(&a.cq).is_ok());
+    }
+}
+
+#[test]
+fn error_completions_report_the_posted_operation() {
+    for t in transports() {
+        let s = setup(t, ALL);
+        let rbuf = s.a.pd.alloc_mr(LEN, ALL).unwrap();
+        let rsg = [rbuf.sge(0, 64).unwrap()];
+        s.qa.post_recv(&[RecvWr {
+            wr_id: 40,
+            sg_list: &rsg,
+        }])
+        .unwrap();
+        let bad = RemoteAddr {
+            rkey: s.target.rkey() ^ 0x5a5a,
+            ..s.target.remote_at(0).unwrap()
+        };
+        let sg = [s.local.sge(0, 8).unwrap()];
+        let post = |wr_id, op| {
+            s.qa.post_send(&[SendWr {
+                wr_id,
+                op,
+                sg_list: &sg,
+                signaled: true,
+            }])
+            .unwrap()
+        };
+        post(
+            41,
+            WrOp::FetchAdd {
+                remote: bad,
+                add: 1,
+            },
+        );
+        // Posted after the failure: flushed, each with its own operation, as is the receive.
+        post(
+            42,
+            WrOp::Read {
+                remote: s.target.remote_at(0).unwrap(),
+            },
+        );
+        post(43, write_at(s.target.remote_at(0).unwrap()));
+        let mut got = s.a.cq.wait(4, WAIT).unwrap();
+        got.sort_by_key(|c| c.wr_id);
+        let seen: Vec<_> = got.iter().map(|c| (c.wr_id, c.opcode)).collect();
+        assert_eq!(
+            seen,
+            vec![
+                (40, WcOpcode::Recv),
+                (41, WcOpcode::FetchAdd),
+                (42, WcOpcode::RdmaRead),
+                (43, WcOpcode::RdmaWrite),
+            ],
+            "{t:?}: {got:?}"
+        );
+        assert!(
+            got.iter().all(|c| c.status != WcStatus::Success),
+            "{t:?}: {got:?}"
+        );
+        assert_eq!(got[0].status, WcStatus::WrFlushErr, "{t:?}");
+    }
+}
+
+#[test]
+fn the_verbs_device_is_chosen_by_rdmapool_device() {
+    if let Ok(expect) = std::env::var("RDMAPOOL_TEST_EXPECT_DEVICE") {
+        // The child: RDMAPOOL_DEVICE is set for it.
+        match Context::open_provider(ProviderKind::Verbs, None) {
+            Ok(ctx) => assert_eq!(ctx.device().name, expect),
+            Err(Error::InvalidArgument(why)) => {
+                assert!(expect.is_empty(), "{why}");
+                assert!(why.contains("no-such-device"), "{why}");
+            }
+            Err(e) => panic!("{e}"),
+        }
+        return;
+    }
+    if provider() != ProviderKind::Verbs {
+        eprintln!("not run on {}: RDMAPOOL_DEVICE picks a verbs device", provider());
+        return;
+    }
+    let dev = node().ctx.device().name.clone();
+    for (env, expect) in [(dev.as_str(), dev.as_str()), ("no-such-device", "")] {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "the_verbs_device_is_chosen_by_rdmapool_device",
+                "--test-threads=1",
+            ])
+            .env("RDMAPOOL_DEVICE", env)
+            .env("RDMAPOOL_TEST_EXPECT_DEVICE", expect)
+            .status()
+            .unwrap();
+        assert!(status.success(), "RDMAPOOL_DEVICE={env}");
+    }
+}

@@ -1,5 +1,5 @@
 //! Pre-registered buffer pools: 2 MiB huge-page chunks, registered once through the
-//! [`Registrar`](crate::mr::Registrar), carved into size classes. Allocation pops a slot
+//! [`crate::mr::Registrar`], carved into size classes. Allocation pops a slot
 //! from a per-thread cache (no lock on the common path), then from the pool's shared free
 //! list; it never registers memory. When free slots run low the pool asks the registrar for
 //! another chunk in the background; [`BufferPool::alloc`] never waits for it, and

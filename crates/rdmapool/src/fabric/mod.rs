@@ -31,5 +31,5 @@ pub use completion::{Completion, WcOpcode, WcStatus};
 pub use device::{devices, AtomicCap, DeviceInfo, PortInfo, ProviderKind, ProviderStatus};
 pub use memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
 pub use objects::{Context, Cq, Mr, Pd, Qp};
-pub use qp::{Endpoint, QpConfig, QpState, Transport};
+pub use qp::{Endpoint, QpCapacity, QpConfig, QpState, Transport};
 pub use wr::{RecvWr, RemoteAddr, RemoteRegion, SendWr, Sge, WrOp};

@@ -3,7 +3,8 @@
 use super::memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
 use super::provider::{ContextOps, CqOps, MrOps, PdOps, QpOps};
 use super::{
-    AccessFlags, Completion, DeviceInfo, Endpoint, ProviderKind, QpConfig, QpState, RecvWr, SendWr,
+    AccessFlags, Completion, DeviceInfo, Endpoint, ProviderKind, QpCapacity, QpConfig, QpState,
+    RecvWr, SendWr,
 };
 use crate::{Error, Result};
 use std::sync::atomic::AtomicU64;
@@ -27,8 +28,16 @@ impl Context {
         Self::open_provider(device.provider, Some(&device.name))
     }
 
-    /// Opens a device of `provider`, by name or the first one.
+    /// Opens a device of `provider`, by name or else the first one. For verbs, a name in
+    /// `RDMAPOOL_DEVICE` is used when `name` is None.
     pub fn open_provider(provider: ProviderKind, name: Option<&str>) -> Result<Self> {
+        let from_env = match (provider, name) {
+            (ProviderKind::Verbs, None) => std::env::var("RDMAPOOL_DEVICE")
+                .ok()
+                .filter(|n| !n.is_empty()),
+            _ => None,
+        };
+        let name = name.or(from_env.as_deref());
         let status = super::devices()
             .into_iter()
             .find(|p| p.provider == provider)
@@ -272,7 +281,12 @@ pub struct Cq {
 }
 
 impl Cq {
-    /// Moves up to `out.len()` completions into `out`; returns how many. Never blocks.
+    /// Moves up to `out.len()` completions into `out`; returns how many, 0 if none is ready.
+    ///
+    /// It does not wait for completions. On verbs it never blocks; on the soft provider,
+    /// polling also runs the emulated NIC's requester, which may wait in `poll(2)` for the
+    /// rest of a frame (or READ payload) that has started to arrive, bounded by the QP's
+    /// timeout.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         self.inner.poll(out)
     }
@@ -364,6 +378,10 @@ impl Qp {
     /// RTR -> RTS.
     pub fn modify_to_rts(&self) -> Result<()> {
         self.inner.to_rts()
+    }
+    /// How many work requests its queues hold (at least what [`QpConfig`] asked for).
+    pub fn capacity(&self) -> QpCapacity {
+        self.inner.capacity()
     }
     /// Moves the QP to ERR: everything outstanding and posted later is flushed.
     pub fn modify_to_error(&self) {

@@ -1,6 +1,8 @@
 //! The interface every provider implements; the public objects in `objects.rs` wrap it.
 
-use super::{AccessFlags, Completion, DeviceInfo, Endpoint, QpConfig, QpState, RecvWr, SendWr};
+use super::{
+    AccessFlags, Completion, DeviceInfo, Endpoint, QpCapacity, QpConfig, QpState, RecvWr, SendWr,
+};
 use crate::Result;
 use std::any::Any;
 use std::sync::Arc;
@@ -63,6 +65,8 @@ pub(crate) trait QpOps: Send + Sync {
     fn to_rtr(&self, remote: &Endpoint) -> Result<()>;
     fn to_rts(&self) -> Result<()>;
     fn set_error(&self);
+    /// The queue depths the QP really has.
+    fn capacity(&self) -> QpCapacity;
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()>;
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()>;
     /// The provider's own object (for provider-specific setup such as RDMA CM).

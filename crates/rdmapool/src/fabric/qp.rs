@@ -71,6 +71,17 @@ impl Transport {
     }
 }
 
+/// How many work requests a QP's queues hold: what was asked for in [`QpConfig`], or more
+/// where the device rounds up (rxe turns a send queue of 4 into 7). Posting beyond it fails
+/// with [`crate::Error::QueueFull`] naming this number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCapacity {
+    /// Send-queue entries.
+    pub send: u32,
+    /// Receive-queue entries.
+    pub recv: u32,
+}
+
 /// How to create a queue pair.
 #[derive(Debug, Clone)]
 pub struct QpConfig {

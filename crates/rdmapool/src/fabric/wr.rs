@@ -7,8 +7,9 @@ use crate::{Error, Result};
 pub struct Sge {
     /// Start address (inside the region named by `lkey`).
     pub addr: u64,
-    /// Length in bytes. Zero is rejected with a local length error: hardware disagrees on what
-    /// it means (mlx5 reads it as 2 GiB); a zero-byte message is an empty list.
+    /// Length in bytes. Zero is accepted and moves nothing (its key is not even checked), as
+    /// rxe does; beware that some hardware reads a zero length as 2 GiB (mlx5), so portable
+    /// code sends a zero-byte message as an empty list.
     pub length: u32,
     /// The local key of the region.
     pub lkey: u32,
@@ -157,6 +158,21 @@ pub enum WrOp {
         /// Amount to add (wrapping).
         add: u64,
     },
+}
+
+impl WrOp {
+    /// The opcode a completion of this operation reports (also for error completions, whose
+    /// `ibv_wc.opcode` verbs leaves undefined: rdmapool reports the posted operation).
+    pub fn completion_opcode(&self) -> crate::fabric::WcOpcode {
+        use crate::fabric::WcOpcode;
+        match self {
+            WrOp::Send { .. } => WcOpcode::Send,
+            WrOp::Write { .. } => WcOpcode::RdmaWrite,
+            WrOp::Read { .. } => WcOpcode::RdmaRead,
+            WrOp::CompareSwap { .. } => WcOpcode::CompSwap,
+            WrOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
 }
 
 /// A send-queue work request.

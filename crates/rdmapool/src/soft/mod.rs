@@ -3,8 +3,8 @@
 //! Each [`crate::fabric::Context`] opened on it is one emulated NIC: it pins registered pages
 //! with mlock, hands out random keys, and listens on TCP (loopback unless told otherwise) and
 //! on a local socket. Requests from peers are executed by the context's own responder
-//! threads ([`responder`]) with the HCA's checks; the requester half runs when the
-//! application posts and polls ([`qp`]).
+//! threads (module `responder`) with the HCA's checks; the requester half runs when the
+//! application posts and polls (module `qp`).
 //!
 //! Environment: `RDMAPOOL_SOFT_BIND` (TCP listen address, default `127.0.0.1:0`),
 //! `RDMAPOOL_SOFT_SPIN_US` (how long responder threads spin before sleeping, default 50).
@@ -454,6 +454,13 @@ impl QpOps for SoftQpHandle {
     }
     fn to_rts(&self) -> Result<()> {
         self.0.to_rts()
+    }
+    fn capacity(&self) -> crate::fabric::QpCapacity {
+        // Exactly what was asked for, on both transports.
+        crate::fabric::QpCapacity {
+            send: self.0.cfg.max_send_wr,
+            recv: self.0.cfg.max_recv_wr,
+        }
     }
     fn set_error(&self) {
         self.0.enter_error();

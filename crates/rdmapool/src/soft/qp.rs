@@ -107,16 +107,6 @@ pub(crate) struct SoftQp {
     peer: Mutex<Option<(u32, SoftAddress)>>,
 }
 
-fn wc_opcode(op: &WrOp) -> WcOpcode {
-    match op {
-        WrOp::Send { .. } => WcOpcode::Send,
-        WrOp::Write { .. } => WcOpcode::RdmaWrite,
-        WrOp::Read { .. } => WcOpcode::RdmaRead,
-        WrOp::CompareSwap { .. } => WcOpcode::CompSwap,
-        WrOp::FetchAdd { .. } => WcOpcode::FetchAdd,
-    }
-}
-
 impl SoftQp {
     pub(crate) fn new(
         ctx: Arc<CtxShared>,
@@ -345,11 +335,17 @@ impl SoftQp {
                 continue; // contributes nothing; rxe does not even look at its key
             }
             // rxe reports a key it cannot use (unknown, or another PD's) as a local QP
-            // operation error, and a range or right the key does not cover as a protection
-            // error.
-            let mr = self.ctx.keys.by_lkey(s.lkey).ok_or(WcStatus::LocQpOpErr)?;
+            // operation error where it gathers data (SEND, WRITE) and as a protection error
+            // where data lands (READ, the old value of an atomic); a range or right the key
+            // does not cover is a protection error.
+            let bad_key = if need.contains(AccessFlags::LOCAL_WRITE) {
+                WcStatus::LocProtErr
+            } else {
+                WcStatus::LocQpOpErr
+            };
+            let mr = self.ctx.keys.by_lkey(s.lkey).ok_or(bad_key)?;
             if mr.pd_id != self.pd_id {
-                return Err(WcStatus::LocQpOpErr);
+                return Err(bad_key);
             }
             if !mr.allows(self.pd_id, need, s.addr, s.length as u64) {
                 return Err(WcStatus::LocProtErr);
@@ -372,6 +368,13 @@ impl SoftQp {
     /// it becomes an error completion.
     pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut sq = self.sq.lock();
+        // Finished requests leave the queue here, before the list, never in the middle of
+        // it: a list longer than the free entries fails at the first one that does not fit,
+        // on every transport, as on a NIC whose queue cannot drain during one post.
+        if sq.pending.len() + wrs.len() > self.cfg.max_send_wr as usize {
+            self.progress_rx(&mut sq);
+            self.drain_done(&mut sq);
+        }
         let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
             if let Err(e) = self.post_one(&mut sq, wr, i + 1 < wrs.len()) {
@@ -396,20 +399,16 @@ impl SoftQp {
             )));
         }
         if sq.pending.len() >= self.cfg.max_send_wr as usize {
-            self.progress_rx(sq);
-            self.drain_done(sq);
-            if sq.pending.len() >= self.cfg.max_send_wr as usize {
-                return Err(Error::QueueFull {
-                    queue: "send",
-                    depth: self.cfg.max_send_wr,
-                });
-            }
+            return Err(Error::QueueFull {
+                queue: "send",
+                depth: self.cfg.max_send_wr,
+            });
         }
         let seq = sq.next_seq;
         sq.next_seq += 1;
         let mut p = Pending {
             wr_id: wr.wr_id,
-            opcode: wc_opcode(&wr.op),
+            opcode: wr.op.completion_opcode(),
             signaled: wr.signaled,
             seq,
             byte_len: 0,

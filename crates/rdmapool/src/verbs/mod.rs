@@ -7,6 +7,7 @@
 
 pub(crate) mod cm;
 mod events;
+mod oplog;
 mod qp;
 
 use crate::fabric::provider::{provider_cq, ContextOps, CqOps, MrOps, PdOps, QpOps};
@@ -139,6 +140,8 @@ pub(crate) struct VerbsContext {
     live_mrs: std::sync::atomic::AtomicUsize,
     /// The asynchronous-event thread (None only while opening).
     events: Option<events::AsyncEvents>,
+    /// What each QP posted last (for the opcode of error completions).
+    pub(crate) op_logs: oplog::OpLogs,
 }
 
 // SAFETY: libibverbs objects may be used from any thread; the raw pointers are only handles.
@@ -189,6 +192,7 @@ fn open_device(v: &'static sys::Verbs, dev: *mut sys::ibv_device) -> Result<Verb
         },
         max_rd_atomic: 0,
         live_mrs: std::sync::atomic::AtomicUsize::new(0),
+        op_logs: oplog::OpLogs::default(),
         events: None,
     };
     // SAFETY: all-zero is a valid ibv_device_attr_ex (plain integers and arrays).
@@ -704,10 +708,21 @@ impl CqOps for VerbsCqHandle {
                 let imm = (wc.wc_flags & sys::IBV_WC_WITH_IMM != 0)
                     // SAFETY: with IBV_WC_WITH_IMM the union holds imm_data (big-endian).
                     .then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data }));
+                let status = wc_status(wc.status);
+                let opcode = if status == WcStatus::Success {
+                    wc_opcode(wc.opcode)
+                } else {
+                    // Undefined in an error completion: report what was posted.
+                    self.0
+                        .ctx
+                        .op_logs
+                        .opcode(wc.qp_num, wc.wr_id)
+                        .unwrap_or(WcOpcode::Send)
+                };
                 out[n] = Completion {
                     wr_id: wc.wr_id,
-                    status: wc_status(wc.status),
-                    opcode: wc_opcode(wc.opcode),
+                    status,
+                    opcode,
                     byte_len: wc.byte_len,
                     imm,
                     qp_num: wc.qp_num,

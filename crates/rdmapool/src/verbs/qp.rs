@@ -1,9 +1,10 @@
 //! RC queue pairs on verbs: creation, the RESET→INIT→RTR→RTS transitions for InfiniBand
 //! (LID) and RoCE (GID) addressing, and posting without allocation.
 
+use super::oplog::OpLog;
 use super::{errno_err, os_err, VerbsCq, VerbsPd};
 use crate::fabric::provider::QpOps;
-use crate::fabric::{Endpoint, ProviderKind, QpConfig, QpState, RecvWr, SendWr, WrOp};
+use crate::fabric::{Endpoint, ProviderKind, QpCapacity, QpConfig, QpState, RecvWr, SendWr, WrOp};
 use crate::{Error, Result};
 use rdmapool_sys as sys;
 use std::sync::Arc;
@@ -105,6 +106,9 @@ pub(crate) struct VerbsQp {
     qp: *mut sys::ibv_qp,
     cfg: QpConfig,
     psn: u32,
+    /// What the device made of the requested queue depths (it may round up).
+    capacity: QpCapacity,
+    log: Arc<OpLog>,
 }
 
 // SAFETY: a verbs handle; rdma-core QPs may be posted to from any thread.
@@ -114,6 +118,7 @@ unsafe impl Sync for VerbsQp {}
 
 impl Drop for VerbsQp {
     fn drop(&mut self) {
+        self.pd.ctx.op_logs.remove(self.qpn());
         // SAFETY: created once, destroyed once; the CQs and PD outlive it (Arcs held).
         unsafe { (self.pd.ctx.v.ibv_destroy_qp)(self.qp) };
     }
@@ -150,6 +155,14 @@ impl VerbsQp {
         let mut r = [0u8; 4];
         let _ = getrandom::fill(&mut r);
         let psn = u32::from_le_bytes(r) & 0xff_ffff;
+        // ibv_create_qp wrote back the capacities the device actually gave.
+        let capacity = QpCapacity {
+            send: init.cap.max_send_wr,
+            recv: init.cap.max_recv_wr,
+        };
+        let log = Arc::new(OpLog::new(capacity.send, capacity.recv));
+        // SAFETY: a live QP.
+        pd.ctx.op_logs.insert(unsafe { (*qp).qp_num }, log.clone());
         Ok(Box::new(VerbsQp {
             pd,
             _send_cq: send_cq,
@@ -157,6 +170,8 @@ impl VerbsQp {
             qp,
             cfg: cfg.clone(),
             psn,
+            capacity,
+            log,
         }))
     }
 
@@ -300,6 +315,10 @@ impl QpOps for VerbsQp {
         self.modify(&mut a, mask, "RTS needs RTR")
     }
 
+    fn capacity(&self) -> QpCapacity {
+        self.capacity
+    }
+
     fn set_error(&self) {
         let mut a = Self::zeroed_attr();
         a.qp_state = sys::IBV_QPS_ERR;
@@ -395,6 +414,8 @@ impl QpOps for VerbsQp {
                 }
                 ibv[i].write(w);
             }
+            self.log
+                .record_sends(chunk.iter().map(|w| (w.wr_id, w.op.completion_opcode())));
             let base: *mut sys::ibv_send_wr = ibv.as_mut_ptr().cast();
             for i in 1..chunk.len() {
                 // SAFETY: entries 0..chunk.len() were written above; `next` links them.
@@ -445,6 +466,7 @@ impl QpOps for VerbsQp {
                 let next: *mut sys::ibv_recv_wr = &mut ibv[i];
                 ibv[i - 1].next = next;
             }
+            self.log.record_recvs(chunk.iter().map(|w| w.wr_id));
             let mut bad = std::ptr::null_mut();
             // SAFETY: as in post_send.
             let rc = unsafe { sys::ibv_post_recv(self.qp, ibv.as_mut_ptr(), &mut bad) };
@@ -472,9 +494,9 @@ impl VerbsQp {
             libc::ENOMEM => Error::QueueFull {
                 queue,
                 depth: if queue == "send" {
-                    self.cfg.max_send_wr
+                    self.capacity.send
                 } else {
-                    self.cfg.max_recv_wr
+                    self.capacity.recv
                 },
             },
             libc::EINVAL => match self.state() {
