@@ -8,7 +8,7 @@
 //! `@echo <tcp-addr> <unix-path>`, `@dump <hex>`; parent -> peer `@dump <offset> <len>`.
 
 use crate::{Result, ToolError};
-use rdmapool::conn::Listener;
+use rdmapool::conn::{Listener, Manager};
 use rdmapool::fabric::{
     AccessFlags, Context, Cq, Pd, ProviderKind, Qp, QpConfig, RegisteredMemory, RemoteRegion,
     Transport,
@@ -62,7 +62,8 @@ pub fn run(args: Args) -> Result<()> {
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(1024)?;
     let mr = pd.alloc_mr(args.size, AccessFlags::all_remote())?;
-    let listener = Listener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    // The TCP handshake on loopback on every provider (RDMA CM cannot route over lo).
+    let listener = Listener::bind(Manager::Tcp, SocketAddr::from(([127, 0, 0, 1], 0)))?;
     let mut out = std::io::stdout().lock();
     let say = |out: &mut std::io::StdoutLock, s: String| -> Result<()> {
         writeln!(out, "@{s}")
@@ -293,6 +294,7 @@ impl PeerProcess {
     /// whose descriptor arrives as the accept's private data.
     pub fn connect(&self, pd: &Pd, cq: &Cq, cfg: &QpConfig) -> Result<(Qp, RemoteRegion)> {
         let conn = rdmapool::conn::connect(
+            Manager::Tcp,
             self.cm_addr,
             pd,
             cq,

@@ -87,6 +87,16 @@ pub enum Error {
         private_data: Vec<u8>,
     },
 
+    /// Private data from a connection peer was not framed as rdmapool frames it
+    /// ([`crate::conn::decode_private_data`]); `raw` is what arrived.
+    #[error("bad private data from the peer: {reason} ({} bytes arrived)", raw.len())]
+    BadPrivateData {
+        /// What was wrong.
+        reason: String,
+        /// The bytes as they arrived.
+        raw: Vec<u8>,
+    },
+
     /// Bytes received from a peer or a caller did not decode.
     #[error("malformed {what}: {reason}")]
     Malformed {

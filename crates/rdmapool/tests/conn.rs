@@ -2,7 +2,10 @@
 
 mod common;
 use common::*;
-use rdmapool::conn::{connect, Listener, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
+use rdmapool::conn::{
+    connect, Listener, Manager, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA,
+    MAX_REJECT_PRIVATE_DATA,
+};
 use rdmapool::fabric::*;
 use rdmapool::Error;
 use std::io::Write;
@@ -11,7 +14,7 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(10);
 
 fn listener() -> Listener {
-    Listener::bind("127.0.0.1:0".parse().unwrap()).unwrap()
+    Listener::bind(Manager::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap()
 }
 
 #[test]
@@ -31,6 +34,7 @@ fn region_descriptor_travels_in_accept_private_data_and_the_qps_work() {
                     .unwrap()
             });
             let conn = connect(
+                Manager::Tcp,
                 addr,
                 &client.pd,
                 &client.cq,
@@ -67,6 +71,7 @@ fn reject_reaches_the_requester_with_its_private_data() {
     std::thread::scope(|s| {
         s.spawn(|| l.get_request(T).unwrap().reject(b"pool full").unwrap());
         match connect(
+            Manager::Tcp,
             addr,
             &client.pd,
             &client.cq,
@@ -88,6 +93,7 @@ fn oversized_private_data_is_refused_on_both_sides() {
     let too_long = vec![1u8; MAX_CONNECT_PRIVATE_DATA + 1];
     let addr = listener().local_addr();
     let r = connect(
+        Manager::Tcp,
         addr,
         &client.pd,
         &client.cq,
@@ -114,6 +120,7 @@ fn oversized_private_data_is_refused_on_both_sides() {
         });
         // The request is dropped unanswered: the requester sees a closed connection.
         let r = connect(
+            Manager::Tcp,
             addr,
             &client.pd,
             &client.cq,
@@ -152,6 +159,7 @@ fn garbage_on_the_cm_port_is_dropped_and_listening_goes_on() {
             .unwrap();
         });
         let c = connect(
+            Manager::Tcp,
             addr,
             &client.pd,
             &client.cq,
@@ -196,7 +204,7 @@ fn rdma_cm_connects_with_private_data_both_ways_and_rejects() {
     let Some(ip) = cm_ip() else { return };
     let (server, client) = (node(), node());
     let region = server.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
-    let l = Listener::bind_rdma_cm(std::net::SocketAddr::new(ip, 0)).unwrap();
+    let l = Listener::bind(Manager::RdmaCm, std::net::SocketAddr::new(ip, 0)).unwrap();
     let addr = l.local_addr();
     assert_ne!(addr.port(), 0);
     let desc = region.remote_region().to_bytes();
@@ -212,7 +220,8 @@ fn rdma_cm_connects_with_private_data_both_ways_and_rejects() {
             l.get_request(T).unwrap().reject(b"full").unwrap();
             qp
         });
-        let conn = rdmapool::conn::connect_rdma_cm(
+        let conn = connect(
+            &client.pd, // the natural manager of a verbs PD: RDMA CM
             addr,
             &client.pd,
             &client.cq,
@@ -237,7 +246,8 @@ fn rdma_cm_connects_with_private_data_both_ways_and_rejects() {
         let mut seen = [0u8; 3];
         region.read_at(0, &mut seen).unwrap();
         assert_eq!(&seen, b"cm!");
-        match rdmapool::conn::connect_rdma_cm(
+        match connect(
+            &client.pd, // the natural manager of a verbs PD: RDMA CM
             addr, &client.pd, &client.cq, &client.cq, &cfg, b"again", T,
         ) {
             Err(Error::Rejected { private_data, .. }) => assert_eq!(private_data, b"full"),
@@ -258,10 +268,11 @@ fn rdma_cm_reports_what_is_missing_instead_of_panicking() {
         eprintln!("this machine has RDMA devices; the missing-device path cannot be shown here");
         return;
     }
-    let r = Listener::bind_rdma_cm("127.0.0.1:0".parse().unwrap());
+    let r = Listener::bind(Manager::RdmaCm, "127.0.0.1:0".parse().unwrap());
     assert!(r.is_err(), "an RDMA CM listener without any RDMA device");
     let n = node();
-    let r = rdmapool::conn::connect_rdma_cm(
+    let r = connect(
+        Manager::RdmaCm,
         "127.0.0.1:9".parse().unwrap(),
         &n.pd,
         &n.cq,
@@ -271,4 +282,160 @@ fn rdma_cm_reports_what_is_missing_instead_of_panicking() {
         Duration::from_secs(2),
     );
     assert!(r.is_err());
+}
+
+#[test]
+fn private_data_frames_are_exact_and_bad_ones_are_typed_errors() {
+    use rdmapool::conn::{decode_private_data, encode_private_data};
+    let desc = RemoteRegion {
+        addr: 0x7f00_0000_1000,
+        len: 4096,
+        rkey: 0x1234,
+    }
+    .to_bytes();
+    let framed = encode_private_data(&desc).unwrap();
+    assert_eq!(&framed[..2], &[0x52, desc.len() as u8]);
+    let mut padded = framed.clone();
+    padded.resize(196, 0); // as RDMA CM delivers an accept's private data
+    assert_eq!(decode_private_data(&padded).unwrap(), &desc[..]);
+    assert_eq!(decode_private_data(&[]).unwrap(), b"");
+    assert_eq!(
+        decode_private_data(&[0; 56]).unwrap(),
+        b"",
+        "a peer that sent nothing"
+    );
+    for raw in [&b"RDMA region"[..], &[0x52, 9, 1, 2][..], &[7][..]] {
+        match decode_private_data(raw) {
+            Err(Error::BadPrivateData { raw: got, .. }) => assert_eq!(got, raw),
+            other => panic!("{raw:?}: {other:?}"),
+        }
+    }
+    assert!(encode_private_data(&[0; MAX_ACCEPT_PRIVATE_DATA]).is_ok());
+    assert!(matches!(
+        encode_private_data(&[0; MAX_ACCEPT_PRIVATE_DATA + 1]),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn the_natural_manager_follows_the_provider_and_a_reject_fits_a_rej() {
+    assert_eq!(Manager::from(ProviderKind::Soft), Manager::Tcp);
+    assert_eq!(Manager::from(ProviderKind::Verbs), Manager::RdmaCm);
+    let (server, client) = (node(), node());
+    assert_eq!(Manager::from(&client.pd), Manager::from(provider()));
+    let l = listener();
+    assert_eq!(l.manager(), Manager::Tcp);
+    let addr = l.local_addr();
+    let dial = |data: &[u8]| {
+        connect(
+            Manager::Tcp,
+            addr,
+            &client.pd,
+            &client.cq,
+            &client.cq,
+            &QpConfig::default(),
+            data,
+            T,
+        )
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // A reason longer than an InfiniBand REJ carries is refused, not cut.
+            let long = vec![b'x'; MAX_REJECT_PRIVATE_DATA + 1];
+            let req = l.get_request(T).unwrap();
+            assert!(matches!(req.reject(&long), Err(Error::InvalidArgument(_))));
+            l.get_request(T)
+                .unwrap()
+                .reject(&long[..MAX_REJECT_PRIVATE_DATA])
+                .unwrap();
+            let req = l.get_request(T).unwrap();
+            assert_eq!(req.raw_private_data(), req.private_data());
+            req.accept(
+                &server.pd,
+                &server.cq,
+                &server.cq,
+                &QpConfig::default(),
+                b"ok",
+            )
+            .unwrap();
+        });
+        // The refused reject leaves the request unanswered: the requester sees it closed.
+        assert!(matches!(dial(b"1"), Err(Error::Connection { .. })));
+        match dial(b"2") {
+            Err(Error::Rejected { private_data, .. }) => {
+                assert_eq!(private_data.len(), MAX_REJECT_PRIVATE_DATA)
+            }
+            other => panic!("{:?}", other.err()),
+        }
+        let conn = dial(b"3").unwrap();
+        assert_eq!(conn.private_data, b"ok");
+        assert_eq!(conn.raw_private_data, b"ok");
+    });
+}
+
+#[test]
+fn rdma_cm_negotiates_read_atomic_depths_and_shows_the_raw_private_data() {
+    let Some(ip) = cm_ip() else { return };
+    let (server, client) = (node(), node());
+    let l = Listener::bind(&server.pd, std::net::SocketAddr::new(ip, 0)).unwrap();
+    assert_eq!(l.manager(), Manager::RdmaCm);
+    let addr = l.local_addr();
+    let region = server.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
+    region.write_at(0, b"read me").unwrap();
+    let desc = region.remote_region().to_bytes();
+    let device_max = {
+        let probe = pair(&server, &client, &QpConfig::default()).0;
+        probe
+            .rd_atomic()
+            .unwrap()
+            .expect("verbs reports its depths")
+            .0
+    };
+    assert!(device_max >= 2, "the device allows {device_max}");
+    std::thread::scope(|s| {
+        let srv = s.spawn(|| {
+            let req = l.get_request(T).unwrap();
+            let raw = req.raw_private_data().to_vec();
+            assert_eq!(&raw[..2], &[0x52, 3], "framed: {raw:?}");
+            assert!(
+                raw.len() >= 5,
+                "padded as RDMA CM delivers it: {}",
+                raw.len()
+            );
+            let qp = req
+                .accept(
+                    &server.pd,
+                    &server.cq,
+                    &server.cq,
+                    &QpConfig::default(),
+                    &desc,
+                )
+                .unwrap();
+            qp.rd_atomic().unwrap().unwrap()
+        });
+        let cfg = QpConfig {
+            max_rd_atomic: 1,
+            ..QpConfig::default()
+        };
+        let conn = connect(
+            &client.pd, addr, &client.pd, &client.cq, &client.cq, &cfg, b"one", T,
+        )
+        .unwrap();
+        assert_eq!(&conn.raw_private_data[..2], &[0x52, desc.len() as u8]);
+        assert_eq!(conn.private_data, desc);
+        // The client offered one READ in flight each way; the server, able to do more,
+        // settled on one too.
+        assert_eq!(conn.qp.rd_atomic().unwrap(), Some((1, 1)));
+        assert_eq!(srv.join().unwrap(), (1, 1));
+        // And READs work at that depth.
+        let remote = RemoteRegion::from_bytes(&conn.private_data).unwrap();
+        let buf = client.pd.alloc_mr(64, AccessFlags::all_remote()).unwrap();
+        conn.qp
+            .post_send(&[read_wr(1, remote.at(0).unwrap(), &[buf.sge(0, 7).unwrap()])])
+            .unwrap();
+        assert!(one(&client.cq).is_ok());
+        let mut got = [0u8; 7];
+        buf.read_at(0, &mut got).unwrap();
+        assert_eq!(&got, b"read me");
+    });
 }

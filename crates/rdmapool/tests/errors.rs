@@ -788,7 +788,11 @@ fn a_bad_lkey_where_data_lands_is_a_protection_error() {
             let c = one(&s.a.cq);
             // rxe: LocProtErr where data lands (a gathering WRITE/SEND says LocQpOpErr).
             assert_eq!(c.status, WcStatus::LocProtErr, "{t:?} {what}");
-            s.assert_untouched(what);
+            // The local key is checked where the response lands: rxe has executed the
+            // atomic at the target by then; the soft provider checks before sending.
+            if what == "read" || provider() == ProviderKind::Soft {
+                s.assert_untouched(what);
+            }
         }
     }
 }
@@ -803,10 +807,8 @@ fn the_send_queue_holds_exactly_its_capacity() {
         };
         let (qa, _qb) = pair(&a, &b, &cfg);
         let cap = qa.capacity();
-        assert!(cap.send >= 4, "{t:?}: {cap:?}");
-        if provider() == ProviderKind::Soft {
-            assert_eq!((cap.send, cap.recv), (4, cfg.max_recv_wr), "{t:?}");
-        }
+        // Exactly what was configured, on every provider (rxe would take 7 of its own).
+        assert_eq!((cap.send, cap.recv), (4, cfg.max_recv_wr), "{t:?}");
         let target = b.pd.alloc_mr(LEN, ALL).unwrap();
         let local = a.pd.alloc_mr(LEN, ALL).unwrap();
         let sg = [local.sge(0, 8).unwrap()];
@@ -912,7 +914,10 @@ fn the_verbs_device_is_chosen_by_rdmapool_device() {
         return;
     }
     if provider() != ProviderKind::Verbs {
-        eprintln!("not run on {}: RDMAPOOL_DEVICE picks a verbs device", provider());
+        eprintln!(
+            "not run on {}: RDMAPOOL_DEVICE picks a verbs device",
+            provider()
+        );
         return;
     }
     let dev = node().ctx.device().name.clone();

@@ -2,18 +2,22 @@
 //! data, accept or reject it with private data of your own, connect.
 //!
 //! This is how region descriptors travel: put [`crate::fabric::RemoteRegion::to_bytes`] in the
-//! private data of the accept (or the request). Sizes follow RDMA CM's limits for RC on
-//! InfiniBand (56 and 196 bytes) less one byte that carries the length (RDMA CM pads what it
-//! delivers): at most [`MAX_CONNECT_PRIVATE_DATA`] bytes with a request,
-//! [`MAX_ACCEPT_PRIVATE_DATA`] with an accept or reject.
+//! private data of the accept (or the request). At most [`MAX_CONNECT_PRIVATE_DATA`] bytes
+//! travel with a request and [`MAX_ACCEPT_PRIVATE_DATA`] with an accept or reject: RDMA CM's
+//! limits for RC on InfiniBand (56 and 196 bytes) less the two-byte frame that says where the
+//! data ends (RDMA CM pads what it delivers; docs/PROTOCOL.md has the bytes, and
+//! [`encode_private_data`]/[`decode_private_data`] implement them for any transport).
 //!
-//! Two connection managers share this API:
-//! * [`Listener::bind`] / [`connect`]: a handshake over a TCP connection of its own (the "CM
-//!   port") carrying the QP endpoints both ways, then bringing both QPs to RTS in the order RC
-//!   needs. It works with every provider.
-//! * [`Listener::bind_rdma_cm`] / [`connect_rdma_cm`]: librdmacm (verbs provider), which
-//!   resolves the address and route itself; the QPs are still ours (created on the given PD
-//!   and CQs), RDMA CM only says how to move them between states.
+//! One [`Listener`] and one [`connect`], over either connection [`Manager`]:
+//! * [`Manager::RdmaCm`]: librdmacm (verbs provider), which resolves the address and route
+//!   itself and interoperates with C peers on rdma-core; the QPs are still ours (created on
+//!   the given PD and CQs), RDMA CM only says how to move them between states.
+//! * [`Manager::Tcp`]: a handshake over a TCP connection of its own (the "CM port") carrying
+//!   the QP endpoints both ways, then bringing both QPs to RTS in the order RC needs. It works
+//!   with every provider.
+//!
+//! `Manager::from(provider)` (or `from(&pd)`) picks the natural one: RDMA CM on verbs, TCP on
+//! soft.
 //!
 //! ```
 //! use rdmapool::conn::{connect, Listener};
@@ -23,7 +27,7 @@
 //! let (server, client) = (Context::open_soft()?, Context::open_soft()?);
 //! let (spd, scq) = (server.alloc_pd()?, server.create_cq(16)?);
 //! let region = spd.alloc_mr(4096, AccessFlags::all_remote())?;
-//! let listener = Listener::bind("127.0.0.1:0".parse().unwrap())?;
+//! let listener = Listener::bind(&spd, "127.0.0.1:0".parse().unwrap())?;
 //! let addr = listener.local_addr();
 //! let t = std::thread::spawn(move || -> rdmapool::Result<Qp> {
 //!     let req = listener.get_request(Duration::from_secs(10))?;
@@ -31,7 +35,7 @@
 //!     req.accept(&spd, &scq, &scq, &QpConfig::default(), &region.remote_region().to_bytes())
 //! });
 //! let (cpd, ccq) = (client.alloc_pd()?, client.create_cq(16)?);
-//! let conn = connect(addr, &cpd, &ccq, &ccq, &QpConfig::default(), b"hello", Duration::from_secs(10))?;
+//! let conn = connect(&cpd, addr, &cpd, &ccq, &ccq, &QpConfig::default(), b"hello", Duration::from_secs(10))?;
 //! let remote = RemoteRegion::from_bytes(&conn.private_data)?;
 //! assert_eq!(remote.len, 4096);
 //! let _server_qp = t.join().unwrap()?;
@@ -39,16 +43,100 @@
 //! # Ok(()) }
 //! ```
 
-use crate::fabric::{Cq, Endpoint, Pd, Qp, QpConfig};
+use crate::fabric::{Cq, Endpoint, Pd, ProviderKind, Qp, QpConfig};
 use crate::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-/// Most private data a connection request carries (RDMA CM's 56 bytes less a length byte).
-pub const MAX_CONNECT_PRIVATE_DATA: usize = 55;
-/// Most private data an accept or reject carries (RDMA CM's 196 bytes less a length byte).
-pub const MAX_ACCEPT_PRIVATE_DATA: usize = 195;
+/// Most private data a connection request carries (RDMA CM's 56 bytes less the frame).
+pub const MAX_CONNECT_PRIVATE_DATA: usize = 54;
+/// Most private data an accept carries (RDMA CM's 196 bytes less the frame).
+pub const MAX_ACCEPT_PRIVATE_DATA: usize = 194;
+/// Most private data a reject carries (the InfiniBand CM REJ's 148 bytes less the frame).
+pub const MAX_REJECT_PRIVATE_DATA: usize = 146;
+
+/// First byte of framed private data ('R').
+const FRAME_MAGIC: u8 = 0x52;
+
+/// Frames application private data for RDMA CM: `0x52 ('R'), length (u8), data`. RDMA CM
+/// delivers private data padded with zeros to a fixed size, so the length must travel with
+/// it. A C peer frames its bytes the same way (docs/PROTOCOL.md).
+///
+/// ```
+/// use rdmapool::conn::{decode_private_data, encode_private_data};
+/// let framed = encode_private_data(b"hi").unwrap();
+/// assert_eq!(framed, [0x52, 2, b'h', b'i']);
+/// let mut padded = framed.clone();
+/// padded.resize(56, 0);                     // as RDMA CM delivers it
+/// assert_eq!(decode_private_data(&padded).unwrap(), b"hi");
+/// assert_eq!(decode_private_data(&[0; 56]).unwrap(), b"");  // a peer that sent nothing
+/// assert!(decode_private_data(b"RDMA-unframed").is_err());
+/// ```
+pub fn encode_private_data(data: &[u8]) -> Result<Vec<u8>> {
+    if data.len() > MAX_ACCEPT_PRIVATE_DATA {
+        return Err(Error::InvalidArgument(format!(
+            "{} bytes of private data: at most {MAX_ACCEPT_PRIVATE_DATA} fit",
+            data.len()
+        )));
+    }
+    let mut v = Vec::with_capacity(data.len() + 2);
+    v.push(FRAME_MAGIC);
+    v.push(data.len() as u8);
+    v.extend_from_slice(data);
+    Ok(v)
+}
+
+/// Unframes private data made by [`encode_private_data`], as RDMA CM delivered it (padding
+/// and all). Empty or all-zero bytes mean the peer sent none. Anything else that is not a
+/// frame is [`Error::BadPrivateData`], which carries the raw bytes.
+pub fn decode_private_data(raw: &[u8]) -> Result<&[u8]> {
+    if raw.iter().all(|&b| b == 0) {
+        return Ok(&[]);
+    }
+    let bad = |reason: String| Error::BadPrivateData {
+        reason,
+        raw: raw.to_vec(),
+    };
+    match raw {
+        [FRAME_MAGIC, n, rest @ ..] if (*n as usize) <= rest.len() => Ok(&rest[..*n as usize]),
+        [FRAME_MAGIC, n, rest @ ..] => Err(bad(format!(
+            "the frame says {n} bytes, {} arrived",
+            rest.len()
+        ))),
+        _ => Err(bad(format!(
+            "not framed (first byte {:#04x}, expected {FRAME_MAGIC:#04x}); the peer must send \
+             0x52, a length byte, then its data",
+            raw[0]
+        ))),
+    }
+}
+
+/// Which connection manager carries the handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Manager {
+    /// rdmapool's handshake over a TCP connection of its own (every provider).
+    Tcp,
+    /// librdmacm (verbs provider); interoperates with C peers on rdma-core.
+    RdmaCm,
+}
+
+impl From<ProviderKind> for Manager {
+    /// The provider's natural manager: RDMA CM on verbs, TCP on soft.
+    fn from(p: ProviderKind) -> Self {
+        match p {
+            ProviderKind::Verbs => Manager::RdmaCm,
+            ProviderKind::Soft => Manager::Tcp,
+        }
+    }
+}
+
+impl From<&Pd> for Manager {
+    /// The natural manager of the PD's provider.
+    fn from(pd: &Pd) -> Self {
+        pd.provider().into()
+    }
+}
 
 const MAGIC: [u8; 4] = *b"RDCM";
 const VERSION: u8 = 1;
@@ -149,7 +237,8 @@ impl Message {
         let kind = h[5];
         let max = match kind {
             REQ => MAX_CONNECT_PRIVATE_DATA,
-            REP | REJ => MAX_ACCEPT_PRIVATE_DATA,
+            REP => MAX_ACCEPT_PRIVATE_DATA,
+            REJ => MAX_REJECT_PRIVATE_DATA,
             RTU => 0,
             k => return Err(bad(format!("unknown kind {k}"))),
         };
@@ -186,25 +275,37 @@ enum ListenerKind {
 }
 
 impl Listener {
-    /// Listens on the TCP CM port `addr` (port 0 picks a free one).
-    pub fn bind(addr: SocketAddr) -> Result<Self> {
-        let listener = TcpListener::bind(addr).map_err(io_err(addr, "listening"))?;
-        let addr = listener.local_addr().map_err(io_err(addr, "getsockname"))?;
-        Ok(Self {
-            kind: ListenerKind::Tcp(listener),
-            addr,
-        })
+    /// Listens for connection requests on `addr` (port 0 picks a free one) through
+    /// `manager`: [`Manager::Tcp`] listens on that TCP port; [`Manager::RdmaCm`] binds an
+    /// RDMA CM id to an address of an RDMA device's netdev (it needs rdma-core and a device:
+    /// otherwise a typed error says what is missing).
+    pub fn bind(manager: impl Into<Manager>, addr: SocketAddr) -> Result<Self> {
+        match manager.into() {
+            Manager::Tcp => {
+                let listener = TcpListener::bind(addr).map_err(io_err(addr, "listening"))?;
+                let addr = listener.local_addr().map_err(io_err(addr, "getsockname"))?;
+                Ok(Self {
+                    kind: ListenerKind::Tcp(listener),
+                    addr,
+                })
+            }
+            Manager::RdmaCm => {
+                let l = crate::verbs::cm::CmListener::bind(addr)?;
+                let addr = l.local_addr();
+                Ok(Self {
+                    kind: ListenerKind::RdmaCm(l),
+                    addr,
+                })
+            }
+        }
     }
 
-    /// Listens with librdmacm on `addr` (an address of an RDMA device's netdev; port 0 picks
-    /// one). Needs rdma-core and a device: otherwise a typed error says what is missing.
-    pub fn bind_rdma_cm(addr: SocketAddr) -> Result<Self> {
-        let l = crate::verbs::cm::CmListener::bind(addr)?;
-        let addr = l.local_addr();
-        Ok(Self {
-            kind: ListenerKind::RdmaCm(l),
-            addr,
-        })
+    /// The manager this listener uses.
+    pub fn manager(&self) -> Manager {
+        match self.kind {
+            ListenerKind::Tcp(_) => Manager::Tcp,
+            ListenerKind::RdmaCm(_) => Manager::RdmaCm,
+        }
     }
 
     /// The address peers connect to.
@@ -212,8 +313,11 @@ impl Listener {
         self.addr
     }
 
-    /// Waits up to `timeout` for the next well-formed connection request. Peers that send
-    /// garbage are dropped and waiting goes on.
+    /// Waits up to `timeout` for the next connection request. On the TCP CM port, peers
+    /// that send garbage are dropped and waiting goes on. An RDMA CM request whose private
+    /// data is not framed ([`decode_private_data`]) is rejected (the requester gets
+    /// [`Error::Rejected`] saying why) and reported here as [`Error::BadPrivateData`] with
+    /// the raw bytes; call again for the next request.
     pub fn get_request(&self, timeout: Duration) -> Result<ConnRequest> {
         let listener = match &self.kind {
             ListenerKind::Tcp(l) => l,
@@ -297,8 +401,20 @@ impl ConnRequest {
         }
     }
 
+    /// The private data as it arrived: on RDMA CM with its frame and padding (56 bytes on
+    /// InfiniBand RC), on the TCP CM port the same bytes as [`ConnRequest::private_data`].
+    pub fn raw_private_data(&self) -> &[u8] {
+        match &self.kind {
+            RequestKind::Tcp(r) => &r.private,
+            RequestKind::RdmaCm(r) => r.raw_private_data(),
+        }
+    }
+
     /// Creates a QP, answers with `private_data`, and returns the QP (in RTS) once the
-    /// requester reports it is ready to use. Dropping the QP disconnects.
+    /// requester reports it is ready to use. Dropping the QP disconnects. On RDMA CM the
+    /// READ/atomic depths are negotiated: this side's responder resources are the lesser of
+    /// the requester's initiator depth and this QP's `max_rd_atomic`, and its initiator depth
+    /// the lesser of the requester's responder resources and the same bound.
     pub fn accept(
         self,
         pd: &Pd,
@@ -337,9 +453,10 @@ impl ConnRequest {
         }
     }
 
-    /// Refuses the request; the requester gets [`Error::Rejected`] with `private_data`.
+    /// Refuses the request; the requester gets [`Error::Rejected`] with `private_data`
+    /// (at most [`MAX_REJECT_PRIVATE_DATA`] bytes).
     pub fn reject(self, private_data: &[u8]) -> Result<()> {
-        check_private(private_data, MAX_ACCEPT_PRIVATE_DATA, "reject")?;
+        check_private(private_data, MAX_REJECT_PRIVATE_DATA, "reject")?;
         match self.kind {
             RequestKind::RdmaCm(r) => r.reject(private_data),
             RequestKind::Tcp(mut r) => {
@@ -360,11 +477,20 @@ pub struct Connection {
     pub qp: Qp,
     /// The private data the passive side accepted with.
     pub private_data: Vec<u8>,
+    /// The same as it arrived: on RDMA CM with its frame and padding.
+    pub raw_private_data: Vec<u8>,
 }
 
-/// Connects to a [`Listener`] at `addr`, sending `private_data`, and returns the QP in RTS
-/// with the acceptor's private data.
+/// Connects through `manager` (a [`Manager`], or a PD or provider for its natural one) to a
+/// [`Listener`] at `addr`, sending `private_data`; returns the QP (on `pd`, in RTS) with the
+/// acceptor's private data. Dropping the QP disconnects.
+///
+/// Errors: [`Error::Rejected`] with the acceptor's reason; [`Error::BadPrivateData`] (raw
+/// bytes inside) when an RDMA CM peer accepted with unframed private data, after which the
+/// connection is closed; [`Error::Connection`] when the peer is unreachable or silent.
+#[allow(clippy::too_many_arguments)]
 pub fn connect(
+    manager: impl Into<Manager>,
     addr: SocketAddr,
     pd: &Pd,
     send_cq: &Cq,
@@ -374,6 +500,31 @@ pub fn connect(
     timeout: Duration,
 ) -> Result<Connection> {
     check_private(private_data, MAX_CONNECT_PRIVATE_DATA, "connection request")?;
+    match manager.into() {
+        Manager::Tcp => connect_tcp(addr, pd, send_cq, recv_cq, cfg, private_data, timeout),
+        Manager::RdmaCm => {
+            let (qp, raw) =
+                crate::verbs::cm::connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout)?;
+            // On a bad frame the QP (and with it the connection) is dropped here.
+            let private = decode_private_data(&raw)?.to_vec();
+            Ok(Connection {
+                qp,
+                private_data: private,
+                raw_private_data: raw,
+            })
+        }
+    }
+}
+
+fn connect_tcp(
+    addr: SocketAddr,
+    pd: &Pd,
+    send_cq: &Cq,
+    recv_cq: &Cq,
+    cfg: &QpConfig,
+    private_data: &[u8],
+    timeout: Duration,
+) -> Result<Connection> {
     let deadline = Instant::now() + timeout;
     let mut s = TcpStream::connect_timeout(&addr, timeout)
         .map_err(io_err(addr, "connecting to the CM port"))?;
@@ -403,6 +554,7 @@ pub fn connect(
             send(&mut s, addr, &rtu)?;
             Ok(Connection {
                 qp,
+                raw_private_data: private.clone(),
                 private_data: private,
             })
         }
@@ -417,25 +569,4 @@ pub fn connect(
             reason: "expected an accept or a reject".into(),
         }),
     }
-}
-
-/// Connects to a [`Listener::bind_rdma_cm`] listener at `addr` through librdmacm, sending
-/// `private_data`; returns the QP in RTS with the acceptor's private data. `pd` must be on the
-/// device RDMA CM routes `addr` through. Dropping the QP disconnects.
-pub fn connect_rdma_cm(
-    addr: SocketAddr,
-    pd: &Pd,
-    send_cq: &Cq,
-    recv_cq: &Cq,
-    cfg: &QpConfig,
-    private_data: &[u8],
-    timeout: Duration,
-) -> Result<Connection> {
-    check_private(private_data, MAX_CONNECT_PRIVATE_DATA, "connection request")?;
-    let (qp, private) =
-        crate::verbs::cm::connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout)?;
-    Ok(Connection {
-        qp,
-        private_data: private,
-    })
 }

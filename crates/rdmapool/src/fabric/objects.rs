@@ -86,6 +86,7 @@ impl Context {
     pub fn alloc_pd(&self) -> Result<Pd> {
         Ok(Pd {
             inner: self.inner.alloc_pd()?,
+            provider: self.device().provider,
         })
     }
 
@@ -106,6 +107,7 @@ impl Context {
 #[derive(Clone)]
 pub struct Pd {
     inner: Arc<dyn PdOps>,
+    provider: ProviderKind,
 }
 
 impl Pd {
@@ -163,6 +165,11 @@ impl Pd {
             Ok(mr) => Ok(Registered::from_parts(mr, buf)),
             Err(e) => Err(RegisterError::new(e, buf)),
         }
+    }
+
+    /// The provider of the device this PD lives on.
+    pub fn provider(&self) -> ProviderKind {
+        self.provider
     }
 
     /// The name of the device this PD lives on.
@@ -378,6 +385,12 @@ impl Qp {
     /// RTR -> RTS.
     pub fn modify_to_rts(&self) -> Result<()> {
         self.inner.to_rts()
+    }
+    /// How many RDMA READs/atomics the QP may have outstanding as initiator and accepts as
+    /// responder, as the device has them now (after RDMA CM negotiated them); None where
+    /// the provider has no such limit (soft).
+    pub fn rd_atomic(&self) -> Result<Option<(u8, u8)>> {
+        self.inner.rd_atomic()
     }
     /// How many work requests its queues hold (at least what [`QpConfig`] asked for).
     pub fn capacity(&self) -> QpCapacity {

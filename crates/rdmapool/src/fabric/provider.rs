@@ -67,6 +67,11 @@ pub(crate) trait QpOps: Send + Sync {
     fn set_error(&self);
     /// The queue depths the QP really has.
     fn capacity(&self) -> QpCapacity;
+    /// (initiator, responder) READ/atomic depths as the device has them; None where the
+    /// provider has no such limit.
+    fn rd_atomic(&self) -> Result<Option<(u8, u8)>> {
+        Ok(None)
+    }
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()>;
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()>;
     /// The provider's own object (for provider-specific setup such as RDMA CM).

@@ -99,6 +99,11 @@ pub struct QpConfig {
     pub rnr_timeout: Duration,
     /// Path selection (soft provider).
     pub transport: Transport,
+    /// RDMA READs and atomics this QP keeps outstanding as initiator, and accepts as
+    /// responder (verbs' `max_rd_atomic`/`max_dest_rd_atomic`); 0 means the device maximum.
+    /// RDMA CM negotiates it down to what the peer offers. (The soft provider has no such
+    /// limit and ignores it.)
+    pub max_rd_atomic: u8,
 }
 
 impl Default for QpConfig {
@@ -110,6 +115,7 @@ impl Default for QpConfig {
             timeout: Duration::from_secs(4),
             rnr_timeout: Duration::from_secs(1),
             transport: Transport::Auto,
+            max_rd_atomic: 0,
         }
     }
 }

@@ -40,7 +40,8 @@ pub struct RemoteRegion {
 impl RemoteRegion {
     /// Encoded size in bytes.
     pub const ENCODED_LEN: usize = 24;
-    const MAGIC: u16 = 0x5244; // "RD"
+    /// The first two bytes: ASCII "RD" (0x52, 0x44).
+    const MAGIC: [u8; 2] = *b"RD";
     const VERSION: u8 = 1;
 
     /// The address `offset` bytes into the region, checked against its length.
@@ -57,10 +58,18 @@ impl RemoteRegion {
         })
     }
 
-    /// Encodes the descriptor: magic, version, address, length, rkey (little-endian).
+    /// Encodes the descriptor (24 bytes, docs/PROTOCOL.md): "RD", version 1, a zero byte,
+    /// then address (u64), length (u64) and rkey (u32), little-endian.
+    ///
+    /// ```
+    /// use rdmapool::fabric::RemoteRegion;
+    /// let b = RemoteRegion { addr: 0x1000, len: 64, rkey: 7 }.to_bytes();
+    /// assert_eq!(&b[..4], b"RD\x01\x00");
+    /// assert_eq!(&b[4..12], &0x1000u64.to_le_bytes());
+    /// ```
     pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
         let mut b = [0u8; Self::ENCODED_LEN];
-        b[0..2].copy_from_slice(&Self::MAGIC.to_le_bytes());
+        b[0..2].copy_from_slice(&Self::MAGIC);
         b[2] = Self::VERSION;
         b[4..12].copy_from_slice(&self.addr.to_le_bytes());
         b[12..20].copy_from_slice(&self.len.to_le_bytes());
@@ -89,8 +98,14 @@ impl RemoteRegion {
             )));
         }
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
-        if u16::from_le_bytes([b[0], b[1]]) != Self::MAGIC {
-            return Err(bad("bad magic".into()));
+        if b[0..2] != Self::MAGIC {
+            return Err(bad(format!(
+                "bad magic {:02x} {:02x} (expected \"RD\", 52 44)",
+                b[0], b[1]
+            )));
+        }
+        if b[3] != 0 {
+            return Err(bad(format!("reserved byte 3 is {:#04x}, not 0", b[3])));
         }
         if b[2] != Self::VERSION {
             return Err(bad(format!("version {} (this build speaks 1)", b[2])));

@@ -23,26 +23,6 @@ fn cm_err(call: &'static str) -> Error {
     Error::last_os(call)
 }
 
-/// Private data travels with a one-byte length in front: RDMA CM pads what it delivers (an
-/// InfiniBand CM message always carries 56 or 196 bytes), so the length must travel too.
-fn frame(data: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(data.len() + 1);
-    v.push(data.len() as u8);
-    v.extend_from_slice(data);
-    v
-}
-
-fn unframe(raw: &[u8]) -> Result<Vec<u8>> {
-    match raw.split_first() {
-        None => Ok(Vec::new()),
-        Some((&n, rest)) if (n as usize) <= rest.len() => Ok(rest[..n as usize].to_vec()),
-        Some((&n, rest)) => Err(Error::Malformed {
-            what: "RDMA CM private data",
-            reason: format!("says {n} bytes, carries {}", rest.len()),
-        }),
-    }
-}
-
 fn sockaddr_of(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
@@ -85,6 +65,9 @@ struct Event {
     /// For CONNECT_REQUEST: the new connection's id.
     new_id: *mut sys::rdma_cm_id,
     private: Vec<u8>,
+    /// For CONNECT_REQUEST: the READ/atomic depths the requester offers.
+    initiator_depth: u8,
+    responder_resources: u8,
 }
 
 /// An rdma_cm_id with an event channel of its own.
@@ -181,6 +164,8 @@ impl CmId {
                         status: e.status,
                         new_id: e.id,
                         private,
+                        initiator_depth: conn.initiator_depth,
+                        responder_resources: conn.responder_resources,
                     }
                 };
                 // SAFETY: acknowledging the event we got, once.
@@ -224,8 +209,10 @@ impl CmId {
             .into_owned()
     }
 
-    /// Moves our QP to `state` with the attributes RDMA CM computes for this connection.
-    fn transition(&self, qp: &VerbsQp, state: u32) -> Result<()> {
+    /// Moves our QP to `state` with the attributes RDMA CM computes for this connection,
+    /// except the READ/atomic depths, which are the negotiated ones (as librdmacm does for
+    /// the QPs it manages): `responder` for RTR, `initiator` for RTS.
+    fn transition(&self, qp: &VerbsQp, state: u32, depths: (u8, u8)) -> Result<()> {
         // SAFETY: all-zero is a valid ibv_qp_attr.
         let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
         attr.qp_state = state;
@@ -233,6 +220,12 @@ impl CmId {
         // SAFETY: a live id (address and route resolved, or from a request) and out-pointers.
         if unsafe { (self.rc.rdma_init_qp_attr)(self.id, &mut attr, &mut mask) } != 0 {
             return Err(cm_err("rdma_init_qp_attr"));
+        }
+        let (initiator, responder) = depths;
+        if state == sys::IBV_QPS_RTR {
+            attr.max_dest_rd_atomic = responder;
+        } else if state == sys::IBV_QPS_RTS {
+            attr.max_rd_atomic = initiator;
         }
         qp.modify_raw(&mut attr, mask as u32)
     }
@@ -275,13 +268,21 @@ impl Drop for Established {
     }
 }
 
-fn conn_param(private: &[u8], qpn: u32, rd_atomic: u8) -> sys::rdma_conn_param {
+/// Connection parameters: framed private data, and the READ/atomic depths this side offers
+/// (`initiator_depth`: READs/atomics it will have outstanding; `responder_resources`: how
+/// many of the peer's it accepts).
+fn conn_param(
+    private: &[u8],
+    qpn: u32,
+    initiator_depth: u8,
+    responder_resources: u8,
+) -> sys::rdma_conn_param {
     // SAFETY: all-zero is a valid rdma_conn_param.
     let mut p: sys::rdma_conn_param = unsafe { std::mem::zeroed() };
     p.private_data = private.as_ptr().cast();
     p.private_data_len = private.len() as u8;
-    p.responder_resources = rd_atomic;
-    p.initiator_depth = rd_atomic;
+    p.responder_resources = responder_resources;
+    p.initiator_depth = initiator_depth;
     p.retry_count = 7;
     p.rnr_retry_count = 7;
     p.qp_num = qpn;
@@ -345,12 +346,22 @@ impl CmListener {
                 continue;
             }
             let cm = CmId::adopt(self.cm.rc, ev.new_id)?;
-            match unframe(&ev.private) {
-                Ok(private) => return Ok(CmRequest { cm, private }),
+            match crate::conn::decode_private_data(&ev.private) {
+                Ok(private) => {
+                    return Ok(CmRequest {
+                        private: private.to_vec(),
+                        raw: ev.private,
+                        initiator_depth: ev.initiator_depth,
+                        responder_resources: ev.responder_resources,
+                        cm,
+                    })
+                }
                 Err(e) => {
                     tracing::warn!("rejecting a connection request: {e}");
-                    // SAFETY: a live id from the request.
-                    unsafe { (cm.rc.rdma_reject)(cm.id, std::ptr::null(), 0) };
+                    let why = crate::conn::encode_private_data(b"malformed private data")?;
+                    // SAFETY: a live id from the request; the reason lives for the call.
+                    unsafe { (cm.rc.rdma_reject)(cm.id, why.as_ptr().cast(), why.len() as u8) };
+                    return Err(e);
                 }
             }
         }
@@ -361,11 +372,18 @@ impl CmListener {
 pub(crate) struct CmRequest {
     cm: CmId,
     private: Vec<u8>,
+    raw: Vec<u8>,
+    initiator_depth: u8,
+    responder_resources: u8,
 }
 
 impl CmRequest {
     pub(crate) fn private_data(&self) -> &[u8] {
         &self.private
+    }
+
+    pub(crate) fn raw_private_data(&self) -> &[u8] {
+        &self.raw
     }
 
     pub(crate) fn accept(
@@ -380,10 +398,16 @@ impl CmRequest {
         check_device(&self.cm, pd)?;
         let qp = pd.create_qp(send_cq, recv_cq, cfg)?;
         let vq = verbs_qp(&qp)?;
-        self.cm.transition(vq, sys::IBV_QPS_INIT)?;
-        self.cm.transition(vq, sys::IBV_QPS_RTR)?;
-        let framed = frame(private);
-        let mut param = conn_param(&framed, qp.qpn(), vq.rd_atomic());
+        // Negotiated from the request, bounded by this QP (and so the device): we accept no
+        // more of the peer's READs than it will send, and send no more than it accepts.
+        let ours = vq.rd_atomic();
+        let responder = self.initiator_depth.min(ours);
+        let initiator = self.responder_resources.min(ours);
+        let depths = (initiator, responder);
+        let framed = crate::conn::encode_private_data(private)?;
+        let mut param = conn_param(&framed, qp.qpn(), initiator, responder);
+        self.cm.transition(vq, sys::IBV_QPS_INIT, depths)?;
+        self.cm.transition(vq, sys::IBV_QPS_RTR, depths)?;
         // SAFETY: a live id from the request; the parameters point into `framed`, alive here.
         if unsafe { (self.cm.rc.rdma_accept)(self.cm.id, &mut param) } != 0 {
             return Err(cm_err("rdma_accept"));
@@ -401,12 +425,12 @@ impl CmRequest {
                 ),
             });
         }
-        self.cm.transition(vq, sys::IBV_QPS_RTS)?;
+        self.cm.transition(vq, sys::IBV_QPS_RTS, depths)?;
         Ok(qp.with_connection(Box::new(Established(self.cm))))
     }
 
     pub(crate) fn reject(self, private: &[u8]) -> Result<()> {
-        let framed = frame(private);
+        let framed = crate::conn::encode_private_data(private)?;
         // SAFETY: a live id from the request; the data lives for the call.
         if unsafe {
             (self.cm.rc.rdma_reject)(self.cm.id, framed.as_ptr().cast(), framed.len() as u8)
@@ -418,7 +442,8 @@ impl CmRequest {
     }
 }
 
-/// Connects to an RDMA CM listener; returns the QP (RTS) and the acceptor's private data.
+/// Connects to an RDMA CM listener; returns the QP (RTS) and the acceptor's private data as
+/// it arrived (framed and padded).
 pub(crate) fn connect(
     addr: SocketAddr,
     pd: &Pd,
@@ -463,9 +488,10 @@ pub(crate) fn connect(
     check_device(&cm, pd)?;
     let qp = pd.create_qp(send_cq, recv_cq, cfg)?;
     let vq = verbs_qp(&qp)?;
-    cm.transition(vq, sys::IBV_QPS_INIT)?;
-    let framed = frame(private);
-    let mut param = conn_param(&framed, qp.qpn(), vq.rd_atomic());
+    let depth = vq.rd_atomic();
+    cm.transition(vq, sys::IBV_QPS_INIT, (depth, depth))?;
+    let framed = crate::conn::encode_private_data(private)?;
+    let mut param = conn_param(&framed, qp.qpn(), depth, depth);
     // SAFETY: a routed id; the parameters point into `framed`, alive here.
     if unsafe { (cm.rc.rdma_connect)(cm.id, &mut param) } != 0 {
         return Err(cm_err("rdma_connect"));
@@ -473,9 +499,15 @@ pub(crate) fn connect(
     let ev = cm.next_event(deadline, "the peer's answer")?;
     match ev.kind {
         sys::RDMA_CM_EVENT_CONNECT_RESPONSE => {
-            let theirs = unframe(&ev.private)?;
-            cm.transition(vq, sys::IBV_QPS_RTR)?;
-            cm.transition(vq, sys::IBV_QPS_RTS)?;
+            // The acceptor answered with what it accepts of ours (responder resources) and
+            // what it will send (initiator depth); never above what we offered.
+            let depths = (
+                ev.responder_resources.min(depth),
+                ev.initiator_depth.min(depth),
+            );
+            let theirs = ev.private;
+            cm.transition(vq, sys::IBV_QPS_RTR, depths)?;
+            cm.transition(vq, sys::IBV_QPS_RTS, depths)?;
             // SAFETY: a connected id whose QP is now in RTS.
             if unsafe { (cm.rc.rdma_establish)(cm.id) } != 0 {
                 return Err(cm_err("rdma_establish"));
@@ -484,7 +516,9 @@ pub(crate) fn connect(
         }
         sys::RDMA_CM_EVENT_REJECTED => Err(Error::Rejected {
             peer: addr.to_string(),
-            private_data: unframe(&ev.private).unwrap_or_default(),
+            private_data: crate::conn::decode_private_data(&ev.private)
+                .map(<[u8]>::to_vec)
+                .unwrap_or(ev.private),
         }),
         _ => Err(unreachable(&cm, &ev, "connecting")),
     }

@@ -140,8 +140,8 @@ pub(crate) struct VerbsContext {
     live_mrs: std::sync::atomic::AtomicUsize,
     /// The asynchronous-event thread (None only while opening).
     events: Option<events::AsyncEvents>,
-    /// What each QP posted last (for the opcode of error completions).
-    pub(crate) op_logs: oplog::OpLogs,
+    /// The work each QP has outstanding (exact queue depths, opcodes of error completions).
+    pub(crate) work_logs: oplog::WorkLogs,
 }
 
 // SAFETY: libibverbs objects may be used from any thread; the raw pointers are only handles.
@@ -192,7 +192,7 @@ fn open_device(v: &'static sys::Verbs, dev: *mut sys::ibv_device) -> Result<Verb
         },
         max_rd_atomic: 0,
         live_mrs: std::sync::atomic::AtomicUsize::new(0),
-        op_logs: oplog::OpLogs::default(),
+        work_logs: oplog::WorkLogs::default(),
         events: None,
     };
     // SAFETY: all-zero is a valid ibv_device_attr_ex (plain integers and arrays).
@@ -695,6 +695,8 @@ impl CqOps for VerbsCqHandle {
         const CHUNK: usize = 16;
         let mut wcs = [const { std::mem::MaybeUninit::<sys::ibv_wc>::uninit() }; CHUNK];
         let mut n = 0;
+        // The QP of the last completion and its work log (a CQ mostly serves few QPs).
+        let mut log: Option<(u32, Option<Arc<oplog::WorkLog>>)> = None;
         while n < out.len() {
             let want = (out.len() - n).min(CHUNK);
             // SAFETY: a live CQ and room for `want` completions.
@@ -709,14 +711,20 @@ impl CqOps for VerbsCqHandle {
                     // SAFETY: with IBV_WC_WITH_IMM the union holds imm_data (big-endian).
                     .then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data }));
                 let status = wc_status(wc.status);
+                if log.as_ref().is_none_or(|(qpn, _)| *qpn != wc.qp_num) {
+                    log = Some((wc.qp_num, self.0.ctx.work_logs.get(wc.qp_num)));
+                }
+                let qp_log = log.as_ref().and_then(|(_, l)| l.as_deref());
                 let opcode = if status == WcStatus::Success {
-                    wc_opcode(wc.opcode)
+                    let op = wc_opcode(wc.opcode);
+                    if let Some(l) = qp_log {
+                        l.complete(wc.wr_id, Some(op));
+                    }
+                    op
                 } else {
                     // Undefined in an error completion: report what was posted.
-                    self.0
-                        .ctx
-                        .op_logs
-                        .opcode(wc.qp_num, wc.wr_id)
+                    qp_log
+                        .and_then(|l| l.complete(wc.wr_id, None))
                         .unwrap_or(WcOpcode::Send)
                 };
                 out[n] = Completion {

@@ -1,7 +1,7 @@
 //! RC queue pairs on verbs: creation, the RESET→INIT→RTR→RTS transitions for InfiniBand
 //! (LID) and RoCE (GID) addressing, and posting without allocation.
 
-use super::oplog::OpLog;
+use super::oplog::WorkLog;
 use super::{errno_err, os_err, VerbsCq, VerbsPd};
 use crate::fabric::provider::QpOps;
 use crate::fabric::{Endpoint, ProviderKind, QpCapacity, QpConfig, QpState, RecvWr, SendWr, WrOp};
@@ -106,9 +106,9 @@ pub(crate) struct VerbsQp {
     qp: *mut sys::ibv_qp,
     cfg: QpConfig,
     psn: u32,
-    /// What the device made of the requested queue depths (it may round up).
+    /// The queue depths, exactly as configured (enforced with `log`).
     capacity: QpCapacity,
-    log: Arc<OpLog>,
+    log: Arc<WorkLog>,
 }
 
 // SAFETY: a verbs handle; rdma-core QPs may be posted to from any thread.
@@ -118,7 +118,7 @@ unsafe impl Sync for VerbsQp {}
 
 impl Drop for VerbsQp {
     fn drop(&mut self) {
-        self.pd.ctx.op_logs.remove(self.qpn());
+        self.pd.ctx.work_logs.remove(self.qpn());
         // SAFETY: created once, destroyed once; the CQs and PD outlive it (Arcs held).
         unsafe { (self.pd.ctx.v.ibv_destroy_qp)(self.qp) };
     }
@@ -155,14 +155,17 @@ impl VerbsQp {
         let mut r = [0u8; 4];
         let _ = getrandom::fill(&mut r);
         let psn = u32::from_le_bytes(r) & 0xff_ffff;
-        // ibv_create_qp wrote back the capacities the device actually gave.
+        // Exactly what was asked for: the device may have rounded its rings up (rxe makes
+        // 7 of 4, and reports 4), and the work log enforces the configured depth.
         let capacity = QpCapacity {
-            send: init.cap.max_send_wr,
-            recv: init.cap.max_recv_wr,
+            send: cfg.max_send_wr,
+            recv: cfg.max_recv_wr,
         };
-        let log = Arc::new(OpLog::new(capacity.send, capacity.recv));
+        let log = Arc::new(WorkLog::new(capacity.send, capacity.recv));
         // SAFETY: a live QP.
-        pd.ctx.op_logs.insert(unsafe { (*qp).qp_num }, log.clone());
+        pd.ctx
+            .work_logs
+            .insert(unsafe { (*qp).qp_num }, log.clone());
         Ok(Box::new(VerbsQp {
             pd,
             _send_cq: send_cq,
@@ -275,7 +278,7 @@ impl QpOps for VerbsQp {
         a.path_mtu = (port.active_mtu).min(r.mtu as u32).max(sys::IBV_MTU_256);
         a.dest_qp_num = remote.qpn;
         a.rq_psn = r.psn;
-        a.max_dest_rd_atomic = self.pd.ctx.max_rd_atomic;
+        a.max_dest_rd_atomic = self.rd_atomic();
         a.min_rnr_timer = rnr_timer_code(self.cfg.rnr_timeout.as_secs_f64() * 1000.0 / 7.0);
         a.ah_attr.dlid = r.lid;
         a.ah_attr.sl = 0;
@@ -305,7 +308,7 @@ impl QpOps for VerbsQp {
         a.timeout = ack_timeout_exponent(self.cfg.timeout, 7);
         a.rnr_retry = 6;
         a.sq_psn = self.psn;
-        a.max_rd_atomic = self.pd.ctx.max_rd_atomic;
+        a.max_rd_atomic = self.rd_atomic();
         let mask = sys::IBV_QP_STATE
             | sys::IBV_QP_TIMEOUT
             | sys::IBV_QP_RETRY_CNT
@@ -317,6 +320,10 @@ impl QpOps for VerbsQp {
 
     fn capacity(&self) -> QpCapacity {
         self.capacity
+    }
+
+    fn rd_atomic(&self) -> Result<Option<(u8, u8)>> {
+        self.query_rd_atomic().map(Some)
     }
 
     fn set_error(&self) {
@@ -414,20 +421,39 @@ impl QpOps for VerbsQp {
                 }
                 ibv[i].write(w);
             }
-            self.log
-                .record_sends(chunk.iter().map(|w| (w.wr_id, w.op.completion_opcode())));
+            // Record and post under the queue's lock: exactly `max_send_wr` outstanding.
+            let mut sq = self.log.send();
+            let fit = chunk.len().min(sq.room());
+            if fit == 0 {
+                return Err(self.queue_full("send"));
+            }
+            let before = sq.len();
+            for w in &chunk[..fit] {
+                sq.push(w.wr_id, w.op.completion_opcode(), w.signaled);
+            }
             let base: *mut sys::ibv_send_wr = ibv.as_mut_ptr().cast();
-            for i in 1..chunk.len() {
+            for i in 1..fit {
                 // SAFETY: entries 0..chunk.len() were written above; `next` links them.
                 unsafe { (*base.add(i - 1)).next = base.add(i) };
             }
             let mut bad = std::ptr::null_mut();
-            // SAFETY: a live QP; the first chunk.len() entries are initialised and chained,
-            // and they and their SGE arrays live on this stack frame for the call (the
-            // device copies work requests at post time).
+            // SAFETY: a live QP; the first `fit` entries are initialised and chained (the
+            // last one's `next` is null), and they and their SGE arrays live on this stack
+            // frame for the call (the device copies work requests at post time).
             let rc = unsafe { sys::ibv_post_send(self.qp, base, &mut bad) };
             if rc != 0 {
+                // Requests from `bad` on were not posted (none, if it is not set).
+                let posted = if bad.is_null() {
+                    0
+                } else {
+                    // SAFETY: a non-null `bad` points at one of the entries we chained.
+                    unsafe { bad.offset_from(base) }.clamp(0, fit as isize) as usize
+                };
+                sq.truncate(before + posted);
                 return Err(self.post_error(rc, "send"));
+            }
+            if fit < chunk.len() {
+                return Err(self.queue_full("send"));
             }
         }
         Ok(())
@@ -466,12 +492,31 @@ impl QpOps for VerbsQp {
                 let next: *mut sys::ibv_recv_wr = &mut ibv[i];
                 ibv[i - 1].next = next;
             }
-            self.log.record_recvs(chunk.iter().map(|w| w.wr_id));
+            let mut rq = self.log.recv();
+            let fit = chunk.len().min(rq.room());
+            if fit == 0 {
+                return Err(self.queue_full("receive"));
+            }
+            let before = rq.len();
+            for w in &chunk[..fit] {
+                rq.push(w.wr_id, crate::fabric::WcOpcode::Recv, true);
+            }
+            ibv[fit - 1].next = std::ptr::null_mut();
             let mut bad = std::ptr::null_mut();
-            // SAFETY: as in post_send.
+            // SAFETY: as in post_send (the first `fit` entries, chained).
             let rc = unsafe { sys::ibv_post_recv(self.qp, ibv.as_mut_ptr(), &mut bad) };
             if rc != 0 {
+                let posted = if bad.is_null() {
+                    0
+                } else {
+                    // SAFETY: a non-null `bad` points at one of the entries we chained.
+                    unsafe { bad.offset_from(ibv.as_ptr()) }.clamp(0, fit as isize) as usize
+                };
+                rq.truncate(before + posted);
                 return Err(self.post_error(rc, "receive"));
+            }
+            if fit < chunk.len() {
+                return Err(self.queue_full("receive"));
             }
         }
         Ok(())
@@ -484,21 +529,45 @@ impl VerbsQp {
         self.modify(attr, mask, "the transition RDMA CM asked for")
     }
 
-    /// Outstanding RDMA READ/atomic depth used on both sides.
+    /// Outstanding RDMA READ/atomic depth: the configured one, bounded by the device.
     pub(crate) fn rd_atomic(&self) -> u8 {
-        self.pd.ctx.max_rd_atomic
+        let device = self.pd.ctx.max_rd_atomic;
+        match self.cfg.max_rd_atomic {
+            0 => device,
+            n => n.min(device),
+        }
+    }
+
+    /// The QP's READ/atomic depths as the device has them now: (`max_rd_atomic` as
+    /// initiator, `max_dest_rd_atomic` as responder).
+    pub(crate) fn query_rd_atomic(&self) -> Result<(u8, u8)> {
+        let mut attr = Self::zeroed_attr();
+        // SAFETY: all-zero is a valid ibv_qp_init_attr.
+        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        let mask = sys::IBV_QP_MAX_QP_RD_ATOMIC | sys::IBV_QP_MAX_DEST_RD_ATOMIC;
+        // SAFETY: a live QP and initialised out-structs.
+        let rc =
+            unsafe { (self.pd.ctx.v.ibv_query_qp)(self.qp, &mut attr, mask as i32, &mut init) };
+        if rc != 0 {
+            return Err(errno_err("ibv_query_qp", rc));
+        }
+        Ok((attr.max_rd_atomic, attr.max_dest_rd_atomic))
+    }
+
+    fn queue_full(&self, queue: &'static str) -> Error {
+        Error::QueueFull {
+            queue,
+            depth: if queue == "send" {
+                self.capacity.send
+            } else {
+                self.capacity.recv
+            },
+        }
     }
 
     fn post_error(&self, rc: i32, queue: &'static str) -> Error {
         match rc {
-            libc::ENOMEM => Error::QueueFull {
-                queue,
-                depth: if queue == "send" {
-                    self.capacity.send
-                } else {
-                    self.capacity.recv
-                },
-            },
+            libc::ENOMEM => self.queue_full(queue),
             libc::EINVAL => match self.state() {
                 s @ (QpState::Reset | QpState::Init | QpState::Rtr) if queue == "send" => {
                     Error::InvalidQpState {
