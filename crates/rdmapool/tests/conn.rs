@@ -411,7 +411,7 @@ fn rdma_cm_negotiates_read_atomic_depths_and_shows_the_raw_private_data() {
                     &desc,
                 )
                 .unwrap();
-            qp.rd_atomic().unwrap().unwrap()
+            (qp.rd_atomic().unwrap().unwrap(), qp) // the QP stays alive for the READ
         });
         let cfg = QpConfig {
             max_rd_atomic: 1,
@@ -426,7 +426,8 @@ fn rdma_cm_negotiates_read_atomic_depths_and_shows_the_raw_private_data() {
         // The client offered one READ in flight each way; the server, able to do more,
         // settled on one too.
         assert_eq!(conn.qp.rd_atomic().unwrap(), Some((1, 1)));
-        assert_eq!(srv.join().unwrap(), (1, 1));
+        let (server_depths, _server_qp) = srv.join().unwrap();
+        assert_eq!(server_depths, (1, 1));
         // And READs work at that depth.
         let remote = RemoteRegion::from_bytes(&conn.private_data).unwrap();
         let buf = client.pd.alloc_mr(64, AccessFlags::all_remote()).unwrap();

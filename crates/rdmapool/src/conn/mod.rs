@@ -144,8 +144,9 @@ const REQ: u8 = 1;
 const REP: u8 = 2;
 const REJ: u8 = 3;
 const RTU: u8 = 4;
-/// Largest message accepted on the CM port: header, endpoint and private data.
-const MAX_MESSAGE: usize = 8 + 2 + Endpoint::MAX_LEN + 2 + MAX_ACCEPT_PRIVATE_DATA;
+/// Largest message body accepted on the CM port (after the 8-byte header): endpoint and
+/// private data with their lengths.
+const MAX_BODY: usize = 2 + Endpoint::MAX_LEN + 2 + MAX_ACCEPT_PRIVATE_DATA;
 
 fn check_private(data: &[u8], max: usize, what: &str) -> Result<()> {
     if data.len() > max {
@@ -214,7 +215,7 @@ impl Message {
             )));
         }
         let body = u16::from_le_bytes([h[6], h[7]]) as usize;
-        if !(4..=MAX_MESSAGE).contains(&body) {
+        if !(4..=MAX_BODY).contains(&body) {
             return Err(bad(format!("body of {body} bytes")));
         }
         let mut b = vec![0u8; body];
