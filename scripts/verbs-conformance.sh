@@ -7,6 +7,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 timeout_secs=${VERBS_CONFORMANCE_TIMEOUT:-900}
+
+# The C peer (tests/interop.rs): rdma-core's librdmacm/libibverbs headers and gcc.
+need=()
+command -v gcc >/dev/null 2>&1 || need+=(gcc)
+[ -f /usr/include/rdma/rdma_verbs.h ] || need+=(librdmacm-dev)
+[ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
+if [ "${#need[@]}" -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+mkdir -p target/c-peer
+c_peer=$PWD/target/c-peer/cm_peer
+gcc -O2 -Wall -Wextra -Werror -o "$c_peer" scripts/c-peer/cm_peer.c -lrdmacm -libverbs
+
 bins=()
 while IFS= read -r bin; do
   bins+=("$bin")
@@ -32,14 +46,14 @@ fails=0
 for b in "$@"; do
   echo "=== $(basename "$b")"
   RDMAPOOL_TEST_PROVIDER=verbs RDMAPOOL_TEST_CM_IP="$SOFTROCE_IP" RUST_BACKTRACE=0 \
-    "$b" --test-threads=1 || fails=$((fails + 1))
+    RDMAPOOL_C_PEER="$C_PEER" "$b" --test-threads=1 || fails=$((fails + 1))
 done
 echo "verbs conformance: $fails failing test binaries of $#"
 exit "$fails"
 INNER
 chmod +x "$runner"
 
-copies=(--copy "$runner")
+copies=(--copy "$runner" --copy "$c_peer" --env "C_PEER=$c_peer")
 for b in "${bins[@]}"; do
   copies+=(--copy "$b")
 done

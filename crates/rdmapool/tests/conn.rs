@@ -294,7 +294,7 @@ fn private_data_frames_are_exact_and_bad_ones_are_typed_errors() {
     }
     .to_bytes();
     let framed = encode_private_data(&desc).unwrap();
-    assert_eq!(&framed[..2], &[0x52, desc.len() as u8]);
+    assert_eq!(&framed[..2], &[0xA7, desc.len() as u8]);
     let mut padded = framed.clone();
     padded.resize(196, 0); // as RDMA CM delivers an accept's private data
     assert_eq!(decode_private_data(&padded).unwrap(), &desc[..]);
@@ -304,7 +304,15 @@ fn private_data_frames_are_exact_and_bad_ones_are_typed_errors() {
         b"",
         "a peer that sent nothing"
     );
-    for raw in [&b"RDMA region"[..], &[0x52, 9, 1, 2][..], &[7][..]] {
+    // Unframed text, a raw region descriptor, a frame longer than what came, a frame with
+    // something other than zeros after it, one stray byte.
+    for raw in [
+        &b"RDMA region"[..],
+        &desc[..],
+        &[0xA7, 9, 1, 2][..],
+        &[0xA7, 1, 1, 9][..],
+        &[7][..],
+    ] {
         match decode_private_data(raw) {
             Err(Error::BadPrivateData { raw: got, .. }) => assert_eq!(got, raw),
             other => panic!("{raw:?}: {other:?}"),
@@ -396,7 +404,7 @@ fn rdma_cm_negotiates_read_atomic_depths_and_shows_the_raw_private_data() {
         let srv = s.spawn(|| {
             let req = l.get_request(T).unwrap();
             let raw = req.raw_private_data().to_vec();
-            assert_eq!(&raw[..2], &[0x52, 3], "framed: {raw:?}");
+            assert_eq!(&raw[..2], &[0xA7, 3], "framed: {raw:?}");
             assert!(
                 raw.len() >= 5,
                 "padded as RDMA CM delivers it: {}",
@@ -421,7 +429,7 @@ fn rdma_cm_negotiates_read_atomic_depths_and_shows_the_raw_private_data() {
             &client.pd, addr, &client.pd, &client.cq, &client.cq, &cfg, b"one", T,
         )
         .unwrap();
-        assert_eq!(&conn.raw_private_data[..2], &[0x52, desc.len() as u8]);
+        assert_eq!(&conn.raw_private_data[..2], &[0xA7, desc.len() as u8]);
         assert_eq!(conn.private_data, desc);
         // The client offered one READ in flight each way; the server, able to do more,
         // settled on one too.

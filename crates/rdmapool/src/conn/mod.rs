@@ -56,17 +56,18 @@ pub const MAX_ACCEPT_PRIVATE_DATA: usize = 194;
 /// Most private data a reject carries (the InfiniBand CM REJ's 148 bytes less the frame).
 pub const MAX_REJECT_PRIVATE_DATA: usize = 146;
 
-/// First byte of framed private data ('R').
-const FRAME_MAGIC: u8 = 0x52;
+/// First byte of framed private data: not ASCII, so text or a region descriptor ("RD..."),
+/// sent unframed, is not mistaken for a frame.
+const FRAME_MAGIC: u8 = 0xA7;
 
-/// Frames application private data for RDMA CM: `0x52 ('R'), length (u8), data`. RDMA CM
+/// Frames application private data for RDMA CM: `0xA7, length (u8), data`. RDMA CM
 /// delivers private data padded with zeros to a fixed size, so the length must travel with
 /// it. A C peer frames its bytes the same way (docs/PROTOCOL.md).
 ///
 /// ```
 /// use rdmapool::conn::{decode_private_data, encode_private_data};
 /// let framed = encode_private_data(b"hi").unwrap();
-/// assert_eq!(framed, [0x52, 2, b'h', b'i']);
+/// assert_eq!(framed, [0xA7, 2, b'h', b'i']);
 /// let mut padded = framed.clone();
 /// padded.resize(56, 0);                     // as RDMA CM delivers it
 /// assert_eq!(decode_private_data(&padded).unwrap(), b"hi");
@@ -87,9 +88,10 @@ pub fn encode_private_data(data: &[u8]) -> Result<Vec<u8>> {
     Ok(v)
 }
 
-/// Unframes private data made by [`encode_private_data`], as RDMA CM delivered it (padding
-/// and all). Empty or all-zero bytes mean the peer sent none. Anything else that is not a
-/// frame is [`Error::BadPrivateData`], which carries the raw bytes.
+/// Unframes private data made by [`encode_private_data`], as RDMA CM delivered it (zero
+/// padding and all). Empty or all-zero bytes mean the peer sent none. Anything else that is
+/// not a frame followed only by zeros is [`Error::BadPrivateData`], which carries the raw
+/// bytes.
 pub fn decode_private_data(raw: &[u8]) -> Result<&[u8]> {
     if raw.iter().all(|&b| b == 0) {
         return Ok(&[]);
@@ -99,14 +101,24 @@ pub fn decode_private_data(raw: &[u8]) -> Result<&[u8]> {
         raw: raw.to_vec(),
     };
     match raw {
-        [FRAME_MAGIC, n, rest @ ..] if (*n as usize) <= rest.len() => Ok(&rest[..*n as usize]),
+        [FRAME_MAGIC, n, rest @ ..] if (*n as usize) <= rest.len() => {
+            let (data, padding) = rest.split_at(*n as usize);
+            if let Some(at) = padding.iter().position(|&b| b != 0) {
+                return Err(bad(format!(
+                    "{} bytes after the frame's {n} are not zero padding (byte {})",
+                    padding.len(),
+                    2 + *n as usize + at
+                )));
+            }
+            Ok(data)
+        }
         [FRAME_MAGIC, n, rest @ ..] => Err(bad(format!(
             "the frame says {n} bytes, {} arrived",
             rest.len()
         ))),
         _ => Err(bad(format!(
             "not framed (first byte {:#04x}, expected {FRAME_MAGIC:#04x}); the peer must send \
-             0x52, a length byte, then its data",
+             0xa7, a length byte, then its data",
             raw[0]
         ))),
     }
