@@ -151,6 +151,51 @@ pub unsafe fn ibv_post_send(
     }
 }
 
+/// Port of `ibv_alloc_mw`: allocates a memory window of `type_` on `pd`.
+///
+/// ```c
+/// if (!pd->context->ops.alloc_mw) { errno = EOPNOTSUPP; return NULL; }
+/// return pd->context->ops.alloc_mw(pd, type);
+/// ```
+///
+/// Returns null with `errno` set on failure (EOPNOTSUPP where the provider has no windows).
+///
+/// # Safety
+///
+/// `pd` must be a live protection domain.
+pub unsafe fn ibv_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mut ibv_mw {
+    // SAFETY: `pd` is live (caller), so `pd->context` is a live context; `ops` read by value.
+    let op = unsafe { (*(*pd).context).ops.alloc_mw };
+    match op {
+        // SAFETY: the provider's op for this context, called with the caller's arguments.
+        Some(alloc_mw) => unsafe { alloc_mw(pd, type_) },
+        None => {
+            // SAFETY: glibc's errno location for this thread is always valid and writable.
+            unsafe { *libc::__errno_location() = EOPNOTSUPP };
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Port of `ibv_dealloc_mw`: deallocates a memory window.
+///
+/// ```c
+/// return mw->context->ops.dealloc_mw(mw);
+/// ```
+///
+/// # Safety
+///
+/// `mw` must be a live memory window, not used afterwards.
+pub unsafe fn ibv_dealloc_mw(mw: *mut ibv_mw) -> c_int {
+    // SAFETY: `mw` is live (caller), so `mw->context` is a live context; `ops` read by value.
+    let op = unsafe { (*(*mw).context).ops.dealloc_mw };
+    match op {
+        // SAFETY: the provider's op for this context, called with the caller's window.
+        Some(dealloc_mw) => unsafe { dealloc_mw(mw) },
+        None => EOPNOTSUPP,
+    }
+}
+
 /// Port of `ibv_post_recv`: posts a linked list of receive work requests.
 ///
 /// ```c

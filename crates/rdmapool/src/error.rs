@@ -143,6 +143,10 @@ pub enum Error {
     #[error("device broken: {0}")]
     DeviceBroken(String),
 
+    /// The device or provider does not support what was asked (the message says what).
+    #[error("not supported: {0}")]
+    Unsupported(String),
+
     /// Objects from different contexts or providers were mixed.
     #[error("object mismatch: {0}")]
     Mismatch(String),

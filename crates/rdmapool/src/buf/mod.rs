@@ -42,8 +42,10 @@ pub struct PoolConfig {
     pub max_chunks: usize,
     /// When a class has fewer free slots than this, another chunk is requested.
     pub low_watermark: usize,
-    /// Access rights of the registered chunks. Local only by default: a chunk-wide remote
-    /// key would let a peer reach every buffer of the chunk, not just the one it was given.
+    /// Access rights of the registered chunks. Local only (plus [`AccessFlags::MW_BIND`])
+    /// by default: a chunk-wide remote key would let a peer reach every buffer of the chunk,
+    /// not just the one it was given. Export one buffer with a memory window bound to exactly
+    /// it ([`crate::fabric::Qp::post_bind_mw`]).
     pub access: AccessFlags,
 }
 
@@ -54,7 +56,7 @@ impl Default for PoolConfig {
             largest: CLASSES[CLASSES.len() - 1],
             max_chunks: 256,
             low_watermark: 4,
-            access: AccessFlags::LOCAL_WRITE,
+            access: AccessFlags::LOCAL_WRITE.union(AccessFlags::MW_BIND),
         }
     }
 }

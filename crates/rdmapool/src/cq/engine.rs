@@ -1,9 +1,10 @@
 //! The progress engine and the async one-sided API.
 
 use crate::buf::Buffer;
+use crate::fabric::provider::BindSpec;
 use crate::fabric::{
-    Completion, Cq, Mr, Pd, Qp, QpConfig, RecvWr, RegisteredMemory, RemoteAddr, SendWr, Sge,
-    WcStatus, WrOp,
+    AccessFlags, Completion, Cq, Mr, Mw, Pd, Qp, QpConfig, RecvWr, RegisteredMemory, RemoteAddr,
+    RemoteRegion, SendWr, Sge, WcStatus, WrOp,
 };
 use crate::{Error, Result};
 use crossbeam_queue::ArrayQueue;
@@ -48,6 +49,28 @@ impl RegisteredMemory for LocalBuf {
         match self {
             LocalBuf::Region(m) => m.rkey(),
             LocalBuf::Pooled(b) => b.rkey(),
+        }
+    }
+}
+
+/// A memory window bound by [`AsyncQp::bind_window`].
+#[derive(Debug, Clone)]
+pub struct WindowBinding {
+    /// The window.
+    pub mw: Arc<Mw>,
+    addr: u64,
+    len: u64,
+    /// The rights granted.
+    pub access: AccessFlags,
+}
+
+impl WindowBinding {
+    /// What a peer needs: the bound range under the window's current remote key.
+    pub fn region(&self) -> RemoteRegion {
+        RemoteRegion {
+            addr: self.addr,
+            len: self.len,
+            rkey: self.mw.rkey(),
         }
     }
 }
@@ -726,9 +749,23 @@ async fn event_loop(
 
 /// The work requests of an operation, without their buffers.
 enum Spec {
-    One { op: WrOp, sge: Sge },
+    One {
+        op: WrOp,
+        sge: Sge,
+    },
     Batch(Vec<(WrOp, Sge)>),
-    Recv { sge: Sge },
+    Recv {
+        sge: Sge,
+    },
+    /// A local operation without SGEs (an invalidation).
+    Local {
+        op: WrOp,
+    },
+    /// A memory-window bind (the window travels with the future).
+    Bind {
+        mw: Arc<Mw>,
+        bind: BindSpec,
+    },
 }
 
 impl Spec {
@@ -771,6 +808,22 @@ impl Spec {
                 wr_id,
                 sg_list: std::slice::from_ref(sge),
             }]),
+            Spec::Local { op } => qp.post_send(&[SendWr {
+                wr_id,
+                op: *op,
+                sg_list: &[],
+                signaled: true,
+            }]),
+            Spec::Bind { mw, bind } => qp
+                .post_bind(
+                    mw,
+                    &BindSpec {
+                        wr_id,
+                        signaled: true,
+                        ..*bind
+                    },
+                )
+                .map(|_| ()),
         }
     }
 }
@@ -1069,6 +1122,52 @@ impl AsyncQp {
             Ok(sge) => OpFuture::to_post(self, Spec::Recv { sge }, local),
             Err(e) => OpFuture::failed(self, e, local),
         }
+    }
+
+    /// Binds `mw` to `len` bytes at `offset` of `mem` with the remote rights `access` (see
+    /// [`crate::fabric::Qp::post_bind_mw`]); resolves when the bind completed, giving the
+    /// binding back: [`WindowBinding::region`] is what to hand the peer. The window reaches
+    /// the memory only through this QP's connection.
+    pub fn bind_window(
+        &self,
+        mw: Arc<Mw>,
+        mem: &(impl RegisteredMemory + ?Sized),
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+    ) -> OpFuture<'_, WindowBinding> {
+        match BindSpec::new(0, mem, offset, len, access, true) {
+            Ok(bind) => {
+                let binding = WindowBinding {
+                    mw: mw.clone(),
+                    addr: bind.addr,
+                    len: bind.len,
+                    access,
+                };
+                OpFuture::to_post(self, Spec::Bind { mw, bind }, binding)
+            }
+            Err(e) => {
+                let binding = WindowBinding {
+                    mw,
+                    addr: 0,
+                    len: 0,
+                    access,
+                };
+                OpFuture::failed(self, e, binding)
+            }
+        }
+    }
+
+    /// Invalidates the window with remote key `rkey` (a local invalidate on this QP's send
+    /// queue, in order with what was posted before); peers using it fail from then on.
+    pub fn invalidate(&self, rkey: u32) -> OpFuture<'_, ()> {
+        OpFuture::to_post(
+            self,
+            Spec::Local {
+                op: WrOp::LocalInvalidate { rkey },
+            },
+            (),
+        )
     }
 
     /// Posts `ops` (operation, buffer, offset, length) as one list with one doorbell, only

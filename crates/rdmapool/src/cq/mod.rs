@@ -13,6 +13,7 @@ mod event;
 
 pub use engine::{
     Assignment, AsyncQp, Engine, EngineConfig, EngineStats, LocalBuf, OpFuture, Progress,
+    WindowBinding,
 };
 
 use crate::fabric::{Context, Cq};

@@ -12,6 +12,8 @@ bitflags::bitflags! {
         const REMOTE_READ = 4;
         /// Remote peers may perform 8-byte atomics on the region.
         const REMOTE_ATOMIC = 8;
+        /// Memory windows may be bound to the region ([`crate::fabric::Mw`]).
+        const MW_BIND = 16;
         /// On-demand paging: register without pinning; the device faults pages in.
         /// The soft provider then skips mlock; verbs needs a device with RC ODP support.
         const ON_DEMAND = 64;

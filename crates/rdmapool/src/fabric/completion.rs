@@ -115,6 +115,10 @@ pub enum WcOpcode {
     Recv,
     /// A RECV consumed an incoming RDMA WRITE with immediate.
     RecvRdmaWithImm,
+    /// A memory window was bound ([`crate::fabric::Qp::post_bind_mw`]).
+    BindMw,
+    /// A remote key was invalidated ([`crate::fabric::WrOp::LocalInvalidate`]).
+    LocalInv,
 }
 
 /// One work completion: the outcome of one work request.

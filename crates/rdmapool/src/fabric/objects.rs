@@ -1,10 +1,10 @@
 //! The public objects: thin, provider-independent handles.
 
 use super::memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
-use super::provider::{ContextOps, CqOps, MrOps, PdOps, QpOps};
+use super::provider::{BindSpec, ContextOps, CqOps, MrOps, PdOps, QpOps};
 use super::{
-    AccessFlags, Completion, DeviceInfo, Endpoint, ProviderKind, QpCapacity, QpConfig, QpState,
-    RecvWr, SendWr,
+    AccessFlags, BoundWindow, Completion, DeviceInfo, Endpoint, Mw, ProviderKind, QpCapacity,
+    QpConfig, QpState, RecvWr, RemoteRegion, SendWr,
 };
 use crate::{Error, Result};
 use std::sync::atomic::AtomicU64;
@@ -165,6 +165,11 @@ impl Pd {
             Ok(mr) => Ok(Registered::from_parts(mr, buf)),
             Err(e) => Err(RegisterError::new(e, buf)),
         }
+    }
+
+    /// Allocates a type-2 memory window, unbound (see [`Mw`]).
+    pub fn alloc_mw(&self) -> Result<Mw> {
+        Ok(Mw::new(self.inner.alloc_mw()?))
     }
 
     /// The provider of the device this PD lives on.
@@ -420,6 +425,58 @@ impl Qp {
         }
         self.inner.post_send(wrs)
     }
+    /// Posts a bind of `mw` to `len` bytes at `offset` of `mem` with the rights `access`
+    /// (remote ones only; REMOTE_WRITE and REMOTE_ATOMIC need a region with LOCAL_WRITE), on
+    /// the send queue in order with the requests before it. The region must allow
+    /// [`AccessFlags::MW_BIND`] and belong to this QP's PD. Returns the window as it will be
+    /// once the bind's completion ([`super::WcOpcode::BindMw`]) arrives; a bind the device
+    /// refuses completes with [`super::WcStatus::MwBindErr`] (and the QP goes to ERR, as on verbs).
+    ///
+    /// ```
+    /// use rdmapool::fabric::*;
+    /// # fn main() -> rdmapool::Result<()> {
+    /// let ctx = Context::open_soft()?;
+    /// let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16)?);
+    /// let region = pd.alloc_mr(1 << 16, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
+    /// let (a, b) = (pd.create_qp(&cq, &cq, &QpConfig::default())?, pd.create_qp(&cq, &cq, &QpConfig::default())?);
+    /// a.connect(&b.endpoint())?;
+    /// b.connect(&a.endpoint())?;
+    /// let mw = pd.alloc_mw()?;
+    /// let window = b.post_bind_mw(7, &mw, &region, 4096, 256, AccessFlags::REMOTE_READ, true)?;
+    /// let done = cq.wait(1, std::time::Duration::from_secs(5))?;
+    /// assert_eq!((done[0].opcode, done[0].status), (WcOpcode::BindMw, WcStatus::Success));
+    /// assert_eq!((window.region.len, window.region.rkey), (256, mw.rkey()));
+    /// // Send window.region to the peer: it reads those 256 bytes, and nothing else.
+    /// # Ok(()) }
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn post_bind_mw(
+        &self,
+        wr_id: u64,
+        mw: &Mw,
+        mem: &(impl RegisteredMemory + ?Sized),
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+        signaled: bool,
+    ) -> Result<BoundWindow> {
+        let bind = BindSpec::new(wr_id, mem, offset, len, access, signaled)?;
+        let rkey = self.post_bind(mw, &bind)?;
+        Ok(BoundWindow {
+            region: RemoteRegion {
+                addr: bind.addr,
+                len: bind.len,
+                rkey,
+            },
+            access,
+        })
+    }
+
+    /// Posts a checked bind; the window's rkey once bound.
+    pub(crate) fn post_bind(&self, mw: &Mw, bind: &BindSpec) -> Result<u32> {
+        self.inner.post_bind_mw(mw.ops(), bind)
+    }
+
     /// Posts receive work requests.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.inner.post_recv(wrs)

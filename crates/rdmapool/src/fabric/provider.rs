@@ -34,6 +34,57 @@ pub(crate) trait PdOps: Send + Sync {
     ) -> Result<Box<dyn QpOps>>;
     /// The name of the device the PD lives on.
     fn device_name(&self) -> String;
+    /// Allocates a type-2 memory window, unbound.
+    fn alloc_mw(&self) -> Result<Box<dyn MwOps>>;
+}
+
+/// A memory window; dropping it deallocates (invalidating a bound window).
+pub(crate) trait MwOps: Send + Sync {
+    /// The remote key: the bound window's, or (unbound) one that grants nothing.
+    fn rkey(&self) -> u32;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// What a bind work request binds: `[addr, addr+len)` of the region named by `lkey`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BindSpec {
+    pub(crate) wr_id: u64,
+    pub(crate) lkey: u32,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) access: AccessFlags,
+    pub(crate) signaled: bool,
+}
+
+impl BindSpec {
+    /// A bind of `len` bytes at `offset` of `mem`, checked: remote rights only, and a range
+    /// inside `mem`.
+    pub(crate) fn new(
+        wr_id: u64,
+        mem: &(impl super::RegisteredMemory + ?Sized),
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+        signaled: bool,
+    ) -> Result<Self> {
+        let remote =
+            AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        if !remote.contains(access) {
+            return Err(crate::Error::InvalidArgument(format!(
+                "a window grants remote rights only, not {access:?}"
+            )));
+        }
+        super::check_range(mem.len(), offset, len)?;
+        let sge = mem.sge(offset, 0)?;
+        Ok(Self {
+            wr_id,
+            lkey: sge.lkey,
+            addr: sge.addr,
+            len: len as u64,
+            access,
+            signaled,
+        })
+    }
 }
 
 /// A registration; dropping it deregisters.
@@ -74,6 +125,8 @@ pub(crate) trait QpOps: Send + Sync {
     }
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()>;
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()>;
+    /// Posts a bind of `mw` on the send queue; returns the rkey the window has once bound.
+    fn post_bind_mw(&self, mw: &dyn MwOps, bind: &BindSpec) -> Result<u32>;
     /// The provider's own object (for provider-specific setup such as RDMA CM).
     fn as_any(&self) -> &dyn Any;
 }

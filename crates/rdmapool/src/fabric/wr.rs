@@ -173,6 +173,13 @@ pub enum WrOp {
         /// Amount to add (wrapping).
         add: u64,
     },
+    /// Invalidates the remote key of a memory window bound through this QP's PD (verbs'
+    /// `IBV_WR_LOCAL_INV`): peers using it get a remote access error from then on. Takes
+    /// no SGEs.
+    LocalInvalidate {
+        /// The window's current remote key.
+        rkey: u32,
+    },
 }
 
 impl WrOp {
@@ -186,6 +193,7 @@ impl WrOp {
             WrOp::Read { .. } => WcOpcode::RdmaRead,
             WrOp::CompareSwap { .. } => WcOpcode::CompSwap,
             WrOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            WrOp::LocalInvalidate { .. } => WcOpcode::LocalInv,
         }
     }
 }
@@ -207,6 +215,14 @@ impl SendWr<'_> {
     /// Checks what every provider refuses at post time (rxe with EINVAL): an atomic needs an
     /// 8-byte aligned remote address and exactly one 8-byte local SGE for the old value.
     pub fn validate(&self) -> Result<()> {
+        if let WrOp::LocalInvalidate { .. } = self.op {
+            if !self.sg_list.is_empty() {
+                return Err(Error::InvalidArgument(format!(
+                    "work request {}: a local invalidate takes no SGEs",
+                    self.wr_id
+                )));
+            }
+        }
         if let WrOp::CompareSwap { remote, .. } | WrOp::FetchAdd { remote, .. } = self.op {
             if !remote.addr.is_multiple_of(8) {
                 return Err(Error::InvalidArgument(format!(

@@ -52,11 +52,29 @@ impl MrInner {
     }
 }
 
+/// A bound memory window: a range of a region, its rights, and the QP it was bound through
+/// (type 2: remote access must arrive on that QP).
+#[derive(Debug)]
+pub(crate) struct Window {
+    pub(crate) mr: Arc<MrInner>,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) access: AccessFlags,
+    pub(crate) qpn: u32,
+}
+
+/// What a remote key names.
+#[derive(Debug, Clone)]
+enum RemoteTarget {
+    Region(Arc<MrInner>),
+    Window(Arc<Window>),
+}
+
 /// lkey and rkey lookup for one context.
 #[derive(Debug, Default)]
 pub(crate) struct KeyTable {
     lkeys: RwLock<HashMap<u32, Arc<MrInner>>>,
-    rkeys: RwLock<HashMap<u32, Arc<MrInner>>>,
+    rkeys: RwLock<HashMap<u32, RemoteTarget>>,
 }
 
 fn random_u32() -> Result<u32> {
@@ -109,8 +127,78 @@ impl KeyTable {
             super::shm::publish(m, rkey, mr.pd_id, mr.access, mr.addr, mr.len);
         }
         lkeys.insert(lkey, mr.clone());
-        rkeys.insert(rkey, mr.clone());
+        rkeys.insert(rkey, RemoteTarget::Region(mr.clone()));
         Ok(mr)
+    }
+
+    /// A fresh remote key that names nothing (a memory window's, unbound).
+    pub(crate) fn unused_rkey(&self) -> Result<u32> {
+        let lkeys = self.lkeys.read();
+        let rkeys = self.rkeys.read();
+        loop {
+            let k = random_u32()?;
+            if k != 0 && !lkeys.contains_key(&k) && !rkeys.contains_key(&k) {
+                return Ok(k);
+            }
+        }
+    }
+
+    /// Makes `window` reachable under a fresh remote key, returned; `old` (the window's
+    /// previous key) must no longer name anything (a type-2 window is rebound only after
+    /// invalidation).
+    pub(crate) fn bind_window(&self, window: Window) -> Result<u32> {
+        let mut rkeys = self.rkeys.write();
+        let lkeys = self.lkeys.read();
+        let rkey = loop {
+            let k = random_u32()?;
+            if k != 0 && !lkeys.contains_key(&k) && !rkeys.contains_key(&k) {
+                break k;
+            }
+        };
+        rkeys.insert(rkey, RemoteTarget::Window(Arc::new(window)));
+        Ok(rkey)
+    }
+
+    /// Invalidates the window under `rkey` if it is one of PD `pd_id`'s; false otherwise.
+    pub(crate) fn invalidate_window(&self, rkey: u32, pd_id: u32) -> bool {
+        let mut rkeys = self.rkeys.write();
+        match rkeys.get(&rkey) {
+            Some(RemoteTarget::Window(w)) if w.mr.pd_id == pd_id => {
+                rkeys.remove(&rkey);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `rkey` names a bound window.
+    pub(crate) fn is_window(&self, rkey: u32) -> bool {
+        matches!(self.rkeys.read().get(&rkey), Some(RemoteTarget::Window(_)))
+    }
+
+    /// The access check an HCA makes for a remote request arriving on QP `qpn` of PD
+    /// `pd_id`: the region behind `rkey` if `[addr, addr+len)` lies inside what the key
+    /// covers (the region, or a window's range) with the rights `need`, through the right PD
+    /// (and, for a window, the QP it was bound through).
+    pub(crate) fn resolve(
+        &self,
+        rkey: u32,
+        pd_id: u32,
+        qpn: u32,
+        need: AccessFlags,
+        addr: u64,
+        len: u64,
+    ) -> Option<Arc<MrInner>> {
+        match self.rkeys.read().get(&rkey)? {
+            RemoteTarget::Region(mr) => mr.allows(pd_id, need, addr, len).then(|| mr.clone()),
+            RemoteTarget::Window(w) => {
+                let inside = addr
+                    .checked_add(len)
+                    .is_some_and(|end| addr >= w.addr && end <= w.addr + w.len);
+                (w.qpn == qpn && w.mr.pd_id == pd_id && w.access.contains(need) && inside)
+                    .then(|| w.mr.clone())
+            }
+        }
     }
 
     /// The region with this local key.
@@ -118,16 +206,23 @@ impl KeyTable {
         self.lkeys.read().get(&lkey).cloned()
     }
 
-    /// The region with this remote key.
+    /// The region with this remote key (not a window's).
     pub(crate) fn by_rkey(&self, rkey: u32) -> Option<Arc<MrInner>> {
-        self.rkeys.read().get(&rkey).cloned()
+        match self.rkeys.read().get(&rkey) {
+            Some(RemoteTarget::Region(mr)) => Some(mr.clone()),
+            _ => None,
+        }
     }
 
     /// Deregisters: keys stop resolving at once, in-flight users are waited for, pages are
     /// unpinned. Memory the region owns is freed when its last user lets go.
     pub(crate) fn remove(&self, mr: &MrInner) {
         self.lkeys.write().remove(&mr.lkey);
-        self.rkeys.write().remove(&mr.rkey);
+        // The region's key, and the keys of windows bound to it.
+        self.rkeys.write().retain(|&k, t| match t {
+            RemoteTarget::Region(_) => k != mr.rkey,
+            RemoteTarget::Window(w) => !std::ptr::eq(Arc::as_ptr(&w.mr), mr),
+        });
         if let Some(m) = &mr.memory {
             super::shm::retract(m);
         }

@@ -274,6 +274,41 @@ struct SoftMr {
     ctx: Arc<SoftContext>,
 }
 
+/// A type-2 memory window: its current remote key (unbound: a fresh key naming nothing).
+pub(crate) struct SoftMw {
+    ctx: Arc<SoftContext>,
+    pub(crate) pd_id: u32,
+    rkey: AtomicU32,
+}
+
+impl SoftMw {
+    pub(crate) fn rkey(&self) -> u32 {
+        self.rkey.load(Ordering::Acquire)
+    }
+    pub(crate) fn set_rkey(&self, rkey: u32) {
+        self.rkey.store(rkey, Ordering::Release);
+    }
+}
+
+impl Drop for SoftMw {
+    fn drop(&mut self) {
+        // Deallocating a bound window invalidates it.
+        self.ctx
+            .shared
+            .keys
+            .invalidate_window(self.rkey(), self.pd_id);
+    }
+}
+
+impl crate::fabric::provider::MwOps for SoftMw {
+    fn rkey(&self) -> u32 {
+        SoftMw::rkey(self)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 impl Drop for SoftMr {
     fn drop(&mut self) {
         self.ctx.shared.keys.remove(&self.inner);
@@ -318,6 +353,14 @@ unsafe fn pin_unless_on_demand(
 impl PdOps for SoftPd {
     fn device_name(&self) -> String {
         self.ctx.device.name.clone()
+    }
+
+    fn alloc_mw(&self) -> Result<Box<dyn crate::fabric::provider::MwOps>> {
+        Ok(Box::new(SoftMw {
+            ctx: self.ctx.clone(),
+            pd_id: self.id,
+            rkey: AtomicU32::new(self.ctx.shared.keys.unused_rkey()?),
+        }))
     }
 
     fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Box<dyn MrOps>> {
@@ -471,6 +514,17 @@ impl QpOps for SoftQpHandle {
     }
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.0.post_recv(wrs)
+    }
+    fn post_bind_mw(
+        &self,
+        mw: &dyn crate::fabric::provider::MwOps,
+        bind: &crate::fabric::provider::BindSpec,
+    ) -> Result<u32> {
+        let mw = mw
+            .as_any()
+            .downcast_ref::<SoftMw>()
+            .ok_or_else(|| Error::Mismatch("a soft QP binds soft memory windows".into()))?;
+        self.0.post_bind(mw, bind)
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -3,11 +3,12 @@
 use super::addr::{host_id, SoftAddress};
 use super::cq::SoftCq;
 use super::io::{self, IoVecs, RxBuf};
-use super::keys::MrInner;
+use super::keys::{MrInner, Window};
 use super::memory::Mapping;
 use super::shm::{self, FastOp, RemoteMr, RemoteQpState};
 use super::wire::{self, HelloStatus, ReqOp, Request, Response, RESP_LEN};
 use super::{CtxShared, MAX_SGE};
+use crate::fabric::provider::BindSpec;
 use crate::fabric::{
     AccessFlags, Completion, Endpoint, ProviderKind, QpConfig, QpState, RecvWr, SendWr, Transport,
     WcOpcode, WcStatus, WrOp,
@@ -386,6 +387,75 @@ impl SoftQp {
         result
     }
 
+    /// Posts a bind of `mw` (see `Qp::post_bind_mw`): checked and done here, completed in
+    /// order with the requests before it. Returns the window's key once bound.
+    pub(crate) fn post_bind(&self, mw: &super::SoftMw, b: &BindSpec) -> Result<u32> {
+        let mut sq = self.sq.lock();
+        let state = self.state();
+        if !matches!(state, QpState::Rts | QpState::Error) {
+            return Err(self.bad_state("posting sends needs RTS"));
+        }
+        if sq.pending.len() >= self.cfg.max_send_wr as usize {
+            self.progress_rx(&mut sq);
+            self.drain_done(&mut sq);
+            if sq.pending.len() >= self.cfg.max_send_wr as usize {
+                return Err(Error::QueueFull {
+                    queue: "send",
+                    depth: self.cfg.max_send_wr,
+                });
+            }
+        }
+        let seq = sq.next_seq;
+        sq.next_seq += 1;
+        let mut p = Pending {
+            wr_id: b.wr_id,
+            opcode: WcOpcode::BindMw,
+            signaled: b.signaled,
+            seq,
+            byte_len: 0,
+            posted: Instant::now(),
+            outcome: Outcome::Done(WcStatus::WrFlushErr),
+            local: LocalList::new(),
+        };
+        let mut rkey = mw.rkey();
+        if !(state == QpState::Error || sq.failed || sq.broken.is_some()) {
+            // What rxe checks: the region is ours and allows binding, the range is inside it,
+            // write/atomic rights need a locally writable region, the window is ours and free.
+            let keys = &self.ctx.keys;
+            let bound = keys.by_lkey(b.lkey).filter(|mr| {
+                let writes = b
+                    .access
+                    .intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+                mr.pd_id == self.pd_id
+                    && mw.pd_id == self.pd_id
+                    && mr.access.contains(AccessFlags::MW_BIND)
+                    && (!writes || mr.access.contains(AccessFlags::LOCAL_WRITE))
+                    && mr.contains(b.addr, b.len)
+                    && !keys.is_window(mw.rkey())
+            });
+            p.outcome = Outcome::Done(match bound {
+                Some(mr) => {
+                    rkey = keys.bind_window(Window {
+                        mr,
+                        addr: b.addr,
+                        len: b.len,
+                        access: b.access,
+                        qpn: self.qpn,
+                    })?;
+                    mw.set_rkey(rkey);
+                    WcStatus::Success
+                }
+                None => {
+                    sq.failed = true;
+                    WcStatus::MwBindErr
+                }
+            });
+        }
+        sq.pending.push_back(p);
+        self.drain_done(&mut sq);
+        Ok(rkey)
+    }
+
     fn post_one(&self, sq: &mut SendQueue, wr: &SendWr<'_>, more: bool) -> Result<()> {
         let state = self.state();
         if !matches!(state, QpState::Rts | QpState::Error) {
@@ -420,8 +490,22 @@ impl SoftQp {
             sq.pending.push_back(p);
             return Ok(());
         }
+        if let WrOp::LocalInvalidate { rkey } = wr.op {
+            // A local operation: done here, completed in order with the rest.
+            let ok = self.ctx.keys.invalidate_window(rkey, self.pd_id);
+            p.outcome = Outcome::Done(if ok {
+                WcStatus::Success
+            } else {
+                WcStatus::LocQpOpErr // as rxe: no window of ours under that key
+            });
+            sq.failed |= !ok;
+            sq.pending.push_back(p);
+            return Ok(());
+        }
         let (need, atomic): (AccessFlags, bool) = match wr.op {
-            WrOp::Send { .. } | WrOp::Write { .. } => (AccessFlags::empty(), false),
+            WrOp::Send { .. } | WrOp::Write { .. } | WrOp::LocalInvalidate { .. } => {
+                (AccessFlags::empty(), false)
+            }
             WrOp::Read { .. } => (AccessFlags::LOCAL_WRITE, false),
             WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => (AccessFlags::LOCAL_WRITE, true),
         };
@@ -460,6 +544,7 @@ impl SoftQp {
                 swap,
             } => (ReqOp::CompareSwap, Some(remote), compare, swap, None),
             WrOp::FetchAdd { remote, add } => (ReqOp::FetchAdd, Some(remote), add, 0, None),
+            WrOp::LocalInvalidate { .. } => unreachable!("local invalidations complete above"),
         };
         let req = Request {
             op,

@@ -215,9 +215,14 @@ fn recv_completion(
 
 /// The remote region a request targets, if the access check passes.
 fn check(ctx: &CtxShared, qp: &SoftQp, req: &Request, need: AccessFlags) -> Option<Arc<MrInner>> {
-    let mr = ctx.keys.by_rkey(req.rkey)?;
-    mr.allows(qp.pd_id, need, req.remote_addr, req.len as u64)
-        .then_some(mr)
+    ctx.keys.resolve(
+        req.rkey,
+        qp.pd_id,
+        qp.qpn,
+        need,
+        req.remote_addr,
+        req.len as u64,
+    )
 }
 
 /// Executes one request and answers it. An `Err` means the connection is unusable.

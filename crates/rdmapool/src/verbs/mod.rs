@@ -142,6 +142,8 @@ pub(crate) struct VerbsContext {
     events: Option<events::AsyncEvents>,
     /// The work each QP has outstanding (exact queue depths, opcodes of error completions).
     pub(crate) work_logs: oplog::WorkLogs,
+    /// Live registrations by lkey (`ibv_mr` addresses), for binding memory windows to them.
+    pub(crate) mrs_by_lkey: parking_lot::RwLock<std::collections::HashMap<u32, usize>>,
 }
 
 // SAFETY: libibverbs objects may be used from any thread; the raw pointers are only handles.
@@ -193,6 +195,7 @@ fn open_device(v: &'static sys::Verbs, dev: *mut sys::ibv_device) -> Result<Verb
         max_rd_atomic: 0,
         live_mrs: std::sync::atomic::AtomicUsize::new(0),
         work_logs: oplog::WorkLogs::default(),
+        mrs_by_lkey: Default::default(),
         events: None,
     };
     // SAFETY: all-zero is a valid ibv_device_attr_ex (plain integers and arrays).
@@ -471,7 +474,7 @@ impl Drop for VerbsPd {
     }
 }
 
-fn ibv_access(a: AccessFlags) -> u32 {
+pub(crate) fn ibv_access(a: AccessFlags) -> u32 {
     let mut f = 0;
     for (ours, theirs) in [
         (AccessFlags::LOCAL_WRITE, sys::IBV_ACCESS_LOCAL_WRITE),
@@ -479,6 +482,7 @@ fn ibv_access(a: AccessFlags) -> u32 {
         (AccessFlags::REMOTE_READ, sys::IBV_ACCESS_REMOTE_READ),
         (AccessFlags::REMOTE_ATOMIC, sys::IBV_ACCESS_REMOTE_ATOMIC),
         (AccessFlags::ON_DEMAND, sys::IBV_ACCESS_ON_DEMAND),
+        (AccessFlags::MW_BIND, sys::IBV_ACCESS_MW_BIND),
     ] {
         if a.contains(ours) {
             f |= theirs;
@@ -519,6 +523,9 @@ impl VerbsPd {
         self.ctx
             .live_mrs
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: a live MR.
+        let lkey = unsafe { (*mr).lkey };
+        self.ctx.mrs_by_lkey.write().insert(lkey, mr as usize);
         Ok(Box::new(VerbsMr {
             pd: self.clone(),
             mr,
@@ -531,6 +538,30 @@ impl VerbsPd {
 impl PdOps for Arc<VerbsPd> {
     fn device_name(&self) -> String {
         self.ctx.info.name.clone()
+    }
+
+    fn alloc_mw(&self) -> Result<Box<dyn crate::fabric::provider::MwOps>> {
+        // SAFETY: a live PD.
+        let mw = unsafe { sys::ibv_alloc_mw(self.pd, sys::IBV_MW_TYPE_2) };
+        if mw.is_null() {
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::EOPNOTSUPP | libc::ENOSYS) => Error::Unsupported(format!(
+                    "device {} has no type-2 memory windows (ibv_alloc_mw: {e})",
+                    self.ctx.info.name
+                )),
+                _ => Error::Sys {
+                    call: "ibv_alloc_mw",
+                    source: e,
+                },
+            });
+        }
+        Ok(Box::new(VerbsMw {
+            pd: self.clone(),
+            mw,
+            // SAFETY: a live window.
+            rkey: std::sync::atomic::AtomicU32::new(unsafe { (*mw).rkey }),
+        }))
     }
 
     fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Box<dyn MrOps>> {
@@ -595,6 +626,7 @@ unsafe impl Sync for VerbsMr {}
 
 impl Drop for VerbsMr {
     fn drop(&mut self) {
+        self.pd.ctx.mrs_by_lkey.write().remove(&self.lkey());
         // SAFETY: registered once, deregistered once; the device stops using the memory when
         // this returns, so unmapping afterwards is safe.
         unsafe {
@@ -629,6 +661,36 @@ impl MrOps for VerbsMr {
     }
     fn access(&self) -> AccessFlags {
         self.access
+    }
+}
+
+/// A type-2 memory window. verbs leaves its `rkey` to the application after a bind through
+/// a work request, so the current one is kept here.
+pub(crate) struct VerbsMw {
+    pd: Arc<VerbsPd>,
+    pub(crate) mw: *mut sys::ibv_mw,
+    pub(crate) rkey: std::sync::atomic::AtomicU32,
+}
+
+// SAFETY: a verbs handle, used from any thread by rdma-core's rules.
+unsafe impl Send for VerbsMw {}
+// SAFETY: as above; the rkey is atomic.
+unsafe impl Sync for VerbsMw {}
+
+impl Drop for VerbsMw {
+    fn drop(&mut self) {
+        // SAFETY: allocated once, deallocated once; the PD outlives it (Arc held).
+        unsafe { sys::ibv_dealloc_mw(self.mw) };
+        let _ = &self.pd;
+    }
+}
+
+impl crate::fabric::provider::MwOps for VerbsMw {
+    fn rkey(&self) -> u32 {
+        self.rkey.load(std::sync::atomic::Ordering::Acquire)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 
@@ -681,6 +743,8 @@ fn wc_opcode(o: u32) -> WcOpcode {
         sys::IBV_WC_COMP_SWAP => WcOpcode::CompSwap,
         sys::IBV_WC_FETCH_ADD => WcOpcode::FetchAdd,
         sys::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
+        sys::IBV_WC_BIND_MW => WcOpcode::BindMw,
+        sys::IBV_WC_LOCAL_INV => WcOpcode::LocalInv,
         _ => WcOpcode::Recv,
     }
 }

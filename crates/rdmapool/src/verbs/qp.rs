@@ -3,8 +3,10 @@
 
 use super::oplog::WorkLog;
 use super::{errno_err, os_err, VerbsCq, VerbsPd};
-use crate::fabric::provider::QpOps;
-use crate::fabric::{Endpoint, ProviderKind, QpCapacity, QpConfig, QpState, RecvWr, SendWr, WrOp};
+use crate::fabric::provider::{BindSpec, MwOps, QpOps};
+use crate::fabric::{
+    Endpoint, ProviderKind, QpCapacity, QpConfig, QpState, RecvWr, SendWr, WcOpcode, WrOp,
+};
 use crate::{Error, Result};
 use rdmapool_sys as sys;
 use std::sync::Arc;
@@ -322,6 +324,59 @@ impl QpOps for VerbsQp {
         self.capacity
     }
 
+    fn post_bind_mw(&self, mw: &dyn MwOps, b: &BindSpec) -> Result<u32> {
+        let mw = mw
+            .as_any()
+            .downcast_ref::<super::VerbsMw>()
+            .ok_or_else(|| Error::Mismatch("a verbs QP binds verbs memory windows".into()))?;
+        // The region the lkey names; a dead key gets a bind error completion from the device
+        // on rxe, but verbs needs the `ibv_mr` itself, so it is refused here.
+        let Some(mr) = self.pd.ctx.mrs_by_lkey.read().get(&b.lkey).copied() else {
+            return Err(Error::InvalidArgument(format!(
+                "bind: lkey {:#x} names no live region of this context",
+                b.lkey
+            )));
+        };
+        let rkey = sys::ibv_inc_rkey(mw.rkey.load(std::sync::atomic::Ordering::Acquire));
+        // SAFETY: all-zero is a valid ibv_send_wr (null pointers, zero integers).
+        let mut w: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        w.wr_id = b.wr_id;
+        w.opcode = sys::IBV_WR_BIND_MW;
+        w.send_flags = if b.signaled {
+            sys::IBV_SEND_SIGNALED
+        } else {
+            0
+        };
+        w.__bindgen_anon_2 = sys::ibv_send_wr__bindgen_ty_4 {
+            bind_mw: sys::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+                mw: mw.mw,
+                rkey,
+                bind_info: sys::ibv_mw_bind_info {
+                    mr: mr as *mut sys::ibv_mr,
+                    addr: b.addr,
+                    length: b.len,
+                    mw_access_flags: super::ibv_access(b.access),
+                },
+            },
+        };
+        let mut sq = self.log.send();
+        if sq.room() == 0 {
+            return Err(self.queue_full("send"));
+        }
+        let before = sq.len();
+        sq.push(b.wr_id, WcOpcode::BindMw, b.signaled);
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a live QP and one initialised work request naming a live window and a live
+        // region (its registration is in the context's table until it is deregistered).
+        let rc = unsafe { sys::ibv_post_send(self.qp, &mut w, &mut bad) };
+        if rc != 0 {
+            sq.truncate(before);
+            return Err(self.post_error(rc, "send"));
+        }
+        mw.rkey.store(rkey, std::sync::atomic::Ordering::Release);
+        Ok(rkey)
+    }
+
     fn rd_atomic(&self) -> Result<Option<(u8, u8)>> {
         self.query_rd_atomic().map(Some)
     }
@@ -418,6 +473,12 @@ impl QpOps for VerbsQp {
                         w.opcode = sys::IBV_WR_ATOMIC_FETCH_AND_ADD;
                         w.wr = atomic(remote, add, 0);
                     }
+                    WrOp::LocalInvalidate { rkey } => {
+                        w.opcode = sys::IBV_WR_LOCAL_INV;
+                        w.__bindgen_anon_1 = sys::ibv_send_wr__bindgen_ty_1 {
+                            invalidate_rkey: rkey,
+                        };
+                    }
                 }
                 ibv[i].write(w);
             }
@@ -499,7 +560,7 @@ impl QpOps for VerbsQp {
             }
             let before = rq.len();
             for w in &chunk[..fit] {
-                rq.push(w.wr_id, crate::fabric::WcOpcode::Recv, true);
+                rq.push(w.wr_id, WcOpcode::Recv, true);
             }
             ibv[fit - 1].next = std::ptr::null_mut();
             let mut bad = std::ptr::null_mut();
