@@ -37,6 +37,11 @@ if [ "${#bins[@]}" -eq 0 ]; then
   exit 1
 fi
 
+# The memory-tour example (connect, window export, READs into pooled and owned buffers) runs
+# on verbs too.
+cargo build -q -p rdmapool --example memory_tour
+tour=$PWD/target/debug/examples/memory_tour
+
 runner=$(mktemp /tmp/verbs-conformance-XXXXXX.sh)
 trap 'rm -f "$runner"' EXIT
 cat >"$runner" <<'INNER'
@@ -48,12 +53,14 @@ for b in "$@"; do
   RDMAPOOL_TEST_PROVIDER=verbs RDMAPOOL_TEST_CM_IP="$SOFTROCE_IP" RUST_BACKTRACE=0 \
     RDMAPOOL_C_PEER="$C_PEER" "$b" --test-threads=1 || fails=$((fails + 1))
 done
-echo "verbs conformance: $fails failing test binaries of $#"
+echo "=== example memory_tour"
+"$TOUR" verbs "$SOFTROCE_IP" || fails=$((fails + 1))
+echo "verbs conformance: $fails failing of $# test binaries and 1 example"
 exit "$fails"
 INNER
 chmod +x "$runner"
 
-copies=(--copy "$runner" --copy "$c_peer" --env "C_PEER=$c_peer")
+copies=(--copy "$runner" --copy "$c_peer" --env "C_PEER=$c_peer" --copy "$tour" --env "TOUR=$tour")
 for b in "${bins[@]}"; do
   copies+=(--copy "$b")
 done

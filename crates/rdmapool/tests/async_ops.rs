@@ -623,7 +623,7 @@ fn a_cq_overrun_is_detected_and_reported() {
         },
     )
     .unwrap();
-    let q = engine.wrap(qa, &cfg);
+    let q = engine.wrap(qa);
     let target = b.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
     let local = Arc::new(a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
     let waker = std::task::Waker::noop();

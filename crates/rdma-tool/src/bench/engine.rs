@@ -50,7 +50,7 @@ impl Target<'_> {
         for k in 0..qps {
             let (qp, r) = self.peer.connect(self.pd, &cq_list[k % cqs], &self.cfg)?;
             region = Some(r);
-            out.push((engine.wrap(qp, &self.cfg), k % cqs));
+            out.push((engine.wrap(qp), k % cqs));
         }
         let region = region.ok_or_else(|| ToolError::Msg("a rig needs a QP".into()))?;
         Ok(Rig {

@@ -661,23 +661,30 @@ impl Engine {
                 return Err(e);
             }
         };
-        Ok(self.async_qp(qp, cfg, cq, need))
+        Ok(self.async_qp(qp, cq, need))
     }
 
     /// Wraps a QP made elsewhere (for example by [`crate::conn`]) whose CQs belong to this
-    /// engine. Sizing its CQ is then the caller's job; `cfg` must be the QP's own.
-    pub fn wrap(&self, qp: Qp, cfg: &QpConfig) -> AsyncQp {
-        self.async_qp(qp, cfg, UNKNOWN_CQ, 0)
+    /// engine (see [`Engine::cqs`]); its queue depths come from [`Qp::capacity`]. Sizing its
+    /// CQ is then the caller's job.
+    pub fn wrap(&self, qp: Qp) -> AsyncQp {
+        self.async_qp(qp, UNKNOWN_CQ, 0)
     }
 
-    fn async_qp(&self, qp: Qp, cfg: &QpConfig, cq: usize, reserved: u64) -> AsyncQp {
+    /// The engine's CQs, in the order given to [`Engine::new`].
+    pub fn cqs(&self) -> &[Cq] {
+        &self.shared.cqs
+    }
+
+    fn async_qp(&self, qp: Qp, cq: usize, reserved: u64) -> AsyncQp {
+        let capacity = qp.capacity();
         AsyncQp {
             inner: Arc::new(QpShared {
                 qp,
-                send_credits: AtomicU32::new(cfg.max_send_wr),
-                send_depth: cfg.max_send_wr,
-                recv_credits: AtomicU32::new(cfg.max_recv_wr),
-                recv_depth: cfg.max_recv_wr,
+                send_credits: AtomicU32::new(capacity.send),
+                send_depth: capacity.send,
+                recv_credits: AtomicU32::new(capacity.recv),
+                recv_depth: capacity.recv,
                 cq,
                 reserved,
                 engine: self.shared.clone(),
