@@ -82,47 +82,33 @@ pub(crate) fn check_range(total: usize, offset: usize, len: usize) -> Result<()>
     }
 }
 
-impl<T: RegisteredMemory + ?Sized> RegisteredMemory for Arc<T> {
-    fn addr(&self) -> u64 {
-        (**self).addr()
-    }
-    fn len(&self) -> usize {
-        (**self).len()
-    }
-    fn lkey(&self) -> u32 {
-        (**self).lkey()
-    }
-    fn rkey(&self) -> u32 {
-        (**self).rkey()
-    }
-    fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
-        (**self).sge(offset, len)
-    }
-    fn remote_at(&self, offset: usize) -> Result<RemoteAddr> {
-        (**self).remote_at(offset)
-    }
+/// Smart pointers to registered memory are registered memory.
+macro_rules! forward_registered_memory {
+    ($($ptr:ident),*) => {$(
+        impl<T: RegisteredMemory + ?Sized> RegisteredMemory for $ptr<T> {
+            fn addr(&self) -> u64 {
+                (**self).addr()
+            }
+            fn len(&self) -> usize {
+                (**self).len()
+            }
+            fn lkey(&self) -> u32 {
+                (**self).lkey()
+            }
+            fn rkey(&self) -> u32 {
+                (**self).rkey()
+            }
+            fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
+                (**self).sge(offset, len)
+            }
+            fn remote_at(&self, offset: usize) -> Result<RemoteAddr> {
+                (**self).remote_at(offset)
+            }
+        }
+    )*};
 }
 
-impl<T: RegisteredMemory + ?Sized> RegisteredMemory for Box<T> {
-    fn addr(&self) -> u64 {
-        (**self).addr()
-    }
-    fn len(&self) -> usize {
-        (**self).len()
-    }
-    fn lkey(&self) -> u32 {
-        (**self).lkey()
-    }
-    fn rkey(&self) -> u32 {
-        (**self).rkey()
-    }
-    fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
-        (**self).sge(offset, len)
-    }
-    fn remote_at(&self, offset: usize) -> Result<RemoteAddr> {
-        (**self).remote_at(offset)
-    }
-}
+forward_registered_memory!(Arc, Box);
 
 /// A buffer whose bytes stay at one address while the value is moved, so it can be
 /// registered and handed around by value ([`super::Pd::register`]).

@@ -387,6 +387,35 @@ impl SoftQp {
         result
     }
 
+    /// Takes a send-queue entry (or `QueueFull`): its sequence number and its pending record,
+    /// flushed until the caller decides its outcome.
+    fn take_entry(
+        &self,
+        sq: &mut SendQueue,
+        wr_id: u64,
+        opcode: WcOpcode,
+        signaled: bool,
+    ) -> Result<Pending> {
+        if sq.pending.len() >= self.cfg.max_send_wr as usize {
+            return Err(Error::QueueFull {
+                queue: "send",
+                depth: self.cfg.max_send_wr,
+            });
+        }
+        let seq = sq.next_seq;
+        sq.next_seq += 1;
+        Ok(Pending {
+            wr_id,
+            opcode,
+            signaled,
+            seq,
+            byte_len: 0,
+            posted: Instant::now(),
+            outcome: Outcome::Done(WcStatus::WrFlushErr),
+            local: LocalList::new(),
+        })
+    }
+
     /// Posts a bind of `mw` (see `Qp::post_bind_mw`): checked and done here, completed in
     /// order with the requests before it. Returns the window's key once bound.
     pub(crate) fn post_bind(&self, mw: &super::SoftMw, b: &BindSpec) -> Result<u32> {
@@ -398,25 +427,8 @@ impl SoftQp {
         if sq.pending.len() >= self.cfg.max_send_wr as usize {
             self.progress_rx(&mut sq);
             self.drain_done(&mut sq);
-            if sq.pending.len() >= self.cfg.max_send_wr as usize {
-                return Err(Error::QueueFull {
-                    queue: "send",
-                    depth: self.cfg.max_send_wr,
-                });
-            }
         }
-        let seq = sq.next_seq;
-        sq.next_seq += 1;
-        let mut p = Pending {
-            wr_id: b.wr_id,
-            opcode: WcOpcode::BindMw,
-            signaled: b.signaled,
-            seq,
-            byte_len: 0,
-            posted: Instant::now(),
-            outcome: Outcome::Done(WcStatus::WrFlushErr),
-            local: LocalList::new(),
-        };
+        let mut p = self.take_entry(&mut sq, b.wr_id, WcOpcode::BindMw, b.signaled)?;
         let mut rkey = mw.rkey();
         if !(state == QpState::Error || sq.failed || sq.broken.is_some()) {
             // What rxe checks: the region is ours and allows binding, the range is inside it,
@@ -468,24 +480,7 @@ impl SoftQp {
                 self.cfg.max_sge
             )));
         }
-        if sq.pending.len() >= self.cfg.max_send_wr as usize {
-            return Err(Error::QueueFull {
-                queue: "send",
-                depth: self.cfg.max_send_wr,
-            });
-        }
-        let seq = sq.next_seq;
-        sq.next_seq += 1;
-        let mut p = Pending {
-            wr_id: wr.wr_id,
-            opcode: wr.op.completion_opcode(),
-            signaled: wr.signaled,
-            seq,
-            byte_len: 0,
-            posted: Instant::now(),
-            outcome: Outcome::Done(WcStatus::WrFlushErr),
-            local: LocalList::new(),
-        };
+        let mut p = self.take_entry(sq, wr.wr_id, wr.op.completion_opcode(), wr.signaled)?;
         if state == QpState::Error || sq.failed || sq.broken.is_some() {
             sq.pending.push_back(p);
             return Ok(());
@@ -548,7 +543,7 @@ impl SoftQp {
         };
         let req = Request {
             op,
-            seq,
+            seq: p.seq,
             remote_addr: remote.map_or(0, |r| r.addr),
             rkey: remote.map_or(0, |r| r.rkey),
             len: p.byte_len,
