@@ -99,7 +99,10 @@ impl SoftCq {
     /// Arms the CQ: the next completion makes the event fd readable, and so does a
     /// response for a request a bound QP still waits for.
     pub(crate) fn req_notify(&self) {
-        self.armed.store(true, Ordering::Release);
+        // SeqCst, paired with `is_armed` after a QP's first request goes out: either that QP
+        // sees the CQ armed and arms its socket, or the loop below sees the request.
+        self.armed.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
         for w in self.senders.read().iter() {
             if let Some(qp) = w.upgrade() {
                 qp.arm_response_wakeup(self);
@@ -110,6 +113,13 @@ impl SoftCq {
         if !self.queue.is_empty() {
             self.notify();
         }
+    }
+
+    /// Whether the CQ is armed (see `req_notify`).
+    /// The caller fences first: its request must be visible before it looks.
+    pub(crate) fn is_armed(&self) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.armed.load(Ordering::SeqCst)
     }
 
     fn notify(&self) {

@@ -724,6 +724,11 @@ impl SoftQp {
         p.outcome = Outcome::Sent;
         sq.pending.push_back(p);
         sq.in_flight += 1;
+        if sq.in_flight == 1 && self.send_cq.is_armed() {
+            // The CQ was armed while nothing awaited a response, so its channel does not
+            // watch this connection yet: without this, the response would wake nobody.
+            self.send_cq.rearm_socket(fd);
+        }
         if let Err(e) = sent {
             tracing::debug!(qpn = self.qpn, "send failed: {e}");
             self.break_connection(sq, fd, WcStatus::RetryExcErr);
