@@ -316,3 +316,23 @@ async fn the_async_api_binds_and_invalidates_windows() {
         assert_eq!(Arc::strong_count(&binding.mw), 1);
     }
 }
+
+#[test]
+fn deregistering_a_region_revokes_its_windows_on_soft() {
+    if soft_only("deregistering a region under a bound window") {
+        return;
+    }
+    for t in transports() {
+        let s = setup(t);
+        let doomed = s.b.pd.alloc_mr(4096, BIND).unwrap();
+        let mw = s.b.pd.alloc_mw().unwrap();
+        let w =
+            s.qb.post_bind_mw(9, &mw, &doomed, 0, 64, RW, true)
+                .unwrap()
+                .region;
+        assert!(one(&s.b.cq).is_ok());
+        assert_eq!(s.read(w.at(0).unwrap(), 8), WcStatus::Success, "{t:?}");
+        drop(doomed);
+        assert_eq!(s.read(w.at(0).unwrap(), 8), WcStatus::RemAccessErr, "{t:?}");
+    }
+}

@@ -15,6 +15,10 @@ use super::{AccessFlags, RemoteRegion};
 /// On verbs this is `ibv_alloc_mw(IBV_MW_TYPE_2)`; a device without type-2 windows makes
 /// [`super::Pd::alloc_mw`] fail with [`crate::Error::Unsupported`]. The soft provider
 /// implements the same semantics (bind, invalidate, QP association, access checks).
+///
+/// Invalidate (or drop) a window before dropping the region it is bound to: the soft
+/// provider then revokes the window with the region, but verbs devices may refuse to
+/// deregister a region with bound windows (the registration then stays until they go).
 pub struct Mw {
     inner: Box<dyn MwOps>,
 }

@@ -22,6 +22,8 @@ pub(crate) struct MrInner {
     /// deregistration takes the write guard, so it waits for them and later ones see `false`.
     valid: RwLock<bool>,
     pin: parking_lot::Mutex<Option<Pin>>,
+    /// Remote keys of the memory windows bound to this region (removed with it).
+    windows: parking_lot::Mutex<Vec<u32>>,
     /// Memory owned by the region (None when the caller lent it), with its control page for
     /// the intra-host path; unmapped only after the last in-flight user lets go.
     pub(crate) memory: Option<Mapping>,
@@ -121,6 +123,7 @@ impl KeyTable {
             rkey,
             valid: RwLock::new(true),
             pin: parking_lot::Mutex::new(r.pin),
+            windows: parking_lot::Mutex::new(Vec::new()),
             memory: r.mapping,
         });
         if let Some(m) = &mr.memory {
@@ -155,6 +158,7 @@ impl KeyTable {
                 break k;
             }
         };
+        window.mr.windows.lock().push(rkey);
         rkeys.insert(rkey, RemoteTarget::Window(Arc::new(window)));
         Ok(rkey)
     }
@@ -164,6 +168,7 @@ impl KeyTable {
         let mut rkeys = self.rkeys.write();
         match rkeys.get(&rkey) {
             Some(RemoteTarget::Window(w)) if w.mr.pd_id == pd_id => {
+                w.mr.windows.lock().retain(|&k| k != rkey);
                 rkeys.remove(&rkey);
                 true
             }
@@ -218,11 +223,14 @@ impl KeyTable {
     /// unpinned. Memory the region owns is freed when its last user lets go.
     pub(crate) fn remove(&self, mr: &MrInner) {
         self.lkeys.write().remove(&mr.lkey);
-        // The region's key, and the keys of windows bound to it.
-        self.rkeys.write().retain(|&k, t| match t {
-            RemoteTarget::Region(_) => k != mr.rkey,
-            RemoteTarget::Window(w) => !std::ptr::eq(Arc::as_ptr(&w.mr), mr),
-        });
+        {
+            // The region's key, and the keys of windows bound to it.
+            let mut rkeys = self.rkeys.write();
+            rkeys.remove(&mr.rkey);
+            for k in mr.windows.lock().drain(..) {
+                rkeys.remove(&k);
+            }
+        }
         if let Some(m) = &mr.memory {
             super::shm::retract(m);
         }
