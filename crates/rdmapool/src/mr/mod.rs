@@ -3,16 +3,20 @@
 
 mod batch;
 mod cache;
+mod chunked;
 mod huge;
 mod monitor;
+mod owned;
 mod registrar;
 mod state;
 
 pub use batch::{PreRegRing, SharedMr};
 pub use cache::{CacheConfig, CacheStats, CachedMr, RegCache};
+pub use chunked::ChunkedMr;
 pub use huge::{HugeBacking, HugeOptions, HugeRegion, HUGE_PAGE};
+pub use owned::OwnedRegHandle;
 pub use registrar::{
-    ChunkedMr, LatencyClass, OwnedRegHandle, RegHandle, Registrar, RegistrarConfig, RegistrarStats,
-    RetryPolicy, LATENCY_CLASSES,
+    LatencyClass, RegHandle, Registrar, RegistrarConfig, RegistrarStats, RetryPolicy,
+    LATENCY_CLASSES,
 };
 pub use state::RegState;

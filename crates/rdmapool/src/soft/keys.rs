@@ -88,6 +88,16 @@ fn random_u32() -> Result<u32> {
     Ok(u32::from_ne_bytes(b))
 }
 
+/// A CSPRNG key that is non-zero and not `taken`.
+fn fresh_key(taken: impl Fn(u32) -> bool) -> Result<u32> {
+    loop {
+        let k = random_u32()?;
+        if k != 0 && !taken(k) {
+            return Ok(k);
+        }
+    }
+}
+
 /// What a new registration is made of.
 pub(crate) struct NewRegion {
     pub(crate) addr: u64,
@@ -104,16 +114,8 @@ impl KeyTable {
     pub(crate) fn insert(&self, r: NewRegion) -> Result<Arc<MrInner>> {
         let mut lkeys = self.lkeys.write();
         let mut rkeys = self.rkeys.write();
-        let fresh = |taken: &dyn Fn(u32) -> bool| -> Result<u32> {
-            loop {
-                let k = random_u32()?;
-                if k != 0 && !taken(k) {
-                    return Ok(k);
-                }
-            }
-        };
-        let lkey = fresh(&|k| lkeys.contains_key(&k) || rkeys.contains_key(&k))?;
-        let rkey = fresh(&|k| k == lkey || lkeys.contains_key(&k) || rkeys.contains_key(&k))?;
+        let lkey = fresh_key(|k| lkeys.contains_key(&k) || rkeys.contains_key(&k))?;
+        let rkey = fresh_key(|k| k == lkey || lkeys.contains_key(&k) || rkeys.contains_key(&k))?;
         let mr = Arc::new(MrInner {
             addr: r.addr,
             len: r.len,
@@ -138,26 +140,17 @@ impl KeyTable {
     pub(crate) fn unused_rkey(&self) -> Result<u32> {
         let lkeys = self.lkeys.read();
         let rkeys = self.rkeys.read();
-        loop {
-            let k = random_u32()?;
-            if k != 0 && !lkeys.contains_key(&k) && !rkeys.contains_key(&k) {
-                return Ok(k);
-            }
-        }
+        fresh_key(|k| lkeys.contains_key(&k) || rkeys.contains_key(&k))
     }
 
     /// Makes `window` reachable under a fresh remote key, returned; `old` (the window's
     /// previous key) must no longer name anything (a type-2 window is rebound only after
     /// invalidation).
     pub(crate) fn bind_window(&self, window: Window) -> Result<u32> {
-        let mut rkeys = self.rkeys.write();
+        // Lock order as everywhere: lkeys, then rkeys.
         let lkeys = self.lkeys.read();
-        let rkey = loop {
-            let k = random_u32()?;
-            if k != 0 && !lkeys.contains_key(&k) && !rkeys.contains_key(&k) {
-                break k;
-            }
-        };
+        let mut rkeys = self.rkeys.write();
+        let rkey = fresh_key(|k| lkeys.contains_key(&k) || rkeys.contains_key(&k))?;
         window.mr.windows.lock().push(rkey);
         rkeys.insert(rkey, RemoteTarget::Window(Arc::new(window)));
         Ok(rkey)
