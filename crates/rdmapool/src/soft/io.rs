@@ -37,11 +37,6 @@ impl IoVecs {
         self.first >= self.iov.len()
     }
 
-    /// The next piece still to fill or drain.
-    fn current(&self) -> Option<&libc::iovec> {
-        self.iov.get(self.first)
-    }
-
     fn advance(&mut self, mut n: usize) {
         while n > 0 && !self.is_done() {
             let v = &mut self.iov[self.first];
@@ -187,15 +182,36 @@ pub(crate) fn recv_nowait(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
-/// Discards `len` incoming bytes (the payload of a request that will not be executed).
-pub(crate) fn discard(fd: RawFd, mut len: usize, deadline: Instant) -> io::Result<()> {
-    let mut scratch = [0u8; 16 * 1024];
-    while len > 0 {
-        let n = len.min(scratch.len());
-        recv_exact(fd, &mut scratch[..n], deadline)?;
-        len -= n;
+/// Receives whatever has arrived (without waiting) into `pieces` in order. Ok(0): nothing
+/// there; Err(UnexpectedEof) on EOF.
+///
+/// # Safety
+/// Every piece (address, length) must be writable memory that stays valid for the call.
+pub(crate) unsafe fn recv_into_nowait(fd: RawFd, pieces: &[(u64, usize)]) -> io::Result<usize> {
+    let mut iov = IoVecs::new();
+    for &(addr, len) in pieces {
+        iov.push(addr as *const u8, len);
     }
-    Ok(())
+    if iov.is_done() {
+        return Ok(0);
+    }
+    loop {
+        let mut m = iov.msghdr();
+        // SAFETY: the caller guarantees the pieces are writable memory.
+        let n = unsafe { libc::recvmsg(fd, &mut m, libc::MSG_DONTWAIT) };
+        if n > 0 {
+            return Ok(n as usize);
+        }
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock => return Ok(0),
+            io::ErrorKind::Interrupted => {}
+            _ => return Err(e),
+        }
+    }
 }
 
 /// Sends every piece of `iov`. While the socket is full it calls `on_block`, which may read
@@ -339,77 +355,16 @@ impl RxBuf {
         Ok(n)
     }
 
-    /// Waits (until `deadline`) until at least `n` bytes (a frame header) are buffered.
-    pub(crate) fn fill_to(&mut self, fd: RawFd, n: usize, deadline: Instant) -> io::Result<()> {
-        debug_assert!(n <= self.buf.len());
-        if self.len() >= n {
-            return Ok(());
-        }
-        if self.start + n > self.buf.len() {
-            self.compact();
-        }
-        let mut backoff = Backoff(None);
-        while self.len() < n {
-            match self.fill_nowait(fd)? {
-                0 if backoff.spin() => {}
-                0 => {
-                    if !wait_fd(fd, libc::POLLIN, Some(deadline))? {
-                        return Err(timed_out());
-                    }
-                }
-                _ => backoff.reset(),
-            }
-        }
-        Ok(())
+    /// The buffered bytes.
+    pub(crate) fn data(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
     }
 
-    /// Takes the next `n` buffered bytes (callers check `len()` first).
-    pub(crate) fn take(&mut self, n: usize) -> &[u8] {
-        let s = self.start;
+    /// Drops the first `n` buffered bytes (they were used).
+    pub(crate) fn consume(&mut self, n: usize) {
         self.start += n.min(self.len());
-        &self.buf[s..self.start]
-    }
-
-    /// Moves the next bytes of the stream into every piece of `iov`: buffered bytes first,
-    /// the rest straight from the socket.
-    ///
-    /// # Safety
-    /// Every piece must be writable memory that stays valid for the call.
-    pub(crate) unsafe fn read_into(
-        &mut self,
-        fd: RawFd,
-        iov: &mut IoVecs,
-        deadline: Instant,
-    ) -> io::Result<()> {
-        while self.len() > 0 {
-            let Some(v) = iov.current() else { break };
-            let n = v.iov_len.min(self.len());
-            // SAFETY: the source is our buffer; the destination piece is writable for
-            // iov_len >= n bytes (the caller's guarantee); they cannot overlap.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.buf[self.start..].as_ptr(),
-                    v.iov_base as *mut u8,
-                    n,
-                )
-            };
-            self.start += n;
-            iov.advance(n);
-        }
         if self.start == self.end {
             (self.start, self.end) = (0, 0);
         }
-        if iov.is_done() {
-            return Ok(());
-        }
-        // SAFETY: forwarded from the caller.
-        unsafe { recv_all(fd, iov, deadline) }
-    }
-
-    /// Skips the next `n` bytes of the stream (a payload that will not be executed).
-    pub(crate) fn discard(&mut self, fd: RawFd, n: usize, deadline: Instant) -> io::Result<()> {
-        let k = n.min(self.len());
-        self.start += k;
-        discard(fd, n - k, deadline)
     }
 }

@@ -1,8 +1,12 @@
 //! Memory regions of the soft provider and the key tables that find them.
 
+use super::control;
 use super::memory::{Mapping, Pin};
-use crate::fabric::AccessFlags;
+use super::proto::access::{Grant, RemoteAccess};
+use super::MAX_SGE;
+use crate::fabric::{AccessFlags, WcStatus};
 use crate::{Error, Result};
+use arrayvec::ArrayVec;
 use parking_lot::{RwLock, RwLockReadGuard};
 // Keys come from the OS CSPRNG, so a fast non-keyed hash spreads them as well as SipHash;
 // a peer controls only the keys it probes, never the ones stored.
@@ -29,18 +33,36 @@ pub(crate) struct MrInner {
     pub(crate) memory: Option<Mapping>,
 }
 
+/// A checked local SGE: the region it lies in, and the range.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    pub(crate) mr: Arc<MrInner>,
+    pub(crate) addr: u64,
+    pub(crate) len: u32,
+}
+
+/// The checked SGEs of one work request.
+pub(crate) type LocalList = ArrayVec<Resolved, MAX_SGE>;
+
 impl MrInner {
+    /// What the region grants: its range, rights and PD.
+    pub(crate) fn grant(&self) -> Grant {
+        Grant {
+            base: self.addr,
+            len: self.len,
+            access: self.access,
+            pd: self.pd_id,
+        }
+    }
+
     /// Whether `[addr, addr+len)` lies inside the region.
     pub(crate) fn contains(&self, addr: u64, len: u64) -> bool {
-        match addr.checked_add(len) {
-            Some(end) => addr >= self.addr && end <= self.addr + self.len,
-            None => false,
-        }
+        self.grant().covers(addr, len)
     }
 
     /// The access check an HCA makes: PD, rights and bounds.
     pub(crate) fn allows(&self, pd_id: u32, need: AccessFlags, addr: u64, len: u64) -> bool {
-        self.pd_id == pd_id && self.access.contains(need) && self.contains(addr, len)
+        self.grant().allows(pd_id, need, addr, len)
     }
 
     /// Holds the region registered while the returned guard lives; `None` once deregistered.
@@ -129,7 +151,7 @@ impl KeyTable {
             memory: r.mapping,
         });
         if let Some(m) = &mr.memory {
-            super::shm::publish(m, rkey, mr.pd_id, mr.access, mr.addr, mr.len);
+            control::publish(m, rkey, mr.grant());
         }
         lkeys.insert(lkey, mr.clone());
         rkeys.insert(rkey, RemoteTarget::Region(mr.clone()));
@@ -174,29 +196,31 @@ impl KeyTable {
         matches!(self.rkeys.read().get(&rkey), Some(RemoteTarget::Window(_)))
     }
 
-    /// The access check an HCA makes for a remote request arriving on QP `qpn` of PD
-    /// `pd_id`: the region behind `rkey` if `[addr, addr+len)` lies inside what the key
-    /// covers (the region, or a window's range) with the rights `need`, through the right PD
-    /// (and, for a window, the QP it was bound through).
+    /// The access check an HCA makes for a remote request arriving on QP `qpn`: the region
+    /// behind `rkey` if what the key names (the region, or a window bound through `qpn`)
+    /// allows `access`, else the status the request completes with.
     pub(crate) fn resolve(
         &self,
         rkey: u32,
-        pd_id: u32,
         qpn: u32,
-        need: AccessFlags,
-        addr: u64,
-        len: u64,
-    ) -> Option<Arc<MrInner>> {
-        match self.rkeys.read().get(&rkey)? {
-            RemoteTarget::Region(mr) => mr.allows(pd_id, need, addr, len).then(|| mr.clone()),
-            RemoteTarget::Window(w) => {
-                let inside = addr
-                    .checked_add(len)
-                    .is_some_and(|end| addr >= w.addr && end <= w.addr + w.len);
-                (w.qpn == qpn && w.mr.pd_id == pd_id && w.access.contains(need) && inside)
-                    .then(|| w.mr.clone())
+        access: &RemoteAccess,
+    ) -> std::result::Result<Arc<MrInner>, WcStatus> {
+        let rkeys = self.rkeys.read();
+        let (grant, mr) = match rkeys.get(&rkey) {
+            Some(RemoteTarget::Region(mr)) => (Some(mr.grant()), Some(mr)),
+            Some(RemoteTarget::Window(w)) if w.qpn == qpn => {
+                let g = Grant {
+                    base: w.addr,
+                    len: w.len,
+                    access: w.access,
+                    pd: w.mr.pd_id,
+                };
+                (Some(g), Some(&w.mr))
             }
-        }
+            _ => (None, None),
+        };
+        access.check(grant)?;
+        mr.cloned().ok_or(WcStatus::RemAccessErr)
     }
 
     /// The region with this local key.
@@ -225,7 +249,7 @@ impl KeyTable {
             }
         }
         if let Some(m) = &mr.memory {
-            super::shm::retract(m);
+            control::retract(m);
         }
         *mr.valid.write() = false;
         mr.pin.lock().take();

@@ -10,14 +10,17 @@
 //! `RDMAPOOL_SOFT_SPIN_US` (how long responder threads spin before sleeping, default 50).
 
 mod addr;
+mod context;
+mod control;
 mod cq;
+mod driver;
 mod io;
 mod keys;
 pub(crate) mod memory;
+mod proto;
 mod qp;
-mod responder;
+mod serve;
 mod shm;
-mod wire;
 
 use crate::fabric::provider::{provider_cq, ContextOps, CqOps, MrOps, PdOps, QpOps};
 use crate::fabric::{
@@ -26,24 +29,20 @@ use crate::fabric::{
 };
 use crate::{Error, Result};
 use addr::SoftAddress;
-use cq::SoftCq;
-use keys::{KeyTable, MrInner, NewRegion};
+use context::SoftContext;
+use cq::{Bound, SoftCq};
+use keys::{MrInner, NewRegion};
 use memory::{Mapping, Pin};
-use parking_lot::RwLock;
 use qp::SoftQp;
 use std::any::Any;
-use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::UnixListener;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Weak};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Most SGEs in one work request.
 pub(crate) const MAX_SGE: usize = 16;
-const MAX_MSG: u32 = 1 << 30;
+pub(crate) const MAX_MSG: u32 = 1 << 30;
 const MAX_QP_WR: u32 = 16 * 1024;
 const MAX_CQE: u32 = 1 << 20;
 
@@ -89,152 +88,6 @@ impl SoftConfig {
             Err(_) => Duration::from_micros(50),
         };
         Ok(Self { bind, spin })
-    }
-}
-
-/// State shared by a context's objects and its responder threads.
-pub(crate) struct CtxShared {
-    pub(crate) keys: KeyTable,
-    pub(crate) qps: RwLock<HashMap<u32, Weak<SoftQp>>>,
-    pub(crate) address: SoftAddress,
-    pub(crate) max_msg: u32,
-    pub(crate) spin: Duration,
-    next_qpn: AtomicU32,
-    next_pd: AtomicU32,
-    closing: AtomicBool,
-}
-
-impl CtxShared {
-    pub(crate) fn next_qpn(&self) -> u32 {
-        self.next_qpn.fetch_add(1, Ordering::Relaxed)
-    }
-    pub(crate) fn is_closing(&self) -> bool {
-        self.closing.load(Ordering::Relaxed)
-    }
-}
-
-/// One emulated NIC.
-pub(crate) struct SoftContext {
-    shared: Arc<CtxShared>,
-    device: DeviceInfo,
-    listeners: Vec<OwnedFd>,
-    socket_path: PathBuf,
-}
-
-fn spawn_acceptor<L, S>(
-    name: &str,
-    listener: L,
-    shared: Weak<CtxShared>,
-    local: bool,
-    accept: fn(&L) -> std::io::Result<S>,
-) where
-    L: Send + 'static,
-    S: Into<OwnedFd> + Send + 'static,
-{
-    let _ = std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || loop {
-            let conn = match accept(&listener) {
-                Ok(c) => c,
-                Err(_) => return, // listener shut down
-            };
-            let Some(ctx) = shared.upgrade() else { return };
-            if ctx.is_closing() {
-                return;
-            }
-            let fd: OwnedFd = conn.into();
-            let _ = std::thread::Builder::new()
-                .name("rdmapool-soft-resp".into())
-                .spawn(move || responder::serve(ctx, fd, local));
-        });
-}
-
-impl SoftContext {
-    pub(crate) fn open(cfg: SoftConfig) -> Result<Self> {
-        let tcp = TcpListener::bind(cfg.bind).map_err(|e| Error::Connection {
-            peer: cfg.bind.to_string(),
-            reason: format!("cannot listen: {e}"),
-        })?;
-        let tcp_addr = tcp.local_addr().map_err(|e| Error::Sys {
-            call: "getsockname",
-            source: e,
-        })?;
-        let mut tag = [0u8; 6];
-        let _ = getrandom::fill(&mut tag);
-        let socket_path = std::env::temp_dir().join(format!(
-            "rdmapool-{}-{}.sock",
-            std::process::id(),
-            crate::util::hex_encode(&tag)
-        ));
-        let unix = UnixListener::bind(&socket_path).map_err(|e| Error::Connection {
-            peer: socket_path.display().to_string(),
-            reason: format!("cannot listen: {e}"),
-        })?;
-        let shared = Arc::new(CtxShared {
-            keys: KeyTable::default(),
-            qps: RwLock::new(HashMap::new()),
-            address: SoftAddress {
-                host_id: addr::host_id(),
-                tcp: tcp_addr,
-                local: socket_path.display().to_string(),
-            },
-            max_msg: MAX_MSG,
-            spin: cfg.spin,
-            next_qpn: AtomicU32::new(1),
-            next_pd: AtomicU32::new(1),
-            closing: AtomicBool::new(false),
-        });
-        let listeners = vec![
-            tcp.try_clone()
-                .map_err(|e| Error::Sys {
-                    call: "dup",
-                    source: e,
-                })?
-                .into(),
-            unix.try_clone()
-                .map_err(|e| Error::Sys {
-                    call: "dup",
-                    source: e,
-                })?
-                .into(),
-        ];
-        spawn_acceptor(
-            "rdmapool-soft-tcp",
-            tcp,
-            Arc::downgrade(&shared),
-            false,
-            |l| {
-                l.accept().map(|(s, _)| {
-                    let _ = s.set_nodelay(true);
-                    s
-                })
-            },
-        );
-        spawn_acceptor(
-            "rdmapool-soft-local",
-            unix,
-            Arc::downgrade(&shared),
-            true,
-            |l| l.accept().map(|(s, _)| s),
-        );
-        Ok(Self {
-            shared,
-            device: device_info(),
-            listeners,
-            socket_path,
-        })
-    }
-}
-
-impl Drop for SoftContext {
-    fn drop(&mut self) {
-        self.shared.closing.store(true, Ordering::Relaxed);
-        for l in &self.listeners {
-            // SAFETY: shutdown on a listening descriptor we own wakes its accept loop, which
-            // then exits; the descriptor itself is closed when `listeners` drops.
-            unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
-        }
-        let _ = std::fs::remove_file(&self.socket_path);
     }
 }
 
@@ -365,7 +218,7 @@ impl PdOps for SoftPd {
 
     fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Box<dyn MrOps>> {
         self.ctx.device.check_registration(len, access)?;
-        let mapping = Mapping::new(shm::len_with_control(len))?;
+        let mapping = Mapping::new(control::len_with_control(len))?;
         // SAFETY: the mapping was just created and lives in the region, so it outlives the pin.
         let pin = unsafe { pin_unless_on_demand(access, mapping.ptr(), mapping.len())? };
         let inner = self.ctx.shared.keys.insert(NewRegion {
@@ -507,7 +360,7 @@ impl QpOps for SoftQpHandle {
     }
     fn set_error(&self) {
         self.0.enter_error();
-        self.0.progress();
+        self.0.progress_nowait();
     }
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.0.post_send(wrs)

@@ -8,59 +8,17 @@
 //! target would, against the control page, and a violation moves the target QP to ERR through
 //! its shared state page. Deregistration clears VALID, then waits for in-flight operations.
 
+use super::control;
+use super::keys::LocalList;
 use super::memory::Mapping;
-use super::qp::LocalList;
+use super::proto::access::RemoteAccess;
 use crate::fabric::{AccessFlags, QpState, WcStatus};
 use crate::util::page_size;
 use crate::{Error, Result};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-
-/// Set in the state word while the region is registered.
-const VALID: u64 = 1 << 63;
-const STATE: usize = 0;
-const RKEY: usize = 8;
-const PD: usize = 16;
-const ACCESS: usize = 24;
-const ADDR: usize = 32;
-const LEN: usize = 40;
-/// How long deregistration waits for a peer's in-flight operation (it can only be missing if
-/// the peer died mid-copy; the peer's mapping keeps the pages alive either way).
-const DRAIN_LIMIT: Duration = Duration::from_secs(1);
-
-/// Bytes to allocate for a region of `len` bytes plus its control page.
-pub(crate) fn len_with_control(len: usize) -> usize {
-    let page = page_size();
-    len.div_ceil(page) * page + page
-}
-
-fn control_offset(m: &Mapping) -> usize {
-    m.len() - page_size()
-}
-
-/// Publishes a registered region in its control page.
-pub(crate) fn publish(m: &Mapping, rkey: u32, pd: u32, access: AccessFlags, addr: u64, len: u64) {
-    let c = control_offset(m);
-    m.word(c + RKEY).store(rkey as u64, Ordering::Relaxed);
-    m.word(c + PD).store(pd as u64, Ordering::Relaxed);
-    m.word(c + ACCESS)
-        .store(access.bits() as u64, Ordering::Relaxed);
-    m.word(c + ADDR).store(addr, Ordering::Relaxed);
-    m.word(c + LEN).store(len, Ordering::Relaxed);
-    m.word(c + STATE).store(VALID, Ordering::Release);
-}
-
-/// Withdraws a region: peers' later operations fail; waits for those already copying.
-pub(crate) fn retract(m: &Mapping) {
-    let state = m.word(control_offset(m) + STATE);
-    state.fetch_and(!VALID, Ordering::AcqRel);
-    let until = Instant::now() + DRAIN_LIMIT;
-    while state.load(Ordering::Acquire) != 0 && Instant::now() < until {
-        std::thread::yield_now();
-    }
-}
+use std::time::Instant;
 
 /// A peer's region mapped into this process.
 pub(crate) struct RemoteMr {
@@ -79,13 +37,9 @@ impl RemoteMr {
         Ok(Self { map })
     }
 
-    fn ctl(&self, field: usize) -> &AtomicU64 {
-        self.map.word(control_offset(&self.map) + field)
-    }
-
     /// Whether the peer still has it registered (stale entries are dropped from caches).
     pub(crate) fn is_valid(&self) -> bool {
-        self.ctl(STATE).load(Ordering::Acquire) & VALID != 0
+        control::state(&self.map).load(Ordering::Acquire) & control::VALID != 0
     }
 }
 
@@ -108,35 +62,30 @@ pub(crate) fn execute(
     op: &FastOp,
     local: &LocalList,
 ) -> WcStatus {
-    let atomic = matches!(op, FastOp::CompareSwap { .. } | FastOp::FetchAdd { .. });
-    if atomic && !addr.is_multiple_of(8) {
-        return WcStatus::RemInvReqErr;
-    }
-    let state = rm.ctl(STATE);
+    let need = match op {
+        FastOp::Write => AccessFlags::REMOTE_WRITE,
+        FastOp::Read => AccessFlags::REMOTE_READ,
+        _ => AccessFlags::REMOTE_ATOMIC,
+    };
+    let access = RemoteAccess {
+        pd: target_pd,
+        need,
+        addr,
+        len,
+        atomic: matches!(op, FastOp::CompareSwap { .. } | FastOp::FetchAdd { .. }),
+    };
+    let state = control::state(&rm.map);
     let before = state.fetch_add(1, Ordering::AcqRel);
     let status = (|| {
-        if before & VALID == 0 || rm.ctl(RKEY).load(Ordering::Relaxed) != rkey as u64 {
-            return WcStatus::RemAccessErr;
+        let grant = (before & control::VALID != 0)
+            .then(|| control::grant(&rm.map, rkey))
+            .flatten();
+        if let Err(status) = access.check(grant) {
+            return status;
         }
-        let need = match op {
-            FastOp::Write => AccessFlags::REMOTE_WRITE,
-            FastOp::Read => AccessFlags::REMOTE_READ,
-            _ => AccessFlags::REMOTE_ATOMIC,
-        };
-        let access = AccessFlags::from_bits_truncate(rm.ctl(ACCESS).load(Ordering::Relaxed) as u32);
-        let (base, rlen) = (
-            rm.ctl(ADDR).load(Ordering::Relaxed),
-            rm.ctl(LEN).load(Ordering::Relaxed),
-        );
-        let in_bounds = addr >= base && addr.checked_add(len).is_some_and(|end| end <= base + rlen);
-        if rm.ctl(PD).load(Ordering::Relaxed) != target_pd as u64
-            || !access.contains(need)
-            || !in_bounds
-        {
-            return WcStatus::RemAccessErr;
-        }
+        let base = grant.map_or(0, |g| g.base);
         let offset = (addr - base) as usize;
-        if offset + len as usize > control_offset(&rm.map) {
+        if offset + len as usize > control::offset(&rm.map) {
             return WcStatus::RemAccessErr; // a lying control page cannot reach past the data
         }
         // SAFETY: offset + len lies inside the data part of the mapping (checked just above).

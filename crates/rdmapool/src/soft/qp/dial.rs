@@ -1,0 +1,98 @@
+//! Opening a QP's connection: dial the peer context, say hello, and on this host take the
+//! target QP's state page for the zero-copy path.
+
+use crate::fabric::{QpConfig, Transport};
+use crate::soft::addr::{host_id, SoftAddress};
+use crate::soft::io;
+use crate::soft::proto::wire::{self, HelloStatus};
+use crate::soft::shm::{self, RemoteMr, RemoteQpState};
+use crate::{Error, Result};
+use rustc_hash::FxHashMap as HashMap;
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What the zero-copy path knows about a peer on this host.
+pub(crate) struct LocalPeer {
+    pub(crate) target_state: RemoteQpState,
+    pub(crate) target_pd: u32,
+    /// rkey -> the peer's mapped region, or None when it must go through the socket.
+    pub(crate) maps: HashMap<u32, Option<Arc<RemoteMr>>>,
+    pub(crate) last_liveness_check: Instant,
+}
+
+/// Connects QP `src_qpn` to QP `peer_qpn` of the context at `addr`.
+pub(crate) fn dial(
+    cfg: &QpConfig,
+    src_qpn: u32,
+    peer_qpn: u32,
+    addr: &SoftAddress,
+) -> Result<(OwnedFd, Option<LocalPeer>)> {
+    let same_host = addr.host_id == host_id() && !addr.local.is_empty();
+    let conn_err = |peer: String, reason: String| Error::Connection { peer, reason };
+    let local = match cfg.transport {
+        Transport::Tcp => false,
+        Transport::Local if !same_host => {
+            return Err(conn_err(
+                addr.tcp.to_string(),
+                "transport local was asked for but the peer is on another host".into(),
+            ))
+        }
+        Transport::Local => true,
+        Transport::Auto => same_host,
+    };
+    let mut on_local_socket = false;
+    let fd: OwnedFd = match local.then(|| UnixStream::connect(&addr.local)) {
+        Some(Ok(s)) => {
+            on_local_socket = true;
+            s.into()
+        }
+        Some(Err(e)) if cfg.transport == Transport::Local => {
+            return Err(conn_err(addr.local.clone(), e.to_string()))
+        }
+        _ => {
+            let s = TcpStream::connect_timeout(&addr.tcp, cfg.timeout)
+                .map_err(|e| conn_err(addr.tcp.to_string(), e.to_string()))?;
+            s.set_nodelay(true)
+                .map_err(|e| conn_err(addr.tcp.to_string(), e.to_string()))?;
+            s.into()
+        }
+    };
+    let deadline = Instant::now() + cfg.timeout;
+    let hello = wire::Hello {
+        src_qpn,
+        dst_qpn: peer_qpn,
+    };
+    let peer = || addr.tcp.to_string();
+    io::send_buf(fd.as_raw_fd(), &hello.encode(), deadline)
+        .map_err(|e| conn_err(peer(), format!("sending hello: {e}")))?;
+    let mut ack = [0u8; wire::HELLO_ACK_LEN];
+    io::recv_exact(fd.as_raw_fd(), &mut ack, deadline)
+        .map_err(|e| conn_err(peer(), format!("waiting for hello acknowledgement: {e}")))?;
+    match wire::decode_hello_ack(&ack)? {
+        HelloStatus::Ok if on_local_socket => {
+            let mut info = [0u8; 8];
+            let fds = shm::recv_with_fds(fd.as_raw_fd(), &mut info, deadline)
+                .map_err(|e| conn_err(peer(), format!("waiting for the local handshake: {e}")))?;
+            let state_fd = fds
+                .into_iter()
+                .next()
+                .ok_or_else(|| conn_err(peer(), "local handshake carried no state page".into()))?;
+            let local = LocalPeer {
+                target_state: RemoteQpState::new(state_fd)?,
+                target_pd: u32::from_le_bytes([info[0], info[1], info[2], info[3]]),
+                maps: HashMap::default(),
+                last_liveness_check: Instant::now(),
+            };
+            Ok((fd, Some(local)))
+        }
+        HelloStatus::Ok => Ok((fd, None)),
+        HelloStatus::NoSuchQp => Err(conn_err(peer(), format!("peer has no QP {peer_qpn}"))),
+        HelloStatus::QpInError => Err(conn_err(
+            peer(),
+            format!("peer QP {peer_qpn} is in the error state"),
+        )),
+    }
+}
