@@ -581,8 +581,20 @@ fn frozen_target_times_out_instead_of_hanging() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let buf = n.pd.alloc_mr(4096, ALL).unwrap();
+    n.cq.req_notify().unwrap();
     qp.post_send(&[read_wr(1, region.at(0).unwrap(), &[buf.sge(0, 8).unwrap()])])
         .unwrap();
+    // Nobody polls: the timeout must still fire and signal the completion channel (the
+    // NIC's own thread retries out the request, as a NIC does).
+    let mut p = libc::pollfd {
+        fd: n.cq.event_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd on our stack.
+    let ready = unsafe { libc::poll(&mut p, 1, WAIT.as_millis() as i32) };
+    assert_eq!(ready, 1, "no completion event without polling");
+    n.cq.ack_events().unwrap();
     let c = one(&n.cq);
     assert_eq!(c.status, WcStatus::RetryExcErr);
     assert_eq!(qp.state(), QpState::Error);

@@ -208,7 +208,19 @@ impl Response {
         if len > max_msg {
             return Err(malformed(W, format!("length {len} exceeds {max_msg}")));
         }
-        match b[5] {
+        // Bytes a kind does not use are reserved and must be zero: byte 6 (status) outside
+        // NAK and map answers, 16..20 (length) outside READ data, 24..32 (old value) outside
+        // atomics; 7 and 20..24 always.
+        let kind = b[5];
+        let unused_set = b[7] != 0
+            || u32_at(b, 20) != 0
+            || (!matches!(kind, 4 | 5) && b[6] != 0)
+            || (kind != 2 && len != 0)
+            || (kind != 3 && u64_at(b, 24) != 0);
+        if unused_set {
+            return Err(malformed(W, "reserved bits set"));
+        }
+        match kind {
             1 => Ok(Self::Ack { seq }),
             2 => Ok(Self::ReadData { seq, len }),
             3 => Ok(Self::Atomic {
@@ -288,6 +300,9 @@ pub(crate) fn decode_hello_ack(b: &[u8; HELLO_ACK_LEN]) -> Result<HelloStatus> {
     if u32_at(b, 0) != HELLO_ACK_MAGIC || b[4] != VERSION {
         return Err(malformed(W, "bad magic or version"));
     }
+    if b[6..8] != [0, 0] {
+        return Err(malformed(W, "reserved bits set"));
+    }
     match b[5] {
         0 => Ok(HelloStatus::Ok),
         1 => Ok(HelloStatus::NoSuchQp),
@@ -349,5 +364,17 @@ mod tests {
             Response::decode(&b, 1 << 20).is_err(),
             "NAK with success status"
         );
+        // Every byte a kind does not use is checked.
+        for (r, unused) in [
+            (Response::Ack { seq: 1 }, [6, 7, 16, 20, 24, 31].as_slice()),
+            (Response::ReadData { seq: 2, len: 64 }, &[6, 7, 20, 24]),
+            (Response::Atomic { seq: 3, old: 99 }, &[6, 7, 16, 23]),
+        ] {
+            for &i in unused {
+                let mut b = r.encode();
+                b[i] = 1;
+                assert!(Response::decode(&b, 1 << 20).is_err(), "{r:?} byte {i}");
+            }
+        }
     }
 }
