@@ -34,12 +34,13 @@ mod error;
 pub mod fabric;
 pub mod metrics;
 pub mod mr;
+mod os;
 pub mod soft;
 mod util;
 mod verbs;
 
 pub use error::{Error, Result};
-pub use soft::memory::pinned_bytes;
+pub use os::pinned_bytes;
 
 /// The README's Rust snippet, compiled as a doc test so it stays true.
 #[cfg(doctest)]

@@ -697,7 +697,7 @@ fn malformed_frames_close_only_that_connection() {
         .pd
         .create_qp(&target.cq, &target.cq, &config(Transport::Tcp))
         .unwrap();
-    let addr = qp.endpoint().soft_tcp_addr().unwrap();
+    let addr = rdmapool::soft::tcp_addr(&qp.endpoint()).unwrap();
     // Bring the QP to RTS against a throwaway peer so requests would be executed.
     let peer = node();
     let pq = peer
@@ -1023,10 +1023,7 @@ fn tcp_between_two_hosts_in_network_namespaces() {
     );
     let first = target.line();
     let (target_ep, region) = first.split_once(' ').unwrap();
-    let target_addr = Endpoint::from_hex(target_ep)
-        .unwrap()
-        .soft_tcp_addr()
-        .unwrap();
+    let target_addr = rdmapool::soft::tcp_addr(&Endpoint::from_hex(target_ep).unwrap()).unwrap();
     assert_eq!(
         target_addr.ip().to_string(),
         hosts.addr_a,

@@ -144,12 +144,8 @@ pub struct ProviderStatus {
 /// assert!(providers.iter().any(|p| p.provider == rdmapool::fabric::ProviderKind::Soft));
 /// ```
 pub fn devices() -> Vec<ProviderStatus> {
-    vec![
-        ProviderStatus {
-            provider: ProviderKind::Soft,
-            devices: vec![crate::soft::device_info()],
-            unavailable: None,
-        },
-        crate::verbs::status(),
-    ]
+    super::provider::table()
+        .into_iter()
+        .map(|p| p.status())
+        .collect()
 }

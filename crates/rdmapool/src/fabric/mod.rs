@@ -22,6 +22,7 @@ mod device;
 mod memory;
 mod mw;
 mod objects;
+mod options;
 pub(crate) use memory::check_range;
 pub(crate) mod provider;
 mod qp;
@@ -33,5 +34,10 @@ pub use device::{devices, AtomicCap, DeviceInfo, PortInfo, ProviderKind, Provide
 pub use memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
 pub use mw::{BoundWindow, Mw};
 pub use objects::{Context, Cq, Mr, Pd, Qp};
+pub use options::{ProviderOptions, SoftConfig, VerbsConfig};
 pub use qp::{Endpoint, QpCapacity, QpConfig, QpState, Transport};
 pub use wr::{RecvWr, RemoteAddr, RemoteRegion, SendWr, Sge, WrOp};
+
+/// Most SGEs one work request may have in this library, on any provider (a device may
+/// allow fewer: [`DeviceInfo::max_sge`]).
+pub const MAX_SGE: usize = 16;

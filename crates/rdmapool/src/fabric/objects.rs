@@ -3,8 +3,8 @@
 use super::memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
 use super::provider::{BindSpec, ContextOps, CqOps, MrOps, PdOps, QpOps};
 use super::{
-    AccessFlags, BoundWindow, Completion, DeviceInfo, Endpoint, Mw, ProviderKind, QpCapacity,
-    QpConfig, QpState, RecvWr, RemoteRegion, SendWr,
+    AccessFlags, BoundWindow, Completion, DeviceInfo, Endpoint, Mw, ProviderKind, ProviderOptions,
+    QpCapacity, QpConfig, QpState, RecvWr, RemoteRegion, SendWr,
 };
 use crate::{Error, Result};
 use std::sync::atomic::AtomicU64;
@@ -23,33 +23,29 @@ pub struct Context {
 }
 
 impl Context {
-    /// Opens the device described by `device` (from [`super::devices`]).
+    /// Opens the device described by `device` (from [`super::devices`]), with options from
+    /// the environment ([`ProviderOptions::from_env`]).
     pub fn open(device: &DeviceInfo) -> Result<Self> {
         Self::open_provider(device.provider, Some(&device.name))
     }
 
-    /// Opens a device of `provider`, by name or else the first one. For verbs, a name in
-    /// `RDMAPOOL_DEVICE` is used when `name` is None.
+    /// Opens a device of `provider`, by name or else the first one, with options from the
+    /// environment (for verbs, a name in `RDMAPOOL_DEVICE` is used when `name` is None).
     pub fn open_provider(provider: ProviderKind, name: Option<&str>) -> Result<Self> {
-        let from_env = match (provider, name) {
-            (ProviderKind::Verbs, None) => std::env::var("RDMAPOOL_DEVICE")
-                .ok()
-                .filter(|n| !n.is_empty()),
-            _ => None,
+        let options = ProviderOptions::from_env(provider, name)?;
+        let name = match &options {
+            ProviderOptions::Verbs(v) => v.device.clone(),
+            ProviderOptions::Soft(_) => name.map(str::to_string),
         };
-        let name = name.or(from_env.as_deref());
-        let status = super::devices()
-            .into_iter()
-            .find(|p| p.provider == provider)
-            .expect("every provider is listed");
+        let status = super::provider::find(provider).status();
         if let Some(reason) = status.unavailable {
             return Err(Error::ProviderUnavailable {
                 provider: provider.name().into(),
                 reason,
             });
         }
-        if let Some(n) = name {
-            if !status.devices.iter().any(|d| d.name == n) {
+        if let Some(n) = &name {
+            if !status.devices.iter().any(|d| &d.name == n) {
                 let known: Vec<_> = status.devices.iter().map(|d| d.name.as_str()).collect();
                 return Err(Error::InvalidArgument(format!(
                     "no {provider} device {n:?} (devices: {})",
@@ -57,24 +53,20 @@ impl Context {
                 )));
             }
         }
-        match provider {
-            ProviderKind::Soft => Self::open_soft(),
-            ProviderKind::Verbs => Ok(Self {
-                inner: crate::verbs::open(name)?,
-            }),
-        }
+        Self::open_with(options)
+    }
+
+    /// Opens a context of the provider the options are for, with those options.
+    pub fn open_with(options: impl Into<ProviderOptions>) -> Result<Self> {
+        let options = options.into();
+        Ok(Self {
+            inner: super::provider::find(options.provider()).open(&options)?,
+        })
     }
 
     /// Opens a new soft context (one emulated NIC) configured from the environment.
     pub fn open_soft() -> Result<Self> {
-        Self::open_soft_with(crate::soft::SoftConfig::from_env()?)
-    }
-
-    /// Opens a new soft context with explicit settings.
-    pub fn open_soft_with(cfg: crate::soft::SoftConfig) -> Result<Self> {
-        Ok(Self {
-            inner: crate::soft::open(cfg)?,
-        })
+        Self::open_with(super::SoftConfig::from_env()?)
     }
 
     /// The device's description and limits.
@@ -86,7 +78,7 @@ impl Context {
     pub fn alloc_pd(&self) -> Result<Pd> {
         Ok(Pd {
             inner: self.inner.alloc_pd()?,
-            provider: self.device().provider,
+            device: Arc::new(self.device().clone()),
         })
     }
 
@@ -107,7 +99,8 @@ impl Context {
 #[derive(Clone)]
 pub struct Pd {
     inner: Arc<dyn PdOps>,
-    provider: ProviderKind,
+    /// The device's description and limits (checks common to every provider use them).
+    device: Arc<DeviceInfo>,
 }
 
 impl Pd {
@@ -174,7 +167,7 @@ impl Pd {
 
     /// The provider of the device this PD lives on.
     pub fn provider(&self) -> ProviderKind {
-        self.provider
+        self.device.provider
     }
 
     /// The name of the device this PD lives on.
@@ -184,8 +177,10 @@ impl Pd {
 
     /// Creates an RC queue pair in the RESET state.
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, cfg: &QpConfig) -> Result<Qp> {
+        cfg.check(&self.device)?;
         Ok(Qp {
             _connection: None,
+            max_sge: cfg.max_sge as usize,
             inner: self
                 .inner
                 .create_qp(send_cq.inner.as_ref(), recv_cq.inner.as_ref(), cfg)?,
@@ -295,10 +290,9 @@ pub struct Cq {
 impl Cq {
     /// Moves up to `out.len()` completions into `out`; returns how many, 0 if none is ready.
     ///
-    /// It does not wait for completions. On verbs it never blocks; on the soft provider,
-    /// polling also runs the emulated NIC's requester, which may wait in `poll(2)` for the
-    /// rest of a frame (or READ payload) that has started to arrive, bounded by the QP's
-    /// timeout.
+    /// It never blocks, on any provider. (On the soft provider it first applies, without
+    /// waiting, the responses that have arrived for the QPs bound to this CQ; the emulated
+    /// NIC's own thread does the same when nobody polls.)
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         self.inner.poll(out)
     }
@@ -315,9 +309,9 @@ impl Cq {
         self.inner.req_notify()
     }
 
-    /// The completion channel's descriptor, for poll/epoll or tokio's `AsyncFd`.
-    /// (On the soft provider the send side progresses when the CQ is polled, so an
-    /// event-driven consumer must also poll; the progress engine does this for you.)
+    /// The completion channel's descriptor, for poll/epoll or tokio's `AsyncFd`: readable
+    /// once an armed CQ has a completion, on every provider (retry timeouts included, with
+    /// nobody polling).
     pub fn event_fd(&self) -> std::os::fd::RawFd {
         self.inner.event_fd()
     }
@@ -352,6 +346,8 @@ pub struct Qp {
     /// What keeps a connection-manager connection alive; dropped (disconnecting) before the
     /// QP itself is destroyed.
     _connection: Option<Box<dyn Send + Sync>>,
+    /// Most SGEs per work request (checked here, for every provider).
+    max_sge: usize,
     inner: Box<dyn QpOps>,
 }
 
@@ -422,6 +418,7 @@ impl Qp {
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         for wr in wrs {
             wr.validate()?;
+            self.check_sges(wr.sg_list.len())?;
         }
         self.inner.post_send(wrs)
     }
@@ -479,6 +476,19 @@ impl Qp {
 
     /// Posts receive work requests.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        for wr in wrs {
+            self.check_sges(wr.sg_list.len())?;
+        }
         self.inner.post_recv(wrs)
+    }
+
+    fn check_sges(&self, n: usize) -> Result<()> {
+        if n > self.max_sge {
+            return Err(Error::InvalidArgument(format!(
+                "{n} SGEs, the QP allows {}",
+                self.max_sge
+            )));
+        }
+        Ok(())
     }
 }

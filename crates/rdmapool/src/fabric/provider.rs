@@ -1,11 +1,44 @@
 //! The interface every provider implements; the public objects in `objects.rs` wrap it.
 
 use super::{
-    AccessFlags, Completion, DeviceInfo, Endpoint, QpCapacity, QpConfig, QpState, RecvWr, SendWr,
+    AccessFlags, Completion, DeviceInfo, Endpoint, ProviderKind, ProviderOptions, ProviderStatus,
+    QpCapacity, QpConfig, QpState, RecvWr, SendWr,
 };
 use crate::Result;
 use std::any::Any;
 use std::sync::Arc;
+
+/// One provider: its devices, and how to open one. [`table`] lists them all; nothing outside
+/// `fabric` names a provider's module.
+pub(crate) trait Provider: Sync {
+    /// Which provider this is.
+    fn kind(&self) -> ProviderKind;
+    /// Whether it can be used here: its devices, or why not.
+    fn status(&self) -> ProviderStatus;
+    /// Opens a context with these options (the provider's own variant).
+    fn open(&self, options: &ProviderOptions) -> Result<Arc<dyn ContextOps>>;
+}
+
+/// Every provider, in the order `devices()` lists them.
+pub(crate) fn table() -> [&'static dyn Provider; 2] {
+    [&crate::soft::PROVIDER, &crate::verbs::PROVIDER]
+}
+
+/// The provider of `kind`.
+pub(crate) fn find(kind: ProviderKind) -> &'static dyn Provider {
+    table()
+        .into_iter()
+        .find(|p| p.kind() == kind)
+        .expect("every ProviderKind is in the table")
+}
+
+/// The error for options of another provider.
+pub(crate) fn wrong_options(me: ProviderKind, options: &ProviderOptions) -> crate::Error {
+    crate::Error::Mismatch(format!(
+        "{me} provider given {} options",
+        options.provider()
+    ))
+}
 
 pub(crate) trait ContextOps: Send + Sync {
     fn device(&self) -> &DeviceInfo;

@@ -106,6 +106,26 @@ pub struct QpConfig {
     pub max_rd_atomic: u8,
 }
 
+impl QpConfig {
+    /// Checks the configuration against the device's limits (once, for every provider).
+    pub(crate) fn check(&self, dev: &super::DeviceInfo) -> crate::Result<()> {
+        let max = dev.max_qp_wr;
+        if self.max_send_wr == 0 || self.max_send_wr > max || self.max_recv_wr > max {
+            return Err(crate::Error::InvalidArgument(format!(
+                "queue depths {}/{}: send must be 1..={max}, receive 0..={max}",
+                self.max_send_wr, self.max_recv_wr
+            )));
+        }
+        if self.max_sge == 0 || self.max_sge > dev.max_sge {
+            return Err(crate::Error::InvalidArgument(format!(
+                "max_sge {}: must be 1..={}",
+                self.max_sge, dev.max_sge
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Default for QpConfig {
     fn default() -> Self {
         Self {
@@ -189,14 +209,6 @@ impl Endpoint {
             qpn,
             address: b[10..].to_vec(),
         })
-    }
-
-    /// The TCP address of a soft endpoint's NIC (None for other providers or bad bytes).
-    pub fn soft_tcp_addr(&self) -> Option<std::net::SocketAddr> {
-        match self.provider {
-            ProviderKind::Soft => crate::soft::decode_tcp_addr(&self.address),
-            ProviderKind::Verbs => None,
-        }
     }
 
     /// Hex text of [`Endpoint::to_bytes`], handy for pipes and command lines.

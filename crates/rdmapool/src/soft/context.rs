@@ -150,7 +150,7 @@ impl SoftContext {
         );
         Ok(Self {
             shared,
-            device: device_info(),
+            device: device_info(tcp_addr),
             listeners,
             socket_path,
         })

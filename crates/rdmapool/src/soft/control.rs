@@ -5,9 +5,9 @@
 //! checks its operations against this page ([`grant`]) with the same check as every other
 //! path; deregistration clears VALID, then waits for operations in flight ([`retract`]).
 
-use super::memory::Mapping;
 use super::proto::access::Grant;
 use crate::fabric::AccessFlags;
+use crate::os::mapping::Mapping;
 use crate::util::page_size;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -1,10 +1,11 @@
 //! Memory regions of the soft provider and the key tables that find them.
 
 use super::control;
-use super::memory::{Mapping, Pin};
 use super::proto::access::{Grant, RemoteAccess};
 use super::MAX_SGE;
 use crate::fabric::{AccessFlags, WcStatus};
+use crate::os::mapping::Mapping;
+use crate::os::pin::Pin;
 use crate::{Error, Result};
 use arrayvec::ArrayVec;
 use parking_lot::{RwLock, RwLockReadGuard};

@@ -16,38 +16,45 @@ mod cq;
 mod driver;
 mod io;
 mod keys;
-pub(crate) mod memory;
 mod proto;
 mod qp;
 mod serve;
 mod shm;
 
-use crate::fabric::provider::{provider_cq, ContextOps, CqOps, MrOps, PdOps, QpOps};
-use crate::fabric::{
-    AccessFlags, AtomicCap, Completion, DeviceInfo, Endpoint, ProviderKind, QpConfig, QpState,
-    RecvWr, SendWr,
+use crate::fabric::provider::{
+    provider_cq, wrong_options, ContextOps, CqOps, MrOps, PdOps, Provider, QpOps,
 };
+use crate::fabric::{
+    AccessFlags, AtomicCap, Completion, DeviceInfo, Endpoint, PortInfo, ProviderKind,
+    ProviderOptions, ProviderStatus, QpConfig, QpState, RecvWr, SendWr,
+};
+use crate::os::mapping::Mapping;
+use crate::os::pin::Pin;
 use crate::{Error, Result};
 use addr::SoftAddress;
 use context::SoftContext;
 use cq::{Bound, SoftCq};
 use keys::{MrInner, NewRegion};
-use memory::{Mapping, Pin};
 use qp::SoftQp;
 use std::any::Any;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Most SGEs in one work request.
-pub(crate) const MAX_SGE: usize = 16;
+pub(crate) const MAX_SGE: usize = crate::fabric::MAX_SGE;
 pub(crate) const MAX_MSG: u32 = 1 << 30;
 const MAX_QP_WR: u32 = 16 * 1024;
 const MAX_CQE: u32 = 1 << 20;
 
-/// The soft device and its limits.
-pub(crate) fn device_info() -> DeviceInfo {
+/// The soft device and its limits. Its one port is the TCP/IP address it listens on:
+/// link layer Ethernet, the address as an IPv4-mapped (or IPv6) GID at index 0; not RoCE. The
+/// soft wire carries whole messages; the MTU reported is RoCE's usual 4096.
+pub(crate) fn device_info(bind: SocketAddr) -> DeviceInfo {
+    let gid = match bind.ip() {
+        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        std::net::IpAddr::V6(v6) => v6,
+    };
     DeviceInfo {
         provider: ProviderKind::Soft,
         name: "soft0".into(),
@@ -59,37 +66,25 @@ pub(crate) fn device_info() -> DeviceInfo {
         max_mr: 1 << 20,
         atomic_cap: AtomicCap::Global,
         on_demand_paging: true,
-        ports: Vec::new(),
+        ports: vec![PortInfo {
+            num: 1,
+            state: "ACTIVE".into(),
+            link_layer: "Ethernet".into(),
+            lid: 0,
+            active_mtu: 4096,
+            gid_index: 0,
+            gid: gid
+                .segments()
+                .iter()
+                .map(|s| format!("{s:04x}"))
+                .collect::<Vec<_>>()
+                .join(":"),
+            roce_v2: false,
+        }],
     }
 }
 
-/// How to open a soft context.
-#[derive(Debug, Clone)]
-pub struct SoftConfig {
-    /// TCP listen address; loopback by default so nothing is reachable from outside.
-    pub bind: SocketAddr,
-    /// How long responder threads spin for the next request before sleeping.
-    pub spin: Duration,
-}
-
-impl SoftConfig {
-    /// Defaults, overridden by `RDMAPOOL_SOFT_BIND` and `RDMAPOOL_SOFT_SPIN_US`.
-    pub fn from_env() -> Result<Self> {
-        let bind = match std::env::var("RDMAPOOL_SOFT_BIND") {
-            Ok(s) => s.parse().map_err(|e| {
-                Error::InvalidArgument(format!("RDMAPOOL_SOFT_BIND={s:?}: {e} (want ip:port)"))
-            })?,
-            Err(_) => SocketAddr::from(([127, 0, 0, 1], 0)),
-        };
-        let spin = match std::env::var("RDMAPOOL_SOFT_SPIN_US") {
-            Ok(s) => Duration::from_micros(s.parse().map_err(|e| {
-                Error::InvalidArgument(format!("RDMAPOOL_SOFT_SPIN_US={s:?}: {e}"))
-            })?),
-            Err(_) => Duration::from_micros(50),
-        };
-        Ok(Self { bind, spin })
-    }
-}
+pub use crate::fabric::SoftConfig;
 
 impl ContextOps for Arc<SoftContext> {
     fn device(&self) -> &DeviceInfo {
@@ -268,25 +263,6 @@ impl PdOps for SoftPd {
         cfg: &QpConfig,
     ) -> Result<Box<dyn QpOps>> {
         let soft_cq = |c| provider_cq::<SoftCqHandle>(c, "soft").map(|h| h.0.clone());
-        let dev = &self.ctx.device;
-        if cfg.max_send_wr == 0
-            || cfg.max_send_wr > dev.max_qp_wr
-            || cfg.max_recv_wr > dev.max_qp_wr
-        {
-            return Err(Error::InvalidArgument(
-                format!(
-                    "queue depths {}/{}: send must be 1..={0}, receive 0..={0}",
-                    cfg.max_send_wr, cfg.max_recv_wr
-                )
-                .replace("{0}", &dev.max_qp_wr.to_string()),
-            ));
-        }
-        if cfg.max_sge == 0 || cfg.max_sge > dev.max_sge {
-            return Err(Error::InvalidArgument(format!(
-                "max_sge {}: must be 1..={}",
-                cfg.max_sge, dev.max_sge
-            )));
-        }
         let qp = SoftQp::new(
             self.ctx.shared.clone(),
             self.id,
@@ -384,12 +360,41 @@ impl QpOps for SoftQpHandle {
     }
 }
 
-/// Opens a soft context (one emulated NIC).
-pub(crate) fn open(cfg: SoftConfig) -> Result<Arc<dyn ContextOps>> {
-    Ok(Arc::new(Arc::new(SoftContext::open(cfg)?)))
+/// The soft provider, as the provider table lists it.
+pub(crate) struct SoftProvider;
+
+/// The soft provider's entry in the provider table.
+pub(crate) static PROVIDER: SoftProvider = SoftProvider;
+
+impl Provider for SoftProvider {
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::Soft
+    }
+
+    fn status(&self) -> ProviderStatus {
+        let bind = SoftConfig::from_env()
+            .map(|c| c.bind)
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+        ProviderStatus {
+            provider: ProviderKind::Soft,
+            devices: vec![device_info(bind)],
+            unavailable: None,
+        }
+    }
+
+    fn open(&self, options: &ProviderOptions) -> Result<Arc<dyn ContextOps>> {
+        match options {
+            ProviderOptions::Soft(cfg) => Ok(Arc::new(Arc::new(SoftContext::open(cfg.clone())?))),
+            other => Err(wrong_options(ProviderKind::Soft, other)),
+        }
+    }
 }
 
-/// The TCP address inside a soft endpoint's address bytes.
-pub(crate) fn decode_tcp_addr(address: &[u8]) -> Option<SocketAddr> {
-    SoftAddress::decode(address).ok().map(|a| a.tcp)
+/// The TCP address where the soft context behind `endpoint` listens (`None` for another
+/// provider's endpoint): for tools that must reach a soft peer's host, such as a relay.
+pub fn tcp_addr(endpoint: &Endpoint) -> Option<SocketAddr> {
+    match endpoint.provider {
+        ProviderKind::Soft => SoftAddress::decode(&endpoint.address).ok().map(|a| a.tcp),
+        ProviderKind::Verbs => None,
+    }
 }

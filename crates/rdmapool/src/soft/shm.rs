@@ -10,9 +10,9 @@
 
 use super::control;
 use super::keys::LocalList;
-use super::memory::Mapping;
 use super::proto::access::RemoteAccess;
 use crate::fabric::{AccessFlags, QpState, WcStatus};
+use crate::os::mapping::Mapping;
 use crate::util::page_size;
 use crate::{Error, Result};
 use std::io;

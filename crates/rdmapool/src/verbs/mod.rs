@@ -17,8 +17,10 @@ pub(crate) use cq::VerbsCq;
 use cq::VerbsCqHandle;
 pub(crate) use pd::{ibv_access, VerbsMw, VerbsPd};
 
-use crate::fabric::provider::{ContextOps, CqOps, PdOps};
-use crate::fabric::{AtomicCap, DeviceInfo, ProviderKind, ProviderStatus};
+use crate::fabric::provider::{wrong_options, ContextOps, CqOps, PdOps, Provider};
+use crate::fabric::{
+    AtomicCap, DeviceInfo, ProviderKind, ProviderOptions, ProviderStatus, VerbsConfig,
+};
 use crate::{Error, Result};
 use rdmapool_sys as sys;
 use std::ffi::CStr;
@@ -105,15 +107,17 @@ fn device_name(v: &sys::Verbs, dev: *mut sys::ibv_device) -> String {
 }
 
 /// The RoCE v2 IPv4 GID index from sysfs, else the first RoCE v2 GID, else 0.
-/// `RDMAPOOL_GID_INDEX` overrides; it must be a number inside the port's GID table.
-fn pick_gid_index(dev: &str, port: u8, gid_tbl_len: i32) -> Result<u8> {
-    if let Ok(text) = std::env::var("RDMAPOOL_GID_INDEX") {
-        return match text.trim().parse::<u8>() {
-            Ok(i) if (i as i32) < gid_tbl_len => Ok(i),
-            _ => Err(Error::InvalidArgument(format!(
-                "RDMAPOOL_GID_INDEX={text:?} is out of range: port {port} of {dev} has \
+/// [`VerbsConfig::gid_index`] (from `RDMAPOOL_GID_INDEX`) overrides; it must be inside the
+/// port's GID table.
+fn pick_gid_index(dev: &str, port: u8, gid_tbl_len: i32, wanted: Option<u8>) -> Result<u8> {
+    if let Some(i) = wanted {
+        return if (i as i32) < gid_tbl_len {
+            Ok(i)
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "GID index {i} (RDMAPOOL_GID_INDEX) is out of range: port {port} of {dev} has \
                  {gid_tbl_len} GIDs (see /sys/class/infiniband/{dev}/ports/{port}/gids)"
-            ))),
+            )))
         };
     }
     let base = format!("/sys/class/infiniband/{dev}/ports/{port}");
@@ -164,7 +168,11 @@ impl Drop for VerbsContext {
     }
 }
 
-fn open_device(v: &'static sys::Verbs, dev: *mut sys::ibv_device) -> Result<VerbsContext> {
+fn open_device(
+    v: &'static sys::Verbs,
+    dev: *mut sys::ibv_device,
+    cfg: &VerbsConfig,
+) -> Result<VerbsContext> {
     let name = device_name(v, dev);
     // SAFETY: a device from a live list.
     let ctx = unsafe { (v.ibv_open_device)(dev) };
@@ -211,7 +219,8 @@ fn open_device(v: &'static sys::Verbs, dev: *mut sys::ibv_device) -> Result<Verb
     let a = &attr.orig_attr;
     c.info.max_mr_size = a.max_mr_size;
     c.info.max_qp_wr = a.max_qp_wr.max(0) as u32;
-    c.info.max_sge = a.max_sge.max(0) as u32;
+    // What this layer posts at most (its work requests carry the SGEs in a fixed array).
+    c.info.max_sge = (a.max_sge.max(0) as u32).min(crate::fabric::MAX_SGE as u32);
     c.info.max_cqe = a.max_cqe.max(0) as u32;
     c.info.max_mr = a.max_mr.max(0) as u32;
     c.info.atomic_cap = match a.atomic_cap {
@@ -242,16 +251,16 @@ fn open_device(v: &'static sys::Verbs, dev: *mut sys::ibv_device) -> Result<Verb
     let (num, pa) = chosen
         .ok_or_else(|| Error::InvalidArgument(format!("device {name} has no queryable port")))?;
     c.info.max_msg_size = pa.max_msg_sz;
-    let gid_index = pick_gid_index(&name, num, pa.gid_tbl_len)?;
+    let gid_index = pick_gid_index(&name, num, pa.gid_tbl_len, cfg.gid_index)?;
     let mut gid: sys::ibv_gid = unsafe_zeroed_gid();
     // SAFETY: a live context and a writable GID.
     if unsafe { (v.ibv_query_gid)(ctx, num, gid_index as i32, &mut gid) } != 0 {
         return Err(os_err("ibv_query_gid"));
     }
     let gid_bytes = gid_raw(&gid);
-    if gid_bytes == [0; 16] && std::env::var("RDMAPOOL_GID_INDEX").is_ok() {
+    if gid_bytes == [0; 16] && cfg.gid_index.is_some() {
         return Err(Error::InvalidArgument(format!(
-            "RDMAPOOL_GID_INDEX={gid_index} is out of range: that entry of port {num} of {name} is empty"
+            "GID index {gid_index} (RDMAPOOL_GID_INDEX) is out of range: that entry of port {num} of {name} is empty"
         )));
     }
     c.info.ports.push(crate::fabric::PortInfo {
@@ -332,13 +341,14 @@ fn unsafe_zeroed_gid() -> sys::ibv_gid {
 }
 
 /// Whether verbs can be used here: its devices, or why not.
-pub(crate) fn status() -> ProviderStatus {
-    let listed = lib().and_then(|v| {
+fn status() -> ProviderStatus {
+    let listed = VerbsConfig::from_env().and_then(|cfg| {
+        let v = lib()?;
         let list = DeviceList::get(v)?;
         let mut infos = Vec::new();
         let mut first_error = None;
         for d in list.devices() {
-            match open_device(v, d) {
+            match open_device(v, d, &cfg) {
                 Ok(c) => infos.push(c.info.clone()),
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -370,15 +380,37 @@ pub(crate) fn status() -> ProviderStatus {
     }
 }
 
-/// Opens the device called `name` (or the first one).
-pub(crate) fn open(name: Option<&str>) -> Result<Arc<dyn ContextOps>> {
+/// The verbs provider, as the provider table lists it.
+pub(crate) struct VerbsProvider;
+
+/// The verbs provider's entry in the provider table.
+pub(crate) static PROVIDER: VerbsProvider = VerbsProvider;
+
+impl Provider for VerbsProvider {
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::Verbs
+    }
+    fn status(&self) -> ProviderStatus {
+        status()
+    }
+    fn open(&self, options: &ProviderOptions) -> Result<Arc<dyn ContextOps>> {
+        match options {
+            ProviderOptions::Verbs(cfg) => open(cfg),
+            other => Err(wrong_options(ProviderKind::Verbs, other)),
+        }
+    }
+}
+
+/// Opens the device `cfg` names (or the first one).
+fn open(cfg: &VerbsConfig) -> Result<Arc<dyn ContextOps>> {
+    let name = cfg.device.as_deref();
     let v = lib()?;
     let list = DeviceList::get(v)?;
     let mut names = Vec::new();
     for d in list.devices() {
         let n = device_name(v, d);
         if name.is_none_or(|want| want == n) {
-            return Ok(Arc::new(Arc::new(open_device(v, d)?)));
+            return Ok(Arc::new(Arc::new(open_device(v, d, cfg)?)));
         }
         names.push(n);
     }

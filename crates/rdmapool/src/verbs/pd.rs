@@ -60,7 +60,7 @@ impl VerbsPd {
             return Err(match e.raw_os_error() {
                 Some(errno @ (libc::ENOMEM | libc::EAGAIN | libc::EPERM)) => Error::MemlockLimit {
                     requested: len,
-                    limit: crate::soft::memory::memlock_limit_text(),
+                    limit: crate::os::pin::memlock_limit_text(),
                     errno,
                 },
                 Some(libc::EINVAL) => Error::InvalidArgument(format!(

@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// Work requests handed to the device per doorbell.
 const CHUNK: usize = 16;
 /// Most SGEs per work request this layer stages on the stack.
-const MAX_SGE: usize = 16;
+use crate::fabric::MAX_SGE;
 
 /// An RC queue pair.
 pub(crate) struct VerbsQp {
@@ -51,12 +51,6 @@ impl VerbsQp {
         cfg: &QpConfig,
     ) -> Result<Box<dyn QpOps>> {
         let info = &pd.ctx;
-        if cfg.max_sge as usize > MAX_SGE {
-            return Err(Error::InvalidArgument(format!(
-                "max_sge {}: this layer supports up to {MAX_SGE}",
-                cfg.max_sge
-            )));
-        }
         // SAFETY: all-zero is a valid ibv_qp_init_attr (null pointers, zero integers).
         let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = send_cq.cq;
@@ -311,13 +305,8 @@ impl QpOps for VerbsQp {
             let mut ibv = [const { MaybeUninit::<sys::ibv_send_wr>::uninit() }; CHUNK];
             let mut sges = [const { [MaybeUninit::<sys::ibv_sge>::uninit(); MAX_SGE] }; CHUNK];
             for (i, wr) in chunk.iter().enumerate() {
-                if wr.sg_list.len() > self.cfg.max_sge as usize {
-                    return Err(Error::InvalidArgument(format!(
-                        "{} SGEs, the QP allows {}",
-                        wr.sg_list.len(),
-                        self.cfg.max_sge
-                    )));
-                }
+                // fabric::Qp checked the count against max_sge (<= MAX_SGE, the array size).
+                debug_assert!(wr.sg_list.len() <= MAX_SGE);
                 for (d, s) in sges[i].iter_mut().zip(wr.sg_list) {
                     d.write(sys::ibv_sge {
                         addr: s.addr,
@@ -448,13 +437,8 @@ impl QpOps for VerbsQp {
             // SAFETY: as above.
             let mut sges: [[sys::ibv_sge; MAX_SGE]; CHUNK] = unsafe { std::mem::zeroed() };
             for (i, wr) in chunk.iter().enumerate() {
-                if wr.sg_list.len() > self.cfg.max_sge as usize {
-                    return Err(Error::InvalidArgument(format!(
-                        "{} SGEs, the QP allows {}",
-                        wr.sg_list.len(),
-                        self.cfg.max_sge
-                    )));
-                }
+                // fabric::Qp checked the count against max_sge (<= MAX_SGE, the array size).
+                debug_assert!(wr.sg_list.len() <= MAX_SGE);
                 for (d, s) in sges[i].iter_mut().zip(wr.sg_list) {
                     *d = sys::ibv_sge {
                         addr: s.addr,

@@ -11,12 +11,12 @@ use super::cq::{Bound, SoftCq};
 use super::driver::Drive;
 use super::io::RxBuf;
 use super::keys::{KeyTable, LocalList, Resolved};
-use super::memory::Mapping;
 use super::proto::requester::Requester;
 use super::proto::responder::{RecvEntry, TargetQp};
 use crate::fabric::{
     AccessFlags, Completion, Endpoint, ProviderKind, QpConfig, QpState, RecvWr, WcOpcode, WcStatus,
 };
+use crate::os::mapping::Mapping;
 use crate::{Error, Result};
 use dial::LocalPeer;
 use parking_lot::Mutex;
@@ -245,13 +245,6 @@ impl SoftQp {
             let state = self.state();
             if state == QpState::Reset {
                 return Err(self.bad_state("posting receives needs INIT, RTR or RTS"));
-            }
-            if wr.sg_list.len() > self.cfg.max_sge as usize {
-                return Err(Error::InvalidArgument(format!(
-                    "{} SGEs, the QP allows {}",
-                    wr.sg_list.len(),
-                    self.cfg.max_sge
-                )));
             }
             if state == QpState::Error {
                 self.recv_cq.push(Completion {

@@ -109,13 +109,6 @@ impl SoftQp {
         if !matches!(state, QpState::Rts | QpState::Error) {
             return Err(self.bad_state("posting sends needs RTS"));
         }
-        if wr.sg_list.len() > self.cfg.max_sge as usize {
-            return Err(Error::InvalidArgument(format!(
-                "{} SGEs, the QP allows {}",
-                wr.sg_list.len(),
-                self.cfg.max_sge
-            )));
-        }
         let opcode = wr.op.completion_opcode();
         let mut e = sq
             .req

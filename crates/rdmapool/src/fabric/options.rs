@@ -1,0 +1,119 @@
+//! Options of opening a context: each provider's own, typed, chosen by variant.
+//!
+//! The shared model (`QpConfig`, `Endpoint`, `DeviceInfo`) carries nothing that only one
+//! provider understands; what a provider needs to know about this process's setup (the soft
+//! NIC's listen address, the verbs GID) travels here.
+
+use super::ProviderKind;
+use crate::{Error, Result};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// A provider's options for opening a context; the variant picks the provider.
+///
+/// ```
+/// use rdmapool::fabric::{Context, SoftConfig};
+/// let cfg = SoftConfig { spin: std::time::Duration::ZERO, ..SoftConfig::from_env().unwrap() };
+/// let ctx = Context::open_with(cfg).unwrap();
+/// assert_eq!(ctx.device().name, "soft0");
+/// ```
+#[derive(Debug, Clone)]
+pub enum ProviderOptions {
+    /// The soft provider.
+    Soft(SoftConfig),
+    /// rdma-core verbs.
+    Verbs(VerbsConfig),
+}
+
+impl ProviderOptions {
+    /// The provider these options are for.
+    pub fn provider(&self) -> ProviderKind {
+        match self {
+            Self::Soft(_) => ProviderKind::Soft,
+            Self::Verbs(_) => ProviderKind::Verbs,
+        }
+    }
+
+    /// The options from the environment for `provider`, on device `device` (or the first).
+    pub fn from_env(provider: ProviderKind, device: Option<&str>) -> Result<Self> {
+        Ok(match provider {
+            ProviderKind::Soft => Self::Soft(SoftConfig::from_env()?),
+            ProviderKind::Verbs => {
+                let mut v = VerbsConfig::from_env()?;
+                if let Some(d) = device {
+                    v.device = Some(d.to_string());
+                }
+                Self::Verbs(v)
+            }
+        })
+    }
+}
+
+impl From<SoftConfig> for ProviderOptions {
+    fn from(c: SoftConfig) -> Self {
+        Self::Soft(c)
+    }
+}
+
+impl From<VerbsConfig> for ProviderOptions {
+    fn from(c: VerbsConfig) -> Self {
+        Self::Verbs(c)
+    }
+}
+
+/// How to open a soft context (one emulated NIC).
+#[derive(Debug, Clone)]
+pub struct SoftConfig {
+    /// TCP listen address; loopback by default so nothing is reachable from outside.
+    pub bind: SocketAddr,
+    /// How long responder threads spin for the next request before sleeping.
+    pub spin: Duration,
+}
+
+impl SoftConfig {
+    /// Defaults, overridden by `RDMAPOOL_SOFT_BIND` and `RDMAPOOL_SOFT_SPIN_US`.
+    pub fn from_env() -> Result<Self> {
+        let bind = match std::env::var("RDMAPOOL_SOFT_BIND") {
+            Ok(s) => s.parse().map_err(|e| {
+                Error::InvalidArgument(format!("RDMAPOOL_SOFT_BIND={s:?}: {e} (want ip:port)"))
+            })?,
+            Err(_) => SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        let spin = match std::env::var("RDMAPOOL_SOFT_SPIN_US") {
+            Ok(s) => Duration::from_micros(s.parse().map_err(|e| {
+                Error::InvalidArgument(format!("RDMAPOOL_SOFT_SPIN_US={s:?}: {e}"))
+            })?),
+            Err(_) => Duration::from_micros(50),
+        };
+        Ok(Self { bind, spin })
+    }
+}
+
+/// How to open a verbs context.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerbsConfig {
+    /// The device ("rxe0", "mlx5_0"); the first one when `None`.
+    pub device: Option<String>,
+    /// The GID index to address peers with; when `None`, the RoCE v2 IPv4 GID if there is
+    /// one, else the first RoCE v2 GID, else 0.
+    pub gid_index: Option<u8>,
+}
+
+impl VerbsConfig {
+    /// From `RDMAPOOL_DEVICE` and `RDMAPOOL_GID_INDEX` (unset or empty: the defaults).
+    pub fn from_env() -> Result<Self> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let gid_index = match var("RDMAPOOL_GID_INDEX") {
+            Some(t) => Some(t.trim().parse::<u8>().map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "RDMAPOOL_GID_INDEX={t:?} is out of range: want a GID table index, 0..=255"
+                ))
+            })?),
+            None => None,
+        };
+        Ok(Self {
+            device: var("RDMAPOOL_DEVICE"),
+            gid_index,
+        })
+    }
+}
