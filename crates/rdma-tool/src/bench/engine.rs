@@ -1,7 +1,7 @@
 //! `bench data --async`, `--batch N`, `--cqs N`: the progress engine and the async API
 //! against the raw fabric-level loop on the same provider and peer, in the same run.
 
-use super::data::{Bench, Op};
+use super::harness::{Bench, Op};
 use super::report::Row;
 use super::Stats;
 use crate::peer::PeerProcess;

@@ -2,6 +2,7 @@
 
 mod data;
 mod engine;
+mod harness;
 mod perftest;
 mod reference;
 mod reg;

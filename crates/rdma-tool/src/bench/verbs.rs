@@ -1,7 +1,7 @@
 //! `bench data --provider verbs`: the same measurements on rdma-core, against a peer process
 //! on the same device, next to perftest in the same run.
 
-use super::data::{connect_bench, count_for, iters_for, Op};
+use super::harness::{connect_bench, count_for, iters_for, Op};
 use super::perftest::{self, Target};
 use super::report::Row;
 use crate::peer::PeerProcess;

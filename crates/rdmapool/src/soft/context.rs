@@ -4,7 +4,6 @@ use super::addr::{self, SoftAddress};
 use super::driver::Driver;
 use super::keys::KeyTable;
 use super::proto::responder::TargetQp;
-use super::serve;
 use super::SoftConfig;
 use super::{device_info, MAX_MSG};
 use crate::fabric::DeviceInfo;
@@ -51,36 +50,9 @@ pub(crate) struct SoftContext {
     socket_path: PathBuf,
 }
 
-fn spawn_acceptor<L, S>(
-    name: &str,
-    listener: L,
-    shared: Weak<CtxShared>,
-    local: bool,
-    accept: fn(&L) -> std::io::Result<S>,
-) where
-    L: Send + 'static,
-    S: Into<OwnedFd> + Send + 'static,
-{
-    let _ = std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || loop {
-            let conn = match accept(&listener) {
-                Ok(c) => c,
-                Err(_) => return, // listener shut down
-            };
-            let Some(ctx) = shared.upgrade() else { return };
-            if ctx.is_closing() {
-                return;
-            }
-            let fd: OwnedFd = conn.into();
-            let _ = std::thread::Builder::new()
-                .name("rdmapool-soft-resp".into())
-                .spawn(move || serve::serve(ctx, fd, local));
-        });
-}
-
 impl SoftContext {
-    pub(crate) fn open(cfg: SoftConfig) -> Result<Self> {
+    /// Opens the NIC: its listeners are returned for the caller to serve (`serve::accept`).
+    pub(crate) fn open(cfg: SoftConfig) -> Result<(Self, TcpListener, UnixListener)> {
         let tcp = TcpListener::bind(cfg.bind).map_err(|e| Error::Connection {
             peer: cfg.bind.to_string(),
             reason: format!("cannot listen: {e}"),
@@ -129,31 +101,13 @@ impl SoftContext {
                 })?
                 .into(),
         ];
-        spawn_acceptor(
-            "rdmapool-soft-tcp",
-            tcp,
-            Arc::downgrade(&shared),
-            false,
-            |l| {
-                l.accept().map(|(s, _)| {
-                    let _ = s.set_nodelay(true);
-                    s
-                })
-            },
-        );
-        spawn_acceptor(
-            "rdmapool-soft-local",
-            unix,
-            Arc::downgrade(&shared),
-            true,
-            |l| l.accept().map(|(s, _)| s),
-        );
-        Ok(Self {
+        let ctx = Self {
             shared,
             device: device_info(tcp_addr),
             listeners,
             socket_path,
-        })
+        };
+        Ok((ctx, tcp, unix))
     }
 }
 

@@ -5,7 +5,7 @@
 //! checks its operations against this page ([`grant`]) with the same check as every other
 //! path; deregistration clears VALID, then waits for operations in flight ([`retract`]).
 
-use super::proto::access::Grant;
+use super::access::Grant;
 use crate::fabric::AccessFlags;
 use crate::os::mapping::Mapping;
 use crate::util::page_size;

@@ -1,7 +1,7 @@
 //! Memory regions of the soft provider and the key tables that find them.
 
+use super::access::{Grant, RemoteAccess};
 use super::control;
-use super::proto::access::{Grant, RemoteAccess};
 use super::MAX_SGE;
 use crate::fabric::{AccessFlags, WcStatus};
 use crate::os::mapping::Mapping;

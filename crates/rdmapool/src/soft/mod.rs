@@ -9,6 +9,7 @@
 //! Environment: `RDMAPOOL_SOFT_BIND` (TCP listen address, default `127.0.0.1:0`),
 //! `RDMAPOOL_SOFT_SPIN_US` (how long responder threads spin before sleeping, default 50).
 
+mod access;
 mod addr;
 mod context;
 mod control;
@@ -384,7 +385,11 @@ impl Provider for SoftProvider {
 
     fn open(&self, options: &ProviderOptions) -> Result<Arc<dyn ContextOps>> {
         match options {
-            ProviderOptions::Soft(cfg) => Ok(Arc::new(Arc::new(SoftContext::open(cfg.clone())?))),
+            ProviderOptions::Soft(cfg) => {
+                let (ctx, tcp, unix) = SoftContext::open(cfg.clone())?;
+                serve::accept(tcp, unix, Arc::downgrade(&ctx.shared));
+                Ok(Arc::new(Arc::new(ctx)))
+            }
             other => Err(wrong_options(ProviderKind::Soft, other)),
         }
     }

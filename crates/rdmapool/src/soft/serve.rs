@@ -8,7 +8,9 @@ use super::proto::responder::{self, Output, Responder, TargetQp};
 use super::proto::wire::{self, HelloStatus, Response, HELLO_LEN, RESP_LEN};
 use super::shm;
 use crate::fabric::QpState;
+use std::net::TcpListener;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixListener;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -20,6 +22,48 @@ const TX_BATCH: usize = 64;
 const STALL_RETRY: Duration = Duration::from_micros(50);
 /// How long the thread sleeps at most before it checks whether its QP or context is gone.
 const IDLE_CHECK: Duration = Duration::from_millis(200);
+
+/// Accepts connections on the context's listeners, each served by a thread of its own,
+/// until the listeners are shut down or the context is gone.
+pub(crate) fn accept(tcp: TcpListener, unix: UnixListener, shared: Weak<CtxShared>) {
+    let tcp_accept = |l: &TcpListener| {
+        l.accept().map(|(s, _)| {
+            let _ = s.set_nodelay(true);
+            s
+        })
+    };
+    spawn_acceptor("rdmapool-soft-tcp", tcp, shared.clone(), false, tcp_accept);
+    let unix_accept = |l: &UnixListener| l.accept().map(|(s, _)| s);
+    spawn_acceptor("rdmapool-soft-local", unix, shared, true, unix_accept);
+}
+
+fn spawn_acceptor<L, S>(
+    name: &str,
+    listener: L,
+    shared: Weak<CtxShared>,
+    local: bool,
+    accept: fn(&L) -> std::io::Result<S>,
+) where
+    L: Send + 'static,
+    S: Into<OwnedFd> + Send + 'static,
+{
+    let _ = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || loop {
+            let conn = match accept(&listener) {
+                Ok(c) => c,
+                Err(_) => return, // listener shut down
+            };
+            let Some(ctx) = shared.upgrade() else { return };
+            if ctx.is_closing() {
+                return;
+            }
+            let fd: OwnedFd = conn.into();
+            let _ = std::thread::Builder::new()
+                .name("rdmapool-soft-resp".into())
+                .spawn(move || serve(ctx, fd, local));
+        });
+}
 
 /// Serves one incoming connection until it closes or misbehaves.
 pub(crate) fn serve(ctx: Arc<CtxShared>, conn: OwnedFd, local: bool) {

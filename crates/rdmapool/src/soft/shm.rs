@@ -8,9 +8,9 @@
 //! target would, against the control page, and a violation moves the target QP to ERR through
 //! its shared state page. Deregistration clears VALID, then waits for in-flight operations.
 
+use super::access::RemoteAccess;
 use super::control;
 use super::keys::LocalList;
-use super::proto::access::RemoteAccess;
 use crate::fabric::{AccessFlags, QpState, WcStatus};
 use crate::os::mapping::Mapping;
 use crate::util::page_size;

@@ -1,7 +1,6 @@
 //! The soft NIC's protocol, without I/O: plain state machines over bytes and time values.
 //!
 //! - [`wire`]: the frames (hello, request, response), byte-exact in docs/PROTOCOL.md;
-//! - [`access`]: the one access check every path makes;
 //! - [`requester`]: a QP's send side (post, frames out, responses in, timeouts, completions);
 //! - [`responder`]: a connection's target side (requests in, checks, execution, answers).
 //!
@@ -9,7 +8,6 @@
 //! the clock; they pass `now` in. `tests` wires a requester to a responder in memory with a
 //! fake clock, so loss, reordering, duplication and timeouts are tested exactly.
 
-pub(crate) mod access;
 pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod stream;

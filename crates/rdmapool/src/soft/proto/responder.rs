@@ -6,10 +6,10 @@
 //! ready yet, no receive is posted) stalls the stream until it can go on or its time is up;
 //! the driver passes `now` and retries. It never reads a clock or touches a socket.
 
-use super::access::RemoteAccess;
 use super::stream::{HeaderBuf, Sink};
 use super::wire::{ReqOp, Request, Response, REQ_LEN, RESP_LEN};
 use crate::fabric::{AccessFlags, Completion, QpState, WcOpcode, WcStatus};
+use crate::soft::access::RemoteAccess;
 use crate::soft::keys::{KeyTable, LocalList, MrInner, Resolved};
 use crate::Error;
 use std::collections::VecDeque;
