@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use rdmapool::cq::{CqPool, Engine, EngineConfig, LocalBuf, Progress};
+use rdmapool::cq::{CqPool, Engine, EngineConfig, LocalBuf, OpCompletion, Progress};
 use rdmapool::fabric::*;
 use std::future::Future;
 use std::pin::Pin;
@@ -36,7 +36,7 @@ async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
 }
 
 /// Awaits every future; each must succeed.
-async fn all_ok<B, F: Future<Output = (rdmapool::Result<Completion>, B)>>(futs: Vec<F>) {
+async fn all_ok<B, F: Future<Output = (rdmapool::Result<OpCompletion>, B)>>(futs: Vec<F>) {
     for (r, _buf) in join_all(futs).await {
         r.unwrap();
     }
