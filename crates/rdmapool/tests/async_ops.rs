@@ -74,7 +74,7 @@ fn setup(qps: usize, cfg: QpConfig, progress: Progress) -> Setup {
 fn setup_with(qps: usize, cfg: QpConfig, engine_cfg: EngineConfig) -> Setup {
     let (a, b) = (node(), node());
     let pool = CqPool::new(&a.ctx, 2, 4096).unwrap();
-    let engine = Engine::new(pool.cqs().to_vec(), engine_cfg).unwrap();
+    let engine = Engine::with_pool(pool, engine_cfg).unwrap();
     let mut out = Vec::new();
     let mut peers = Vec::new();
     for _ in 0..qps {
@@ -570,8 +570,8 @@ fn event_mode_outside_a_runtime_is_a_clear_error() {
 fn qps_are_never_promised_more_cq_entries_than_there_are() {
     let a = node();
     let pool = CqPool::new(&a.ctx, 2, 1024).unwrap();
-    let engine = Engine::new(
-        pool.cqs().to_vec(),
+    let engine = Engine::with_pool(
+        pool,
         EngineConfig {
             progress: Progress::Caller,
             ..EngineConfig::default()
@@ -759,7 +759,7 @@ async fn async_operations_give_the_buffer_back_with_the_outcome() {
                 r,
                 Err(rdmapool::Error::Completion {
                     status: WcStatus::RemAccessErr,
-                    ..
+                    opcode: WcOpcode::RdmaRead,
                 })
             ),
             "{mode:?}: {r:?}"

@@ -98,6 +98,7 @@ pub(super) struct Credits {
 }
 
 impl QpShared {
+    #[inline]
     fn credits(&self, recv: bool) -> &AtomicU32 {
         if recv {
             &self.recv_credits
@@ -107,6 +108,7 @@ impl QpShared {
     }
 
     /// The depth of the receive or the send queue.
+    #[inline]
     pub(super) fn depth(&self, recv: bool) -> u32 {
         if recv {
             self.recv_depth
@@ -116,6 +118,7 @@ impl QpShared {
     }
 
     /// Takes `n` free entries of a queue, if it has them.
+    #[inline]
     pub(super) fn take(&self, recv: bool, n: u32) -> bool {
         self.credits(recv)
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(n))
@@ -123,6 +126,7 @@ impl QpShared {
     }
 
     /// Gives `n` entries back to a queue.
+    #[inline]
     pub(super) fn give(&self, recv: bool, n: u32) {
         self.credits(recv).fetch_add(n, Ordering::AcqRel);
     }
@@ -131,6 +135,7 @@ impl QpShared {
 impl Holder for QpShared {
     type Lease = Credits;
 
+    #[inline]
     fn give_back(&self, c: Credits) {
         self.give(c.recv, c.n);
     }

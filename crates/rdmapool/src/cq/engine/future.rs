@@ -26,6 +26,7 @@ pub struct OpCompletion {
 }
 
 impl From<Completion> for OpCompletion {
+    #[inline]
     fn from(c: Completion) -> Self {
         Self {
             opcode: c.opcode,
@@ -58,6 +59,7 @@ pub(super) enum Spec {
 }
 
 impl Spec {
+    #[inline]
     fn entries(&self) -> u32 {
         match self {
             Spec::Batch(ops) => ops.len() as u32,
@@ -65,6 +67,7 @@ impl Spec {
         }
     }
 
+    #[inline]
     fn is_recv(&self) -> bool {
         matches!(self, Spec::Recv { .. })
     }
@@ -146,6 +149,7 @@ pub struct OpFuture<'q, B: Send + 'static> {
 impl<B: Send + 'static> Unpin for OpFuture<'_, B> {}
 
 impl<'q, B: Send + 'static> OpFuture<'q, B> {
+    #[inline]
     pub(super) fn to_post(qp: &'q AsyncQp, spec: Spec, buf: B) -> Self {
         let depth = qp.inner.depth(spec.is_recv());
         if spec.entries() > depth {
@@ -165,6 +169,7 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
         }
     }
 
+    #[inline]
     pub(super) fn failed(qp: &'q AsyncQp, e: Error, buf: B) -> Self {
         OpFuture {
             qp,

@@ -89,10 +89,12 @@ struct Shared {
 }
 
 impl Shared {
+    #[inline]
     fn cq(&self, i: usize) -> &Cq {
         &self.pool.cqs()[i]
     }
 
+    #[inline]
     fn poll_once(&self, cq: usize, buf: &mut [Completion]) -> usize {
         match self.table.poll_source(self.cq(cq), buf) {
             Ok(n) => {
@@ -143,15 +145,27 @@ impl Engine {
     /// An engine over `cqs` (every CQ its QPs use). With [`Progress::Event`] it must be
     /// created inside a tokio runtime.
     pub fn new(cqs: Vec<Cq>, cfg: EngineConfig) -> Result<Self> {
-        if cfg.slots == 0 || cfg.slots > u32::MAX as usize || cqs.is_empty() {
+        if cqs.is_empty() {
             return Err(Error::InvalidArgument(
                 "an engine needs CQs and 1..=2^32-1 slots".into(),
             ));
         }
-        let n = cqs.len();
+        Self::with_pool(CqPool::from_cqs(cqs)?, cfg)
+    }
+
+    /// An engine over the CQs of `pool`, which then places the QPs of
+    /// [`Engine::create_qp`] (by [`EngineConfig::assignment`]). With [`Progress::Event`] it
+    /// must be created inside a tokio runtime.
+    pub fn with_pool(pool: CqPool, cfg: EngineConfig) -> Result<Self> {
+        if cfg.slots == 0 || cfg.slots > u32::MAX as usize {
+            return Err(Error::InvalidArgument(
+                "an engine needs CQs and 1..=2^32-1 slots".into(),
+            ));
+        }
+        let n = pool.cqs().len();
         let shared = Arc::new(Shared {
             table: SlotTable::new(cfg.slots),
-            pool: CqPool::from_cqs(cqs)?,
+            pool,
             broken: (0..n).map(|_| AtomicBool::new(false)).collect(),
             stop: AtomicBool::new(false),
             completions: AtomicU64::new(0),

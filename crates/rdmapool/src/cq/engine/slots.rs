@@ -26,6 +26,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 mod sync {
     pub(super) use parking_lot::{Mutex, MutexGuard};
 
+    #[inline]
     pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
         m.lock()
     }
@@ -37,10 +38,12 @@ mod sync {
         pub(super) fn new(cap: usize) -> Self {
             Self(crossbeam_queue::ArrayQueue::new(cap))
         }
+        #[inline]
         pub(super) fn push(&self, i: u32) {
             // Never full: it holds at most every slot once.
             let _ = self.0.push(i);
         }
+        #[inline]
         pub(super) fn pop(&self) -> Option<u32> {
             self.0.pop()
         }
@@ -87,6 +90,7 @@ pub(crate) trait CompletionSource {
 }
 
 impl CompletionSource for crate::fabric::Cq {
+    #[inline]
     fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         crate::fabric::Cq::poll(self, out)
     }
@@ -114,6 +118,7 @@ pub(crate) enum Outcome {
 
 impl Outcome {
     /// The operation's result: its completion, or the error it ended with.
+    #[inline]
     pub(crate) fn into_result(self) -> Result<Completion> {
         match self {
             Outcome::Completed(c) if c.status == WcStatus::Success => Ok(c),
@@ -194,12 +199,14 @@ impl<H: Holder> SlotTable<H> {
     }
 
     /// Slots taken (including those of abandoned operations).
+    #[inline]
     pub(crate) fn in_flight(&self) -> usize {
         let hot = (self.hot.load(Ordering::Acquire) != 0) as usize;
         self.slots.len() - self.free.len() - hot
     }
 
     /// Takes a free slot (the hot one first).
+    #[inline]
     pub(crate) fn acquire(&self) -> Option<u32> {
         match self.hot.swap(0, Ordering::AcqRel) {
             0 => self.free.pop(),
@@ -207,6 +214,7 @@ impl<H: Holder> SlotTable<H> {
         }
     }
 
+    #[inline]
     fn put(&self, idx: u32) {
         if self
             .hot
@@ -230,6 +238,7 @@ impl<H: Holder> SlotTable<H> {
     }
 
     /// Called after room was made (a slot or a lease given back).
+    #[inline]
     pub(crate) fn wake_waiters(&self) {
         fence(Ordering::SeqCst);
         if self.has_waiting.load(Ordering::Relaxed)
@@ -241,6 +250,7 @@ impl<H: Holder> SlotTable<H> {
         }
     }
 
+    #[inline]
     fn slot(&self, idx: u32) -> SlotGuard<'_, H> {
         lock(&self.slots[idx as usize])
     }
@@ -248,6 +258,7 @@ impl<H: Holder> SlotTable<H> {
     /// Fills slot `idx` (just acquired) for an operation about to be posted, and returns the
     /// `wr_id` to post it with. Filled before posting: the completion may arrive before the
     /// post returns.
+    #[inline]
     pub(crate) fn arm(&self, idx: u32, waker: &Waker, source: usize, lease: H::Lease) -> u64 {
         let mut st = self.slot(idx);
         st.active = true;
@@ -258,11 +269,13 @@ impl<H: Holder> SlotTable<H> {
     }
 
     /// Gives slot `idx` back after its post failed (nothing of it reached the device).
+    #[inline]
     pub(crate) fn disarm(&self, idx: u32, holder: &H) {
         self.release(idx, self.slot(idx), Some(holder));
     }
 
     /// The future's poll: its outcome (and the slot released), or its waker recorded.
+    #[inline]
     pub(crate) fn poll_op(&self, idx: u32, holder: &H, waker: &Waker) -> Poll<Outcome> {
         let mut st = self.slot(idx);
         match st.outcome.take() {
@@ -301,6 +314,7 @@ impl<H: Holder> SlotTable<H> {
 
     /// Gives back what the operation held (its lease to `holder`, or to the owner of an
     /// abandoned operation; the buffer) and frees the slot. Called with the slot locked.
+    #[inline]
     fn release(&self, idx: u32, mut st: SlotGuard<'_, H>, holder: Option<&H>) {
         let owner = st.owner.take();
         let lease = std::mem::take(&mut st.lease);
@@ -324,6 +338,7 @@ impl<H: Holder> SlotTable<H> {
     /// Hands completion `c` to the operation its `wr_id` names; stale ones (an earlier
     /// generation, an unknown slot, a later completion of a batch that already ended) are
     /// ignored.
+    #[inline]
     pub(crate) fn dispatch(&self, c: &Completion) {
         let idx = (c.wr_id & 0xffff_ffff) as u32;
         let generation = (c.wr_id >> 32) as u32;
@@ -347,6 +362,7 @@ impl<H: Holder> SlotTable<H> {
     }
 
     /// Polls `src` once into `buf` and dispatches what it returned; returns how many.
+    #[inline]
     pub(crate) fn poll_source(
         &self,
         src: &impl CompletionSource,
