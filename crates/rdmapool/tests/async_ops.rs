@@ -567,6 +567,39 @@ fn event_mode_outside_a_runtime_is_a_clear_error() {
 }
 
 #[test]
+fn one_placement_for_the_pool_and_the_engine() {
+    let a = node();
+    let pool = CqPool::new(&a.ctx, 3, 1024).unwrap();
+    // On its own: round-robin cycles, per thread stays put.
+    let handles = |cq: &Cq| cq.event_fd();
+    let rr: Vec<_> = (0..3).map(|_| handles(pool.next())).collect();
+    let mut distinct = rr.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "{rr:?}");
+    assert_eq!(handles(pool.for_thread()), handles(pool.for_thread()));
+    // The engine places with the same policy: per thread, this thread's QPs share a CQ.
+    let engine = Engine::with_pool(
+        pool,
+        EngineConfig {
+            progress: Progress::Caller,
+            assignment: rdmapool::cq::Assignment::PerThread,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let cfg = QpConfig {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        ..config(Transport::Auto)
+    };
+    let on: Vec<_> = (0..3)
+        .map(|_| engine.create_qp(&a.pd, &cfg).unwrap().cq_index().unwrap())
+        .collect();
+    assert!(on.iter().all(|&c| c == on[0]), "{on:?}");
+}
+
+#[test]
 fn qps_are_never_promised_more_cq_entries_than_there_are() {
     let a = node();
     let pool = CqPool::new(&a.ctx, 2, 1024).unwrap();
