@@ -18,8 +18,8 @@ async fn main() -> rdmapool::Result<()> {
     let (pd, remote_pd) = (here.alloc_pd()?, there.alloc_pd()?);
     // Two CQs; the engine waits on their completion channels through tokio.
     let pool = CqPool::new(&here, 2, 1024)?;
-    let engine = Engine::new(
-        pool.cqs().to_vec(),
+    let engine = Engine::with_pool(
+        pool,
         EngineConfig {
             progress: Progress::Event,
             ..EngineConfig::default()

@@ -122,13 +122,13 @@ pub enum Error {
         reason: String,
     },
 
-    /// A work request completed with an error status.
-    #[error("work request {wr_id:#x} completed with {status}")]
+    /// An operation of the progress engine completed with an error status.
+    #[error("{opcode:?} work request completed with {status}")]
     Completion {
         /// The status (as `ibv_wc_status`).
         status: crate::fabric::WcStatus,
-        /// The work request id.
-        wr_id: u64,
+        /// What completed (the posted request's opcode; for a batch, the one that failed).
+        opcode: crate::fabric::WcOpcode,
     },
 
     /// The request was cancelled before it completed.

@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use rdmapool::cq::{CqPool, Engine, EngineConfig, LocalBuf, Progress};
+use rdmapool::cq::{CqPool, Engine, EngineConfig, LocalBuf, OpCompletion, Progress};
 use rdmapool::fabric::*;
 use std::future::Future;
 use std::pin::Pin;
@@ -36,7 +36,7 @@ async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
 }
 
 /// Awaits every future; each must succeed.
-async fn all_ok<B, F: Future<Output = (rdmapool::Result<Completion>, B)>>(futs: Vec<F>) {
+async fn all_ok<B, F: Future<Output = (rdmapool::Result<OpCompletion>, B)>>(futs: Vec<F>) {
     for (r, _buf) in join_all(futs).await {
         r.unwrap();
     }
@@ -74,7 +74,7 @@ fn setup(qps: usize, cfg: QpConfig, progress: Progress) -> Setup {
 fn setup_with(qps: usize, cfg: QpConfig, engine_cfg: EngineConfig) -> Setup {
     let (a, b) = (node(), node());
     let pool = CqPool::new(&a.ctx, 2, 4096).unwrap();
-    let engine = Engine::new(pool.cqs().to_vec(), engine_cfg).unwrap();
+    let engine = Engine::with_pool(pool, engine_cfg).unwrap();
     let mut out = Vec::new();
     let mut peers = Vec::new();
     for _ in 0..qps {
@@ -567,11 +567,44 @@ fn event_mode_outside_a_runtime_is_a_clear_error() {
 }
 
 #[test]
+fn one_placement_for_the_pool_and_the_engine() {
+    let a = node();
+    let pool = CqPool::new(&a.ctx, 3, 1024).unwrap();
+    // On its own: round-robin cycles, per thread stays put.
+    let handles = |cq: &Cq| cq.event_fd();
+    let rr: Vec<_> = (0..3).map(|_| handles(pool.next())).collect();
+    let mut distinct = rr.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "{rr:?}");
+    assert_eq!(handles(pool.for_thread()), handles(pool.for_thread()));
+    // The engine places with the same policy: per thread, this thread's QPs share a CQ.
+    let engine = Engine::with_pool(
+        pool,
+        EngineConfig {
+            progress: Progress::Caller,
+            assignment: rdmapool::cq::Assignment::PerThread,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let cfg = QpConfig {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        ..config(Transport::Auto)
+    };
+    let on: Vec<_> = (0..3)
+        .map(|_| engine.create_qp(&a.pd, &cfg).unwrap().cq_index().unwrap())
+        .collect();
+    assert!(on.iter().all(|&c| c == on[0]), "{on:?}");
+}
+
+#[test]
 fn qps_are_never_promised_more_cq_entries_than_there_are() {
     let a = node();
     let pool = CqPool::new(&a.ctx, 2, 1024).unwrap();
-    let engine = Engine::new(
-        pool.cqs().to_vec(),
+    let engine = Engine::with_pool(
+        pool,
         EngineConfig {
             progress: Progress::Caller,
             ..EngineConfig::default()
@@ -759,7 +792,7 @@ async fn async_operations_give_the_buffer_back_with_the_outcome() {
                 r,
                 Err(rdmapool::Error::Completion {
                     status: WcStatus::RemAccessErr,
-                    ..
+                    opcode: WcOpcode::RdmaRead,
                 })
             ),
             "{mode:?}: {r:?}"

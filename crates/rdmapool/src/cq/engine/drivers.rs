@@ -1,0 +1,168 @@
+//! Who polls the CQs: a busy-polling thread per CQ, the caller ([`super::Engine::progress`],
+//! nothing runs here), or a tokio task per CQ woken by its completion channel.
+
+use super::{EngineConfig, Progress, Shared};
+use crate::fabric::Completion;
+use crate::{Error, Result};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The engine's progress threads or tasks. Every `Engine` and `AsyncQp` holds them, so they
+/// stop only when the last of those is gone: a QP that outlives its `Engine` handle still
+/// gets its completions.
+pub(super) struct Progressors {
+    shared: Arc<Shared>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    #[cfg(not(loom))]
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl Progressors {
+    /// Starts what `cfg.progress` asks for on every CQ of `shared`.
+    pub(super) fn start(shared: Arc<Shared>, cfg: &EngineConfig) -> Result<Self> {
+        // Built first: if a later start fails, dropping it stops what already runs.
+        let mut p = Progressors {
+            shared,
+            threads: Vec::new(),
+            #[cfg(not(loom))]
+            tasks: Vec::new(),
+        };
+        let n = p.shared.pool.cqs().len();
+        match cfg.progress {
+            Progress::Caller => {}
+            Progress::BusyPoll => {
+                for i in 0..n {
+                    let s = p.shared.clone();
+                    p.threads.push(
+                        std::thread::Builder::new()
+                            .name(format!("rdmapool-progress-{i}"))
+                            .spawn(move || busy_poll(&s, i))
+                            .map_err(|e| Error::Sys {
+                                call: "spawn",
+                                source: e,
+                            })?,
+                    );
+                }
+            }
+            #[cfg(not(loom))]
+            Progress::Event => {
+                let rt = tokio::runtime::Handle::try_current().map_err(|_| {
+                    Error::InvalidArgument(
+                        "event-driven progress needs a tokio runtime (create the engine \
+                         inside one)"
+                            .into(),
+                    )
+                })?;
+                let _in_runtime = rt.enter();
+                for i in 0..n {
+                    let channel = crate::cq::event::CompletionChannel::new(p.shared.cq(i).clone());
+                    // SAFETY: the channel holds its CQ, so the descriptor stays open and the
+                    // same for the AsyncFd's whole life.
+                    let afd = unsafe {
+                        tokio::io::unix::AsyncFd::register_with_interest(
+                            channel,
+                            tokio::io::Interest::READABLE,
+                        )
+                    }
+                    .map_err(|e| Error::Sys {
+                        call: "AsyncFd::register (completion channel)",
+                        source: e.into_parts().1,
+                    })?;
+                    let s = p.shared.clone();
+                    p.tasks.push(
+                        rt.spawn(event_loop(s, i, afd, cfg.event_tick))
+                            .abort_handle(),
+                    );
+                }
+            }
+            #[cfg(loom)]
+            Progress::Event => {
+                return Err(Error::InvalidArgument(
+                    "event-driven progress is not built under loom".into(),
+                ))
+            }
+        }
+        Ok(p)
+    }
+}
+
+impl Drop for Progressors {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        // The last holder may be a progress thread itself (releasing an abandoned
+        // operation's QP): it must not wait for itself, and exits on the stop flag.
+        let me = std::thread::current().id();
+        for t in self.threads.drain(..) {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+        #[cfg(not(loom))]
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+fn busy_poll(s: &Shared, cq: usize) {
+    let mut buf = [Completion::EMPTY; 32];
+    let mut idle = 0u32;
+    while !s.stop.load(Ordering::Acquire) {
+        if s.poll_once(cq, &mut buf) > 0 {
+            idle = 0;
+        } else if s.broken[cq].load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(1));
+        } else {
+            idle += 1;
+            if idle > 2000 {
+                std::thread::sleep(Duration::from_micros(50));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+#[cfg(not(loom))]
+async fn event_loop(
+    s: Arc<Shared>,
+    cq: usize,
+    afd: tokio::io::unix::AsyncFd<crate::cq::event::CompletionChannel>,
+    tick: Option<Duration>,
+) {
+    loop {
+        // Arm first, then drain: a completion that lands after the drain's last poll
+        // raises an event, and the ones before the arm are drained here.
+        if let Err(e) = s.cq(cq).req_notify() {
+            tracing::error!(cq, "cannot arm the completion queue: {e}");
+            return;
+        }
+        s.drain(cq);
+        if s.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let ready = match tick {
+            Some(t) if s.table.in_flight() > 0 => {
+                tokio::time::timeout(t, afd.readable()).await.ok()
+            }
+            _ => Some(afd.readable().await),
+        };
+        match ready {
+            None => {}
+            Some(Err(e)) => {
+                tracing::error!(cq, "completion channel failed: {e}");
+                return;
+            }
+            Some(Ok(mut guard)) => {
+                s.wakeups.fetch_add(1, Ordering::Relaxed);
+                // Consume every queued event (an unconsumed one raises no new edge), then
+                // clear readiness only if the channel would now block.
+                let _ = s.cq(cq).ack_events();
+                if !guard.get_inner().readable_now() {
+                    guard.clear_ready();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! The future of one operation (or one batch): waits for room, posts, then waits in its slot.
+
+use super::async_qp::{AsyncQp, Credits};
+use super::slots::ANY_SOURCE;
+use crate::fabric::provider::BindSpec;
+use crate::fabric::{Completion, Mw, Qp, RecvWr, SendWr, Sge, WcOpcode, WrOp};
+use crate::{Error, Result};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// What a finished operation reports: its work completion, less the engine's own work
+/// request id (an operation is named by its future, not by an id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpCompletion {
+    /// What completed (for a batch: its last request).
+    pub opcode: WcOpcode,
+    /// Bytes transferred (for receives: bytes placed in the buffer).
+    pub byte_len: u32,
+    /// Immediate data carried by the SEND a receive consumed.
+    pub imm: Option<u32>,
+    /// The local QP the operation was posted on.
+    pub qp_num: u32,
+}
+
+impl From<Completion> for OpCompletion {
+    #[inline]
+    fn from(c: Completion) -> Self {
+        Self {
+            opcode: c.opcode,
+            byte_len: c.byte_len,
+            imm: c.imm,
+            qp_num: c.qp_num,
+        }
+    }
+}
+
+/// The work requests of an operation, without their buffers.
+pub(super) enum Spec {
+    One {
+        op: WrOp,
+        sge: Sge,
+    },
+    Batch(Vec<(WrOp, Sge)>),
+    Recv {
+        sge: Sge,
+    },
+    /// A local operation without SGEs (an invalidation).
+    Local {
+        op: WrOp,
+    },
+    /// A memory-window bind (the window travels with the future).
+    Bind {
+        mw: Arc<Mw>,
+        bind: BindSpec,
+    },
+}
+
+impl Spec {
+    #[inline]
+    fn entries(&self) -> u32 {
+        match self {
+            Spec::Batch(ops) => ops.len() as u32,
+            _ => 1,
+        }
+    }
+
+    #[inline]
+    fn is_recv(&self) -> bool {
+        matches!(self, Spec::Recv { .. })
+    }
+
+    /// Posts with one doorbell; only the last send is signalled. No heap allocation for a
+    /// single operation.
+    fn post(&self, qp: &Qp, wr_id: u64) -> Result<()> {
+        match self {
+            Spec::One { op, sge } => qp.post_send(&[SendWr {
+                wr_id,
+                op: *op,
+                sg_list: std::slice::from_ref(sge),
+                signaled: true,
+            }]),
+            Spec::Batch(ops) => {
+                let last = ops.len() - 1;
+                let wrs: Vec<SendWr<'_>> = ops
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (op, sge))| SendWr {
+                        wr_id,
+                        op: *op,
+                        sg_list: std::slice::from_ref(sge),
+                        signaled: i == last,
+                    })
+                    .collect();
+                qp.post_send(&wrs)
+            }
+            Spec::Recv { sge } => qp.post_recv(&[RecvWr {
+                wr_id,
+                sg_list: std::slice::from_ref(sge),
+            }]),
+            Spec::Local { op } => qp.post_send(&[SendWr {
+                wr_id,
+                op: *op,
+                sg_list: &[],
+                signaled: true,
+            }]),
+            Spec::Bind { mw, bind } => qp
+                .post_bind(
+                    mw,
+                    &BindSpec {
+                        wr_id,
+                        signaled: true,
+                        ..*bind
+                    },
+                )
+                .map(|_| ()),
+        }
+    }
+}
+
+/// Where an operation's future is.
+enum Stage {
+    /// Refused before posting.
+    Failed(Error),
+    /// Waiting for a slot and queue room.
+    ToPost(Spec),
+    /// Posted: the slot holds the waker.
+    Posted(u32),
+    /// Its result was returned.
+    Finished,
+}
+
+/// An operation in flight. It resolves to its outcome and the buffer it was given, in the
+/// style of tokio-uring: `(Ok(completion), buf)`, or `(Err(e), buf)` for a refusal or an
+/// error completion, so data READ into the buffer can be looked at and the buffer reused.
+///
+/// Dropping it in flight never frees the buffer early: the engine keeps the buffer until the
+/// completion arrives, then drops it. Like every future, it must not be polled again after
+/// it resolved.
+pub struct OpFuture<'q, B: Send + 'static> {
+    qp: &'q AsyncQp,
+    stage: Stage,
+    buf: Option<B>,
+}
+
+// The buffer is never pinned: it is moved out when the future resolves.
+impl<B: Send + 'static> Unpin for OpFuture<'_, B> {}
+
+impl<'q, B: Send + 'static> OpFuture<'q, B> {
+    #[inline]
+    pub(super) fn to_post(qp: &'q AsyncQp, spec: Spec, buf: B) -> Self {
+        let depth = qp.inner.depth(spec.is_recv());
+        if spec.entries() > depth {
+            return Self::failed(
+                qp,
+                Error::InvalidArgument(format!(
+                    "{} work requests at once, the queue holds {depth}",
+                    spec.entries()
+                )),
+                buf,
+            );
+        }
+        OpFuture {
+            qp,
+            stage: Stage::ToPost(spec),
+            buf: Some(buf),
+        }
+    }
+
+    #[inline]
+    pub(super) fn failed(qp: &'q AsyncQp, e: Error, buf: B) -> Self {
+        OpFuture {
+            qp,
+            stage: Stage::Failed(e),
+            buf: Some(buf),
+        }
+    }
+
+    /// Takes `n` queue entries and a slot, or registers to be woken when they free up.
+    fn reserve(&self, recv: bool, n: u32, cx: &mut Context<'_>) -> Option<u32> {
+        let q = &self.qp.inner;
+        let table = &q.engine.table;
+        for attempt in 0..2 {
+            if q.take(recv, n) {
+                if let Some(idx) = table.acquire() {
+                    return Some(idx);
+                }
+                q.give(recv, n);
+            }
+            if attempt == 0 {
+                // Register, then look again: room freed in between would not wake us.
+                table.wait_for_room(cx.waker());
+            }
+        }
+        None
+    }
+
+    /// Posts, or waits for room. Ready(Ok) means posted (the future is now `Posted`).
+    fn try_post(&mut self, spec: Spec, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let qp = self.qp;
+        let q = &qp.inner;
+        let s = &q.engine;
+        if q.cq != ANY_SOURCE && s.broken[q.cq].load(Ordering::Acquire) {
+            return Poll::Ready(Err(Error::CqOverrun {
+                depth: s.cq(q.cq).depth(),
+            }));
+        }
+        let (recv, n) = (spec.is_recv(), spec.entries());
+        let Some(idx) = self.reserve(recv, n, cx) else {
+            self.stage = Stage::ToPost(spec);
+            return Poll::Pending;
+        };
+        let wr_id = s.table.arm(idx, cx.waker(), q.cq, Credits { recv, n });
+        match spec.post(&q.qp, wr_id) {
+            Ok(()) => {
+                self.stage = Stage::Posted(idx);
+                Poll::Ready(Ok(()))
+            }
+            Err(Error::QueueFull { .. }) => {
+                // Someone posted on the raw QP too: wait for completions to make room.
+                s.table.disarm(idx, q);
+                self.stage = Stage::ToPost(spec);
+                s.table.wait_for_room(cx.waker());
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Err(e) => {
+                s.table.disarm(idx, q);
+                Poll::Ready(Err(e))
+            }
+        }
+    }
+
+    fn resolve(&mut self, r: Result<OpCompletion>) -> Poll<(Result<OpCompletion>, B)> {
+        let buf = self.buf.take().expect("OpFuture polled after it resolved");
+        Poll::Ready((r, buf))
+    }
+}
+
+impl<B: Send + 'static> Future for OpFuture<'_, B> {
+    type Output = (Result<OpCompletion>, B);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let idx = match std::mem::replace(&mut self.stage, Stage::Finished) {
+            Stage::Posted(idx) => idx,
+            Stage::ToPost(spec) => {
+                // Posted: the slot holds our waker, so a completion wakes us.
+                return match self.try_post(spec, cx) {
+                    Poll::Ready(Ok(())) | Poll::Pending => Poll::Pending,
+                    Poll::Ready(Err(e)) => self.resolve(Err(e)),
+                };
+            }
+            Stage::Failed(e) => return self.resolve(Err(e)),
+            Stage::Finished => panic!("OpFuture polled after it resolved"),
+        };
+        let qp = self.qp;
+        let q = &qp.inner;
+        match q.engine.table.poll_op(idx, q, cx.waker()) {
+            Poll::Ready(outcome) => self.resolve(outcome.into_result().map(OpCompletion::from)),
+            Poll::Pending => {
+                self.stage = Stage::Posted(idx);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<B: Send + 'static> Drop for OpFuture<'_, B> {
+    fn drop(&mut self) {
+        if let Stage::Posted(idx) = self.stage {
+            let (qp, buf) = (self.qp, &mut self.buf);
+            // The engine releases slot, entries and buffer on completion; until then the
+            // slot keeps the QP and the buffer alive (the one allocation on this path).
+            qp.inner.engine.table.abandon(idx, &qp.inner, || {
+                buf.take().map(|b| Box::new(b) as Box<dyn Send>)
+            });
+        }
+    }
+}

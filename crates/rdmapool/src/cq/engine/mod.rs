@@ -1,0 +1,291 @@
+//! The progress engine: configuration, counters and the [`Engine`] handle. The parts live
+//! next to it: the slot table (`slots`), the operation future (`future`), the async QP
+//! (`async_qp`) and who polls the CQs (`drivers`); QP placement is [`super::CqPool`].
+
+mod async_qp;
+mod drivers;
+mod future;
+pub(crate) mod slots;
+
+pub use async_qp::{AsyncQp, LocalBuf, WindowBinding};
+pub use future::{OpCompletion, OpFuture};
+
+use super::placement::{Assignment, CqPool};
+use crate::fabric::{Completion, Cq, Pd, Qp, QpConfig};
+use crate::{Error, Result};
+use async_qp::QpShared;
+use drivers::Progressors;
+use slots::{SlotTable, ANY_SOURCE};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+/// How completions reach the futures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// One busy-polling thread per CQ (it naps 50 µs after ~2000 empty polls). Lowest
+    /// latency; burns a core per CQ while there is traffic.
+    BusyPoll,
+    /// Nobody polls but the caller, through [`Engine::progress`].
+    Caller,
+    /// Event-driven: one tokio task per CQ waits on the completion channel (`AsyncFd`),
+    /// then acknowledges, re-arms and drains until the channel would block. Needs a tokio
+    /// runtime with I/O and time enabled when the engine is created.
+    Event,
+}
+
+/// How the engine progresses.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Operations in flight at once (the slot table).
+    pub slots: usize,
+    /// Who polls the CQs.
+    pub progress: Progress,
+    /// How [`Engine::create_qp`] picks a CQ.
+    pub assignment: Assignment,
+    /// [`Progress::Event`] only: also drain this often while operations are in flight.
+    /// The soft provider notices a silent peer (its retry timeout) only when polled;
+    /// `None` relies on events alone.
+    pub event_tick: Option<Duration>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            slots: 4096,
+            progress: Progress::BusyPoll,
+            assignment: Assignment::RoundRobin,
+            event_tick: Some(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Counters of an engine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Operations posted and not finished (including abandoned ones).
+    pub in_flight: usize,
+    /// Completions dispatched.
+    pub completions: u64,
+    /// CQs that overran (their QPs' operations failed with [`Error::CqOverrun`]).
+    pub overruns: u64,
+    /// Event-driven mode: wake-ups by the completion channel (ticks not counted).
+    pub wakeups: u64,
+}
+
+/// What the engine's handles, QPs and progress drivers share.
+struct Shared {
+    table: SlotTable<QpShared>,
+    /// The engine's CQs (a slot's source is an index into them) and their placement.
+    pool: CqPool,
+    /// CQs that overran: their QPs fail.
+    broken: Vec<AtomicBool>,
+    stop: AtomicBool,
+    completions: AtomicU64,
+    overruns: AtomicU64,
+    wakeups: AtomicU64,
+}
+
+impl Shared {
+    #[inline]
+    fn cq(&self, i: usize) -> &Cq {
+        &self.pool.cqs()[i]
+    }
+
+    #[inline]
+    fn poll_once(&self, cq: usize, buf: &mut [Completion]) -> usize {
+        match self.table.poll_source(self.cq(cq), buf) {
+            Ok(n) => {
+                if n > 0 {
+                    self.completions.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                n
+            }
+            Err(Error::CqOverrun { depth }) => {
+                if !self.broken[cq].swap(true, Ordering::AcqRel) {
+                    self.overruns.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(cq, depth, "completion queue overrun: failing its QPs");
+                }
+                // Again on every poll: a wrapped QP (CQ unknown) can still post onto it.
+                self.table.fail_source(cq, depth);
+                0
+            }
+            Err(e) => {
+                tracing::error!("completion queue failed: {e}");
+                0
+            }
+        }
+    }
+
+    /// Polls `cq` until it is empty.
+    #[cfg(not(loom))]
+    fn drain(&self, cq: usize) -> usize {
+        let mut buf = [Completion::EMPTY; 32];
+        let mut total = 0;
+        loop {
+            let n = self.poll_once(cq, &mut buf);
+            total += n;
+            if n < buf.len() {
+                return total;
+            }
+        }
+    }
+}
+
+/// Dispatches completions of its CQs to the futures of [`AsyncQp`] operations.
+pub struct Engine {
+    shared: Arc<Shared>,
+    assignment: Assignment,
+    progressors: Arc<Progressors>,
+}
+
+impl Engine {
+    /// An engine over `cqs` (every CQ its QPs use). With [`Progress::Event`] it must be
+    /// created inside a tokio runtime.
+    pub fn new(cqs: Vec<Cq>, cfg: EngineConfig) -> Result<Self> {
+        if cqs.is_empty() {
+            return Err(Error::InvalidArgument(
+                "an engine needs CQs and 1..=2^32-1 slots".into(),
+            ));
+        }
+        Self::with_pool(CqPool::from_cqs(cqs)?, cfg)
+    }
+
+    /// An engine over the CQs of `pool`, which then places the QPs of
+    /// [`Engine::create_qp`] (by [`EngineConfig::assignment`]). With [`Progress::Event`] it
+    /// must be created inside a tokio runtime.
+    pub fn with_pool(pool: CqPool, cfg: EngineConfig) -> Result<Self> {
+        if cfg.slots == 0 || cfg.slots > u32::MAX as usize {
+            return Err(Error::InvalidArgument(
+                "an engine needs CQs and 1..=2^32-1 slots".into(),
+            ));
+        }
+        let n = pool.cqs().len();
+        let shared = Arc::new(Shared {
+            table: SlotTable::new(cfg.slots),
+            pool,
+            broken: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            stop: AtomicBool::new(false),
+            completions: AtomicU64::new(0),
+            overruns: AtomicU64::new(0),
+            wakeups: AtomicU64::new(0),
+        });
+        let progressors = Progressors::start(shared.clone(), &cfg)?;
+        Ok(Self {
+            shared,
+            assignment: cfg.assignment,
+            progressors: Arc::new(progressors),
+        })
+    }
+
+    /// Polls every CQ once and dispatches what it finds (caller-driven mode); returns how
+    /// many completions it dispatched.
+    pub fn progress(&self) -> usize {
+        self.progress_into(&mut [Completion::EMPTY; 32])
+    }
+
+    fn progress_into(&self, buf: &mut [Completion]) -> usize {
+        (0..self.shared.pool.cqs().len())
+            .map(|i| self.shared.poll_once(i, buf))
+            .sum()
+    }
+
+    /// Polls CQ `cq` (an index into the engine's CQs) once; for threads that each drive
+    /// their own CQ. Returns how many completions it dispatched (0 for a bad index).
+    pub fn progress_cq(&self, cq: usize) -> usize {
+        let mut buf = [Completion::EMPTY; 32];
+        if cq >= self.shared.pool.cqs().len() {
+            return 0;
+        }
+        self.shared.poll_once(cq, &mut buf)
+    }
+
+    /// Runs `fut` to completion on this thread, progressing the engine between polls: the
+    /// caller-driven busy-poll loop, with no thread hand-off (the lowest latency).
+    ///
+    /// ```
+    /// # use rdmapool::cq::{Engine, EngineConfig, Progress};
+    /// # use rdmapool::fabric::*;
+    /// # use std::sync::Arc;
+    /// # fn main() -> rdmapool::Result<()> {
+    /// let ctx = Context::open_soft()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let cfg = EngineConfig { progress: Progress::Caller, ..EngineConfig::default() };
+    /// let engine = Engine::new(vec![ctx.create_cq(1024)?], cfg)?;
+    /// let (a, b) = (engine.create_qp(&pd, &QpConfig::default())?, engine.create_qp(&pd, &QpConfig::default())?);
+    /// a.connect(&b.qp().endpoint())?;
+    /// b.connect(&a.qp().endpoint())?;
+    /// let target = pd.alloc_mr(4096, AccessFlags::all_remote())?;
+    /// let local = Arc::new(pd.alloc_mr(4096, AccessFlags::all_remote())?);
+    /// local.write_at(0, b"hello")?;
+    /// let (result, _local) = engine.run_until(a.write(local, 0, 5, target.remote_at(0)?));
+    /// result?;
+    /// let mut got = [0u8; 5];
+    /// target.read_at(0, &mut got)?;
+    /// assert_eq!(&got, b"hello");
+    /// # Ok(()) }
+    /// ```
+    pub fn run_until<F: Future>(&self, fut: F) -> F::Output {
+        let mut fut = std::pin::pin!(fut);
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut buf = [Completion::EMPTY; 16];
+        loop {
+            if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                return v;
+            }
+            self.progress_into(&mut buf);
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            in_flight: self.shared.table.in_flight(),
+            completions: self.shared.completions.load(Ordering::Relaxed),
+            overruns: self.shared.overruns.load(Ordering::Relaxed),
+            wakeups: self.shared.wakeups.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Creates a QP on `pd` bound (send and receive) to one of the engine's CQs, chosen by
+    /// the [`Assignment`] among those with room: a CQ is never promised more entries
+    /// (`max_send_wr + max_recv_wr` per QP) than its depth, so it cannot overrun. Connect
+    /// it with [`AsyncQp::connect`].
+    pub fn create_qp(&self, pd: &Pd, cfg: &QpConfig) -> Result<AsyncQp> {
+        let pool = &self.shared.pool;
+        let need = cfg.max_send_wr as u64 + cfg.max_recv_wr as u64;
+        let cq = pool.reserve(self.assignment, need)?;
+        let qp = match pd.create_qp(&pool.cqs()[cq], &pool.cqs()[cq], cfg) {
+            Ok(qp) => qp,
+            Err(e) => {
+                pool.unreserve(cq, need);
+                return Err(e);
+            }
+        };
+        Ok(self.async_qp(qp, cq, need))
+    }
+
+    /// Wraps a QP made elsewhere (for example by [`crate::conn`]) whose CQs belong to this
+    /// engine (see [`Engine::cqs`]); its queue depths come from [`Qp::capacity`]. Sizing its
+    /// CQ is then the caller's job.
+    pub fn wrap(&self, qp: Qp) -> AsyncQp {
+        self.async_qp(qp, ANY_SOURCE, 0)
+    }
+
+    /// The engine's CQs, in the order given to [`Engine::new`].
+    pub fn cqs(&self) -> &[Cq] {
+        self.shared.pool.cqs()
+    }
+
+    fn async_qp(&self, qp: Qp, cq: usize, reserved: u64) -> AsyncQp {
+        AsyncQp::new(
+            qp,
+            cq,
+            reserved,
+            self.shared.clone(),
+            self.progressors.clone(),
+        )
+    }
+}
