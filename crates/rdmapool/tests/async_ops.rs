@@ -162,15 +162,14 @@ async fn many_concurrent_futures_over_several_qps_and_cqs() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn event_driven_progress_on_a_single_threaded_runtime() {
-    // The event task and the futures share one thread: nothing may block it. No tick:
-    // every completion must arrive through the completion channel.
+    // The event task and the futures share one thread: nothing may block it. Every
+    // completion must arrive through the completion channel.
     for t in transports() {
         let s = setup_with(
             2,
             config(t),
             EngineConfig {
                 progress: Progress::Event,
-                event_tick: None,
                 ..EngineConfig::default()
             },
         );

@@ -552,18 +552,15 @@ fn killed_target_fails_outstanding_requests_and_others_keep_working() {
     }
 }
 
-#[test]
-fn frozen_target_times_out_instead_of_hanging() {
-    if soft_only("a frozen target process (a NIC serves it on verbs)") {
-        return;
-    }
+/// A target process connected over TCP and then frozen (SIGSTOP): its socket stays open and
+/// nothing answers. Returns the child (continue it when done), the QP and the region.
+fn frozen_target(n: &Node, timeout: Duration) -> (Peer, Qp, RemoteRegion) {
     let mut peer = Peer::spawn("target", &[("T", "tcp")]);
     let first = peer.line();
     let (ep, region) = first.split_once(' ').unwrap();
     let region = RemoteRegion::from_hex(region).unwrap();
-    let n = node();
     let cfg = QpConfig {
-        timeout: Duration::from_millis(500),
+        timeout,
         ..config(Transport::Tcp)
     };
     let qp = n.pd.create_qp(&n.cq, &n.cq, &cfg).unwrap();
@@ -580,6 +577,16 @@ fn frozen_target_times_out_instead_of_hanging() {
         assert!(Instant::now() < until, "child never stopped");
         std::thread::sleep(Duration::from_millis(1));
     }
+    (peer, qp, region)
+}
+
+#[test]
+fn frozen_target_times_out_instead_of_hanging() {
+    if soft_only("a frozen target process (a NIC serves it on verbs)") {
+        return;
+    }
+    let n = node();
+    let (mut peer, qp, region) = frozen_target(&n, Duration::from_millis(500));
     let buf = n.pd.alloc_mr(4096, ALL).unwrap();
     n.cq.req_notify().unwrap();
     qp.post_send(&[read_wr(1, region.at(0).unwrap(), &[buf.sge(0, 8).unwrap()])])
@@ -598,6 +605,40 @@ fn frozen_target_times_out_instead_of_hanging() {
     let c = one(&n.cq);
     assert_eq!(c.status, WcStatus::RetryExcErr);
     assert_eq!(qp.state(), QpState::Error);
+    peer.kill(libc::SIGCONT);
+}
+
+#[test]
+fn an_event_driven_future_learns_of_a_frozen_target_with_no_tick() {
+    use rdmapool::cq::{Engine, EngineConfig, Progress};
+    if soft_only("a frozen target process (a NIC serves it on verbs)") {
+        return;
+    }
+    let n = node();
+    let (mut peer, qp, region) = frozen_target(&n, Duration::from_millis(300));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let cfg = EngineConfig {
+            progress: Progress::Event,
+            ..EngineConfig::default()
+        };
+        let engine = Engine::new(vec![n.cq.clone()], cfg).unwrap();
+        let aqp = engine.wrap(qp);
+        let buf = n.pd.alloc_mr(4096, ALL).unwrap();
+        let op = aqp.read(buf, 0, 8, region.at(0).unwrap());
+        let (r, _buf) = tokio::time::timeout(WAIT, op)
+            .await
+            .expect("the future resolved through the completion channel alone");
+        match r {
+            Err(rdmapool::Error::Completion { status, .. }) => {
+                assert_eq!(status, WcStatus::RetryExcErr)
+            }
+            other => panic!("expected a retry-exceeded completion, got {other:?}"),
+        }
+    });
     peer.kill(libc::SIGCONT);
 }
 

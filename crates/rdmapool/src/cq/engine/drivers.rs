@@ -70,10 +70,7 @@ impl Progressors {
                         source: e.into_parts().1,
                     })?;
                     let s = p.shared.clone();
-                    p.tasks.push(
-                        rt.spawn(event_loop(s, i, afd, cfg.event_tick))
-                            .abort_handle(),
-                    );
+                    p.tasks.push(rt.spawn(event_loop(s, i, afd)).abort_handle());
                 }
             }
             #[cfg(loom)]
@@ -129,7 +126,6 @@ async fn event_loop(
     s: Arc<Shared>,
     cq: usize,
     afd: tokio::io::unix::AsyncFd<crate::cq::event::CompletionChannel>,
-    tick: Option<Duration>,
 ) {
     loop {
         // Arm first, then drain: a completion that lands after the drain's last poll
@@ -142,19 +138,14 @@ async fn event_loop(
         if s.stop.load(Ordering::Acquire) {
             return;
         }
-        let ready = match tick {
-            Some(t) if s.table.in_flight() > 0 => {
-                tokio::time::timeout(t, afd.readable()).await.ok()
-            }
-            _ => Some(afd.readable().await),
-        };
-        match ready {
-            None => {}
-            Some(Err(e)) => {
+        // Every completion, a retry timeout's included, arrives through the channel (the
+        // soft NIC's own thread completes timed-out requests): no tick is needed.
+        match afd.readable().await {
+            Err(e) => {
                 tracing::error!(cq, "completion channel failed: {e}");
                 return;
             }
-            Some(Ok(mut guard)) => {
+            Ok(mut guard) => {
                 s.wakeups.fetch_add(1, Ordering::Relaxed);
                 // Consume every queued event (an unconsumed one raises no new edge), then
                 // clear readiness only if the channel would now block.

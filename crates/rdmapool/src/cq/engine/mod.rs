@@ -20,7 +20,6 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 /// How completions reach the futures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,10 +44,6 @@ pub struct EngineConfig {
     pub progress: Progress,
     /// How [`Engine::create_qp`] picks a CQ.
     pub assignment: Assignment,
-    /// [`Progress::Event`] only: also drain this often while operations are in flight.
-    /// The soft provider notices a silent peer (its retry timeout) only when polled;
-    /// `None` relies on events alone.
-    pub event_tick: Option<Duration>,
 }
 
 impl Default for EngineConfig {
@@ -57,7 +52,6 @@ impl Default for EngineConfig {
             slots: 4096,
             progress: Progress::BusyPoll,
             assignment: Assignment::RoundRobin,
-            event_tick: Some(Duration::from_millis(20)),
         }
     }
 }
@@ -71,7 +65,7 @@ pub struct EngineStats {
     pub completions: u64,
     /// CQs that overran (their QPs' operations failed with [`Error::CqOverrun`]).
     pub overruns: u64,
-    /// Event-driven mode: wake-ups by the completion channel (ticks not counted).
+    /// Event-driven mode: wake-ups by the completion channel.
     pub wakeups: u64,
 }
 
