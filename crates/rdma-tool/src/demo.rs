@@ -64,13 +64,10 @@ pub fn run(args: Args) -> Result<()> {
     );
 
     println!("2. initiator: opening a soft context, registering 64 KiB, connecting a QP");
-    let ctx = Context::open_soft()?;
+    let ctx = crate::peer::open_context(ProviderKind::Soft, Transport::parse(&args.transport)?)?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(64)?;
-    let cfg = QpConfig {
-        transport: Transport::parse(&args.transport)?,
-        ..QpConfig::default()
-    };
+    let cfg = QpConfig::default();
     let (qp, r) = peer.connect(&pd, &cq, &cfg)?;
     let buf = pd.alloc_mr(64 * 1024, AccessFlags::LOCAL_WRITE)?;
     println!(

@@ -49,16 +49,24 @@ fn read_command(lines: &mut impl BufRead) -> Option<String> {
     }
 }
 
+/// Opens a context on `provider`; a soft NIC takes `transport` to its peers (verbs has one
+/// path and ignores it).
+pub fn open_context(provider: ProviderKind, transport: Transport) -> Result<Context> {
+    Ok(match provider {
+        ProviderKind::Soft => {
+            Context::open_with(rdmapool::fabric::SoftConfig::from_env()?.with_transport(transport))?
+        }
+        p => Context::open_provider(p, None)?,
+    })
+}
+
 /// Private data a client of the peer sends with its connection request.
 pub const HELLO: &[u8] = b"rdma-tool";
 
 /// Runs the peer until its stdin closes.
 pub fn run(args: Args) -> Result<()> {
     let transport = Transport::parse(&args.transport)?;
-    let ctx = match ProviderKind::parse(&args.provider)? {
-        ProviderKind::Soft => Context::open_soft()?,
-        p => Context::open_provider(p, None)?,
-    };
+    let ctx = open_context(ProviderKind::parse(&args.provider)?, transport)?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(1024)?;
     let mr = pd.alloc_mr(args.size, AccessFlags::all_remote())?;
@@ -82,10 +90,7 @@ pub fn run(args: Args) -> Result<()> {
             "rejected a connection request from an unknown client".into(),
         ));
     }
-    let cfg = QpConfig {
-        transport,
-        ..QpConfig::default()
-    };
+    let cfg = QpConfig::default();
     let region = mr.remote_region().to_bytes();
     let _qp = request.accept(&pd, &cq, &cq, &cfg, &region)?;
     // Benchmarks with several QPs connect again: accept them in the background.

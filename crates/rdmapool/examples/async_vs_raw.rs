@@ -16,12 +16,12 @@ fn main() -> rdmapool::Result<()> {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "async".into());
     let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
-    let (a, b) = (Context::open_soft()?, Context::open_soft()?);
-    let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);
-    let cfg = QpConfig {
-        transport: Transport::Local,
-        ..QpConfig::default()
+    let local_path = || -> rdmapool::Result<Context> {
+        Context::open_with(SoftConfig::from_env()?.with_transport(Transport::Local))
     };
+    let (a, b) = (local_path()?, local_path()?);
+    let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);
+    let cfg = QpConfig::default();
     let target = pb.alloc_mr(4096, AccessFlags::all_remote())?;
     let remote = target.remote_at(0)?;
     let local = Arc::new(pa.alloc_mr(4096, AccessFlags::all_remote())?);

@@ -60,9 +60,10 @@ struct Setup {
     target: Mr,
 }
 
-fn setup(qps: usize, cfg: QpConfig, progress: Progress) -> Setup {
+fn setup(qps: usize, t: Transport, cfg: QpConfig, progress: Progress) -> Setup {
     setup_with(
         qps,
+        t,
         cfg,
         EngineConfig {
             progress,
@@ -71,8 +72,8 @@ fn setup(qps: usize, cfg: QpConfig, progress: Progress) -> Setup {
     )
 }
 
-fn setup_with(qps: usize, cfg: QpConfig, engine_cfg: EngineConfig) -> Setup {
-    let (a, b) = (node(), node());
+fn setup_with(qps: usize, t: Transport, cfg: QpConfig, engine_cfg: EngineConfig) -> Setup {
+    let (a, b) = (node_on(t), node_on(t));
     let pool = CqPool::new(&a.ctx, 2, 4096).unwrap();
     let engine = Engine::with_pool(pool, engine_cfg).unwrap();
     let mut out = Vec::new();
@@ -103,7 +104,7 @@ const TOKIO_MODES: [Progress; 2] = [Progress::BusyPoll, Progress::Event];
 async fn many_concurrent_futures_over_several_qps_and_cqs() {
     for mode in TOKIO_MODES {
         for t in transports() {
-            let s = setup(4, config(t), mode);
+            let s = setup(4, t, config(), mode);
             let local = Arc::new(
                 s._a.pd
                     .alloc_mr(1 << 20, AccessFlags::all_remote())
@@ -167,7 +168,8 @@ async fn event_driven_progress_on_a_single_threaded_runtime() {
     for t in transports() {
         let s = setup_with(
             2,
-            config(t),
+            t,
+            config(),
             EngineConfig {
                 progress: Progress::Event,
                 ..EngineConfig::default()
@@ -210,8 +212,8 @@ fn the_completion_channel_wakes_for_every_kind_of_progress() {
     // acknowledge, re-arm, drain. On the soft provider a response arriving on the socket
     // must wake the channel too (the requester half runs when the CQ is polled).
     for t in transports() {
-        let (a, b) = (node(), node());
-        let (qa, _qb) = pair(&a, &b, &config(t));
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, _qb) = pair(&a, &b, &config());
         let target = b.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap();
         let local = a.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap();
         for round in 0..20u64 {
@@ -271,7 +273,7 @@ fn wait_readable(fd: std::os::fd::RawFd, timeout: std::time::Duration) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_batches_post_once_and_signal_once() {
     for mode in TOKIO_MODES {
-        let s = setup(1, config(Transport::Auto), mode);
+        let s = setup(1, Transport::Auto, config(), mode);
         let local = Arc::new(
             s._a.pd
                 .alloc_mr(64 * 64 + 4096, AccessFlags::all_remote())
@@ -381,9 +383,9 @@ async fn a_full_send_queue_makes_futures_wait_not_fail() {
     for mode in TOKIO_MODES {
         let cfg = QpConfig {
             max_send_wr: 4,
-            ..config(Transport::Tcp)
+            ..config()
         };
-        let s = setup(1, cfg, mode);
+        let s = setup(1, Transport::Tcp, cfg, mode);
         let local = Arc::new(s._a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
         let futs: Vec<_> = (0..200)
             .map(|i| {
@@ -402,7 +404,7 @@ async fn a_full_send_queue_makes_futures_wait_not_fail() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancellation_storms_never_free_a_buffer_early() {
     for mode in TOKIO_MODES {
-        let s = setup(2, config(Transport::Tcp), mode);
+        let s = setup(2, Transport::Tcp, config(), mode);
         let local = Arc::new(
             s._a.pd
                 .alloc_mr(1 << 20, AccessFlags::all_remote())
@@ -466,7 +468,7 @@ async fn cancellation_storms_never_free_a_buffer_early() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qp_forced_into_error_fails_its_pending_futures() {
     for mode in TOKIO_MODES {
-        let s = setup(2, config(Transport::Tcp), mode);
+        let s = setup(2, Transport::Tcp, config(), mode);
         let local = Arc::new(
             s._a.pd
                 .alloc_mr(1 << 20, AccessFlags::all_remote())
@@ -525,7 +527,7 @@ async fn a_qp_forced_into_error_fails_its_pending_futures() {
 
 #[test]
 fn caller_driven_progress_without_threads() {
-    let s = setup(1, config(Transport::Auto), Progress::Caller);
+    let s = setup(1, Transport::Auto, config(), Progress::Caller);
     let local = Arc::new(s._a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
     local.write_at(0, b"polled by me").unwrap();
     let mut f = Box::pin(s.qps[0].write(
@@ -590,7 +592,7 @@ fn one_placement_for_the_pool_and_the_engine() {
     let cfg = QpConfig {
         max_send_wr: 64,
         max_recv_wr: 64,
-        ..config(Transport::Auto)
+        ..config()
     };
     let on: Vec<_> = (0..3)
         .map(|_| engine.create_qp(&a.pd, &cfg).unwrap().cq_index().unwrap())
@@ -611,7 +613,7 @@ fn qps_are_never_promised_more_cq_entries_than_there_are() {
     )
     .unwrap();
     // 256 + 256 entries each: two QPs fill a CQ of 1024, so four fill the pool.
-    let cfg = config(Transport::Auto);
+    let cfg = config();
     let qps: Vec<_> = (0..4)
         .map(|_| engine.create_qp(&a.pd, &cfg).unwrap())
         .collect();
@@ -635,14 +637,9 @@ fn a_cq_overrun_is_detected_and_reported() {
     // nobody polls for. Soft: the zero-copy path completes them at post time, overrunning
     // the CQ at once. Verbs: the device reports IBV_EVENT_CQ_ERR, which the context's event
     // thread turns into the CQ's overrun.
-    let (a, b) = (node(), node());
+    let (a, b) = (node_on(Transport::Local), node_on(Transport::Local));
     let small = a.ctx.create_cq(8).unwrap();
-    let cfg = config(Transport::Local);
-    let cfg = if provider() == ProviderKind::Soft {
-        cfg
-    } else {
-        config(Transport::Auto)
-    };
+    let cfg = config();
     let qa = a.pd.create_qp(&small, &small, &cfg).unwrap();
     let qb = b.pd.create_qp(&b.cq, &b.cq, &cfg).unwrap();
     qa.connect(&qb.endpoint()).unwrap();
@@ -711,7 +708,7 @@ fn a_cq_overrun_is_detected_and_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qp_outliving_its_engine_handle_still_completes() {
     for mode in TOKIO_MODES {
-        let s = setup(1, config(Transport::Tcp), mode);
+        let s = setup(1, Transport::Tcp, config(), mode);
         let Setup {
             _a: a,
             _b: b,
@@ -746,7 +743,7 @@ async fn a_qp_outliving_its_engine_handle_still_completes() {
 async fn async_operations_give_the_buffer_back_with_the_outcome() {
     use rdmapool::buf::{BufferPool, PoolConfig};
     for mode in TOKIO_MODES {
-        let s = setup(1, config(Transport::Auto), mode);
+        let s = setup(1, Transport::Auto, config(), mode);
         s.target.write_at(0, &pattern(4096, 42)).unwrap();
         // A READ into a pooled buffer: the buffer comes back holding the data.
         let pool = BufferPool::new(s._a.pd.clone(), PoolConfig::default()).unwrap();

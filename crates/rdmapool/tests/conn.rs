@@ -20,12 +20,12 @@ fn listener() -> Listener {
 #[test]
 fn region_descriptor_travels_in_accept_private_data_and_the_qps_work() {
     for t in transports() {
-        let (server, client) = (node(), node());
+        let (server, client) = (node_on(t), node_on(t));
         let region = server.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
         let l = listener();
         let addr = l.local_addr();
         let desc = region.remote_region().to_bytes();
-        let cfg = config(t);
+        let cfg = config();
         std::thread::scope(|s| {
             let srv = s.spawn(|| {
                 let req = l.get_request(T).unwrap();

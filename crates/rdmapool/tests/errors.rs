@@ -21,8 +21,8 @@ struct Setup {
 }
 
 fn setup(t: Transport, access: AccessFlags) -> Setup {
-    let (a, b) = (node(), node());
-    let (qa, qb) = pair(&a, &b, &config(t));
+    let (a, b) = (node_on(t), node_on(t));
+    let (qa, qb) = pair(&a, &b, &config());
     let target = b.pd.alloc_mr(LEN, access).unwrap();
     let before = pattern(LEN, 9);
     target.write_at(0, &before).unwrap();
@@ -230,8 +230,8 @@ fn misaligned_atomic_is_refused_when_posted() {
 #[test]
 fn deregistered_region_is_a_remote_access_error_and_stays_untouched() {
     for t in transports() {
-        let (a, b) = (node(), node());
-        let (qa, _qb) = pair(&a, &b, &config(t));
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, _qb) = pair(&a, &b, &config());
         let mut memory = vec![0x11u8; LEN];
         // SAFETY: `memory` outlives the region, which is dropped right below.
         let mr = unsafe { b.pd.register_raw(memory.as_mut_ptr(), LEN, ALL).unwrap() };
@@ -498,11 +498,11 @@ fn send_without_receive_is_rnr_and_too_long_send_is_invalid() {
 
 #[test]
 fn invalid_requests_are_typed_errors_not_completions() {
-    let (a, b) = (node(), node());
+    let (a, b) = (node_on(Transport::Auto), node_on(Transport::Auto));
     let cfg = QpConfig {
         max_send_wr: 2,
         max_sge: 2,
-        ..config(Transport::Auto)
+        ..config()
     };
     let qa = a.pd.create_qp(&a.cq, &a.cq, &cfg).unwrap();
     let local = a.pd.alloc_mr(LEN, ALL).unwrap();
@@ -583,8 +583,8 @@ fn region_deregistered_after_use_is_refused_on_every_path() {
     // The first write maps the region on the local path; after deregistration the mapping
     // must not be usable any more.
     for t in transports() {
-        let (a, b) = (node(), node());
-        let (qa, _qb) = pair(&a, &b, &config(t));
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, _qb) = pair(&a, &b, &config());
         let target = b.pd.alloc_mr(LEN, ALL).unwrap();
         let remote = target.remote_at(0).unwrap();
         let local = a.pd.alloc_mr(LEN, ALL).unwrap();
@@ -606,11 +606,11 @@ fn destroyed_target_qp_stops_answering_on_every_path() {
         return;
     }
     for t in transports() {
-        let (a, b) = (node(), node());
+        let (a, b) = (node_on(t), node_on(t));
         // A short timeout: on verbs the requester retries until it runs out.
         let cfg = QpConfig {
             timeout: std::time::Duration::from_secs(1),
-            ..config(t)
+            ..config()
         };
         let (qa, qb) = pair(&a, &b, &cfg);
         let target = b.pd.alloc_mr(LEN, ALL).unwrap();
@@ -634,13 +634,13 @@ fn connecting_to_a_vanished_peer_is_a_typed_error() {
         return;
     }
     for t in transports() {
-        let a = node();
+        let a = node_on(t);
         let ep = {
-            let b = node();
-            let qb = b.pd.create_qp(&b.cq, &b.cq, &config(t)).unwrap();
+            let b = node_on(t);
+            let qb = b.pd.create_qp(&b.cq, &b.cq, &config()).unwrap();
             qb.endpoint()
         }; // b's context, and so its listeners, are gone
-        let qa = a.pd.create_qp(&a.cq, &a.cq, &config(t)).unwrap();
+        let qa = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
         qa.modify_to_init().unwrap();
         qa.modify_to_rtr(&ep).unwrap();
         assert!(
@@ -801,10 +801,10 @@ fn a_bad_lkey_where_data_lands_is_a_protection_error() {
 #[test]
 fn the_send_queue_holds_exactly_its_capacity() {
     for t in transports() {
-        let (a, b) = (node(), node());
+        let (a, b) = (node_on(t), node_on(t));
         let cfg = QpConfig {
             max_send_wr: 4,
-            ..config(t)
+            ..config()
         };
         let (qa, _qb) = pair(&a, &b, &cfg);
         let cap = qa.capacity();

@@ -29,8 +29,8 @@ fn write_through<M: RegisteredMemory>(a: &Node, qa: &Qp, local: &M, target: &Mr,
 
 #[test]
 fn every_handle_is_registered_memory() {
-    let (a, b) = (node(), node());
-    let (qa, _qb) = pair(&a, &b, &config(Transport::Auto));
+    let (a, b) = (node_on(Transport::Auto), node_on(Transport::Auto));
+    let (qa, _qb) = pair(&a, &b, &config());
     let target = b.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
     let mr = a.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     write_through(&a, &qa, &mr, &target, 1);
@@ -97,8 +97,8 @@ fn every_handle_is_registered_memory() {
 
 #[test]
 fn an_owned_vec_registers_safely_and_comes_back_with_what_peers_wrote() {
-    let (a, b) = (node(), node());
-    let (_qa, qb) = pair(&a, &b, &config(Transport::Auto));
+    let (a, b) = (node_on(Transport::Auto), node_on(Transport::Auto));
+    let (_qa, qb) = pair(&a, &b, &config());
     let regions = a.ctx.live_regions();
     let reg =
         a.pd.register(vec![1u8; 8192], AccessFlags::all_remote())

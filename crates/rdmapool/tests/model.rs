@@ -36,8 +36,8 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn run(ops: &[Op], batch: usize, t: Transport) -> Result<(), TestCaseError> {
-    let (a, b) = (node(), node());
-    let (qa, _qb) = pair(&a, &b, &config(t));
+    let (a, b) = (node_on(t), node_on(t));
+    let (qa, _qb) = pair(&a, &b, &config());
     let target = b.pd.alloc_mr(TARGET, ALL).unwrap();
     let mut shadow = pattern(TARGET, 77);
     target.write_at(0, &shadow).unwrap();

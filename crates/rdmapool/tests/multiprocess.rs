@@ -111,9 +111,9 @@ fn child_entry() {
     let transport = Transport::parse(&std::env::var("T").unwrap_or("auto".into())).unwrap();
     match role.as_str() {
         "target" => {
-            let n = node();
+            let n = node_on(transport);
             let mr = n.pd.alloc_mr(REGION, ALL).unwrap();
-            let qp = n.pd.create_qp(&n.cq, &n.cq, &config(transport)).unwrap();
+            let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
             let rbuf = n.pd.alloc_mr(4096, ALL).unwrap();
             qp.modify_to_init().unwrap();
             qp.post_recv(&[RecvWr {
@@ -161,8 +161,8 @@ fn child_entry() {
             }
         }
         "writer" => {
-            let n = node();
-            let qp = n.pd.create_qp(&n.cq, &n.cq, &config(transport)).unwrap();
+            let n = node_on(transport);
+            let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
             println!("@{}", qp.endpoint().to_hex());
             let mut parts = stdin_line()
                 .split(' ')
@@ -184,8 +184,8 @@ fn child_entry() {
         }
         "adder" => {
             // FAA +1 on the parent's word N times, one at a time, then report.
-            let n = node();
-            let qp = n.pd.create_qp(&n.cq, &n.cq, &config(transport)).unwrap();
+            let n = node_on(transport);
+            let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
             println!("@{}", qp.endpoint().to_hex());
             let line = stdin_line();
             let (ep, region) = line.split_once(' ').unwrap();
@@ -228,7 +228,7 @@ fn child_entry() {
                 }
             }
             use rdmapool::mr::{Registrar, RegistrarConfig, RetryPolicy};
-            let n = node();
+            let n = node_on(transport);
             let retry = RetryPolicy {
                 max_retries: 3,
                 initial_delay: Duration::from_millis(1),
@@ -283,7 +283,7 @@ fn child_entry() {
                 CacheConfig, HugeOptions, HugeRegion, PreRegRing, RegCache, Registrar,
                 RegistrarConfig, HUGE_PAGE,
             };
-            let n = node();
+            let n = node_on(transport);
             let report = |what: &str| {
                 println!(
                     "@{what} {} {}",
@@ -368,7 +368,7 @@ fn child_entry() {
                     assert_eq!(libc::setuid(65534), 0);
                 }
             }
-            let n = node();
+            let n = node_on(transport);
             let small = n.pd.alloc_mr(64 * 1024, ALL).map(|_| ());
             println!("@small {:?}", small.err().map(|e| e.to_string()));
             match n.pd.alloc_mr(8 << 20, ALL) {
@@ -392,8 +392,8 @@ fn connect_to_target(t: Transport) -> (Peer, Node, Qp, RemoteRegion) {
     let (ep, region) = first.split_once(' ').unwrap();
     let remote_ep = Endpoint::from_hex(ep).unwrap();
     let region = RemoteRegion::from_hex(region).unwrap();
-    let n = node();
-    let qp = n.pd.create_qp(&n.cq, &n.cq, &config(t)).unwrap();
+    let n = node_on(t);
+    let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
     qp.modify_to_init().unwrap();
     peer.say(&qp.endpoint().to_hex());
     assert_eq!(peer.line(), "ready");
@@ -536,8 +536,8 @@ fn killed_target_fails_outstanding_requests_and_others_keep_working() {
             "{t:?}"
         );
         // The surviving process still serves and uses other QPs.
-        let other = node();
-        let (qa, _qb) = pair(&other, &n, &config(t));
+        let other = node_on(t);
+        let (qa, _qb) = pair(&other, &n, &config());
         let target = n.pd.alloc_mr(4096, ALL).unwrap();
         let src = other.pd.alloc_mr(4096, ALL).unwrap();
         src.write_at(0, b"alive").unwrap();
@@ -552,8 +552,9 @@ fn killed_target_fails_outstanding_requests_and_others_keep_working() {
     }
 }
 
-/// A target process connected over TCP and then frozen (SIGSTOP): its socket stays open and
-/// nothing answers. Returns the child (continue it when done), the QP and the region.
+/// A target process connected over TCP (`n` must take TCP) and then frozen (SIGSTOP): its
+/// socket stays open and nothing answers. Returns the child (continue it when done), the QP
+/// and the region.
 fn frozen_target(n: &Node, timeout: Duration) -> (Peer, Qp, RemoteRegion) {
     let mut peer = Peer::spawn("target", &[("T", "tcp")]);
     let first = peer.line();
@@ -561,7 +562,7 @@ fn frozen_target(n: &Node, timeout: Duration) -> (Peer, Qp, RemoteRegion) {
     let region = RemoteRegion::from_hex(region).unwrap();
     let cfg = QpConfig {
         timeout,
-        ..config(Transport::Tcp)
+        ..config()
     };
     let qp = n.pd.create_qp(&n.cq, &n.cq, &cfg).unwrap();
     qp.modify_to_init().unwrap();
@@ -585,7 +586,7 @@ fn frozen_target_times_out_instead_of_hanging() {
     if soft_only("a frozen target process (a NIC serves it on verbs)") {
         return;
     }
-    let n = node();
+    let n = node_on(Transport::Tcp);
     let (mut peer, qp, region) = frozen_target(&n, Duration::from_millis(500));
     let buf = n.pd.alloc_mr(4096, ALL).unwrap();
     n.cq.req_notify().unwrap();
@@ -614,7 +615,7 @@ fn an_event_driven_future_learns_of_a_frozen_target_with_no_tick() {
     if soft_only("a frozen target process (a NIC serves it on verbs)") {
         return;
     }
-    let n = node();
+    let n = node_on(Transport::Tcp);
     let (mut peer, qp, region) = frozen_target(&n, Duration::from_millis(300));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -648,9 +649,9 @@ fn killed_initiator_leaves_the_target_serving() {
         return;
     }
     for t in transports() {
-        let n = node();
+        let n = node_on(t);
         let mr = n.pd.alloc_mr(REGION, ALL).unwrap();
-        let qp = n.pd.create_qp(&n.cq, &n.cq, &config(t)).unwrap();
+        let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
         let mut peer = Peer::spawn(
             "writer",
             &[("T", if t == Transport::Tcp { "tcp" } else { "local" })],
@@ -672,8 +673,8 @@ fn killed_initiator_leaves_the_target_serving() {
         peer.kill(libc::SIGKILL);
         let _ = peer.child.wait();
         // The target process keeps serving other QPs.
-        let other = node();
-        let (qa, _qb) = pair(&other, &n, &config(t));
+        let other = node_on(t);
+        let (qa, _qb) = pair(&other, &n, &config());
         let src = other.pd.alloc_mr(4096, ALL).unwrap();
         src.write_at(0, b"still here").unwrap();
         qa.post_send(&[write_wr(
@@ -730,21 +731,18 @@ fn malformed_frames_close_only_that_connection() {
     if soft_only("the soft wire format") {
         return;
     }
-    let target = node();
+    let target = node_on(Transport::Tcp);
     let mr = target.pd.alloc_mr(4096, ALL).unwrap();
     let before = pattern(4096, 1);
     mr.write_at(0, &before).unwrap();
     let qp = target
         .pd
-        .create_qp(&target.cq, &target.cq, &config(Transport::Tcp))
+        .create_qp(&target.cq, &target.cq, &config())
         .unwrap();
     let addr = rdmapool::soft::tcp_addr(&qp.endpoint()).unwrap();
     // Bring the QP to RTS against a throwaway peer so requests would be executed.
-    let peer = node();
-    let pq = peer
-        .pd
-        .create_qp(&peer.cq, &peer.cq, &config(Transport::Tcp))
-        .unwrap();
+    let peer = node_on(Transport::Tcp);
+    let pq = peer.pd.create_qp(&peer.cq, &peer.cq, &config()).unwrap();
     qp.connect(&pq.endpoint()).unwrap();
 
     let mut good = write_request(mr.addr(), mr.rkey(), 16);
@@ -803,7 +801,7 @@ fn malformed_frames_close_only_that_connection() {
     assert_eq!(resp[8 + 5], 1, "ACK");
     assert_eq!(&contents(&mr)[..16], &[0xab; 16]);
     // The NIC keeps serving ordinary QPs.
-    let (qa, _qb) = pair(&peer, &target, &config(Transport::Tcp));
+    let (qa, _qb) = pair(&peer, &target, &config());
     let src = peer.pd.alloc_mr(4096, ALL).unwrap();
     src.write_at(0, b"ok").unwrap();
     qa.post_send(&[write_wr(
@@ -909,12 +907,8 @@ fn atomics_from_several_processes_and_paths_are_atomic_together() {
     for t in ["local", "tcp"] {
         let mut peer = Peer::spawn("adder", &[("T", t), ("N", &N.to_string())]);
         let ep = Endpoint::from_hex(&peer.line()).unwrap();
-        let cfg = config(if t == "tcp" {
-            Transport::Tcp
-        } else {
-            Transport::Local
-        });
-        let qp = n.pd.create_qp(&n.cq, &n.cq, &cfg).unwrap();
+        // The child's path is its own (T); ours only carries its connection's requests.
+        let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
         qp.connect(&ep).unwrap();
         peer.say(&format!(
             "{} {}",
@@ -924,8 +918,8 @@ fn atomics_from_several_processes_and_paths_are_atomic_together() {
         children.push(peer);
         qps.push(qp);
     }
-    let me = node();
-    let (qa, _qb) = pair(&me, &n, &config(Transport::Local));
+    let me = node_on(Transport::Local);
+    let (qa, _qb) = pair(&me, &n, &config());
     let res = me.pd.alloc_mr(8, ALL).unwrap();
     let sg = [res.sge(0, 8).unwrap()];
     for i in 0..N {

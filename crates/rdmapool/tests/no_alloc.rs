@@ -42,8 +42,8 @@ fn allocs() -> u64 {
 #[test]
 fn posting_and_polling_allocate_nothing() {
     for t in transports() {
-        let (a, b) = (node(), node());
-        let (qa, _qb) = pair(&a, &b, &config(t));
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, _qb) = pair(&a, &b, &config());
         let target = b.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap();
         let local = a.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap();
         let remote = target.remote_at(0).unwrap();
@@ -96,7 +96,7 @@ fn async_operations_allocate_nothing() {
     use std::sync::Arc;
     use std::task::{Context, Poll};
     for t in transports() {
-        let (a, b) = (node(), node());
+        let (a, b) = (node_on(t), node_on(t));
         let engine = Engine::new(
             vec![a.cq.clone()],
             EngineConfig {
@@ -105,7 +105,7 @@ fn async_operations_allocate_nothing() {
             },
         )
         .unwrap();
-        let cfg = config(t);
+        let cfg = config();
         let qa = engine.create_qp(&a.pd, &cfg).unwrap();
         let qb = b.pd.create_qp(&b.cq, &b.cq, &cfg).unwrap();
         qa.connect(&qb.endpoint()).unwrap();

@@ -10,8 +10,8 @@ const ALL: AccessFlags = AccessFlags::all_remote();
 #[test]
 fn write_then_read_back_round_trips_every_size() {
     for t in transports() {
-        let (a, b) = (node(), node());
-        let (qa, _qb) = pair(&a, &b, &config(t));
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, _qb) = pair(&a, &b, &config());
         let target = b.pd.alloc_mr(1 << 20, ALL).unwrap();
         let src = a.pd.alloc_mr(1 << 20, ALL).unwrap();
         let dst = a.pd.alloc_mr(1 << 20, ALL).unwrap();
@@ -52,8 +52,8 @@ fn write_then_read_back_round_trips_every_size() {
 #[test]
 fn scatter_gather_lists_gather_and_scatter_in_order() {
     for t in transports() {
-        let (a, b) = (node(), node());
-        let (qa, _qb) = pair(&a, &b, &config(t));
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, _qb) = pair(&a, &b, &config());
         let target = b.pd.alloc_mr(4096, ALL).unwrap();
         let src = a.pd.alloc_mr(4096, ALL).unwrap();
         src.write_at(0, b"AAAA").unwrap();
@@ -85,8 +85,8 @@ fn scatter_gather_lists_gather_and_scatter_in_order() {
 #[test]
 fn atomics_return_the_old_value_and_update_the_word() {
     for t in transports() {
-        let (a, b) = (node(), node());
-        let (qa, _qb) = pair(&a, &b, &config(t));
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, _qb) = pair(&a, &b, &config());
         let target = b.pd.alloc_mr(64, ALL).unwrap();
         target
             .atomic_u64(8)
@@ -155,8 +155,8 @@ fn atomics_return_the_old_value_and_update_the_word() {
 #[test]
 fn send_lands_in_posted_receive_with_immediate() {
     for t in transports() {
-        let (a, b) = (node(), node());
-        let (qa, qb) = pair(&a, &b, &config(t));
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, qb) = pair(&a, &b, &config());
         let rbuf = b.pd.alloc_mr(4096, ALL).unwrap();
         let rsg = [rbuf.sge(0, 64).unwrap(), rbuf.sge(1000, 64).unwrap()];
         qb.post_recv(&[RecvWr {
@@ -203,8 +203,8 @@ fn send_lands_in_posted_receive_with_immediate() {
 #[test]
 fn write_with_immediate_writes_and_consumes_a_receive() {
     for t in transports() {
-        let (a, b) = (node(), node());
-        let (qa, qb) = pair(&a, &b, &config(t));
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, qb) = pair(&a, &b, &config());
         let target = b.pd.alloc_mr(4096, ALL).unwrap();
         qb.post_recv(&[RecvWr {
             wr_id: 9,
@@ -240,8 +240,8 @@ fn write_with_immediate_writes_and_consumes_a_receive() {
 #[test]
 fn unsignaled_requests_complete_silently_and_in_order() {
     for t in transports() {
-        let (a, b) = (node(), node());
-        let (qa, _qb) = pair(&a, &b, &config(t));
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, _qb) = pair(&a, &b, &config());
         let target = b.pd.alloc_mr(4096, ALL).unwrap();
         let src = a.pd.alloc_mr(4096, ALL).unwrap();
         // 100 unsignaled writes to increasing offsets, then one signaled: RC order means
@@ -278,14 +278,14 @@ fn unsignaled_requests_complete_silently_and_in_order() {
 #[test]
 fn concurrent_atomics_from_many_qps_never_lose_an_update() {
     for t in transports() {
-        let b = node();
+        let b = node_on(t);
         let target = b.pd.alloc_mr(64, ALL).unwrap();
         let remote = target.remote_at(0).unwrap();
         std::thread::scope(|s| {
             for _ in 0..4 {
                 s.spawn(|| {
-                    let a = node();
-                    let (qa, _qb) = pair(&a, &b, &config(t));
+                    let a = node_on(t);
+                    let (qa, _qb) = pair(&a, &b, &config());
                     let res = a.pd.alloc_mr(8, ALL).unwrap();
                     let sg = [res.sge(0, 8).unwrap()];
                     for i in 0..250 {
@@ -308,8 +308,8 @@ fn concurrent_atomics_from_many_qps_never_lose_an_update() {
 
 #[test]
 fn deregistration_returns_every_region() {
-    let (a, b) = (node(), node());
-    let (qa, _qb) = pair(&a, &b, &config(Transport::Auto));
+    let (a, b) = (node_on(Transport::Auto), node_on(Transport::Auto));
+    let (qa, _qb) = pair(&a, &b, &config());
     {
         let target = b.pd.alloc_mr(8192, ALL).unwrap();
         let src = a.pd.alloc_mr(8192, ALL).unwrap();
@@ -336,8 +336,8 @@ fn readable(fd: std::os::fd::RawFd, wait: std::time::Duration) -> bool {
 #[test]
 fn an_armed_cq_signals_its_event_fd_once_per_arming() {
     for t in transports() {
-        let (a, b) = (node(), node());
-        let (qa, qb) = pair(&a, &b, &config(t));
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, qb) = pair(&a, &b, &config());
         let rbuf = b.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
         let sbuf = a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
         let fd = b.cq.event_fd();

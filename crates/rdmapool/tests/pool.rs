@@ -11,8 +11,8 @@ use std::time::Duration;
 
 #[test]
 fn pooled_buffers_are_registered_memory_usable_for_rdma() {
-    let (a, b) = (node(), node());
-    let (qa, _qb) = pair(&a, &b, &config(Transport::Auto));
+    let (a, b) = (node_on(Transport::Auto), node_on(Transport::Auto));
+    let (qa, _qb) = pair(&a, &b, &config());
     let pool = BufferPool::new(
         a.pd.clone(),
         PoolConfig {
@@ -46,8 +46,8 @@ fn pooled_buffers_are_registered_memory_usable_for_rdma() {
 
 #[test]
 fn pool_buffers_are_local_only_unless_asked() {
-    let (a, b) = (node(), node());
-    let (_qa, qb) = pair(&a, &b, &config(Transport::Auto));
+    let (a, b) = (node_on(Transport::Auto), node_on(Transport::Auto));
+    let (_qa, qb) = pair(&a, &b, &config());
     let pool = BufferPool::new(a.pd.clone(), PoolConfig::default()).unwrap();
     let buf = pool.alloc(4096).unwrap();
     let neighbour = pool.alloc(4096).unwrap();

@@ -31,8 +31,8 @@ struct Setup {
 }
 
 fn setup(t: Transport) -> Setup {
-    let (a, b) = (node(), node());
-    let (qa, qb) = pair(&a, &b, &config(t));
+    let (a, b) = (node_on(t), node_on(t));
+    let (qa, qb) = pair(&a, &b, &config());
     let region = b.pd.alloc_mr(1 << 16, BIND).unwrap();
     region.write_at(0, &pattern(1 << 16, 3)).unwrap();
     let local = a.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap();
@@ -210,7 +210,7 @@ fn a_window_binds_only_where_the_region_allows_it() {
 fn a_window_is_reached_only_through_the_qp_it_was_bound_on() {
     for t in transports() {
         let s = setup(t);
-        let (qa2, _qb2) = pair(&s.a, &s.b, &config(t));
+        let (qa2, _qb2) = pair(&s.a, &s.b, &config());
         let mw = s.b.pd.alloc_mw().unwrap();
         let w = s.bind(&mw, 0, 4096, RW);
         // Through its own QP pair: fine. Through another connection of the same PD: refused.
@@ -224,8 +224,8 @@ fn a_window_is_reached_only_through_the_qp_it_was_bound_on() {
 #[test]
 fn a_pooled_buffer_is_exported_through_a_window_covering_exactly_it() {
     for t in transports() {
-        let (a, b) = (node(), node());
-        let (qa, qb) = pair(&a, &b, &config(t));
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, qb) = pair(&a, &b, &config());
         let pool = BufferPool::new(b.pd.clone(), PoolConfig::default()).unwrap();
         let buf = pool.alloc(4096).unwrap();
         let neighbour = pool.alloc(4096).unwrap();
@@ -264,7 +264,7 @@ async fn the_async_api_binds_and_invalidates_windows() {
     use rdmapool::cq::{Engine, EngineConfig, Progress};
     use std::sync::Arc;
     for t in transports() {
-        let (a, b) = (node(), node());
+        let (a, b) = (node_on(t), node_on(t));
         let engine = Engine::new(
             vec![b.ctx.create_cq(1024).unwrap()],
             EngineConfig {
@@ -273,8 +273,8 @@ async fn the_async_api_binds_and_invalidates_windows() {
             },
         )
         .unwrap();
-        let qb = engine.create_qp(&b.pd, &config(t)).unwrap();
-        let qa = a.pd.create_qp(&a.cq, &a.cq, &config(t)).unwrap();
+        let qb = engine.create_qp(&b.pd, &config()).unwrap();
+        let qa = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
         qa.connect(&qb.qp().endpoint()).unwrap();
         qb.connect(&qa.endpoint()).unwrap();
         let pool = BufferPool::new(b.pd.clone(), PoolConfig::default()).unwrap();

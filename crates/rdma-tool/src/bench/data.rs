@@ -261,10 +261,7 @@ fn run_engine(
         let transport = Transport::parse(tname)?;
         let peer = PeerProcess::spawn_on(provider, 4096, tname, false)?;
         let (ctx, pd, raw) = connect_bench(provider, &peer, transport, 4096)?;
-        let cfg = QpConfig {
-            transport,
-            ..QpConfig::default()
-        };
+        let cfg = QpConfig::default();
         let path = match (provider, transport) {
             (ProviderKind::Verbs, _) => ctx.device().name.clone(),
             (_, Transport::Tcp) => "tcp".to_string(),

@@ -161,16 +161,10 @@ pub(super) fn connect_bench(
     transport: Transport,
     local_size: usize,
 ) -> Result<(Context, Pd, Bench)> {
-    let ctx = match provider {
-        ProviderKind::Soft => Context::open_soft()?,
-        p => Context::open_provider(p, None)?,
-    };
+    let ctx = crate::peer::open_context(provider, transport)?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(4096)?;
-    let cfg = QpConfig {
-        transport,
-        ..QpConfig::default()
-    };
+    let cfg = QpConfig::default();
     let (qp, region) = peer.connect(&pd, &cq, &cfg)?;
     let local = pd.alloc_mr(local_size, AccessFlags::all_remote())?;
     let bench = Bench {

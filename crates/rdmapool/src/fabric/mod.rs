@@ -34,8 +34,8 @@ pub use device::{devices, AtomicCap, DeviceInfo, PortInfo, ProviderKind, Provide
 pub use memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
 pub use mw::{BoundWindow, Mw};
 pub use objects::{Context, Cq, Mr, Pd, Qp};
-pub use options::{ProviderOptions, SoftConfig, VerbsConfig};
-pub use qp::{Endpoint, QpCapacity, QpConfig, QpState, Transport};
+pub use options::{ProviderOptions, SoftConfig, Transport, VerbsConfig};
+pub use qp::{Endpoint, QpCapacity, QpConfig, QpState};
 pub use wr::{RecvWr, RemoteAddr, RemoteRegion, SendWr, Sge, WrOp};
 
 /// Most SGEs one work request may have in this library, on any provider (a device may

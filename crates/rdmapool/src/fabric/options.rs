@@ -61,6 +61,32 @@ impl From<VerbsConfig> for ProviderOptions {
     }
 }
 
+/// Which path the soft provider uses to reach a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// The intra-host path when the peer is on this host, TCP otherwise.
+    #[default]
+    Auto,
+    /// TCP, wherever the peer is.
+    Tcp,
+    /// The intra-host path; connecting fails if the peer is on another host.
+    Local,
+}
+
+impl Transport {
+    /// Parses "auto", "tcp" or "local".
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "tcp" => Ok(Self::Tcp),
+            "local" => Ok(Self::Local),
+            _ => Err(Error::InvalidArgument(format!(
+                "unknown transport {s:?}: expected auto, tcp or local"
+            ))),
+        }
+    }
+}
+
 /// How to open a soft context (one emulated NIC).
 #[derive(Debug, Clone)]
 pub struct SoftConfig {
@@ -68,10 +94,13 @@ pub struct SoftConfig {
     pub bind: SocketAddr,
     /// How long responder threads spin for the next request before sleeping.
     pub spin: Duration,
+    /// The path this NIC's QPs take to their peers.
+    pub transport: Transport,
 }
 
 impl SoftConfig {
-    /// Defaults, overridden by `RDMAPOOL_SOFT_BIND` and `RDMAPOOL_SOFT_SPIN_US`.
+    /// Defaults, overridden by `RDMAPOOL_SOFT_BIND`, `RDMAPOOL_SOFT_SPIN_US` and
+    /// `RDMAPOOL_SOFT_TRANSPORT` (auto, tcp or local).
     pub fn from_env() -> Result<Self> {
         let bind = match std::env::var("RDMAPOOL_SOFT_BIND") {
             Ok(s) => s.parse().map_err(|e| {
@@ -85,7 +114,21 @@ impl SoftConfig {
             })?),
             Err(_) => Duration::from_micros(50),
         };
-        Ok(Self { bind, spin })
+        let transport = match std::env::var("RDMAPOOL_SOFT_TRANSPORT") {
+            Ok(s) if !s.trim().is_empty() => Transport::parse(s.trim())
+                .map_err(|e| Error::InvalidArgument(format!("RDMAPOOL_SOFT_TRANSPORT: {e}")))?,
+            _ => Transport::Auto,
+        };
+        Ok(Self {
+            bind,
+            spin,
+            transport,
+        })
+    }
+
+    /// These settings with `transport` instead.
+    pub fn with_transport(self, transport: Transport) -> Self {
+        Self { transport, ..self }
     }
 }
 

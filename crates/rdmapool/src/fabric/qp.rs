@@ -45,32 +45,6 @@ impl fmt::Display for QpState {
     }
 }
 
-/// Which path the soft provider uses to reach a peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Transport {
-    /// The intra-host path when the peer is on this host, TCP otherwise.
-    #[default]
-    Auto,
-    /// TCP, wherever the peer is.
-    Tcp,
-    /// The intra-host path; connecting fails if the peer is on another host.
-    Local,
-}
-
-impl Transport {
-    /// Parses "auto", "tcp" or "local".
-    pub fn parse(s: &str) -> Result<Self> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "tcp" => Ok(Self::Tcp),
-            "local" => Ok(Self::Local),
-            _ => Err(Error::InvalidArgument(format!(
-                "unknown transport {s:?}: expected auto, tcp or local"
-            ))),
-        }
-    }
-}
-
 /// How many work requests a QP's queues hold: what was asked for in [`QpConfig`], or more
 /// where the device rounds up (rxe turns a send queue of 4 into 7). Posting beyond it fails
 /// with [`crate::Error::QueueFull`] naming this number.
@@ -97,8 +71,6 @@ pub struct QpConfig {
     /// How long an incoming SEND waits for a posted RECV before the sender gets
     /// [`crate::fabric::WcStatus::RnrRetryExcErr`].
     pub rnr_timeout: Duration,
-    /// Path selection (soft provider).
-    pub transport: Transport,
     /// RDMA READs and atomics this QP keeps outstanding as initiator, and accepts as
     /// responder (verbs' `max_rd_atomic`/`max_dest_rd_atomic`); 0 means the device maximum.
     /// RDMA CM negotiates it down to what the peer offers. (The soft provider has no such
@@ -134,7 +106,6 @@ impl Default for QpConfig {
             max_sge: 4,
             timeout: Duration::from_secs(4),
             rnr_timeout: Duration::from_secs(1),
-            transport: Transport::Auto,
             max_rd_atomic: 0,
         }
     }

@@ -6,7 +6,7 @@ use super::keys::KeyTable;
 use super::proto::responder::TargetQp;
 use super::SoftConfig;
 use super::{device_info, MAX_MSG};
-use crate::fabric::DeviceInfo;
+use crate::fabric::{DeviceInfo, Transport};
 use crate::{Error, Result};
 use parking_lot::RwLock;
 use std::collections::HashMap;
@@ -28,6 +28,8 @@ pub(crate) struct CtxShared {
     pub(crate) address: SoftAddress,
     pub(crate) max_msg: u32,
     pub(crate) spin: Duration,
+    /// The path this NIC's QPs take to their peers.
+    pub(crate) transport: Transport,
     next_qpn: AtomicU32,
     pub(crate) next_pd: AtomicU32,
     closing: AtomicBool,
@@ -82,6 +84,7 @@ impl SoftContext {
             },
             max_msg: MAX_MSG,
             spin: cfg.spin,
+            transport: cfg.transport,
             driver: Driver::start()?,
             next_qpn: AtomicU32::new(1),
             next_pd: AtomicU32::new(1),

@@ -37,8 +37,19 @@ pub fn soft_only(what: &str) -> bool {
 }
 
 pub fn node() -> Node {
+    node_on(Transport::Auto)
+}
+
+/// A node whose soft NIC takes `transport` to its peers (other providers have one path and
+/// ignore it).
+pub fn node_on(transport: Transport) -> Node {
     let ctx = match provider() {
-        ProviderKind::Soft => Context::open_soft().expect("open soft context"),
+        ProviderKind::Soft => {
+            let cfg = SoftConfig::from_env()
+                .expect("soft settings")
+                .with_transport(transport);
+            Context::open_with(cfg).expect("open soft context")
+        }
         p => Context::open_provider(p, None).expect("open the provider under test"),
     };
     let pd = ctx.alloc_pd().unwrap();
@@ -46,9 +57,8 @@ pub fn node() -> Node {
     Node { ctx, pd, cq }
 }
 
-pub fn config(transport: Transport) -> QpConfig {
+pub fn config() -> QpConfig {
     QpConfig {
-        transport,
         timeout: Duration::from_secs(5),
         rnr_timeout: Duration::from_millis(300),
         ..QpConfig::default()

@@ -23,16 +23,18 @@ pub(crate) struct LocalPeer {
     pub(crate) last_liveness_check: Instant,
 }
 
-/// Connects QP `src_qpn` to QP `peer_qpn` of the context at `addr`.
+/// Connects QP `src_qpn` to QP `peer_qpn` of the context at `addr`, over `transport` (the
+/// context's).
 pub(crate) fn dial(
     cfg: &QpConfig,
+    transport: Transport,
     src_qpn: u32,
     peer_qpn: u32,
     addr: &SoftAddress,
 ) -> Result<(OwnedFd, Option<LocalPeer>)> {
     let same_host = addr.host_id == host_id() && !addr.local.is_empty();
     let conn_err = |peer: String, reason: String| Error::Connection { peer, reason };
-    let local = match cfg.transport {
+    let local = match transport {
         Transport::Tcp => false,
         Transport::Local if !same_host => {
             return Err(conn_err(
@@ -49,7 +51,7 @@ pub(crate) fn dial(
             on_local_socket = true;
             s.into()
         }
-        Some(Err(e)) if cfg.transport == Transport::Local => {
+        Some(Err(e)) if transport == Transport::Local => {
             return Err(conn_err(addr.local.clone(), e.to_string()))
         }
         _ => {

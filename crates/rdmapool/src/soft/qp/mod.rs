@@ -152,7 +152,7 @@ impl SoftQp {
             return Err(self.bad_state("RTS needs RTR"));
         }
         let (peer_qpn, addr) = self.peer.lock().clone().expect("RTR has a peer");
-        let (fd, local) = dial::dial(&self.cfg, self.qpn, peer_qpn, &addr)?;
+        let (fd, local) = dial::dial(&self.cfg, self.ctx.transport, self.qpn, peer_qpn, &addr)?;
         let mut sq = self.sq.lock();
         let drive: Weak<dyn Drive> = Arc::downgrade(self) as Weak<dyn Drive>;
         self.ctx.driver.watch(fd.as_raw_fd(), drive);
