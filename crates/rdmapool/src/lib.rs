@@ -40,7 +40,6 @@ mod util;
 mod verbs;
 
 pub use error::{Error, Result};
-pub use os::pinned_bytes;
 
 /// The README's Rust snippet, compiled as a doc test so it stays true.
 #[cfg(doctest)]

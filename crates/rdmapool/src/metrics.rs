@@ -5,6 +5,8 @@ use crate::buf::{BufferPool, PoolStats};
 use crate::mr::{CacheStats, LatencyClass, RegCache, Registrar, RegistrarStats};
 use std::fmt::Write;
 
+pub use crate::os::pinned_bytes;
+
 /// Counters and latency histograms of the parts given to [`Metrics::collect`].
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
@@ -32,7 +34,7 @@ impl Metrics {
             latency: registrar.map(Registrar::latency).unwrap_or_default(),
             cache: cache.map(RegCache::stats),
             pool: pool.map(BufferPool::stats),
-            pinned_bytes: crate::pinned_bytes(),
+            pinned_bytes: pinned_bytes(),
         }
     }
 

@@ -271,7 +271,7 @@ fn child_entry() {
             drop(ok);
             println!(
                 "@pinned {} {}",
-                rdmapool::pinned_bytes(),
+                rdmapool::metrics::pinned_bytes(),
                 n.ctx.live_regions()
             );
         }
@@ -287,7 +287,7 @@ fn child_entry() {
             let report = |what: &str| {
                 println!(
                     "@{what} {} {}",
-                    rdmapool::pinned_bytes(),
+                    rdmapool::metrics::pinned_bytes(),
                     n.ctx.live_regions()
                 )
             };
@@ -375,7 +375,7 @@ fn child_entry() {
                 Ok(_) => println!("@big ok"),
                 Err(e) => println!("@big {}", e),
             }
-            println!("@pinned {}", rdmapool::pinned_bytes());
+            println!("@pinned {}", rdmapool::metrics::pinned_bytes());
         }
         r => panic!("unknown child role {r}"),
     }

@@ -21,6 +21,7 @@ use super::{AccessFlags, RemoteRegion};
 /// deregister a region with bound windows (the registration then stays until they go).
 pub struct Mw {
     inner: Box<dyn MwOps>,
+    provider: super::ProviderKind,
 }
 
 impl std::fmt::Debug for Mw {
@@ -30,8 +31,13 @@ impl std::fmt::Debug for Mw {
 }
 
 impl Mw {
-    pub(crate) fn new(inner: Box<dyn MwOps>) -> Self {
-        Self { inner }
+    pub(crate) fn new(inner: Box<dyn MwOps>, provider: super::ProviderKind) -> Self {
+        Self { inner, provider }
+    }
+
+    /// The provider of the device it was allocated on.
+    pub(crate) fn provider(&self) -> super::ProviderKind {
+        self.provider
     }
 
     pub(crate) fn ops(&self) -> &dyn MwOps {

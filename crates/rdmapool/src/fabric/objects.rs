@@ -1,13 +1,12 @@
 //! The public objects: thin, provider-independent handles.
 
 use super::memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
-use super::provider::{BindSpec, ContextOps, CqOps, MrOps, PdOps, QpOps};
+use super::provider::{BindSpec, ContextOps, CqOps, PdOps, QpOps};
 use super::{
-    AccessFlags, BoundWindow, Completion, DeviceInfo, Endpoint, Mw, ProviderKind, ProviderOptions,
-    QpCapacity, QpConfig, QpState, RecvWr, RemoteRegion, SendWr,
+    AccessFlags, BoundWindow, Completion, DeviceInfo, Endpoint, Mr, Mw, ProviderKind,
+    ProviderOptions, QpCapacity, QpConfig, QpState, RecvWr, RemoteRegion, SendWr,
 };
 use crate::{Error, Result};
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -86,6 +85,7 @@ impl Context {
     pub fn create_cq(&self, depth: u32) -> Result<Cq> {
         Ok(Cq {
             inner: self.inner.create_cq(depth)?,
+            provider: self.device().provider,
         })
     }
 
@@ -107,9 +107,7 @@ impl Pd {
     /// Allocates `len` zeroed, page-aligned bytes owned by the returned region and registers
     /// them. The memory lives exactly as long as the region.
     pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
-        Ok(Mr {
-            inner: self.inner.alloc_mr(len, access)?,
-        })
+        Ok(Mr::from_ops(self.inner.alloc_mr(len, access)?))
     }
 
     /// Registers caller-owned memory.
@@ -125,10 +123,10 @@ impl Pd {
         len: usize,
         access: AccessFlags,
     ) -> Result<Mr> {
-        Ok(Mr {
+        Ok(Mr::from_ops(
             // SAFETY: forwarded from the caller's contract.
-            inner: unsafe { self.inner.register_raw(addr, len, access)? },
-        })
+            unsafe { self.inner.register_raw(addr, len, access)? },
+        ))
     }
 
     /// Registers a buffer the caller owns, safely: the registration takes the buffer and
@@ -162,7 +160,7 @@ impl Pd {
 
     /// Allocates a type-2 memory window, unbound (see [`Mw`]).
     pub fn alloc_mw(&self) -> Result<Mw> {
-        Ok(Mw::new(self.inner.alloc_mw()?))
+        Ok(Mw::new(self.inner.alloc_mw()?, self.provider()))
     }
 
     /// The provider of the device this PD lives on.
@@ -178,7 +176,17 @@ impl Pd {
     /// Creates an RC queue pair in the RESET state.
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, cfg: &QpConfig) -> Result<Qp> {
         cfg.check(&self.device)?;
+        for cq in [send_cq, recv_cq] {
+            if cq.provider != self.provider() {
+                return Err(Error::Mismatch(format!(
+                    "a {} QP needs {0} CQs, not a {} CQ",
+                    self.provider(),
+                    cq.provider
+                )));
+            }
+        }
         Ok(Qp {
+            provider: self.provider(),
             _connection: None,
             max_sge: cfg.max_sge as usize,
             inner: self
@@ -188,103 +196,12 @@ impl Pd {
     }
 }
 
-/// A registered memory region. Dropping it deregisters (and frees memory it owns); work
-/// requests that still name it complete with an error instead of touching freed memory.
-pub struct Mr {
-    inner: Box<dyn MrOps>,
-}
-
-impl std::fmt::Debug for Mr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mr")
-            .field("addr", &format_args!("{:#x}", self.addr()))
-            .field("len", &self.len())
-            .field("lkey", &self.lkey())
-            .field("rkey", &self.rkey())
-            .field("access", &self.access())
-            .finish()
-    }
-}
-
-impl RegisteredMemory for Mr {
-    fn addr(&self) -> u64 {
-        self.inner.addr()
-    }
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn lkey(&self) -> u32 {
-        self.inner.lkey()
-    }
-    fn rkey(&self) -> u32 {
-        self.inner.rkey()
-    }
-}
-
-impl Mr {
-    /// Access rights.
-    pub fn access(&self) -> AccessFlags {
-        self.inner.access()
-    }
-
-    fn check_range(&self, offset: usize, len: usize) -> Result<()> {
-        super::memory::check_range(self.len(), offset, len)
-    }
-
-    /// Copies `data` into the region at `offset`.
-    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.check_range(offset, data.len())?;
-        // SAFETY: the range is inside the registered region, which is mapped while `self`
-        // lives; raw copies make no Rust reference to device-shared memory.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                (self.addr() as *mut u8).add(offset),
-                data.len(),
-            )
-        };
-        Ok(())
-    }
-
-    /// Copies `out.len()` bytes at `offset` out of the region.
-    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.check_range(offset, out.len())?;
-        // SAFETY: as in `write_at`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (self.addr() as *const u8).add(offset),
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
-        Ok(())
-    }
-
-    /// Reads the native-endian u64 at `offset` (the format RDMA atomics use).
-    pub fn read_u64(&self, offset: usize) -> Result<u64> {
-        let mut b = [0u8; 8];
-        self.read_at(offset, &mut b)?;
-        Ok(u64::from_ne_bytes(b))
-    }
-
-    /// An atomic view of the aligned word at `offset`, atomic with respect to RDMA atomics.
-    pub fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64> {
-        self.check_range(offset, 8)?;
-        let addr = self.addr() + offset as u64;
-        if !addr.is_multiple_of(8) {
-            return Err(Error::InvalidArgument(format!(
-                "address {addr:#x} is not 8-byte aligned"
-            )));
-        }
-        // SAFETY: aligned, in bounds, and mapped for as long as the borrow of `self`.
-        Ok(unsafe { &*(addr as *const AtomicU64) })
-    }
-}
-
 /// A completion queue.
 #[derive(Clone)]
 pub struct Cq {
     inner: Arc<dyn CqOps>,
+    /// Objects of different providers never mix; fabric tells them apart by this.
+    provider: ProviderKind,
 }
 
 impl Cq {
@@ -348,6 +265,7 @@ pub struct Qp {
     _connection: Option<Box<dyn Send + Sync>>,
     /// Most SGEs per work request (checked here, for every provider).
     max_sge: usize,
+    provider: ProviderKind,
     inner: Box<dyn QpOps>,
 }
 
@@ -471,6 +389,13 @@ impl Qp {
 
     /// Posts a checked bind; the window's rkey once bound.
     pub(crate) fn post_bind(&self, mw: &Mw, bind: &BindSpec) -> Result<u32> {
+        if mw.provider() != self.provider {
+            return Err(Error::Mismatch(format!(
+                "a {} QP binds {0} memory windows, not a {} window",
+                self.provider,
+                mw.provider()
+            )));
+        }
         self.inner.post_bind_mw(mw.ops(), bind)
     }
 

@@ -3,7 +3,7 @@
 use super::addr::{self, SoftAddress};
 use super::driver::Driver;
 use super::keys::KeyTable;
-use super::proto::responder::TargetQp;
+use super::proto::target::TargetQp;
 use super::SoftConfig;
 use super::{device_info, MAX_MSG};
 use crate::fabric::{DeviceInfo, Transport};

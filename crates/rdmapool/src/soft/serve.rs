@@ -4,7 +4,8 @@
 
 use super::context::CtxShared;
 use super::io::{self, IoVecs, RxBuf};
-use super::proto::responder::{self, Output, Responder, TargetQp};
+use super::proto::responder::{self, Output, Responder};
+use super::proto::target::TargetQp;
 use super::proto::wire::{self, HelloStatus, Response, HELLO_LEN, RESP_LEN};
 use super::shm;
 use crate::fabric::QpState;

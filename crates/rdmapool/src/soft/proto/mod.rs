@@ -2,7 +2,8 @@
 //!
 //! - [`wire`]: the frames (hello, request, response), byte-exact in docs/PROTOCOL.md;
 //! - [`requester`]: a QP's send side (post, frames out, responses in, timeouts, completions);
-//! - [`responder`]: a connection's target side (requests in, checks, execution, answers).
+//! - [`responder`]: a connection's target side (requests in, checks, execution, answers),
+//!   against a [`target::TargetQp`].
 //!
 //! Drivers (`soft::qp`, `soft::serve`, `soft::driver`) own sockets, mappings, threads and
 //! the clock; they pass `now` in. `tests` wires a requester to a responder in memory with a
@@ -11,6 +12,7 @@
 pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod stream;
+pub(crate) mod target;
 pub(crate) mod wire;
 
 #[cfg(test)]

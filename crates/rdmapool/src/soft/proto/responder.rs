@@ -7,48 +7,16 @@
 //! the driver passes `now` and retries. It never reads a clock or touches a socket.
 
 use super::stream::{HeaderBuf, Sink};
+use super::target::{RecvEntry, TargetQp};
 use super::wire::{ReqOp, Request, Response, REQ_LEN, RESP_LEN};
 use crate::fabric::{AccessFlags, Completion, QpState, WcOpcode, WcStatus};
 use crate::soft::access::RemoteAccess;
-use crate::soft::keys::{KeyTable, LocalList, MrInner, Resolved};
+use crate::soft::keys::{LocalList, MrInner, Resolved};
 use crate::Error;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// A posted receive, waiting for an incoming SEND or WRITE with immediate.
-pub(crate) struct RecvEntry {
-    pub(crate) wr_id: u64,
-    /// The checked buffers, or the local error the receive completes with when consumed.
-    pub(crate) local: Result<LocalList, WcStatus>,
-    /// Bytes the buffers hold.
-    pub(crate) capacity: u64,
-}
-
-/// What the responder needs of the QP it serves.
-pub(crate) trait TargetQp: Send + Sync {
-    /// Its number.
-    fn qpn(&self) -> u32;
-    /// Its protection domain.
-    fn pd(&self) -> u32;
-    /// Its state now.
-    fn state(&self) -> QpState;
-    /// How long a request waits for the QP to become ready (the peer's retries).
-    fn timeout(&self) -> Duration;
-    /// How long a SEND waits for a receive (the peer's RNR retries).
-    fn rnr_timeout(&self) -> Duration;
-    /// The key table of its context.
-    fn keys(&self) -> &KeyTable;
-    /// Takes the oldest posted receive.
-    fn take_recv(&self) -> Option<RecvEntry>;
-    /// Delivers a receive completion.
-    fn complete_recv(&self, c: Completion);
-    /// Moves the QP to ERR (a responder error does, as on rxe).
-    fn enter_error(&self);
-    /// The descriptor of its shared state page (the intra-host handshake passes it).
-    fn state_fd(&self) -> std::os::fd::RawFd;
-}
 
 /// What goes back to the requester, in order.
 pub(crate) enum Output {

@@ -12,7 +12,7 @@ use super::driver::Drive;
 use super::io::RxBuf;
 use super::keys::{KeyTable, LocalList, Resolved};
 use super::proto::requester::Requester;
-use super::proto::responder::{RecvEntry, TargetQp};
+use super::proto::target::{RecvEntry, TargetQp};
 use crate::fabric::{
     AccessFlags, Completion, Endpoint, ProviderKind, QpConfig, QpState, RecvWr, WcOpcode, WcStatus,
 };
