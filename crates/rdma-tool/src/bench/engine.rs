@@ -87,16 +87,27 @@ impl Target<'_> {
         let mut rows = Vec::new();
         let block = (iters / ROUNDS).max(10);
         let warm = (block / 10).max(10);
-        for (mode, name) in [
-            (Progress::Caller, "caller-driven"),
-            (Progress::BusyPoll, "busy-poll thread"),
-            (Progress::Event, "event (AsyncFd)"),
+        for (mode, name, multi_thread) in [
+            (Progress::Caller, "caller-driven", false),
+            (Progress::BusyPoll, "busy-poll thread, current_thread", false),
+            (Progress::BusyPoll, "busy-poll thread, multi_thread", true),
+            (Progress::Event, "event (AsyncFd), current_thread", false),
+            (Progress::Event, "event (AsyncFd), multi_thread", true),
         ] {
             // Event mode needs the runtime when the engine is made; the others ignore it.
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| ToolError::Io("tokio runtime".into(), e))?;
+            // On a multi-thread runtime (2 workers) the engine's tasks run on the workers and
+            // the measuring loop waits in `block_on`, as a `#[tokio::main]` program would.
+            let rt = if multi_thread {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+            } else {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+            }
+            .map_err(|e| ToolError::Io("tokio runtime".into(), e))?;
             let _in_rt = rt.enter();
             let rig = self.rig(1, 1, mode)?;
             let q = &rig.qps[0].0;

@@ -11,6 +11,8 @@ pub struct UcxResult {
     pub p50_ns: f64,
     /// UCX's overall bandwidth, GB/s.
     pub gbps: f64,
+    /// UCX's overall message rate, operations per second (of a pipelined stream).
+    pub msg_rate: f64,
 }
 
 /// Whether ucx_perftest and unshare are usable here; the reason when not.
@@ -61,11 +63,14 @@ pub fn run(tls: &str, test: &str, size: usize, iters: u64) -> Option<UcxResult> 
         .skip(1)
         .filter_map(|x| x.parse().ok())
         .collect();
-    if nums.len() < 6 {
+    // Final: iterations, typical/avg/overall latency (us), avg/overall bandwidth (MB/s),
+    // avg/overall message rate (msg/s).
+    if nums.len() < 8 {
         return None;
     }
     Some(UcxResult {
         p50_ns: nums[1] * 1000.0,
         gbps: nums[5] * 1e6 / 1e9 * 1.048576, // UCX's MB/s are MiB/s
+        msg_rate: nums[7],
     })
 }

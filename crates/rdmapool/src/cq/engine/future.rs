@@ -248,7 +248,11 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
             Stage::ToPost(spec) => {
                 // Posted: the slot holds our waker, so a completion wakes us.
                 return match self.try_post(spec, cx) {
-                    Poll::Ready(Ok(())) | Poll::Pending => Poll::Pending,
+                    Poll::Ready(Ok(())) => match self.stage {
+                        Stage::Posted(idx) => self.spin_then_park(idx, cx),
+                        _ => Poll::Pending,
+                    },
+                    Poll::Pending => Poll::Pending,
                     Poll::Ready(Err(e)) => self.resolve(Err(e)),
                 };
             }
@@ -261,8 +265,43 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
             Poll::Ready(outcome) => self.resolve(outcome.into_result().map(OpCompletion::from)),
             Poll::Pending => {
                 self.stage = Stage::Posted(idx);
-                Poll::Pending
+                self.spin_then_park(idx, cx)
             }
+        }
+    }
+}
+
+impl<B: Send + 'static> OpFuture<'_, B> {
+    /// The only operation in flight polls its CQ (every CQ, for a wrapped QP) for its own
+    /// completion for up to [`super::EngineConfig::spin`] before it parks: for one
+    /// operation at a time, a wake-up (another thread's, or the completion channel's) costs
+    /// more than the round trip itself.
+    fn spin_then_park(&mut self, idx: u32, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
+        let qp = self.qp;
+        let q = &qp.inner;
+        let s = &q.engine;
+        if s.spin.is_zero() || s.table.in_flight() > 1 {
+            return Poll::Pending;
+        }
+        let mut until = None; // read the clock only once the first look failed
+        let mut buf = [Completion::EMPTY; 4];
+        loop {
+            if q.cq == ANY_SOURCE {
+                for cq in 0..s.pool.cqs().len() {
+                    s.poll_once(cq, &mut buf);
+                }
+            } else {
+                s.poll_once(q.cq, &mut buf);
+            }
+            if let Poll::Ready(outcome) = s.table.poll_op(idx, q, cx.waker()) {
+                self.stage = Stage::Finished;
+                return self.resolve(outcome.into_result().map(OpCompletion::from));
+            }
+            let now = std::time::Instant::now();
+            if now >= *until.get_or_insert(now + s.spin) || s.table.in_flight() > 1 {
+                return Poll::Pending;
+            }
+            std::hint::spin_loop();
         }
     }
 }

@@ -19,6 +19,7 @@ use slots::{SlotTable, ANY_SOURCE};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use std::task::{Context, Poll, Waker};
 
 /// How completions reach the futures.
@@ -44,6 +45,11 @@ pub struct EngineConfig {
     pub progress: Progress,
     /// How [`Engine::create_qp`] picks a CQ.
     pub assignment: Assignment,
+    /// How long a future that is the engine's only operation in flight polls its CQ for
+    /// its own completion before it parks (zero: never). Waking a parked thread costs more
+    /// than a round trip on fast paths; with more operations in flight one wake-up serves
+    /// many, and futures park at once.
+    pub spin: Duration,
 }
 
 impl Default for EngineConfig {
@@ -52,6 +58,7 @@ impl Default for EngineConfig {
             slots: 4096,
             progress: Progress::BusyPoll,
             assignment: Assignment::RoundRobin,
+            spin: Duration::from_micros(50),
         }
     }
 }
@@ -80,6 +87,8 @@ struct Shared {
     completions: AtomicU64,
     overruns: AtomicU64,
     wakeups: AtomicU64,
+    /// See [`EngineConfig::spin`].
+    spin: Duration,
 }
 
 impl Shared {
@@ -165,6 +174,7 @@ impl Engine {
             completions: AtomicU64::new(0),
             overruns: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
+            spin: cfg.spin,
         });
         let progressors = Progressors::start(shared.clone(), &cfg)?;
         Ok(Self {
