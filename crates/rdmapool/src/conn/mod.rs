@@ -43,86 +43,19 @@
 //! # Ok(()) }
 //! ```
 
-use crate::fabric::{Cq, Endpoint, Pd, ProviderKind, Qp, QpConfig};
-use crate::{Error, Result};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+mod private;
+mod tcp;
 
-/// Most private data a connection request carries (RDMA CM's 56 bytes less the frame).
-pub const MAX_CONNECT_PRIVATE_DATA: usize = 54;
-/// Most private data an accept carries (RDMA CM's 196 bytes less the frame).
-pub const MAX_ACCEPT_PRIVATE_DATA: usize = 194;
-/// Most private data a reject carries (the InfiniBand CM REJ's 148 bytes less the frame).
-pub const MAX_REJECT_PRIVATE_DATA: usize = 146;
+pub use private::{
+    decode_private_data, encode_private_data, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA,
+    MAX_REJECT_PRIVATE_DATA,
+};
 
-/// First byte of framed private data: not ASCII, so text or a region descriptor ("RD..."),
-/// sent unframed, is not mistaken for a frame.
-const FRAME_MAGIC: u8 = 0xA7;
-
-/// Frames application private data for RDMA CM: `0xA7, length (u8), data`. RDMA CM
-/// delivers private data padded with zeros to a fixed size, so the length must travel with
-/// it. A C peer frames its bytes the same way (docs/PROTOCOL.md).
-///
-/// ```
-/// use rdmapool::conn::{decode_private_data, encode_private_data};
-/// let framed = encode_private_data(b"hi").unwrap();
-/// assert_eq!(framed, [0xA7, 2, b'h', b'i']);
-/// let mut padded = framed.clone();
-/// padded.resize(56, 0);                     // as RDMA CM delivers it
-/// assert_eq!(decode_private_data(&padded).unwrap(), b"hi");
-/// assert_eq!(decode_private_data(&[0; 56]).unwrap(), b"");  // a peer that sent nothing
-/// assert!(decode_private_data(b"RDMA-unframed").is_err());
-/// ```
-pub fn encode_private_data(data: &[u8]) -> Result<Vec<u8>> {
-    if data.len() > MAX_ACCEPT_PRIVATE_DATA {
-        return Err(Error::InvalidArgument(format!(
-            "{} bytes of private data: at most {MAX_ACCEPT_PRIVATE_DATA} fit",
-            data.len()
-        )));
-    }
-    let mut v = Vec::with_capacity(data.len() + 2);
-    v.push(FRAME_MAGIC);
-    v.push(data.len() as u8);
-    v.extend_from_slice(data);
-    Ok(v)
-}
-
-/// Unframes private data made by [`encode_private_data`], as RDMA CM delivered it (zero
-/// padding and all). Empty or all-zero bytes mean the peer sent none. Anything else that is
-/// not a frame followed only by zeros is [`Error::BadPrivateData`], which carries the raw
-/// bytes.
-pub fn decode_private_data(raw: &[u8]) -> Result<&[u8]> {
-    if raw.iter().all(|&b| b == 0) {
-        return Ok(&[]);
-    }
-    let bad = |reason: String| Error::BadPrivateData {
-        reason,
-        raw: raw.to_vec(),
-    };
-    match raw {
-        [FRAME_MAGIC, n, rest @ ..] if (*n as usize) <= rest.len() => {
-            let (data, padding) = rest.split_at(*n as usize);
-            if let Some(at) = padding.iter().position(|&b| b != 0) {
-                return Err(bad(format!(
-                    "{} bytes after the frame's {n} are not zero padding (byte {})",
-                    padding.len(),
-                    2 + *n as usize + at
-                )));
-            }
-            Ok(data)
-        }
-        [FRAME_MAGIC, n, rest @ ..] => Err(bad(format!(
-            "the frame says {n} bytes, {} arrived",
-            rest.len()
-        ))),
-        _ => Err(bad(format!(
-            "not framed (first byte {:#04x}, expected {FRAME_MAGIC:#04x}); the peer must send \
-             0xa7, a length byte, then its data",
-            raw[0]
-        ))),
-    }
-}
+use crate::fabric::{Cq, Pd, ProviderKind, Qp, QpConfig};
+use crate::Result;
+use private::check_private;
+use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
 
 /// Which connection manager carries the handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,132 +83,6 @@ impl From<&Pd> for Manager {
     }
 }
 
-const MAGIC: [u8; 4] = *b"RDCM";
-const VERSION: u8 = 1;
-const REQ: u8 = 1;
-const REP: u8 = 2;
-const REJ: u8 = 3;
-const RTU: u8 = 4;
-/// Largest message body accepted on the CM port (after the 8-byte header): endpoint and
-/// private data with their lengths.
-const MAX_BODY: usize = 2 + Endpoint::MAX_LEN + 2 + MAX_ACCEPT_PRIVATE_DATA;
-
-fn check_private(data: &[u8], max: usize, what: &str) -> Result<()> {
-    if data.len() > max {
-        return Err(Error::InvalidArgument(format!(
-            "{} bytes of private data in a {what}: at most {max} fit",
-            data.len()
-        )));
-    }
-    Ok(())
-}
-
-fn io_err(peer: SocketAddr, what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
-    move |e| Error::Connection {
-        peer: peer.to_string(),
-        reason: format!("{what}: {e}"),
-    }
-}
-
-/// One handshake message: kind, endpoint (REQ/REP) and private data (REQ/REP/REJ).
-struct Message {
-    kind: u8,
-    endpoint: Option<Endpoint>,
-    private: Vec<u8>,
-}
-
-impl Message {
-    fn encode(&self) -> Vec<u8> {
-        let ep = self
-            .endpoint
-            .as_ref()
-            .map(Endpoint::to_bytes)
-            .unwrap_or_default();
-        let body = 2 + ep.len() + 2 + self.private.len();
-        let mut b = Vec::with_capacity(8 + body);
-        b.extend_from_slice(&MAGIC);
-        b.push(VERSION);
-        b.push(self.kind);
-        b.extend_from_slice(&(body as u16).to_le_bytes());
-        b.extend_from_slice(&(ep.len() as u16).to_le_bytes());
-        b.extend_from_slice(&ep);
-        b.extend_from_slice(&(self.private.len() as u16).to_le_bytes());
-        b.extend_from_slice(&self.private);
-        b
-    }
-
-    fn read(s: &mut TcpStream, peer: SocketAddr, deadline: Instant) -> Result<Message> {
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        s.set_read_timeout(Some(left))
-            .map_err(io_err(peer, "setting a timeout"))?;
-        let mut h = [0u8; 8];
-        s.read_exact(&mut h)
-            .map_err(io_err(peer, "reading a CM message"))?;
-        let bad = |reason: String| Error::Malformed {
-            what: "connection-manager message",
-            reason,
-        };
-        if h[0..4] != MAGIC {
-            return Err(bad("bad magic".into()));
-        }
-        if h[4] != VERSION {
-            return Err(bad(format!(
-                "version {} (this build speaks {VERSION})",
-                h[4]
-            )));
-        }
-        let body = u16::from_le_bytes([h[6], h[7]]) as usize;
-        if !(4..=MAX_BODY).contains(&body) {
-            return Err(bad(format!("body of {body} bytes")));
-        }
-        let mut b = vec![0u8; body];
-        s.read_exact(&mut b)
-            .map_err(io_err(peer, "reading a CM message"))?;
-        let ep_len = u16::from_le_bytes([b[0], b[1]]) as usize;
-        let ep_end = 2 + ep_len;
-        if ep_end + 2 > body {
-            return Err(bad("endpoint length past the end".into()));
-        }
-        let endpoint = if ep_len > 0 {
-            Some(Endpoint::from_bytes(&b[2..ep_end])?)
-        } else {
-            None
-        };
-        let pd_len = u16::from_le_bytes([b[ep_end], b[ep_end + 1]]) as usize;
-        if ep_end + 2 + pd_len != body {
-            return Err(bad("private data length does not match".into()));
-        }
-        let kind = h[5];
-        let max = match kind {
-            REQ => MAX_CONNECT_PRIVATE_DATA,
-            REP => MAX_ACCEPT_PRIVATE_DATA,
-            REJ => MAX_REJECT_PRIVATE_DATA,
-            RTU => 0,
-            k => return Err(bad(format!("unknown kind {k}"))),
-        };
-        if pd_len > max {
-            return Err(bad(format!(
-                "{pd_len} bytes of private data (at most {max})"
-            )));
-        }
-        if matches!(kind, REQ | REP) != endpoint.is_some() {
-            return Err(bad("endpoint missing or unexpected".into()));
-        }
-        Ok(Message {
-            kind,
-            endpoint,
-            private: b[ep_end + 2..].to_vec(),
-        })
-    }
-}
-
-fn send(s: &mut TcpStream, peer: SocketAddr, m: &Message) -> Result<()> {
-    s.write_all(&m.encode())
-        .map_err(io_err(peer, "sending a CM message"))
-}
-
 /// A passive side: listens for connection requests.
 pub struct Listener {
     kind: ListenerKind,
@@ -295,8 +102,7 @@ impl Listener {
     pub fn bind(manager: impl Into<Manager>, addr: SocketAddr) -> Result<Self> {
         match manager.into() {
             Manager::Tcp => {
-                let listener = TcpListener::bind(addr).map_err(io_err(addr, "listening"))?;
-                let addr = listener.local_addr().map_err(io_err(addr, "getsockname"))?;
+                let (listener, addr) = tcp::listen(addr)?;
                 Ok(Self {
                     kind: ListenerKind::Tcp(listener),
                     addr,
@@ -331,6 +137,9 @@ impl Listener {
     /// data is not framed ([`decode_private_data`]) is rejected (the requester gets
     /// [`Error::Rejected`] saying why) and reported here as [`Error::BadPrivateData`] with
     /// the raw bytes; call again for the next request.
+    ///
+    /// [`Error::Rejected`]: crate::Error::Rejected
+    /// [`Error::BadPrivateData`]: crate::Error::BadPrivateData
     pub fn get_request(&self, timeout: Duration) -> Result<ConnRequest> {
         let listener = match &self.kind {
             ListenerKind::Tcp(l) => l,
@@ -341,49 +150,10 @@ impl Listener {
                 })
             }
         };
-        let deadline = Instant::now() + timeout;
-        listener
-            .set_nonblocking(true)
-            .map_err(io_err(self.addr, "listener"))?;
-        loop {
-            match listener.accept() {
-                Ok((mut s, peer)) => {
-                    let _ = s.set_nonblocking(false);
-                    let _ = s.set_nodelay(true);
-                    let msg_deadline = Instant::now() + timeout.min(Duration::from_secs(10));
-                    match Message::read(&mut s, peer, msg_deadline) {
-                        Ok(Message {
-                            kind: REQ,
-                            endpoint: Some(endpoint),
-                            private,
-                        }) => {
-                            return Ok(ConnRequest {
-                                kind: RequestKind::Tcp(TcpRequest {
-                                    stream: s,
-                                    peer,
-                                    endpoint,
-                                    private,
-                                }),
-                                timeout,
-                            })
-                        }
-                        Ok(_) | Err(_) => {
-                            tracing::warn!(%peer, "dropping a malformed connection request");
-                        }
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        return Err(Error::Connection {
-                            peer: self.addr.to_string(),
-                            reason: format!("no connection request within {timeout:?}"),
-                        });
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(e) => return Err(io_err(self.addr, "accept")(e)),
-            }
-        }
+        Ok(ConnRequest {
+            kind: RequestKind::Tcp(tcp::get_request(listener, self.addr, timeout)?),
+            timeout,
+        })
     }
 }
 
@@ -394,22 +164,15 @@ pub struct ConnRequest {
 }
 
 enum RequestKind {
-    Tcp(TcpRequest),
+    Tcp(tcp::TcpRequest),
     RdmaCm(crate::verbs::cm::CmRequest),
-}
-
-struct TcpRequest {
-    stream: TcpStream,
-    peer: SocketAddr,
-    endpoint: Endpoint,
-    private: Vec<u8>,
 }
 
 impl ConnRequest {
     /// The requester's private data.
     pub fn private_data(&self) -> &[u8] {
         match &self.kind {
-            RequestKind::Tcp(r) => &r.private,
+            RequestKind::Tcp(r) => r.private_data(),
             RequestKind::RdmaCm(r) => r.private_data(),
         }
     }
@@ -418,7 +181,7 @@ impl ConnRequest {
     /// InfiniBand RC), on the TCP CM port the same bytes as [`ConnRequest::private_data`].
     pub fn raw_private_data(&self) -> &[u8] {
         match &self.kind {
-            RequestKind::Tcp(r) => &r.private,
+            RequestKind::Tcp(r) => r.private_data(),
             RequestKind::RdmaCm(r) => r.raw_private_data(),
         }
     }
@@ -441,45 +204,19 @@ impl ConnRequest {
             RequestKind::RdmaCm(r) => {
                 r.accept(pd, send_cq, recv_cq, cfg, private_data, self.timeout)
             }
-            RequestKind::Tcp(mut r) => {
-                let qp = pd.create_qp(send_cq, recv_cq, cfg)?;
-                qp.modify_to_init()?;
-                qp.modify_to_rtr(&r.endpoint)?;
-                // Ready to send before answering: the requester's QP certainly exists now,
-                // and nothing can be posted on ours until this call returns after the RTU.
-                qp.modify_to_rts()?;
-                let rep = Message {
-                    kind: REP,
-                    endpoint: Some(qp.endpoint()),
-                    private: private_data.to_vec(),
-                };
-                send(&mut r.stream, r.peer, &rep)?;
-                let rtu = Message::read(&mut r.stream, r.peer, Instant::now() + self.timeout)?;
-                if rtu.kind != RTU {
-                    return Err(Error::Connection {
-                        peer: r.peer.to_string(),
-                        reason: "the requester did not complete the handshake".into(),
-                    });
-                }
-                Ok(qp)
-            }
+            RequestKind::Tcp(r) => r.accept(pd, send_cq, recv_cq, cfg, private_data, self.timeout),
         }
     }
 
     /// Refuses the request; the requester gets [`Error::Rejected`] with `private_data`
     /// (at most [`MAX_REJECT_PRIVATE_DATA`] bytes).
+    ///
+    /// [`Error::Rejected`]: crate::Error::Rejected
     pub fn reject(self, private_data: &[u8]) -> Result<()> {
         check_private(private_data, MAX_REJECT_PRIVATE_DATA, "reject")?;
         match self.kind {
             RequestKind::RdmaCm(r) => r.reject(private_data),
-            RequestKind::Tcp(mut r) => {
-                let rej = Message {
-                    kind: REJ,
-                    endpoint: None,
-                    private: private_data.to_vec(),
-                };
-                send(&mut r.stream, r.peer, &rej)
-            }
+            RequestKind::Tcp(r) => r.reject(private_data),
         }
     }
 }
@@ -501,6 +238,10 @@ pub struct Connection {
 /// Errors: [`Error::Rejected`] with the acceptor's reason; [`Error::BadPrivateData`] (raw
 /// bytes inside) when an RDMA CM peer accepted with unframed private data, after which the
 /// connection is closed; [`Error::Connection`] when the peer is unreachable or silent.
+///
+/// [`Error::Rejected`]: crate::Error::Rejected
+/// [`Error::BadPrivateData`]: crate::Error::BadPrivateData
+/// [`Error::Connection`]: crate::Error::Connection
 #[allow(clippy::too_many_arguments)]
 pub fn connect(
     manager: impl Into<Manager>,
@@ -514,7 +255,7 @@ pub fn connect(
 ) -> Result<Connection> {
     check_private(private_data, MAX_CONNECT_PRIVATE_DATA, "connection request")?;
     match manager.into() {
-        Manager::Tcp => connect_tcp(addr, pd, send_cq, recv_cq, cfg, private_data, timeout),
+        Manager::Tcp => tcp::connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout),
         Manager::RdmaCm => {
             let (qp, raw) =
                 crate::verbs::cm::connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout)?;
@@ -526,60 +267,5 @@ pub fn connect(
                 raw_private_data: raw,
             })
         }
-    }
-}
-
-fn connect_tcp(
-    addr: SocketAddr,
-    pd: &Pd,
-    send_cq: &Cq,
-    recv_cq: &Cq,
-    cfg: &QpConfig,
-    private_data: &[u8],
-    timeout: Duration,
-) -> Result<Connection> {
-    let deadline = Instant::now() + timeout;
-    let mut s = TcpStream::connect_timeout(&addr, timeout)
-        .map_err(io_err(addr, "connecting to the CM port"))?;
-    let _ = s.set_nodelay(true);
-    let qp = pd.create_qp(send_cq, recv_cq, cfg)?;
-    qp.modify_to_init()?;
-    let req = Message {
-        kind: REQ,
-        endpoint: Some(qp.endpoint()),
-        private: private_data.to_vec(),
-    };
-    send(&mut s, addr, &req)?;
-    let answer = Message::read(&mut s, addr, deadline)?;
-    match answer {
-        Message {
-            kind: REP,
-            endpoint: Some(ep),
-            private,
-        } => {
-            qp.modify_to_rtr(&ep)?;
-            qp.modify_to_rts()?;
-            let rtu = Message {
-                kind: RTU,
-                endpoint: None,
-                private: Vec::new(),
-            };
-            send(&mut s, addr, &rtu)?;
-            Ok(Connection {
-                qp,
-                raw_private_data: private.clone(),
-                private_data: private,
-            })
-        }
-        Message {
-            kind: REJ, private, ..
-        } => Err(Error::Rejected {
-            peer: addr.to_string(),
-            private_data: private,
-        }),
-        _ => Err(Error::Malformed {
-            what: "connection-manager message",
-            reason: "expected an accept or a reject".into(),
-        }),
     }
 }

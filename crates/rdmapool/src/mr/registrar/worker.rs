@@ -1,0 +1,139 @@
+//! The worker threads' loop: take the next request, register with retries by error class
+//! (ENOMEM/EAGAIN retried with bounded backoff, EIO/ENODEV/ENXIO break the device, the rest
+//! fail at once), honour cancellation and the deadline, record the outcome.
+
+use super::request::{spec_len, RegionSpec, Request};
+use super::stats::{inc, LATENCY_CLASSES};
+use super::Shared;
+use crate::fabric::{Mr, Pd};
+use crate::mr::state::RegState;
+use crate::{Error, Result};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+enum Class {
+    Retry,
+    Broken,
+    Fatal,
+}
+
+fn classify(e: &Error) -> Class {
+    let errno = match e {
+        Error::MemlockLimit { errno, .. } => Some(*errno),
+        Error::Sys { source, .. } => source.raw_os_error(),
+        _ => None,
+    };
+    match errno {
+        Some(libc::ENOMEM | libc::EAGAIN) => Class::Retry,
+        Some(libc::EIO | libc::ENODEV | libc::ENXIO) => Class::Broken,
+        _ => Class::Fatal,
+    }
+}
+
+fn register(pd: &Pd, spec: RegionSpec) -> Result<Mr> {
+    match spec {
+        RegionSpec::Alloc { len, access } => pd.alloc_mr(len, access),
+        // SAFETY: the submit_raw caller promised the range stays valid for the request's
+        // lifetime and that of the region it yields.
+        RegionSpec::Raw { addr, len, access } => unsafe {
+            pd.register_raw(addr as *mut u8, len, access)
+        },
+    }
+}
+
+pub(super) fn worker(s: &Shared) {
+    loop {
+        let req = {
+            let mut q = s.queue.lock();
+            loop {
+                if s.shutdown.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Some(r) = q.pop_front() {
+                    break r;
+                }
+                s.work.wait(&mut q);
+            }
+        };
+        if req.state.get() != RegState::Posted {
+            continue; // cancelled while queued
+        }
+        let result = attempt(s, &req);
+        match result {
+            Ok(mr) => {
+                if req.state.complete() {
+                    inc(&s.counters.completed);
+                    let len = spec_len(req.spec);
+                    let class = LATENCY_CLASSES
+                        .iter()
+                        .position(|&c| len <= c)
+                        .unwrap_or(LATENCY_CLASSES.len() - 1);
+                    let ns = req.submitted.elapsed().as_nanos().max(1) as u64;
+                    s.latency.lock()[class].saturating_record(ns);
+                    req.finish(Ok(mr));
+                } else {
+                    inc(&s.counters.undone_after_cancel);
+                    drop(mr); // cancelled meanwhile: deregister, never leak
+                }
+            }
+            Err(e) => {
+                if req.state.fail() {
+                    inc(&s.counters.failed);
+                    req.finish(Err(e));
+                }
+            }
+        }
+    }
+}
+
+/// Registers with retries by error class, honouring cancellation and the deadline.
+fn attempt(s: &Shared, req: &Request) -> Result<Mr> {
+    let mut delay = s.cfg.retry.initial_delay;
+    let mut retries = 0;
+    loop {
+        if let Some(reason) = s.broken.lock().clone() {
+            return Err(Error::DeviceBroken(reason));
+        }
+        if req.deadline.is_some_and(|d| Instant::now() >= d) {
+            inc(&s.counters.timed_out);
+            return Err(Error::TimedOut("registration".into()));
+        }
+        let e = match register(&s.pd, req.spec) {
+            Ok(mr) => return Ok(mr),
+            Err(e) => e,
+        };
+        match classify(&e) {
+            Class::Fatal => return Err(e),
+            Class::Broken => {
+                let reason = e.to_string();
+                *s.broken.lock() = Some(reason.clone());
+                fail_all_queued(s, &reason);
+                return Err(Error::DeviceBroken(reason));
+            }
+            Class::Retry if retries >= s.cfg.retry.max_retries => return Err(e),
+            Class::Retry => {
+                retries += 1;
+                inc(&s.counters.retries);
+                let mut wait = delay;
+                if let Some(d) = req.deadline {
+                    wait = wait.min(d.saturating_duration_since(Instant::now()));
+                }
+                std::thread::sleep(wait);
+                delay = (delay * 2).min(s.cfg.retry.max_delay);
+                if req.state.get() != RegState::Posted {
+                    return Err(Error::Cancelled);
+                }
+            }
+        }
+    }
+}
+
+fn fail_all_queued(s: &Shared, reason: &str) {
+    let left: Vec<_> = s.queue.lock().drain(..).collect();
+    for r in left {
+        if r.state.fail() {
+            inc(&s.counters.failed);
+            r.finish(Err(Error::DeviceBroken(reason.to_string())));
+        }
+    }
+}
