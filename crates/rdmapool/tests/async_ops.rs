@@ -172,6 +172,8 @@ async fn event_driven_progress_on_a_single_threaded_runtime() {
             config(),
             EngineConfig {
                 progress: Progress::Event,
+                // No spinning: every completion must come through the channel.
+                spin: std::time::Duration::ZERO,
                 ..EngineConfig::default()
             },
         );
@@ -648,6 +650,8 @@ fn a_cq_overrun_is_detected_and_reported() {
         vec![small.clone()],
         EngineConfig {
             progress: Progress::Caller,
+            // The futures must stay pending until the CQ is polled.
+            spin: std::time::Duration::ZERO,
             ..EngineConfig::default()
         },
     )
@@ -795,5 +799,40 @@ async fn async_operations_give_the_buffer_back_with_the_outcome() {
         );
         drop(buf);
         assert_eq!(pool.stats().in_use, 0, "{mode:?}");
+    }
+}
+
+#[test]
+fn the_only_operation_in_flight_waits_for_its_completion_before_parking() {
+    // Nothing polls the CQ (caller-driven, and nobody calls progress): a single WRITE
+    // resolves in its first poll because the future polls for its own completion; with
+    // the spin off, it stays pending until someone polls.
+    for (spin, ready) in [
+        (std::time::Duration::from_secs(5), true),
+        (std::time::Duration::ZERO, false),
+    ] {
+        let (a, b) = (node_on(Transport::Tcp), node_on(Transport::Tcp));
+        let (qa, _qb) = pair(&a, &b, &config());
+        let engine = Engine::new(
+            vec![a.cq.clone()],
+            EngineConfig {
+                progress: Progress::Caller,
+                spin,
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap();
+        let q = engine.wrap(qa);
+        let target = b.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
+        let local = Arc::new(a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut f = Box::pin(q.write(LocalBuf::Region(local), 0, 8, target.remote_at(0).unwrap()));
+        let first = f.as_mut().poll(&mut cx);
+        assert_eq!(first.is_ready(), ready, "spin {spin:?}");
+        if let std::task::Poll::Ready((r, _)) = first {
+            r.unwrap();
+        } else {
+            engine.run_until(f).0.unwrap();
+        }
     }
 }

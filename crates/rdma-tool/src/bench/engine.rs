@@ -89,7 +89,11 @@ impl Target<'_> {
         let warm = (block / 10).max(10);
         for (mode, name, multi_thread) in [
             (Progress::Caller, "caller-driven", false),
-            (Progress::BusyPoll, "busy-poll thread, current_thread", false),
+            (
+                Progress::BusyPoll,
+                "busy-poll thread, current_thread",
+                false,
+            ),
             (Progress::BusyPoll, "busy-poll thread, multi_thread", true),
             (Progress::Event, "event (AsyncFd), current_thread", false),
             (Progress::Event, "event (AsyncFd), multi_thread", true),

@@ -19,8 +19,8 @@ use slots::{SlotTable, ANY_SOURCE};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 /// How completions reach the futures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

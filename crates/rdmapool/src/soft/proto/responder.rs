@@ -1,7 +1,7 @@
 //! The responder half of a soft RC queue pair, as a state machine without I/O.
 //!
 //! It reads request frames out of the bytes a driver feeds it, makes the HCA's checks (one
-//! check, [`super::access`]), executes WRITE, SEND and atomics against registered memory,
+//! check, `soft::access`), executes WRITE, SEND and atomics against registered memory,
 //! and queues what goes back in order ([`Output`]). A request that must wait (the QP is not
 //! ready yet, no receive is posted) stalls the stream until it can go on or its time is up;
 //! the driver passes `now` and retries. It never reads a clock or touches a socket.
