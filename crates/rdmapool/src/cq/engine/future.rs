@@ -284,7 +284,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
             return Poll::Pending;
         }
         let mut until = None; // read the clock only once the first look failed
-        let mut buf = [Completion::EMPTY; 4];
+        let mut buf = [Completion::EMPTY; 2];
         loop {
             if q.cq == ANY_SOURCE {
                 for cq in 0..s.pool.cqs().len() {

@@ -234,12 +234,17 @@ impl Engine {
     pub fn run_until<F: Future>(&self, fut: F) -> F::Output {
         let mut fut = std::pin::pin!(fut);
         let mut cx = Context::from_waker(Waker::noop());
+        // Most operations resolve in their first poll (see EngineConfig::spin): the buffer
+        // is only made for the ones that do not.
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
         let mut buf = [Completion::EMPTY; 16];
         loop {
+            self.progress_into(&mut buf);
             if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
                 return v;
             }
-            self.progress_into(&mut buf);
         }
     }
 
