@@ -196,13 +196,15 @@ impl SoftQp {
         }
     }
 
-    /// Checks local SGEs the way an HCA does when it processes the work request.
+    /// Checks local SGEs the way an HCA does when it processes the work request, into
+    /// `list` (filled in place: a list is a few hundred bytes); returns their total length.
     fn resolve(
         &self,
         sges: &[crate::fabric::Sge],
         need: AccessFlags,
-    ) -> std::result::Result<(LocalList, u64), WcStatus> {
-        let mut list = LocalList::new();
+        list: &mut LocalList,
+    ) -> std::result::Result<u64, WcStatus> {
+        list.clear();
         let mut total = 0u64;
         for s in sges {
             if s.length == 0 {
@@ -234,7 +236,7 @@ impl SoftQp {
         if total > self.ctx.max_msg as u64 {
             return Err(WcStatus::LocLenErr);
         }
-        Ok((list, total))
+        Ok(total)
     }
 
     /// Posts receives. Buffers are checked now; a bad one completes with a local error when
@@ -264,10 +266,12 @@ impl SoftQp {
                     depth: self.cfg.max_recv_wr,
                 });
             }
-            let (local, capacity) = match self.resolve(wr.sg_list, AccessFlags::LOCAL_WRITE) {
-                Ok((l, c)) => (Ok(l), c),
-                Err(s) => (Err(s), 0),
-            };
+            let mut list = LocalList::new();
+            let (local, capacity) =
+                match self.resolve(wr.sg_list, AccessFlags::LOCAL_WRITE, &mut list) {
+                    Ok(c) => (Ok(list), c),
+                    Err(s) => (Err(s), 0),
+                };
             rq.push_back(RecvEntry {
                 wr_id: wr.wr_id,
                 local,

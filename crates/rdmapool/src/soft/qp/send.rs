@@ -137,15 +137,14 @@ impl SoftQp {
             WrOp::Read { .. } => (AccessFlags::LOCAL_WRITE, false),
             WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => (AccessFlags::LOCAL_WRITE, true),
         };
-        match self.resolve(wr.sg_list, need) {
+        match self.resolve(wr.sg_list, need, &mut e.local) {
             // Atomic shapes are validated before posting (SendWr::validate); a zero-length
             // SGE could still leave the list empty here.
-            Ok((_, total)) if atomic && total != 8 => {
+            Ok(total) if atomic && total != 8 => {
                 sq.req.finish(e, WcStatus::LocLenErr);
                 return Ok(());
             }
-            Ok((local, total)) => {
-                e.local = local;
+            Ok(total) => {
                 e.byte_len = total as u32;
             }
             Err(status) => {
