@@ -361,3 +361,28 @@ fn write_with_immediate_consumes_a_receive_and_reports_the_length() {
     );
     assert_eq!(read(&p.remote, 8, 4), b"abcd");
 }
+
+#[test]
+fn a_region_deregistered_under_a_write_with_immediate_still_completes_its_receive() {
+    // The receive was consumed before the payload arrived; the region goes away mid-payload.
+    // The requester gets the remote access error, the QP goes to ERR, and the receive is not
+    // lost: it completes (flushed), as every receive of a QP in ERR does.
+    let mut p = Pair::new();
+    post_recv(&p, 42, 0);
+    fill(&p.local, 0, &[9; 64]);
+    let op = WrOp::Write {
+        remote: p.remote_at(0),
+        imm: Some(1),
+    };
+    p.post(1, op, 0, 64);
+    let frame = p.to_target.pop_front().unwrap();
+    let half = REQ_LEN + 16;
+    p.serve(&frame[..half], usize::MAX);
+    p.target.keys.remove(&p.remote);
+    p.serve(&frame[half..], usize::MAX);
+    p.deliver_responses(usize::MAX);
+    assert_eq!(p.done(), [(1, WcStatus::RemAccessErr)]);
+    let c = p.target.recv_done.lock().pop().expect("the receive completes");
+    assert_eq!((c.wr_id, c.status), (42, WcStatus::WrFlushErr));
+    assert_eq!(*p.target.state.lock(), QpState::Error);
+}
