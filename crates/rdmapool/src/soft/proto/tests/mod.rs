@@ -382,7 +382,12 @@ fn a_region_deregistered_under_a_write_with_immediate_still_completes_its_receiv
     p.serve(&frame[half..], usize::MAX);
     p.deliver_responses(usize::MAX);
     assert_eq!(p.done(), [(1, WcStatus::RemAccessErr)]);
-    let c = p.target.recv_done.lock().pop().expect("the receive completes");
+    let c = p
+        .target
+        .recv_done
+        .lock()
+        .pop()
+        .expect("the receive completes");
     assert_eq!((c.wr_id, c.status), (42, WcStatus::WrFlushErr));
     assert_eq!(*p.target.state.lock(), QpState::Error);
 }
