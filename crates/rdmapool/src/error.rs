@@ -150,6 +150,47 @@ pub enum Error {
     /// Objects from different contexts or providers were mixed.
     #[error("object mismatch: {0}")]
     Mismatch(String),
+
+    /// A memory server of the remote pool cannot be reached (it left, died, or is draining
+    /// and refuses new allocations); pointers into it fail with this until it is back.
+    #[error("pool node {node} is down: {reason}")]
+    NodeDown {
+        /// The node's id.
+        node: u32,
+        /// What was seen.
+        reason: String,
+    },
+
+    /// An access through a remote pointer reaches past the allocation it names.
+    #[error("access of {len} bytes at offset {offset} of a {limit}-byte remote allocation")]
+    OutOfBounds {
+        /// Offset of the access inside the allocation.
+        offset: u64,
+        /// Bytes accessed.
+        len: u64,
+        /// The allocation's length.
+        limit: u64,
+    },
+
+    /// A remote pointer does not name a live allocation (never allocated, or freed already).
+    #[error("not a live allocation: {0}")]
+    NotAllocated(String),
+
+    /// No memory server has room for an allocation of this size.
+    #[error("remote pool exhausted: no node has room for {size} bytes")]
+    RemoteExhausted {
+        /// The size asked for.
+        size: u64,
+    },
+
+    /// Another live client holds this client id on a node.
+    #[error("client id {id:#x} is held by a live client on node {node}")]
+    ClientIdInUse {
+        /// The id.
+        id: u64,
+        /// The node where it is held.
+        node: u32,
+    },
 }
 
 /// Shorthand for `Result<T, rdmapool::Error>`.

@@ -35,6 +35,8 @@ pub mod fabric;
 pub mod metrics;
 pub mod mr;
 mod os;
+#[cfg(not(loom))]
+pub mod remote;
 pub mod soft;
 mod util;
 mod verbs;

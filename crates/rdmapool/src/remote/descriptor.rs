@@ -1,0 +1,199 @@
+//! What a memory server tells a client in the accept's private data, and what a client says
+//! in its connection request. Byte layouts: docs/PROTOCOL.md ("Remote pool").
+
+use super::layout::{Layout, LAYOUT_VERSION};
+use crate::fabric::RemoteRegion;
+use crate::{Error, Result};
+use std::time::Duration;
+
+/// Bytes of an encoded [`PoolDescriptor`].
+pub const DESCRIPTOR_LEN: usize = 64;
+/// Bytes of an encoded [`ClientHello`].
+pub const HELLO_LEN: usize = 16;
+
+fn malformed(what: &'static str, reason: impl Into<String>) -> Error {
+    Error::Malformed {
+        what,
+        reason: reason.into(),
+    }
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[i..i + 8]);
+    u64::from_le_bytes(w)
+}
+
+/// Everything a client needs to use a memory server, learned from the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolDescriptor {
+    /// The server's node id (unique in the cluster).
+    pub node: u32,
+    /// The registered region (address, length, remote key).
+    pub region: RemoteRegion,
+    /// How the region is laid out.
+    pub layout: Layout,
+    /// How long a client's lease lasts without renewal.
+    pub lease: Duration,
+}
+
+impl PoolDescriptor {
+    /// The 64 bytes that travel in the accept's private data.
+    pub fn encode(&self) -> [u8; DESCRIPTOR_LEN] {
+        let mut b = [0u8; DESCRIPTOR_LEN];
+        b[0..2].copy_from_slice(b"RP");
+        b[2] = LAYOUT_VERSION;
+        b[4..8].copy_from_slice(&self.node.to_le_bytes());
+        b[8..16].copy_from_slice(&self.region.addr.to_le_bytes());
+        b[16..24].copy_from_slice(&self.region.len.to_le_bytes());
+        b[24..28].copy_from_slice(&self.region.rkey.to_le_bytes());
+        let lease_ms = self.lease.as_millis().min(u32::MAX as u128) as u32;
+        b[28..32].copy_from_slice(&lease_ms.to_le_bytes());
+        b[32..40].copy_from_slice(&self.layout.chunk_size.to_le_bytes());
+        b[40..48].copy_from_slice(&self.layout.table_offset.to_le_bytes());
+        b[48..52].copy_from_slice(&(self.layout.chunk_count as u32).to_le_bytes());
+        b[52..56].copy_from_slice(&(self.layout.client_count as u32).to_le_bytes());
+        b[56..64].copy_from_slice(&self.layout.data_offset.to_le_bytes());
+        b
+    }
+
+    /// Decodes and checks a descriptor: magic, version, reserved byte, a layout that fits
+    /// the region, and a lease of at least 10 ms.
+    pub fn decode(b: &[u8]) -> Result<Self> {
+        const W: &str = "pool descriptor";
+        if b.len() != DESCRIPTOR_LEN {
+            return Err(malformed(
+                W,
+                format!("{} bytes, want {DESCRIPTOR_LEN}", b.len()),
+            ));
+        }
+        if &b[0..2] != b"RP" {
+            return Err(malformed(W, "bad magic"));
+        }
+        if b[2] != LAYOUT_VERSION {
+            return Err(malformed(
+                W,
+                format!("version {} (this build speaks {LAYOUT_VERSION})", b[2]),
+            ));
+        }
+        if b[3] != 0 {
+            return Err(malformed(W, "reserved byte set"));
+        }
+        let region = RemoteRegion {
+            addr: u64_at(b, 8),
+            len: u64_at(b, 16),
+            rkey: u32_at(b, 24),
+        };
+        let layout = Layout {
+            len: region.len,
+            chunk_size: u64_at(b, 32),
+            table_offset: u64_at(b, 40),
+            chunk_count: u32_at(b, 48) as u64,
+            client_count: u32_at(b, 52) as u64,
+            data_offset: u64_at(b, 56),
+        };
+        layout
+            .check()
+            .map_err(|e| malformed(W, format!("impossible layout: {e}")))?;
+        if region.addr.checked_add(region.len).is_none() {
+            return Err(malformed(W, "region wraps the address space"));
+        }
+        let lease_ms = u32_at(b, 28);
+        if lease_ms < 10 {
+            return Err(malformed(W, format!("lease of {lease_ms} ms")));
+        }
+        Ok(Self {
+            node: u32_at(b, 4),
+            region,
+            layout,
+            lease: Duration::from_millis(lease_ms as u64),
+        })
+    }
+}
+
+/// A client's connection request: who it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientHello {
+    /// The client's id (non-zero; the same id after a restart finds its allocations).
+    pub client_id: u64,
+}
+
+impl ClientHello {
+    /// The 16 bytes of the connection request's private data.
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[0..2].copy_from_slice(b"RC");
+        b[2] = LAYOUT_VERSION;
+        b[8..16].copy_from_slice(&self.client_id.to_le_bytes());
+        b
+    }
+
+    /// Decodes and checks a hello.
+    pub fn decode(b: &[u8]) -> Result<Self> {
+        const W: &str = "pool client hello";
+        if b.len() != HELLO_LEN || &b[0..2] != b"RC" {
+            return Err(malformed(W, "bad length or magic"));
+        }
+        if b[2] != LAYOUT_VERSION || b[3..8] != [0; 5] {
+            return Err(malformed(W, "bad version or reserved bytes"));
+        }
+        let client_id = u64_at(b, 8);
+        if client_id == 0 {
+            return Err(malformed(W, "client id 0"));
+        }
+        Ok(Self { client_id })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> PoolDescriptor {
+        PoolDescriptor {
+            node: 7,
+            region: RemoteRegion {
+                addr: 0x7f00_0000_0000,
+                len: 1 << 30,
+                rkey: 0x1234,
+            },
+            layout: Layout::new(1 << 30, 2 << 20, 256).unwrap(),
+            lease: Duration::from_secs(2),
+        }
+    }
+
+    #[test]
+    fn descriptors_round_trip_and_bad_ones_are_typed_errors() {
+        let d = sample();
+        assert_eq!(PoolDescriptor::decode(&d.encode()).unwrap(), d);
+        let bad = |f: &dyn Fn(&mut [u8; DESCRIPTOR_LEN])| {
+            let mut b = d.encode();
+            f(&mut b);
+            match PoolDescriptor::decode(&b) {
+                Err(Error::Malformed { .. }) => {}
+                other => panic!("expected Malformed, got {other:?}"),
+            }
+        };
+        bad(&|b| b[2] = 9); // version
+        bad(&|b| b[0] = b'X'); // magic
+        bad(&|b| b[3] = 1); // reserved
+        bad(&|b| b[48..52].copy_from_slice(&u32::MAX.to_le_bytes())); // chunks past the end
+        bad(&|b| b[32..40].copy_from_slice(&(3u64 << 20).to_le_bytes())); // chunk size
+        bad(&|b| b[28..32].copy_from_slice(&0u32.to_le_bytes())); // lease
+        assert!(PoolDescriptor::decode(&d.encode()[..63]).is_err());
+    }
+
+    #[test]
+    fn hellos_round_trip() {
+        let h = ClientHello { client_id: 42 };
+        assert_eq!(ClientHello::decode(&h.encode()).unwrap(), h);
+        assert!(ClientHello::decode(&ClientHello { client_id: 0 }.encode()).is_err());
+        let mut b = h.encode();
+        b[5] = 1;
+        assert!(ClientHello::decode(&b).is_err());
+    }
+}

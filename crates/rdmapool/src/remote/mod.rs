@@ -1,0 +1,65 @@
+//! The cross-node memory pool: memory servers export registered memory, clients allocate,
+//! free, read, write and atomically update it with one-sided RDMA only.
+//!
+//! - A [`MemoryServer`] registers one huge-page region, lays it out as a pool (a header,
+//!   client lease slots, a chunk table, chunks: [`layout`]), and hands every client a
+//!   [`PoolDescriptor`] in the accept's private data. Its CPU does not take part in
+//!   allocation or access; a reaper thread takes back the chunks of clients whose lease
+//!   expired.
+//! - A [`PoolClient`] connects to the servers its [`Membership`] names and learns each from
+//!   its descriptor. It claims whole chunks with RDMA compare-and-swap on the chunk table
+//!   (probing from a hash of its id, so no word is hot), sub-allocates objects of one size
+//!   class per chunk by setting bits of the chunk's bitmap with compare-and-swap, and frees
+//!   (any client can) by clearing them. Its lease is a heartbeat word it increments with
+//!   fetch-and-add four times per lease.
+//!
+//! ```
+//! use rdmapool::fabric::*;
+//! use rdmapool::remote::*;
+//! # fn main() -> rdmapool::Result<()> {
+//! let ctx = Context::open_soft()?;
+//! let server = MemoryServer::start(&ctx, ServerConfig { size: 8 << 20, chunk_size: 1 << 20,
+//!     ..ServerConfig::default() })?;
+//! let members = StaticMembership::new(vec![server.addr()]);
+//! let pd = ctx.alloc_pd()?;
+//! let client = PoolClient::connect(&ctx, &pd, &members, ClientConfig::new(42))?;
+//! let ptr = client.block_on(client.alloc(100, None))?;            // one-sided: CAS only
+//! let buf = std::sync::Arc::new(pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?);
+//! buf.write_at(0, b"hello, pool")?;
+//! let (r, buf) = client.block_on(client.write(ptr, 0, buf, 0, 11)); // zero-copy WRITE
+//! r?;
+//! let (r, buf) = client.block_on(client.read(ptr, 0, buf, 64, 11));
+//! r?;
+//! let mut got = [0u8; 11];
+//! buf.read_at(64, &mut got)?;
+//! assert_eq!(&got, b"hello, pool");
+//! assert_eq!(client.block_on(client.fetch_and_add(ptr, 16, 5))?, 0);
+//! client.block_on(client.free(ptr))?;
+//! assert_eq!(server.stats().requests_handled, 0);   // the server's CPU did nothing
+//! # Ok(()) }
+//! ```
+
+mod client;
+mod descriptor;
+pub mod layout;
+mod membership;
+mod placement;
+mod server;
+
+pub use client::{ClientConfig, PoolClient};
+pub use descriptor::{ClientHello, PoolDescriptor, DESCRIPTOR_LEN, HELLO_LEN};
+pub use layout::Layout;
+pub use membership::{Membership, StaticMembership};
+pub use placement::{KeyHash, LeastUsed, NodeLoad, Placement, RoundRobin};
+pub use server::{MemoryServer, ServerConfig, ServerStats};
+
+/// A remote allocation: the node it lives on, its offset in that node's region, its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RemotePtr {
+    /// The node (a server's id).
+    pub node: u32,
+    /// Offset in the node's region.
+    pub offset: u64,
+    /// Bytes allocated.
+    pub len: u64,
+}

@@ -1,0 +1,366 @@
+//! The memory server: exports one registered huge-page region laid out as a pool, hands each
+//! client the pool's descriptor when it connects, and reclaims the chunks of clients whose
+//! lease expired. It takes no part in allocation, free, or data access: those are one-sided.
+
+use super::descriptor::{ClientHello, PoolDescriptor};
+use super::layout::{self, Layout};
+use crate::conn::Listener;
+use crate::fabric::{
+    AccessFlags, Completion, Context, Cq, Pd, Qp, QpConfig, RecvWr, Registered, RegisteredMemory,
+    WcOpcode,
+};
+use crate::mr::{HugeOptions, HugeRegion};
+use crate::{Error, Result};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How to run a memory server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// This node's id (unique in the cluster; it names the node in remote pointers).
+    pub node: u32,
+    /// Bytes of the exported region (a multiple of 2 MiB; the first chunk holds metadata).
+    pub size: usize,
+    /// Bytes per chunk (a power of two, at least 64 KiB).
+    pub chunk_size: u64,
+    /// How many clients can hold a lease at once.
+    pub clients: u64,
+    /// How long a client's lease lasts without renewal (clients renew 4 times per lease).
+    pub lease: Duration,
+    /// Where to listen for clients.
+    pub listen: SocketAddr,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            node: 1,
+            size: 64 << 20,
+            chunk_size: 2 << 20,
+            clients: 256,
+            lease: Duration::from_secs(2),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        }
+    }
+}
+
+/// What a server has seen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Chunks in the pool.
+    pub chunks: u64,
+    /// Chunks a client owns now.
+    pub chunks_owned: u64,
+    /// Clients holding a lease now.
+    pub clients: u64,
+    /// Connections accepted so far.
+    pub connections: u64,
+    /// Chunks taken back from clients whose lease expired.
+    pub reclaimed_chunks: u64,
+    /// Leases that expired.
+    pub expired_clients: u64,
+    /// Two-sided messages the server's CPU handled: allocation, free and data access never
+    /// send any, so this stays zero (receives are posted so that one would be counted).
+    pub requests_handled: u64,
+}
+
+struct Inner {
+    node: u32,
+    layout: Layout,
+    lease: Duration,
+    region: Registered<HugeRegion>,
+    pd: Pd,
+    cq: Cq,
+    /// Receive buffers for the two-sided messages nobody sends (see `requests_handled`).
+    recv_buf: crate::fabric::Mr,
+    conns: Mutex<Vec<Qp>>,
+    stop: AtomicBool,
+    draining: AtomicBool,
+    connections: AtomicU64,
+    reclaimed: AtomicU64,
+    expired: AtomicU64,
+    requests: AtomicU64,
+}
+
+/// A memory server (see the module docs). Dropping it stops it at once (as a crash would,
+/// for its clients); [`MemoryServer::shutdown`] drains first.
+pub struct MemoryServer {
+    inner: Arc<Inner>,
+    addr: SocketAddr,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Inner {
+    fn word(&self, offset: u64) -> &AtomicU64 {
+        self.region
+            .mr()
+            .atomic_u64(offset as usize)
+            .expect("layout offsets are aligned and inside the region")
+    }
+
+    fn descriptor(&self) -> PoolDescriptor {
+        PoolDescriptor {
+            node: self.node,
+            region: self.region.remote_region(),
+            layout: self.layout,
+            lease: self.lease,
+        }
+    }
+
+    fn chunks_owned(&self) -> u64 {
+        (0..self.layout.chunk_count)
+            .filter(|&i| {
+                self.word(self.layout.table_entry(i))
+                    .load(Ordering::Acquire)
+                    != 0
+            })
+            .count() as u64
+    }
+
+    /// Takes back every chunk `owner` holds: its header is invalidated first (so frees of
+    /// its objects fail from then on), then the table entry is released.
+    fn reclaim(&self, owner: u64) -> u64 {
+        let mut n = 0;
+        for i in 0..self.layout.chunk_count {
+            let entry = self.word(self.layout.table_entry(i));
+            if entry.load(Ordering::Acquire) == owner {
+                let chunk = self.layout.chunk(i);
+                self.word(chunk + layout::chunk::MAGIC)
+                    .store(0, Ordering::Release);
+                if entry
+                    .compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// Posts receives on a new connection: a client never sends, and if one did, the
+    /// message would be counted as a request the server handled.
+    fn post_receives(&self, qp: &Qp) -> Result<()> {
+        for i in 0..4u64 {
+            let sge = self.recv_buf.sge(i as usize * 64, 64)?;
+            qp.post_recv(&[RecvWr {
+                wr_id: i,
+                sg_list: &[sge],
+            }])?;
+        }
+        Ok(())
+    }
+
+    fn accept_loop(self: &Arc<Self>, listener: Listener) {
+        let cfg = QpConfig::default();
+        while !self.stop.load(Ordering::Acquire) {
+            let req = match listener.get_request(Duration::from_millis(100)) {
+                Ok(r) => r,
+                Err(Error::TimedOut(_)) => continue,
+                Err(e) => {
+                    tracing::debug!(node = self.node, "connection request failed: {e}");
+                    continue;
+                }
+            };
+            if self.draining.load(Ordering::Acquire) {
+                let _ = req.reject(b"draining");
+                continue;
+            }
+            if let Err(e) = ClientHello::decode(req.private_data()) {
+                tracing::warn!(node = self.node, "refusing a client: {e}");
+                let _ = req.reject(b"bad client hello");
+                continue;
+            }
+            let desc = self.descriptor().encode();
+            match req.accept(&self.pd, &self.cq, &self.cq, &cfg, &desc) {
+                Ok(qp) => {
+                    if let Err(e) = self.post_receives(&qp) {
+                        tracing::warn!(node = self.node, "cannot post receives: {e}");
+                    }
+                    self.connections.fetch_add(1, Ordering::Relaxed);
+                    self.conns.lock().push(qp);
+                }
+                Err(e) => tracing::debug!(node = self.node, "accept failed: {e}"),
+            }
+        }
+    }
+
+    /// Every quarter lease: counts two-sided messages, and expires clients whose heartbeat
+    /// did not move for a whole lease.
+    fn reaper_loop(self: &Arc<Self>) {
+        let mut seen: HashMap<u64, (u64, u64, Instant)> = HashMap::new(); // slot -> (owner, beat, since)
+        let tick = (self.lease / 4).max(Duration::from_millis(5));
+        let mut buf = [Completion::EMPTY; 16];
+        while !self.stop.load(Ordering::Acquire) {
+            let until = Instant::now() + tick;
+            while Instant::now() < until && !self.stop.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(5).min(tick));
+            }
+            if let Ok(n) = self.cq.poll(&mut buf) {
+                let handled = buf[..n]
+                    .iter()
+                    .filter(|c| c.is_ok() && c.opcode == WcOpcode::Recv)
+                    .count();
+                self.requests.fetch_add(handled as u64, Ordering::Relaxed);
+            }
+            let now = Instant::now();
+            for slot in 0..self.layout.client_count {
+                let at = self.layout.client_slot(slot);
+                let owner = self.word(at).load(Ordering::Acquire);
+                if owner == 0 {
+                    seen.remove(&slot);
+                    continue;
+                }
+                let beat = self.word(at + 8).load(Ordering::Acquire);
+                match seen.get(&slot) {
+                    Some(&(o, b, since)) if o == owner && b == beat => {
+                        if now.duration_since(since) > self.lease {
+                            let n = self.reclaim(owner);
+                            self.reclaimed.fetch_add(n, Ordering::Relaxed);
+                            self.expired.fetch_add(1, Ordering::Relaxed);
+                            if self
+                                .word(at)
+                                .compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Acquire)
+                                .is_ok()
+                            {
+                                self.word(at + 8).store(0, Ordering::Release);
+                            }
+                            seen.remove(&slot);
+                            tracing::info!(node = self.node, owner, chunks = n, "lease expired");
+                        }
+                    }
+                    _ => {
+                        seen.insert(slot, (owner, beat, now));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl MemoryServer {
+    /// Allocates and registers the region on `ctx`, lays out the pool, and starts serving.
+    pub fn start(ctx: &Context, cfg: ServerConfig) -> Result<Self> {
+        let layout = Layout::new(cfg.size as u64, cfg.chunk_size, cfg.clients)?;
+        if cfg.lease < Duration::from_millis(10) {
+            return Err(Error::InvalidArgument(format!(
+                "lease of {:?}: at least 10 ms",
+                cfg.lease
+            )));
+        }
+        let pd = ctx.alloc_pd()?;
+        let cq = ctx.create_cq(4096)?;
+        let memory = HugeRegion::alloc(cfg.size, HugeOptions::default())?;
+        let access = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_ATOMIC;
+        let region = pd.register(memory, access).map_err(Error::from)?;
+        let recv_buf = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+        let listener = Listener::bind(&pd, cfg.listen)?;
+        let addr = listener.local_addr();
+        let inner = Arc::new(Inner {
+            node: cfg.node,
+            layout,
+            lease: cfg.lease,
+            region,
+            pd,
+            cq,
+            recv_buf,
+            conns: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            connections: AtomicU64::new(0),
+            reclaimed: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+        });
+        // The mapping is zeroed: every client slot and chunk is free. The header says what
+        // the memory is and that the server runs.
+        inner
+            .word(layout::header::STATE)
+            .store(layout::STATE_RUNNING, Ordering::Release);
+        inner
+            .word(layout::header::MAGIC)
+            .store(layout::POOL_MAGIC, Ordering::Release);
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map_err(|e| Error::Sys {
+                    call: "spawn",
+                    source: e,
+                })
+        };
+        let a = inner.clone();
+        let accept = spawn(
+            "rdmapool-pool-accept",
+            Box::new(move || a.accept_loop(listener)),
+        )?;
+        let r = inner.clone();
+        let reaper = spawn("rdmapool-pool-reaper", Box::new(move || r.reaper_loop()))?;
+        Ok(Self {
+            inner,
+            addr,
+            threads: vec![accept, reaper],
+        })
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The descriptor clients receive.
+    pub fn descriptor(&self) -> PoolDescriptor {
+        self.inner.descriptor()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ServerStats {
+        let i = &self.inner;
+        ServerStats {
+            chunks: i.layout.chunk_count,
+            chunks_owned: i.chunks_owned(),
+            clients: (0..i.layout.client_count)
+                .filter(|&s| i.word(i.layout.client_slot(s)).load(Ordering::Acquire) != 0)
+                .count() as u64,
+            connections: i.connections.load(Ordering::Relaxed),
+            reclaimed_chunks: i.reclaimed.load(Ordering::Relaxed),
+            expired_clients: i.expired.load(Ordering::Relaxed),
+            requests_handled: i.requests.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Graceful shutdown: new connections are refused, connected clients see the pool
+    /// draining (at their next lease renewal) and place no new chunks here; waits up to
+    /// `drain` for every chunk to be released, then stops. Returns the chunks still owned.
+    pub fn shutdown(self, drain: Duration) -> u64 {
+        self.inner.draining.store(true, Ordering::Release);
+        self.inner
+            .word(layout::header::STATE)
+            .store(layout::STATE_DRAINING, Ordering::Release);
+        let until = Instant::now() + drain;
+        let mut left = self.inner.chunks_owned();
+        while left > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+            left = self.inner.chunks_owned();
+        }
+        left
+    }
+}
+
+impl Drop for MemoryServer {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        // Disconnect everyone before the region goes.
+        self.inner.conns.lock().clear();
+    }
+}

@@ -1,0 +1,355 @@
+//! The cross-node memory pool on real servers and clients (soft by default; the verbs suite
+//! runs it in the SoftRoCE guest with RDMA CM on the guest's RDMA netdev).
+
+mod common;
+use common::*;
+use rdmapool::fabric::*;
+use rdmapool::remote::*;
+use rdmapool::Error;
+use std::collections::{BTreeMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where servers listen: loopback on soft; the RDMA netdev's address on verbs (RDMA CM
+/// cannot route over loopback).
+fn listen() -> SocketAddr {
+    let ip = match provider() {
+        ProviderKind::Soft => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        ProviderKind::Verbs => std::env::var("RDMAPOOL_TEST_CM_IP")
+            .expect("RDMAPOOL_TEST_CM_IP names the RDMA netdev's address in the verbs suite")
+            .parse()
+            .expect("an IP address"),
+    };
+    SocketAddr::new(ip, 0)
+}
+
+fn server(node: u32, lease: Duration) -> MemoryServer {
+    let ctx = node_on(Transport::Auto).ctx;
+    MemoryServer::start(
+        &ctx,
+        ServerConfig {
+            node,
+            size: 8 << 20,
+            chunk_size: 256 << 10,
+            clients: 64,
+            lease,
+            listen: listen(),
+        },
+    )
+    .expect("server starts")
+}
+
+fn client(servers: &[&MemoryServer], id: u64) -> rdmapool::Result<PoolClient> {
+    let members = StaticMembership::new(servers.iter().map(|s| s.addr()).collect());
+    let n = node();
+    PoolClient::connect(&n.ctx, &n.pd, &members, ClientConfig::new(id))
+}
+
+/// A buffer on the client's PD that its operations move bytes through.
+fn local(c: &PoolClient, len: usize) -> Arc<Mr> {
+    Arc::new(c.pd().alloc_mr(len, AccessFlags::LOCAL_WRITE).unwrap())
+}
+
+/// xorshift64: reproducible randomness without a crate.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < until, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn random_operations_on_three_servers_match_a_model_and_the_servers_do_nothing() {
+    let servers: Vec<MemoryServer> = (1..=3).map(|n| server(n, Duration::from_secs(2))).collect();
+    let refs: Vec<&MemoryServer> = servers.iter().collect();
+    let all_live: Arc<parking_lot::Mutex<Vec<RemotePtr>>> = Default::default();
+    std::thread::scope(|s| {
+        for id in 1..=3u64 {
+            let refs = refs.clone();
+            let all_live = all_live.clone();
+            s.spawn(move || {
+                let c = client(&refs, id).unwrap();
+                let buf = local(&c, 8192);
+                let mut rng = Rng(0x9e37_79b9 ^ id);
+                let mut model: BTreeMap<RemotePtr, Vec<u8>> = BTreeMap::new();
+                for step in 0..300 {
+                    let r = rng.below(10);
+                    if r < 5 || model.is_empty() {
+                        let size = 1 + rng.below(3000);
+                        let p = c.block_on(c.alloc(size, Some(rng.next()))).unwrap();
+                        assert_eq!(p.len, size);
+                        let data: Vec<u8> = (0..size).map(|_| rng.next() as u8).collect();
+                        buf.write_at(0, &data).unwrap();
+                        c.block_on(c.write(p, 0, buf.clone(), 0, size as u32))
+                            .0
+                            .unwrap();
+                        model.insert(p, data);
+                    } else if r < 8 {
+                        let k = rng.below(model.len() as u64) as usize;
+                        let (p, data) = model.iter().nth(k).unwrap();
+                        c.block_on(c.read(*p, 0, buf.clone(), 4096, p.len as u32))
+                            .0
+                            .unwrap();
+                        let mut got = vec![0u8; p.len as usize];
+                        buf.read_at(4096, &mut got).unwrap();
+                        assert!(&got == data, "client {id} step {step}: {p:?} changed");
+                    } else {
+                        let k = rng.below(model.len() as u64) as usize;
+                        let p = *model.keys().nth(k).unwrap();
+                        c.block_on(c.free(p)).unwrap();
+                        model.remove(&p);
+                    }
+                }
+                all_live.lock().extend(model.keys().copied());
+                // Every byte still as written, then everything freed.
+                for (p, data) in &model {
+                    c.block_on(c.read(*p, 0, buf.clone(), 0, p.len as u32))
+                        .0
+                        .unwrap();
+                    let mut got = vec![0u8; p.len as usize];
+                    buf.read_at(0, &mut got).unwrap();
+                    assert!(&got == data, "client {id}: {p:?} changed at the end");
+                }
+                std::thread::sleep(Duration::from_millis(200)); // others check overlaps
+                for p in model.keys() {
+                    c.block_on(c.free(*p)).unwrap();
+                }
+            });
+        }
+        // While the clients hold their allocations: no byte is allocated twice.
+        std::thread::sleep(Duration::from_millis(50));
+    });
+    let live = all_live.lock().clone();
+    let mut seen: Vec<(u32, u64, u64)> = live.iter().map(|p| (p.node, p.offset, p.len)).collect();
+    seen.sort();
+    for w in seen.windows(2) {
+        assert!(
+            w[0].0 != w[1].0 || w[0].1 + w[0].2 <= w[1].1,
+            "two allocations overlap: {w:?}"
+        );
+    }
+    for s in &servers {
+        let st = s.stats();
+        assert_eq!(st.chunks_owned, 0, "node freed everything: {st:?}");
+        assert_eq!(
+            st.requests_handled, 0,
+            "the server's CPU handled nothing: {st:?}"
+        );
+        assert!(st.connections >= 3);
+    }
+    // Everything freed is allocatable again: every chunk of every server, once.
+    let c = client(&refs, 9).unwrap();
+    let whole = 200 << 10;
+    let mut got = HashSet::new();
+    loop {
+        match c.block_on(c.alloc(whole, None)) {
+            Ok(p) => assert!(got.insert((p.node, p.offset)), "handed out twice: {p:?}"),
+            Err(Error::RemoteExhausted { size }) => {
+                assert_eq!(size, whole);
+                break;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    let chunks: u64 = servers.iter().map(|s| s.stats().chunks).sum();
+    assert_eq!(got.len() as u64, chunks);
+}
+
+#[test]
+fn a_dead_client_keeps_its_chunks_until_its_lease_expires_a_live_one_forever() {
+    let s = server(1, Duration::from_millis(400));
+    let live = client(&[&s], 1).unwrap();
+    let kept = live.block_on(live.alloc(64, None)).unwrap();
+    let dying = client(&[&s], 2).unwrap();
+    dying.block_on(dying.alloc(64, None)).unwrap();
+    dying.block_on(dying.alloc(100_000, None)).unwrap();
+    assert_eq!(s.stats().chunks_owned, 3);
+    drop(dying); // stops renewing, as a crash would
+    assert_eq!(s.stats().chunks_owned, 3, "not before the lease runs out");
+    wait_until("the dead client's chunks come back", || {
+        s.stats().chunks_owned == 1
+    });
+    let st = s.stats();
+    assert_eq!((st.expired_clients, st.reclaimed_chunks), (1, 2));
+    // Ten leases later the live client still has its chunk and its object.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(s.stats().expired_clients, 1);
+    assert_eq!(live.block_on(live.fetch_and_add(kept, 0, 1)).unwrap(), 0);
+    live.block_on(live.free(kept)).unwrap();
+    assert_eq!(s.stats().chunks_owned, 0);
+}
+
+#[test]
+fn a_restarted_client_finds_its_allocations_and_a_live_id_cannot_be_taken() {
+    let s = server(1, Duration::from_secs(3));
+    let first = client(&[&s], 77).unwrap();
+    let mut mine: Vec<RemotePtr> = (0..5)
+        .map(|i| first.block_on(first.alloc(100 + i, None)).unwrap())
+        .collect();
+    match client(&[&s], 77) {
+        Err(Error::Connection { reason, .. }) => {
+            assert!(reason.contains("live client"), "{reason}")
+        }
+        Err(Error::ClientIdInUse { id, .. }) => assert_eq!(id, 77),
+        other => panic!("a live id taken twice: {:?}", other.map(|_| ())),
+    }
+    drop(first);
+    let again = client(&[&s], 77).unwrap();
+    let mut found = again.block_on(again.allocations()).unwrap();
+    found.sort();
+    mine.sort();
+    assert_eq!(found.len(), mine.len());
+    for (f, m) in found.iter().zip(&mine) {
+        assert_eq!((f.node, f.offset), (m.node, m.offset));
+        assert!(f.len >= m.len);
+    }
+    for p in mine {
+        again.block_on(again.free(p)).unwrap();
+    }
+    assert_eq!(s.stats().chunks_owned, 0);
+}
+
+#[test]
+fn a_dead_server_is_node_down_and_the_others_keep_working() {
+    let a = server(1, Duration::from_secs(2));
+    let b = server(2, Duration::from_secs(2));
+    let c = client(&[&a, &b], 5).unwrap();
+    let on_a = (0..4)
+        .map(|_| c.block_on(c.alloc(64, None)).unwrap())
+        .find(|p| p.node == 1)
+        .expect("round-robin reaches node 1");
+    drop(a);
+    let mut err = None;
+    wait_until("node 1 reported down", || {
+        match c.block_on(c.fetch_and_add(on_a, 0, 1)) {
+            Err(e @ Error::NodeDown { .. }) => {
+                err = Some(e);
+                true
+            }
+            _ => false,
+        }
+    });
+    assert!(matches!(err, Some(Error::NodeDown { node: 1, .. })));
+    for _ in 0..8 {
+        let p = c.block_on(c.alloc(64, None)).unwrap();
+        assert_eq!(p.node, 2);
+        c.block_on(c.free(p)).unwrap();
+    }
+}
+
+#[test]
+fn bad_input_gets_typed_errors_and_damages_nothing() {
+    let s = server(1, Duration::from_secs(2));
+    let c = client(&[&s], 3).unwrap();
+    let buf = local(&c, 4096);
+    let keep = c.block_on(c.alloc(64, None)).unwrap();
+    c.block_on(c.fetch_and_add(keep, 8, 42)).unwrap();
+    let p = c.block_on(c.alloc(64, None)).unwrap();
+    c.block_on(c.free(p)).unwrap();
+    assert!(
+        matches!(c.block_on(c.free(p)), Err(Error::NotAllocated(_))),
+        "double free"
+    );
+    let never = RemotePtr {
+        offset: keep.offset + 64 * 100,
+        ..keep
+    };
+    assert!(matches!(
+        c.block_on(c.free(never)),
+        Err(Error::NotAllocated(_))
+    ));
+    let misaligned = RemotePtr {
+        offset: keep.offset + 1,
+        ..keep
+    };
+    assert!(matches!(
+        c.block_on(c.free(misaligned)),
+        Err(Error::NotAllocated(_))
+    ));
+    let outside = RemotePtr { offset: 0, ..keep };
+    assert!(matches!(
+        c.block_on(c.free(outside)),
+        Err(Error::NotAllocated(_))
+    ));
+    let other = c.block_on(c.alloc(64, None)).unwrap();
+    let (r, _) = c.block_on(c.read(other, 60, buf.clone(), 0, 8));
+    assert!(matches!(
+        r,
+        Err(Error::OutOfBounds {
+            offset: 60,
+            len: 8,
+            limit: 64
+        })
+    ));
+    let elsewhere = RemotePtr { node: 99, ..keep };
+    assert!(matches!(
+        c.block_on(c.free(elsewhere)),
+        Err(Error::NodeDown { node: 99, .. })
+    ));
+    assert!(matches!(
+        c.block_on(c.alloc(1 << 30, None)),
+        Err(Error::InvalidArgument(_))
+    ));
+    // None of that touched the object that stayed.
+    assert_eq!(c.block_on(c.fetch_and_add(keep, 8, 0)).unwrap(), 42);
+    // A peer that does not speak the pool's hello is refused.
+    let n = node();
+    let r = rdmapool::conn::connect(
+        &n.pd,
+        s.addr(),
+        &n.pd,
+        &n.cq,
+        &n.cq,
+        &QpConfig::default(),
+        b"hello?",
+        Duration::from_secs(5),
+    );
+    assert!(
+        matches!(r, Err(Error::Rejected { .. })),
+        "{:?}",
+        r.map(|_| ())
+    );
+    assert_eq!(s.stats().requests_handled, 0);
+}
+
+#[test]
+fn a_draining_server_takes_no_new_chunks_and_stops_when_emptied() {
+    let a = server(1, Duration::from_millis(400));
+    let b = server(2, Duration::from_millis(400));
+    let c = client(&[&a, &b], 8).unwrap();
+    let on_a: Vec<RemotePtr> = (0..4)
+        .map(|_| c.block_on(c.alloc(200_000, None)).unwrap())
+        .filter(|p| p.node == 1)
+        .collect();
+    assert!(!on_a.is_empty());
+    std::thread::scope(|s| {
+        let drained = s.spawn(|| a.shutdown(Duration::from_secs(20)));
+        wait_until("the client sees node 1 draining", || {
+            c.nodes().iter().any(|n| n.node == 1 && n.draining)
+        });
+        for _ in 0..6 {
+            let p = c.block_on(c.alloc(200_000, None)).unwrap();
+            assert_eq!(p.node, 2, "no new chunks on a draining node");
+            c.block_on(c.free(p)).unwrap();
+        }
+        for p in &on_a {
+            c.block_on(c.free(*p)).unwrap();
+        }
+        assert_eq!(drained.join().unwrap(), 0, "drained once emptied");
+    });
+}
