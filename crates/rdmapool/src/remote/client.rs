@@ -140,6 +140,7 @@ struct Shared {
     scratch: Arc<Scratch>,
     stop: AtomicBool,
     connect_timeout: Duration,
+    timers: Timers,
 }
 
 /// A client of the remote memory pool (see the module docs).
@@ -186,6 +187,7 @@ impl PoolClient {
             scratch,
             stop: AtomicBool::new(false),
             connect_timeout: cfg.connect_timeout,
+            timers: Mutex::new(Vec::new()),
         });
         let mut errors = Vec::new();
         let members = membership.servers()?;
@@ -265,7 +267,12 @@ impl PoolClient {
             Ok(t) => t,
             Err(e) => return (Err(e), local),
         };
-        let (r, b) = node.qp.write(local, local_offset, len, remote).await;
+        let (r, b) = timed(
+            &self.shared.timers,
+            &node,
+            node.qp.write(local, local_offset, len, remote),
+        )
+        .await;
         (self.shared.seen(&node, r).map(|_| ()), b)
     }
 
@@ -282,7 +289,12 @@ impl PoolClient {
             Ok(t) => t,
             Err(e) => return (Err(e), local),
         };
-        let (r, b) = node.qp.read(local, local_offset, len, remote).await;
+        let (r, b) = timed(
+            &self.shared.timers,
+            &node,
+            node.qp.read(local, local_offset, len, remote),
+        )
+        .await;
         (self.shared.seen(&node, r).map(|_| ()), b)
     }
 
@@ -344,6 +356,69 @@ impl Drop for PoolClient {
     }
 }
 
+/// How long one operation may stay outstanding before its node is declared down. (Some
+/// devices never complete a request to a peer that vanished: rxe on Linux 6.1 does not.)
+const OP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Awaits an operation on `node`; past [`OP_TIMEOUT`] the node is marked down and its QP
+/// moved to ERR, which flushes the operation (so its buffer still comes back).
+async fn timed<B>(
+    timers: &Timers,
+    node: &Node,
+    op: impl Future<Output = (Result<crate::cq::OpCompletion>, B)>,
+) -> (Result<crate::cq::OpCompletion>, B) {
+    Timed {
+        op: std::pin::pin!(op),
+        node,
+        timers,
+        deadline: Instant::now() + OP_TIMEOUT,
+        fired: false,
+        registered: false,
+    }
+    .await
+}
+
+/// Deadlines of operations whose tasks wait to be woken (the lease thread wakes them).
+type Timers = Mutex<Vec<(Instant, std::task::Waker)>>;
+
+struct Timed<'a, F> {
+    op: std::pin::Pin<&'a mut F>,
+    node: &'a Node,
+    timers: &'a Timers,
+    deadline: Instant,
+    fired: bool,
+    /// Whether the lease thread was asked to wake the task at the deadline (caller-driven
+    /// polling needs no wake-up, but another executor would not poll again).
+    registered: bool,
+}
+
+impl<F: Future> Future for Timed<'_, F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        if let std::task::Poll::Ready(v) = self.op.as_mut().poll(cx) {
+            return std::task::Poll::Ready(v);
+        }
+        if !self.fired {
+            if Instant::now() >= self.deadline {
+                self.fired = true;
+                self.node.mark_down(format!(
+                    "an operation got no completion within {OP_TIMEOUT:?}"
+                ));
+                self.node.qp.qp().modify_to_error();
+                cx.waker().wake_by_ref();
+            } else if !self.registered {
+                self.registered = true;
+                self.timers.lock().push((self.deadline, cx.waker().clone()));
+            }
+        }
+        std::task::Poll::Pending
+    }
+}
+
 fn hash64(mut x: u64) -> u64 {
     // splitmix64: spreads client ids over the tables.
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -389,10 +464,10 @@ impl Shared {
         node.check_up()?;
         let w = self.word()?;
         let buf = LocalBuf::Region(self.scratch.mr.clone());
-        let (r, _) = node
+        let op = node
             .qp
-            .compare_and_swap(buf, w.offset, remote, compare, swap)
-            .await;
+            .compare_and_swap(buf, w.offset, remote, compare, swap);
+        let (r, _) = timed(&self.timers, node, op).await;
         self.seen(node, r)?;
         self.scratch.mr.read_u64(w.offset)
     }
@@ -401,7 +476,12 @@ impl Shared {
         node.check_up()?;
         let w = self.word()?;
         let buf = LocalBuf::Region(self.scratch.mr.clone());
-        let (r, _) = node.qp.fetch_and_add(buf, w.offset, remote, add).await;
+        let (r, _) = timed(
+            &self.timers,
+            node,
+            node.qp.fetch_and_add(buf, w.offset, remote, add),
+        )
+        .await;
         self.seen(node, r)?;
         self.scratch.mr.read_u64(w.offset)
     }
@@ -410,7 +490,12 @@ impl Shared {
         node.check_up()?;
         let w = self.word()?;
         let buf = LocalBuf::Region(self.scratch.mr.clone());
-        let (r, _) = node.qp.read(buf, w.offset, 8, node.remote(offset)).await;
+        let (r, _) = timed(
+            &self.timers,
+            node,
+            node.qp.read(buf, w.offset, 8, node.remote(offset)),
+        )
+        .await;
         self.seen(node, r)?;
         self.scratch.mr.read_u64(w.offset)
     }
@@ -762,20 +847,18 @@ impl Shared {
         staging.write_at(0, &h)?;
         let chunk = node.desc.layout.chunk(index);
         let bitmap_len = (header_len - layout::chunk::BITMAP as usize) as u32;
-        let (r, staging) = node
-            .qp
-            .write(
-                LocalBuf::Region(staging),
-                layout::chunk::BITMAP as usize,
-                bitmap_len,
-                node.remote(chunk + layout::chunk::BITMAP),
-            )
-            .await;
+        let bitmap = node.qp.write(
+            LocalBuf::Region(staging),
+            layout::chunk::BITMAP as usize,
+            bitmap_len,
+            node.remote(chunk + layout::chunk::BITMAP),
+        );
+        let (r, staging) = timed(&self.timers, node, bitmap).await;
         self.seen(node, r)?;
-        let (r, _) = node
+        let header = node
             .qp
-            .write(staging, 0, layout::chunk::BITMAP as u32, node.remote(chunk))
-            .await;
+            .write(staging, 0, layout::chunk::BITMAP as u32, node.remote(chunk));
+        let (r, _) = timed(&self.timers, node, header).await;
         self.seen(node, r)?;
         Ok(())
     }
@@ -901,7 +984,19 @@ impl Shared {
                     }
                 }
             }
-            let until = Instant::now() + tick.max(Duration::from_millis(2));
+            // Wake the tasks whose operations are past their deadline (they then give up).
+            let now = Instant::now();
+            self.timers.lock().retain(|(at, waker)| {
+                let due = *at <= now;
+                if due {
+                    waker.wake_by_ref();
+                }
+                !due
+            });
+            let until = Instant::now()
+                + tick
+                    .max(Duration::from_millis(2))
+                    .min(Duration::from_millis(250));
             while Instant::now() < until && !self.stop.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(2));
             }
