@@ -1,0 +1,347 @@
+//! The remote pool across hosts: three memory servers and three client processes, each host
+//! its own network namespace on one bridged LAN (set up and torn down here), over the soft
+//! provider's TCP path. Needs root and iproute2 (CI has both); elsewhere it says why it
+//! skips.
+
+mod common;
+use common::*;
+use rdmapool::fabric::*;
+use rdmapool::remote::*;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn sh(args: &[&str]) -> bool {
+    Command::new(args[0])
+        .args(&args[1..])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Hosts on one LAN: a namespace per host, each with a veth into a bridge that lives in a
+/// switch namespace. Nothing touches the machine's own interfaces.
+struct Lan {
+    switch: String,
+    hosts: Vec<(String, String)>, // (namespace, address)
+}
+
+impl Lan {
+    fn new(n: usize) -> Result<Self, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root".into());
+        }
+        if !sh(&["ip", "-V"]) {
+            return Err("iproute2's ip not installed".into());
+        }
+        let id = std::process::id();
+        let subnet = format!("10.{}.{}", 100 + id % 50, (id / 50) % 250);
+        let lan = Lan {
+            switch: format!("rpsw-{id}"),
+            hosts: (1..=n)
+                .map(|i| (format!("rph{i}-{id}"), format!("{subnet}.{i}")))
+                .collect(),
+        };
+        let sw = lan.switch.clone();
+        let mut ok = sh(&["ip", "netns", "add", &sw])
+            && sh(&["ip", "-n", &sw, "link", "add", "br0", "type", "bridge"])
+            && sh(&["ip", "-n", &sw, "link", "set", "br0", "up"]);
+        for (i, (ns, addr)) in lan.hosts.iter().enumerate() {
+            let (h, b) = (format!("rph{i}"), format!("rpb{i}"));
+            ok = ok
+                && sh(&["ip", "netns", "add", ns])
+                && sh(&[
+                    "ip", "-n", &sw, "link", "add", &b, "type", "veth", "peer", "name", &h,
+                ])
+                && sh(&["ip", "-n", &sw, "link", "set", &h, "netns", ns])
+                && sh(&["ip", "-n", &sw, "link", "set", &b, "master", "br0"])
+                && sh(&["ip", "-n", &sw, "link", "set", &b, "up"])
+                && sh(&[
+                    "ip",
+                    "-n",
+                    ns,
+                    "addr",
+                    "add",
+                    &format!("{addr}/24"),
+                    "dev",
+                    &h,
+                ])
+                && sh(&["ip", "-n", ns, "link", "set", &h, "up"])
+                && sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+        }
+        if ok {
+            Ok(lan)
+        } else {
+            Err("creating the namespaces failed".into())
+        }
+    }
+}
+
+impl Drop for Lan {
+    fn drop(&mut self) {
+        for (ns, _) in &self.hosts {
+            sh(&["ip", "netns", "del", ns]);
+        }
+        sh(&["ip", "netns", "del", &self.switch]);
+    }
+}
+
+struct Proc {
+    child: Child,
+    stdin: ChildStdin,
+    out: BufReader<ChildStdout>,
+}
+
+impl Proc {
+    fn spawn(ns: &str, role: &str, env: &[(&str, String)]) -> Proc {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns])
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+            .env("RDMAPOOL_TEST_CHILD", role)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Proc { child, stdin, out }
+    }
+
+    fn line(&mut self) -> String {
+        loop {
+            let mut l = String::new();
+            assert!(
+                self.out.read_line(&mut l).unwrap() > 0,
+                "child exited early"
+            );
+            if let Some(at) = l.find('@') {
+                return l[at + 1..].trim_end().to_string();
+            }
+        }
+    }
+
+    fn say(&mut self, s: &str) {
+        writeln!(self.stdin, "@{s}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn stdin_line() -> String {
+    loop {
+        let mut l = String::new();
+        if std::io::stdin().read_line(&mut l).unwrap() == 0 {
+            return String::new();
+        }
+        if let Some(rest) = l.trim_end().strip_prefix('@') {
+            return rest.to_string();
+        }
+    }
+}
+
+fn parse_ptr(s: &str) -> RemotePtr {
+    let mut it = s.split(':').map(|x| x.parse::<u64>().unwrap());
+    RemotePtr {
+        node: it.next().unwrap() as u32,
+        offset: it.next().unwrap(),
+        len: it.next().unwrap(),
+    }
+}
+
+/// The child's side: `pool-server` (serves until stdin closes, reports stats on request)
+/// and `pool-client` (random operations against a model, then reports what it holds and
+/// frees it on request).
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var("RDMAPOOL_TEST_CHILD") else {
+        return;
+    };
+    let env = |k: &str| std::env::var(k).unwrap();
+    let ctx = Context::open_soft().unwrap(); // binds RDMAPOOL_SOFT_BIND, this host's address
+    match role.as_str() {
+        "pool-server" => {
+            let s = MemoryServer::start(
+                &ctx,
+                ServerConfig {
+                    node: env("NODE").parse().unwrap(),
+                    size: 8 << 20,
+                    chunk_size: 256 << 10,
+                    clients: 64,
+                    lease: Duration::from_secs(2),
+                    listen: format!("{}:0", env("IP")).parse().unwrap(),
+                },
+            )
+            .unwrap();
+            println!("@{}", s.addr());
+            loop {
+                match stdin_line().as_str() {
+                    "" => return,
+                    _ => {
+                        let st = s.stats();
+                        println!("@stats {} {}", st.chunks_owned, st.requests_handled);
+                    }
+                }
+            }
+        }
+        "pool-client" => {
+            let servers = StaticMembership::parse(&env("SERVERS")).unwrap();
+            let id: u64 = env("ID").parse().unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let c = PoolClient::connect(&ctx, &pd, &servers, ClientConfig::new(id)).unwrap();
+            let buf = Arc::new(pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE).unwrap());
+            let mut rng = id.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut next = move || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            let mut model: BTreeMap<RemotePtr, Vec<u8>> = BTreeMap::new();
+            for _ in 0..200 {
+                let r = next() % 10;
+                if r < 6 || model.is_empty() {
+                    let size = 1 + next() % 2000;
+                    let p = c.block_on(c.alloc(size, None)).unwrap();
+                    let data: Vec<u8> = (0..size).map(|_| next() as u8).collect();
+                    buf.write_at(0, &data).unwrap();
+                    c.block_on(c.write(p, 0, buf.clone(), 0, size as u32))
+                        .0
+                        .unwrap();
+                    model.insert(p, data);
+                } else if r < 8 {
+                    let k = (next() % model.len() as u64) as usize;
+                    let (p, data) = model.iter().nth(k).unwrap();
+                    c.block_on(c.read(*p, 0, buf.clone(), 4096, p.len as u32))
+                        .0
+                        .unwrap();
+                    let mut got = vec![0u8; p.len as usize];
+                    buf.read_at(4096, &mut got).unwrap();
+                    assert!(&got == data, "{p:?} changed");
+                } else {
+                    let k = (next() % model.len() as u64) as usize;
+                    let p = *model.keys().nth(k).unwrap();
+                    c.block_on(c.free(p)).unwrap();
+                    model.remove(&p);
+                }
+            }
+            let held: Vec<String> = model
+                .keys()
+                .map(|p| format!("{}:{}:{}", p.node, p.offset, p.len))
+                .collect();
+            println!("@live {}", held.join(" "));
+            if stdin_line() == "free" {
+                for (p, data) in &model {
+                    c.block_on(c.read(*p, 0, buf.clone(), 0, p.len as u32))
+                        .0
+                        .unwrap();
+                    let mut got = vec![0u8; p.len as usize];
+                    buf.read_at(0, &mut got).unwrap();
+                    assert!(&got == data, "{p:?} changed while others worked");
+                    c.block_on(c.free(*p)).unwrap();
+                }
+                println!("@freed");
+            }
+            let _ = stdin_line();
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+#[test]
+fn three_servers_and_three_clients_on_four_hosts() {
+    if soft_only("the soft TCP path between namespaces") {
+        return;
+    }
+    let lan = match Lan::new(4) {
+        Ok(l) => l,
+        Err(why) if std::env::var("CI").is_err() => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        Err(why) => panic!("CI must be able to make network namespaces: {why}"),
+    };
+    let mut servers: Vec<Proc> = lan.hosts[..3]
+        .iter()
+        .enumerate()
+        .map(|(i, (ns, ip))| {
+            Proc::spawn(
+                ns,
+                "pool-server",
+                &[
+                    ("NODE", (i + 1).to_string()),
+                    ("IP", ip.clone()),
+                    ("RDMAPOOL_SOFT_BIND", format!("{ip}:0")),
+                ],
+            )
+        })
+        .collect();
+    let addrs: Vec<String> = servers.iter_mut().map(|s| s.line()).collect();
+    for (a, (_, ip)) in addrs.iter().zip(&lan.hosts) {
+        assert!(
+            a.starts_with(ip.as_str()),
+            "{a} listens on its host's address"
+        );
+    }
+    let (client_ns, client_ip) = &lan.hosts[3];
+    let mut clients: Vec<Proc> = (1..=3)
+        .map(|id| {
+            Proc::spawn(
+                client_ns,
+                "pool-client",
+                &[
+                    ("ID", id.to_string()),
+                    ("SERVERS", addrs.join(",")),
+                    ("RDMAPOOL_SOFT_BIND", format!("{client_ip}:0")),
+                    ("RDMAPOOL_SOFT_TRANSPORT", "tcp".into()),
+                ],
+            )
+        })
+        .collect();
+    // All three hold their allocations now: no byte is allocated twice, across clients.
+    let mut held: Vec<RemotePtr> = Vec::new();
+    for c in &mut clients {
+        let line = c.line();
+        let rest = line.strip_prefix("live").expect("a live line");
+        held.extend(rest.split_whitespace().map(parse_ptr));
+    }
+    assert!(
+        held.len() > 30,
+        "the clients hold allocations: {}",
+        held.len()
+    );
+    let nodes: std::collections::HashSet<u32> = held.iter().map(|p| p.node).collect();
+    assert_eq!(nodes.len(), 3, "every server got allocations");
+    held.sort();
+    for w in held.windows(2) {
+        assert!(
+            w[0].node != w[1].node || w[0].offset + w[0].len <= w[1].offset,
+            "two allocations overlap: {w:?}"
+        );
+    }
+    for c in &mut clients {
+        c.say("free");
+    }
+    for c in &mut clients {
+        assert_eq!(c.line(), "freed");
+    }
+    for s in &mut servers {
+        s.say("stats");
+        assert_eq!(
+            s.line(),
+            "stats 0 0",
+            "everything freed, no request handled"
+        );
+    }
+}
