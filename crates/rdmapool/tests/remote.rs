@@ -353,3 +353,94 @@ fn a_draining_server_takes_no_new_chunks_and_stops_when_emptied() {
         assert_eq!(drained.join().unwrap(), 0, "drained once emptied");
     });
 }
+
+/// Polls every future until all are done (a minimal join for pipelined operations).
+async fn join_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
+    let mut futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                if let std::task::Poll::Ready(v) = f.as_mut().poll(cx) {
+                    *o = Some(v);
+                }
+            }
+        }
+        if out.iter().all(Option::is_some) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    out.into_iter().map(|o| o.expect("done")).collect()
+}
+
+#[test]
+fn operations_pipeline_many_in_flight() {
+    let s = server(1, Duration::from_secs(2));
+    let c = client(&[&s], 11).unwrap();
+    let ptrs: Vec<RemotePtr> = c
+        .block_on(join_all((0..32).map(|_| c.alloc(512, None)).collect()))
+        .into_iter()
+        .collect::<rdmapool::Result<_>>()
+        .unwrap();
+    let buf = local(&c, 32 * 512);
+    for (i, _) in ptrs.iter().enumerate() {
+        buf.write_at(i * 512, &[i as u8 + 1; 512]).unwrap();
+    }
+    let writes = ptrs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| c.write(*p, 0, buf.clone(), i * 512, 512))
+        .collect();
+    for (r, _) in c.block_on(join_all(writes)) {
+        r.unwrap();
+    }
+    let back = local(&c, 32 * 512);
+    let reads = ptrs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| c.read(*p, 0, back.clone(), (31 - i) * 512, 512))
+        .collect();
+    for (r, _) in c.block_on(join_all(reads)) {
+        r.unwrap();
+    }
+    for i in 0..32 {
+        let mut got = [0u8; 512];
+        back.read_at((31 - i) * 512, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == i as u8 + 1), "object {i}");
+    }
+    let frees = ptrs.iter().map(|p| c.free(*p)).collect();
+    for r in c.block_on(join_all(frees)) {
+        r.unwrap();
+    }
+    assert_eq!(s.stats().chunks_owned, 0);
+}
+
+#[test]
+fn a_server_with_a_bad_descriptor_is_refused_with_a_typed_error() {
+    // A listener that accepts pool clients with a descriptor of another version.
+    let n = node();
+    let l = rdmapool::conn::Listener::bind(&n.pd, listen()).unwrap();
+    let addr = l.local_addr();
+    let fake = std::thread::spawn(move || {
+        let req = l.get_request(Duration::from_secs(10)).unwrap();
+        let mut bad = [0u8; DESCRIPTOR_LEN];
+        bad[0..2].copy_from_slice(b"RP");
+        bad[2] = 9; // version 9
+        req.accept(&n.pd, &n.cq, &n.cq, &QpConfig::default(), &bad)
+    });
+    let members = StaticMembership::new(vec![addr]);
+    let me = node();
+    match PoolClient::connect(&me.ctx, &me.pd, &members, ClientConfig::new(1)) {
+        Err(Error::Connection { reason, .. }) => {
+            assert!(
+                reason.contains("pool descriptor") && reason.contains("version 9"),
+                "{reason}"
+            )
+        }
+        other => panic!("a bad descriptor was taken: {:?}", other.map(|_| ())),
+    }
+    let _ = fake.join();
+}
