@@ -197,8 +197,12 @@ impl Inner {
         let mut buf = [Completion::EMPTY; 16];
         while !self.stop.load(Ordering::Acquire) {
             let until = Instant::now() + tick;
-            while Instant::now() < until && !self.stop.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(5).min(tick));
+            while !self.stop.load(Ordering::Acquire) {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                std::thread::park_timeout(left); // the server's drop unparks it
             }
             if let Ok(n) = self.cq.poll(&mut buf) {
                 let handled = buf[..n]
@@ -358,6 +362,7 @@ impl Drop for MemoryServer {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
         for t in self.threads.drain(..) {
+            t.thread().unpark();
             let _ = t.join();
         }
         // Disconnect everyone before the region goes.

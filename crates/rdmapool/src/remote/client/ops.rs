@@ -1,0 +1,246 @@
+//! The one-sided primitives every path uses (CAS, FAA, 8-byte READ), each with a deadline
+//! after which its node is declared down, and the lookups of nodes and pointers.
+
+use super::{Node, Shared, Word, SCRATCH_WORDS};
+use crate::cq::LocalBuf;
+use crate::fabric::RemoteAddr;
+use crate::remote::layout::{self, ChunkShape};
+use crate::remote::placement::NodeLoad;
+use crate::remote::RemotePtr;
+use crate::{Error, Result};
+use parking_lot::Mutex;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long one operation may stay outstanding before its node is declared down. (Some
+/// devices never complete a request to a peer that vanished: rxe on Linux 6.1 does not.)
+pub(super) const OP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Awaits an operation on `node`; past [`OP_TIMEOUT`] the node is marked down and its QP
+/// moved to ERR, which flushes the operation (so its buffer still comes back).
+pub(super) async fn timed<B>(
+    timers: &Timers,
+    node: &Node,
+    op: impl Future<Output = (Result<crate::cq::OpCompletion>, B)>,
+) -> (Result<crate::cq::OpCompletion>, B) {
+    Timed {
+        op: std::pin::pin!(op),
+        node,
+        timers,
+        deadline: Instant::now() + OP_TIMEOUT,
+        fired: false,
+        registered: false,
+    }
+    .await
+}
+
+/// Deadlines of operations whose tasks wait to be woken (the lease thread wakes them).
+pub(super) type Timers = Mutex<Vec<(Instant, std::task::Waker)>>;
+
+struct Timed<'a, F> {
+    op: std::pin::Pin<&'a mut F>,
+    node: &'a Node,
+    timers: &'a Timers,
+    deadline: Instant,
+    fired: bool,
+    /// Whether the lease thread was asked to wake the task at the deadline (caller-driven
+    /// polling needs no wake-up, but another executor would not poll again).
+    registered: bool,
+}
+
+impl<F: Future> Future for Timed<'_, F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        if let std::task::Poll::Ready(v) = self.op.as_mut().poll(cx) {
+            return std::task::Poll::Ready(v);
+        }
+        if !self.fired {
+            if Instant::now() >= self.deadline {
+                self.fired = true;
+                self.node.mark_down(format!(
+                    "an operation got no completion within {OP_TIMEOUT:?}"
+                ));
+                self.node.qp.qp().modify_to_error();
+                cx.waker().wake_by_ref();
+            } else if !self.registered {
+                self.registered = true;
+                self.timers.lock().push((self.deadline, cx.waker().clone()));
+            }
+        }
+        std::task::Poll::Pending
+    }
+}
+
+pub(super) fn hash64(mut x: u64) -> u64 {
+    // splitmix64: spreads client ids over the tables.
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+impl Shared {
+    pub(super) fn word(&self) -> Result<Word> {
+        let offset = self.scratch.free.lock().pop().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "more than {SCRATCH_WORDS} remote atomics in flight at once"
+            ))
+        })?;
+        Ok(Word {
+            scratch: self.scratch.clone(),
+            offset,
+        })
+    }
+
+    /// Turns a failed operation on `node` into `NodeDown` when the connection is gone.
+    pub(super) fn seen<T>(&self, node: &Node, r: Result<T>) -> Result<T> {
+        match r {
+            Err(Error::Completion { status, .. })
+                if matches!(
+                    status,
+                    crate::fabric::WcStatus::RetryExcErr | crate::fabric::WcStatus::WrFlushErr
+                ) =>
+            {
+                let reason = format!("operation failed with {status}");
+                node.mark_down(reason.clone());
+                Err(Error::NodeDown {
+                    node: node.desc.node,
+                    reason,
+                })
+            }
+            other => other,
+        }
+    }
+
+    pub(super) async fn cas(
+        &self,
+        node: &Node,
+        remote: RemoteAddr,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64> {
+        node.check_up()?;
+        let w = self.word()?;
+        let buf = LocalBuf::Region(self.scratch.mr.clone());
+        let op = node
+            .qp
+            .compare_and_swap(buf, w.offset, remote, compare, swap);
+        let (r, _) = timed(&self.timers, node, op).await;
+        self.seen(node, r)?;
+        self.scratch.mr.read_u64(w.offset)
+    }
+
+    pub(super) async fn faa(&self, node: &Node, remote: RemoteAddr, add: u64) -> Result<u64> {
+        node.check_up()?;
+        let w = self.word()?;
+        let buf = LocalBuf::Region(self.scratch.mr.clone());
+        let (r, _) = timed(
+            &self.timers,
+            node,
+            node.qp.fetch_and_add(buf, w.offset, remote, add),
+        )
+        .await;
+        self.seen(node, r)?;
+        self.scratch.mr.read_u64(w.offset)
+    }
+
+    pub(super) async fn read_u64(&self, node: &Node, offset: u64) -> Result<u64> {
+        node.check_up()?;
+        let w = self.word()?;
+        let buf = LocalBuf::Region(self.scratch.mr.clone());
+        let (r, _) = timed(
+            &self.timers,
+            node,
+            node.qp.read(buf, w.offset, 8, node.remote(offset)),
+        )
+        .await;
+        self.seen(node, r)?;
+        self.scratch.mr.read_u64(w.offset)
+    }
+
+    pub(super) async fn read_bitmap(
+        &self,
+        node: &Node,
+        index: u64,
+        shape: ChunkShape,
+    ) -> Result<Vec<u64>> {
+        let words = shape.object_count.div_ceil(64) as usize;
+        let base = node.desc.layout.chunk(index) + layout::chunk::BITMAP;
+        let mut bits = Vec::with_capacity(words);
+        for w in 0..words {
+            bits.push(self.read_u64(node, base + w as u64 * 8).await?);
+        }
+        Ok(bits)
+    }
+
+    pub(super) fn live_nodes(&self) -> Vec<Arc<Node>> {
+        let mut v: Vec<_> = self
+            .nodes
+            .lock()
+            .values()
+            .filter(|n| n.down.lock().is_none())
+            .cloned()
+            .collect();
+        v.sort_by_key(|n| n.desc.node);
+        v
+    }
+
+    pub(super) fn loads(&self) -> Vec<NodeLoad> {
+        self.live_nodes()
+            .iter()
+            .map(|n| NodeLoad {
+                node: n.desc.node,
+                capacity: n.desc.layout.chunk_count * n.desc.layout.chunk_size,
+                used: n.used.load(Ordering::Relaxed),
+                draining: n.draining.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    pub(super) fn node(&self, id: u32) -> Result<Arc<Node>> {
+        let n = self
+            .nodes
+            .lock()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| Error::NodeDown {
+                node: id,
+                reason: "not a member".into(),
+            })?;
+        n.check_up()?;
+        Ok(n)
+    }
+
+    /// The node and remote address of `len` bytes at `offset` of `ptr`, bounds checked.
+    pub(super) fn target(
+        &self,
+        ptr: RemotePtr,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Arc<Node>, RemoteAddr)> {
+        if offset.checked_add(len).is_none_or(|end| end > ptr.len) {
+            return Err(Error::OutOfBounds {
+                offset,
+                len,
+                limit: ptr.len,
+            });
+        }
+        let node = self.node(ptr.node)?;
+        let l = node.desc.layout;
+        let end = ptr.offset.checked_add(ptr.len);
+        if ptr.offset < l.data_offset || end.is_none_or(|e| e > l.len) {
+            return Err(Error::NotAllocated(format!(
+                "{ptr:?} is outside node {}'s pool",
+                ptr.node
+            )));
+        }
+        let remote = node.remote(ptr.offset + offset);
+        Ok((node, remote))
+    }
+}

@@ -1,0 +1,173 @@
+//! Joining a node (connect, descriptor, lease slot, recovery after a restart) and keeping
+//! the leases alive.
+
+use super::ops::hash64;
+use super::{Node, Shared};
+use crate::conn::{self, Manager};
+use crate::fabric::QpConfig;
+use crate::remote::client::ChunkView;
+use crate::remote::descriptor::{ClientHello, PoolDescriptor};
+use crate::remote::layout::{self, ChunkShape, STATE_DRAINING};
+use crate::{Error, Result};
+use parking_lot::Mutex;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+impl Shared {
+    /// Connects, takes a lease slot, and (after a restart) recovers this id's chunks.
+    pub(super) fn add_node(&self, addr: SocketAddr) -> Result<u32> {
+        let cq = self.engine.cqs()[0].clone();
+        let hello = ClientHello { client_id: self.id }.encode();
+        let c = conn::connect(
+            Manager::from(&self.pd),
+            addr,
+            &self.pd,
+            &cq,
+            &cq,
+            &QpConfig::default(),
+            &hello,
+            self.connect_timeout,
+        )?;
+        let desc = PoolDescriptor::decode(&c.private_data)?;
+        if self.nodes.lock().contains_key(&desc.node) {
+            return Err(Error::InvalidArgument(format!(
+                "two servers call themselves node {}",
+                desc.node
+            )));
+        }
+        let node = Arc::new(Node {
+            desc,
+            qp: self.engine.wrap(c.qp),
+            slot: AtomicU64::new(0),
+            chunks: Mutex::new(Vec::new()),
+            claiming: tokio::sync::Mutex::new(()),
+            down: Mutex::new(None),
+            draining: AtomicBool::new(false),
+            last_renewal: Mutex::new(Instant::now()),
+            used: AtomicU64::new(0),
+        });
+        let slot = self.engine.run_until(self.take_slot(&node))?;
+        node.slot.store(slot, Ordering::Release);
+        self.engine.run_until(self.recover(&node))?;
+        self.nodes.lock().insert(desc.node, node);
+        Ok(desc.node)
+    }
+
+    /// Claims this id's lease slot (probing from its hash). A slot already holding the id
+    /// is a restart if its heartbeat stands still for half a lease, else `ClientIdInUse`.
+    pub(super) async fn take_slot(&self, node: &Node) -> Result<u64> {
+        let l = node.desc.layout;
+        let start = hash64(self.id) % l.client_count;
+        for k in 0..l.client_count {
+            let at = l.client_slot((start + k) % l.client_count);
+            let old = self.cas(node, node.remote(at), 0, self.id).await?;
+            if old == 0 {
+                return Ok(at);
+            }
+            if old == self.id {
+                let before = self.read_u64(node, at + 8).await?;
+                let wait = Instant::now() + node.desc.lease / 2;
+                while Instant::now() < wait {
+                    std::thread::sleep(Duration::from_millis(5));
+                    if self.read_u64(node, at + 8).await? != before {
+                        return Err(Error::ClientIdInUse {
+                            id: self.id,
+                            node: node.desc.node,
+                        });
+                    }
+                }
+                return Ok(at);
+            }
+        }
+        Err(Error::InvalidArgument(format!(
+            "node {}: all {} client slots are taken",
+            node.desc.node, l.client_count
+        )))
+    }
+
+    /// Finds the chunks the table says this id owns and rebuilds their views.
+    pub(super) async fn recover(&self, node: &Node) -> Result<()> {
+        let l = node.desc.layout;
+        for i in 0..l.chunk_count {
+            if self.read_u64(node, l.table_entry(i)).await? != self.id {
+                continue;
+            }
+            let chunk = l.chunk(i);
+            let magic = self.read_u64(node, chunk + layout::chunk::MAGIC).await?;
+            let size = self
+                .read_u64(node, chunk + layout::chunk::OBJECT_SIZE)
+                .await?;
+            if magic != layout::CHUNK_MAGIC || size == 0 || size > l.chunk_size {
+                continue; // claimed but never initialised: the reaper or a free takes it
+            }
+            let shape = ChunkShape::new(l.chunk_size, size);
+            let bits = self.read_bitmap(node, i, shape).await?;
+            let used = bits.iter().map(|w| w.count_ones() as u64).sum::<u64>() * size;
+            node.used.fetch_add(used, Ordering::Relaxed);
+            node.chunks.lock().push(ChunkView {
+                index: i,
+                shape,
+                bits,
+                pending: 0,
+            });
+        }
+        Ok(())
+    }
+
+    /// Renews the lease on every node four times per lease, and notices draining servers
+    /// and lost leases.
+    pub(super) fn lease_loop(&self) {
+        while !self.stop.load(Ordering::Acquire) {
+            let nodes: Vec<Arc<Node>> = self.nodes.lock().values().cloned().collect();
+            let mut tick = Duration::from_secs(1);
+            for node in nodes {
+                tick = tick.min(node.desc.lease / 4);
+                if node.down.lock().is_some() {
+                    continue;
+                }
+                let renewed = self.engine.run_until(async {
+                    self.faa(&node, node.remote(node.slot.load(Ordering::Acquire) + 8), 1)
+                        .await?;
+                    self.read_u64(&node, layout::header::STATE).await
+                });
+                match renewed {
+                    Ok(state) => {
+                        *node.last_renewal.lock() = Instant::now();
+                        node.draining
+                            .store(state == STATE_DRAINING, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        // Past three quarters of a lease without renewal the server may
+                        // hand our chunks to others: stop using them.
+                        if node.last_renewal.lock().elapsed() > node.desc.lease * 3 / 4 {
+                            node.mark_down(format!("lease renewal failed: {e}"));
+                        }
+                    }
+                }
+            }
+            // Wake the tasks whose operations are past their deadline (they then give up).
+            let now = Instant::now();
+            self.timers.lock().retain(|(at, waker)| {
+                let due = *at <= now;
+                if due {
+                    waker.wake_by_ref();
+                }
+                !due
+            });
+            let until = Instant::now()
+                + tick
+                    .max(Duration::from_millis(2))
+                    .min(Duration::from_millis(250));
+            // Parked, not polled: dropping the client unparks it.
+            while !self.stop.load(Ordering::Acquire) {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                std::thread::park_timeout(left);
+            }
+        }
+    }
+}
