@@ -118,6 +118,10 @@ impl Drop for Etcd {
 }
 
 fn server(node: u32) -> MemoryServer {
+    server_at(node, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+}
+
+fn server_at(node: u32, listen: SocketAddr) -> MemoryServer {
     let ctx = node_on(Transport::Auto).ctx;
     MemoryServer::start(
         &ctx,
@@ -127,7 +131,7 @@ fn server(node: u32) -> MemoryServer {
             chunk_size: 256 << 10,
             clients: 64,
             lease: Duration::from_secs(2),
-            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            listen,
         },
     )
     .expect("server starts")
@@ -318,6 +322,49 @@ fn a_crashed_servers_key_expires_and_clients_stop_trying_it() {
     wait_until("the replacement joins", || node_ids(&c).contains(&2));
     assert_eq!(follower.nodes(), vec![1, 2, 3]);
     assert_eq!(follower.stats().joined, 1);
+}
+
+#[test]
+fn a_server_restarted_at_the_same_address_within_its_ttl_is_reconnected() {
+    let Some(etcd) = Etcd::start("restart") else {
+        return;
+    };
+    let mut cfg = etcd.config("/rdmapool/test-restart");
+    cfg.ttl = Duration::from_secs(10); // the old key outlives the restart
+    let (_s1, _r1) = registered(&cfg, 1);
+    let (s2, r2) = registered(&cfg, 2);
+    let addr = s2.addr();
+    let members = EtcdMembership::new(&cfg).unwrap();
+    let c = client(&members, 41, Box::new(RoundRobin::default()));
+    let follower = members.follow(c.clone()).unwrap();
+    assert_eq!(follower.nodes(), vec![1, 2]);
+    r2.abandon();
+    drop(s2);
+    // The client finds it down (its lease renewals fail) while the key stays.
+    wait_until("the client sees node 2 down", || !node_ids(&c).contains(&2));
+    assert_eq!(
+        follower.nodes(),
+        vec![1, 2],
+        "the key stays: not removed yet"
+    );
+    let (_s2b, _r2b) = {
+        let s = server_at(2, addr);
+        let r = EtcdRegistration::register(&cfg, 2, s.addr()).unwrap();
+        (s, r)
+    };
+    let t = wait_until("the restarted server is reconnected", || {
+        node_ids(&c).contains(&2)
+    });
+    eprintln!(
+        "restart at {addr}: reconnected {:.1} ms after it registered",
+        ms(t)
+    );
+    let st = follower.stats();
+    assert_eq!((st.replaced, st.left, st.joined), (1, 0, 1));
+    let p = (0..4)
+        .map(|_| c.block_on(c.alloc(64, None)).unwrap())
+        .find(|p| p.node == 2);
+    assert!(p.is_some(), "allocations reach the restarted server");
 }
 
 #[test]

@@ -281,8 +281,8 @@ impl Gateway {
         .map(|_| ())
     }
 
-    /// The keys under `dir` with their values, and the store's revision.
-    fn list(&self, dir: &str) -> Result<(BTreeMap<String, String>, i64)> {
+    /// The keys under `dir` with their values and leases, and the store's revision.
+    fn list(&self, dir: &str) -> Result<(Listing, i64)> {
         let v = self.call(
             "/v3/kv/range",
             &json!({ "key": b64(dir), "range_end": b64(&prefix_end(dir)) }),
@@ -294,12 +294,15 @@ impl Gateway {
         let mut out = BTreeMap::new();
         if let Some(kvs) = v.get("kvs").and_then(Value::as_array) {
             for kv in kvs {
-                out.insert(text(kv, "key")?, text(kv, "value")?);
+                out.insert(text(kv, "key")?, (text(kv, "value")?, int(kv, "lease")?));
             }
         }
         Ok((out, revision))
     }
 }
+
+/// Keys with their values and leases.
+type Listing = BTreeMap<String, (String, i64)>;
 
 /// The smallest key above every key starting with `dir` (its last byte plus one; server
 /// prefixes end in `/`, so no carry).
@@ -481,7 +484,10 @@ impl EtcdMembership {
     /// The servers registered now, by node (keys or values that do not parse are skipped).
     pub fn members(&self) -> Result<Vec<EtcdMember>> {
         let (kvs, _) = self.gateway.list(&self.cfg.dir())?;
-        Ok(parse_members(&self.cfg.dir(), &kvs).into_values().collect())
+        Ok(parse_members(&self.cfg.dir(), &kvs)
+            .into_values()
+            .map(|e| e.member)
+            .collect())
     }
 
     /// Starts a thread that keeps `client` connected to exactly the servers registered under
@@ -508,6 +514,7 @@ impl EtcdMembership {
                     Joined {
                         addr: None,
                         node: n.node,
+                        lease: f.wanted.get(&n.node).map_or(0, |e| e.lease),
                     },
                 );
             }
@@ -536,12 +543,26 @@ impl Membership for EtcdMembership {
     }
 }
 
-fn parse_members(dir: &str, kvs: &BTreeMap<String, String>) -> BTreeMap<u32, EtcdMember> {
+/// A server's entry: the member and the lease it is registered under (a new lease is a new
+/// registration: after a restart, or after etcd lost the old lease).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    member: EtcdMember,
+    lease: i64,
+}
+
+fn parse_members(dir: &str, kvs: &Listing) -> BTreeMap<u32, Entry> {
     let mut out = BTreeMap::new();
-    for (k, v) in kvs {
+    for (k, (v, lease)) in kvs {
         match parse_member(dir, k, v) {
-            Some(m) => {
-                out.insert(m.node, m);
+            Some(member) => {
+                out.insert(
+                    member.node,
+                    Entry {
+                        member,
+                        lease: *lease,
+                    },
+                );
             }
             None => tracing::warn!(key = k, value = v, "not a memory server entry: skipped"),
         }
@@ -562,6 +583,9 @@ pub struct FollowerStats {
     pub joined: u64,
     /// Servers removed after their key went.
     pub left: u64,
+    /// Servers reconnected because they registered again (a new address, or a new lease
+    /// after the client found them down: a restart).
+    pub replaced: u64,
     /// Connection attempts that failed (retried while the key stays).
     pub connect_failures: u64,
     /// Watches (re)opened.
@@ -576,6 +600,8 @@ struct Joined {
     addr: Option<SocketAddr>,
     /// The node id the server's descriptor gave.
     node: u32,
+    /// The lease its key had then.
+    lease: i64,
 }
 
 #[derive(Default)]
@@ -590,7 +616,7 @@ struct Follow {
     dir: String,
     client: Arc<PoolClient>,
     state: Arc<Mutex<FollowState>>,
-    wanted: BTreeMap<u32, EtcdMember>,
+    wanted: BTreeMap<u32, Entry>,
     /// The revision `wanted` reflects.
     revision: i64,
 }
@@ -706,8 +732,12 @@ impl Follow {
                 changed |= self.wanted.remove(&node).is_some();
             } else {
                 let value = text(&kv, "value").map_err(|e| e.to_string())?;
+                let lease = int(&kv, "lease").map_err(|e| e.to_string())?;
                 match parse_member(&self.dir, &key, &value) {
-                    Some(m) => changed |= self.wanted.insert(node, m) != Some(m),
+                    Some(member) => {
+                        let e = Entry { member, lease };
+                        changed |= self.wanted.insert(node, e) != Some(e);
+                    }
                     None => tracing::warn!(key, value, "not a memory server entry: skipped"),
                 }
             }
@@ -722,35 +752,49 @@ impl Follow {
     }
 
     /// Makes the client's servers match `wanted`: removes the nodes whose key went (or now
-    /// names another address), connects to the ones not connected yet.
+    /// names another address), and the ones the client found down that registered again
+    /// (a restart: same address, new lease); connects to the ones not connected yet. A
+    /// down server whose key stays is left alone until the key goes.
     fn reconcile(&mut self) {
-        let gone: Vec<(u32, Joined)> = {
+        let live: Vec<u32> = self.client.nodes().iter().map(|n| n.node).collect();
+        let gone: Vec<(u32, Joined, bool)> = {
             let st = self.state.lock();
             st.connected
                 .iter()
-                .filter(|(n, j)| match self.wanted.get(n) {
-                    None => true,
-                    Some(m) => j.addr.is_some_and(|a| a != m.addr),
+                .filter_map(|(n, j)| match self.wanted.get(n) {
+                    None => Some((*n, *j, true)),
+                    Some(e) if j.addr.is_some_and(|a| a != e.member.addr) => Some((*n, *j, false)),
+                    Some(e) if e.lease != j.lease && !live.contains(&j.node) => {
+                        Some((*n, *j, false))
+                    }
+                    Some(_) => None,
                 })
-                .map(|(n, j)| (*n, *j))
                 .collect()
         };
-        for (n, j) in gone {
+        for (n, j, left) in gone {
             self.client.remove_server(j.node);
             let mut st = self.state.lock();
             st.connected.remove(&n);
-            st.stats.left += 1;
-            tracing::info!(node = j.node, "memory server left the etcd membership");
+            if left {
+                st.stats.left += 1;
+                tracing::info!(node = j.node, "memory server left the etcd membership");
+            } else {
+                st.stats.replaced += 1;
+                tracing::info!(
+                    node = j.node,
+                    "memory server registered again: reconnecting"
+                );
+            }
         }
-        let todo: Vec<EtcdMember> = {
+        let todo: Vec<Entry> = {
             let st = self.state.lock();
             self.wanted
                 .values()
-                .filter(|m| !st.connected.contains_key(&m.node))
+                .filter(|e| !st.connected.contains_key(&e.member.node))
                 .copied()
                 .collect()
         };
-        for m in todo {
+        for Entry { member: m, lease } in todo {
             match self.client.add_server(m.addr) {
                 Ok(node) => {
                     if node != m.node {
@@ -763,6 +807,7 @@ impl Follow {
                         Joined {
                             addr: Some(m.addr),
                             node,
+                            lease,
                         },
                     );
                     st.stats.joined += 1;
