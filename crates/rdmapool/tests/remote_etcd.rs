@@ -97,6 +97,7 @@ impl Etcd {
     fn config(&self, prefix: &str) -> EtcdConfig {
         let mut cfg = EtcdConfig::new(vec![self.url.clone()], prefix);
         cfg.ttl = Duration::from_secs(2);
+        cfg.watch_idle = Duration::from_millis(250);
         cfg
     }
 }
@@ -177,7 +178,7 @@ fn a_following_client_connects_to_servers_that_register_later_and_allocates_ther
         return;
     };
     let cfg = etcd.config("/rdmapool/test-join");
-    let (_s1, _r1) = registered(&cfg, 1);
+    let (s1, _r1) = registered(&cfg, 1);
     let members = EtcdMembership::new(&cfg).unwrap();
     assert_eq!(
         members
@@ -195,6 +196,13 @@ fn a_following_client_connects_to_servers_that_register_later_and_allocates_ther
     let first = c.block_on(c.alloc(64, None)).unwrap();
     assert_eq!(first.node, 1);
 
+    // A second client that is told of each server directly: what connecting costs without
+    // etcd in the way.
+    let direct = {
+        let n = node();
+        let first = StaticMembership::new(vec![s1.addr()]);
+        PoolClient::connect(&n.ctx, &n.pd, &first, ClientConfig::new(12)).unwrap()
+    };
     let buf = Arc::new(c.pd().alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap());
     let mut servers = Vec::new();
     let mut growth = Vec::new();
@@ -214,13 +222,18 @@ fn a_following_client_connects_to_servers_that_register_later_and_allocates_ther
             p.node, node,
             "least-used placement picks the empty newcomer"
         );
+        let t1 = Instant::now();
+        direct.add_server(s.addr()).unwrap();
+        let add_server = t1.elapsed();
         eprintln!(
             "growth, node {node}: server up {:.1} ms, registered {:.1} ms, client connected \
-             {:.1} ms, first allocation on it {:.1} ms (from the server's start)",
+             {:.1} ms, first allocation on it {:.1} ms (from the server's start); a direct \
+             add_server takes {:.1} ms",
             ms(started),
             ms(registered),
             ms(connected),
-            ms(allocated)
+            ms(allocated),
+            ms(add_server)
         );
         growth.push((allocated, allocated - registered));
         // The memory is real: write and read it back.
@@ -249,6 +262,7 @@ fn a_following_client_connects_to_servers_that_register_later_and_allocates_ther
     assert!(st.watches >= 1);
     drop(follower);
     drop(c);
+    drop(direct);
     // Dropping a registration revokes its lease: the key goes at once.
     let (_s6, r6) = servers.pop().unwrap();
     drop(r6);

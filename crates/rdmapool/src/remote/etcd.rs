@@ -60,28 +60,28 @@ pub struct EtcdConfig {
     /// The key prefix the pool's servers register under (a server's key is
     /// `<prefix>/<node>`); a trailing `/` is ignored.
     pub prefix: String,
-    /// The registration lease's time to live: a server that stops renewing leaves the
-    /// membership this long after (etcd's minimum is enforced by etcd; 1 s is the least
-    /// accepted here).
+    /// The registration lease's time to live, in whole seconds (rounded down; at least
+    /// 1 s): a server that stops renewing leaves the membership this long after its last
+    /// renewal (etcd may round a very short TTL up to its own minimum).
     pub ttl: Duration,
     /// How long one request to etcd may take (connect, send, receive).
     pub request_timeout: Duration,
     /// How long a quiet watch is kept open before it is reopened from the last revision
     /// (bounds how long dropping an [`EtcdFollower`] takes, and how often it retries servers
-    /// it could not connect to).
+    /// it could not connect to; each reopen is one request to etcd per follower).
     pub watch_idle: Duration,
 }
 
 impl EtcdConfig {
-    /// These endpoints and prefix, a 3 s lease, 2 s requests, watches reopened after 250 ms
-    /// of quiet.
+    /// These endpoints and prefix, a 3 s lease, 2 s requests, watches reopened after 1 s of
+    /// quiet.
     pub fn new(endpoints: Vec<String>, prefix: &str) -> Self {
         Self {
             endpoints,
             prefix: prefix.to_string(),
             ttl: Duration::from_secs(3),
             request_timeout: Duration::from_secs(2),
-            watch_idle: Duration::from_millis(250),
+            watch_idle: Duration::from_secs(1),
         }
     }
 
@@ -318,6 +318,8 @@ fn prefix_end(dir: &str) -> String {
 }
 
 /// A memory server's entry in etcd, kept alive while this lives (see the module docs).
+/// Dropping it revokes the lease (one request, bounded by `request_timeout` per endpoint;
+/// if etcd cannot be reached the lease expires instead).
 pub struct EtcdRegistration {
     key: String,
     lease: Arc<AtomicU64>,
