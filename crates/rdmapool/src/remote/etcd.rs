@@ -687,70 +687,13 @@ impl Follow {
                 Err(e) if e.is_io() || e.is_eof() => return WatchEnd::Idle,
                 Err(e) => return WatchEnd::Resync(format!("undecodable watch message: {e}")),
             };
-            match self.apply(&msg) {
+            match apply_watch(&self.dir, &mut self.wanted, &mut self.revision, &msg) {
                 Ok(true) => self.reconcile(),
                 Ok(false) => {}
                 Err(why) => return WatchEnd::Resync(why),
             }
         }
         WatchEnd::Idle
-    }
-
-    /// Applies one watch message to `wanted`; true when it changed something.
-    fn apply(&mut self, msg: &Value) -> std::result::Result<bool, String> {
-        if let Some(e) = msg.get("error") {
-            return Err(format!("watch error: {e}"));
-        }
-        let Some(r) = msg.get("result") else {
-            return Err(format!("watch message without a result: {msg}"));
-        };
-        let compacted = int(r, "compact_revision").map_err(|e| e.to_string())?;
-        if compacted != 0 {
-            return Err(format!("revision {} compacted away", self.revision + 1));
-        }
-        if r.get("canceled").and_then(Value::as_bool).unwrap_or(false) {
-            return Err(format!("watch canceled: {r}"));
-        }
-        let mut changed = false;
-        for ev in r
-            .get("events")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let kv = ev.get("kv").cloned().unwrap_or(Value::Null);
-            let key = text(&kv, "key").map_err(|e| e.to_string())?;
-            let rev = int(&kv, "mod_revision").map_err(|e| e.to_string())?;
-            self.revision = self.revision.max(rev);
-            let Some(node) = key
-                .strip_prefix(&self.dir)
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            // PUT is the default (0) and so absent from the JSON.
-            let deleted = ev.get("type").and_then(Value::as_str) == Some("DELETE");
-            if deleted {
-                changed |= self.wanted.remove(&node).is_some();
-            } else {
-                let value = text(&kv, "value").map_err(|e| e.to_string())?;
-                let lease = int(&kv, "lease").map_err(|e| e.to_string())?;
-                match parse_member(&self.dir, &key, &value) {
-                    Some(member) => {
-                        let e = Entry { member, lease };
-                        changed |= self.wanted.insert(node, e) != Some(e);
-                    }
-                    None => tracing::warn!(key, value, "not a memory server entry: skipped"),
-                }
-            }
-        }
-        if let Some(h) = r.get("header") {
-            // Nothing below the header's revision is left to see.
-            self.revision = self
-                .revision
-                .max(int(h, "revision").map_err(|e| e.to_string())?);
-        }
-        Ok(changed)
     }
 
     /// Makes the client's servers match `wanted`: removes the nodes whose key went (or now
@@ -825,6 +768,63 @@ impl Follow {
     }
 }
 
+/// Applies one watch message to `wanted` (keys under `dir`), advancing `revision` to the
+/// last event's; true when it changed something. An error means: list again.
+fn apply_watch(
+    dir: &str,
+    wanted: &mut BTreeMap<u32, Entry>,
+    revision: &mut i64,
+    msg: &Value,
+) -> std::result::Result<bool, String> {
+    if let Some(e) = msg.get("error") {
+        return Err(format!("watch error: {e}"));
+    }
+    let Some(r) = msg.get("result") else {
+        return Err(format!("watch message without a result: {msg}"));
+    };
+    let compacted = int(r, "compact_revision").map_err(|e| e.to_string())?;
+    if compacted != 0 {
+        return Err(format!("revision {} compacted away", *revision + 1));
+    }
+    if r.get("canceled").and_then(Value::as_bool).unwrap_or(false) {
+        return Err(format!("watch canceled: {r}"));
+    }
+    let mut changed = false;
+    for ev in r
+        .get("events")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let kv = ev.get("kv").cloned().unwrap_or(Value::Null);
+        let key = text(&kv, "key").map_err(|e| e.to_string())?;
+        let rev = int(&kv, "mod_revision").map_err(|e| e.to_string())?;
+        *revision = (*revision).max(rev);
+        let Some(node) = key.strip_prefix(dir).and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        // PUT is the default (0) and so absent from the JSON.
+        let deleted = ev.get("type").and_then(Value::as_str) == Some("DELETE");
+        if deleted {
+            changed |= wanted.remove(&node).is_some();
+        } else {
+            let value = text(&kv, "value").map_err(|e| e.to_string())?;
+            let lease = int(&kv, "lease").map_err(|e| e.to_string())?;
+            match parse_member(dir, &key, &value) {
+                Some(member) => {
+                    let e = Entry { member, lease };
+                    changed |= wanted.insert(node, e) != Some(e);
+                }
+                None => {
+                    tracing::warn!(key, value, "not a memory server entry: dropped");
+                    changed |= wanted.remove(&node).is_some();
+                }
+            }
+        }
+    }
+    Ok(changed)
+}
+
 /// Keeps a [`PoolClient`] connected to the servers etcd lists (from
 /// [`EtcdMembership::follow`]); dropping it stops following (within `watch_idle`) and
 /// leaves the client's servers as they are.
@@ -891,6 +891,48 @@ mod tests {
         cfg.ttl = Duration::from_secs(2);
         cfg.prefix = "/".into();
         assert!(matches!(cfg.check(), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn watch_messages_as_etcd_3_4_sends_them_apply() {
+        // Captured from etcd 3.4's gateway: keys /p/1, values 127.0.0.1:5; PUT has no type.
+        let dir = "/p/";
+        let (mut wanted, mut rev) = (BTreeMap::new(), 1);
+        let created: Value =
+            serde_json::from_str(r#"{"result":{"header":{"revision":"9"},"created":true}}"#)
+                .unwrap();
+        assert_eq!(apply_watch(dir, &mut wanted, &mut rev, &created), Ok(false));
+        assert_eq!(
+            rev, 1,
+            "a header does not say every event up to it was seen"
+        );
+        let put: Value = serde_json::from_str(
+            r#"{"result":{"header":{"revision":"2"},"events":[{"kv":{"key":"L3AvMQ==",
+            "create_revision":"2","mod_revision":"2","version":"1","value":"MTI3LjAuMC4xOjU=",
+            "lease":"2324035739767540487"}}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(apply_watch(dir, &mut wanted, &mut rev, &put), Ok(true));
+        assert_eq!(rev, 2);
+        assert_eq!(wanted[&1].member.addr, "127.0.0.1:5".parse().unwrap());
+        assert_eq!(wanted[&1].lease, 2324035739767540487);
+        assert_eq!(apply_watch(dir, &mut wanted, &mut rev, &put), Ok(false));
+        let del: Value = serde_json::from_str(
+            r#"{"result":{"header":{"revision":"3"},"events":[{"type":"DELETE",
+            "kv":{"key":"L3AvMQ==","mod_revision":"3"}}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(apply_watch(dir, &mut wanted, &mut rev, &del), Ok(true));
+        assert!(wanted.is_empty());
+        assert_eq!(rev, 3);
+        let compacted: Value = serde_json::from_str(
+            r#"{"result":{"header":{"revision":"9"},"compact_revision":"5","canceled":true}}"#,
+        )
+        .unwrap();
+        assert!(apply_watch(dir, &mut wanted, &mut rev, &compacted).is_err());
+        let error: Value =
+            serde_json::from_str(r#"{"error":{"grpc_code":14,"message":"unavailable"}}"#).unwrap();
+        assert!(apply_watch(dir, &mut wanted, &mut rev, &error).is_err());
     }
 
     #[test]
