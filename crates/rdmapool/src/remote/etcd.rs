@@ -495,7 +495,9 @@ impl EtcdMembership {
     /// Starts a thread that keeps `client` connected to exactly the servers registered under
     /// the prefix: it connects to servers that join (and, if a connection fails, retries
     /// while the key stays) and removes those whose key goes. Servers `client` already uses
-    /// are recognised by node id. Returns once the first listing is applied.
+    /// are recognised by node id; ones etcd does not list are removed. Connections are made
+    /// on the follower's thread one at a time (each bounded by the client's
+    /// `connect_timeout`). Returns once the first listing is applied.
     pub fn follow(&self, client: Arc<PoolClient>) -> Result<EtcdFollower> {
         let state = Arc::new(Mutex::new(FollowState::default()));
         let (kvs, revision) = self.gateway.list(&self.cfg.dir())?;
