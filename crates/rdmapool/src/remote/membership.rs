@@ -1,5 +1,6 @@
-//! Which memory servers exist: a static list (the embedded default). Descriptors never come
-//! from here, only from the connection to each server.
+//! Which memory servers exist: a static list (the embedded default), or etcd with the `etcd`
+//! feature (`super::etcd`). Descriptors never come from here, only from the connection to
+//! each server.
 
 use crate::{Error, Result};
 use std::net::SocketAddr;

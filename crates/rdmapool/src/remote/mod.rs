@@ -12,6 +12,8 @@
 //!   class per chunk by setting bits of the chunk's bitmap with compare-and-swap, and frees
 //!   (any client can) by clearing them. Its lease is a heartbeat word it increments with
 //!   fetch-and-add four times per lease.
+//! - Membership is a static list ([`StaticMembership`]) or, with the `etcd` feature, etcd
+//!   (`etcd`): servers register under a lease, clients follow the prefix.
 //!
 //! ```
 //! use rdmapool::fabric::*;
@@ -41,6 +43,8 @@
 
 mod client;
 mod descriptor;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod layout;
 mod membership;
 mod placement;
@@ -48,6 +52,10 @@ mod server;
 
 pub use client::{ClientConfig, PoolClient};
 pub use descriptor::{ClientHello, PoolDescriptor, DESCRIPTOR_LEN, HELLO_LEN};
+#[cfg(feature = "etcd")]
+pub use etcd::{
+    EtcdConfig, EtcdFollower, EtcdMember, EtcdMembership, EtcdRegistration, FollowerStats,
+};
 pub use layout::Layout;
 pub use membership::{Membership, StaticMembership};
 pub use placement::{KeyHash, LeastUsed, NodeLoad, Placement, RoundRobin};

@@ -1,0 +1,415 @@
+//! Cluster membership on a real etcd (feature `etcd`): each test starts `etcd` on loopback
+//! with a temporary data dir and stops it. Servers and clients are real (soft provider over
+//! loopback). Without an `etcd` binary the tests say so and pass, unless
+//! `RDMAPOOL_TEST_ETCD_REQUIRED` is set (CI sets it, and installs Debian's `etcd-server`).
+#![cfg(feature = "etcd")]
+
+mod common;
+use common::*;
+use rdmapool::fabric::*;
+use rdmapool::remote::*;
+use rdmapool::Error;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One etcd member on loopback, killed (and its data dir removed) on drop.
+struct Etcd {
+    child: Child,
+    dir: PathBuf,
+    url: String,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+impl Etcd {
+    /// Starts etcd, or says why it cannot (the caller skips, or fails when required).
+    fn start(name: &str) -> Option<Etcd> {
+        let bin = std::env::var("ETCD_BIN").unwrap_or_else(|_| "etcd".into());
+        let dir = std::env::temp_dir().join(format!(
+            "rdmapool-etcd-{}-{name}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        for attempt in 0..3 {
+            let (client, peer) = (free_port(), free_port());
+            let url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let log = std::fs::File::create(dir.join("etcd.log")).expect("log file");
+            let spawned = Command::new(&bin)
+                .arg("--name=test")
+                .arg(format!("--data-dir={}", dir.join("data").display()))
+                .arg(format!("--listen-client-urls={url}"))
+                .arg(format!("--advertise-client-urls={url}"))
+                .arg(format!("--listen-peer-urls={peer_url}"))
+                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+                .arg(format!("--initial-cluster=test={peer_url}"))
+                .arg("--log-level=error")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(log))
+                .spawn();
+            let child = match spawned {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    return skip_or_fail(&format!("cannot run {bin:?}: {e}"));
+                }
+            };
+            let mut etcd = Etcd {
+                child,
+                dir: dir.clone(),
+                url,
+            };
+            let until = Instant::now() + Duration::from_secs(15);
+            let probe = EtcdMembership::new(&etcd.config("/probe")).expect("config");
+            while Instant::now() < until {
+                if probe.members().is_ok() {
+                    return Some(etcd);
+                }
+                if let Ok(Some(status)) = etcd.child.try_wait() {
+                    eprintln!("etcd exited with {status} (attempt {attempt}; ports taken?)");
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let log = std::fs::read_to_string(dir.join("etcd.log")).unwrap_or_default();
+            eprintln!("etcd did not come up; its log:\n{log}");
+            // Keep the dir for the next attempt: drop only the process.
+            let _ = etcd.child.kill();
+            let _ = etcd.child.wait();
+            let _ = std::fs::remove_dir_all(dir.join("data"));
+            std::mem::forget(etcd);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        skip_or_fail("etcd did not start")
+    }
+
+    fn config(&self, prefix: &str) -> EtcdConfig {
+        let mut cfg = EtcdConfig::new(vec![self.url.clone()], prefix);
+        cfg.ttl = Duration::from_secs(2);
+        cfg.watch_idle = Duration::from_millis(250);
+        cfg
+    }
+}
+
+fn skip_or_fail(why: &str) -> Option<Etcd> {
+    if std::env::var_os("RDMAPOOL_TEST_ETCD_REQUIRED").is_some() {
+        panic!("{why} (RDMAPOOL_TEST_ETCD_REQUIRED is set)");
+    }
+    eprintln!("skipped: {why} (install Debian's etcd-server, or set ETCD_BIN)");
+    None
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn server(node: u32) -> MemoryServer {
+    server_at(node, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+}
+
+fn server_at(node: u32, listen: SocketAddr) -> MemoryServer {
+    let ctx = node_on(Transport::Auto).ctx;
+    MemoryServer::start(
+        &ctx,
+        ServerConfig {
+            node,
+            size: 8 << 20,
+            chunk_size: 256 << 10,
+            clients: 64,
+            lease: Duration::from_secs(2),
+            listen,
+        },
+    )
+    .expect("server starts")
+}
+
+/// A server, registered in etcd.
+fn registered(cfg: &EtcdConfig, node: u32) -> (MemoryServer, EtcdRegistration) {
+    let s = server(node);
+    let r = EtcdRegistration::register(cfg, node, s.addr()).expect("registers");
+    (s, r)
+}
+
+fn client(members: &EtcdMembership, id: u64, placement: Box<dyn Placement>) -> Arc<PoolClient> {
+    let n = node();
+    let mut cfg = ClientConfig::new(id);
+    cfg.placement = placement;
+    Arc::new(PoolClient::connect(&n.ctx, &n.pd, members, cfg).expect("client connects"))
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "never happened: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    t.elapsed()
+}
+
+fn node_ids(c: &PoolClient) -> Vec<u32> {
+    c.nodes().iter().map(|n| n.node).collect()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+#[test]
+fn a_following_client_connects_to_servers_that_register_later_and_allocates_there() {
+    let Some(etcd) = Etcd::start("join") else {
+        return;
+    };
+    let cfg = etcd.config("/rdmapool/test-join");
+    let (s1, _r1) = registered(&cfg, 1);
+    let members = EtcdMembership::new(&cfg).unwrap();
+    assert_eq!(
+        members
+            .members()
+            .unwrap()
+            .iter()
+            .map(|m| m.node)
+            .collect::<Vec<_>>(),
+        vec![1]
+    );
+    // Least-used placement: a server that joins (nothing used) takes the next allocation.
+    let c = client(&members, 11, Box::new(LeastUsed));
+    let follower = members.follow(c.clone()).unwrap();
+    assert_eq!(follower.nodes(), vec![1]);
+    let first = c.block_on(c.alloc(64, None)).unwrap();
+    assert_eq!(first.node, 1);
+
+    // A second client that is told of each server directly: what connecting costs without
+    // etcd in the way.
+    let direct = {
+        let n = node();
+        let first = StaticMembership::new(vec![s1.addr()]);
+        PoolClient::connect(&n.ctx, &n.pd, &first, ClientConfig::new(12)).unwrap()
+    };
+    let buf = Arc::new(c.pd().alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap());
+    let mut servers = Vec::new();
+    let mut growth = Vec::new();
+    for node in 2..=6u32 {
+        let t0 = Instant::now();
+        let s = server(node);
+        let started = t0.elapsed();
+        let r = EtcdRegistration::register(&cfg, node, s.addr()).unwrap();
+        let registered = t0.elapsed();
+        wait_until("the client connects to the new server", || {
+            node_ids(&c).contains(&node)
+        });
+        let connected = t0.elapsed();
+        let p = c.block_on(c.alloc(64, None)).unwrap();
+        let allocated = t0.elapsed();
+        assert_eq!(
+            p.node, node,
+            "least-used placement picks the empty newcomer"
+        );
+        let t1 = Instant::now();
+        direct.add_server(s.addr()).unwrap();
+        let add_server = t1.elapsed();
+        eprintln!(
+            "growth, node {node}: server up {:.1} ms, registered {:.1} ms, client connected \
+             {:.1} ms, first allocation on it {:.1} ms (from the server's start); a direct \
+             add_server takes {:.1} ms",
+            ms(started),
+            ms(registered),
+            ms(connected),
+            ms(allocated),
+            ms(add_server)
+        );
+        growth.push((allocated, allocated - registered));
+        // The memory is real: write and read it back.
+        buf.write_at(0, &node.to_le_bytes()).unwrap();
+        let (w, b) = c.block_on(c.write(p, 0, buf.clone(), 0, 4));
+        w.unwrap();
+        let (rd, b) = c.block_on(c.read(p, 0, b, 8, 4));
+        rd.unwrap();
+        let mut got = [0u8; 4];
+        b.read_at(8, &mut got).unwrap();
+        assert_eq!(u32::from_le_bytes(got), node);
+        servers.push((s, r));
+    }
+    growth.sort();
+    let (total, after_reg) = growth[growth.len() / 2];
+    eprintln!(
+        "growth (median of {}): {:.1} ms from server start to first allocation on it, {:.1} ms \
+         of it after the registration was in etcd",
+        growth.len(),
+        ms(total),
+        ms(after_reg)
+    );
+    assert_eq!(follower.nodes(), vec![1, 2, 3, 4, 5, 6]);
+    let st = follower.stats();
+    assert_eq!((st.joined, st.left), (5, 0));
+    assert!(st.watches >= 1);
+    drop(follower);
+    drop(c);
+    drop(direct);
+    // Dropping a registration revokes its lease: the key goes at once.
+    let (_s6, r6) = servers.pop().unwrap();
+    drop(r6);
+    let ids: Vec<u32> = members.members().unwrap().iter().map(|m| m.node).collect();
+    assert_eq!(ids, vec![1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn a_crashed_servers_key_expires_and_clients_stop_trying_it() {
+    let Some(etcd) = Etcd::start("crash") else {
+        return;
+    };
+    let cfg = etcd.config("/rdmapool/test-crash");
+    let (_s1, _r1) = registered(&cfg, 1);
+    let (s2, r2) = registered(&cfg, 2);
+    let (_s3, _r3) = registered(&cfg, 3);
+    let members = EtcdMembership::new(&cfg).unwrap();
+    let c = client(&members, 21, Box::new(RoundRobin::default()));
+    let follower = members.follow(c.clone()).unwrap();
+    assert_eq!(follower.nodes(), vec![1, 2, 3]);
+    let ptrs: Vec<RemotePtr> = (0..30)
+        .map(|_| c.block_on(c.alloc(128, None)).unwrap())
+        .collect();
+    let on2: Vec<RemotePtr> = ptrs.iter().filter(|p| p.node == 2).copied().collect();
+    assert!(!on2.is_empty());
+
+    // Crash server 2: it stops renewing its lease without revoking it, and goes away.
+    let t0 = Instant::now();
+    r2.abandon();
+    drop(s2);
+    assert!(
+        members.members().unwrap().iter().any(|m| m.node == 2),
+        "a crash does not remove the key at once"
+    );
+    let gone_from_etcd = wait_until("the dead server's key expires", || {
+        !members.members().unwrap().iter().any(|m| m.node == 2)
+    });
+    wait_until("the client drops the dead server", || {
+        !follower.nodes().contains(&2) && !node_ids(&c).contains(&2)
+    });
+    let dropped = t0.elapsed();
+    eprintln!(
+        "crash: key gone from etcd {:.0} ms after the crash (TTL {:?}), client dropped the \
+         server at {:.0} ms",
+        ms(gone_from_etcd),
+        cfg.ttl,
+        ms(dropped)
+    );
+    assert!(
+        gone_from_etcd >= cfg.ttl / 3,
+        "the key went by lease expiry, not at once"
+    );
+    assert_eq!(follower.stats().left, 1);
+
+    // Its pointers fail with NodeDown; new allocations go to the others.
+    let buf = Arc::new(c.pd().alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap());
+    for p in &on2 {
+        let (r, _) = c.block_on(c.read(*p, 0, buf.clone(), 0, 8));
+        assert!(matches!(r, Err(Error::NodeDown { node: 2, .. })), "{r:?}");
+    }
+    for _ in 0..30 {
+        let p = c.block_on(c.alloc(128, None)).unwrap();
+        assert_ne!(p.node, 2);
+    }
+    for p in ptrs.iter().filter(|p| p.node != 2) {
+        c.block_on(c.free(*p)).unwrap();
+    }
+
+    // A replacement registering as node 2 is picked up again.
+    let (_s2b, _r2b) = registered(&cfg, 2);
+    wait_until("the replacement joins", || node_ids(&c).contains(&2));
+    assert_eq!(follower.nodes(), vec![1, 2, 3]);
+    assert_eq!(follower.stats().joined, 1);
+}
+
+#[test]
+fn a_server_restarted_at_the_same_address_within_its_ttl_is_reconnected() {
+    let Some(etcd) = Etcd::start("restart") else {
+        return;
+    };
+    let mut cfg = etcd.config("/rdmapool/test-restart");
+    cfg.ttl = Duration::from_secs(10); // the old key outlives the restart
+    let (_s1, _r1) = registered(&cfg, 1);
+    let (s2, r2) = registered(&cfg, 2);
+    let addr = s2.addr();
+    let members = EtcdMembership::new(&cfg).unwrap();
+    let c = client(&members, 41, Box::new(RoundRobin::default()));
+    let follower = members.follow(c.clone()).unwrap();
+    assert_eq!(follower.nodes(), vec![1, 2]);
+    r2.abandon();
+    drop(s2);
+    // The client finds it down (its lease renewals fail) while the key stays.
+    wait_until("the client sees node 2 down", || !node_ids(&c).contains(&2));
+    assert_eq!(
+        follower.nodes(),
+        vec![1, 2],
+        "the key stays: not removed yet"
+    );
+    let (_s2b, _r2b) = {
+        let s = server_at(2, addr);
+        let r = EtcdRegistration::register(&cfg, 2, s.addr()).unwrap();
+        (s, r)
+    };
+    let t = wait_until("the restarted server is reconnected", || {
+        node_ids(&c).contains(&2)
+    });
+    eprintln!(
+        "restart at {addr}: reconnected {:.1} ms after it registered",
+        ms(t)
+    );
+    let st = follower.stats();
+    assert_eq!((st.replaced, st.left, st.joined), (1, 0, 1));
+    let p = (0..4)
+        .map(|_| c.block_on(c.alloc(64, None)).unwrap())
+        .find(|p| p.node == 2);
+    assert!(p.is_some(), "allocations reach the restarted server");
+}
+
+#[test]
+fn a_server_that_drops_its_registration_leaves_at_once() {
+    let Some(etcd) = Etcd::start("leave") else {
+        return;
+    };
+    let cfg = etcd.config("/rdmapool/test-leave");
+    let (_s1, _r1) = registered(&cfg, 1);
+    let (_s2, r2) = registered(&cfg, 2);
+    let members = EtcdMembership::new(&cfg).unwrap();
+    let c = client(&members, 31, Box::new(RoundRobin::default()));
+    let follower = members.follow(c.clone()).unwrap();
+    assert_eq!(follower.nodes(), vec![1, 2]);
+    // The lease is renewed while the registration lives (well past its TTL).
+    std::thread::sleep(cfg.ttl + Duration::from_millis(500));
+    assert!(r2.renewals() >= 2);
+    assert_eq!(members.members().unwrap().len(), 2);
+    let t0 = Instant::now();
+    drop(r2); // revokes
+    let left = wait_until("the client drops the server", || !node_ids(&c).contains(&2));
+    eprintln!(
+        "graceful leave: client dropped the server {:.1} ms after the revoke",
+        ms(t0.elapsed())
+    );
+    assert!(
+        left < cfg.ttl,
+        "a revoke is seen before any lease would expire"
+    );
+    // An etcd that goes away is a typed error, not a panic.
+    drop(follower);
+    drop(etcd);
+    assert!(matches!(members.members(), Err(Error::Connection { .. })));
+}
