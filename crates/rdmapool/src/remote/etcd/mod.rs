@@ -1,0 +1,215 @@
+//! Cluster membership on etcd (feature `etcd`): memory servers register themselves under a
+//! key prefix with a lease they keep alive, clients follow the prefix and connect to servers
+//! that join and drop those that leave. Only addresses travel through etcd: a server's pool
+//! descriptor still comes from the connection to it.
+//!
+//! - [`EtcdRegistration`] (server side) grants a lease, puts `<prefix>/<node>` = `ip:port`
+//!   under it, and renews it from a thread (every third of the TTL). Dropping it revokes the
+//!   lease, so the key goes at once; a server that dies without dropping it (a crash, or
+//!   [`EtcdRegistration::abandon`]) loses the key when the lease runs out, one TTL later.
+//! - [`EtcdMembership`] (client side) is a [`Membership`](crate::remote::Membership) listing the servers registered
+//!   now, and [`EtcdMembership::follow`] starts an [`EtcdFollower`]: a thread that watches
+//!   the prefix and calls [`PoolClient::add_server`](crate::remote::PoolClient::add_server) / [`PoolClient::remove_server`](crate::remote::PoolClient::remove_server) as keys
+//!   appear and disappear.
+//!
+//! etcd is reached through its v3 JSON gateway (`/v3/kv/*`, `/v3/lease/*`, `/v3/watch`:
+//! HTTP/1.1, base64 keys and values), which every etcd 3.4+ serves on its client port, over
+//! plain HTTP (no TLS). The watch is a streamed response read line by line; it is reopened
+//! from the last revision seen whenever it has been quiet for a while (so the thread can
+//! notice it should stop, and retry servers it could not reach), and after a failure the
+//! follower lists the prefix again and reconciles.
+//!
+//! ```no_run
+//! use rdmapool::fabric::*;
+//! use rdmapool::remote::*;
+//! use std::sync::Arc;
+//! # fn main() -> rdmapool::Result<()> {
+//! let etcd = EtcdConfig::new(vec!["http://127.0.0.1:2379".into()], "/rdmapool/pool-a");
+//! // A server: serve, then say so in etcd.
+//! let ctx = Context::open_soft()?;
+//! let server = MemoryServer::start(&ctx, ServerConfig::default())?;
+//! let reg = EtcdRegistration::register(&etcd, server.descriptor().node, server.addr())?;
+//! // A client: connect to whoever is registered, then follow the prefix.
+//! let members = EtcdMembership::new(&etcd)?;
+//! let pd = ctx.alloc_pd()?;
+//! let client = Arc::new(PoolClient::connect(&ctx, &pd, &members, ClientConfig::new(7))?);
+//! let follower = members.follow(client.clone())?;
+//! # drop((reg, follower)); Ok(()) }
+//! ```
+
+mod follower;
+mod gateway;
+mod registration;
+
+pub use follower::{EtcdFollower, EtcdMember, EtcdMembership, FollowerStats};
+pub use registration::EtcdRegistration;
+
+use crate::{Error, Result};
+use std::time::Duration;
+
+/// Where etcd is and which part of its key space a pool uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// Client URLs of the etcd members (`http://host:port`), tried in turn.
+    pub endpoints: Vec<String>,
+    /// The key prefix the pool's servers register under (a server's key is
+    /// `<prefix>/<node>`); a trailing `/` is ignored.
+    pub prefix: String,
+    /// The registration lease's time to live, in whole seconds (rounded down; at least
+    /// 1 s): a server that stops renewing leaves the membership this long after its last
+    /// renewal (etcd may round a very short TTL up to its own minimum).
+    pub ttl: Duration,
+    /// How long one request to etcd may take (connect, send, receive).
+    pub request_timeout: Duration,
+    /// How long a quiet watch is kept open before it is reopened from the last revision
+    /// (bounds how long dropping an [`EtcdFollower`] takes, and how often it retries servers
+    /// it could not connect to; each reopen is one request to etcd per follower).
+    pub watch_idle: Duration,
+}
+
+impl EtcdConfig {
+    /// These endpoints and prefix, a 3 s lease, 2 s requests, watches reopened after 1 s of
+    /// quiet.
+    pub fn new(endpoints: Vec<String>, prefix: &str) -> Self {
+        Self {
+            endpoints,
+            prefix: prefix.to_string(),
+            ttl: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(2),
+            watch_idle: Duration::from_secs(1),
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.endpoints.is_empty() {
+            return Err(Error::InvalidArgument("no etcd endpoints given".into()));
+        }
+        for e in &self.endpoints {
+            if !e.starts_with("http://") {
+                return Err(Error::InvalidArgument(format!(
+                    "etcd endpoint {e:?}: want http://host:port (the JSON gateway over plain HTTP)"
+                )));
+            }
+        }
+        if self.prefix.trim_end_matches('/').is_empty() {
+            return Err(Error::InvalidArgument("empty etcd key prefix".into()));
+        }
+        if self.ttl < Duration::from_secs(1) {
+            return Err(Error::InvalidArgument(format!(
+                "etcd lease TTL of {:?}: at least 1 s",
+                self.ttl
+            )));
+        }
+        if self.request_timeout.is_zero() || self.watch_idle.is_zero() {
+            return Err(Error::InvalidArgument(
+                "etcd request timeout and watch idle time must be non-zero".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `<prefix>/`: every server key starts with it.
+    fn dir(&self) -> String {
+        format!("{}/", self.prefix.trim_end_matches('/'))
+    }
+
+    fn key(&self, node: u32) -> String {
+        format!("{}{node}", self.dir())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::follower::*;
+    use super::gateway::*;
+    use super::*;
+    use crate::remote::Membership;
+    use serde_json::{json, Value};
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn keys_ranges_and_members_parse() {
+        let cfg = EtcdConfig::new(vec!["http://127.0.0.1:2379".into()], "/pool/a/");
+        assert_eq!(cfg.dir(), "/pool/a/");
+        assert_eq!(cfg.key(7), "/pool/a/7");
+        assert_eq!(prefix_end("/pool/a/"), "/pool/a0");
+        let m = parse_member("/pool/a/", "/pool/a/7", "127.0.0.1:9000").unwrap();
+        assert_eq!(m.node, 7);
+        assert!(parse_member("/pool/a/", "/pool/a/x", "127.0.0.1:9000").is_none());
+        assert!(parse_member("/pool/a/", "/pool/a/7", "nowhere").is_none());
+    }
+
+    #[test]
+    fn bad_configs_are_typed_errors() {
+        let mut cfg = EtcdConfig::new(vec![], "/p");
+        assert!(matches!(cfg.check(), Err(Error::InvalidArgument(_))));
+        cfg.endpoints = vec!["https://x:1".into()];
+        assert!(matches!(cfg.check(), Err(Error::InvalidArgument(_))));
+        cfg.endpoints = vec!["http://x:1".into()];
+        cfg.ttl = Duration::from_millis(10);
+        assert!(matches!(cfg.check(), Err(Error::InvalidArgument(_))));
+        cfg.ttl = Duration::from_secs(2);
+        cfg.prefix = "/".into();
+        assert!(matches!(cfg.check(), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn watch_messages_as_etcd_3_4_sends_them_apply() {
+        // Captured from etcd 3.4's gateway: keys /p/1, values 127.0.0.1:5; PUT has no type.
+        let dir = "/p/";
+        let (mut wanted, mut rev) = (BTreeMap::new(), 1);
+        let created: Value =
+            serde_json::from_str(r#"{"result":{"header":{"revision":"9"},"created":true}}"#)
+                .unwrap();
+        assert_eq!(apply_watch(dir, &mut wanted, &mut rev, &created), Ok(false));
+        assert_eq!(
+            rev, 1,
+            "a header does not say every event up to it was seen"
+        );
+        let put: Value = serde_json::from_str(
+            r#"{"result":{"header":{"revision":"2"},"events":[{"kv":{"key":"L3AvMQ==",
+            "create_revision":"2","mod_revision":"2","version":"1","value":"MTI3LjAuMC4xOjU=",
+            "lease":"2324035739767540487"}}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(apply_watch(dir, &mut wanted, &mut rev, &put), Ok(true));
+        assert_eq!(rev, 2);
+        assert_eq!(wanted[&1].member.addr, "127.0.0.1:5".parse().unwrap());
+        assert_eq!(wanted[&1].lease, 2324035739767540487);
+        assert_eq!(apply_watch(dir, &mut wanted, &mut rev, &put), Ok(false));
+        let del: Value = serde_json::from_str(
+            r#"{"result":{"header":{"revision":"3"},"events":[{"type":"DELETE",
+            "kv":{"key":"L3AvMQ==","mod_revision":"3"}}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(apply_watch(dir, &mut wanted, &mut rev, &del), Ok(true));
+        assert!(wanted.is_empty());
+        assert_eq!(rev, 3);
+        let compacted: Value = serde_json::from_str(
+            r#"{"result":{"header":{"revision":"9"},"compact_revision":"5","canceled":true}}"#,
+        )
+        .unwrap();
+        assert!(apply_watch(dir, &mut wanted, &mut rev, &compacted).is_err());
+        let error: Value =
+            serde_json::from_str(r#"{"error":{"grpc_code":14,"message":"unavailable"}}"#).unwrap();
+        assert!(apply_watch(dir, &mut wanted, &mut rev, &error).is_err());
+    }
+
+    #[test]
+    fn int64s_come_as_strings_or_numbers() {
+        let v = json!({ "a": "12", "b": 13, "c": "x" });
+        assert_eq!(int(&v, "a").unwrap(), 12);
+        assert_eq!(int(&v, "b").unwrap(), 13);
+        assert_eq!(int(&v, "missing").unwrap(), 0);
+        assert!(matches!(int(&v, "c"), Err(Error::Malformed { .. })));
+    }
+
+    #[test]
+    fn an_unreachable_etcd_is_a_connection_error() {
+        // Port 9 on loopback: nothing listens (discard is not run in test environments).
+        let mut cfg = EtcdConfig::new(vec!["http://127.0.0.1:9".into()], "/p");
+        cfg.request_timeout = Duration::from_millis(500);
+        let m = EtcdMembership::new(&cfg).unwrap();
+        assert!(matches!(m.servers(), Err(Error::Connection { .. })));
+    }
+}
