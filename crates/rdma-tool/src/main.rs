@@ -4,6 +4,8 @@ mod bench;
 mod demo;
 mod devices;
 mod peer;
+mod pool;
+mod serve;
 mod sizes;
 mod stress;
 
@@ -27,6 +29,11 @@ enum Command {
     /// Register and deregister memory from many threads through the asynchronous
     /// registrar; report throughput, latency percentiles, failures and retries.
     Stress(stress::Args),
+    /// Runs a memory server of the cross-node pool: prints `listening <addr> node <id> ...`
+    /// on stdout, serves until stdin closes or SIGINT/SIGTERM, then drains.
+    Serve(serve::Args),
+    /// A one-shot client of the cross-node pool: alloc, write, read, cas, faa, free, stats.
+    Pool(pool::Args),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::Command),
@@ -48,6 +55,8 @@ fn main() {
         Command::Devices(a) => devices::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Stress(a) => stress::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::Pool(a) => pool::run(a),
         Command::Bench(c) => bench::run(c),
         Command::Peer(a) => peer::run(a),
     };
