@@ -11,17 +11,8 @@ use std::io::BufRead;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Arguments of `pool`.
-///
-/// Every allocation belongs to the client id that made it and lives while that client's
-/// lease is renewed. A `pool` process renews only while it runs: what `pool alloc` allocated
-/// is taken back by the server one lease (serve --lease-ms) after the process exits, unless a
-/// process with the same --client-id connects again before then, which finds its
-/// allocations and keeps them (it waits half a lease first, to make sure no live process
-/// holds the id). Use one --client-id per shell session, a lease longer than the pause
-/// between commands, or `pool shell` to run many commands in one process.
+/// Arguments of `pool` (the lease rules are in its help, in main.rs).
 #[derive(clap::Args)]
-#[command(verbatim_doc_comment)]
 pub struct Args {
     /// Memory servers, comma-separated ip:port.
     #[arg(long, required_unless_present_any = ["servers_file", "etcd"])]
