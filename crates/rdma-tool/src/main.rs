@@ -4,6 +4,8 @@ mod bench;
 mod demo;
 mod devices;
 mod peer;
+mod pool;
+mod serve;
 mod sizes;
 mod stress;
 
@@ -27,6 +29,21 @@ enum Command {
     /// Register and deregister memory from many threads through the asynchronous
     /// registrar; report throughput, latency percentiles, failures and retries.
     Stress(stress::Args),
+    /// Runs a memory server of the cross-node pool: prints `listening <addr> node <id> ...`
+    /// on stdout, serves until stdin closes or SIGINT/SIGTERM, then drains.
+    Serve(serve::Args),
+    /// A one-shot client of the cross-node pool: alloc, write, read, cas, faa, free, stats
+    ///
+    /// Leases: every allocation belongs to the client id that made it and lives while that
+    /// client's lease is renewed. A `pool` process renews only while it runs, so what
+    /// `pool alloc` allocated is taken back by the server one lease (`serve --lease-ms`)
+    /// after the process exits, unless a process with the same --client-id connects again
+    /// before then: it finds the allocations and keeps them alive. Reconnecting with an id
+    /// waits half a lease first (to make sure no live process holds it), so a later command
+    /// must start within about half a lease of the previous one. For longer pauses give the
+    /// server a longer lease, or run many commands in one process with `pool shell`.
+    #[command(verbatim_doc_comment)]
+    Pool(pool::Args),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::Command),
@@ -48,6 +65,8 @@ fn main() {
         Command::Devices(a) => devices::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Stress(a) => stress::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::Pool(a) => pool::run(a),
         Command::Bench(c) => bench::run(c),
         Command::Peer(a) => peer::run(a),
     };

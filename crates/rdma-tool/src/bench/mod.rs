@@ -4,6 +4,7 @@ mod data;
 mod engine;
 mod harness;
 mod perftest;
+mod pool;
 mod reference;
 mod reg;
 mod report;
@@ -21,6 +22,10 @@ pub enum Command {
     /// Registration: caller-blocking time of async vs sync, cache hit vs miss, pooled vs
     /// per-transfer registration, page size and alignment, parallel chunked vs one call.
     Reg(reg::Args),
+    /// The cross-node memory pool: alloc+free pairs/s with 1, 2, 4, 8 clients against a
+    /// two-sided SEND/RECV allocation server, and READ/WRITE latency and bandwidth through
+    /// the pool against a raw QP to the same memory, all in one run.
+    Pool(pool::Args),
 }
 
 /// Runs a benchmark.
@@ -28,6 +33,7 @@ pub fn run(c: Command) -> Result<()> {
     match c {
         Command::Data(a) => data::run(a),
         Command::Reg(a) => reg::run(a),
+        Command::Pool(a) => pool::run(a),
     }
 }
 

@@ -1,0 +1,205 @@
+//! `rdma-tool serve`: runs one memory server of the cross-node pool until stdin closes or
+//! SIGINT/SIGTERM arrives, then drains it.
+
+use crate::peer::open_context;
+use crate::sizes::{parse_size, show};
+use crate::{Result, ToolError};
+use rdmapool::fabric::{ProviderKind, Transport};
+use rdmapool::remote::{MemoryServer, ServerConfig};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Arguments of `serve`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Bytes to export, with a K/M/G suffix (a multiple of 2 MiB; the first chunk holds the
+    /// pool's metadata).
+    #[arg(long, default_value = "64M")]
+    size: String,
+    /// Bytes per chunk (a power of two, at least 64K); objects up to a chunk can be allocated.
+    #[arg(long, default_value = "2M")]
+    chunk_size: String,
+    /// This node's id: unique in the cluster, it names the node in pointers (`node:offset:len`).
+    #[arg(long, default_value_t = 1)]
+    node: u32,
+    /// Lease of a client, in ms: a client that stops renewing (its process exited) loses its
+    /// allocations this long after its last renewal.
+    #[arg(long, default_value_t = 2000)]
+    lease_ms: u64,
+    /// How many clients can hold a lease at once.
+    #[arg(long, default_value_t = 256)]
+    clients: u64,
+    /// Where to listen for clients (ip:port; port 0 picks one, printed on stdout).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: String,
+    /// soft or verbs.
+    #[arg(long, default_value = "soft")]
+    provider: String,
+    /// Register with etcd at this URL (needs a build with etcd support).
+    #[arg(long)]
+    etcd: Option<String>,
+    /// On shutdown, how long to wait (ms) for clients to release their chunks.
+    #[arg(long, default_value_t = 2000)]
+    drain_ms: u64,
+    /// Keep running when stdin closes (for a server started with stdin at /dev/null);
+    /// only SIGINT or SIGTERM stop it then.
+    #[arg(long)]
+    ignore_stdin: bool,
+}
+
+/// The error for `--etcd` in a build without etcd support.
+pub fn no_etcd(url: &str) -> ToolError {
+    ToolError::Msg(format!(
+        "--etcd {url}: rdma-tool was built without etcd support; \
+         list the servers with --servers/--servers-file instead"
+    ))
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() -> Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe); the sigaction
+        // struct is zero-initialised and then filled in.
+        let rc = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(ToolError::Io(
+                "sigaction".into(),
+                std::io::Error::last_os_error(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Parses the server's flags into a configuration.
+fn config(args: &Args) -> Result<ServerConfig> {
+    let listen: SocketAddr = args.listen.parse().map_err(|e| {
+        ToolError::Msg(format!(
+            "--listen {:?}: {e} (want ip:port, e.g. 0.0.0.0:7000)",
+            args.listen
+        ))
+    })?;
+    let chunk_size = parse_size(&args.chunk_size)? as u64;
+    if args.lease_ms == 0 {
+        return Err(ToolError::Msg("--lease-ms must be positive".into()));
+    }
+    Ok(ServerConfig {
+        node: args.node,
+        size: parse_size(&args.size)?,
+        chunk_size,
+        clients: args.clients,
+        lease: Duration::from_millis(args.lease_ms),
+        listen,
+    })
+}
+
+/// Runs the server; prints `listening <addr> node <id> ...` once it accepts clients.
+pub fn run(args: Args) -> Result<()> {
+    if let Some(url) = &args.etcd {
+        return Err(no_etcd(url));
+    }
+    let cfg = config(&args)?;
+    let provider = ProviderKind::parse(&args.provider)?;
+    let ctx = open_context(provider, Transport::Auto)?;
+    install_signal_handlers()?;
+    let server = MemoryServer::start(&ctx, cfg.clone())?;
+    let d = server.descriptor();
+    let l = d.layout;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "listening {} node {} size {} chunks {} chunk_size {} clients {} lease_ms {} provider {}",
+            server.addr(),
+            d.node,
+            l.len,
+            l.chunk_count,
+            l.chunk_size,
+            l.client_count,
+            d.lease.as_millis(),
+            provider.name()
+        )
+        .and_then(|_| out.flush())
+        .map_err(|e| ToolError::Io("stdout".into(), e))?;
+    }
+    eprintln!(
+        "rdma-tool serve: node {} exports {} in {} chunks of {}; stop with Ctrl-C{}",
+        d.node,
+        show(l.len as usize),
+        l.chunk_count,
+        show(l.chunk_size as usize),
+        if args.ignore_stdin {
+            ""
+        } else {
+            " or by closing stdin"
+        }
+    );
+    let stdin_closed = Arc::new(AtomicBool::new(false));
+    if !args.ignore_stdin {
+        let closed = stdin_closed.clone();
+        // Detached: it ends with the process (a read on stdin cannot be interrupted).
+        std::thread::spawn(move || {
+            let mut sink = [0u8; 256];
+            let mut stdin = std::io::stdin();
+            while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+            closed.store(true, Ordering::SeqCst);
+        });
+    }
+    while !STOP.load(Ordering::SeqCst) && !stdin_closed.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let st = server.stats();
+    eprintln!(
+        "rdma-tool serve: draining node {} ({} of {} chunks owned by {} clients; {} connections, \
+         {} expired leases, {} chunks reclaimed)",
+        d.node,
+        st.chunks_owned,
+        st.chunks,
+        st.clients,
+        st.connections,
+        st.expired_clients,
+        st.reclaimed_chunks
+    );
+    let left = server.shutdown(Duration::from_millis(args.drain_ms));
+    // Whoever started us may have stopped reading: not an error, and no panic.
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "stopped node {} chunks_still_owned {left}", d.node)
+        .and_then(|_| out.flush());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        a: Args,
+    }
+
+    #[test]
+    fn flags_become_a_config_and_bad_ones_are_refused() {
+        let t = T::parse_from(["t", "--size", "8M", "--chunk-size", "256K", "--node", "3"]);
+        let c = config(&t.a).unwrap();
+        assert_eq!((c.size, c.chunk_size, c.node), (8 << 20, 256 << 10, 3));
+        let t = T::parse_from(["t", "--listen", "nowhere"]);
+        assert!(config(&t.a).unwrap_err().to_string().contains("ip:port"));
+        let t = T::parse_from(["t", "--size", "lots"]);
+        assert!(config(&t.a).is_err());
+    }
+}

@@ -1,0 +1,180 @@
+//! `rdma-tool serve` and `rdma-tool pool ...` end to end on the soft provider: the built
+//! binary, one server process and one process per pool command, values read back checked.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Output, Stdio};
+
+const EXE: &str = env!("CARGO_BIN_EXE_rdma-tool");
+
+struct Server {
+    child: Child,
+    stdout: BufReader<std::process::ChildStdout>,
+    addr: String,
+}
+
+impl Server {
+    fn start(lease_ms: u64) -> Server {
+        let mut child = Command::new(EXE)
+            .args([
+                "serve",
+                "--provider",
+                "soft",
+                "--size",
+                "8M",
+                "--chunk-size",
+            ])
+            .args(["256K", "--node", "4", "--drain-ms", "8000", "--lease-ms"])
+            .arg(lease_ms.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("serve starts");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words.first(), Some(&"listening"), "first line: {line:?}");
+        assert_eq!(words[2..4], ["node", "4"], "first line: {line:?}");
+        Server {
+            addr: words[1].to_string(),
+            child,
+            stdout,
+        }
+    }
+
+    /// Closes stdin: the server drains and says how many chunks were still owned.
+    fn stop(mut self) -> String {
+        drop(self.child.stdin.take());
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stdout, &mut rest).unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "serve failed: {status:?}");
+        rest
+    }
+}
+
+fn pool(server: &Server, id: u64, args: &[&str]) -> Output {
+    Command::new(EXE)
+        .args([
+            "pool",
+            "--servers",
+            &server.addr,
+            "--client-id",
+            &id.to_string(),
+        ])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(server: &Server, id: u64, args: &[&str]) -> String {
+    let out = pool(server, id, args);
+    assert!(
+        out.status.success(),
+        "pool {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim_end()
+        .to_string()
+}
+
+fn fails(server: &Server, id: u64, args: &[&str], says: &str) {
+    let out = pool(server, id, args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "pool {args:?} should fail");
+    assert!(err.contains(says), "pool {args:?}: {err:?} lacks {says:?}");
+    assert!(!err.contains("panicked"), "pool {args:?} panicked: {err}");
+}
+
+#[test]
+fn serve_and_one_shot_pool_commands_round_trip_values() {
+    let server = Server::start(3000);
+    // Bad input is refused before connecting, with a message and a non-zero exit.
+    fails(&server, 9, &["read", "4:zz:8", "0", "4"], "node:offset:len");
+    fails(&server, 9, &["alloc", "lots"], "bad size");
+    fails(
+        &server,
+        9,
+        &["faa", "4:1000:16", "3", "1"],
+        "8-byte aligned",
+    );
+    fails(
+        &server,
+        9,
+        &["write", "4:1000:16", "0", "xyz", "--hex"],
+        "hex",
+    );
+
+    // One process per command, all with client id 7: each finds what the last one left.
+    let ptr = ok(&server, 7, &["alloc", "100"]);
+    assert!(ptr.starts_with("4:") && ptr.ends_with(":100"), "{ptr}");
+    assert_eq!(
+        ok(&server, 7, &["write", &ptr, "0", "hello pool"]),
+        "wrote 10 bytes"
+    );
+    assert_eq!(ok(&server, 7, &["faa", &ptr, "16", "5"]), "0");
+    assert_eq!(ok(&server, 7, &["cas", &ptr, "16", "5", "0x2a"]), "5");
+    let stats = ok(&server, 7, &["stats"]);
+    // Stats list objects with their size-class length (128 for 100 bytes).
+    let at = &ptr[..ptr.rfind(':').unwrap() + 1];
+    assert!(
+        stats.contains("allocations 1") && stats.contains(at),
+        "{stats}"
+    );
+    // Another client reads it (any client may read, write and free any allocation), in
+    // one process so that client 7's lease (not renewed between commands) still holds.
+    let mut other = Command::new(EXE)
+        .args([
+            "pool",
+            "--servers",
+            &server.addr,
+            "--client-id",
+            "8",
+            "shell",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(
+        other.stdin.take().unwrap(),
+        "read {ptr} 0 10\nread {ptr} 16 8 --hex\nread {ptr} 96 8\nfree {ptr}\nfree {ptr}"
+    )
+    .unwrap();
+    let out = other.wait_with_output().unwrap();
+    assert!(!out.status.success(), "two commands fail");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "hello pool");
+    assert_eq!(lines[1], "2a00000000000000");
+    assert!(lines[2].contains("100-byte remote allocation"), "{text}");
+    assert_eq!(lines[3], format!("freed {ptr}"));
+    assert!(lines[4].contains("not a live allocation"), "{text}");
+
+    // Many commands on one connection.
+    let mut shell = Command::new(EXE)
+        .args([
+            "pool",
+            "--servers",
+            &server.addr,
+            "--client-id",
+            "11",
+            "shell",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(shell.stdin.take().unwrap(), "alloc 64\nstats").unwrap();
+    let out = shell.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let p = text.lines().next().unwrap().to_string();
+    assert!(text.contains(&format!("allocations 1\n  {p}")), "{text}");
+
+    // Client 11 exited holding an object; its lease runs out within the drain.
+    let bye = server.stop();
+    assert!(bye.contains("stopped node 4 chunks_still_owned 0"), "{bye}");
+}
