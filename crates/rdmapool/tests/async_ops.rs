@@ -804,13 +804,22 @@ async fn async_operations_give_the_buffer_back_with_the_outcome() {
 
 #[test]
 fn the_only_operation_in_flight_waits_for_its_completion_before_parking() {
-    // Nothing polls the CQ (caller-driven, and nobody calls progress): a single WRITE
-    // resolves in its first poll because the future polls for its own completion; with
-    // the spin off, it stays pending until someone polls.
-    for (spin, ready) in [
+    // Nothing polls the CQ (caller-driven, and nobody calls progress). A single WRITE posts
+    // in its first poll and asks to be polled again (so that a task posting several
+    // operations in one poll posts them all first); in its second poll, still the only
+    // operation in flight, it waits for its own completion. With the spin off, it asks for
+    // nothing and stays pending until someone polls the CQ.
+    struct Count(std::sync::atomic::AtomicUsize);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let spins = [
         (std::time::Duration::from_secs(5), true),
         (std::time::Duration::ZERO, false),
-    ] {
+    ];
+    for (spin, ready) in spins {
         let (a, b) = (node_on(Transport::Tcp), node_on(Transport::Tcp));
         let (qa, _qb) = pair(&a, &b, &config());
         let engine = Engine::new(
@@ -825,11 +834,19 @@ fn the_only_operation_in_flight_waits_for_its_completion_before_parking() {
         let q = engine.wrap(qa);
         let target = b.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
         let local = Arc::new(a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
-        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let count = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+        let waker = std::task::Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
         let mut f = Box::pin(q.write(LocalBuf::Region(local), 0, 8, target.remote_at(0).unwrap()));
-        let first = f.as_mut().poll(&mut cx);
-        assert_eq!(first.is_ready(), ready, "spin {spin:?}");
-        if let std::task::Poll::Ready((r, _)) = first {
+        assert!(
+            f.as_mut().poll(&mut cx).is_pending(),
+            "the first poll posts"
+        );
+        let asked = count.0.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(asked > 0, ready, "spin {spin:?}: asked to be polled again");
+        let second = f.as_mut().poll(&mut cx);
+        assert_eq!(second.is_ready(), ready, "spin {spin:?}");
+        if let std::task::Poll::Ready((r, _)) = second {
             r.unwrap();
         } else {
             engine.run_until(f).0.unwrap();

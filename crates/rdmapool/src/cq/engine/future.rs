@@ -248,10 +248,16 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
             Stage::ToPost(spec) => {
                 // Posted: the slot holds our waker, so a completion wakes us.
                 return match self.try_post(spec, cx) {
-                    Poll::Ready(Ok(())) => match self.stage {
-                        Stage::Posted(idx) => self.spin_then_park(idx, cx),
-                        _ => Poll::Pending,
-                    },
+                    Poll::Ready(Ok(())) => {
+                        // Not yet: the task may post more operations in this same poll (a
+                        // join of several), and spinning now would hold them back. Asking
+                        // to be polled again costs a re-poll, not a park; the next poll
+                        // spins if this is still the only operation in flight.
+                        if !self.qp.inner.engine.spin.is_zero() {
+                            cx.waker().wake_by_ref();
+                        }
+                        Poll::Pending
+                    }
                     Poll::Pending => Poll::Pending,
                     Poll::Ready(Err(e)) => self.resolve(Err(e)),
                 };

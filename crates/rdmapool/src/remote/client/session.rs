@@ -60,25 +60,42 @@ impl Shared {
     pub(super) async fn take_slot(&self, node: &Node) -> Result<u64> {
         let l = node.desc.layout;
         let start = hash64(self.id) % l.client_count;
-        for k in 0..l.client_count {
+        let mut k = 0;
+        while k < l.client_count {
             let at = l.client_slot((start + k) % l.client_count);
             let old = self.cas(node, node.remote(at), 0, self.id).await?;
             if old == 0 {
+                // Renew at once: a short-lived client that exits before its lease thread's
+                // first round still leaves a heartbeat the reaper has seen move.
+                self.faa(node, node.remote(at + 8), 1).await?;
                 return Ok(at);
             }
-            if old == self.id {
-                let before = self.read_u64(node, at + 8).await?;
-                let wait = Instant::now() + node.desc.lease / 2;
-                while Instant::now() < wait {
-                    std::thread::sleep(Duration::from_millis(5));
-                    if self.read_u64(node, at + 8).await? != before {
-                        return Err(Error::ClientIdInUse {
-                            id: self.id,
-                            node: node.desc.node,
-                        });
-                    }
+            if old != self.id {
+                k += 1;
+                continue;
+            }
+            // The slot holds this id: a restart if its heartbeat stands still.
+            let before = self.read_u64(node, at + 8).await?;
+            let wait = Instant::now() + node.desc.lease / 2;
+            let mut moved = false;
+            while Instant::now() < wait {
+                std::thread::sleep(Duration::from_millis(5));
+                if self.read_u64(node, at + 8).await? != before {
+                    moved = true;
+                    break;
                 }
+            }
+            if !moved {
+                self.faa(node, node.remote(at + 8), 1).await?;
                 return Ok(at);
+            }
+            // The heartbeat moved: a live client renewed, or the server expired the old
+            // lease meanwhile (it clears the slot): then the slot is free to claim again.
+            if self.read_u64(node, at).await? == self.id {
+                return Err(Error::ClientIdInUse {
+                    id: self.id,
+                    node: node.desc.node,
+                });
             }
         }
         Err(Error::InvalidArgument(format!(
