@@ -685,12 +685,8 @@ fn two_sided(
     })
 }
 
-/// Polls up to `window` futures from `start` at once until `count` have finished.
-///
-/// Through `PoolClient` this does not yet keep `window` operations in flight: the client's
-/// engine spins in an operation's first poll while it is the only one in flight
-/// (`EngineConfig::spin`, 50 us, which `ClientConfig` does not let us set), so on one thread
-/// each operation completes before the next is posted. The bandwidth rows show that cost.
+/// Polls up to `window` futures from `start` at once until `count` have finished (each
+/// posts in its first poll, so `window` operations are in flight).
 async fn windowed<F, Fut>(count: u64, window: usize, mut start: F) -> rdmapool::Result<()>
 where
     F: FnMut() -> Fut,

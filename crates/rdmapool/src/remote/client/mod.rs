@@ -194,7 +194,7 @@ impl PoolClient {
             scratch,
             stop: AtomicBool::new(false),
             connect_timeout: cfg.connect_timeout,
-            timers: Mutex::new(Vec::new()),
+            timers: Timers::new(cfg.progress == Progress::Caller),
         });
         let mut errors = Vec::new();
         let members = membership.servers()?;

@@ -31,13 +31,29 @@ pub(super) async fn timed<B>(
         timers,
         deadline: Instant::now() + OP_TIMEOUT,
         fired: false,
-        registered: false,
+        timer: None,
     }
     .await
 }
 
-/// Deadlines of operations whose tasks wait to be woken (the lease thread wakes them).
-pub(super) type Timers = Mutex<Vec<(Instant, std::task::Waker)>>;
+/// Deadlines of operations whose tasks wait to be woken (the lease thread wakes those past
+/// theirs). An operation is listed only while it is pending, and only when the client is
+/// not caller-driven (a caller polls again by itself).
+pub(super) struct Timers {
+    pub(super) caller_driven: bool,
+    next: std::sync::atomic::AtomicU64,
+    pub(super) pending: Mutex<std::collections::HashMap<u64, (Instant, std::task::Waker)>>,
+}
+
+impl Timers {
+    pub(super) fn new(caller_driven: bool) -> Self {
+        Self {
+            caller_driven,
+            next: std::sync::atomic::AtomicU64::new(0),
+            pending: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+}
 
 struct Timed<'a, F> {
     op: std::pin::Pin<&'a mut F>,
@@ -45,9 +61,22 @@ struct Timed<'a, F> {
     timers: &'a Timers,
     deadline: Instant,
     fired: bool,
-    /// Whether the lease thread was asked to wake the task at the deadline (caller-driven
-    /// polling needs no wake-up, but another executor would not poll again).
-    registered: bool,
+    /// Its entry in `timers`, while it has one.
+    timer: Option<u64>,
+}
+
+impl<F> Timed<'_, F> {
+    fn unlist(&mut self) {
+        if let Some(id) = self.timer.take() {
+            self.timers.pending.lock().remove(&id);
+        }
+    }
+}
+
+impl<F> Drop for Timed<'_, F> {
+    fn drop(&mut self) {
+        self.unlist();
+    }
 }
 
 impl<F: Future> Future for Timed<'_, F> {
@@ -58,19 +87,23 @@ impl<F: Future> Future for Timed<'_, F> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<F::Output> {
         if let std::task::Poll::Ready(v) = self.op.as_mut().poll(cx) {
+            self.unlist();
             return std::task::Poll::Ready(v);
         }
         if !self.fired {
             if Instant::now() >= self.deadline {
                 self.fired = true;
+                self.unlist();
                 self.node.mark_down(format!(
                     "an operation got no completion within {OP_TIMEOUT:?}"
                 ));
                 self.node.qp.qp().modify_to_error();
                 cx.waker().wake_by_ref();
-            } else if !self.registered {
-                self.registered = true;
-                self.timers.lock().push((self.deadline, cx.waker().clone()));
+            } else if self.timer.is_none() && !self.timers.caller_driven {
+                let id = self.timers.next.fetch_add(1, Ordering::Relaxed);
+                let entry = (self.deadline, cx.waker().clone());
+                self.timers.pending.lock().insert(id, entry);
+                self.timer = Some(id);
             }
         }
         std::task::Poll::Pending

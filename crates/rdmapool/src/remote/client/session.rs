@@ -166,7 +166,7 @@ impl Shared {
             }
             // Wake the tasks whose operations are past their deadline (they then give up).
             let now = Instant::now();
-            self.timers.lock().retain(|(at, waker)| {
+            self.timers.pending.lock().retain(|_, (at, waker)| {
                 let due = *at <= now;
                 if due {
                     waker.wake_by_ref();
