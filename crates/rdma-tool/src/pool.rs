@@ -5,7 +5,7 @@ use crate::peer::open_context;
 use crate::sizes::parse_size;
 use crate::{Result, ToolError};
 use rdmapool::fabric::{AccessFlags, Mr, ProviderKind, Transport};
-use rdmapool::remote::{ClientConfig, PoolClient, RemotePtr, StaticMembership};
+use rdmapool::remote::{ClientConfig, Membership, PoolClient, RemotePtr, StaticMembership};
 use serde_json::json;
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -20,9 +20,13 @@ pub struct Args {
     /// A file of memory servers, one ip:port per line (`#` starts a comment).
     #[arg(long, conflicts_with = "servers")]
     servers_file: Option<PathBuf>,
-    /// Find the servers in etcd at this URL (needs a build with etcd support).
+    /// Find the servers in etcd at this URL (a build with `--features etcd`), under
+    /// `--etcd-prefix`.
     #[arg(long)]
     etcd: Option<String>,
+    /// The etcd key prefix of the pool's servers.
+    #[arg(long, default_value = "/rdmapool/pool")]
+    etcd_prefix: String,
     /// This client's id (non-zero); the same id in a later command finds its allocations.
     #[arg(long, default_value_t = 1)]
     client_id: u64,
@@ -362,13 +366,21 @@ impl Session {
 
 /// Connects, runs the operation, exits (the lease stops being renewed).
 pub fn run(args: Args) -> Result<()> {
-    if let Some(url) = &args.etcd {
-        return Err(crate::serve::no_etcd(url));
-    }
-    let members = match (&args.servers, &args.servers_file) {
-        (Some(list), _) => StaticMembership::parse(list)?,
-        (None, Some(path)) => StaticMembership::from_file(path)?,
-        (None, None) => return Err(ToolError::Msg("no servers: give --servers".into())),
+    let members: Box<dyn Membership> = match (&args.servers, &args.servers_file, &args.etcd) {
+        (Some(list), _, _) => Box::new(StaticMembership::parse(list)?),
+        (None, Some(path), _) => Box::new(StaticMembership::from_file(path)?),
+        #[cfg(feature = "etcd")]
+        (None, None, Some(url)) => {
+            let cfg = rdmapool::remote::EtcdConfig::new(vec![url.clone()], &args.etcd_prefix);
+            Box::new(rdmapool::remote::EtcdMembership::new(&cfg)?)
+        }
+        #[cfg(not(feature = "etcd"))]
+        (None, None, Some(url)) => return Err(crate::serve::no_etcd(url)),
+        (None, None, None) => {
+            return Err(ToolError::Msg(
+                "no servers: give --servers or --etcd".into(),
+            ))
+        }
     };
     if args.client_id == 0 {
         return Err(ToolError::Msg("--client-id must be non-zero".into()));
@@ -378,7 +390,7 @@ pub fn run(args: Args) -> Result<()> {
     let provider = ProviderKind::parse(&args.provider)?;
     let ctx = open_context(provider, Transport::Auto)?;
     let pd = ctx.alloc_pd()?;
-    let client = PoolClient::connect(&ctx, &pd, &members, ClientConfig::new(args.client_id))?;
+    let client = PoolClient::connect(&ctx, &pd, &*members, ClientConfig::new(args.client_id))?;
     let session = Session {
         client,
         json: args.json,

@@ -38,9 +38,13 @@ pub struct Args {
     /// soft or verbs.
     #[arg(long, default_value = "soft")]
     provider: String,
-    /// Register with etcd at this URL (needs a build with etcd support).
+    /// Register with etcd at this URL (a build with `--features etcd`), under
+    /// `--etcd-prefix`, for clients that follow it.
     #[arg(long)]
     etcd: Option<String>,
+    /// The etcd key prefix of this pool's servers.
+    #[arg(long, default_value = "/rdmapool/pool")]
+    etcd_prefix: String,
     /// On shutdown, how long to wait (ms) for clients to release their chunks.
     #[arg(long, default_value_t = 2000)]
     drain_ms: u64,
@@ -51,6 +55,7 @@ pub struct Args {
 }
 
 /// The error for `--etcd` in a build without etcd support.
+#[cfg(not(feature = "etcd"))]
 pub fn no_etcd(url: &str) -> ToolError {
     ToolError::Msg(format!(
         "--etcd {url}: rdma-tool was built without etcd support; \
@@ -108,6 +113,7 @@ fn config(args: &Args) -> Result<ServerConfig> {
 
 /// Runs the server; prints `listening <addr> node <id> ...` once it accepts clients.
 pub fn run(args: Args) -> Result<()> {
+    #[cfg(not(feature = "etcd"))]
     if let Some(url) = &args.etcd {
         return Err(no_etcd(url));
     }
@@ -117,6 +123,19 @@ pub fn run(args: Args) -> Result<()> {
     install_signal_handlers()?;
     let server = MemoryServer::start(&ctx, cfg.clone())?;
     let d = server.descriptor();
+    // Registered in etcd while it serves; dropping it (on the way out) revokes the key.
+    #[cfg(feature = "etcd")]
+    let _registration = match &args.etcd {
+        Some(url) => {
+            let cfg = rdmapool::remote::EtcdConfig::new(vec![url.clone()], &args.etcd_prefix);
+            Some(rdmapool::remote::EtcdRegistration::register(
+                &cfg,
+                d.node,
+                server.addr(),
+            )?)
+        }
+        None => None,
+    };
     let l = d.layout;
     {
         let mut out = std::io::stdout().lock();
