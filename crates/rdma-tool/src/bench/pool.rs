@@ -162,6 +162,9 @@ pub fn run(args: Args) -> Result<()> {
             });
         }
         baseline.stop();
+        // Let the alloc phase's dropped clients' leases run out and their connections
+        // close before the data rows are measured on the same server.
+        std::thread::sleep(server.descriptor().lease * 2);
     }
     if !args.no_data {
         let id = next_id;
