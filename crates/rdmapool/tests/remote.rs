@@ -444,3 +444,27 @@ fn a_server_with_a_bad_descriptor_is_refused_with_a_typed_error() {
     }
     let _ = fake.join();
 }
+
+#[test]
+fn objects_freed_by_other_clients_are_reused_by_the_chunks_owner() {
+    let s = server(1, Duration::from_secs(2));
+    let owner = client(&[&s], 21).unwrap();
+    let other = client(&[&s], 22).unwrap();
+    // 64 KiB objects: three fill a 256 KiB chunk.
+    let full: Vec<RemotePtr> = (0..3)
+        .map(|_| owner.block_on(owner.alloc(60_000, None)).unwrap())
+        .collect();
+    assert_eq!(s.stats().chunks_owned, 1);
+    for p in &full {
+        other.block_on(other.free(*p)).unwrap();
+    }
+    // The owner's own view still says "full"; before claiming a chunk it looks again.
+    let again = owner.block_on(owner.alloc(60_000, None)).unwrap();
+    assert_eq!(s.stats().chunks_owned, 1, "no second chunk claimed");
+    assert!(
+        full.iter().any(|p| p.offset == again.offset),
+        "{again:?} reuses a freed object"
+    );
+    owner.block_on(owner.free(again)).unwrap();
+    assert_eq!(s.stats().chunks_owned, 0);
+}

@@ -68,10 +68,45 @@ impl Shared {
             {
                 continue;
             }
+            // Before claiming another chunk, look again at the full ones: other clients may
+            // have freed objects in them (only clears happen behind our back).
+            if self.refresh_full(node, class).await? {
+                continue;
+            }
             if !self.claim_chunk(node, class).await? {
                 return Ok(None);
             }
         }
+    }
+
+    /// Re-reads the bitmaps of this class's owned chunks; true if one has room again.
+    async fn refresh_full(&self, node: &Node, class: u64) -> Result<bool> {
+        let full: Vec<(u64, ChunkShape)> = node
+            .chunks
+            .lock()
+            .iter()
+            .filter(|c| c.shape.object_size == class && c.pending == 0)
+            .map(|c| (c.index, c.shape))
+            .collect();
+        let mut room = false;
+        for (index, shape) in full {
+            let bits = self.read_bitmap(node, index, shape).await?;
+            let mut chunks = node.chunks.lock();
+            if let Some(c) = chunks
+                .iter_mut()
+                .find(|c| c.index == index && c.pending == 0)
+            {
+                let before: u64 = c.bits.iter().map(|w| w.count_ones() as u64).sum();
+                let after: u64 = bits.iter().map(|w| w.count_ones() as u64).sum();
+                node.used.fetch_sub(
+                    before.saturating_sub(after) * shape.object_size,
+                    Ordering::Relaxed,
+                );
+                c.bits = bits;
+                room |= c.free_bit().is_some();
+            }
+        }
+        Ok(room)
     }
 
     /// Sets a free bit of an owned chunk of `class`, locally then remotely.

@@ -203,13 +203,21 @@ impl Shared {
         index: u64,
         shape: ChunkShape,
     ) -> Result<Vec<u64>> {
+        node.check_up()?;
         let words = shape.object_count.div_ceil(64) as usize;
         let base = node.desc.layout.chunk(index) + layout::chunk::BITMAP;
-        let mut bits = Vec::with_capacity(words);
-        for w in 0..words {
-            bits.push(self.read_u64(node, base + w as u64 * 8).await?);
-        }
-        Ok(bits)
+        // One READ of the whole bitmap (up to a few KiB) into a buffer of its own.
+        let mr = Arc::new(
+            self.pd
+                .alloc_mr(words * 8, crate::fabric::AccessFlags::LOCAL_WRITE)?,
+        );
+        let local = LocalBuf::Region(mr.clone());
+        let op = node
+            .qp
+            .read(local, 0, (words * 8) as u32, node.remote(base));
+        let (r, _) = timed(&self.timers, node, op).await;
+        self.seen(node, r)?;
+        (0..words).map(|w| mr.read_u64(w * 8)).collect()
     }
 
     pub(super) fn live_nodes(&self) -> Vec<Arc<Node>> {
