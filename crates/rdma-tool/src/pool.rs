@@ -109,22 +109,12 @@ pub enum Op {
 
 /// Parses `node:offset:len`.
 pub fn parse_ptr(s: &str) -> Result<RemotePtr> {
-    let bad =
-        |why: &str| ToolError::Msg(format!("bad pointer {s:?}: {why} (want node:offset:len)"));
-    let parts: Vec<&str> = s.trim().split(':').collect();
-    let [node, offset, len] = parts[..] else {
-        return Err(bad("three fields separated by ':'"));
-    };
-    Ok(RemotePtr {
-        node: node.parse().map_err(|_| bad("node is not a number"))?,
-        offset: parse_u64(offset).map_err(|_| bad("offset is not a number"))?,
-        len: parse_u64(len).map_err(|_| bad("len is not a number"))?,
-    })
+    Ok(s.parse::<RemotePtr>()?)
 }
 
 /// A pointer as `node:offset:len`.
 pub fn show_ptr(p: &RemotePtr) -> String {
-    format!("{}:{}:{}", p.node, p.offset, p.len)
+    p.to_string()
 }
 
 /// Decimal or `0x` hex.

@@ -152,12 +152,7 @@ fn stdin_line() -> String {
 }
 
 fn parse_ptr(s: &str) -> RemotePtr {
-    let mut it = s.split(':').map(|x| x.parse::<u64>().unwrap());
-    RemotePtr {
-        node: it.next().unwrap() as u32,
-        offset: it.next().unwrap(),
-        len: it.next().unwrap(),
-    }
+    s.parse().expect("a node:offset:len pointer")
 }
 
 /// The child's side: `pool-server` (serves until stdin closes, reports stats on request)
@@ -236,10 +231,7 @@ fn child_entry() {
                     model.remove(&p);
                 }
             }
-            let held: Vec<String> = model
-                .keys()
-                .map(|p| format!("{}:{}:{}", p.node, p.offset, p.len))
-                .collect();
+            let held: Vec<String> = model.keys().map(|p| p.to_string()).collect();
             println!("@live {}", held.join(" "));
             if stdin_line() == "free" {
                 for (p, data) in &model {

@@ -62,6 +62,17 @@ pub use placement::{KeyHash, LeastUsed, NodeLoad, Placement, RoundRobin};
 pub use server::{MemoryServer, ServerConfig, ServerStats};
 
 /// A remote allocation: the node it lives on, its offset in that node's region, its length.
+///
+/// As text it is `node:offset:len` (decimal; `0x` hex is accepted when parsing), which is how
+/// tools print and take pointers:
+///
+/// ```
+/// use rdmapool::remote::RemotePtr;
+/// let p: RemotePtr = "3:0x100000:64".parse().unwrap();
+/// assert_eq!((p.node, p.offset, p.len), (3, 1 << 20, 64));
+/// assert_eq!(p.to_string(), "3:1048576:64");
+/// assert!("3:1".parse::<RemotePtr>().is_err());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RemotePtr {
     /// The node (a server's id).
@@ -70,4 +81,39 @@ pub struct RemotePtr {
     pub offset: u64,
     /// Bytes allocated.
     pub len: u64,
+}
+
+impl std::fmt::Display for RemotePtr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}:{}", self.node, self.offset, self.len)
+    }
+}
+
+impl std::str::FromStr for RemotePtr {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> crate::Result<Self> {
+        let bad = |why: &str| {
+            crate::Error::InvalidArgument(format!(
+                "remote pointer {s:?}: {why} (want node:offset:len)"
+            ))
+        };
+        let num = |t: &str| {
+            let t = t.trim();
+            match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+                Some(h) => u64::from_str_radix(h, 16),
+                None => t.parse(),
+            }
+        };
+        let parts: Vec<&str> = s.trim().split(':').collect();
+        let [node, offset, len] = parts[..] else {
+            return Err(bad("three fields separated by ':'"));
+        };
+        let node = num(node).map_err(|_| bad("node is not a number"))?;
+        Ok(Self {
+            node: u32::try_from(node).map_err(|_| bad("node does not fit 32 bits"))?,
+            offset: num(offset).map_err(|_| bad("offset is not a number"))?,
+            len: num(len).map_err(|_| bad("len is not a number"))?,
+        })
+    }
 }
