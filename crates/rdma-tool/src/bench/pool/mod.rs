@@ -1,0 +1,383 @@
+//! `rdma-tool bench pool`: the cross-node memory pool, each figure next to a reference
+//! measured in the same run.
+//!
+//! 1. alloc+free pairs per second with 1, 2, 4, 8 clients (threads, each its own
+//!    `PoolClient` with its own id) against one memory server, next to a two-sided baseline:
+//!    a server thread that owns a free list of objects of the same size and answers each
+//!    SEND request (alloc: an offset; free: an acknowledgement) with a SEND reply, the clients
+//!    doing SEND+RECV round trips (server and clients spin 50 us on an empty CQ, then sleep
+//!    on its completion channel, which served the baseline best on a small machine). Each client keeps `--live` objects and, per pair, allocates
+//!    one and frees its oldest, so both designs do the same work.
+//! 2. READ and WRITE latency and bandwidth through `PoolClient` against a raw QP (post and
+//!    busy-poll, the `bench data` harness) to the same memory of the same server.
+
+use super::report::{print_json, print_table, Row};
+use super::Stats;
+use crate::peer::open_context;
+use crate::sizes::{parse_size, parse_sizes, show};
+use crate::{Result, ToolError};
+use rdmapool::fabric::*;
+use rdmapool::remote::{
+    ClientConfig, MemoryServer, PoolClient, RemotePtr, ServerConfig, StaticMembership,
+};
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+mod baseline;
+mod data;
+
+use baseline::{two_sided, TwoSidedServer};
+use data::data_rows;
+
+/// Arguments of `bench pool`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// soft or verbs.
+    #[arg(long, default_value = "soft")]
+    provider: String,
+    /// Where the servers listen (on verbs: the RDMA netdev's address).
+    #[arg(long, default_value = "127.0.0.1")]
+    ip: IpAddr,
+    /// Client counts for the alloc+free rate, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    clients: Vec<usize>,
+    /// Object size for the alloc+free rate.
+    #[arg(long, default_value = "64")]
+    object_size: String,
+    /// Objects each client keeps allocated (each pair allocates one and frees the oldest).
+    #[arg(long, default_value_t = 64)]
+    live: usize,
+    /// Seconds per alloc+free measurement (each design, each client count).
+    #[arg(long, default_value_t = 1.0)]
+    secs: f64,
+    /// READ/WRITE sizes for latency, comma-separated.
+    #[arg(long, default_value = "8,4K")]
+    latency_size: String,
+    /// READ/WRITE sizes for bandwidth, comma-separated.
+    #[arg(long, default_value = "64K,1M")]
+    bandwidth_size: String,
+    /// Latency iterations for 8-byte operations (larger sizes use fewer).
+    #[arg(long, default_value_t = 5000)]
+    iters: u64,
+    /// Skip the alloc+free part.
+    #[arg(long)]
+    no_alloc: bool,
+    /// Skip the READ/WRITE part.
+    #[arg(long)]
+    no_data: bool,
+    /// Print JSON lines instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Operations in flight for bandwidth runs (as in the raw harness).
+const WINDOW: usize = 16;
+const BEST_OF: usize = 3;
+/// Latency samples per turn when ours and the raw QP's alternate.
+const LAT_BLOCK: u64 = 250;
+const WAIT: Duration = Duration::from_secs(30);
+
+fn server_config(listen: SocketAddr, size: usize) -> ServerConfig {
+    ServerConfig {
+        node: 1,
+        size,
+        chunk_size: 2 << 20,
+        clients: 256,
+        lease: Duration::from_secs(2),
+        listen,
+    }
+}
+
+/// Runs the benchmark and prints the table or JSON.
+pub fn run(args: Args) -> Result<()> {
+    let provider = ProviderKind::parse(&args.provider)?;
+    let object = parse_size(&args.object_size)? as u64;
+    let lat_sizes = parse_sizes(&args.latency_size)?;
+    let bw_sizes = parse_sizes(&args.bandwidth_size)?;
+    if args.clients.is_empty() || args.clients.contains(&0) {
+        return Err(ToolError::Msg(
+            "--clients: positive counts, e.g. 1,2,4,8".into(),
+        ));
+    }
+    if !(args.secs > 0.0 && args.secs <= 600.0) {
+        return Err(ToolError::Msg("--secs: between 0 and 600".into()));
+    }
+    let max_data = lat_sizes
+        .iter()
+        .chain(&bw_sizes)
+        .copied()
+        .max()
+        .unwrap_or(8);
+    if max_data > (2 << 20) - 4096 {
+        return Err(ToolError::Msg(format!(
+            "READ/WRITE size {}: at most one 2M chunk less its header",
+            show(max_data)
+        )));
+    }
+    let ctx = open_context(provider, Transport::Auto)?;
+    let server = MemoryServer::start(&ctx, server_config(SocketAddr::new(args.ip, 0), 32 << 20))?;
+    let steps = if args.no_alloc {
+        0
+    } else {
+        args.clients.len() * 2
+    } + if args.no_data {
+        0
+    } else {
+        2 * (lat_sizes.len() + bw_sizes.len())
+    };
+    let bar = indicatif::ProgressBar::new(steps as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")
+            .expect("valid template"),
+    );
+    let mut rows = Vec::new();
+    let mut next_id = 1000u64;
+    if !args.no_alloc {
+        let baseline = TwoSidedServer::start(provider, args.ip, 32 << 20, object)?;
+        for &n in &args.clients {
+            bar.set_message(format!("alloc+free, {n} clients, one-sided"));
+            let ours = one_sided(provider, &server, n, next_id, object, args.live, args.secs)?;
+            next_id += n as u64;
+            bar.inc(1);
+            bar.set_message(format!("alloc+free, {n} clients, two-sided"));
+            let base = two_sided(provider, &baseline, n, object, args.live, args.secs)?;
+            bar.inc(1);
+            rows.push(Row {
+                provider: provider.name().into(),
+                transport: path(provider),
+                op: format!("alloc+free x{n}"),
+                metric: "rate".into(),
+                size: object as usize,
+                iters: ours.pairs,
+                median_ns: ours.pair.median_ns,
+                p99_ns: ours.pair.p99_ns,
+                gbps: 0.0,
+                mops: ours.mops(),
+                reference: format!("two-sided SEND/RECV x{n} ({})", fmt_pair(&base.pair)),
+                reference_value: base.mops(),
+                ratio: ours.mops() / base.mops(),
+            });
+        }
+        baseline.stop();
+        // Let the alloc phase's dropped clients' leases run out and their connections
+        // close before the data rows are measured on the same server.
+        std::thread::sleep(server.descriptor().lease * 2);
+    }
+    if !args.no_data {
+        let id = next_id;
+        rows.extend(data_rows(
+            provider, &server, id, &lat_sizes, &bw_sizes, max_data, args.iters, &bar,
+        )?);
+    }
+    bar.finish_and_clear();
+    drop(server);
+    if args.json {
+        print_json(&rows);
+    } else {
+        print_table(&rows);
+        summary(&rows);
+    }
+    Ok(())
+}
+
+fn path(provider: ProviderKind) -> String {
+    match provider {
+        ProviderKind::Soft => "local".into(),
+        p => p.name().into(),
+    }
+}
+
+fn fmt_pair(s: &Stats) -> String {
+    format!("pair p50 {}", super::report::fmt_ns(s.median_ns))
+}
+
+/// The verdicts the issue asks for, under the table.
+fn summary(rows: &[Row]) {
+    let rate: Vec<&Row> = rows.iter().filter(|r| r.metric == "rate").collect();
+    if !rate.is_empty() {
+        let parts: Vec<String> = rate
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}: {:.2}x",
+                    r.op.trim_start_matches("alloc+free "),
+                    r.ratio
+                )
+            })
+            .collect();
+        let wins = rate.iter().all(|r| r.ratio > 1.0);
+        println!(
+            "\nalloc+free, one-sided pool / two-sided server: {} -> one-sided {} at every client count",
+            parts.join(", "),
+            if wins { "wins" } else { "does NOT win" }
+        );
+    }
+    let data: Vec<&Row> = rows.iter().filter(|r| r.metric != "rate").collect();
+    if !data.is_empty() {
+        let within = |r: &Row| {
+            if r.metric == "latency" {
+                r.ratio <= 1.10
+            } else {
+                r.ratio >= 0.90
+            }
+        };
+        let off: Vec<String> = data
+            .iter()
+            .filter(|r| !within(r))
+            .map(|r| format!("{} {} {} ({:.2})", r.op, r.metric, show(r.size), r.ratio))
+            .collect();
+        if off.is_empty() {
+            println!("READ/WRITE through the pool: every row within 10% of the raw QP");
+        } else {
+            println!(
+                "READ/WRITE through the pool: {} of {} rows within 10% of the raw QP; outside: {}",
+                data.len() - off.len(),
+                data.len(),
+                off.join(", ")
+            );
+        }
+    }
+}
+
+/// What the clients of one alloc+free measurement did together.
+struct Rate {
+    pairs: u64,
+    secs: f64,
+    /// One pair's time, over all clients' pairs.
+    pair: Stats,
+}
+
+impl Rate {
+    fn mops(&self) -> f64 {
+        self.pairs as f64 / self.secs / 1e6
+    }
+}
+
+/// Runs `n` client threads: each sets itself up with `setup`, then all start together and
+/// do `pair` until `secs` have passed. Returns the total rate.
+fn clients<S, C>(n: usize, secs: f64, setup: S) -> Result<Rate>
+where
+    S: Fn(usize) -> Result<C> + Sync,
+    C: FnMut() -> Result<()>,
+{
+    let barrier = Barrier::new(n);
+    let failed = AtomicBool::new(false);
+    let run = Duration::from_secs_f64(secs);
+    let results: Vec<Result<(u64, f64, Vec<u64>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let (barrier, failed, setup) = (&barrier, &failed, &setup);
+                s.spawn(move || {
+                    let prepared = setup(i);
+                    if prepared.is_err() {
+                        failed.store(true, Ordering::SeqCst);
+                    }
+                    barrier.wait();
+                    let mut pair = prepared?;
+                    if failed.load(Ordering::SeqCst) {
+                        return Ok((0, 0.0, Vec::new()));
+                    }
+                    // A short warm-up, then the measured run.
+                    for _ in 0..100 {
+                        pair()?;
+                    }
+                    let mut samples = Vec::with_capacity(1 << 16);
+                    let t0 = Instant::now();
+                    let mut last = t0;
+                    loop {
+                        pair()?;
+                        let now = Instant::now();
+                        samples.push((now - last).as_nanos() as u64);
+                        last = now;
+                        if now - t0 >= run {
+                            break;
+                        }
+                    }
+                    Ok((samples.len() as u64, (last - t0).as_secs_f64(), samples))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(ToolError::Msg("a client thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut pairs = 0;
+    let mut longest = 0f64;
+    let mut all = Vec::new();
+    for r in results {
+        let (p, t, samples) = r?;
+        pairs += p;
+        longest = longest.max(t);
+        all.extend(samples);
+    }
+    Ok(Rate {
+        pairs,
+        secs: longest.max(1e-9),
+        pair: Stats::from_samples(&all),
+    })
+}
+
+/// One client of the pool and the objects it holds; frees them when dropped.
+struct OneSided {
+    client: PoolClient,
+    held: VecDeque<RemotePtr>,
+    _ctx: Context,
+}
+
+impl Drop for OneSided {
+    fn drop(&mut self) {
+        for p in self.held.drain(..) {
+            let _ = self.client.block_on(self.client.free(p));
+        }
+    }
+}
+
+/// alloc+free through `PoolClient`s, one-sided.
+fn one_sided(
+    provider: ProviderKind,
+    server: &MemoryServer,
+    n: usize,
+    first_id: u64,
+    object: u64,
+    live: usize,
+    secs: f64,
+) -> Result<Rate> {
+    let members = StaticMembership::new(vec![server.addr()]);
+    let members = &members;
+    let rate = clients(n, secs, |i| {
+        let ctx = open_context(provider, Transport::Auto)?;
+        let pd = ctx.alloc_pd()?;
+        let client =
+            PoolClient::connect(&ctx, &pd, members, ClientConfig::new(first_id + i as u64))?;
+        let mut held = VecDeque::with_capacity(live + 1);
+        for _ in 0..live {
+            held.push_back(client.block_on(client.alloc(object, None))?);
+        }
+        let mut me = OneSided {
+            client,
+            held,
+            _ctx: ctx,
+        };
+        Ok(move || -> Result<()> {
+            let p = me.client.block_on(me.client.alloc(object, None))?;
+            me.held.push_back(p);
+            if let Some(old) = me.held.pop_front() {
+                me.client.block_on(me.client.free(old))?;
+            }
+            Ok(())
+        })
+    });
+    // Every measurement starts from the same empty pool (the clients freed what they held).
+    let until = Instant::now() + Duration::from_secs(10);
+    while server.stats().chunks_owned > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rate
+}
