@@ -270,17 +270,8 @@ impl PoolClient {
         local_offset: usize,
         len: u32,
     ) -> (Result<()>, B) {
-        let (node, remote) = match self.shared.target(ptr, offset, len as u64) {
-            Ok(t) => t,
-            Err(e) => return (Err(e), local),
-        };
-        let (r, b) = timed(
-            &self.shared.timers,
-            &node,
-            node.qp.write(local, local_offset, len, remote),
-        )
-        .await;
-        (self.shared.seen(&node, r).map(|_| ()), b)
+        self.transfer(true, ptr, offset, local, local_offset, len)
+            .await
     }
 
     /// Reads `len` bytes at `offset` of `ptr` into `local` (at `local_offset`).
@@ -292,16 +283,31 @@ impl PoolClient {
         local_offset: usize,
         len: u32,
     ) -> (Result<()>, B) {
+        self.transfer(false, ptr, offset, local, local_offset, len)
+            .await
+    }
+
+    /// A WRITE (or READ) of `len` bytes between `local` and `offset` of `ptr`, bounds
+    /// checked, with the operation deadline; the buffer always comes back.
+    async fn transfer<B: RegisteredMemory + Send + 'static>(
+        &self,
+        write: bool,
+        ptr: RemotePtr,
+        offset: u64,
+        local: B,
+        local_offset: usize,
+        len: u32,
+    ) -> (Result<()>, B) {
         let (node, remote) = match self.shared.target(ptr, offset, len as u64) {
             Ok(t) => t,
             Err(e) => return (Err(e), local),
         };
-        let (r, b) = timed(
-            &self.shared.timers,
-            &node,
-            node.qp.read(local, local_offset, len, remote),
-        )
-        .await;
+        let op = if write {
+            node.qp.write(local, local_offset, len, remote)
+        } else {
+            node.qp.read(local, local_offset, len, remote)
+        };
+        let (r, b) = timed(&self.shared.timers, &node, op).await;
         (self.shared.seen(&node, r).map(|_| ()), b)
     }
 

@@ -7,7 +7,7 @@
 //! the bytes that arrived, sends the frames it is given, and closes the connection when told.
 //! Tests drive it against a [`super::responder::Responder`] in memory with a fake clock.
 
-use super::stream::{HeaderBuf, Sink};
+use super::stream::{receive_into, HeaderBuf, Sink};
 use super::wire::{ReqOp, Request, Response, RESP_LEN};
 use crate::fabric::{WcOpcode, WcStatus, WrOp};
 use crate::soft::keys::LocalList;
@@ -298,23 +298,11 @@ impl Requester {
         &mut self,
         recv: impl FnOnce(&[(u64, usize)]) -> Result<usize, E>,
     ) -> Option<Result<usize, E>> {
-        let body = self.body.as_mut()?;
-        let sink = body.sink.as_mut()?;
-        match sink.with_pieces(|p| match recv(p) {
-            Ok(n) => (n, Ok(n)),
-            Err(e) => (0, Err(e)),
-        }) {
-            Some(r) => {
-                if let Ok(n) = r {
-                    self.payload_progress(n);
-                }
-                Some(r)
-            }
-            None => {
-                body.sink = None;
-                None
-            }
+        let r = receive_into(&mut self.body.as_mut()?.sink, recv)?;
+        if let Ok(n) = r {
+            self.payload_progress(n);
         }
+        Some(r)
     }
 
     fn payload_progress(&mut self, n: usize) {

@@ -6,7 +6,7 @@
 //! ready yet, no receive is posted) stalls the stream until it can go on or its time is up;
 //! the driver passes `now` and retries. It never reads a clock or touches a socket.
 
-use super::stream::{HeaderBuf, Sink};
+use super::stream::{receive_into, HeaderBuf, Sink};
 use super::target::{RecvEntry, TargetQp};
 use super::wire::{ReqOp, Request, Response, REQ_LEN, RESP_LEN};
 use crate::fabric::{AccessFlags, Completion, QpState, WcOpcode, WcStatus};
@@ -178,23 +178,11 @@ impl Responder {
         qp: &dyn TargetQp,
         recv: impl FnOnce(&[(u64, usize)]) -> Result<usize, E>,
     ) -> Option<Result<usize, E>> {
-        let body = self.body.as_mut()?;
-        let sink = body.sink.as_mut()?;
-        match sink.with_pieces(|p| match recv(p) {
-            Ok(n) => (n, Ok(n)),
-            Err(e) => (0, Err(e)),
-        }) {
-            Some(r) => {
-                if let Ok(n) = r {
-                    self.payload_progress(qp, n);
-                }
-                Some(r)
-            }
-            None => {
-                body.sink = None;
-                None
-            }
+        let r = receive_into(&mut self.body.as_mut()?.sink, recv)?;
+        if let Ok(n) = r {
+            self.payload_progress(qp, n);
         }
+        Some(r)
     }
 
     fn reply(&mut self, r: Response) {

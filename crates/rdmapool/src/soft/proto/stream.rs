@@ -121,3 +121,20 @@ impl Sink {
         })
     }
 }
+
+/// Receives a due payload in place: gives `sink`'s pieces to `recv`. `None` when there is no
+/// sink (the payload is being discarded) or a region was deregistered, in which case the
+/// sink is dropped and the rest of the payload must be discarded.
+pub(crate) fn receive_into<E>(
+    sink: &mut Option<Sink>,
+    recv: impl FnOnce(&[(u64, usize)]) -> Result<usize, E>,
+) -> Option<Result<usize, E>> {
+    let r = sink.as_mut()?.with_pieces(|p| match recv(p) {
+        Ok(n) => (n, Ok(n)),
+        Err(e) => (0, Err(e)),
+    });
+    if r.is_none() {
+        *sink = None;
+    }
+    r
+}
