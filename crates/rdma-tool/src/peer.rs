@@ -16,7 +16,8 @@ use rdmapool::fabric::{
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
@@ -60,8 +61,36 @@ pub fn open_context(provider: ProviderKind, transport: Transport) -> Result<Cont
     })
 }
 
-/// Private data a client of the peer sends with its connection request.
-pub const HELLO: &[u8] = b"rdma-tool";
+/// The environment variable that hands the peer its secret (not the command line, which
+/// other users can read in /proc).
+const SECRET_VAR: &str = "RDMA_TOOL_PEER_SECRET";
+
+/// A fresh 16-byte secret, as hex, from the OS CSPRNG.
+fn fresh_secret() -> Result<String> {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| ToolError::Io("/dev/urandom".into(), e))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// Waits (up to `deadline`) for a connection request carrying `secret`; requests without it
+/// are rejected and waiting goes on, so no other local user can stop or take the peer.
+fn request_with_secret(
+    listener: &Listener,
+    secret: &[u8],
+    deadline: std::time::Instant,
+) -> Result<rdmapool::conn::ConnRequest> {
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let request = listener.get_request(left.max(Duration::from_millis(1)))?;
+        if request.private_data() == secret {
+            return Ok(request);
+        }
+        eprintln!("peer: rejected a connection request without the secret");
+        let _ = request.reject(b"unknown client");
+    }
+}
 
 /// Runs the peer until its stdin closes.
 pub fn run(args: Args) -> Result<()> {
@@ -83,24 +112,26 @@ pub fn run(args: Args) -> Result<()> {
         let (tcp, unix) = start_echo_servers()?;
         say(&mut out, format!("echo {tcp} {unix}"))?;
     }
-    let request = listener.get_request(Duration::from_secs(60))?;
-    if request.private_data() != HELLO {
-        request.reject(b"unknown client")?;
-        return Err(ToolError::Msg(
-            "rejected a connection request from an unknown client".into(),
-        ));
-    }
+    let secret = std::env::var(SECRET_VAR)
+        .map_err(|_| {
+            ToolError::Msg(format!(
+                "{SECRET_VAR} is not set: `rdma-tool peer` is started by demo and bench"
+            ))
+        })?
+        .into_bytes();
+    let request = request_with_secret(
+        &listener,
+        &secret,
+        std::time::Instant::now() + Duration::from_secs(60),
+    )?;
     let cfg = QpConfig::default();
     let region = mr.remote_region().to_bytes();
     let _qp = request.accept(&pd, &cq, &cq, &cfg, &region)?;
     // Benchmarks with several QPs connect again: accept them in the background.
     std::thread::spawn(move || {
         let mut more = Vec::new();
-        while let Ok(request) = listener.get_request(Duration::from_secs(3600)) {
-            if request.private_data() != HELLO {
-                let _ = request.reject(b"unknown client");
-                continue;
-            }
+        let forever = std::time::Instant::now() + Duration::from_secs(24 * 3600);
+        while let Ok(request) = request_with_secret(&listener, &secret, forever) {
             match request.accept(&pd, &cq, &cq, &cfg, &region) {
                 Ok(qp) => more.push(qp),
                 Err(e) => eprintln!("peer: accepting a further connection: {e}"),
@@ -132,9 +163,11 @@ fn start_echo_servers() -> Result<(String, String)> {
     let tcp_addr = tcp
         .local_addr()
         .map_err(|e| ToolError::Io("echo addr".into(), e))?;
-    let path = std::env::temp_dir().join(format!("rdma-tool-echo-{}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let unix = UnixListener::bind(&path).map_err(|e| ToolError::Io("echo listen".into(), e))?;
+    // An abstract socket: nothing left on disk however the peer ends.
+    let name = format!("rdma-tool-echo-{}", std::process::id());
+    let unix = UnixAddr::from_abstract_name(name.as_bytes())
+        .and_then(|a| UnixListener::bind_addr(&a))
+        .map_err(|e| ToolError::Io("echo listen".into(), e))?;
     std::thread::spawn(move || {
         for s in tcp.incoming().flatten() {
             let _ = s.set_nodelay(true);
@@ -146,7 +179,7 @@ fn start_echo_servers() -> Result<(String, String)> {
             std::thread::spawn(move || echo(s));
         }
     });
-    Ok((tcp_addr.to_string(), path.display().to_string()))
+    Ok((tcp_addr.to_string(), name))
 }
 
 /// Reads exactly `buf.len()` bytes, spinning on a non-blocking socket.
@@ -223,6 +256,8 @@ pub struct PeerProcess {
     pub cm_addr: SocketAddr,
     /// Echo servers (TCP address, Unix path), when asked for.
     pub echo: Option<(String, String)>,
+    /// What a connection request must carry (private data).
+    secret: String,
 }
 
 impl PeerProcess {
@@ -239,7 +274,9 @@ impl PeerProcess {
         echo: bool,
     ) -> Result<Self> {
         let exe = std::env::current_exe().map_err(|e| ToolError::Io("current_exe".into(), e))?;
+        let secret = fresh_secret()?;
         let mut cmd = Command::new(exe);
+        cmd.env(SECRET_VAR, &secret);
         cmd.args([
             "peer",
             "--size",
@@ -287,6 +324,7 @@ impl PeerProcess {
             stdout,
             cm_addr,
             echo,
+            secret,
         })
     }
 
@@ -305,7 +343,7 @@ impl PeerProcess {
             cq,
             cq,
             cfg,
-            HELLO,
+            self.secret.as_bytes(),
             Duration::from_secs(30),
         )?;
         let region = RemoteRegion::from_bytes(&conn.private_data)?;

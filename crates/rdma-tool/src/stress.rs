@@ -41,6 +41,14 @@ pub fn run(args: Args) -> Result<()> {
             "--threads and --count must be at least 1".into(),
         ));
     }
+    let most = rdmapool::mr::Registrar::MAX_WORKERS;
+    if args.threads > most {
+        return Err(ToolError::Msg(format!(
+            "--threads {} is more than {most}: each thread is a registration worker with a \
+             stack of its own; registration is bounded by page pinning, so use at most {most}",
+            args.threads
+        )));
+    }
     let per_region = size / args.threads;
     if per_region == 0 {
         return Err(ToolError::Msg(format!(

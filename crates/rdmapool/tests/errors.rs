@@ -620,9 +620,17 @@ fn destroyed_target_qp_stops_answering_on_every_path() {
             .unwrap();
         assert!(one(&a.cq).is_ok(), "{t:?}");
         drop(qb);
+        // The soft NIC tells the passive side at once (as RDMA CM's DISCONNECTED does): the
+        // QP is in ERR, so the next request is flushed rather than retried out.
+        assert_eq!(
+            qa.wait_event(WAIT),
+            Some(QpEvent::PeerDisconnected),
+            "{t:?}"
+        );
+        assert_eq!(qa.state(), QpState::Error);
         qa.post_send(&[write_wr(2, target.remote_at(0).unwrap(), &sg)])
             .unwrap();
-        assert_eq!(one(&a.cq).status, WcStatus::RetryExcErr, "{t:?}");
+        assert_eq!(one(&a.cq).status, WcStatus::WrFlushErr, "{t:?}");
     }
 }
 

@@ -528,7 +528,21 @@ fn killed_target_fails_outstanding_requests_and_others_keep_working() {
             .iter()
             .position(|s| *s != WcStatus::Success)
             .expect("an error completion");
-        assert_eq!(statuses[first_err], WcStatus::RetryExcErr, "{t:?}");
+        // Whichever the NIC noticed first: the request connection breaking (RETRY_EXC_ERR)
+        // or the peer's own connection ending, which moves the QP to ERR (WR_FLUSH_ERR).
+        assert!(
+            matches!(
+                statuses[first_err],
+                WcStatus::RetryExcErr | WcStatus::WrFlushErr
+            ),
+            "{t:?}: {:?}",
+            statuses[first_err]
+        );
+        assert_eq!(
+            qp.wait_event(WAIT),
+            Some(QpEvent::PeerDisconnected),
+            "{t:?}: the passive half learns of the death too"
+        );
         assert!(
             statuses[first_err + 1..]
                 .iter()
@@ -690,21 +704,11 @@ fn killed_initiator_leaves_the_target_serving() {
     }
 }
 
-/// A hello frame for `dst_qpn`, built by hand from the documented wire format.
-fn hello(dst_qpn: u32) -> [u8; 24] {
-    let mut b = [0u8; 24];
-    b[0..4].copy_from_slice(b"RDHL");
-    b[4] = 1;
-    b[8..12].copy_from_slice(&999u32.to_le_bytes());
-    b[12..16].copy_from_slice(&dst_qpn.to_le_bytes());
-    b
-}
-
 /// A request frame: WRITE of `len` bytes at `addr` with `rkey`.
 fn write_request(addr: u64, rkey: u32, len: u32) -> [u8; 56] {
     let mut b = [0u8; 56];
     b[0..4].copy_from_slice(b"RDRQ");
-    b[4] = 1;
+    b[4] = 2;
     b[5] = 2;
     b[16..24].copy_from_slice(&addr.to_le_bytes());
     b[24..28].copy_from_slice(&rkey.to_le_bytes());
@@ -726,63 +730,88 @@ fn closed_by_peer(s: &mut TcpStream) -> bool {
     }
 }
 
+/// A target QP in RTS (bound to a throwaway peer's QP) and a raw connection to it that
+/// passed the handshake as that peer, ready to send requests by hand.
+fn authenticated_raw(target: &Node, peer: &Node) -> (Qp, Qp, TcpStream) {
+    let qp = target
+        .pd
+        .create_qp(&target.cq, &target.cq, &config())
+        .unwrap();
+    let pq = peer.pd.create_qp(&peer.cq, &peer.cq, &config()).unwrap();
+    qp.connect(&pq.endpoint()).unwrap();
+    let t = rawpeer::SoftTarget::of(&qp.endpoint());
+    let mut raw = rawpeer::Raw::tcp(&t);
+    let st = raw.hello(pq.qpn(), t.qpn, &t.token, None).unwrap();
+    assert_eq!(st, rawpeer::status::OK);
+    match raw {
+        rawpeer::Raw::Tcp(s) => (qp, pq, s),
+        rawpeer::Raw::Unix(_) => unreachable!(),
+    }
+}
+
 #[test]
 fn malformed_frames_close_only_that_connection() {
     if soft_only("the soft wire format") {
         return;
     }
     let target = node_on(Transport::Tcp);
+    let peer = node_on(Transport::Tcp);
     let mr = target.pd.alloc_mr(4096, ALL).unwrap();
     let before = pattern(4096, 1);
     mr.write_at(0, &before).unwrap();
+
+    // Bad hellos: the connection closes, nothing is executed.
     let qp = target
         .pd
         .create_qp(&target.cq, &target.cq, &config())
         .unwrap();
-    let addr = rdmapool::soft::tcp_addr(&qp.endpoint()).unwrap();
-    // Bring the QP to RTS against a throwaway peer so requests would be executed.
-    let peer = node_on(Transport::Tcp);
-    let pq = peer.pd.create_qp(&peer.cq, &peer.cq, &config()).unwrap();
-    qp.connect(&pq.endpoint()).unwrap();
-
-    let mut good = write_request(mr.addr(), mr.rkey(), 16);
-    let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("garbage instead of hello", vec![0xff; 24]),
+    let t = rawpeer::SoftTarget::of(&qp.endpoint());
+    let bad_hellos: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage instead of hello", vec![0xff; 48]),
         ("hello with a future version", {
-            let mut h = hello(qp.qpn());
-            h[4] = 2;
+            let mut h = rawpeer::hello_frame(9, t.qpn, false, &[0; 32]);
+            h[4] = 3;
             h.to_vec()
         }),
-        ("hello for a QP that does not exist", hello(0xdead).to_vec()),
         (
-            "bad magic",
-            [hello(qp.qpn()).as_slice(), &[0u8; 56]].concat(),
+            "hello for a QP that does not exist",
+            rawpeer::hello_frame(9, 0xdead, false, &[0; 32]).to_vec(),
         ),
+    ];
+    for (what, bytes) in bad_hellos {
+        let mut s = TcpStream::connect(t.tcp).unwrap();
+        let mut ch = [0u8; 24];
+        s.read_exact(&mut ch).unwrap();
+        s.write_all(&bytes).unwrap();
+        s.write_all(&write_request(mr.addr(), mr.rkey(), 16))
+            .unwrap();
+        assert!(closed_by_peer(&mut s), "{what}: connection left open");
+        assert_eq!(contents(&mr), before, "{what}: memory touched");
+    }
+
+    // Bad requests after a good handshake (each on a QP of its own: an RC QP takes one
+    // connection): the connection closes, memory is untouched.
+    let mut good = write_request(mr.addr(), mr.rkey(), 16);
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("bad magic", vec![0u8; 56]),
         ("unknown opcode", {
             let mut r = good;
             r[5] = 99;
-            [hello(qp.qpn()).as_slice(), &r].concat()
+            r.to_vec()
         }),
         (
             "oversized length",
-            [
-                hello(qp.qpn()).as_slice(),
-                &write_request(mr.addr(), mr.rkey(), u32::MAX),
-            ]
-            .concat(),
+            write_request(mr.addr(), mr.rkey(), u32::MAX).to_vec(),
         ),
         ("reserved bits", {
             let mut r = good;
             r[55] = 1;
-            [hello(qp.qpn()).as_slice(), &r].concat()
+            r.to_vec()
         }),
-        (
-            "truncated header",
-            [hello(qp.qpn()).as_slice(), &good[..30]].concat(),
-        ),
+        ("truncated header", good[..30].to_vec()),
     ];
     for (what, bytes) in cases {
-        let mut s = TcpStream::connect(addr).unwrap();
+        let (_qp, _pq, mut s) = authenticated_raw(&target, &peer);
         s.write_all(&bytes).unwrap();
         if what == "truncated header" {
             s.shutdown(std::net::Shutdown::Write).unwrap();
@@ -792,13 +821,13 @@ fn malformed_frames_close_only_that_connection() {
     }
     // A well-formed request on a raw socket is executed: the wire format is what we say.
     good[8] = 0;
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.write_all(&[hello(qp.qpn()).as_slice(), &good, &[0xab; 16]].concat())
+    let (_qp, _pq, mut s) = authenticated_raw(&target, &peer);
+    s.write_all(&[good.as_slice(), &[0xab; 16]].concat())
         .unwrap();
-    let mut resp = [0u8; 8 + 32];
+    let mut resp = [0u8; 32];
     s.read_exact(&mut resp).unwrap();
-    assert_eq!(&resp[8..12], b"RDRS");
-    assert_eq!(resp[8 + 5], 1, "ACK");
+    assert_eq!(&resp[0..4], b"RDRS");
+    assert_eq!(resp[5], 1, "ACK");
     assert_eq!(&contents(&mr)[..16], &[0xab; 16]);
     // The NIC keeps serving ordinary QPs.
     let (qa, _qb) = pair(&peer, &target, &config());

@@ -6,7 +6,8 @@ use super::Stats;
 use crate::peer::{spin_read, spin_write, EchoSocket};
 use crate::{Result, ToolError};
 use std::net::TcpStream;
-use std::os::unix::net::UnixStream;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -66,7 +67,10 @@ fn connect(kind: Sock, echo: &(String, String)) -> Result<Box<dyn EchoSocket>> {
             s.set_nodelay(true).map_err(io)?;
             Box::new(s)
         }
-        Sock::Unix => Box::new(UnixStream::connect(&echo.1).map_err(io)?),
+        Sock::Unix => {
+            let addr = UnixAddr::from_abstract_name(echo.1.as_bytes()).map_err(io)?;
+            Box::new(UnixStream::connect_addr(&addr).map_err(io)?)
+        }
     };
     s.nonblocking().map_err(io)?;
     Ok(s)

@@ -43,6 +43,7 @@
 //! # Ok(()) }
 //! ```
 
+mod pending;
 mod private;
 mod tcp;
 
@@ -54,7 +55,7 @@ pub use private::{
 use crate::fabric::{Cq, Pd, ProviderKind, Qp, QpConfig};
 use crate::Result;
 use private::check_private;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 /// Which connection manager carries the handshake.
@@ -90,7 +91,7 @@ pub struct Listener {
 }
 
 enum ListenerKind {
-    Tcp(TcpListener),
+    Tcp(pending::CmPort),
     RdmaCm(crate::verbs::cm::CmListener),
 }
 
@@ -141,8 +142,8 @@ impl Listener {
     /// [`Error::Rejected`]: crate::Error::Rejected
     /// [`Error::BadPrivateData`]: crate::Error::BadPrivateData
     pub fn get_request(&self, timeout: Duration) -> Result<ConnRequest> {
-        let listener = match &self.kind {
-            ListenerKind::Tcp(l) => l,
+        let port = match &self.kind {
+            ListenerKind::Tcp(p) => p,
             ListenerKind::RdmaCm(l) => {
                 return Ok(ConnRequest {
                     kind: RequestKind::RdmaCm(l.get_request(timeout)?),
@@ -151,7 +152,7 @@ impl Listener {
             }
         };
         Ok(ConnRequest {
-            kind: RequestKind::Tcp(tcp::get_request(listener, self.addr, timeout)?),
+            kind: RequestKind::Tcp(tcp::get_request(port, timeout)?),
             timeout,
         })
     }

@@ -2,6 +2,7 @@
 //! carrying the QP endpoints both ways (REQ, REP or REJ, RTU), then bringing both QPs to RTS
 //! in the order RC needs. Works with every provider.
 
+use super::pending;
 use super::private::{MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA};
 use super::Connection;
 use crate::fabric::{Cq, Endpoint, Pd, Qp, QpConfig};
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 
 const MAGIC: [u8; 4] = *b"RDCM";
 const VERSION: u8 = 1;
-const REQ: u8 = 1;
+pub(super) const REQ: u8 = 1;
 const REP: u8 = 2;
 const REJ: u8 = 3;
 const RTU: u8 = 4;
@@ -20,7 +21,7 @@ const RTU: u8 = 4;
 /// private data with their lengths.
 const MAX_BODY: usize = 2 + Endpoint::MAX_LEN + 2 + MAX_ACCEPT_PRIVATE_DATA;
 
-fn io_err(peer: SocketAddr, what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
+pub(super) fn io_err(peer: SocketAddr, what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::Connection {
         peer: peer.to_string(),
         reason: format!("{what}: {e}"),
@@ -28,11 +29,14 @@ fn io_err(peer: SocketAddr, what: &str) -> impl Fn(std::io::Error) -> Error + '_
 }
 
 /// One handshake message: kind, endpoint (REQ/REP) and private data (REQ/REP/REJ).
-struct Message {
-    kind: u8,
-    endpoint: Option<Endpoint>,
-    private: Vec<u8>,
+pub(super) struct Message {
+    pub(super) kind: u8,
+    pub(super) endpoint: Option<Endpoint>,
+    pub(super) private: Vec<u8>,
 }
+
+/// Length of a message header.
+pub(super) const HEADER_LEN: usize = 8;
 
 impl Message {
     fn encode(&self) -> Vec<u8> {
@@ -60,13 +64,17 @@ impl Message {
             .max(Duration::from_millis(1));
         s.set_read_timeout(Some(left))
             .map_err(io_err(peer, "setting a timeout"))?;
-        let mut h = [0u8; 8];
+        let mut h = [0u8; HEADER_LEN];
         s.read_exact(&mut h)
             .map_err(io_err(peer, "reading a CM message"))?;
-        let bad = |reason: String| Error::Malformed {
-            what: "connection-manager message",
-            reason,
-        };
+        let mut b = vec![0u8; Self::body_len(&h)?];
+        s.read_exact(&mut b)
+            .map_err(io_err(peer, "reading a CM message"))?;
+        Self::parse(&h, &b)
+    }
+
+    /// The body length a header announces (checked).
+    pub(super) fn body_len(h: &[u8; HEADER_LEN]) -> Result<usize> {
         if h[0..4] != MAGIC {
             return Err(bad("bad magic".into()));
         }
@@ -80,9 +88,12 @@ impl Message {
         if !(4..=MAX_BODY).contains(&body) {
             return Err(bad(format!("body of {body} bytes")));
         }
-        let mut b = vec![0u8; body];
-        s.read_exact(&mut b)
-            .map_err(io_err(peer, "reading a CM message"))?;
+        Ok(body)
+    }
+
+    /// A message from its header and body.
+    pub(super) fn parse(h: &[u8; HEADER_LEN], b: &[u8]) -> Result<Message> {
+        let body = b.len();
         let ep_len = u16::from_le_bytes([b[0], b[1]]) as usize;
         let ep_end = 2 + ep_len;
         if ep_end + 2 > body {
@@ -121,17 +132,24 @@ impl Message {
     }
 }
 
+fn bad(reason: String) -> Error {
+    Error::Malformed {
+        what: "connection-manager message",
+        reason,
+    }
+}
+
 fn send(s: &mut TcpStream, peer: SocketAddr, m: &Message) -> Result<()> {
     s.write_all(&m.encode())
         .map_err(io_err(peer, "sending a CM message"))
 }
 
-/// Listens on the CM port at `addr` (port 0 picks a free one); returns the listener and the
+/// Listens on the CM port at `addr` (port 0 picks a free one); returns the port and the
 /// address it got.
-pub(super) fn listen(addr: SocketAddr) -> Result<(TcpListener, SocketAddr)> {
+pub(super) fn listen(addr: SocketAddr) -> Result<(pending::CmPort, SocketAddr)> {
     let listener = TcpListener::bind(addr).map_err(io_err(addr, "listening"))?;
     let addr = listener.local_addr().map_err(io_err(addr, "getsockname"))?;
-    Ok((listener, addr))
+    Ok((pending::CmPort::new(listener, addr)?, addr))
 }
 
 /// A connection request read from the CM port, waiting for an answer.
@@ -142,53 +160,17 @@ pub(super) struct TcpRequest {
     private: Vec<u8>,
 }
 
-/// Waits up to `timeout` for the next request on `listener` (bound at `addr`). Peers that
-/// send garbage are dropped and waiting goes on.
-pub(super) fn get_request(
-    listener: &TcpListener,
-    addr: SocketAddr,
-    timeout: Duration,
-) -> Result<TcpRequest> {
-    let deadline = Instant::now() + timeout;
-    listener
-        .set_nonblocking(true)
-        .map_err(io_err(addr, "listener"))?;
-    loop {
-        match listener.accept() {
-            Ok((mut s, peer)) => {
-                let _ = s.set_nonblocking(false);
-                let _ = s.set_nodelay(true);
-                let msg_deadline = Instant::now() + timeout.min(Duration::from_secs(10));
-                match Message::read(&mut s, peer, msg_deadline) {
-                    Ok(Message {
-                        kind: REQ,
-                        endpoint: Some(endpoint),
-                        private,
-                    }) => {
-                        return Ok(TcpRequest {
-                            stream: s,
-                            peer,
-                            endpoint,
-                            private,
-                        })
-                    }
-                    Ok(_) | Err(_) => {
-                        tracing::warn!(%peer, "dropping a malformed connection request");
-                    }
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return Err(Error::Connection {
-                        peer: addr.to_string(),
-                        reason: format!("no connection request within {timeout:?}"),
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(e) => return Err(io_err(addr, "accept")(e)),
-        }
-    }
+/// Waits up to `timeout` for the next request on the CM port. Requests are read from many
+/// peers at once, each within [`pending::HANDSHAKE_TIMEOUT`]: a peer that connects and says
+/// nothing delays nobody. Peers that send garbage are dropped and waiting goes on.
+pub(super) fn get_request(port: &pending::CmPort, timeout: Duration) -> Result<TcpRequest> {
+    let (stream, peer, endpoint, private) = port.next_request(timeout)?;
+    Ok(TcpRequest {
+        stream,
+        peer,
+        endpoint,
+        private,
+    })
 }
 
 impl TcpRequest {

@@ -17,8 +17,10 @@
 //!   gives an atomic view of one aligned word.
 
 mod access;
+mod admission;
 mod completion;
 mod device;
+pub(crate) mod events;
 mod memory;
 mod mr;
 mod mw;
@@ -30,11 +32,14 @@ mod qp;
 mod wr;
 
 pub use access::AccessFlags;
+pub use admission::{Admission, AllowUsers, PreSharedKey};
 pub use completion::{Completion, WcOpcode, WcStatus};
 pub use device::{devices, AtomicCap, DeviceInfo, PortInfo, ProviderKind, ProviderStatus};
+pub use events::QpEvent;
 pub use memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
 pub use mr::Mr;
 pub use mw::{BoundWindow, Mw};
+pub(crate) use objects::ConnectionState;
 pub use objects::{Context, Cq, Pd, Qp};
 pub use options::{ProviderOptions, SoftConfig, Transport, VerbsConfig};
 pub use qp::{Endpoint, QpCapacity, QpConfig, QpState};

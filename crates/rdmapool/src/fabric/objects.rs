@@ -258,11 +258,18 @@ impl Cq {
     }
 }
 
+/// A connection manager's state kept with a QP: dropped (disconnecting) before the QP, and
+/// the source of the QP's events after establishment.
+pub(crate) trait ConnectionState: Send + Sync {
+    /// The connection's next event, waiting up to `timeout`.
+    fn wait_event(&self, timeout: std::time::Duration) -> Option<super::QpEvent>;
+}
+
 /// A reliable-connected queue pair.
 pub struct Qp {
     /// What keeps a connection-manager connection alive; dropped (disconnecting) before the
     /// QP itself is destroyed.
-    _connection: Option<Box<dyn Send + Sync>>,
+    _connection: Option<Box<dyn ConnectionState>>,
     /// Most SGEs per work request (checked here, for every provider).
     max_sge: usize,
     provider: ProviderKind,
@@ -271,7 +278,7 @@ pub struct Qp {
 
 impl Qp {
     /// Ties a connection manager's state to this QP (it is dropped first).
-    pub(crate) fn with_connection(mut self, c: Box<dyn Send + Sync>) -> Qp {
+    pub(crate) fn with_connection(mut self, c: Box<dyn ConnectionState>) -> Qp {
         self._connection = Some(c);
         self
     }
@@ -318,6 +325,24 @@ impl Qp {
     /// Moves the QP to ERR: everything outstanding and posted later is flushed.
     pub fn modify_to_error(&self) {
         self.inner.set_error()
+    }
+    /// Waits up to `timeout` for the QP's next asynchronous event (such as
+    /// [`QpEvent::PeerDisconnected`]); `None` if none came. Events queue until taken.
+    ///
+    /// Soft QPs report their peer's end on every path. Verbs QPs report it when RDMA CM
+    /// connected them (its DISCONNECTED event; the QP is then moved to ERR here); a verbs QP
+    /// connected another way has no source of such events and always times out.
+    pub fn wait_event(&self, timeout: std::time::Duration) -> Option<super::QpEvent> {
+        match &self._connection {
+            Some(c) => {
+                let e = c.wait_event(timeout);
+                if e == Some(super::QpEvent::PeerDisconnected) {
+                    self.inner.set_error();
+                }
+                e
+            }
+            None => self.inner.wait_event(timeout),
+        }
     }
     /// RESET (or INIT) -> INIT -> RTR -> RTS against `remote`.
     pub fn connect(&self, remote: &Endpoint) -> Result<()> {

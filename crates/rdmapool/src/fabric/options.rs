@@ -4,6 +4,7 @@
 //! provider understands; what a provider needs to know about this process's setup (the soft
 //! NIC's listen address, the verbs GID) travels here.
 
+use super::admission::Admission;
 use super::ProviderKind;
 use crate::{Error, Result};
 use std::net::SocketAddr;
@@ -96,11 +97,14 @@ pub struct SoftConfig {
     pub spin: Duration,
     /// The path this NIC's QPs take to their peers.
     pub transport: Transport,
+    /// Who may connect, with what proof, and how many.
+    pub admission: Admission,
 }
 
 impl SoftConfig {
-    /// Defaults, overridden by `RDMAPOOL_SOFT_BIND`, `RDMAPOOL_SOFT_SPIN_US` and
-    /// `RDMAPOOL_SOFT_TRANSPORT` (auto, tcp or local).
+    /// Defaults, overridden by `RDMAPOOL_SOFT_BIND`, `RDMAPOOL_SOFT_SPIN_US`,
+    /// `RDMAPOOL_SOFT_TRANSPORT` (auto, tcp or local) and the variables of
+    /// [`Admission::from_env`].
     pub fn from_env() -> Result<Self> {
         let bind = match std::env::var("RDMAPOOL_SOFT_BIND") {
             Ok(s) => s.parse().map_err(|e| {
@@ -123,6 +127,7 @@ impl SoftConfig {
             bind,
             spin,
             transport,
+            admission: Admission::from_env()?,
         })
     }
 

@@ -149,6 +149,8 @@ pub(crate) trait QpOps: Send + Sync {
     fn to_rtr(&self, remote: &Endpoint) -> Result<()>;
     fn to_rts(&self) -> Result<()>;
     fn set_error(&self);
+    /// The next asynchronous event, waiting up to `timeout` (None: none came).
+    fn wait_event(&self, timeout: std::time::Duration) -> Option<super::QpEvent>;
     /// The queue depths the QP really has.
     fn capacity(&self) -> QpCapacity;
     /// (initiator, responder) READ/atomic depths as the device has them; None where the

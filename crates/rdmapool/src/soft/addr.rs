@@ -1,5 +1,6 @@
 //! How a soft context is reached: host identity, TCP address and local socket path.
 
+use super::proto::handshake::TOKEN_LEN;
 use crate::{Error, Result};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
@@ -9,9 +10,13 @@ use std::sync::OnceLock;
 pub(crate) struct SoftAddress {
     /// Identifies the host (its boot id): equal ids mean the intra-host path can be used.
     pub(crate) host_id: [u8; 16],
+    /// The QP's secret token: a connection to it must prove it knows this (the hello's MAC).
+    /// All zero in a context's own address, which names no QP.
+    pub(crate) token: [u8; TOKEN_LEN],
     /// The context's TCP listener.
     pub(crate) tcp: SocketAddr,
-    /// The context's local (Unix) socket path.
+    /// The context's local (Unix) socket: `@name` for a name in the abstract namespace
+    /// (nothing on disk, gone with the process), else a path.
     pub(crate) local: String,
 }
 
@@ -38,6 +43,7 @@ impl SoftAddress {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(64 + self.local.len());
         b.extend_from_slice(&self.host_id);
+        b.extend_from_slice(&self.token);
         match self.tcp.ip() {
             IpAddr::V4(v4) => {
                 b.push(4);
@@ -61,22 +67,25 @@ impl SoftAddress {
         };
         let mut host_id = [0u8; 16];
         host_id.copy_from_slice(b.get(..16).ok_or_else(|| bad("truncated host id"))?);
-        let (ip, rest): (IpAddr, &[u8]) = match b.get(16) {
+        let mut token = [0u8; TOKEN_LEN];
+        token.copy_from_slice(b.get(16..32).ok_or_else(|| bad("truncated token"))?);
+        let b = &b[32..];
+        let (ip, rest): (IpAddr, &[u8]) = match b.first() {
             Some(4) => {
                 let o: [u8; 4] = b
-                    .get(17..21)
+                    .get(1..5)
                     .ok_or_else(|| bad("truncated IPv4"))?
                     .try_into()
                     .unwrap();
-                (Ipv4Addr::from(o).into(), &b[21..])
+                (Ipv4Addr::from(o).into(), &b[5..])
             }
             Some(6) => {
                 let o: [u8; 16] = b
-                    .get(17..33)
+                    .get(1..17)
                     .ok_or_else(|| bad("truncated IPv6"))?
                     .try_into()
                     .unwrap();
-                (Ipv6Addr::from(o).into(), &b[33..])
+                (Ipv6Addr::from(o).into(), &b[17..])
             }
             _ => return Err(bad("unknown address family")),
         };
@@ -91,6 +100,7 @@ impl SoftAddress {
         let local = String::from_utf8(rest[4..].to_vec()).map_err(|_| bad("path not UTF-8"))?;
         Ok(Self {
             host_id,
+            token,
             tcp: SocketAddr::new(ip, port),
             local,
         })

@@ -3,17 +3,20 @@
 use super::addr::{self, SoftAddress};
 use super::driver::Driver;
 use super::keys::KeyTable;
+use super::proto::handshake::TOKEN_LEN;
 use super::proto::target::TargetQp;
 use super::SoftConfig;
 use super::{device_info, MAX_MSG};
+use crate::fabric::Admission;
 use crate::fabric::{DeviceInfo, Transport};
 use crate::{Error, Result};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::net::TcpListener;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::UnixListener;
-use std::path::PathBuf;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -30,6 +33,10 @@ pub(crate) struct CtxShared {
     pub(crate) spin: Duration,
     /// The path this NIC's QPs take to their peers.
     pub(crate) transport: Transport,
+    /// Who may connect, and how many.
+    pub(crate) admission: Admission,
+    /// Data connections open now, in total and per peer address.
+    connections: Mutex<Connections>,
     next_qpn: AtomicU32,
     pub(crate) next_pd: AtomicU32,
     closing: AtomicBool,
@@ -42,6 +49,65 @@ impl CtxShared {
     pub(crate) fn is_closing(&self) -> bool {
         self.closing.load(Ordering::Relaxed)
     }
+
+    /// Counts a new data connection from `peer` (None: the local socket), or refuses it when
+    /// a limit is reached. The slot is given back when the returned guard drops.
+    pub(crate) fn admit(self: &Arc<Self>, peer: Option<IpAddr>) -> Option<ConnSlot> {
+        let mut c = self.connections.lock();
+        let a = &self.admission;
+        let from_peer = c.per_peer.get(&peer).copied().unwrap_or(0);
+        if c.total >= a.max_connections || from_peer >= a.max_connections_per_peer {
+            return None;
+        }
+        c.total += 1;
+        *c.per_peer.entry(peer).or_default() += 1;
+        Some(ConnSlot {
+            ctx: Arc::downgrade(self),
+            peer,
+        })
+    }
+}
+
+/// Data connections open now.
+#[derive(Default)]
+struct Connections {
+    total: usize,
+    per_peer: HashMap<Option<IpAddr>, usize>,
+}
+
+/// One admitted data connection; its slot is freed on drop.
+pub(crate) struct ConnSlot {
+    ctx: Weak<CtxShared>,
+    peer: Option<IpAddr>,
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.ctx.upgrade() {
+            let mut c = ctx.connections.lock();
+            c.total -= 1;
+            if let Some(n) = c.per_peer.get_mut(&self.peer) {
+                *n -= 1;
+                if *n == 0 {
+                    c.per_peer.remove(&self.peer);
+                }
+            }
+        }
+    }
+}
+
+/// Says loudly that a NIC listening beyond loopback without a pre-shared key admits anyone
+/// who learns one of its QPs' endpoints.
+fn warn_if_exposed(addr: std::net::SocketAddr, admission: &Admission) {
+    if admission.psk.is_none() && !addr.ip().is_loopback() {
+        let msg = format!(
+            "rdmapool: WARNING: the soft NIC listens on {addr} without a pre-shared key: its \
+             connections are not authenticated beyond the endpoint exchange (anyone who sees an \
+             endpoint can connect to that QP). Set RDMAPOOL_SOFT_PSK_FILE on every node."
+        );
+        tracing::warn!("{msg}");
+        eprintln!("{msg}");
+    }
 }
 
 /// One emulated NIC.
@@ -49,7 +115,6 @@ pub(crate) struct SoftContext {
     pub(crate) shared: Arc<CtxShared>,
     pub(crate) device: DeviceInfo,
     listeners: Vec<OwnedFd>,
-    socket_path: PathBuf,
 }
 
 impl SoftContext {
@@ -63,28 +128,36 @@ impl SoftContext {
             call: "getsockname",
             source: e,
         })?;
-        let mut tag = [0u8; 6];
+        // The local socket lives in the abstract namespace: no file to leave behind, whatever
+        // way the process ends.
+        let mut tag = [0u8; 8];
         let _ = getrandom::fill(&mut tag);
-        let socket_path = std::env::temp_dir().join(format!(
-            "rdmapool-{}-{}.sock",
+        let name = format!(
+            "rdmapool-{}-{}",
             std::process::id(),
             crate::util::hex_encode(&tag)
-        ));
-        let unix = UnixListener::bind(&socket_path).map_err(|e| Error::Connection {
-            peer: socket_path.display().to_string(),
-            reason: format!("cannot listen: {e}"),
-        })?;
+        );
+        let unix = SocketAddr::from_abstract_name(name.as_bytes())
+            .and_then(|a| UnixListener::bind_addr(&a))
+            .map_err(|e| Error::Connection {
+                peer: format!("@{name}"),
+                reason: format!("cannot listen: {e}"),
+            })?;
+        warn_if_exposed(tcp_addr, &cfg.admission);
         let shared = Arc::new(CtxShared {
             keys: KeyTable::default(),
             qps: RwLock::new(HashMap::new()),
             address: SoftAddress {
                 host_id: addr::host_id(),
+                token: [0; TOKEN_LEN],
                 tcp: tcp_addr,
-                local: socket_path.display().to_string(),
+                local: format!("@{name}"),
             },
             max_msg: MAX_MSG,
             spin: cfg.spin,
             transport: cfg.transport,
+            admission: cfg.admission,
+            connections: Mutex::new(Connections::default()),
             driver: Driver::start()?,
             next_qpn: AtomicU32::new(1),
             next_pd: AtomicU32::new(1),
@@ -108,7 +181,6 @@ impl SoftContext {
             shared,
             device: device_info(tcp_addr),
             listeners,
-            socket_path,
         };
         Ok((ctx, tcp, unix))
     }
@@ -123,6 +195,5 @@ impl Drop for SoftContext {
             // then exits; the descriptor itself is closed when `listeners` drops.
             unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
         }
-        let _ = std::fs::remove_file(&self.socket_path);
     }
 }

@@ -230,6 +230,15 @@ impl KeyTable {
     }
 
     /// The region with this remote key (not a window's).
+    /// The PD of the region behind `rkey` (a region's or a window's key), if it names one.
+    pub(crate) fn pd_of(&self, rkey: u32) -> Option<u32> {
+        match self.rkeys.read().get(&rkey) {
+            Some(RemoteTarget::Region(mr)) => Some(mr.pd_id),
+            Some(RemoteTarget::Window(w)) => Some(w.mr.pd_id),
+            None => None,
+        }
+    }
+
     pub(crate) fn by_rkey(&self, rkey: u32) -> Option<Arc<MrInner>> {
         match self.rkeys.read().get(&rkey) {
             Some(RemoteTarget::Region(mr)) => Some(mr.clone()),

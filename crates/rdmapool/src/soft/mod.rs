@@ -17,6 +17,7 @@ mod cq;
 mod driver;
 mod io;
 mod keys;
+mod peer;
 mod proto;
 mod qp;
 mod serve;
@@ -338,6 +339,9 @@ impl QpOps for SoftQpHandle {
     fn set_error(&self) {
         self.0.enter_error();
         self.0.progress_nowait();
+    }
+    fn wait_event(&self, timeout: std::time::Duration) -> Option<crate::fabric::QpEvent> {
+        self.0.wait_event(timeout)
     }
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.0.post_send(wrs)

@@ -2,13 +2,15 @@
 //! [`Responder`] and sends back what it queues (the target half of the emulated NIC runs on
 //! these threads, never the application's).
 
-use super::context::CtxShared;
+use super::context::{ConnSlot, CtxShared};
 use super::io::{self, IoVecs, RxBuf};
+use super::peer::{self, own_uid, PeerInfo};
+use super::proto::handshake::{encode_hello_ack, Challenge, Hello, HelloStatus, HELLO_LEN};
 use super::proto::responder::{self, Output, Responder};
 use super::proto::target::TargetQp;
-use super::proto::wire::{self, HelloStatus, Response, HELLO_LEN, RESP_LEN};
+use super::proto::wire::{Response, RESP_LEN};
 use super::shm;
-use crate::fabric::QpState;
+use crate::fabric::{AccessFlags, AllowUsers, QpState};
 use std::net::TcpListener;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
@@ -16,25 +18,42 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// How long a new connection may take to say hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Responses held back to go out together, at most.
 const TX_BATCH: usize = 64;
 /// How often a stalled request (waiting for a receive or for the QP to be ready) is retried.
 const STALL_RETRY: Duration = Duration::from_micros(50);
 /// How long the thread sleeps at most before it checks whether its QP or context is gone.
 const IDLE_CHECK: Duration = Duration::from_millis(200);
+/// The same, once the connection has been idle that long.
+const IDLE_CHECK_LONG: Duration = Duration::from_secs(1);
+/// How long after its last traffic a connection still spins before it sleeps.
+const IDLE_SPIN_WINDOW: Duration = Duration::from_millis(1);
 
 /// Accepts connections on the context's listeners, each served by a thread of its own,
 /// until the listeners are shut down or the context is gone.
 pub(crate) fn accept(tcp: TcpListener, unix: UnixListener, shared: Weak<CtxShared>) {
     let tcp_accept = |l: &TcpListener| {
-        l.accept().map(|(s, _)| {
+        l.accept().map(|(s, from)| {
             let _ = s.set_nodelay(true);
-            s
+            let info = match s.local_addr() {
+                Ok(local) => peer::of_tcp(local, from),
+                Err(_) => PeerInfo {
+                    ip: Some(from.ip()),
+                    uid: None,
+                    on_this_host: from.ip().is_loopback(),
+                },
+            };
+            (s, info)
         })
     };
     spawn_acceptor("rdmapool-soft-tcp", tcp, shared.clone(), false, tcp_accept);
-    let unix_accept = |l: &UnixListener| l.accept().map(|(s, _)| s);
+    let unix_accept = |l: &UnixListener| {
+        l.accept().map(|(s, _)| {
+            let info = peer::of_unix(s.as_raw_fd());
+            (s, info)
+        })
+    };
     spawn_acceptor("rdmapool-soft-local", unix, shared, true, unix_accept);
 }
 
@@ -43,7 +62,7 @@ fn spawn_acceptor<L, S>(
     listener: L,
     shared: Weak<CtxShared>,
     local: bool,
-    accept: fn(&L) -> std::io::Result<S>,
+    accept: fn(&L) -> std::io::Result<(S, PeerInfo)>,
 ) where
     L: Send + 'static,
     S: Into<OwnedFd> + Send + 'static,
@@ -51,25 +70,45 @@ fn spawn_acceptor<L, S>(
     let _ = std::thread::Builder::new()
         .name(name.into())
         .spawn(move || loop {
-            let conn = match accept(&listener) {
+            let (conn, peer) = match accept(&listener) {
                 Ok(c) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
+                    // Out of descriptors: refuse for a moment rather than spin.
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
                 Err(_) => return, // listener shut down
             };
             let Some(ctx) = shared.upgrade() else { return };
             if ctx.is_closing() {
                 return;
             }
+            let Some(slot) = ctx.admit(peer.ip) else {
+                tracing::warn!(?peer, "refusing a connection: connection limit reached");
+                continue; // dropping `conn` closes it
+            };
             let fd: OwnedFd = conn.into();
-            let _ = std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name("rdmapool-soft-resp".into())
-                .spawn(move || serve(ctx, fd, local));
+                .spawn(move || serve(ctx, fd, local, peer, slot));
+            if let Err(e) = spawned {
+                tracing::warn!("refusing a connection: cannot start its thread: {e}");
+            }
         });
 }
 
-/// Serves one incoming connection until it closes or misbehaves.
-pub(crate) fn serve(ctx: Arc<CtxShared>, conn: OwnedFd, local: bool) {
+/// Serves one incoming connection until it closes or misbehaves. When it ends while its QP
+/// lives, the QP learns that its peer is gone (ERR and an event).
+pub(crate) fn serve(
+    ctx: Arc<CtxShared>,
+    conn: OwnedFd,
+    local: bool,
+    peer: PeerInfo,
+    _slot: ConnSlot,
+) {
     let fd = conn.as_raw_fd();
-    let Some(qp) = handshake(&ctx, fd, local) else {
+    let Some(qp) = handshake(&ctx, fd, local, &peer) else {
         return;
     };
     let qpn = qp.qpn();
@@ -77,7 +116,7 @@ pub(crate) fn serve(ctx: Arc<CtxShared>, conn: OwnedFd, local: bool) {
     drop(qp);
     let mut c = Conn {
         fd,
-        local,
+        mappable_peer: local && ctx.admission.local_mappings && peer.uid == Some(own_uid()),
         ctx,
         rx: RxBuf::new(),
         tx: Vec::with_capacity(TX_BATCH * RESP_LEN),
@@ -88,12 +127,18 @@ pub(crate) fn serve(ctx: Arc<CtxShared>, conn: OwnedFd, local: bool) {
     }
     // What was executed is answered, even when the connection ends on a bad frame.
     let _ = c.flush(Instant::now() + Duration::from_millis(100));
+    if !c.ctx.is_closing() {
+        if let Some(qp) = weak.upgrade() {
+            qp.peer_lost();
+        }
+    }
 }
 
 /// One served connection: the responder, its read-ahead and the responses not yet sent.
 struct Conn {
     fd: RawFd,
-    local: bool,
+    /// Whether the peer may map regions (same user on this host, mappings allowed).
+    mappable_peer: bool,
     ctx: Arc<CtxShared>,
     rx: RxBuf,
     tx: Vec<u8>,
@@ -157,7 +202,19 @@ impl Conn {
             if resp.is_mid_frame() && now.saturating_duration_since(last_progress) > timeout {
                 return Err("peer stalled in the middle of a frame".into());
             }
-            match io::wait_readable(self.fd, self.ctx.spin, Some(Instant::now() + IDLE_CHECK)) {
+            // Spin only right after traffic; an idle connection sleeps, longer as it stays idle.
+            let idle = now.saturating_duration_since(last_progress);
+            let spin = if idle < IDLE_SPIN_WINDOW {
+                self.ctx.spin
+            } else {
+                Duration::ZERO
+            };
+            let check = if idle < IDLE_CHECK {
+                IDLE_CHECK
+            } else {
+                IDLE_CHECK_LONG
+            };
+            match io::wait_readable(self.fd, spin, Some(Instant::now() + check)) {
                 Ok(true) => {}
                 Ok(false) if self.ctx.is_closing() => return Ok(()),
                 Ok(false) => {}
@@ -200,13 +257,16 @@ impl Conn {
                     .map_err(|e| e.to_string())?;
                 }
                 Output::Map { seq, rkey } => {
-                    // Hand out the memfd of an owned region (local path only); the peer checks
-                    // every access against the region's control page itself.
+                    // Hand out the memfd of an owned region that grants both remote read and
+                    // write (a mapping gives both), to a same-user peer on the local path; the
+                    // peer checks every access against the region's control page itself.
+                    // Anything else goes through the socket, checked here.
+                    let both = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
                     let mr = self.ctx.keys.by_rkey(rkey);
                     let memfd = mr
                         .as_ref()
+                        .filter(|m| m.access.contains(both) && self.mappable_peer)
                         .and_then(|m| m.memory.as_ref())
-                        .filter(|_| self.local)
                         .map(shm::raw);
                     let hdr = Response::Map {
                         seq,
@@ -236,26 +296,52 @@ impl Conn {
     }
 }
 
-/// Reads the hello and answers it. On the local path a successful answer also carries the
-/// QP's PD and, as a descriptor, its shared state page (used by the zero-copy path).
-fn handshake(ctx: &CtxShared, fd: RawFd, local: bool) -> Option<Arc<dyn TargetQp>> {
+/// Challenges the peer, checks its hello (credentials, QP, MAC, one connection per QP) and
+/// answers it. On the local path a successful answer also carries the QP's PD and, as a
+/// descriptor, its shared state page (used by the zero-copy path).
+fn handshake(
+    ctx: &CtxShared,
+    fd: RawFd,
+    local: bool,
+    peer: &PeerInfo,
+) -> Option<Arc<dyn TargetQp>> {
     let deadline = Instant::now() + HELLO_TIMEOUT;
+    let challenge = Challenge::fresh().ok()?;
+    io::send_buf(fd, &challenge.encode(), deadline).ok()?;
     let mut b = [0u8; HELLO_LEN];
     io::recv_exact(fd, &mut b, deadline).ok()?;
-    let hello = match wire::Hello::decode(&b) {
+    let hello = match Hello::decode(&b) {
         Ok(h) => h,
         Err(e) => {
-            tracing::warn!("rejecting connection: {e}");
+            tracing::warn!(?peer, "rejecting connection: {e}");
             return None;
         }
     };
     let qp = ctx.qps.read().get(&hello.dst_qpn).and_then(Weak::upgrade);
+    let psk = ctx.admission.psk.as_ref().map(|k| k.bytes());
+    let user_allowed = !peer.on_this_host
+        || match peer.uid {
+            Some(uid) => ctx.admission.allow_users.allows(uid, own_uid()),
+            None => ctx.admission.allow_users == AllowUsers::Any,
+        };
     let status = match &qp {
+        _ if !user_allowed => HelloStatus::PeerNotAllowed,
         None => HelloStatus::NoSuchQp,
+        Some(q) if !hello.verify(&challenge, &q.token(), psk) => HelloStatus::AuthFailed,
+        Some(q) if q.peer_qpn().is_some_and(|p| p != hello.src_qpn) => HelloStatus::AuthFailed,
         Some(q) if q.state() == QpState::Error => HelloStatus::QpInError,
+        Some(q) if !q.claim_incoming() => HelloStatus::AlreadyConnected,
         Some(_) => HelloStatus::Ok,
     };
-    io::send_buf(fd, &wire::encode_hello_ack(status), deadline).ok()?;
+    if status != HelloStatus::Ok {
+        tracing::warn!(
+            ?peer,
+            qpn = hello.dst_qpn,
+            ?status,
+            "refusing a data connection"
+        );
+    }
+    io::send_buf(fd, &encode_hello_ack(status), deadline).ok()?;
     let qp = qp.filter(|_| status == HelloStatus::Ok)?;
     if local {
         let mut info = [0u8; 8];

@@ -2,6 +2,8 @@
 //! pairs, and completion waiting.
 #![allow(dead_code)]
 
+pub mod rawpeer;
+
 use rdmapool::fabric::*;
 use std::time::Duration;
 

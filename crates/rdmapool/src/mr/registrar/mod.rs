@@ -93,12 +93,18 @@ pub struct Registrar {
 }
 
 impl Registrar {
-    /// Starts `cfg.workers` worker threads registering on `pd`.
+    /// Most worker threads a registrar starts: registration is bounded by the kernel's page
+    /// pinning, not by threads, and each one costs a stack.
+    pub const MAX_WORKERS: usize = 1024;
+
+    /// Starts `cfg.workers` worker threads registering on `pd` (1..=[`Self::MAX_WORKERS`]).
     pub fn new(pd: Pd, cfg: RegistrarConfig) -> Result<Self> {
-        if cfg.workers == 0 {
-            return Err(Error::InvalidArgument(
-                "a registrar needs at least one worker".into(),
-            ));
+        if cfg.workers == 0 || cfg.workers > Self::MAX_WORKERS {
+            return Err(Error::InvalidArgument(format!(
+                "a registrar takes 1 to {} workers, not {}",
+                Self::MAX_WORKERS,
+                cfg.workers
+            )));
         }
         let shared = Arc::new(Shared {
             latency: Mutex::new(stats::latency_histograms()),
@@ -128,8 +134,16 @@ impl Registrar {
                 .map_err(|e| Error::Sys {
                     call: "spawn",
                     source: e,
-                })?;
-            workers.push(h);
+                });
+            match h {
+                Ok(h) => workers.push(h),
+                Err(e) => {
+                    // Out of threads: stop the ones already started, then say so.
+                    let partial = Self { shared, workers };
+                    drop(partial);
+                    return Err(e);
+                }
+            }
         }
         Ok(Self { shared, workers })
     }

@@ -1,6 +1,7 @@
 //! The soft NIC's protocol, without I/O: plain state machines over bytes and time values.
 //!
-//! - [`wire`]: the frames (hello, request, response), byte-exact in docs/PROTOCOL.md;
+//! - [`handshake`]: how a data connection opens (challenge, authenticated hello, answer);
+//! - [`wire`]: the frames (request, response), byte-exact in docs/PROTOCOL.md;
 //! - [`requester`]: a QP's send side (post, frames out, responses in, timeouts, completions);
 //! - [`responder`]: a connection's target side (requests in, checks, execution, answers),
 //!   against a [`target::TargetQp`].
@@ -9,6 +10,7 @@
 //! the clock; they pass `now` in. `tests` wires a requester to a responder in memory with a
 //! fake clock, so loss, reordering, duplication and timeouts are tested exactly.
 
+pub(crate) mod handshake;
 pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod stream;

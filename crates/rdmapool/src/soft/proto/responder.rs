@@ -261,6 +261,12 @@ impl Responder {
         }
         match req.op {
             ReqOp::Map => {
+                // A key that names no region of this QP's PD ends the QP, as every other bad
+                // key does: one guess per QP, never an oracle.
+                if qp.keys().pd_of(req.rkey) != Some(qp.pd()) {
+                    qp.enter_error();
+                    return self.refuse(&req, WcStatus::RemAccessErr);
+                }
                 self.unanswered += 1;
                 self.out.push_back(Output::Map {
                     seq: req.seq,

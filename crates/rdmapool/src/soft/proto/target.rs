@@ -3,6 +3,7 @@
 
 use crate::fabric::{Completion, QpState, WcStatus};
 use crate::soft::keys::{KeyTable, LocalList};
+use crate::soft::proto::handshake::TOKEN_LEN;
 use std::time::Duration;
 
 /// A posted receive, waiting for an incoming SEND or WRITE with immediate.
@@ -36,4 +37,12 @@ pub(crate) trait TargetQp: Send + Sync {
     fn enter_error(&self);
     /// The descriptor of its shared state page (the intra-host handshake passes it).
     fn state_fd(&self) -> std::os::fd::RawFd;
+    /// The secret a connection to it must prove it knows (the hello's MAC key).
+    fn token(&self) -> [u8; TOKEN_LEN];
+    /// The QP it was bound to at RTR, once it is.
+    fn peer_qpn(&self) -> Option<u32>;
+    /// Takes its one incoming connection; `false` if it already has one.
+    fn claim_incoming(&self) -> bool;
+    /// Its peer's connection ended: ERR, and an event the application can wait for.
+    fn peer_lost(&self);
 }

@@ -1,4 +1,4 @@
-//! The soft provider's wire format (version 1), shared by the TCP and local paths.
+//! The soft provider's wire format (version 2), shared by the TCP and local paths.
 //!
 //! Little-endian fixed headers; payloads follow WRITE/SEND requests and READ responses.
 //! Decoders reject a bad magic, version, opcode, reserved bits or an oversized length:
@@ -8,29 +8,23 @@ use crate::fabric::WcStatus;
 use crate::{Error, Result};
 
 /// Wire format version this build speaks.
-pub(crate) const VERSION: u8 = 1;
+pub(crate) const VERSION: u8 = 2;
 const REQ_MAGIC: u32 = u32::from_le_bytes(*b"RDRQ");
 const RESP_MAGIC: u32 = u32::from_le_bytes(*b"RDRS");
-const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"RDHL");
-const HELLO_ACK_MAGIC: u32 = u32::from_le_bytes(*b"RDHA");
 
 /// Request header length.
 pub(crate) const REQ_LEN: usize = 56;
 /// Response header length.
 pub(crate) const RESP_LEN: usize = 32;
-/// Hello length.
-pub(crate) const HELLO_LEN: usize = 24;
-/// Hello acknowledgement length.
-pub(crate) const HELLO_ACK_LEN: usize = 8;
 
-fn malformed(what: &'static str, reason: impl Into<String>) -> Error {
+pub(super) fn malformed(what: &'static str, reason: impl Into<String>) -> Error {
     Error::Malformed {
         what,
         reason: reason.into(),
     }
 }
 
-fn u32_at(b: &[u8], i: usize) -> u32 {
+pub(super) fn u32_at(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes(b[i..i + 4].try_into().unwrap())
 }
 fn u64_at(b: &[u8], i: usize) -> u64 {
@@ -240,77 +234,6 @@ impl Response {
     }
 }
 
-/// The first frame on a connection: which QP the requester wants to reach.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Hello {
-    pub(crate) src_qpn: u32,
-    pub(crate) dst_qpn: u32,
-}
-
-impl Hello {
-    pub(crate) fn encode(&self) -> [u8; HELLO_LEN] {
-        let mut b = [0u8; HELLO_LEN];
-        b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-        b[4] = VERSION;
-        b[8..12].copy_from_slice(&self.src_qpn.to_le_bytes());
-        b[12..16].copy_from_slice(&self.dst_qpn.to_le_bytes());
-        b
-    }
-
-    pub(crate) fn decode(b: &[u8; HELLO_LEN]) -> Result<Self> {
-        const W: &str = "hello frame";
-        if u32_at(b, 0) != HELLO_MAGIC {
-            return Err(malformed(W, "bad magic"));
-        }
-        if b[4] != VERSION {
-            return Err(malformed(
-                W,
-                format!("version {} (this build speaks {VERSION})", b[4]),
-            ));
-        }
-        if b[5..8] != [0, 0, 0] || b[16..24] != [0; 8] {
-            return Err(malformed(W, "reserved bits set"));
-        }
-        Ok(Self {
-            src_qpn: u32_at(b, 8),
-            dst_qpn: u32_at(b, 12),
-        })
-    }
-}
-
-/// The responder's answer to a hello.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum HelloStatus {
-    Ok = 0,
-    NoSuchQp = 1,
-    QpInError = 2,
-}
-
-pub(crate) fn encode_hello_ack(s: HelloStatus) -> [u8; HELLO_ACK_LEN] {
-    let mut b = [0u8; HELLO_ACK_LEN];
-    b[0..4].copy_from_slice(&HELLO_ACK_MAGIC.to_le_bytes());
-    b[4] = VERSION;
-    b[5] = s as u8;
-    b
-}
-
-pub(crate) fn decode_hello_ack(b: &[u8; HELLO_ACK_LEN]) -> Result<HelloStatus> {
-    const W: &str = "hello acknowledgement";
-    if u32_at(b, 0) != HELLO_ACK_MAGIC || b[4] != VERSION {
-        return Err(malformed(W, "bad magic or version"));
-    }
-    if b[6..8] != [0, 0] {
-        return Err(malformed(W, "reserved bits set"));
-    }
-    match b[5] {
-        0 => Ok(HelloStatus::Ok),
-        1 => Ok(HelloStatus::NoSuchQp),
-        2 => Ok(HelloStatus::QpInError),
-        s => Err(malformed(W, format!("unknown status {s}"))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,7 +257,7 @@ mod tests {
         bad[5] = 42;
         assert!(Request::decode(&bad, 1 << 20).is_err(), "opcode");
         let mut bad = b;
-        bad[4] = 2;
+        bad[4] = 1;
         assert!(Request::decode(&bad, 1 << 20).is_err(), "version");
         let mut bad = b;
         bad[53] = 1;

@@ -4,13 +4,16 @@
 use crate::fabric::{QpConfig, Transport};
 use crate::soft::addr::{host_id, SoftAddress};
 use crate::soft::io;
-use crate::soft::proto::wire::{self, HelloStatus};
+use crate::soft::proto::handshake::{
+    decode_hello_ack, Challenge, Hello, HelloStatus, CHALLENGE_LEN, HELLO_ACK_LEN,
+};
 use crate::soft::shm::{self, RemoteMr, RemoteQpState};
 use crate::{Error, Result};
 use rustc_hash::FxHashMap as HashMap;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixStream};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,11 +26,20 @@ pub(crate) struct LocalPeer {
     pub(crate) last_liveness_check: Instant,
 }
 
-/// Connects QP `src_qpn` to QP `peer_qpn` of the context at `addr`, over `transport` (the
-/// context's).
+/// Connects to the local socket `name` (`@name`: the abstract namespace; else a path).
+fn connect_local(name: &str) -> std::io::Result<UnixStream> {
+    match name.strip_prefix('@') {
+        Some(abs) => UnixStream::connect_addr(&SocketAddr::from_abstract_name(abs.as_bytes())?),
+        None => UnixStream::connect(name),
+    }
+}
+
+/// Connects QP `src_qpn` to QP `peer_qpn` of the context at `addr` (whose token proves, with
+/// `psk`, that we were given that QP's endpoint), over `transport` (the context's).
 pub(crate) fn dial(
     cfg: &QpConfig,
     transport: Transport,
+    psk: Option<&[u8]>,
     src_qpn: u32,
     peer_qpn: u32,
     addr: &SoftAddress,
@@ -46,7 +58,7 @@ pub(crate) fn dial(
         Transport::Auto => same_host,
     };
     let mut on_local_socket = false;
-    let fd: OwnedFd = match local.then(|| UnixStream::connect(&addr.local)) {
+    let fd: OwnedFd = match local.then(|| connect_local(&addr.local)) {
         Some(Ok(s)) => {
             on_local_socket = true;
             s.into()
@@ -63,17 +75,18 @@ pub(crate) fn dial(
         }
     };
     let deadline = Instant::now() + cfg.timeout;
-    let hello = wire::Hello {
-        src_qpn,
-        dst_qpn: peer_qpn,
-    };
     let peer = || addr.tcp.to_string();
+    let mut ch = [0u8; CHALLENGE_LEN];
+    io::recv_exact(fd.as_raw_fd(), &mut ch, deadline)
+        .map_err(|e| conn_err(peer(), format!("waiting for the hello challenge: {e}")))?;
+    let challenge = Challenge::decode(&ch)?;
+    let hello = Hello::answer(&challenge, src_qpn, peer_qpn, &addr.token, psk);
     io::send_buf(fd.as_raw_fd(), &hello.encode(), deadline)
         .map_err(|e| conn_err(peer(), format!("sending hello: {e}")))?;
-    let mut ack = [0u8; wire::HELLO_ACK_LEN];
+    let mut ack = [0u8; HELLO_ACK_LEN];
     io::recv_exact(fd.as_raw_fd(), &mut ack, deadline)
         .map_err(|e| conn_err(peer(), format!("waiting for hello acknowledgement: {e}")))?;
-    match wire::decode_hello_ack(&ack)? {
+    match decode_hello_ack(&ack)? {
         HelloStatus::Ok if on_local_socket => {
             let mut info = [0u8; 8];
             let fds = shm::recv_with_fds(fd.as_raw_fd(), &mut info, deadline)
@@ -91,10 +104,6 @@ pub(crate) fn dial(
             Ok((fd, Some(local)))
         }
         HelloStatus::Ok => Ok((fd, None)),
-        HelloStatus::NoSuchQp => Err(conn_err(peer(), format!("peer has no QP {peer_qpn}"))),
-        HelloStatus::QpInError => Err(conn_err(
-            peer(),
-            format!("peer QP {peer_qpn} is in the error state"),
-        )),
+        refused => Err(conn_err(peer(), refused.describe(peer_qpn))),
     }
 }

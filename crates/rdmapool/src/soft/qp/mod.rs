@@ -11,10 +11,13 @@ use super::cq::{Bound, SoftCq};
 use super::driver::Drive;
 use super::io::RxBuf;
 use super::keys::{KeyTable, LocalList, Resolved};
+use super::proto::handshake::TOKEN_LEN;
 use super::proto::requester::Requester;
 use super::proto::target::{RecvEntry, TargetQp};
+use crate::fabric::events::EventQueue;
 use crate::fabric::{
-    AccessFlags, Completion, Endpoint, ProviderKind, QpConfig, QpState, RecvWr, WcOpcode, WcStatus,
+    AccessFlags, Completion, Endpoint, ProviderKind, QpConfig, QpEvent, QpState, RecvWr, WcOpcode,
+    WcStatus,
 };
 use crate::os::mapping::Mapping;
 use crate::{Error, Result};
@@ -53,6 +56,12 @@ pub(crate) struct SoftQp {
     conn_fd: AtomicI32,
     rq: Mutex<VecDeque<RecvEntry>>,
     peer: Mutex<Option<(u32, SoftAddress)>>,
+    /// The secret an incoming connection must prove it knows (given out in the endpoint).
+    token: [u8; TOKEN_LEN],
+    /// Set once the peer's connection has been accepted: an RC QP has one peer.
+    incoming: AtomicBool,
+    /// Asynchronous events for the application (the peer went away).
+    events: EventQueue,
 }
 
 impl SoftQp {
@@ -65,6 +74,11 @@ impl SoftQp {
     ) -> Result<Arc<Self>> {
         let qpn = ctx.next_qpn();
         let state_page = Mapping::new(1)?;
+        let mut token = [0u8; TOKEN_LEN];
+        getrandom::fill(&mut token).map_err(|e| Error::Sys {
+            call: "getrandom",
+            source: std::io::Error::other(e.to_string()),
+        })?;
         let qp = Arc::new(Self {
             qpn,
             pd_id,
@@ -82,6 +96,9 @@ impl SoftQp {
             }),
             rq: Mutex::new(VecDeque::with_capacity(cfg.max_recv_wr as usize)),
             peer: Mutex::new(None),
+            token,
+            incoming: AtomicBool::new(false),
+            events: EventQueue::default(),
             cfg,
         });
         let bound: Weak<dyn Bound> = Arc::downgrade(&qp) as Weak<dyn Bound>;
@@ -106,7 +123,11 @@ impl SoftQp {
         Endpoint {
             provider: ProviderKind::Soft,
             qpn: self.qpn,
-            address: self.ctx.address.encode(),
+            address: SoftAddress {
+                token: self.token,
+                ..self.ctx.address.clone()
+            }
+            .encode(),
         }
     }
 
@@ -152,7 +173,15 @@ impl SoftQp {
             return Err(self.bad_state("RTS needs RTR"));
         }
         let (peer_qpn, addr) = self.peer.lock().clone().expect("RTR has a peer");
-        let (fd, local) = dial::dial(&self.cfg, self.ctx.transport, self.qpn, peer_qpn, &addr)?;
+        let psk = self.ctx.admission.psk.as_ref().map(|k| k.bytes());
+        let (fd, local) = dial::dial(
+            &self.cfg,
+            self.ctx.transport,
+            psk,
+            self.qpn,
+            peer_qpn,
+            &addr,
+        )?;
         let mut sq = self.sq.lock();
         let drive: Weak<dyn Drive> = Arc::downgrade(self) as Weak<dyn Drive>;
         self.ctx.driver.watch(fd.as_raw_fd(), drive);
@@ -168,6 +197,11 @@ impl SoftQp {
         self.state_word()
             .store(QpState::Error as u64, Ordering::Release);
         self.flush_receives_once();
+    }
+
+    /// The next asynchronous event, waiting up to `timeout`.
+    pub(crate) fn wait_event(&self, timeout: Duration) -> Option<QpEvent> {
+        self.events.wait(timeout)
     }
 
     /// Destruction: ERR for everyone who looks, and, as with verbs, no completions for the
@@ -312,6 +346,20 @@ impl TargetQp for SoftQp {
     }
     fn state_fd(&self) -> RawFd {
         self.state_page.fd().as_raw_fd()
+    }
+    fn token(&self) -> [u8; TOKEN_LEN] {
+        self.token
+    }
+    fn peer_qpn(&self) -> Option<u32> {
+        self.peer.lock().as_ref().map(|(qpn, _)| *qpn)
+    }
+    fn claim_incoming(&self) -> bool {
+        !self.incoming.swap(true, Ordering::AcqRel)
+    }
+    fn peer_lost(&self) {
+        SoftQp::enter_error(self);
+        // Once per QP: an RC QP has one peer, and one incoming connection from it.
+        self.events.push(QpEvent::PeerDisconnected);
     }
 }
 

@@ -17,6 +17,20 @@ use std::time::{Duration, Instant};
 /// Keeps a connection's id alive with its QP; dropping it disconnects.
 struct Established(CmId);
 
+impl crate::fabric::ConnectionState for Established {
+    /// RDMA CM events after establishment: DISCONNECTED is the peer's end (other events,
+    /// such as TIMEWAIT_EXIT, are not for the application).
+    fn wait_event(&self, timeout: Duration) -> Option<crate::fabric::QpEvent> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let e = self.0.next_event(deadline, "a connection event").ok()?;
+            if e.kind == sys::RDMA_CM_EVENT_DISCONNECTED {
+                return Some(crate::fabric::QpEvent::PeerDisconnected);
+            }
+        }
+    }
+}
+
 impl Drop for Established {
     fn drop(&mut self) {
         // SAFETY: a connected id; disconnecting twice or after the peer did is harmless.

@@ -244,6 +244,13 @@ impl QpOps for VerbsQp {
         let _ = self.modify(&mut a, sys::IBV_QP_STATE, "ERR");
     }
 
+    /// Without RDMA CM a verbs QP has no source of peer events (`Qp::wait_event` reads RDMA
+    /// CM's when it connected the QP): waits out `timeout` and reports none.
+    fn wait_event(&self, timeout: std::time::Duration) -> Option<crate::fabric::QpEvent> {
+        std::thread::sleep(timeout);
+        None
+    }
+
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.post_sends(wrs)
     }

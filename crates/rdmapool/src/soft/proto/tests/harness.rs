@@ -57,6 +57,18 @@ impl TargetQp for Target {
     fn state_fd(&self) -> std::os::fd::RawFd {
         -1
     }
+    fn token(&self) -> [u8; crate::soft::proto::handshake::TOKEN_LEN] {
+        [0; crate::soft::proto::handshake::TOKEN_LEN]
+    }
+    fn peer_qpn(&self) -> Option<u32> {
+        None
+    }
+    fn claim_incoming(&self) -> bool {
+        true
+    }
+    fn peer_lost(&self) {
+        self.enter_error();
+    }
 }
 
 pub(super) fn region(keys: &KeyTable, access: AccessFlags) -> Arc<MrInner> {

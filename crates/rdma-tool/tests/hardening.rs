@@ -1,0 +1,67 @@
+//! What a local user can do to rdma-tool, and bad configurations: each is refused with an
+//! error that names the fix, never a panic, and nothing stops a running peer.
+
+use rdmapool::conn::{connect, Manager};
+use rdmapool::fabric::{Context, QpConfig, RemoteRegion};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const EXE: &str = env!("CARGO_BIN_EXE_rdma-tool");
+
+#[test]
+fn too_many_stress_threads_is_a_clear_error_not_a_panic() {
+    let out = Command::new(EXE)
+        .args(["stress", "--size", "1M", "--count", "1", "--threads=100000"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("--threads"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_peer_survives_requests_without_its_secret_and_serves_its_parent() {
+    let mut child = Command::new(EXE)
+        .args(["peer", "--size", "4096"])
+        .env("RDMA_TOOL_PEER_SECRET", "0123456789abcdef0123456789abcdef")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("@listen ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let ctx = Context::open_soft().unwrap();
+    let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(16).unwrap());
+    let cfg = QpConfig::default();
+    let t = Duration::from_secs(20);
+    // Any local user can reach the CM port; guessing wrong is rejected, the peer goes on.
+    for guess in [&b"rdma-tool"[..], b"wrong"] {
+        let r = connect(Manager::Tcp, addr, &pd, &cq, &cq, &cfg, guess, t);
+        let err = r.err().expect("refused").to_string();
+        assert!(err.contains("reject"), "{err}");
+    }
+    let conn = connect(
+        Manager::Tcp,
+        addr,
+        &pd,
+        &cq,
+        &cq,
+        &cfg,
+        b"0123456789abcdef0123456789abcdef",
+        t,
+    )
+    .expect("the parent, with the secret, is served");
+    let region = RemoteRegion::from_bytes(&conn.private_data).unwrap();
+    assert_eq!(region.len, 4096, "its region's descriptor");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

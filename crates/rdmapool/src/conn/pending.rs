@@ -1,0 +1,191 @@
+//! The TCP CM port's passive side: connection requests read from many peers at once.
+//!
+//! Each accepted connection gets [`HANDSHAKE_TIMEOUT`] to deliver its request; meanwhile
+//! others are accepted and read too (one `poll` over the listener and every pending socket),
+//! so idle or slow peers delay nobody. At most [`MAX_PENDING`] handshakes are in progress;
+//! beyond that the oldest is dropped.
+
+use super::tcp::{io_err, Message, HEADER_LEN, REQ};
+use crate::fabric::Endpoint;
+use crate::{Error, Result};
+use parking_lot::Mutex;
+use std::io::{ErrorKind, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+/// How long a connected peer may take to send its request.
+pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Handshakes in progress at once, at most.
+pub(super) const MAX_PENDING: usize = 64;
+
+/// One connection whose request has not fully arrived.
+struct Pending {
+    stream: TcpStream,
+    peer: SocketAddr,
+    buf: Vec<u8>,
+    deadline: Instant,
+}
+
+/// What a pending connection did when read.
+enum Progress {
+    Waiting,
+    Done(Message),
+    Dropped,
+}
+
+impl Pending {
+    /// Reads what has arrived; a full message ends it.
+    fn read(&mut self) -> Progress {
+        let mut chunk = [0u8; 1024];
+        loop {
+            let want = match self.buf.len() {
+                n if n < HEADER_LEN => HEADER_LEN - n,
+                _ => {
+                    let h: &[u8; HEADER_LEN] = self.buf[..HEADER_LEN].try_into().unwrap();
+                    let Ok(body) = Message::body_len(h) else {
+                        return Progress::Dropped;
+                    };
+                    let total = HEADER_LEN + body;
+                    if self.buf.len() == total {
+                        return match Message::parse(h, &self.buf[HEADER_LEN..]) {
+                            Ok(m) => Progress::Done(m),
+                            Err(_) => Progress::Dropped,
+                        };
+                    }
+                    total - self.buf.len()
+                }
+            };
+            match self.stream.read(&mut chunk[..want.min(1024)]) {
+                Ok(0) => return Progress::Dropped,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Progress::Waiting,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return Progress::Dropped,
+            }
+        }
+    }
+}
+
+/// A listening CM port and the handshakes in progress on it.
+pub(super) struct CmPort {
+    listener: TcpListener,
+    addr: SocketAddr,
+    pending: Mutex<Vec<Pending>>,
+}
+
+impl CmPort {
+    pub(super) fn new(listener: TcpListener, addr: SocketAddr) -> Result<Self> {
+        listener
+            .set_nonblocking(true)
+            .map_err(io_err(addr, "listener"))?;
+        Ok(Self {
+            listener,
+            addr,
+            pending: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The next complete, well-formed request within `timeout`: its stream (blocking
+    /// again), peer, endpoint and private data.
+    pub(super) fn next_request(
+        &self,
+        timeout: Duration,
+    ) -> Result<(TcpStream, SocketAddr, Endpoint, Vec<u8>)> {
+        let deadline = Instant::now() + timeout;
+        let mut pending = self.pending.lock();
+        loop {
+            self.accept_all(&mut pending)?;
+            let now = Instant::now();
+            let mut i = 0;
+            while i < pending.len() {
+                let p = &mut pending[i];
+                let progress = if now >= p.deadline {
+                    Progress::Dropped
+                } else {
+                    p.read()
+                };
+                match progress {
+                    Progress::Waiting => i += 1,
+                    Progress::Dropped => {
+                        let p = pending.swap_remove(i);
+                        tracing::warn!(peer = %p.peer, "dropping a connection request: malformed, closed or too slow");
+                    }
+                    Progress::Done(m) => {
+                        let p = pending.swap_remove(i);
+                        match (m.kind, m.endpoint) {
+                            (REQ, Some(endpoint)) => {
+                                p.stream
+                                    .set_nonblocking(false)
+                                    .map_err(io_err(p.peer, "socket"))?;
+                                let _ = p.stream.set_nodelay(true);
+                                return Ok((p.stream, p.peer, endpoint, m.private));
+                            }
+                            _ => {
+                                tracing::warn!(peer = %p.peer, "dropping a connection request: not a REQ");
+                            }
+                        }
+                    }
+                }
+            }
+            if now >= deadline {
+                return Err(Error::Connection {
+                    peer: self.addr.to_string(),
+                    reason: format!("no connection request within {timeout:?}"),
+                });
+            }
+            let wake = pending
+                .iter()
+                .map(|p| p.deadline)
+                .fold(deadline, Instant::min);
+            self.wait(&pending, wake);
+        }
+    }
+
+    /// Accepts every connection waiting on the listener.
+    fn accept_all(&self, pending: &mut Vec<Pending>) -> Result<()> {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, peer)) => {
+                    if stream.set_nonblocking(true).is_err() {
+                        continue;
+                    }
+                    if pending.len() >= MAX_PENDING {
+                        // Drop the one that has waited longest: it had the most time.
+                        let oldest = (0..pending.len()).min_by_key(|&i| pending[i].deadline);
+                        if let Some(i) = oldest {
+                            let p = pending.swap_remove(i);
+                            tracing::warn!(peer = %p.peer, "dropping a connection request: too many in progress");
+                        }
+                    }
+                    pending.push(Pending {
+                        stream,
+                        peer,
+                        buf: Vec::new(),
+                        deadline: Instant::now() + HANDSHAKE_TIMEOUT,
+                    });
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::ConnectionAborted => continue,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_err(self.addr, "accept")(e)),
+            }
+        }
+    }
+
+    /// Sleeps until the listener or a pending socket is readable, or `until`.
+    fn wait(&self, pending: &[Pending], until: Instant) {
+        let mut fds: Vec<libc::pollfd> = std::iter::once(self.listener.as_raw_fd())
+            .chain(pending.iter().map(|p| p.stream.as_raw_fd()))
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let left = until.saturating_duration_since(Instant::now());
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: `fds` is a live array of `fds.len()` pollfds over descriptors we own.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    }
+}

@@ -1,0 +1,132 @@
+//! Who is on the other end of an incoming connection: its address and, on this host, its
+//! user (for the admission policy, `fabric::Admission`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::RawFd;
+
+/// What is known of an incoming connection's peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeerInfo {
+    /// Its IP address (None on the local socket).
+    pub(crate) ip: Option<IpAddr>,
+    /// Its user, when it is on this host (local socket, or TCP from a loopback address) and
+    /// the kernel told us.
+    pub(crate) uid: Option<u32>,
+    /// Whether it is on this host.
+    pub(crate) on_this_host: bool,
+}
+
+/// This process's effective user.
+pub(crate) fn own_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The peer of a connection accepted on the local (Unix) socket: `SO_PEERCRED`.
+pub(crate) fn of_unix(fd: RawFd) -> PeerInfo {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a socket we own, and an out-buffer of the size we pass.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    PeerInfo {
+        ip: None,
+        uid: (r == 0).then_some(cred.uid),
+        on_this_host: true,
+    }
+}
+
+/// The peer of a TCP connection from `peer` to our `local` address. From a loopback address
+/// it is a process of this host, and the kernel's socket table names its user.
+pub(crate) fn of_tcp(local: SocketAddr, peer: SocketAddr) -> PeerInfo {
+    let on_this_host = peer.ip().is_loopback() || peer.ip().to_canonical().is_loopback();
+    PeerInfo {
+        ip: Some(peer.ip().to_canonical()),
+        uid: on_this_host.then(|| tcp_owner(peer, local)).flatten(),
+        on_this_host,
+    }
+}
+
+/// The user owning the TCP socket bound at `local_of_peer` and connected to `remote_of_peer`
+/// (read from /proc/net/tcp and tcp6, the table of this network namespace).
+fn tcp_owner(local_of_peer: SocketAddr, remote_of_peer: SocketAddr) -> Option<u32> {
+    let (want_local, want_remote) = (proc_net_addr(local_of_peer), proc_net_addr(remote_of_peer));
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid ...
+            if f.len() > 7 && same_socket(f[1], &want_local) && same_socket(f[2], &want_remote) {
+                return f[7].parse().ok();
+            }
+        }
+    }
+    None
+}
+
+/// Both spellings of an address as /proc/net/tcp{,6} prints it (IPv4, and IPv4-mapped IPv6).
+fn proc_net_addr(a: SocketAddr) -> [String; 2] {
+    let port = format!("{:04X}", a.port());
+    let v6 = |o: [u8; 16]| {
+        let words: String = o
+            .chunks(4)
+            .map(|w| format!("{:08X}", u32::from_ne_bytes([w[0], w[1], w[2], w[3]])))
+            .collect();
+        format!("{words}:{port}")
+    };
+    match a.ip().to_canonical() {
+        IpAddr::V4(v4) => [
+            format!("{:08X}:{port}", u32::from_ne_bytes(v4.octets())),
+            v6(v4.to_ipv6_mapped().octets()),
+        ],
+        IpAddr::V6(ip) => [v6(ip.octets()), v6(ip.octets())],
+    }
+}
+
+fn same_socket(field: &str, want: &[String; 2]) -> bool {
+    want.iter().any(|w| field.eq_ignore_ascii_case(w))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn the_kernel_names_our_own_user_on_both_paths() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, peer) = l.accept().unwrap();
+        let info = of_tcp(s.local_addr().unwrap(), peer);
+        assert_eq!(info.uid, Some(own_uid()), "{info:?}");
+        assert!(info.on_this_host);
+        drop(c);
+        let (a, _b) = UnixStream::pair().unwrap();
+        assert_eq!(of_unix(a.as_raw_fd()).uid, Some(own_uid()));
+    }
+
+    #[test]
+    fn an_unknown_connection_has_no_owner() {
+        let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let b: SocketAddr = "127.0.0.1:2".parse().unwrap();
+        assert_eq!(of_tcp(a, b).uid, None);
+        let far: SocketAddr = "10.1.2.3:4".parse().unwrap();
+        let info = of_tcp(a, far);
+        assert!(!info.on_this_host && info.uid.is_none());
+    }
+}

@@ -1,0 +1,409 @@
+//! Attacks on the soft provider, tried the way a peer on the network or another user on this
+//! host would (docs/SECURITY.md lists them with their outcome). Each test failed before the
+//! fix it names.
+
+mod common;
+use common::rawpeer::{status, Raw, SoftTarget};
+use common::*;
+use rdmapool::conn::{connect, Listener, Manager};
+use rdmapool::fabric::*;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const ALL: AccessFlags = AccessFlags::all_remote();
+
+fn soft_node(admission: Admission) -> Node {
+    let cfg = SoftConfig {
+        admission,
+        ..SoftConfig::from_env().unwrap()
+    };
+    let ctx = Context::open_with(cfg).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256).unwrap();
+    Node { ctx, pd, cq }
+}
+
+/// A QP on `n` in RTR, bound to `peer_qpn` (a peer that never dials): what an attacker who
+/// learned the endpoint tries to reach.
+fn bound_qp(n: &Node, peer_ep: &Endpoint) -> Qp {
+    let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
+    qp.modify_to_init().unwrap();
+    qp.modify_to_rtr(peer_ep).unwrap();
+    qp
+}
+
+#[test]
+fn a_connection_without_the_qp_token_cannot_hijack_it() {
+    if soft_only("the soft handshake") {
+        return;
+    }
+    for t in [Transport::Tcp, Transport::Local] {
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, qb) = pair(&a, &b, &config());
+        let region = b.pd.alloc_mr(4096, ALL).unwrap();
+        let target = SoftTarget::of(&qb.endpoint());
+        // Guessing: the right QP number, the legitimate peer's QP number, a made-up token.
+        let mut raw = match t {
+            Transport::Local => Raw::unix(&target),
+            _ => Raw::tcp(&target),
+        };
+        let st = raw.hello(qa.qpn(), target.qpn, &[0x5a; 16], None).unwrap();
+        assert_eq!(st, status::AUTH_FAILED, "{t:?}");
+        // The legitimate pair is untouched and still works.
+        assert_eq!(qb.state(), QpState::Rts);
+        let src = a.pd.alloc_mr(4096, ALL).unwrap();
+        src.write_at(0, b"legit").unwrap();
+        let sg = [src.sge(0, 5).unwrap()];
+        qa.post_send(&[write_wr(1, region.remote_at(0).unwrap(), &sg)])
+            .unwrap();
+        assert!(one(&a.cq).is_ok(), "{t:?}");
+        assert_eq!(&contents(&region)[..5], b"legit");
+    }
+}
+
+#[test]
+fn even_with_the_token_a_qp_takes_only_its_own_peer_once() {
+    if soft_only("the soft handshake") {
+        return;
+    }
+    let (a, b) = (node_on(Transport::Tcp), node_on(Transport::Tcp));
+    let peer = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
+    let qb = bound_qp(&b, &peer.endpoint());
+    let target = SoftTarget::of(&qb.endpoint());
+    // A leaked endpoint, but another source QP: refused.
+    let st = Raw::tcp(&target)
+        .hello(peer.qpn() + 1000, target.qpn, &target.token, None)
+        .unwrap();
+    assert_eq!(st, status::AUTH_FAILED);
+    // The bound peer with the token: accepted (the MAC this test computes is the real one).
+    let mut first = Raw::tcp(&target);
+    let st = first
+        .hello(peer.qpn(), target.qpn, &target.token, None)
+        .unwrap();
+    assert_eq!(st, status::OK);
+    // A second connection, even a perfect one, is refused: an RC QP has one peer.
+    let st = Raw::tcp(&target)
+        .hello(peer.qpn(), target.qpn, &target.token, None)
+        .unwrap();
+    assert_eq!(st, status::ALREADY_CONNECTED);
+}
+
+#[test]
+fn pre_shared_keys_must_match_and_never_cross_the_wire() {
+    if soft_only("the soft handshake") {
+        return;
+    }
+    let key = |b: u8| Admission {
+        psk: Some(PreSharedKey::new(&[b; 32]).unwrap()),
+        ..Admission::default()
+    };
+    let (a, b) = (soft_node(key(1)), soft_node(key(1)));
+    let (qa, _qb) = pair(&a, &b, &config());
+    assert_eq!(qa.state(), QpState::Rts, "same key: connected");
+    for other in [key(2), Admission::default()] {
+        let c = soft_node(other);
+        let qc = c.pd.create_qp(&c.cq, &c.cq, &config()).unwrap();
+        let qb = b.pd.create_qp(&b.cq, &b.cq, &config()).unwrap();
+        qb.modify_to_init().unwrap();
+        qb.modify_to_rtr(&qc.endpoint()).unwrap();
+        let err = qc.connect(&qb.endpoint()).unwrap_err().to_string();
+        assert!(err.contains("pre-shared keys differ"), "{err}");
+    }
+    // A raw peer with the token but without the key is refused too.
+    let peer = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
+    let qb = bound_qp(&b, &peer.endpoint());
+    let t = SoftTarget::of(&qb.endpoint());
+    let st = Raw::tcp(&t)
+        .hello(peer.qpn(), t.qpn, &t.token, None)
+        .unwrap();
+    assert_eq!(st, status::AUTH_FAILED);
+}
+
+/// Run as a child (another user): says hello with the token it is given, prints the status.
+#[test]
+fn child_says_hello() {
+    let Ok(spec) = std::env::var("RDMAPOOL_SECURITY_CHILD") else {
+        return; // only meaningful as the child of the test below
+    };
+    let f: Vec<&str> = spec.split(' ').collect();
+    let ep = Endpoint::from_hex(f[1]).unwrap();
+    let t = SoftTarget::of(&ep);
+    let src: u32 = f[2].parse().unwrap();
+    let mut raw = if f[0] == "unix" {
+        Raw::unix(&t)
+    } else {
+        Raw::tcp(&t)
+    };
+    println!("STATUS={}", raw.hello(src, t.qpn, &t.token, None).unwrap());
+}
+
+fn hello_as_nobody(path: &str, ep: &Endpoint, src: u32) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args([
+            "--exact",
+            "child_says_hello",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            "RDMAPOOL_SECURITY_CHILD",
+            format!("{path} {} {src}", ep.to_hex()),
+        )
+        .uid(65534)
+        .gid(65534)
+        .stdout(Stdio::piped())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let after = text
+        .split("STATUS=")
+        .nth(1)
+        .unwrap_or_else(|| panic!("the child said nothing: {text} {out:?}"));
+    after.chars().take_while(char::is_ascii_digit).collect()
+}
+
+#[test]
+fn another_user_on_this_host_is_refused_unless_allowed() {
+    if soft_only("the soft handshake") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: switching to user nobody needs root");
+        return;
+    }
+    for (admission, want) in [
+        (Admission::default(), status::PEER_NOT_ALLOWED),
+        (
+            Admission {
+                allow_users: AllowUsers::List(vec![65534]),
+                ..Admission::default()
+            },
+            status::OK,
+        ),
+    ] {
+        for path in ["tcp", "unix"] {
+            let b = soft_node(admission.clone());
+            let a = node_on(Transport::Tcp);
+            let peer = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
+            let qb = bound_qp(&b, &peer.endpoint());
+            let got = hello_as_nobody(path, &qb.endpoint(), peer.qpn());
+            assert_eq!(got, want.to_string(), "{path} {admission:?}");
+        }
+    }
+}
+
+#[test]
+fn a_bad_rkey_in_a_map_request_ends_the_qp_so_keys_cannot_be_probed() {
+    if soft_only("the intra-host MAP request") {
+        return;
+    }
+    let (a, b) = (node_on(Transport::Local), node_on(Transport::Local));
+    let region = b.pd.alloc_mr(4096, ALL).unwrap();
+    // Control: the peer may map a read-write region it names correctly.
+    let peer = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
+    let qb = bound_qp(&b, &peer.endpoint());
+    let t = SoftTarget::of(&qb.endpoint());
+    let mut raw = Raw::unix(&t);
+    assert_eq!(raw.hello(peer.qpn(), t.qpn, &t.token, None).unwrap(), 0);
+    raw.skip_local_handshake().unwrap();
+    assert_eq!(raw.map(region.rkey()).unwrap(), (5, 1), "MAP, mappable");
+    // Probing: the first wrong key is a NAK (REM_ACCESS_ERR) and the QP is in ERR; after
+    // that even the right key gets nothing.
+    let peer2 = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
+    let qb2 = bound_qp(&b, &peer2.endpoint());
+    let t2 = SoftTarget::of(&qb2.endpoint());
+    let mut raw = Raw::unix(&t2);
+    assert_eq!(raw.hello(peer2.qpn(), t2.qpn, &t2.token, None).unwrap(), 0);
+    raw.skip_local_handshake().unwrap();
+    let guess = region.rkey().wrapping_add(1);
+    assert_eq!(raw.map(guess).unwrap(), (4, 10), "NAK REM_ACCESS_ERR");
+    assert_eq!(qb2.state(), QpState::Error);
+    let after = raw.map(region.rkey());
+    assert!(
+        !matches!(after, Ok((5, 1))),
+        "a QP in ERR still maps: {after:?}"
+    );
+}
+
+#[test]
+fn a_region_that_grants_less_than_read_and_write_is_never_mapped() {
+    if soft_only("the intra-host MAP request") {
+        return;
+    }
+    let (a, b) = (node_on(Transport::Local), node_on(Transport::Local));
+    for (access, mappable) in [
+        (AccessFlags::REMOTE_READ, 0),
+        (AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE, 0),
+        (ALL, 1),
+    ] {
+        let region = b.pd.alloc_mr(4096, access).unwrap();
+        let peer = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
+        let qb = bound_qp(&b, &peer.endpoint());
+        let t = SoftTarget::of(&qb.endpoint());
+        let mut raw = Raw::unix(&t);
+        assert_eq!(raw.hello(peer.qpn(), t.qpn, &t.token, None).unwrap(), 0);
+        raw.skip_local_handshake().unwrap();
+        assert_eq!(raw.map(region.rkey()).unwrap(), (5, mappable), "{access:?}");
+    }
+    // Through the API: a read-only region is read, and a WRITE is refused, on the local path.
+    let (qa, _qb) = pair(&a, &b, &config());
+    let ro = b.pd.alloc_mr(4096, AccessFlags::REMOTE_READ).unwrap();
+    ro.write_at(0, b"read only").unwrap();
+    let local = a.pd.alloc_mr(4096, ALL).unwrap();
+    let sg = [local.sge(0, 9).unwrap()];
+    qa.post_send(&[read_wr(1, ro.remote_at(0).unwrap(), &sg)])
+        .unwrap();
+    assert!(one(&a.cq).is_ok());
+    qa.post_send(&[write_wr(2, ro.remote_at(0).unwrap(), &sg)])
+        .unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::RemAccessErr);
+    assert_eq!(&contents(&ro)[..9], b"read only");
+}
+
+#[test]
+fn connections_beyond_the_limit_are_refused_and_slots_come_back() {
+    if soft_only("the soft NIC's limits") {
+        return;
+    }
+    let b = soft_node(Admission {
+        max_connections: 3,
+        ..Admission::default()
+    });
+    let qb = b.pd.create_qp(&b.cq, &b.cq, &config()).unwrap();
+    let t = SoftTarget::of(&qb.endpoint());
+    let challenged = |s: &mut TcpStream| {
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut ch = [0u8; 24];
+        s.read_exact(&mut ch).is_ok()
+    };
+    let mut held: Vec<TcpStream> = (0..6).map(|_| TcpStream::connect(t.tcp).unwrap()).collect();
+    let served = held.iter_mut().map(challenged).filter(|ok| *ok).count();
+    assert_eq!(served, 3, "three admitted, three closed at once");
+    held.clear();
+    // The slots come back when those connections end.
+    let back = (0..200).any(|_| {
+        std::thread::sleep(Duration::from_millis(25));
+        let mut s = TcpStream::connect(t.tcp).unwrap();
+        challenged(&mut s)
+    });
+    assert!(back, "a slot was never given back");
+}
+
+#[test]
+fn idle_connections_on_the_cm_port_delay_nobody() {
+    // Three peers connect to the CM port and say nothing; a real request behind them must
+    // still be served well within one handshake timeout each.
+    let server = node();
+    let listener = Listener::bind(Manager::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr();
+    let idle: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let client = std::thread::spawn(move || {
+        let c = node();
+        connect(&c.pd, addr, &c.pd, &c.cq, &c.cq, &config(), b"hi", WAIT).map(|conn| conn.qp.qpn())
+    });
+    let req = listener.get_request(Duration::from_secs(5)).unwrap();
+    assert_eq!(req.private_data(), b"hi");
+    let qp = req
+        .accept(&server.pd, &server.cq, &server.cq, &config(), b"")
+        .unwrap();
+    client.join().unwrap().unwrap();
+    drop((idle, qp));
+}
+
+/// Run as a child: connects a QP to the endpoint on its stdin, prints its own, then waits
+/// to be killed.
+#[test]
+fn child_connects_and_waits() {
+    if std::env::var("RDMAPOOL_SECURITY_PEER").is_err() {
+        return; // only meaningful as the child of the test below
+    }
+    let n = node_on(Transport::Tcp);
+    let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
+    println!("EP={}", qp.endpoint().to_hex());
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    qp.connect(&Endpoint::from_hex(line.trim()).unwrap())
+        .unwrap();
+    println!("CONNECTED");
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn the_passive_side_learns_that_its_peer_died() {
+    if soft_only("peer death on the soft transports") {
+        return;
+    }
+    let n = node_on(Transport::Tcp);
+    let recv_buf = n.pd.alloc_mr(4096, ALL).unwrap();
+    let fds_before = open_fds();
+    let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_connects_and_waits", "--nocapture"])
+        .args(["--test-threads=1"])
+        .env("RDMAPOOL_SECURITY_PEER", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut lines = (&mut out).lines().map(|l| l.unwrap());
+    let ep = lines
+        .find_map(|l| l.split("EP=").nth(1).map(String::from))
+        .unwrap();
+    let theirs = Endpoint::from_hex(&ep).unwrap();
+    qp.modify_to_init().unwrap();
+    qp.modify_to_rtr(&theirs).unwrap();
+    writeln!(child.stdin.as_mut().unwrap(), "{}", qp.endpoint().to_hex()).unwrap();
+    assert!(lines.any(|l| l.contains("CONNECTED")));
+    qp.modify_to_rts().unwrap();
+    qp.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: &[recv_buf.sge(0, 64).unwrap()],
+    }])
+    .unwrap();
+    // Nothing is in flight on our side: only the passive half can notice.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(qp.wait_event(WAIT), Some(QpEvent::PeerDisconnected));
+    assert_eq!(qp.state(), QpState::Error);
+    let c = one(&n.cq);
+    assert_eq!((c.wr_id, c.status), (7, WcStatus::WrFlushErr));
+    drop(qp);
+    // What the connections held is released (their threads close their sockets).
+    let back = (0..400).any(|_| {
+        std::thread::sleep(Duration::from_millis(25));
+        open_fds() <= fds_before
+    });
+    assert!(
+        back,
+        "fds {} > {fds_before} after the peer died",
+        open_fds()
+    );
+}
+
+#[test]
+fn a_soft_nic_leaves_no_socket_file() {
+    if soft_only("the soft NIC's local socket") {
+        return;
+    }
+    let n = node();
+    let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
+    let t = SoftTarget::of(&qp.endpoint());
+    assert!(t.local.starts_with('@'), "an abstract socket: {}", t.local);
+    let mine = format!("rdmapool-{}-", std::process::id());
+    let files: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&mine))
+        .collect();
+    assert!(files.is_empty(), "{files:?}");
+}
