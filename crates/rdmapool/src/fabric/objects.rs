@@ -327,7 +327,8 @@ impl Qp {
         self.inner.set_error()
     }
     /// Waits up to `timeout` for the QP's next asynchronous event (such as
-    /// [`QpEvent::PeerDisconnected`]); `None` if none came. Events queue until taken.
+    /// [`QpEvent::PeerDisconnected`](super::QpEvent::PeerDisconnected)); `None` if none
+    /// came. Events queue until taken.
     ///
     /// Soft QPs report their peer's end on every path. Verbs QPs report it when RDMA CM
     /// connected them (its DISCONNECTED event; the QP is then moved to ERR here); a verbs QP
