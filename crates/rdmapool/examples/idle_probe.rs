@@ -21,27 +21,62 @@ fn cpu_seconds() -> f64 {
     t(u.ru_utime) + t(u.ru_stime)
 }
 
+fn idle_cpu(secs: u64) -> f64 {
+    let (c0, t0) = (cpu_seconds(), Instant::now());
+    std::thread::sleep(Duration::from_secs(secs));
+    (cpu_seconds() - c0) / t0.elapsed().as_secs_f64()
+}
+
 fn main() -> rdmapool::Result<()> {
     let n: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(2000);
-    let ctx = Context::open_soft()?;
-    let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16)?);
-    let qp = pd.create_qp(&cq, &cq, &QpConfig::default())?;
+    let pairs: usize = std::env::args()
+        .nth(2)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(200);
+    let (a, b) = (Context::open_soft()?, Context::open_soft()?);
+    let (pa, ca) = (a.alloc_pd()?, a.create_cq(4096)?);
+    let (pb, cb) = (b.alloc_pd()?, b.create_cq(4096)?);
+    let qp = pb.create_qp(&cb, &cb, &QpConfig::default())?;
     let addr = rdmapool::soft::tcp_addr(&qp.endpoint()).expect("a soft endpoint");
-    let before = threads();
-    let conns: Vec<TcpStream> = (0..n)
+    let base = threads();
+
+    // 1. A flood of connections that never say hello.
+    let flood: Vec<TcpStream> = (0..n)
         .filter_map(|_| TcpStream::connect(addr).ok())
         .collect();
     std::thread::sleep(Duration::from_millis(500));
-    let during = threads();
-    let (c0, t0) = (cpu_seconds(), Instant::now());
-    std::thread::sleep(Duration::from_secs(5));
-    let idle_cpu = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
+    let peak = threads();
+    std::thread::sleep(Duration::from_secs(3)); // past the 2 s hello timeout
+    let after = threads();
     println!(
-        "{n} idle connections: {} connected, threads {before} -> {during}, CPU while idle {idle_cpu:.3} cores",
-        conns.len()
+        "flood: {} raw connections that never say hello: threads {base} -> {peak} (at most 256 \
+         admitted from one address) -> {after} after the hello timeout",
+        flood.len()
+    );
+    drop(flood);
+
+    // 2. Established, idle QP pairs (two connections each).
+    let mut qps = Vec::new();
+    for _ in 0..pairs {
+        let x = pa.create_qp(&ca, &ca, &QpConfig::default())?;
+        let y = pb.create_qp(&cb, &cb, &QpConfig::default())?;
+        x.modify_to_init()?;
+        y.modify_to_init()?;
+        x.modify_to_rtr(&y.endpoint())?;
+        y.modify_to_rtr(&x.endpoint())?;
+        x.modify_to_rts()?;
+        y.modify_to_rts()?;
+        qps.push((x, y));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    println!(
+        "idle: {pairs} connected QP pairs ({} connections): threads {}, CPU while idle {:.3} cores",
+        2 * pairs,
+        threads(),
+        idle_cpu(5)
     );
     Ok(())
 }
