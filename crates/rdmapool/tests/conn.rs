@@ -254,7 +254,12 @@ fn rdma_cm_connects_with_private_data_both_ways_and_rejects() {
             Err(e) => panic!("expected a reject, got {e}"),
             Ok(_) => panic!("expected a reject"),
         }
-        let _server_qp = srv.join().unwrap();
+        let server_qp = srv.join().unwrap();
+        // The client disconnects: the passive side gets RDMA CM's DISCONNECTED as an event,
+        // and its QP is in ERR.
+        drop(conn);
+        assert_eq!(server_qp.wait_event(T), Some(QpEvent::PeerDisconnected));
+        assert_eq!(server_qp.state(), QpState::Error);
     });
 }
 
