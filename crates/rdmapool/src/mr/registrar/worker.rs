@@ -1,6 +1,7 @@
 //! The worker threads' loop: take the next request, register with retries by error class
-//! (ENOMEM/EAGAIN retried with bounded backoff, EIO/ENODEV/ENXIO break the device, the rest
-//! fail at once), honour cancellation and the deadline, record the outcome.
+//! (ENOMEM/EAGAIN retried with bounded backoff, unless the region exceeds the whole memlock
+//! limit; EIO/ENODEV/ENXIO break the device; the rest fail at once), honour cancellation and
+//! the deadline, record the outcome.
 
 use super::request::{spec_len, RegionSpec, Request};
 use super::stats::{inc, LATENCY_CLASSES};
@@ -18,6 +19,20 @@ enum Class {
 }
 
 fn classify(e: &Error) -> Class {
+    // A region larger than the whole memlock limit can never be pinned: retrying only
+    // delays the error.
+    if let Error::MemlockLimit {
+        requested, limit, ..
+    } = e
+    {
+        let limit = limit
+            .split(' ')
+            .next()
+            .and_then(|n| n.parse::<usize>().ok());
+        if limit.is_some_and(|l| *requested > l) {
+            return Class::Fatal;
+        }
+    }
     let errno = match e {
         Error::MemlockLimit { errno, .. } => Some(*errno),
         Error::Sys { source, .. } => source.raw_os_error(),

@@ -1,0 +1,106 @@
+//! The memory `stress` registers: allocated once and reused (pooled), or new every round
+//! (fresh), on 4 KiB or 2 MiB pages. Allocation includes touching every page, so that its
+//! cost (the kernel zero-filling fresh pages) is timed here, not inside registration.
+
+use crate::{Result, ToolError};
+use rdmapool::fabric::StableBuf;
+use rdmapool::mr::{HugeOptions, HugeRegion};
+use std::time::Instant;
+
+/// Where each round's memory comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryMode {
+    /// Allocate once, register and deregister every round.
+    Pooled,
+    /// Allocate (and touch) new memory every round.
+    Fresh,
+}
+
+/// One thread's buffer.
+pub enum Buf {
+    Small(Vec<u8>),
+    Huge(HugeRegion),
+}
+
+// SAFETY: both variants are heap or mmap memory owned by the value, never moved or resized
+// while it lives; the pointer and length are those of that memory.
+unsafe impl StableBuf for Buf {
+    fn stable_ptr(&mut self) -> *mut u8 {
+        match self {
+            Buf::Small(v) => v.stable_ptr(),
+            Buf::Huge(h) => h.stable_ptr(),
+        }
+    }
+    fn stable_len(&self) -> usize {
+        match self {
+            Buf::Small(v) => v.stable_len(),
+            Buf::Huge(h) => h.stable_len(),
+        }
+    }
+}
+
+/// The buffers of all threads, kept between rounds when pooled.
+pub struct Buffers {
+    mode: MemoryMode,
+    huge: bool,
+    len: usize,
+    threads: usize,
+    kept: Vec<Buf>,
+}
+
+impl Buffers {
+    pub fn new(mode: MemoryMode, huge: bool, len: usize, threads: usize) -> Self {
+        Self {
+            mode,
+            huge,
+            len,
+            threads,
+            kept: Vec::new(),
+        }
+    }
+
+    /// This round's buffers; new ones are allocated (and their time recorded in `alloc`).
+    pub fn take(&mut self, alloc: &mut hdrhistogram::Histogram<u64>) -> Result<Vec<Buf>> {
+        if self.mode == MemoryMode::Pooled && !self.kept.is_empty() {
+            return Ok(std::mem::take(&mut self.kept));
+        }
+        (0..self.threads)
+            .map(|_| {
+                let t = Instant::now();
+                let b = self.allocate()?;
+                alloc.saturating_record(t.elapsed().as_nanos().max(1) as u64);
+                Ok(b)
+            })
+            .collect()
+    }
+
+    /// Buffers back after the round (kept when pooled, freed when fresh).
+    pub fn give_back(&mut self, bufs: Vec<Buf>) {
+        if self.mode == MemoryMode::Pooled {
+            self.kept = bufs;
+        }
+    }
+
+    fn allocate(&self) -> Result<Buf> {
+        if self.huge {
+            let huge = 2 << 20;
+            let len = self.len.div_ceil(huge) * huge;
+            let opts = HugeOptions {
+                try_hugetlb: true,
+                pretouch_threads: 1,
+            };
+            return HugeRegion::alloc(len, opts)
+                .map(Buf::Huge)
+                .map_err(|e| ToolError::Msg(format!("--hugepages: {e}")));
+        }
+        let mut v = vec![0u8; self.len];
+        // calloc'd pages are not there yet: touch one byte per page so the kernel's zero
+        // filling happens now, in the allocation time.
+        for i in (0..v.len()).step_by(4096) {
+            // SAFETY: i < v.len(); a volatile write so the touch is not optimised away.
+            unsafe { std::ptr::write_volatile(v.as_mut_ptr().add(i), 1) };
+        }
+        Ok(Buf::Small(v))
+    }
+}

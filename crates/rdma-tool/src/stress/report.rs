@@ -1,0 +1,180 @@
+//! What `stress` shows: progress while it runs (a bar with ETA on a terminal, a line every
+//! few seconds otherwise) and the summary (text or JSON), registration apart from allocation.
+
+use super::memory::MemoryMode;
+use crate::sizes::show;
+use serde_json::json;
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+/// Everything measured.
+pub struct Summary {
+    pub provider: String,
+    pub memory: MemoryMode,
+    pub hugepages: bool,
+    pub size: usize,
+    pub count: u64,
+    pub threads: usize,
+    pub region_bytes: usize,
+    pub rounds_done: u64,
+    pub registered_bytes: u64,
+    pub wall: f64,
+    pub alloc: hdrhistogram::Histogram<u64>,
+    pub reg: hdrhistogram::Histogram<u64>,
+    pub dereg: hdrhistogram::Histogram<u64>,
+    pub failures: u64,
+    pub retries: u64,
+    pub first_error: Option<String>,
+    pub stopped_early: Option<u64>,
+}
+
+/// Progress for a human: a bar on a terminal, plain lines every 5 s in a log.
+pub struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    lines: bool,
+    last_line: Instant,
+    count: u64,
+}
+
+impl Progress {
+    pub fn new(count: u64, json: bool) -> Self {
+        let tty = std::io::stderr().is_terminal();
+        let bar = tty.then(|| {
+            let b = indicatif::ProgressBar::new(count);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{bar:40} {pos}/{len} rounds, {elapsed} elapsed, ETA {eta} {msg}",
+                )
+                .expect("valid template"),
+            );
+            b
+        });
+        Self {
+            bar,
+            lines: !tty && !json,
+            last_line: Instant::now(),
+            count,
+        }
+    }
+
+    pub fn tick(&mut self, s: &Summary, started: Instant) {
+        if let Some(b) = &self.bar {
+            b.inc(1);
+            return;
+        }
+        if self.lines && self.last_line.elapsed() >= Duration::from_secs(5) {
+            self.last_line = Instant::now();
+            let el = started.elapsed().as_secs_f64();
+            // Rounds cost what their registration (and, when fresh, allocation) costs; the
+            // first round's allocation of pooled memory is not repeated.
+            let alloc = s.alloc.mean() * s.alloc.len() as f64 / 1e9;
+            let per_round = match s.memory {
+                MemoryMode::Pooled => (el - alloc).max(0.0) / s.rounds_done as f64,
+                MemoryMode::Fresh => el / s.rounds_done as f64,
+            };
+            let eta = per_round * (self.count - s.rounds_done) as f64;
+            eprintln!(
+                "stress: round {}/{}, {:.0} s elapsed, ETA {:.0} s, registration p99 {}",
+                s.rounds_done,
+                self.count,
+                el,
+                eta,
+                us(s.reg.value_at_quantile(0.99))
+            );
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+fn us(ns: u64) -> String {
+    format!("{:.1} us", ns as f64 / 1000.0)
+}
+
+/// p50/p90/p99/max in microseconds, or null when nothing was measured.
+fn percentiles(h: &hdrhistogram::Histogram<u64>) -> serde_json::Value {
+    if h.is_empty() {
+        return serde_json::Value::Null;
+    }
+    let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+    json!({ "samples": h.len(), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": h.max() as f64 / 1000.0 })
+}
+
+fn line(name: &str, h: &hdrhistogram::Histogram<u64>) -> String {
+    if h.is_empty() {
+        return format!("{name}: not measured");
+    }
+    let q = |p: f64| us(h.value_at_quantile(p));
+    format!(
+        "{name}: p50 {}, p90 {}, p99 {}, max {} ({} samples)",
+        q(0.5),
+        q(0.9),
+        q(0.99),
+        us(h.max()),
+        h.len()
+    )
+}
+
+/// Prints the summary.
+pub fn print(s: &Summary, as_json: bool) {
+    let reg_seconds = s.reg.mean() * s.reg.len() as f64 / 1e9;
+    let rate =
+        (s.registered_bytes > 0 && s.wall > 0.0).then(|| s.registered_bytes as f64 / s.wall / 1e9);
+    if as_json {
+        let v = json!({
+            "provider": s.provider, "memory": s.memory, "hugepages": s.hugepages,
+            "size": s.size, "count": s.count, "rounds_done": s.rounds_done,
+            "threads": s.threads, "region_bytes": s.region_bytes,
+            "registered_bytes": s.registered_bytes, "seconds": s.wall,
+            "registered_gbytes_per_s": rate,
+            "allocation_us": percentiles(&s.alloc),
+            "registration_us": percentiles(&s.reg),
+            "deregistration_us": percentiles(&s.dereg),
+            "failures": s.failures, "retries": s.retries, "first_error": s.first_error,
+            "stopped_early_after_round": s.stopped_early,
+        });
+        println!("{v}");
+        return;
+    }
+    let pages = if s.hugepages {
+        "2 MiB pages"
+    } else {
+        "4 KiB pages"
+    };
+    let memory = match s.memory {
+        MemoryMode::Pooled => "allocated once, registered every round",
+        MemoryMode::Fresh => "allocated every round",
+    };
+    println!(
+        "{} rounds x {} threads x {} ({pages}, {memory}) on {}: {} registered and deregistered in {:.2} s{}",
+        s.rounds_done,
+        s.threads,
+        show(s.region_bytes),
+        s.provider,
+        show(s.registered_bytes as usize),
+        s.wall,
+        rate.map(|r| format!(", {r:.2} GB/s")).unwrap_or_default()
+    );
+    println!("{}", line("registration (submit to ready)", &s.reg));
+    println!("{}", line("deregistration", &s.dereg));
+    println!("{}", line("allocation and first touch", &s.alloc));
+    if !s.reg.is_empty() {
+        println!(
+            "registration time summed over the {} threads: {reg_seconds:.2} s (wall {:.2} s)",
+            s.threads, s.wall
+        );
+    }
+    println!(
+        "failures {}, retries {}{}",
+        s.failures,
+        s.retries,
+        s.first_error
+            .as_deref()
+            .map(|e| format!(" (first: {e})"))
+            .unwrap_or_default()
+    );
+}

@@ -1,0 +1,116 @@
+//! `rdma-tool stress` run for real: the seed command (fewer rounds), both memory modes, the
+//! JSON schema, and a limit that cannot change (RLIMIT_MEMLOCK) stopping the run at once.
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+const EXE: &str = env!("CARGO_BIN_EXE_rdma-tool");
+
+fn stress_json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(EXE)
+        .arg("stress")
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_seed_command_measures_pooled_registration_on_huge_pages() {
+    let v = stress_json(&["--size=1G", "--count=20", "--threads=16"]);
+    assert_eq!(v["memory"], "pooled");
+    assert_eq!(v["hugepages"], true, "64 MiB regions take 2 MiB pages");
+    assert_eq!(v["rounds_done"], 20);
+    assert_eq!(v["registered_bytes"], 20u64 << 30);
+    assert_eq!(v["failures"], 0);
+    assert_eq!(v["registration_us"]["samples"], 320);
+    assert_eq!(v["deregistration_us"]["samples"], 320);
+    assert_eq!(
+        v["allocation_us"]["samples"], 16,
+        "allocated once per thread"
+    );
+    assert!(v["registered_gbytes_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn fresh_memory_is_allocated_every_round_and_timed_apart() {
+    let v = stress_json(&[
+        "--size=8M",
+        "--count=3",
+        "--threads=2",
+        "--memory=fresh",
+        "--small-pages",
+    ]);
+    assert_eq!(
+        (v["memory"].as_str(), v["hugepages"].as_bool()),
+        (Some("fresh"), Some(false))
+    );
+    assert_eq!(v["allocation_us"]["samples"], 6);
+    assert_eq!(v["registration_us"]["samples"], 6);
+    for k in ["p50", "p90", "p99", "max"] {
+        assert!(v["registration_us"][k].as_f64().unwrap() > 0.0, "{k}");
+    }
+}
+
+#[test]
+fn text_output_in_a_log_says_what_it_measured() {
+    let out = Command::new(EXE)
+        .args(["stress", "--size=4M", "--count=2", "--threads=2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    for want in [
+        "allocated once",
+        "registration (submit to ready): p50",
+        "deregistration: p50",
+    ] {
+        assert!(text.contains(want), "{want:?} missing in {text}");
+    }
+}
+
+#[test]
+fn a_memlock_limit_that_cannot_fit_a_region_stops_the_run_without_fake_figures() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to run the tool as another user with a small limit");
+        return;
+    }
+    let mut cmd = Command::new(EXE);
+    cmd.args([
+        "stress",
+        "--size=16M",
+        "--count=50",
+        "--threads=1",
+        "--small-pages",
+    ]);
+    // SAFETY: setrlimit between fork and exec touches only the child's own limits.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 1 << 20,
+                rlim_max: 1 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.uid(65534).gid(65534).output().unwrap();
+    let (text, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success());
+    assert!(err.contains("stopped after round 1"), "{err}");
+    assert!(err.contains("RLIMIT_MEMLOCK"), "{err}");
+    assert!(text.contains("retries 0"), "not retried: {text}");
+    assert!(!text.contains("GB/s"), "no throughput from nothing: {text}");
+    assert!(
+        text.contains("registration (submit to ready): not measured"),
+        "{text}"
+    );
+}
