@@ -12,8 +12,11 @@ mod stress;
 use clap::{Parser, Subcommand};
 
 /// RDMA memory tool: devices, a two-process demo, and benchmarks.
+///
+/// Exit codes: 0 success; 1 the command failed (the message says why and what to change);
+/// 2 bad command-line usage.
 #[derive(Parser)]
-#[command(name = "rdma-tool", version, about)]
+#[command(name = "rdma-tool", version, about, long_about = None, after_help = "Exit codes: 0 success, 1 the command failed (the message names the cause), 2 bad usage.")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -47,6 +50,13 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::Command),
+    /// Prints a shell completion script: `rdma-tool completions bash > /etc/bash_completion.d/rdma-tool`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Prints the man page (roff): `rdma-tool man > rdma-tool.1; man ./rdma-tool.1`.
+    Man,
     /// (internal) The target side of `demo` and `bench`: exports a region and serves it.
     #[command(hide = true)]
     Peer(peer::Args),
@@ -69,6 +79,14 @@ fn main() {
         Command::Pool(a) => pool::run(a),
         Command::Bench(c) => bench::run(c),
         Command::Peer(a) => peer::run(a),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "rdma-tool", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man => clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+            .render(&mut std::io::stdout())
+            .map_err(|e| ToolError::Io("stdout".into(), e)),
     };
     if let Err(e) = result {
         eprintln!("rdma-tool: {e}");

@@ -65,3 +65,30 @@ fn a_peer_survives_requests_without_its_secret_and_serves_its_parent() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+#[test]
+fn completions_and_the_man_page_come_from_the_clap_definitions() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(EXE)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("stress") && text.contains("threads"),
+            "{shell}: {text}"
+        );
+    }
+    let out = Command::new(EXE).arg("man").output().unwrap();
+    let man = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        man.contains(".TH rdma-tool 1") && man.contains("stress"),
+        "{man}"
+    );
+    let out = Command::new(EXE)
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "bad usage is exit code 2");
+}
