@@ -143,7 +143,8 @@ pub(super) struct TcpRequest {
 }
 
 /// Waits up to `timeout` for the next request on `listener` (bound at `addr`). Peers that
-/// send garbage are dropped and waiting goes on.
+/// send garbage are dropped and waiting goes on; one that connected waits at least 2 s (at
+/// most 10 s) for its request message.
 pub(super) fn get_request(
     listener: &TcpListener,
     addr: SocketAddr,
@@ -158,7 +159,10 @@ pub(super) fn get_request(
             Ok((mut s, peer)) => {
                 let _ = s.set_nonblocking(false);
                 let _ = s.set_nodelay(true);
-                let msg_deadline = Instant::now() + timeout.min(Duration::from_secs(10));
+                // The request follows the TCP handshake at once, but a lost segment takes a
+                // retransmission (200 ms or more): at least 2 s, whatever the poll interval.
+                let wait = timeout.clamp(Duration::from_secs(2), Duration::from_secs(10));
+                let msg_deadline = Instant::now() + wait;
                 match Message::read(&mut s, peer, msg_deadline) {
                     Ok(Message {
                         kind: REQ,
