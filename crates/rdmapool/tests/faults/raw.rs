@@ -1,0 +1,61 @@
+//! Misbehaving peers on raw TCP sockets. The soft data connection's handshake is built in
+//! one place, [`soft_hello`] (docs/PROTOCOL.md section 5.2), so a change to it is a change
+//! here only; requests follow section 5.3.
+
+use crate::faultnet::FaultNet;
+use crate::procs::WATCHDOG;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+/// Sends the soft data connection's hello for QP `dst_qpn` and reads its acknowledgement;
+/// Err if the target refused.
+pub fn soft_hello(s: &mut TcpStream, dst_qpn: u32) -> std::io::Result<()> {
+    let mut b = [0u8; 24];
+    b[0..4].copy_from_slice(b"RDHL");
+    b[4] = 1;
+    b[8..12].copy_from_slice(&999u32.to_le_bytes());
+    b[12..16].copy_from_slice(&dst_qpn.to_le_bytes());
+    s.write_all(&b)?;
+    let mut ack = [0u8; 8];
+    s.set_read_timeout(Some(WATCHDOG))?;
+    s.read_exact(&mut ack)?;
+    if &ack[..4] != b"RDHA" || ack[5] != 0 {
+        return Err(std::io::Error::other(format!("hello refused: {ack:?}")));
+    }
+    Ok(())
+}
+
+/// A request frame (opcode 2 WRITE, 3 READ).
+pub fn request(op: u8, seq: u64, addr: u64, rkey: u32, len: u32) -> [u8; 56] {
+    let mut b = [0u8; 56];
+    b[0..4].copy_from_slice(b"RDRQ");
+    b[4] = 1;
+    b[5] = op;
+    b[8..16].copy_from_slice(&seq.to_le_bytes());
+    b[16..24].copy_from_slice(&addr.to_le_bytes());
+    b[24..28].copy_from_slice(&rkey.to_le_bytes());
+    b[28..32].copy_from_slice(&len.to_le_bytes());
+    b
+}
+
+/// A TCP connection to `addr` made from inside namespace `ns`.
+pub fn dial(ns: &str, addr: SocketAddr) -> TcpStream {
+    FaultNet::in_ns(ns, move || {
+        TcpStream::connect_timeout(&addr, Duration::from_secs(20)).expect("raw TCP connect")
+    })
+}
+
+/// Waits (bounded) until the peer has closed or reset the connection, without reading a
+/// byte of what it sent (a reader would relieve a peer blocked on sending). True if it did.
+pub fn closed_by_peer(s: &TcpStream) -> bool {
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd on our stack.
+    let n = unsafe { libc::poll(&mut p, 1, WATCHDOG.as_millis() as i32) };
+    n == 1 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
