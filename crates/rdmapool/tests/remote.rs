@@ -468,3 +468,33 @@ fn objects_freed_by_other_clients_are_reused_by_the_chunks_owner() {
     owner.block_on(owner.free(again)).unwrap();
     assert_eq!(s.stats().chunks_owned, 0);
 }
+
+#[test]
+fn a_gone_clients_connection_is_closed_once_its_lease_is_over() {
+    // The server used to keep every accepted QP (with its sockets and responder thread) for
+    // its whole life: one leaked QP per client that ever connected.
+    let ctx = node_on(Transport::Auto).ctx;
+    let cfg = ServerConfig {
+        node: 1,
+        size: 8 << 20,
+        chunk_size: 256 << 10,
+        clients: 64,
+        lease: Duration::from_millis(400),
+        listen: listen(),
+    };
+    let s = MemoryServer::start(&ctx, cfg).unwrap();
+    let base = ctx.live_qps();
+    let live = client(&[&s], 1).unwrap();
+    for id in 2..5 {
+        let c = client(&[&s], id).unwrap();
+        c.block_on(c.alloc(64, None)).unwrap();
+    }
+    wait_until("four clients connected", || ctx.live_qps() == base + 4);
+    wait_until("the three gone clients disconnected", || {
+        ctx.live_qps() == base + 1
+    });
+    assert_eq!(s.stats().expired_clients, 3);
+    // The live client's connection stayed.
+    let p = live.block_on(live.alloc(64, None)).unwrap();
+    assert_eq!(live.block_on(live.fetch_and_add(p, 0, 1)).unwrap(), 0);
+}

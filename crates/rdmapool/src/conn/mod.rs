@@ -188,7 +188,8 @@ impl ConnRequest {
     }
 
     /// Creates a QP, answers with `private_data`, and returns the QP (in RTS) once the
-    /// requester reports it is ready to use. Dropping the QP disconnects. On RDMA CM the
+    /// requester reports it is ready to use (waiting up to the longer of the
+    /// [`Listener::get_request`] timeout and `cfg.timeout`). Dropping the QP disconnects. On RDMA CM the
     /// READ/atomic depths are negotiated: this side's responder resources are the lesser of
     /// the requester's initiator depth and this QP's `max_rd_atomic`, and its initiator depth
     /// the lesser of the requester's responder resources and the same bound.
@@ -201,11 +202,12 @@ impl ConnRequest {
         private_data: &[u8],
     ) -> Result<Qp> {
         check_private(private_data, MAX_ACCEPT_PRIVATE_DATA, "accept")?;
+        // The requester's last message comes a round trip or two after ours (more on a lossy
+        // link): not bounded by how often the caller polls for requests.
+        let timeout = self.timeout.max(cfg.timeout);
         match self.kind {
-            RequestKind::RdmaCm(r) => {
-                r.accept(pd, send_cq, recv_cq, cfg, private_data, self.timeout)
-            }
-            RequestKind::Tcp(r) => r.accept(pd, send_cq, recv_cq, cfg, private_data, self.timeout),
+            RequestKind::RdmaCm(r) => r.accept(pd, send_cq, recv_cq, cfg, private_data, timeout),
+            RequestKind::Tcp(r) => r.accept(pd, send_cq, recv_cq, cfg, private_data, timeout),
         }
     }
 

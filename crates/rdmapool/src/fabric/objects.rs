@@ -93,6 +93,11 @@ impl Context {
     pub fn live_regions(&self) -> usize {
         self.inner.live_regions()
     }
+
+    /// Queue pairs created in this context and not yet destroyed, right now.
+    pub fn live_qps(&self) -> usize {
+        self.inner.live_qps()
+    }
 }
 
 /// A protection domain: regions and QPs of one PD can only be used together.

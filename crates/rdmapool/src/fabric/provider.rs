@@ -46,6 +46,8 @@ pub(crate) trait ContextOps: Send + Sync {
     fn create_cq(&self, depth: u32) -> Result<Arc<dyn CqOps>>;
     /// Registrations currently alive (leak checks).
     fn live_regions(&self) -> usize;
+    /// QPs currently alive (leak checks).
+    fn live_qps(&self) -> usize;
 }
 
 pub(crate) trait PdOps: Send + Sync {

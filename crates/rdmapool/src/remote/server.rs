@@ -77,7 +77,9 @@ struct Inner {
     cq: Cq,
     /// Receive buffers for the two-sided messages nobody sends (see `requests_handled`).
     recv_buf: crate::fabric::Mr,
-    conns: Mutex<Vec<Qp>>,
+    /// Connected clients: id, when accepted, QP. Dropped once the id holds no lease slot
+    /// (expired, or never taken) and the connection is older than two leases.
+    conns: Mutex<Vec<(u64, Instant, Qp)>>,
     stop: AtomicBool,
     draining: AtomicBool,
     connections: AtomicU64,
@@ -170,11 +172,14 @@ impl Inner {
                 let _ = req.reject(b"draining");
                 continue;
             }
-            if let Err(e) = ClientHello::decode(req.private_data()) {
-                tracing::warn!(node = self.node, "refusing a client: {e}");
-                let _ = req.reject(b"bad client hello");
-                continue;
-            }
+            let client = match ClientHello::decode(req.private_data()) {
+                Ok(h) => h.client_id,
+                Err(e) => {
+                    tracing::warn!(node = self.node, "refusing a client: {e}");
+                    let _ = req.reject(b"bad client hello");
+                    continue;
+                }
+            };
             let desc = self.descriptor().encode();
             match req.accept(&self.pd, &self.cq, &self.cq, &cfg, &desc) {
                 Ok(qp) => {
@@ -182,7 +187,7 @@ impl Inner {
                         tracing::warn!(node = self.node, "cannot post receives: {e}");
                     }
                     self.connections.fetch_add(1, Ordering::Relaxed);
-                    self.conns.lock().push(qp);
+                    self.conns.lock().push((client, Instant::now(), qp));
                 }
                 Err(e) => tracing::debug!(node = self.node, "accept failed: {e}"),
             }
@@ -212,6 +217,7 @@ impl Inner {
                 self.requests.fetch_add(handled as u64, Ordering::Relaxed);
             }
             let now = Instant::now();
+            let mut owners = std::collections::HashSet::new();
             for slot in 0..self.layout.client_count {
                 let at = self.layout.client_slot(slot);
                 let owner = self.word(at).load(Ordering::Acquire);
@@ -219,6 +225,7 @@ impl Inner {
                     seen.remove(&slot);
                     continue;
                 }
+                owners.insert(owner);
                 let beat = self.word(at + 8).load(Ordering::Acquire);
                 match seen.get(&slot) {
                     Some(&(o, b, since)) if o == owner && b == beat => {
@@ -242,6 +249,24 @@ impl Inner {
                     }
                 }
             }
+            self.drop_stale(&owners, now);
+        }
+    }
+
+    /// Disconnects clients that hold no lease (expired, or never took one) and connected
+    /// more than two leases ago: their QPs, sockets and responder threads go (they were
+    /// kept for the life of the server before).
+    fn drop_stale(&self, owners: &std::collections::HashSet<u64>, now: Instant) {
+        let gone: Vec<(u64, Instant, Qp)> = {
+            let mut conns = self.conns.lock();
+            let (keep, gone) = conns.drain(..).partition(|(id, at, _)| {
+                owners.contains(id) || now.saturating_duration_since(*at) < 2 * self.lease
+            });
+            *conns = keep;
+            gone
+        };
+        for (id, _, _) in &gone {
+            tracing::debug!(node = self.node, client = id, "client gone: disconnected");
         }
     }
 }

@@ -104,6 +104,10 @@ impl ContextOps for Arc<SoftContext> {
         self.shared.keys.len()
     }
 
+    fn live_qps(&self) -> usize {
+        self.shared.qps.read().len()
+    }
+
     fn create_cq(&self, depth: u32) -> Result<Arc<dyn CqOps>> {
         if depth == 0 || depth > MAX_CQE {
             return Err(Error::InvalidArgument(format!(

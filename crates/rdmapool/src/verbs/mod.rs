@@ -447,4 +447,8 @@ impl ContextOps for Arc<VerbsContext> {
     fn live_regions(&self) -> usize {
         self.live_mrs.load(std::sync::atomic::Ordering::Relaxed)
     }
+
+    fn live_qps(&self) -> usize {
+        self.work_logs.len()
+    }
 }

@@ -137,6 +137,11 @@ impl WorkLogs {
     pub(crate) fn get(&self, qpn: u32) -> Option<Arc<WorkLog>> {
         self.0.read().get(&qpn).cloned()
     }
+
+    /// Live QPs (each has its log from creation to destruction).
+    pub(crate) fn len(&self) -> usize {
+        self.0.read().len()
+    }
 }
 
 #[cfg(test)]

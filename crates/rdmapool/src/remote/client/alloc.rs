@@ -17,6 +17,9 @@ impl Shared {
         let chunk_size = nodes.first().map(|n| n.desc.layout.chunk_size);
         let loads = self.loads();
         let order = self.placement.lock().order(&loads, key);
+        // Whether a node was full, and why the last one that failed is down: a pool whose
+        // only nodes went down under this call is down, not exhausted.
+        let (mut full, mut down) = (false, None);
         for id in order {
             let Some(node) = nodes.iter().find(|n| n.desc.node == id) else {
                 continue;
@@ -32,8 +35,8 @@ impl Shared {
             };
             match self.alloc_on(node, class, size).await {
                 Ok(Some(p)) => return Ok(p),
-                Ok(None) => continue, // full
-                Err(Error::NodeDown { .. }) => continue,
+                Ok(None) => full = true,
+                Err(e @ Error::NodeDown { .. }) => down = Some(e),
                 Err(e) => return Err(e),
             }
         }
@@ -43,7 +46,10 @@ impl Shared {
                 reason: "no memory server is reachable".into(),
             });
         }
-        Err(Error::RemoteExhausted { size })
+        match down {
+            Some(e) if !full => Err(e),
+            _ => Err(Error::RemoteExhausted { size }),
+        }
     }
 
     /// Allocates in a chunk of `class` on `node`, claiming a new chunk when those it has are

@@ -93,6 +93,9 @@ struct Node {
     down: Mutex<Option<String>>,
     draining: AtomicBool,
     last_renewal: Mutex<Instant>,
+    /// The lease heartbeat as this client last left it (only this client adds to it; the
+    /// server zeroes it when the lease expires, which the next renewal notices).
+    beat: AtomicU64,
     used: AtomicU64,
 }
 

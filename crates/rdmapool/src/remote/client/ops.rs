@@ -203,10 +203,21 @@ impl Shared {
         index: u64,
         shape: ChunkShape,
     ) -> Result<Vec<u64>> {
-        node.check_up()?;
         let words = shape.object_count.div_ceil(64) as usize;
         let base = node.desc.layout.chunk(index) + layout::chunk::BITMAP;
-        // One READ of the whole bitmap (up to a few KiB) into a buffer of its own.
+        // One READ of the whole bitmap (up to a few KiB).
+        self.read_words(node, base, words).await
+    }
+
+    /// `words` 8-byte words at `offset` of the node's region, in one READ into a buffer of
+    /// its own.
+    pub(super) async fn read_words(
+        &self,
+        node: &Node,
+        base: u64,
+        words: usize,
+    ) -> Result<Vec<u64>> {
+        node.check_up()?;
         let mr = Arc::new(
             self.pd
                 .alloc_mr(words * 8, crate::fabric::AccessFlags::LOCAL_WRITE)?,

@@ -46,6 +46,7 @@ impl Shared {
             down: Mutex::new(None),
             draining: AtomicBool::new(false),
             last_renewal: Mutex::new(Instant::now()),
+            beat: AtomicU64::new(0),
             used: AtomicU64::new(0),
         });
         let slot = self.engine.run_until(self.take_slot(&node))?;
@@ -67,7 +68,8 @@ impl Shared {
             if old == 0 {
                 // Renew at once: a short-lived client that exits before its lease thread's
                 // first round still leaves a heartbeat the reaper has seen move.
-                self.faa(node, node.remote(at + 8), 1).await?;
+                let beat = self.faa(node, node.remote(at + 8), 1).await?;
+                node.beat.store(beat + 1, Ordering::Release);
                 return Ok(at);
             }
             if old != self.id {
@@ -86,7 +88,8 @@ impl Shared {
                 }
             }
             if !moved {
-                self.faa(node, node.remote(at + 8), 1).await?;
+                let beat = self.faa(node, node.remote(at + 8), 1).await?;
+                node.beat.store(beat + 1, Ordering::Release);
                 return Ok(at);
             }
             // The heartbeat moved: a live client renewed, or the server expired the old
@@ -107,8 +110,20 @@ impl Shared {
     /// Finds the chunks the table says this id owns and rebuilds their views.
     pub(super) async fn recover(&self, node: &Node) -> Result<()> {
         let l = node.desc.layout;
+        // The table in READs of up to 4096 entries (one READ per entry made connecting take
+        // a round trip per chunk: longer than a lease on a slow link, so the server expired
+        // the lease of a client that was still connecting).
+        let per_entry = (layout::TABLE_ENTRY / 8) as usize;
+        let mut owners = Vec::with_capacity(l.chunk_count as usize);
+        for first in (0..l.chunk_count).step_by(4096) {
+            let n = (l.chunk_count - first).min(4096) as usize;
+            let words = self
+                .read_words(node, l.table_entry(first), n * per_entry)
+                .await?;
+            owners.extend(words.chunks(per_entry).map(|e| e[0]));
+        }
         for i in 0..l.chunk_count {
-            if self.read_u64(node, l.table_entry(i)).await? != self.id {
+            if owners[i as usize] != self.id {
                 continue;
             }
             let chunk = l.chunk(i);
@@ -145,8 +160,16 @@ impl Shared {
                     continue;
                 }
                 let renewed = self.engine.run_until(async {
-                    self.faa(&node, node.remote(node.slot.load(Ordering::Acquire) + 8), 1)
-                        .await?;
+                    let at = node.slot.load(Ordering::Acquire) + 8;
+                    let old = self.faa(&node, node.remote(at), 1).await?;
+                    let expected = node.beat.swap(old + 1, Ordering::AcqRel);
+                    if old != expected {
+                        // Zeroed (or moved by someone else): the server expired our lease
+                        // and may have handed our chunks to others.
+                        node.mark_down(format!(
+                            "lease lost: heartbeat {old}, expected {expected} (expired by the server)"
+                        ));
+                    }
                     self.read_u64(&node, layout::header::STATE).await
                 });
                 match renewed {
