@@ -36,6 +36,7 @@ pub(crate) fn accept(tcp: TcpListener, unix: UnixListener, shared: Weak<CtxShare
     let tcp_accept = |l: &TcpListener| {
         l.accept().map(|(s, from)| {
             let _ = s.set_nodelay(true);
+            keepalive(s.as_raw_fd());
             let info = match s.local_addr() {
                 Ok(local) => peer::of_tcp(local, from),
                 Err(_) => PeerInfo {
@@ -55,6 +56,28 @@ pub(crate) fn accept(tcp: TcpListener, unix: UnixListener, shared: Weak<CtxShare
         })
     };
     spawn_acceptor("rdmapool-soft-local", unix, shared, true, unix_accept);
+}
+
+/// TCP keepalive on an accepted connection: a peer whose host vanished without a FIN (power
+/// loss, a partition) is noticed after about 10 s idle + 3 probes 2 s apart, and its QP
+/// then learns that its peer is gone like any other.
+fn keepalive(fd: RawFd) {
+    let set = |level, opt, v: libc::c_int| {
+        // SAFETY: setsockopt on a socket we own, with a c_int value of the declared size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 10);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 2);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3);
 }
 
 fn spawn_acceptor<L, S>(
