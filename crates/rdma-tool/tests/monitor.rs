@@ -156,3 +156,62 @@ fn bad_percentiles_and_durations_are_refused() {
         assert!(!out.status.success(), "{args:?} accepted");
     }
 }
+
+#[test]
+fn monitor_reads_prometheus_text_over_http() {
+    // A free loopback port (released again for the child to bind).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let child = Command::new(EXE)
+        .args([
+            "stress",
+            "--size=1M",
+            "--count=1000000",
+            "--threads=1",
+            "--small-pages",
+            "--json",
+        ])
+        .env("RDMAPOOL_METRICS_HTTP", &addr)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = Kill(child);
+    let url = format!("http://{addr}/metrics");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let first = loop {
+        let out = Command::new(EXE)
+            .args(["monitor", "--target", &url, "--count", "1", "--json"])
+            .args(["--percentile", "50,97.5,100"])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            if v["count"].as_u64() > Some(0) {
+                break v;
+            }
+        }
+        assert!(Instant::now() < deadline, "nothing served at {url}");
+        assert!(child.0.try_wait().unwrap().is_none(), "stress exited early");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let p = first["percentiles_us"].as_object().unwrap();
+    assert!(p.contains_key("p97.5") && p.contains_key("max"), "{first}");
+    let errs = monitor(&[
+        "--target",
+        &url,
+        "--metric",
+        "errors",
+        "--count",
+        "2",
+        "--interval",
+        "100ms",
+        "--json",
+    ]);
+    assert_eq!(errs[1]["registration_errors"], 0, "{}", errs[1]);
+    assert!(errs[1]["completion_errors"].is_object());
+}

@@ -47,7 +47,8 @@ pub struct Args {
     #[arg(long)]
     json: bool,
     /// Serve this process's metrics on a Unix socket (a path, or `@name` for an abstract
-    /// socket) while it runs, for `rdma-tool monitor --target`.
+    /// socket) while it runs, for `rdma-tool monitor --target`. Without it, the
+    /// RDMAPOOL_METRICS_SOCKET and RDMAPOOL_METRICS_HTTP variables are honoured.
     #[arg(long)]
     metrics_socket: Option<String>,
 }
@@ -91,7 +92,9 @@ pub fn run(args: Args) -> Result<()> {
             })
             .map_err(|e| ToolError::Msg(format!("--metrics-socket: {e}")))?,
         ),
-        None => None,
+        // Otherwise RDMAPOOL_METRICS_SOCKET / RDMAPOOL_METRICS_HTTP, if set.
+        None => rdmapool::metrics::Endpoint::from_env()
+            .map_err(|e| ToolError::Msg(format!("metrics endpoint: {e}")))?,
     };
     let ctx = match ProviderKind::parse(&args.provider)? {
         ProviderKind::Soft => Context::open_soft()?,
