@@ -22,7 +22,8 @@ pub enum Metric {
     CacheHitRate,
     /// Buffer-pool buffers in use, allocations, chunks, empty pools.
     PoolUsage,
-    /// Registration errors, retries, timeouts, cancellations, error completions by status.
+    /// Registration errors, retries, timeouts, cancellations, connection errors, error
+    /// completions by status.
     Errors,
 }
 

@@ -101,6 +101,7 @@ impl Output {
                     "retries",
                     "timeouts",
                     "cancellations",
+                    "connection_errors",
                 ];
                 let mut m = Map::new();
                 let mut text = String::new();

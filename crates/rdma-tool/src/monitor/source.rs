@@ -38,7 +38,12 @@ pub struct Sample {
 }
 
 /// Counter names shared by both formats: (sample key, JSON path, Prometheus name).
-const COUNTERS: [(&str, [&str; 2], &str); 12] = [
+const COUNTERS: [(&str, [&str; 2], &str); 13] = [
+    (
+        "connection_errors",
+        ["connections", "errors"],
+        "rdmapool_connection_errors_total",
+    ),
     (
         "registration_errors",
         ["registration", "errors"],

@@ -201,12 +201,14 @@ impl ConnRequest {
         private_data: &[u8],
     ) -> Result<Qp> {
         check_private(private_data, MAX_ACCEPT_PRIVATE_DATA, "accept")?;
-        match self.kind {
+        let r = match self.kind {
             RequestKind::RdmaCm(r) => {
                 r.accept(pd, send_cq, recv_cq, cfg, private_data, self.timeout)
             }
             RequestKind::Tcp(r) => r.accept(pd, send_cq, recv_cq, cfg, private_data, self.timeout),
-        }
+        };
+        crate::metrics::registry::record_connection(false, r.is_ok());
+        r
     }
 
     /// Refuses the request; the requester gets [`Error::Rejected`] with `private_data`
@@ -255,7 +257,32 @@ pub fn connect(
     timeout: Duration,
 ) -> Result<Connection> {
     check_private(private_data, MAX_CONNECT_PRIVATE_DATA, "connection request")?;
-    match manager.into() {
+    let r = connect_with(
+        manager.into(),
+        addr,
+        pd,
+        send_cq,
+        recv_cq,
+        cfg,
+        private_data,
+        timeout,
+    );
+    crate::metrics::registry::record_connection(true, r.is_ok());
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+fn connect_with(
+    manager: Manager,
+    addr: SocketAddr,
+    pd: &Pd,
+    send_cq: &Cq,
+    recv_cq: &Cq,
+    cfg: &QpConfig,
+    private_data: &[u8],
+    timeout: Duration,
+) -> Result<Connection> {
+    match manager {
         Manager::Tcp => tcp::connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout),
         Manager::RdmaCm => {
             let (qp, raw) =

@@ -52,6 +52,7 @@ impl Snapshot {
                 "\"registrar\":{{\"retries\":{},\"timeouts\":{},\"cancellations\":{}}},",
                 "\"cache\":{{\"hits\":{},\"misses\":{},\"evictions\":{},\"invalidations\":{}}},",
                 "\"pool\":{{\"allocations\":{},\"in_use\":{},\"empty\":{},\"chunks\":{}}},",
+                "\"connections\":{{\"active\":{},\"passive\":{},\"errors\":{}}},",
                 "\"registered_bytes\":{},\"pinned_bytes\":{},\"completions\":{{{}}}}}"
             ),
             self.pid,
@@ -72,6 +73,9 @@ impl Snapshot {
             self.pool_in_use,
             self.pool_empty,
             self.pool_chunks,
+            self.connections_active,
+            self.connections_passive,
+            self.connection_errors,
             self.registered_bytes,
             self.pinned_bytes,
             completions

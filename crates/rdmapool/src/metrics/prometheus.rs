@@ -56,7 +56,12 @@ impl Snapshot {
             "Time one deregistration took.",
             &self.deregistration_latency,
         );
-        let counters: [(&str, &str, u64); 13] = [
+        let counters: [(&str, &str, u64); 14] = [
+            (
+                "connection_errors_total",
+                "Connection attempts (connect or accept) that failed.",
+                self.connection_errors,
+            ),
             (
                 "registrations_total",
                 "Successful memory registrations.",
@@ -146,6 +151,17 @@ impl Snapshot {
         for (name, help, v) in gauges {
             one(&mut o, name, "gauge", help, v);
         }
+        head(
+            &mut o,
+            "connections_total",
+            "counter",
+            "Connections established, by side (active: connect; passive: accept).",
+        );
+        let _ = writeln!(
+            o,
+            "rdmapool_connections_total{{side=\"active\"}} {}\nrdmapool_connections_total{{side=\"passive\"}} {}",
+            self.connections_active, self.connections_passive
+        );
         head(
             &mut o,
             "completions_total",

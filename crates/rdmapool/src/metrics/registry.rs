@@ -85,7 +85,9 @@ struct Counters {
     pool_in_use: AtomicU64,
     pool_empty: AtomicU64,
     pool_chunks: AtomicU64,
-    completions: [AtomicU64; WcStatus::ALL.len()],
+    connected_active: AtomicU64,
+    connected_passive: AtomicU64,
+    connection_errors: AtomicU64,
 }
 
 struct Registry {
@@ -104,6 +106,11 @@ fn global() -> &'static Registry {
         c: Counters::default(),
     })
 }
+
+/// Completions per status: a plain static (not in the lazily built registry), so the poll
+/// path never allocates or initialises anything.
+static COMPLETIONS: [AtomicU64; WcStatus::ALL.len()] =
+    [const { AtomicU64::new(0) }; WcStatus::ALL.len()];
 
 fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
@@ -188,12 +195,25 @@ pub(crate) fn mem_event(e: MemEvent) {
     }
 }
 
+/// A connection attempt ended (`conn::connect` is the active side, `accept` the passive).
+pub(crate) fn record_connection(active: bool, ok: bool) {
+    let c = &global().c;
+    add(
+        match (ok, active) {
+            (false, _) => &c.connection_errors,
+            (true, true) => &c.connected_active,
+            (true, false) => &c.connected_passive,
+        },
+        1,
+    );
+}
+
 /// Counts the statuses of `done` (one atomic add for the successes, one per error).
 pub(crate) fn record_completions(done: &[crate::fabric::Completion]) {
     if done.is_empty() {
         return;
     }
-    let c = &global().c.completions;
+    let c = &COMPLETIONS;
     let mut ok = 0;
     for d in done {
         if d.status == WcStatus::Success {
@@ -275,6 +295,12 @@ pub struct Snapshot {
     pub pool_chunks: u64,
     /// Work completions polled, per status (only statuses seen, in numeric order).
     pub completions: Vec<(WcStatus, u64)>,
+    /// Connections established by `conn::connect` (active side).
+    pub connections_active: u64,
+    /// Connections established by accepting a request (passive side).
+    pub connections_passive: u64,
+    /// `conn::connect` or accept calls that failed (rejections included).
+    pub connection_errors: u64,
 }
 
 /// A snapshot of the process-global registry.
@@ -308,9 +334,12 @@ pub fn snapshot() -> Snapshot {
         pool_chunks: l(&c.pool_chunks),
         completions: WcStatus::ALL
             .iter()
-            .zip(c.completions.iter())
+            .zip(COMPLETIONS.iter())
             .map(|(&s, n)| (s, l(n)))
             .filter(|&(_, n)| n > 0)
             .collect(),
+        connections_active: l(&c.connected_active),
+        connections_passive: l(&c.connected_passive),
+        connection_errors: l(&c.connection_errors),
     }
 }

@@ -43,6 +43,9 @@ fn known() -> Snapshot {
         pool_empty: 0,
         pool_chunks: 1,
         completions: vec![(WcStatus::Success, 10), (WcStatus::RemAccessErr, 2)],
+        connections_active: 1,
+        connections_passive: 2,
+        connection_errors: 3,
     }
 }
 
@@ -62,6 +65,8 @@ fn prometheus_text() {
         "# TYPE rdmapool_completions_total counter\n",
         "rdmapool_completions_total{status=\"success\"} 10\n",
         "rdmapool_completions_total{status=\"rem_access_err\"} 2\n",
+        "rdmapool_connections_total{side=\"passive\"} 2\n",
+        "rdmapool_connection_errors_total 3\n",
     ] {
         assert!(t.contains(needle), "missing {needle:?} in\n{t}");
     }
@@ -106,6 +111,8 @@ fn json_snapshot() {
     assert_eq!(j["completions"]["success"], 10);
     assert_eq!(j["completions"]["rem_access_err"], 2);
     assert_eq!(j["pinned_bytes"], 8192);
+    assert_eq!(j["connections"]["active"], 1);
+    assert_eq!(j["connections"]["errors"], 3);
 }
 
 #[test]
