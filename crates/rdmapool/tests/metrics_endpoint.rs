@@ -93,3 +93,43 @@ fn path_socket_is_removed_on_drop() {
     assert!(!path.exists());
     let _ = std::fs::remove_dir(&dir);
 }
+
+#[test]
+fn completions_are_counted_by_status() {
+    use rdmapool::fabric::{QpConfig, RegisteredMemory, SendWr, WrOp};
+    let ctx = Context::open_soft().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let target = pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
+    let local = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let a = pd.create_qp(&cq, &cq, &QpConfig::default()).unwrap();
+    let b = pd.create_qp(&cq, &cq, &QpConfig::default()).unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    let success = |s: &rdmapool::metrics::Snapshot| {
+        s.completions
+            .iter()
+            .find(|(st, _)| *st == rdmapool::fabric::WcStatus::Success)
+            .map_or(0, |&(_, n)| n)
+    };
+    let before = success(&rdmapool::metrics::snapshot());
+    let sge = [local.sge(0, 8).unwrap()];
+    let wr = SendWr {
+        wr_id: 1,
+        op: WrOp::Write {
+            remote: target.remote_at(0).unwrap(),
+            imm: None,
+        },
+        sg_list: &sge,
+        signaled: true,
+    };
+    a.post_send(&[wr]).unwrap();
+    let done = cq.wait(1, std::time::Duration::from_secs(10)).unwrap();
+    assert!(done[0].is_ok());
+    assert!(success(&rdmapool::metrics::snapshot()) > before);
+    let text = rdmapool::metrics::snapshot().to_prometheus();
+    assert!(
+        text.contains("rdmapool_completions_total{status=\"success\"} "),
+        "{text}"
+    );
+}
