@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod devices;
+mod monitor;
 mod peer;
 mod pool;
 mod serve;
@@ -32,6 +33,10 @@ enum Command {
     /// Register and deregister memory from many threads through the asynchronous
     /// registrar; report throughput, latency percentiles, failures and retries.
     Stress(stress::Args),
+    /// Shows a running process's metrics live (its `rdmapool::metrics::Endpoint`: a Unix
+    /// socket or http://127.0.0.1:PORT), or, with no --target, those of a probe workload
+    /// run here on the soft provider.
+    Monitor(monitor::Args),
     /// Runs a memory server of the cross-node pool: prints `listening <addr> node <id> ...`
     /// on stdout, serves until stdin closes or SIGINT/SIGTERM, then drains.
     Serve(serve::Args),
@@ -75,6 +80,7 @@ fn main() {
         Command::Devices(a) => devices::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Stress(a) => stress::run(a),
+        Command::Monitor(a) => monitor::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Pool(a) => pool::run(a),
         Command::Bench(c) => bench::run(c),

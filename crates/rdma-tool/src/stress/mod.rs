@@ -46,6 +46,11 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Serve this process's metrics on a Unix socket (a path, or `@name` for an abstract
+    /// socket) while it runs, for `rdma-tool monitor --target`. Without it, the
+    /// RDMAPOOL_METRICS_SOCKET and RDMAPOOL_METRICS_HTTP variables are honoured.
+    #[arg(long)]
+    metrics_socket: Option<String>,
 }
 
 fn histogram() -> hdrhistogram::Histogram<u64> {
@@ -79,6 +84,18 @@ pub fn run(args: Args) -> Result<()> {
             args.size
         )));
     }
+    let _metrics = match &args.metrics_socket {
+        Some(s) => Some(
+            rdmapool::metrics::Endpoint::start(rdmapool::metrics::EndpointConfig {
+                unix: Some(rdmapool::metrics::UnixName::parse(s)),
+                http: None,
+            })
+            .map_err(|e| ToolError::Msg(format!("--metrics-socket: {e}")))?,
+        ),
+        // Otherwise RDMAPOOL_METRICS_SOCKET / RDMAPOOL_METRICS_HTTP, if set.
+        None => rdmapool::metrics::Endpoint::from_env()
+            .map_err(|e| ToolError::Msg(format!("metrics endpoint: {e}")))?,
+    };
     let ctx = match ProviderKind::parse(&args.provider)? {
         ProviderKind::Soft => Context::open_soft()?,
         p => Context::open_provider(p, None)?,

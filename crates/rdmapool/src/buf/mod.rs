@@ -253,6 +253,9 @@ impl BufferPool {
                         rkey: mr.rkey(),
                     });
                     s.free[class].lock().extend(slots);
+                    crate::metrics::registry::mem_event(
+                        crate::metrics::registry::MemEvent::PoolChunk,
+                    );
                     s.chunks.lock().push(Chunk {
                         _mr: mr,
                         _memory: memory,
@@ -289,6 +292,7 @@ impl BufferPool {
             .or_else(|| self.refill(class));
         let Some(slot) = slot else {
             s.empty.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::registry::mem_event(crate::metrics::registry::MemEvent::PoolEmpty);
             self.collect(None);
             if s.growing.lock().iter().all(|(c, ..)| *c != class) {
                 let _ = self.grow(class, true);
@@ -301,6 +305,7 @@ impl BufferPool {
         };
         s.allocations.fetch_add(1, Ordering::Relaxed);
         s.in_use.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::registry::mem_event(crate::metrics::registry::MemEvent::PoolAlloc);
         Ok(Buffer {
             slot,
             len,
@@ -443,6 +448,7 @@ impl Drop for Buffer {
     fn drop(&mut self) {
         let s = &self.pool;
         s.in_use.fetch_sub(1, Ordering::Relaxed);
+        crate::metrics::registry::mem_event(crate::metrics::registry::MemEvent::PoolFree);
         let spill = CACHE
             .try_with(|c| {
                 let mut c = c.borrow_mut();

@@ -205,10 +205,12 @@ impl ConnRequest {
         // The requester's last message comes a round trip or two after ours (more on a lossy
         // link): not bounded by how often the caller polls for requests.
         let timeout = self.timeout.max(cfg.timeout);
-        match self.kind {
+        let r = match self.kind {
             RequestKind::RdmaCm(r) => r.accept(pd, send_cq, recv_cq, cfg, private_data, timeout),
             RequestKind::Tcp(r) => r.accept(pd, send_cq, recv_cq, cfg, private_data, timeout),
-        }
+        };
+        crate::metrics::registry::record_connection(false, r.is_ok());
+        r
     }
 
     /// Refuses the request; the requester gets [`Error::Rejected`] with `private_data`
@@ -257,7 +259,32 @@ pub fn connect(
     timeout: Duration,
 ) -> Result<Connection> {
     check_private(private_data, MAX_CONNECT_PRIVATE_DATA, "connection request")?;
-    match manager.into() {
+    let r = connect_with(
+        manager.into(),
+        addr,
+        pd,
+        send_cq,
+        recv_cq,
+        cfg,
+        private_data,
+        timeout,
+    );
+    crate::metrics::registry::record_connection(true, r.is_ok());
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+fn connect_with(
+    manager: Manager,
+    addr: SocketAddr,
+    pd: &Pd,
+    send_cq: &Cq,
+    recv_cq: &Cq,
+    cfg: &QpConfig,
+    private_data: &[u8],
+    timeout: Duration,
+) -> Result<Connection> {
+    match manager {
         Manager::Tcp => tcp::connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout),
         Manager::RdmaCm => {
             let (qp, raw) =

@@ -9,7 +9,18 @@ use std::sync::atomic::AtomicU64;
 /// A registered memory region. Dropping it deregisters (and frees memory it owns); work
 /// requests that still name it complete with an error instead of touching freed memory.
 pub struct Mr {
-    inner: Box<dyn MrOps>,
+    /// Dropped only in `Drop`, where the deregistration is timed.
+    inner: std::mem::ManuallyDrop<Box<dyn MrOps>>,
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        let len = self.inner.len();
+        let t = std::time::Instant::now();
+        // SAFETY: `inner` is dropped exactly once, here, and not touched afterwards.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.inner) };
+        crate::metrics::registry::record_deregistration(len, t.elapsed());
+    }
 }
 
 impl std::fmt::Debug for Mr {
@@ -41,7 +52,10 @@ impl RegisteredMemory for Mr {
 
 impl Mr {
     pub(crate) fn from_ops(inner: Box<dyn MrOps>) -> Self {
-        Self { inner }
+        crate::metrics::registry::region_added(inner.len());
+        Self {
+            inner: std::mem::ManuallyDrop::new(inner),
+        }
     }
 
     /// Access rights.

@@ -112,7 +112,10 @@ impl Pd {
     /// Allocates `len` zeroed, page-aligned bytes owned by the returned region and registers
     /// them. The memory lives exactly as long as the region.
     pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
-        Ok(Mr::from_ops(self.inner.alloc_mr(len, access)?))
+        let t = std::time::Instant::now();
+        let r = self.inner.alloc_mr(len, access);
+        crate::metrics::registry::record_registration(r.is_ok(), t.elapsed());
+        Ok(Mr::from_ops(r?))
     }
 
     /// Registers caller-owned memory.
@@ -128,10 +131,11 @@ impl Pd {
         len: usize,
         access: AccessFlags,
     ) -> Result<Mr> {
-        Ok(Mr::from_ops(
-            // SAFETY: forwarded from the caller's contract.
-            unsafe { self.inner.register_raw(addr, len, access)? },
-        ))
+        let t = std::time::Instant::now();
+        // SAFETY: forwarded from the caller's contract.
+        let r = unsafe { self.inner.register_raw(addr, len, access) };
+        crate::metrics::registry::record_registration(r.is_ok(), t.elapsed());
+        Ok(Mr::from_ops(r?))
     }
 
     /// Registers a buffer the caller owns, safely: the registration takes the buffer and
@@ -216,7 +220,9 @@ impl Cq {
     /// waiting, the responses that have arrived for the QPs bound to this CQ; the emulated
     /// NIC's own thread does the same when nobody polls.)
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
-        self.inner.poll(out)
+        let n = self.inner.poll(out)?;
+        crate::metrics::registry::record_completions(&out[..n.min(out.len())]);
+        Ok(n)
     }
 
     /// Depth.

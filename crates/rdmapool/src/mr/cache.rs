@@ -141,6 +141,9 @@ fn drop_overlapping(state: &Mutex<State>, counters: &Counters, start: usize, len
         if let Some(e) = s.entries.remove(&k) {
             s.bytes -= e.end - e.start;
             counters.invalidations.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::registry::mem_event(
+                crate::metrics::registry::MemEvent::CacheInvalidation,
+            );
         }
     }
 }
@@ -232,6 +235,7 @@ impl RegCache {
             {
                 e.last_use.store(tick, Ordering::Relaxed);
                 self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::registry::mem_event(crate::metrics::registry::MemEvent::CacheHit);
                 return Ok(CachedMr {
                     entry: e.clone(),
                     addr: a,
@@ -240,6 +244,7 @@ impl RegCache {
             }
         }
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::registry::mem_event(crate::metrics::registry::MemEvent::CacheMiss);
         let page = page_size();
         let start = a & !(page - 1);
         let end = want_end.div_ceil(page) * page;
@@ -283,6 +288,9 @@ impl RegCache {
             if let Some(e) = s.entries.remove(&k) {
                 s.bytes -= e.end - e.start;
                 self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::registry::mem_event(
+                    crate::metrics::registry::MemEvent::CacheEviction,
+                );
             }
         }
         Ok(CachedMr {

@@ -253,6 +253,9 @@ impl Drop for Registrar {
         for r in left {
             if r.state.cancel() {
                 inc(&self.shared.counters.cancelled);
+                crate::metrics::registry::registrar_event(
+                    crate::metrics::registry::RegistrarEvent::Cancelled,
+                );
                 r.finish(Err(Error::Cancelled));
             }
         }

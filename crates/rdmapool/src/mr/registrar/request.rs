@@ -93,6 +93,9 @@ impl RegHandle {
         }
         if let Some(s) = self.shared.upgrade() {
             inc(&s.counters.cancelled);
+            crate::metrics::registry::registrar_event(
+                crate::metrics::registry::RegistrarEvent::Cancelled,
+            );
         }
         self.req.finish(Err(Error::Cancelled));
         true

@@ -5,7 +5,7 @@ use crate::buf::{BufferPool, PoolStats};
 use crate::mr::{CacheStats, LatencyClass, RegCache, Registrar, RegistrarStats};
 use std::fmt::Write;
 
-pub use crate::os::pinned_bytes;
+use crate::os::pinned_bytes;
 
 /// Counters and latency histograms of the parts given to [`Metrics::collect`].
 #[derive(Debug, Clone, Default)]

@@ -1,0 +1,165 @@
+//! `rdma-tool monitor`: attaches to a process's metrics endpoint (or runs a probe workload
+//! in this process) and shows one metric live: refreshed in place on a terminal, one line
+//! per sample otherwise, one JSON object per sample with `--json`.
+
+mod probe;
+mod show;
+mod source;
+
+use crate::{Result, ToolError};
+use source::Source;
+use std::time::{Duration, Instant};
+
+/// What to show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum Metric {
+    /// Registration latency percentiles (µs) and count.
+    RegLatency,
+    /// Deregistration latency percentiles (µs) and count.
+    DeregLatency,
+    /// Registration cache hits / (hits + misses), overall and over the last interval.
+    CacheHitRate,
+    /// Buffer-pool buffers in use, allocations, chunks, empty pools.
+    PoolUsage,
+    /// Registration errors, retries, timeouts, cancellations, connection errors, error
+    /// completions by status.
+    Errors,
+}
+
+/// The metric's name as on the command line.
+pub fn metric_name(m: Metric) -> &'static str {
+    match m {
+        Metric::RegLatency => "reg_latency",
+        Metric::DeregLatency => "dereg_latency",
+        Metric::CacheHitRate => "cache_hit_rate",
+        Metric::PoolUsage => "pool_usage",
+        Metric::Errors => "errors",
+    }
+}
+
+/// Arguments of `monitor`.
+///
+/// Per-opcode operation latency (`op_latency`) is not offered: the library does not time
+/// work requests (only completions are counted, by status).
+#[derive(clap::Args)]
+pub struct Args {
+    /// The metric to show.
+    #[arg(long, value_enum, default_value_t = Metric::RegLatency)]
+    metric: Metric,
+    /// Percentiles of latency metrics, comma-separated (50,99,99.9). Over a Unix socket (and
+    /// the probe): 50, 75, 90, 95, 99, 99.9, 99.99 or 100 (the maximum); over HTTP any
+    /// value in (0, 100], estimated from the histogram buckets.
+    #[arg(long, value_delimiter = ',', default_value = "50,99")]
+    percentile: Vec<f64>,
+    /// The endpoint: a Unix socket path, an abstract socket `@name`, or
+    /// `http://127.0.0.1:PORT[/metrics]`. Without it, a probe workload runs in this process
+    /// (soft provider) and its own metrics are shown.
+    #[arg(long)]
+    target: Option<String>,
+    /// Time between samples (`1s`, `500ms`, `2m`).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    interval: Duration,
+    /// Stop after this many samples (default: until interrupted).
+    #[arg(long)]
+    count: Option<u64>,
+    /// One JSON object per sample, one per line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `1s`, `500ms`, `250us`, `2m`, `1.5s`; a bare number is seconds.
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 1s or 500ms"))?;
+    let secs = match unit.trim() {
+        "" | "s" => v,
+        "ms" => v / 1e3,
+        "us" | "µs" => v / 1e6,
+        "m" | "min" => v * 60.0,
+        u => return Err(format!("{s:?}: unknown unit {u:?} (use us, ms, s or m)")),
+    };
+    if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
+        return Err(format!("{s:?}: a duration must be positive"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn check_percentiles(ps: &[f64], src: &Source) -> Result<()> {
+    for &p in ps {
+        if !(p > 0.0 && p <= 100.0) {
+            return Err(ToolError::Msg(format!(
+                "--percentile {p}: must be in (0, 100]"
+            )));
+        }
+        let known = rdmapool::metrics::PERCENTILES
+            .iter()
+            .any(|&q| (q - p).abs() < 1e-9);
+        if !src.any_percentile() && !known {
+            return Err(ToolError::Msg(format!(
+                "--percentile {p}: a JSON snapshot carries {:?} only (HTTP targets estimate any \
+                 percentile from buckets)",
+                rdmapool::metrics::PERCENTILES
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Runs the monitor.
+pub fn run(args: Args) -> Result<()> {
+    if args.count == Some(0) {
+        return Err(ToolError::Msg("--count must be at least 1".into()));
+    }
+    let src = Source::parse(args.target.as_deref())?;
+    check_percentiles(&args.percentile, &src)?;
+    let _probe = match src {
+        Source::Local => Some(probe::Probe::start()?),
+        _ => None,
+    };
+    let mut out = show::Output::new(args.metric, args.json, args.target.as_deref());
+    let started = Instant::now();
+    let mut prev = None;
+    let mut n = 0u64;
+    loop {
+        let s = src.read(&args.percentile)?;
+        n += 1;
+        out.sample(n, started.elapsed(), &s, prev.as_ref())?;
+        prev = Some(s);
+        if args.count.is_some_and(|c| n >= c) {
+            break;
+        }
+        std::thread::sleep(args.interval);
+    }
+    out.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5h").is_err());
+        assert!(parse_duration("fast").is_err());
+    }
+
+    #[test]
+    fn percentile_from_buckets() {
+        let b = [(1e-3, 50), (2e-3, 100), (f64::INFINITY, 100)];
+        assert!((source::bucket_percentile(&b, 100, 50.0) - 1000.0).abs() < 1e-6);
+        assert!((source::bucket_percentile(&b, 100, 75.0) - 1500.0).abs() < 1e-6);
+        assert_eq!(source::bucket_percentile(&b, 0, 99.0), 0.0);
+    }
+}

@@ -1,0 +1,277 @@
+//! Serving the registry: one JSON snapshot per connection on a local Unix socket, and
+//! Prometheus text at `GET /metrics` over HTTP on loopback. Nothing starts unless
+//! [`Endpoint::start`] or [`Endpoint::from_env`] is called.
+
+use super::registry::snapshot;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Environment variable naming the Unix socket ([`UnixName::parse`] syntax).
+pub const ENV_SOCKET: &str = "RDMAPOOL_METRICS_SOCKET";
+/// Environment variable with the loopback `ip:port` to serve HTTP on.
+pub const ENV_HTTP: &str = "RDMAPOOL_METRICS_HTTP";
+
+/// Why an endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    /// HTTP is served on loopback only; the address was another.
+    #[error("metrics over HTTP are served on loopback only (127.0.0.0/8 or ::1), not on {0}")]
+    NotLoopback(SocketAddr),
+    /// Binding or configuring a socket failed.
+    #[error("metrics endpoint: binding {what}: {source}")]
+    Bind {
+        /// The address.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A serving thread could not be started.
+    #[error("metrics endpoint: starting a thread: {0}")]
+    Spawn(std::io::Error),
+    /// An environment variable held something unusable.
+    #[error("{var}={value:?}: {reason}")]
+    BadEnv {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Neither a Unix socket nor an HTTP address was configured.
+    #[error("metrics endpoint: nothing to serve on (give a Unix socket and/or an HTTP address)")]
+    NothingConfigured,
+}
+
+/// Where the Unix-socket endpoint listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnixName {
+    /// A filesystem path (removed again when the endpoint stops).
+    Path(PathBuf),
+    /// A Linux abstract socket name (no file; written `@name`).
+    Abstract(String),
+}
+
+impl UnixName {
+    /// `@name` is an abstract name, anything else a path.
+    pub fn parse(s: &str) -> Self {
+        match s.strip_prefix('@') {
+            Some(name) => Self::Abstract(name.to_string()),
+            None => Self::Path(PathBuf::from(s)),
+        }
+    }
+
+    /// The socket address, for binding or connecting.
+    pub fn to_addr(&self) -> std::io::Result<UnixAddr> {
+        match self {
+            Self::Path(p) => UnixAddr::from_pathname(p),
+            Self::Abstract(n) => UnixAddr::from_abstract_name(n.as_bytes()),
+        }
+    }
+}
+
+impl std::fmt::Display for UnixName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Path(p) => write!(f, "{}", p.display()),
+            Self::Abstract(n) => write!(f, "@{n}"),
+        }
+    }
+}
+
+/// What to serve on.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointConfig {
+    /// A Unix socket sending one JSON snapshot per connection.
+    pub unix: Option<UnixName>,
+    /// A loopback address serving Prometheus text at `GET /metrics` (port 0: any free port).
+    pub http: Option<SocketAddr>,
+}
+
+/// A running metrics endpoint; dropping it stops the serving threads.
+#[derive(Debug)]
+pub struct Endpoint {
+    stop: Arc<AtomicBool>,
+    unix: Option<(UnixName, JoinHandle<()>)>,
+    http: Option<(SocketAddr, JoinHandle<()>)>,
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, EndpointError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(EndpointError::Spawn)
+}
+
+impl Endpoint {
+    /// Binds what `cfg` names and serves it on background threads.
+    pub fn start(cfg: EndpointConfig) -> Result<Self, EndpointError> {
+        if cfg.unix.is_none() && cfg.http.is_none() {
+            return Err(EndpointError::NothingConfigured);
+        }
+        if let Some(a) = cfg.http {
+            if !a.ip().is_loopback() {
+                return Err(EndpointError::NotLoopback(a));
+            }
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut ep = Self {
+            stop: stop.clone(),
+            unix: None,
+            http: None,
+        };
+        if let Some(name) = cfg.unix {
+            let bind = |e| EndpointError::Bind {
+                what: name.to_string(),
+                source: e,
+            };
+            let l = UnixListener::bind_addr(&name.to_addr().map_err(bind)?).map_err(bind)?;
+            let s = stop.clone();
+            let h = spawn("rdmapool-metrics-unix", move || serve_unix(l, s));
+            // On a failed spawn the listener is gone; a path socket must not stay behind.
+            if h.is_err() {
+                remove_path(&name);
+            }
+            ep.unix = Some((name, h?));
+        }
+        if let Some(a) = cfg.http {
+            let bind = |e| EndpointError::Bind {
+                what: a.to_string(),
+                source: e,
+            };
+            let l = TcpListener::bind(a).map_err(bind)?;
+            let local = l.local_addr().map_err(bind)?;
+            let s = stop.clone();
+            ep.http = Some((
+                local,
+                spawn("rdmapool-metrics-http", move || serve_http(l, s))?,
+            ));
+        }
+        Ok(ep)
+    }
+
+    /// Starts an endpoint from [`ENV_SOCKET`] and/or [`ENV_HTTP`]; `Ok(None)` when neither
+    /// is set (or both are empty).
+    pub fn from_env() -> Result<Option<Self>, EndpointError> {
+        let var = |k| std::env::var(k).ok().filter(|v: &String| !v.is_empty());
+        let unix = var(ENV_SOCKET).map(|v| UnixName::parse(&v));
+        let http = match var(ENV_HTTP) {
+            None => None,
+            Some(v) => Some(v.parse::<SocketAddr>().map_err(|e| EndpointError::BadEnv {
+                var: ENV_HTTP,
+                value: v.clone(),
+                reason: format!("not an ip:port address ({e})"),
+            })?),
+        };
+        if unix.is_none() && http.is_none() {
+            return Ok(None);
+        }
+        Self::start(EndpointConfig { unix, http }).map(Some)
+    }
+
+    /// The address HTTP is served on (with the port chosen, when 0 was asked for).
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().map(|(a, _)| *a)
+    }
+
+    /// The Unix socket served on.
+    pub fn unix_name(&self) -> Option<&UnixName> {
+        self.unix.as_ref().map(|(n, _)| n)
+    }
+}
+
+fn remove_path(name: &UnixName) {
+    if let UnixName::Path(p) = name {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake each accept loop with a connection of our own; it sees `stop` and returns.
+        if let Some((name, h)) = self.unix.take() {
+            if let Ok(a) = name.to_addr() {
+                let _ = UnixStream::connect_addr(&a);
+            }
+            let _ = h.join();
+            remove_path(&name);
+        }
+        if let Some((a, h)) = self.http.take() {
+            let _ = TcpStream::connect_timeout(&a, Duration::from_secs(1));
+            let _ = h.join();
+        }
+    }
+}
+
+fn serve_unix(l: UnixListener, stop: Arc<AtomicBool>) {
+    for conn in l.incoming() {
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(mut c) = conn else { continue };
+        let _ = c.set_write_timeout(Some(Duration::from_secs(1)));
+        let mut body = snapshot().to_json();
+        body.push('\n');
+        let _ = c.write_all(body.as_bytes());
+    }
+}
+
+fn serve_http(l: TcpListener, stop: Arc<AtomicBool>) {
+    for conn in l.incoming() {
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(c) = conn else { continue };
+        let _ = answer_http(c);
+    }
+}
+
+/// Reads one request head and answers it; `GET /metrics` is the only thing served.
+fn answer_http(mut c: TcpStream) -> std::io::Result<()> {
+    c.set_read_timeout(Some(Duration::from_secs(2)))?;
+    c.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+        let n = c.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&head);
+    let mut parts = line.lines().next().unwrap_or("").split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let (status, ctype, body) = match (method, path) {
+        ("GET", "/metrics") => (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            snapshot().to_prometheus(),
+        ),
+        ("GET", _) => (
+            "404 Not Found",
+            "text/plain",
+            "only /metrics is served\n".into(),
+        ),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET is served\n".into(),
+        ),
+    };
+    write!(
+        c,
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    c.flush()
+}

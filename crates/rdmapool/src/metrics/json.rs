@@ -1,0 +1,84 @@
+//! [`Snapshot`] as one JSON object (what the Unix-socket endpoint sends). The schema is
+//! documented in `docs/METRICS.md`; `"schema": 1` names this version of it.
+
+use super::prometheus::status_label;
+use super::registry::{LatencySummary, Snapshot, PERCENTILES};
+use std::fmt::Write;
+
+/// A finite number as JSON (non-finite values, which never occur here, become 0).
+fn num(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v}")
+    } else {
+        "0".into()
+    }
+}
+
+fn latency(l: &LatencySummary) -> String {
+    let mut o = format!(
+        "{{\"count\":{},\"sum_seconds\":{},\"percentiles_us\":{{",
+        l.count,
+        num(l.sum_seconds)
+    );
+    for (i, (p, v)) in PERCENTILES.iter().zip(l.percentiles_us.iter()).enumerate() {
+        let key = if *p >= 100.0 {
+            "max".to_string()
+        } else {
+            format!("p{p}")
+        };
+        let sep = if i == 0 { "" } else { "," };
+        let _ = write!(o, "{sep}\"{key}\":{}", num(*v));
+    }
+    o.push_str("}}");
+    o
+}
+
+impl Snapshot {
+    /// The snapshot as one line of JSON.
+    ///
+    /// Percentile keys are `p50`, `p75`, `p90`, `p95`, `p99`, `p99.9`, `p99.99` and `max`,
+    /// in microseconds.
+    pub fn to_json(&self) -> String {
+        let mut completions = String::new();
+        for (i, &(s, n)) in self.completions.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            let _ = write!(completions, "{sep}\"{}\":{n}", status_label(s));
+        }
+        format!(
+            concat!(
+                "{{\"schema\":1,\"pid\":{},\"uptime_seconds\":{},",
+                "\"registration\":{{\"count\":{},\"errors\":{},\"latency\":{}}},",
+                "\"deregistration\":{{\"count\":{},\"latency\":{}}},",
+                "\"registrar\":{{\"retries\":{},\"timeouts\":{},\"cancellations\":{}}},",
+                "\"cache\":{{\"hits\":{},\"misses\":{},\"evictions\":{},\"invalidations\":{}}},",
+                "\"pool\":{{\"allocations\":{},\"in_use\":{},\"empty\":{},\"chunks\":{}}},",
+                "\"connections\":{{\"active\":{},\"passive\":{},\"errors\":{}}},",
+                "\"registered_bytes\":{},\"pinned_bytes\":{},\"completions\":{{{}}}}}"
+            ),
+            self.pid,
+            num(self.uptime_seconds),
+            self.registrations,
+            self.registration_errors,
+            latency(&self.registration_latency),
+            self.deregistrations,
+            latency(&self.deregistration_latency),
+            self.retries,
+            self.timeouts,
+            self.cancellations,
+            self.cache_hits,
+            self.cache_misses,
+            self.cache_evictions,
+            self.cache_invalidations,
+            self.pool_allocations,
+            self.pool_in_use,
+            self.pool_empty,
+            self.pool_chunks,
+            self.connections_active,
+            self.connections_passive,
+            self.connection_errors,
+            self.registered_bytes,
+            self.pinned_bytes,
+            completions
+        )
+    }
+}

@@ -1,0 +1,345 @@
+//! The process-global registry: what every registration, deregistration, cache lookup, pool
+//! allocation and completion in this process adds up to, and [`snapshot`] of it.
+//!
+//! Counters are relaxed atomics. The two latency histograms sit behind a mutex each, taken
+//! only on the registration and deregistration paths (which make a system call or pin pages
+//! anyway); the CQ poll path adds one relaxed atomic add per poll that returned work, plus
+//! one per error completion.
+
+use crate::fabric::WcStatus;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Quantiles (percent) a [`LatencySummary`] carries, in order.
+pub const PERCENTILES: [f64; 8] = [50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 99.99, 100.0];
+
+/// Upper bounds (seconds) of the Prometheus histogram buckets of both latency histograms.
+pub const BUCKETS_SECONDS: [f64; 20] = [
+    5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3,
+    100e-3, 250e-3, 500e-3, 1.0, 2.5, 5.0, 10.0,
+];
+
+struct Latency {
+    hist: hdrhistogram::Histogram<u64>,
+    sum_ns: u128,
+}
+
+impl Latency {
+    fn record(&mut self, d: Duration) {
+        let ns = d.as_nanos().max(1);
+        self.hist.saturating_record(ns.min(u64::MAX as u128) as u64);
+        self.sum_ns += ns;
+    }
+
+    fn summary(&self) -> LatencySummary {
+        let h = &self.hist;
+        let mut buckets = [0u64; BUCKETS_SECONDS.len()];
+        for v in h.iter_recorded() {
+            let secs = h.highest_equivalent(v.value_iterated_to()) as f64 / 1e9;
+            for (b, &le) in buckets.iter_mut().zip(BUCKETS_SECONDS.iter()) {
+                if secs <= le {
+                    *b += v.count_at_value();
+                }
+            }
+        }
+        LatencySummary {
+            count: h.len(),
+            sum_seconds: self.sum_ns as f64 / 1e9,
+            percentiles_us: PERCENTILES.map(|p| {
+                let ns = if p >= 100.0 {
+                    h.max()
+                } else {
+                    h.value_at_percentile(p)
+                };
+                ns as f64 / 1e3
+            }),
+            buckets,
+        }
+    }
+}
+
+fn latency() -> Mutex<Latency> {
+    Mutex::new(Latency {
+        hist: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
+            .expect("valid bounds"),
+        sum_ns: 0,
+    })
+}
+
+#[derive(Default)]
+struct Counters {
+    registrations: AtomicU64,
+    registration_errors: AtomicU64,
+    deregistrations: AtomicU64,
+    registered_bytes: AtomicU64,
+    retries: AtomicU64,
+    timeouts: AtomicU64,
+    cancellations: AtomicU64,
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
+    cache_evictions: AtomicU64,
+    cache_invalidations: AtomicU64,
+    pool_allocations: AtomicU64,
+    pool_in_use: AtomicU64,
+    pool_empty: AtomicU64,
+    pool_chunks: AtomicU64,
+    connected_active: AtomicU64,
+    connected_passive: AtomicU64,
+    connection_errors: AtomicU64,
+}
+
+struct Registry {
+    started: Instant,
+    reg: Mutex<Latency>,
+    dereg: Mutex<Latency>,
+    c: Counters,
+}
+
+fn global() -> &'static Registry {
+    static G: OnceLock<Registry> = OnceLock::new();
+    G.get_or_init(|| Registry {
+        started: Instant::now(),
+        reg: latency(),
+        dereg: latency(),
+        c: Counters::default(),
+    })
+}
+
+/// Completions per status: a plain static (not in the lazily built registry), so the poll
+/// path never allocates or initialises anything.
+static COMPLETIONS: [AtomicU64; WcStatus::ALL.len()] =
+    [const { AtomicU64::new(0) }; WcStatus::ALL.len()];
+
+fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// One registration call (any provider, any path) returned after `took`.
+pub(crate) fn record_registration(ok: bool, took: Duration) {
+    let g = global();
+    if ok {
+        add(&g.c.registrations, 1);
+        g.reg.lock().record(took);
+    } else {
+        add(&g.c.registration_errors, 1);
+    }
+}
+
+/// A region of `len` bytes became registered.
+pub(crate) fn region_added(len: usize) {
+    add(&global().c.registered_bytes, len as u64);
+}
+
+/// A region of `len` bytes was deregistered; it took `took`.
+pub(crate) fn record_deregistration(len: usize, took: Duration) {
+    let g = global();
+    add(&g.c.deregistrations, 1);
+    g.c.registered_bytes
+        .fetch_sub(len as u64, Ordering::Relaxed);
+    g.dereg.lock().record(took);
+}
+
+/// What the registrar did besides registering.
+#[derive(Clone, Copy)]
+pub(crate) enum RegistrarEvent {
+    Retry,
+    TimedOut,
+    Cancelled,
+}
+
+/// The registrar retried, timed out or cancelled a request.
+pub(crate) fn registrar_event(e: RegistrarEvent) {
+    let c = &global().c;
+    add(
+        match e {
+            RegistrarEvent::Retry => &c.retries,
+            RegistrarEvent::TimedOut => &c.timeouts,
+            RegistrarEvent::Cancelled => &c.cancellations,
+        },
+        1,
+    );
+}
+
+/// What a registration cache or buffer pool did.
+#[derive(Clone, Copy)]
+pub(crate) enum MemEvent {
+    CacheHit,
+    CacheMiss,
+    CacheEviction,
+    CacheInvalidation,
+    PoolAlloc,
+    PoolFree,
+    PoolEmpty,
+    PoolChunk,
+}
+
+/// A cache or pool event.
+pub(crate) fn mem_event(e: MemEvent) {
+    let c = &global().c;
+    match e {
+        MemEvent::CacheHit => add(&c.cache_hits, 1),
+        MemEvent::CacheMiss => add(&c.cache_misses, 1),
+        MemEvent::CacheEviction => add(&c.cache_evictions, 1),
+        MemEvent::CacheInvalidation => add(&c.cache_invalidations, 1),
+        MemEvent::PoolAlloc => {
+            add(&c.pool_allocations, 1);
+            add(&c.pool_in_use, 1);
+        }
+        MemEvent::PoolFree => {
+            c.pool_in_use.fetch_sub(1, Ordering::Relaxed);
+        }
+        MemEvent::PoolEmpty => add(&c.pool_empty, 1),
+        MemEvent::PoolChunk => add(&c.pool_chunks, 1),
+    }
+}
+
+/// A connection attempt ended (`conn::connect` is the active side, `accept` the passive).
+pub(crate) fn record_connection(active: bool, ok: bool) {
+    let c = &global().c;
+    add(
+        match (ok, active) {
+            (false, _) => &c.connection_errors,
+            (true, true) => &c.connected_active,
+            (true, false) => &c.connected_passive,
+        },
+        1,
+    );
+}
+
+/// Counts the statuses of `done` (one atomic add for the successes, one per error).
+pub(crate) fn record_completions(done: &[crate::fabric::Completion]) {
+    if done.is_empty() {
+        return;
+    }
+    let c = &COMPLETIONS;
+    let mut ok = 0;
+    for d in done {
+        if d.status == WcStatus::Success {
+            ok += 1;
+        } else {
+            add(&c[d.status as usize], 1);
+        }
+    }
+    if ok > 0 {
+        add(&c[WcStatus::Success as usize], ok);
+    }
+}
+
+/// Count, sum and percentiles of one latency histogram.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatencySummary {
+    /// Values recorded.
+    pub count: u64,
+    /// Sum of all values, seconds.
+    pub sum_seconds: f64,
+    /// Values at [`PERCENTILES`], microseconds, in the same order (100 is the maximum).
+    pub percentiles_us: [f64; PERCENTILES.len()],
+    /// Cumulative counts of values at most each of [`BUCKETS_SECONDS`].
+    pub buckets: [u64; BUCKETS_SECONDS.len()],
+}
+
+impl LatencySummary {
+    /// The value at percentile `p` (one of [`PERCENTILES`]) in microseconds.
+    pub fn percentile_us(&self, p: f64) -> Option<f64> {
+        PERCENTILES
+            .iter()
+            .position(|&q| (q - p).abs() < 1e-9)
+            .map(|i| self.percentiles_us[i])
+    }
+}
+
+/// Everything the registry holds, at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// This process's id.
+    pub pid: u32,
+    /// Seconds since the registry was first used.
+    pub uptime_seconds: f64,
+    /// Successful registrations (`Pd::alloc_mr`, `Pd::register_raw`, and all that use them).
+    pub registrations: u64,
+    /// Registration calls that failed.
+    pub registration_errors: u64,
+    /// Registration latency (the registration call itself, not time queued).
+    pub registration_latency: LatencySummary,
+    /// Regions deregistered.
+    pub deregistrations: u64,
+    /// Deregistration latency.
+    pub deregistration_latency: LatencySummary,
+    /// Bytes in live registered regions (all providers).
+    pub registered_bytes: u64,
+    /// Bytes pinned by soft-provider registrations.
+    pub pinned_bytes: u64,
+    /// Registrar retries after ENOMEM/EAGAIN.
+    pub retries: u64,
+    /// Registrar requests past their timeout.
+    pub timeouts: u64,
+    /// Registrar requests cancelled.
+    pub cancellations: u64,
+    /// Registration cache hits.
+    pub cache_hits: u64,
+    /// Registration cache misses.
+    pub cache_misses: u64,
+    /// Registration cache evictions.
+    pub cache_evictions: u64,
+    /// Cache entries dropped because the memory changed.
+    pub cache_invalidations: u64,
+    /// Pool buffers handed out over time.
+    pub pool_allocations: u64,
+    /// Pool buffers handed out and not yet returned.
+    pub pool_in_use: u64,
+    /// Pool allocations that found no free slot.
+    pub pool_empty: u64,
+    /// Pool chunks registered.
+    pub pool_chunks: u64,
+    /// Work completions polled, per status (only statuses seen, in numeric order).
+    pub completions: Vec<(WcStatus, u64)>,
+    /// Connections established by `conn::connect` (active side).
+    pub connections_active: u64,
+    /// Connections established by accepting a request (passive side).
+    pub connections_passive: u64,
+    /// `conn::connect` or accept calls that failed (rejections included).
+    pub connection_errors: u64,
+}
+
+/// A snapshot of the process-global registry.
+pub fn snapshot() -> Snapshot {
+    let g = global();
+    let c = &g.c;
+    let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    // Latencies first, counters after: a counter is never below its histogram's count.
+    let registration_latency = g.reg.lock().summary();
+    let deregistration_latency = g.dereg.lock().summary();
+    Snapshot {
+        pid: std::process::id(),
+        uptime_seconds: g.started.elapsed().as_secs_f64(),
+        registrations: l(&c.registrations).max(registration_latency.count),
+        registration_errors: l(&c.registration_errors),
+        registration_latency,
+        deregistrations: l(&c.deregistrations).max(deregistration_latency.count),
+        deregistration_latency,
+        registered_bytes: l(&c.registered_bytes),
+        pinned_bytes: crate::os::pinned_bytes(),
+        retries: l(&c.retries),
+        timeouts: l(&c.timeouts),
+        cancellations: l(&c.cancellations),
+        cache_hits: l(&c.cache_hits),
+        cache_misses: l(&c.cache_misses),
+        cache_evictions: l(&c.cache_evictions),
+        cache_invalidations: l(&c.cache_invalidations),
+        pool_allocations: l(&c.pool_allocations),
+        pool_in_use: l(&c.pool_in_use),
+        pool_empty: l(&c.pool_empty),
+        pool_chunks: l(&c.pool_chunks),
+        completions: WcStatus::ALL
+            .iter()
+            .zip(COMPLETIONS.iter())
+            .map(|(&s, n)| (s, l(n)))
+            .filter(|&(_, n)| n > 0)
+            .collect(),
+        connections_active: l(&c.connected_active),
+        connections_passive: l(&c.connected_passive),
+        connection_errors: l(&c.connection_errors),
+    }
+}

@@ -1,0 +1,145 @@
+//! Rendering of a known snapshot: Prometheus text and JSON.
+
+use super::registry::{LatencySummary, Snapshot, BUCKETS_SECONDS, PERCENTILES};
+use crate::fabric::WcStatus;
+
+fn known() -> Snapshot {
+    let mut buckets = [0u64; BUCKETS_SECONDS.len()];
+    // Two values of ~30 µs and one of ~2 ms.
+    for (b, &le) in buckets.iter_mut().zip(BUCKETS_SECONDS.iter()) {
+        *b = if le >= 2.5e-3 {
+            3
+        } else if le >= 50e-6 {
+            2
+        } else {
+            0
+        };
+    }
+    let lat = LatencySummary {
+        count: 3,
+        sum_seconds: 0.00206,
+        percentiles_us: [30.0, 30.0, 2000.0, 2000.0, 2000.0, 2000.0, 2000.0, 2001.0],
+        buckets,
+    };
+    Snapshot {
+        pid: 42,
+        uptime_seconds: 1.5,
+        registrations: 3,
+        registration_errors: 1,
+        registration_latency: lat.clone(),
+        deregistrations: 3,
+        deregistration_latency: lat,
+        registered_bytes: 4096,
+        pinned_bytes: 8192,
+        retries: 2,
+        timeouts: 0,
+        cancellations: 0,
+        cache_hits: 7,
+        cache_misses: 3,
+        cache_evictions: 0,
+        cache_invalidations: 0,
+        pool_allocations: 5,
+        pool_in_use: 1,
+        pool_empty: 0,
+        pool_chunks: 1,
+        completions: vec![(WcStatus::Success, 10), (WcStatus::RemAccessErr, 2)],
+        connections_active: 1,
+        connections_passive: 2,
+        connection_errors: 3,
+    }
+}
+
+#[test]
+fn prometheus_text() {
+    let t = known().to_prometheus();
+    for needle in [
+        "# TYPE rdmapool_registration_duration_seconds histogram\n",
+        "rdmapool_registration_duration_seconds_bucket{le=\"0.00005\"} 2\n",
+        "rdmapool_registration_duration_seconds_bucket{le=\"+Inf\"} 3\n",
+        "rdmapool_registration_duration_seconds_count 3\n",
+        "rdmapool_registration_duration_seconds_sum 0.00206\n",
+        "# TYPE rdmapool_deregistration_duration_seconds histogram\n",
+        "# TYPE rdmapool_pinned_bytes gauge\nrdmapool_pinned_bytes 8192\n",
+        "rdmapool_registration_errors_total 1\n",
+        "rdmapool_cache_hits_total 7\n",
+        "# TYPE rdmapool_completions_total counter\n",
+        "rdmapool_completions_total{status=\"success\"} 10\n",
+        "rdmapool_completions_total{status=\"rem_access_err\"} 2\n",
+        "rdmapool_connections_total{side=\"passive\"} 2\n",
+        "rdmapool_connection_errors_total 3\n",
+    ] {
+        assert!(t.contains(needle), "missing {needle:?} in\n{t}");
+    }
+    // Every sample line names a metric announced by a TYPE line before it, and buckets are
+    // cumulative.
+    let mut typed = Vec::new();
+    let mut last_bucket = 0u64;
+    for line in t.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            typed.push(rest.split(' ').next().unwrap().to_string());
+            last_bucket = 0;
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        let name = line.split(['{', ' ']).next().unwrap();
+        assert!(typed.iter().any(|m| name.starts_with(m.as_str())), "{line}");
+        if name.ends_with("_bucket") {
+            let v: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+            assert!(v >= last_bucket, "{line}");
+            last_bucket = v;
+        }
+    }
+}
+
+#[test]
+fn json_snapshot() {
+    let j: serde_json::Value = serde_json::from_str(&known().to_json()).unwrap();
+    assert_eq!(j["schema"], 1);
+    assert_eq!(j["pid"], 42);
+    assert_eq!(j["registration"]["count"], 3);
+    assert_eq!(j["registration"]["errors"], 1);
+    let p = &j["registration"]["latency"]["percentiles_us"];
+    for key in ["p50", "p75", "p90", "p95", "p99", "p99.9", "p99.99", "max"] {
+        assert!(p[key].is_number(), "{key} in {p}");
+    }
+    assert_eq!(p.as_object().unwrap().len(), PERCENTILES.len());
+    assert_eq!(p["p99"], 2000.0);
+    assert_eq!(j["cache"]["hits"], 7);
+    assert_eq!(j["pool"]["in_use"], 1);
+    assert_eq!(j["completions"]["success"], 10);
+    assert_eq!(j["completions"]["rem_access_err"], 2);
+    assert_eq!(j["pinned_bytes"], 8192);
+    assert_eq!(j["connections"]["active"], 1);
+    assert_eq!(j["connections"]["errors"], 3);
+}
+
+#[test]
+fn live_registry_counts_registrations() {
+    let pd = crate::fabric::Context::open_soft()
+        .unwrap()
+        .alloc_pd()
+        .unwrap();
+    let before = super::snapshot();
+    let mr = pd
+        .alloc_mr(1 << 16, crate::fabric::AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    drop(mr);
+    let after = super::snapshot();
+    assert!(after.registrations > before.registrations);
+    assert!(after.deregistrations > before.deregistrations);
+    assert!(after.registration_latency.count >= after.registration_latency.buckets[0]);
+    let j: serde_json::Value = serde_json::from_str(&after.to_json()).unwrap();
+    assert!(j["registration"]["latency"]["count"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn http_refuses_non_loopback() {
+    let e = super::Endpoint::start(super::EndpointConfig {
+        unix: None,
+        http: Some("0.0.0.0:0".parse().unwrap()),
+    })
+    .unwrap_err();
+    assert!(matches!(e, super::EndpointError::NotLoopback(_)), "{e}");
+}

@@ -1,0 +1,135 @@
+//! The metrics endpoint, served for real: Prometheus text over loopback HTTP and a JSON
+//! snapshot on an abstract Unix socket, after registrations in this process.
+
+use rdmapool::fabric::{AccessFlags, Context};
+use rdmapool::metrics::{Endpoint, EndpointConfig, UnixName};
+use std::io::{Read, Write};
+
+fn register_some() {
+    let pd = Context::open_soft().unwrap().alloc_pd().unwrap();
+    for len in [4096, 1 << 20] {
+        drop(pd.alloc_mr(len, AccessFlags::LOCAL_WRITE).unwrap());
+    }
+}
+
+fn get(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    write!(c, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn http_metrics_after_registrations() {
+    register_some();
+    let ep = Endpoint::start(EndpointConfig {
+        unix: None,
+        http: Some("127.0.0.1:0".parse().unwrap()),
+    })
+    .unwrap();
+    let addr = ep.http_addr().unwrap();
+    let resp = get(addr, "/metrics");
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    assert!(
+        body.contains("# TYPE rdmapool_registration_duration_seconds histogram\n"),
+        "{body}"
+    );
+    assert!(sample(body, "rdmapool_registration_duration_seconds_count") >= 2.0);
+    assert!(sample(body, "rdmapool_deregistration_duration_seconds_count") >= 2.0);
+    assert!(sample(body, "rdmapool_registrations_total") >= 2.0);
+    assert!(get(addr, "/other").starts_with("HTTP/1.1 404"));
+    drop(ep);
+    // Stopped: nothing listens there any more.
+    assert!(std::net::TcpStream::connect(addr).is_err());
+}
+
+#[test]
+fn unix_socket_sends_one_json_snapshot() {
+    register_some();
+    let name = UnixName::Abstract(format!("rdmapool-test-{}", std::process::id()));
+    let ep = Endpoint::start(EndpointConfig {
+        unix: Some(name.clone()),
+        http: None,
+    })
+    .unwrap();
+    let mut counts = Vec::new();
+    for _ in 0..2 {
+        let mut c = std::os::unix::net::UnixStream::connect_addr(&name.to_addr().unwrap()).unwrap();
+        let mut s = String::new();
+        c.read_to_string(&mut s).unwrap();
+        assert_eq!(s.matches('\n').count(), 1, "{s}");
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(v["pid"], std::process::id());
+        counts.push(v["registration"]["count"].as_u64().unwrap());
+        register_some();
+    }
+    assert!(counts[0] >= 2 && counts[1] > counts[0], "{counts:?}");
+    assert_eq!(ep.unix_name(), Some(&name));
+}
+
+#[test]
+fn path_socket_is_removed_on_drop() {
+    let dir = std::env::temp_dir().join(format!("rdmapool-metrics-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("m.sock");
+    let ep = Endpoint::start(EndpointConfig {
+        unix: Some(UnixName::Path(path.clone())),
+        http: None,
+    })
+    .unwrap();
+    assert!(path.exists());
+    drop(ep);
+    assert!(!path.exists());
+    let _ = std::fs::remove_dir(&dir);
+}
+
+#[test]
+fn completions_are_counted_by_status() {
+    use rdmapool::fabric::{QpConfig, RegisteredMemory, SendWr, WrOp};
+    let ctx = Context::open_soft().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let target = pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
+    let local = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let a = pd.create_qp(&cq, &cq, &QpConfig::default()).unwrap();
+    let b = pd.create_qp(&cq, &cq, &QpConfig::default()).unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    let success = |s: &rdmapool::metrics::Snapshot| {
+        s.completions
+            .iter()
+            .find(|(st, _)| *st == rdmapool::fabric::WcStatus::Success)
+            .map_or(0, |&(_, n)| n)
+    };
+    let before = success(&rdmapool::metrics::snapshot());
+    let sge = [local.sge(0, 8).unwrap()];
+    let wr = SendWr {
+        wr_id: 1,
+        op: WrOp::Write {
+            remote: target.remote_at(0).unwrap(),
+            imm: None,
+        },
+        sg_list: &sge,
+        signaled: true,
+    };
+    a.post_send(&[wr]).unwrap();
+    let done = cq.wait(1, std::time::Duration::from_secs(10)).unwrap();
+    assert!(done[0].is_ok());
+    assert!(success(&rdmapool::metrics::snapshot()) > before);
+    let text = rdmapool::metrics::snapshot().to_prometheus();
+    assert!(
+        text.contains("rdmapool_completions_total{status=\"success\"} "),
+        "{text}"
+    );
+}
