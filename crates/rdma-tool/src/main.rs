@@ -5,6 +5,7 @@ mod demo;
 mod devices;
 mod monitor;
 mod peer;
+mod plot;
 mod pool;
 mod serve;
 mod sizes;

@@ -114,3 +114,32 @@ fn a_memlock_limit_that_cannot_fit_a_region_stops_the_run_without_fake_figures()
         "{text}"
     );
 }
+
+#[test]
+fn the_plot_is_an_svg_with_one_labelled_series_per_measurement() {
+    let path = std::env::temp_dir().join(format!("stress-plot-{}.svg", std::process::id()));
+    let out = Command::new(EXE)
+        .args(["stress", "--size=8M", "--count=5", "--threads=2", "--plot"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let svg = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    for want in [
+        "latency (µs, log scale)",
+        "registration (p50",
+        "deregistration (p50",
+        "allocation and touch (p50",
+    ] {
+        assert!(svg.contains(want), "{want:?} missing");
+    }
+    assert!(svg.matches("<polyline").count() >= 3, "one line per series");
+    let bad = Command::new(EXE)
+        .args(["stress", "--size=8M", "--count=1", "--plot", "x.png"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("*.svg"));
+}

@@ -29,6 +29,9 @@ pub struct Args {
     /// Print JSON lines instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also write each result as a ratio to its reference, as bars (SVG).
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
 }
 
 /// One result.
@@ -123,6 +126,9 @@ fn time_register(pd: &Pd, ptr: *mut u8, len: usize) -> Result<Duration> {
 
 /// Runs the benchmarks and prints them.
 pub fn run(args: Args) -> Result<()> {
+    if let Some(p) = &args.plot {
+        crate::plot::check_path(p)?;
+    }
     let provider = ProviderKind::parse(&args.provider)?;
     let open = || -> Result<Context> {
         Ok(match provider {
@@ -340,6 +346,27 @@ pub fn run(args: Args) -> Result<()> {
         ratio: gbps(parallel) / gbps(one),
     });
 
+    if let Some(path) = &args.plot {
+        let pairs: Vec<crate::plot::BarPair> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| crate::plot::BarPair {
+                label: format!("#{}", i + 1),
+                ours: r.ratio,
+                reference: 1.0,
+            })
+            .collect();
+        crate::plot::bars(
+            path,
+            &format!(
+                "bench reg on {}: each result / its reference",
+                args.provider
+            ),
+            "ratio to the reference (1 = equal)",
+            "reference",
+            &pairs,
+        )?;
+    }
     if args.json {
         for r in &rows {
             println!(

@@ -46,6 +46,9 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Also write the latency CDFs (registration, deregistration, allocation) as SVG.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
     /// Serve this process's metrics on a Unix socket (a path, or `@name` for an abstract
     /// socket) while it runs, for `rdma-tool monitor --target`. Without it, the
     /// RDMAPOOL_METRICS_SOCKET and RDMAPOOL_METRICS_HTTP variables are honoured.
@@ -64,6 +67,9 @@ fn record(h: &mut hdrhistogram::Histogram<u64>, since: Instant) {
 /// Runs the stress loop.
 pub fn run(args: Args) -> Result<()> {
     let size = parse_size(&args.size)?;
+    if let Some(p) = &args.plot {
+        crate::plot::check_path(p)?;
+    }
     if args.threads == 0 || args.count == 0 {
         return Err(ToolError::Msg(
             "--threads and --count must be at least 1".into(),
@@ -173,6 +179,21 @@ pub fn run(args: Args) -> Result<()> {
     s.wall = started.elapsed().as_secs_f64();
     s.retries = reg.stats().retries;
     report::print(&s, args.json);
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "rdma-tool stress on {}: {} rounds x {} threads x {} bytes",
+            s.provider, s.rounds_done, s.threads, s.region_bytes
+        );
+        crate::plot::latency_cdf(
+            path,
+            &title,
+            &[
+                ("registration", &s.reg),
+                ("deregistration", &s.dereg),
+                ("allocation and touch", &s.alloc),
+            ],
+        )?;
+    }
     match (&s.stopped_early, s.failures) {
         (Some(r), _) => Err(ToolError::Msg(format!(
             "stopped after round {r}: nothing registered in it ({})",
