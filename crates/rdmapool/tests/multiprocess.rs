@@ -243,7 +243,16 @@ fn child_entry() {
                 },
             )
             .unwrap();
+            // Larger than the whole limit: it can never fit, so it is not retried.
             let r = reg.submit(8 << 20, ALL).wait();
+            println!(
+                "@oversize {} {}",
+                reg.stats().retries,
+                r.err().map(|e| e.to_string()).unwrap_or_default()
+            );
+            // Fits the limit, but not beside what is pinned now: ENOMEM, retried.
+            let hold = n.pd.alloc_mr(768 << 10, ALL).unwrap();
+            let r = reg.submit(512 << 10, ALL).wait();
             println!(
                 "@retried {} {}",
                 reg.stats().retries,
@@ -260,7 +269,8 @@ fn child_entry() {
                 timeout: Some(Duration::from_millis(100)),
             };
             let reg = Registrar::new(n.pd.clone(), cfg).unwrap();
-            let r = reg.submit(8 << 20, ALL).wait();
+            let r = reg.submit(512 << 10, ALL).wait();
+            drop(hold);
             println!(
                 "@timeout {} {}",
                 reg.stats().timed_out,
@@ -1123,11 +1133,19 @@ fn verbs_gid_index_out_of_range_is_a_typed_error() {
 }
 
 #[test]
-fn registrar_retries_enomem_then_fails_and_honours_its_timeout() {
+fn registrar_retries_enomem_fails_an_impossible_region_at_once_and_honours_its_timeout() {
     if soft_only("mlock accounting in an unprivileged child") {
         return;
     }
     let mut peer = Peer::spawn("registrar-memlock", &[]);
+    // 8 MiB can never fit under a 1 MiB limit: failing at once beats retrying an error
+    // that cannot change.
+    let oversize = peer.line();
+    assert!(
+        oversize.starts_with("oversize 0 ") && oversize.contains("RLIMIT_MEMLOCK"),
+        "{oversize}"
+    );
+    // 512 KiB fits the limit, not beside 768 KiB already pinned: retried, then fails.
     let retried = peer.line();
     assert!(
         retried.starts_with("retried 3 ") && retried.contains("RLIMIT_MEMLOCK"),
