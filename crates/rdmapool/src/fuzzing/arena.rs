@@ -1,10 +1,12 @@
-//! Real memory for the state-machine targets: one memfd mapping per thread, filled with a
-//! known pattern before every run. Regions are registered over parts of it in real key
+//! Real memory for the state-machine targets: one memfd mapping per thread (as the soft
+//! provider's regions; a page-aligned heap block under Miri, which cannot make one), filled
+//! with a known pattern before every run. Regions are registered over parts of it in real key
 //! tables (lent memory, as `Pd::register_raw` lends it), so the access checks and copies
 //! are the provider's own. After a run, every byte outside the ranges the run was allowed
 //! to write must still hold the pattern.
 
 use crate::fabric::AccessFlags;
+#[cfg(not(miri))]
 use crate::os::mapping::Mapping;
 use crate::soft::keys::{KeyTable, MrInner, NewRegion};
 use std::sync::Arc;
@@ -19,8 +21,51 @@ fn pattern(i: usize) -> u8 {
     (i as u32).wrapping_mul(31).wrapping_add(7) as u8
 }
 
+/// The memory behind a thread's arena, only ever used through raw pointers.
+struct Backing {
+    ptr: *mut u8,
+    #[cfg(not(miri))]
+    _mapping: Mapping,
+}
+
+impl Backing {
+    #[cfg(not(miri))]
+    fn new() -> Self {
+        let mapping = Mapping::new(ARENA_LEN).expect("fuzz arena: memfd mapping");
+        assert!(mapping.len() >= ARENA_LEN);
+        Self {
+            ptr: mapping.ptr(),
+            _mapping: mapping,
+        }
+    }
+
+    #[cfg(miri)]
+    fn new() -> Self {
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(Self::LAYOUT) };
+        assert!(!ptr.is_null(), "fuzz arena: allocation");
+        Self { ptr }
+    }
+}
+
+#[cfg(miri)]
+impl Backing {
+    const LAYOUT: std::alloc::Layout = match std::alloc::Layout::from_size_align(ARENA_LEN, 4096) {
+        Ok(l) => l,
+        Err(_) => panic!("arena layout"),
+    };
+}
+
+#[cfg(miri)]
+impl Drop for Backing {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr, Self::LAYOUT) }
+    }
+}
+
 thread_local! {
-    static MAPPING: Mapping = Mapping::new(ARENA_LEN).expect("fuzz arena: memfd mapping");
+    static BACKING: Backing = Backing::new();
     static PATTERN: Vec<u8> = (0..ARENA_LEN).map(pattern).collect();
 }
 
@@ -31,15 +76,12 @@ pub(super) struct Arena {
 
 /// Runs `f` with this thread's arena, freshly patterned.
 pub(super) fn with_arena<R>(f: impl FnOnce(&Arena) -> R) -> R {
-    MAPPING.with(|m| {
-        assert!(m.len() >= ARENA_LEN);
-        let arena = Arena {
-            base: m.ptr() as u64,
-        };
+    BACKING.with(|b| {
+        let arena = Arena { base: b.ptr as u64 };
         PATTERN.with(|p| {
-            // SAFETY: the mapping is ARENA_LEN bytes or more (checked above), lives as long
-            // as the thread, and nothing else uses it now (runs on one thread do not nest).
-            unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), m.ptr(), ARENA_LEN) }
+            // SAFETY: the backing is ARENA_LEN bytes (checked where it is made), lives as
+            // long as the thread, and nothing else uses it now (runs do not nest).
+            unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), b.ptr, ARENA_LEN) }
         });
         f(&arena)
     })
