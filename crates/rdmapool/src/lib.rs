@@ -32,6 +32,9 @@ pub mod conn;
 pub mod cq;
 mod error;
 pub mod fabric;
+#[cfg(all(feature = "fuzzing", not(loom)))]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod metrics;
 pub mod mr;
 mod os;

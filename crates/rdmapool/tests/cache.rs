@@ -117,11 +117,15 @@ fn least_recently_used_entries_are_evicted_under_the_caps() {
         return;
     }
     let bufs: Vec<*mut u8> = (0..3).map(|_| map(PAGE)).collect();
-    // SAFETY (all gets below): the mappings live until the end of the test.
+    // SAFETY: each mapping is PAGE bytes and lives until the end of the test (unmapped
+    // after every handle is dropped); the same holds for every `get` below.
     let a = unsafe { cache.get(bufs[0], PAGE) }.unwrap();
+    // SAFETY: as above.
     let _b = unsafe { cache.get(bufs[1], PAGE) }.unwrap();
+    // SAFETY: as above.
     let a2 = unsafe { cache.get(bufs[0], PAGE) }.unwrap(); // a is now the most recent
     assert_eq!(a.lkey(), a2.lkey());
+    // SAFETY: as above.
     let _c = unsafe { cache.get(bufs[2], PAGE) }.unwrap(); // evicts b
     let s = cache.stats();
     assert_eq!(
@@ -130,8 +134,10 @@ fn least_recently_used_entries_are_evicted_under_the_caps() {
         "{s:?}"
     );
     assert_eq!(s.bytes_pinned, 2 * PAGE as u64);
+    // SAFETY: as above.
     let a3 = unsafe { cache.get(bufs[0], PAGE) }.unwrap();
     assert_eq!(a3.lkey(), a.lkey(), "a survived");
+    // SAFETY: as above.
     let b2 = unsafe { cache.get(bufs[1], PAGE) }.unwrap();
     assert_ne!(b2.lkey(), _b.lkey(), "b was evicted and registered again");
     // Byte cap: one page fits.
@@ -143,7 +149,9 @@ fn least_recently_used_entries_are_evicted_under_the_caps() {
         },
     )
     .unwrap();
+    // SAFETY: as above.
     let _x = unsafe { small.get(bufs[0], PAGE) }.unwrap();
+    // SAFETY: as above.
     let _y = unsafe { small.get(bufs[1], PAGE) }.unwrap();
     assert_eq!(
         (small.stats().live_entries, small.stats().evictions),
@@ -168,8 +176,9 @@ fn explicit_invalidation_and_bad_input() {
     let b = unsafe { cache.get(p, PAGE) }.unwrap();
     assert_ne!(a.lkey(), b.lkey(), "an invalidated entry is not reused");
     a.mr().write_at(0, b"still valid while held").unwrap();
-    // SAFETY: null and empty ranges are refused before anything is touched.
+    // SAFETY: a null range is refused before anything is touched.
     assert!(unsafe { cache.get(std::ptr::null(), 8) }.is_err());
+    // SAFETY: an empty range is refused before anything is touched.
     assert!(unsafe { cache.get(p, 0) }.is_err());
     assert!(RegCache::new(
         n.pd.clone(),

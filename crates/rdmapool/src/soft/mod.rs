@@ -10,15 +10,16 @@
 //! `RDMAPOOL_SOFT_SPIN_US` (how long responder threads spin before sleeping, default 50).
 
 mod access;
-mod addr;
+// `addr`, `keys` and `proto` are crate-visible for `crate::fuzzing` (feature `fuzzing`).
+pub(crate) mod addr;
 mod context;
 mod control;
 mod cq;
 mod driver;
 mod io;
-mod keys;
+pub(crate) mod keys;
 mod peer;
-mod proto;
+pub(crate) mod proto;
 mod qp;
 mod serve;
 mod shm;

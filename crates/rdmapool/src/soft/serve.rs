@@ -189,10 +189,10 @@ impl Conn {
                 return Ok(());
             }
             if self.rx.len() == 0 {
+                let fd = self.fd;
                 // SAFETY: the pieces are target memory that passed the access check (or
                 // receive buffers checked for LOCAL_WRITE), kept registered by
                 // `receive_payload` while it runs.
-                let fd = self.fd;
                 match resp.receive_payload(&*qp, |p| unsafe { io::recv_into_nowait(fd, p) }) {
                     Some(Ok(n)) => progressed |= n > 0,
                     Some(Err(e)) => return Err(e.to_string()),

@@ -1,0 +1,76 @@
+//! `descriptors`: the remote pool's pool descriptor (accept private data) and client hello
+//! (request private data), and remote pointers as text. Whatever decodes must describe a
+//! layout that fits its region and encode back to the same bytes.
+
+use super::input::Input;
+use crate::remote::{ClientHello, PoolDescriptor, RemotePtr, DESCRIPTOR_LEN, HELLO_LEN};
+
+/// Every decoder on the input.
+pub(super) fn run(data: &[u8]) {
+    let mut input = Input::new(data);
+    let mode = input.u8();
+    let rest = input.bytes(usize::MAX);
+    match mode % 3 {
+        // Exactly one descriptor or hello, with any prefix fixed so the checks are reached.
+        0 => {
+            let mut b = rest.to_vec();
+            b.resize(DESCRIPTOR_LEN, 0);
+            b[..2].copy_from_slice(b"RP");
+            pool_descriptor(&b);
+            let mut b = rest.to_vec();
+            b.resize(HELLO_LEN, 0);
+            b[..2].copy_from_slice(b"RC");
+            client_hello(&b);
+        }
+        1 => {
+            pool_descriptor(rest);
+            client_hello(rest);
+        }
+        _ => {
+            if let Ok(s) = std::str::from_utf8(rest) {
+                remote_ptr(s);
+            }
+        }
+    }
+}
+
+/// A pool descriptor: its layout fits the region, and it re-encodes to the same bytes.
+pub(super) fn pool_descriptor(b: &[u8]) {
+    let Ok(d) = PoolDescriptor::decode(b) else {
+        return;
+    };
+    assert_eq!(d.layout.len, d.region.len);
+    d.layout.check().expect("a decoded layout checks");
+    assert!(d.region.addr.checked_add(d.region.len).is_some());
+    let l = &d.layout;
+    // Everything the layout places lies inside the region.
+    let end = l
+        .chunk_count
+        .checked_mul(l.chunk_size)
+        .and_then(|n| n.checked_add(l.data_offset));
+    assert!(
+        end.is_some_and(|e| e <= d.region.len),
+        "{d:?}: chunks past the end"
+    );
+    assert!(
+        l.table_offset <= l.data_offset,
+        "{d:?}: table after the data"
+    );
+    assert!(d.lease.as_millis() >= 10);
+    assert_eq!(d.encode().as_slice(), b, "{d:?} re-encodes differently");
+}
+
+/// A client hello: a non-zero id, re-encoded to the same bytes.
+pub(super) fn client_hello(b: &[u8]) {
+    if let Ok(h) = ClientHello::decode(b) {
+        assert_ne!(h.client_id, 0);
+        assert_eq!(h.encode().as_slice(), b, "{h:?} re-encodes differently");
+    }
+}
+
+/// A remote pointer as text: what parses prints and parses back to itself.
+fn remote_ptr(s: &str) {
+    if let Ok(p) = s.parse::<RemotePtr>() {
+        assert_eq!(p.to_string().parse::<RemotePtr>().unwrap(), p);
+    }
+}

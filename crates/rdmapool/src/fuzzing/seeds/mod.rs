@@ -1,0 +1,174 @@
+//! Valid inputs for every target: the seed corpus in `fuzz/corpus/` (written and checked by
+//! `fuzzing::tests`). The decoders' seeds are here, the state machines' in [`programs`].
+
+mod programs;
+
+use crate::conn::encode_private_data;
+use crate::fabric::{Endpoint, ProviderKind, RemoteRegion, WcStatus};
+use crate::remote::{ClientHello, Layout, PoolDescriptor};
+use crate::soft::addr::SoftAddress;
+use crate::soft::proto::handshake::{encode_hello_ack, Challenge, Hello, HelloStatus};
+use crate::soft::proto::wire::{ReqOp, Request, Response};
+use std::time::Duration;
+
+fn with_mode(mode: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut v = vec![mode];
+    v.extend_from_slice(bytes);
+    v
+}
+
+fn request(op: ReqOp, len: u32, imm: Option<u32>) -> Request {
+    Request {
+        op,
+        seq: 7,
+        remote_addr: 0x7f00_0000_1000,
+        rkey: 0x1234,
+        len,
+        compare_add: 1,
+        swap: 2,
+        imm,
+    }
+}
+
+fn soft_wire() -> Vec<(&'static str, Vec<u8>)> {
+    let frames: Vec<Vec<u8>> = vec![
+        request(ReqOp::Write, 64, Some(9)).encode().to_vec(),
+        request(ReqOp::Send, 16, None).encode().to_vec(),
+        request(ReqOp::Read, 4096, None).encode().to_vec(),
+        request(ReqOp::CompareSwap, 8, None).encode().to_vec(),
+        request(ReqOp::FetchAdd, 8, None).encode().to_vec(),
+        request(ReqOp::Map, 0, None).encode().to_vec(),
+    ];
+    let responses = [
+        Response::Ack { seq: 1 },
+        Response::ReadData { seq: 2, len: 64 },
+        Response::Atomic { seq: 3, old: 99 },
+        Response::Nak {
+            seq: 4,
+            status: WcStatus::RemAccessErr,
+        },
+        Response::Map {
+            seq: 5,
+            mappable: true,
+        },
+    ];
+    let hello = Hello::answer(&Challenge { nonce: [7; 16] }, 1, 2, &[0; 16], None);
+    vec![
+        ("requests", with_mode(0, &frames.concat())),
+        ("write-small-max", with_mode(2, &frames[0])),
+        (
+            "responses",
+            with_mode(0, &responses.map(|r| r.encode().to_vec()).concat()),
+        ),
+        ("hello", with_mode(0, &hello.encode())),
+        (
+            "hello-acks",
+            with_mode(
+                0,
+                &[
+                    HelloStatus::Ok,
+                    HelloStatus::NoSuchQp,
+                    HelloStatus::QpInError,
+                    HelloStatus::AuthFailed,
+                    HelloStatus::PeerNotAllowed,
+                    HelloStatus::AlreadyConnected,
+                ]
+                .map(|s| encode_hello_ack(s).to_vec())
+                .concat(),
+            ),
+        ),
+    ]
+}
+
+fn soft_endpoint() -> Endpoint {
+    let address = SoftAddress {
+        host_id: [7; 16],
+        token: [9; 16],
+        tcp: "127.0.0.1:4791".parse().unwrap(),
+        local: "@rdmapool-1-0011223344556677".into(),
+    };
+    Endpoint {
+        provider: ProviderKind::Soft,
+        qpn: 5,
+        address: address.encode(),
+    }
+}
+
+fn region() -> RemoteRegion {
+    RemoteRegion {
+        addr: 0x7f00_0000_1000,
+        len: 4096,
+        rkey: 0x1234,
+    }
+}
+
+fn pool_descriptor() -> PoolDescriptor {
+    PoolDescriptor {
+        node: 3,
+        region: RemoteRegion {
+            addr: 0x7f00_0000_0000,
+            len: 64 << 20,
+            rkey: 0x99,
+        },
+        layout: Layout::new(64 << 20, 2 << 20, 64).unwrap(),
+        lease: Duration::from_secs(2),
+    }
+}
+
+fn padded(data: &[u8], to: usize) -> Vec<u8> {
+    let mut v = encode_private_data(data).unwrap();
+    v.resize(to, 0);
+    v
+}
+
+fn handshake() -> Vec<(&'static str, Vec<u8>)> {
+    let hello = Hello::answer(&Challenge { nonce: [7; 16] }, 1, 2, &[0; 16], None).encode();
+    let ack = encode_hello_ack(HelloStatus::Ok);
+    vec![
+        ("soft-hello", with_mode(1, &[&hello[..], &ack[..]].concat())),
+        (
+            "private-region",
+            with_mode(0, &padded(&region().to_bytes(), 56)),
+        ),
+        ("private-text", with_mode(0, &padded(b"hello", 148))),
+        (
+            "private-descriptor",
+            with_mode(0, &padded(&pool_descriptor().encode(), 196)),
+        ),
+        (
+            "private-client",
+            with_mode(0, &padded(&ClientHello { client_id: 42 }.encode(), 56)),
+        ),
+        ("endpoint", with_mode(0, &soft_endpoint().to_bytes())),
+        (
+            "endpoint-hex",
+            with_mode(0, soft_endpoint().to_hex().as_bytes()),
+        ),
+        ("region", with_mode(0, &region().to_bytes())),
+    ]
+}
+
+fn descriptors() -> Vec<(&'static str, Vec<u8>)> {
+    let d = pool_descriptor().encode();
+    vec![
+        ("descriptor", with_mode(1, &d)),
+        ("descriptor-fixed-magic", with_mode(0, &d)),
+        (
+            "client",
+            with_mode(1, &ClientHello { client_id: 42 }.encode()),
+        ),
+        ("pointer", with_mode(2, b"3:0x100000:64")),
+    ]
+}
+
+/// The seeds of target `name`: (file name, bytes).
+pub fn seeds(name: &str) -> Vec<(&'static str, Vec<u8>)> {
+    match name {
+        "soft_wire" => soft_wire(),
+        "soft_responder" => programs::soft_responder(),
+        "soft_requester" => programs::soft_requester(),
+        "handshake" => handshake(),
+        "descriptors" => descriptors(),
+        _ => Vec::new(),
+    }
+}
