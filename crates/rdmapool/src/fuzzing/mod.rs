@@ -5,7 +5,7 @@
 //! The decoders run on the bytes as they are. The state machines run a small program read
 //! from the bytes: frames aimed at real keys of real registered memory (a fuzzer cannot
 //! guess a CSPRNG key), raw bytes, and what the application and the driver do meanwhile.
-//! [`seeds`] gives valid inputs to start from (`fuzz/corpus/`), and the unit tests here
+//! `seeds` gives valid inputs to start from (`fuzz/corpus/`), and the unit tests here
 //! replay that corpus, so every input the fuzzer kept stays a test on stable Rust.
 
 mod arena;
