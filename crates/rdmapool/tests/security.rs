@@ -373,6 +373,10 @@ fn the_passive_side_learns_that_its_peer_died() {
     // Nothing is in flight on our side: only the passive half can notice.
     child.kill().unwrap();
     child.wait().unwrap();
+    // The test's own pipes to the child are not the library's: close them first.
+    drop(lines);
+    drop(out);
+    drop(child.stdin.take());
     assert_eq!(qp.wait_event(WAIT), Some(QpEvent::PeerDisconnected));
     assert_eq!(qp.state(), QpState::Error);
     let c = one(&n.cq);
@@ -383,9 +387,14 @@ fn the_passive_side_learns_that_its_peer_died() {
         std::thread::sleep(Duration::from_millis(25));
         open_fds() <= fds_before
     });
+    let list: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|p| p.display().to_string())
+        .collect();
     assert!(
         back,
-        "fds {} > {fds_before} after the peer died",
+        "fds {} > {fds_before} after the peer died: {list:?}",
         open_fds()
     );
 }

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum QpEvent {
-    /// The peer's connection ended (it was destroyed, its process died, or the link broke):
-    /// the QP is in ERR and its posted receives were flushed. Like RDMA CM's
-    /// `RDMA_CM_EVENT_DISCONNECTED`.
+    /// The peer's connection ended (it was destroyed, its process died, or the link broke).
+    /// Like RDMA CM's `RDMA_CM_EVENT_DISCONNECTED`; `Qp::wait_event` moves the QP to ERR when
+    /// it returns this, so posted receives flush.
     PeerDisconnected,
 }
 

@@ -341,20 +341,23 @@ impl Qp {
     /// [`QpEvent::PeerDisconnected`](super::QpEvent::PeerDisconnected)); `None` if none
     /// came. Events queue until taken.
     ///
-    /// Soft QPs report their peer's end on every path. Verbs QPs report it when RDMA CM
-    /// connected them (its DISCONNECTED event; the QP is then moved to ERR here); a verbs QP
-    /// connected another way has no source of such events and always times out.
+    /// Taking [`QpEvent::PeerDisconnected`](super::QpEvent::PeerDisconnected) moves the QP
+    /// to ERR (posted receives flush). Until then the QP is untouched, as in verbs: local
+    /// work such as a local invalidate still completes, and a request to the gone peer
+    /// fails when it is retried out. Soft QPs report their peer's end on every path; verbs
+    /// QPs when RDMA CM connected them (its DISCONNECTED event); a verbs QP connected
+    /// another way has no source of such events and always times out.
     pub fn wait_event(&self, timeout: std::time::Duration) -> Option<super::QpEvent> {
-        match &self._connection {
-            Some(c) => {
-                let e = c.wait_event(timeout);
-                if e == Some(super::QpEvent::PeerDisconnected) {
-                    self.inner.set_error();
-                }
-                e
-            }
+        let e = match &self._connection {
+            Some(c) => c.wait_event(timeout),
             None => self.inner.wait_event(timeout),
+        };
+        if e == Some(super::QpEvent::PeerDisconnected) {
+            // As an RDMA CM application does on DISCONNECTED: the QP goes to ERR, so what
+            // is posted flushes instead of waiting for a peer that is gone.
+            self.inner.set_error();
         }
+        e
     }
     /// RESET (or INIT) -> INIT -> RTR -> RTS against `remote`.
     pub fn connect(&self, remote: &Endpoint) -> Result<()> {

@@ -43,6 +43,6 @@ pub(crate) trait TargetQp: Send + Sync {
     fn peer_qpn(&self) -> Option<u32>;
     /// Takes its one incoming connection; `false` if it already has one.
     fn claim_incoming(&self) -> bool;
-    /// Its peer's connection ended: ERR, and an event the application can wait for.
+    /// Its peer's connection ended: an event the application can wait for.
     fn peer_lost(&self);
 }

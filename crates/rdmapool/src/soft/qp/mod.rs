@@ -357,8 +357,8 @@ impl TargetQp for SoftQp {
         !self.incoming.swap(true, Ordering::AcqRel)
     }
     fn peer_lost(&self) {
-        SoftQp::enter_error(self);
-        // Once per QP: an RC QP has one peer, and one incoming connection from it.
+        // Once per QP: an RC QP has one peer, and one incoming connection from it. The QP
+        // moves to ERR when the application takes the event (`Qp::wait_event`).
         self.events.push(QpEvent::PeerDisconnected);
     }
 }
