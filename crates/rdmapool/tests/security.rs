@@ -304,7 +304,9 @@ fn idle_connections_on_the_cm_port_delay_nobody() {
     let idle: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
     let client = std::thread::spawn(move || {
         let c = node();
-        connect(&c.pd, addr, &c.pd, &c.cq, &c.cq, &config(), b"hi", WAIT).map(|conn| conn.qp.qpn())
+        let cfg = config();
+        connect(Manager::Tcp, addr, &c.pd, &c.cq, &c.cq, &cfg, b"hi", WAIT)
+            .map(|conn| conn.qp.qpn())
     });
     let req = listener.get_request(Duration::from_secs(5)).unwrap();
     assert_eq!(req.private_data(), b"hi");
