@@ -197,6 +197,18 @@ fn another_user_on_this_host_is_refused_unless_allowed() {
     }
 }
 
+/// A raw peer on the local socket that passed the handshake as the bound peer of a fresh QP
+/// on `b` (its QP on `a` only provides the number): returns both QPs and the connection.
+fn local_raw_peer(a: &Node, b: &Node) -> (Qp, Qp, Raw) {
+    let peer = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
+    let qb = bound_qp(b, &peer.endpoint());
+    let t = SoftTarget::of(&qb.endpoint());
+    let mut raw = Raw::unix(&t);
+    assert_eq!(raw.hello(peer.qpn(), t.qpn, &t.token, None).unwrap(), 0);
+    raw.skip_local_handshake().unwrap();
+    (peer, qb, raw)
+}
+
 #[test]
 fn a_bad_rkey_in_a_map_request_ends_the_qp_so_keys_cannot_be_probed() {
     if soft_only("the intra-host MAP request") {
@@ -205,21 +217,11 @@ fn a_bad_rkey_in_a_map_request_ends_the_qp_so_keys_cannot_be_probed() {
     let (a, b) = (node_on(Transport::Local), node_on(Transport::Local));
     let region = b.pd.alloc_mr(4096, ALL).unwrap();
     // Control: the peer may map a read-write region it names correctly.
-    let peer = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
-    let qb = bound_qp(&b, &peer.endpoint());
-    let t = SoftTarget::of(&qb.endpoint());
-    let mut raw = Raw::unix(&t);
-    assert_eq!(raw.hello(peer.qpn(), t.qpn, &t.token, None).unwrap(), 0);
-    raw.skip_local_handshake().unwrap();
+    let (_peer, _qb, mut raw) = local_raw_peer(&a, &b);
     assert_eq!(raw.map(region.rkey()).unwrap(), (5, 1), "MAP, mappable");
     // Probing: the first wrong key is a NAK (REM_ACCESS_ERR) and the QP is in ERR; after
     // that even the right key gets nothing.
-    let peer2 = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
-    let qb2 = bound_qp(&b, &peer2.endpoint());
-    let t2 = SoftTarget::of(&qb2.endpoint());
-    let mut raw = Raw::unix(&t2);
-    assert_eq!(raw.hello(peer2.qpn(), t2.qpn, &t2.token, None).unwrap(), 0);
-    raw.skip_local_handshake().unwrap();
+    let (_peer2, qb2, mut raw) = local_raw_peer(&a, &b);
     let guess = region.rkey().wrapping_add(1);
     assert_eq!(raw.map(guess).unwrap(), (4, 10), "NAK REM_ACCESS_ERR");
     assert_eq!(qb2.state(), QpState::Error);
@@ -242,12 +244,7 @@ fn a_region_that_grants_less_than_read_and_write_is_never_mapped() {
         (ALL, 1),
     ] {
         let region = b.pd.alloc_mr(4096, access).unwrap();
-        let peer = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
-        let qb = bound_qp(&b, &peer.endpoint());
-        let t = SoftTarget::of(&qb.endpoint());
-        let mut raw = Raw::unix(&t);
-        assert_eq!(raw.hello(peer.qpn(), t.qpn, &t.token, None).unwrap(), 0);
-        raw.skip_local_handshake().unwrap();
+        let (_peer, _qb, mut raw) = local_raw_peer(&a, &b);
         assert_eq!(raw.map(region.rkey()).unwrap(), (5, mappable), "{access:?}");
     }
     // Through the API: a read-only region is read, and a WRITE is refused, on the local path.

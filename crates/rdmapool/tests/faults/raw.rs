@@ -4,7 +4,6 @@
 
 use crate::faultnet::FaultNet;
 use crate::procs::WATCHDOG;
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
@@ -15,19 +14,11 @@ pub fn soft_hello(s: &mut TcpStream, ep_hex: &str) -> std::io::Result<()> {
     let ep = rdmapool::fabric::Endpoint::from_hex(ep_hex).unwrap();
     let t = crate::common::rawpeer::SoftTarget::of(&ep);
     s.set_read_timeout(Some(WATCHDOG))?;
-    let mut ch = [0u8; 24];
-    s.read_exact(&mut ch)?;
-    let nonce: [u8; 16] = ch[8..24].try_into().unwrap();
-    let mac = crate::common::rawpeer::hello_mac(&nonce, t.qpn, t.qpn, &t.token, None);
-    s.write_all(&crate::common::rawpeer::hello_frame(
-        t.qpn, t.qpn, false, &mac,
-    ))?;
-    let mut ack = [0u8; 8];
-    s.read_exact(&mut ack)?;
-    if &ack[..4] != b"RDHA" || ack[5] != 0 {
-        return Err(std::io::Error::other(format!("hello refused: {ack:?}")));
+    let mut raw = crate::common::rawpeer::Raw::Tcp(s.try_clone()?);
+    match raw.hello(t.qpn, t.qpn, &t.token, None)? {
+        0 => Ok(()),
+        st => Err(std::io::Error::other(format!("hello refused: status {st}"))),
     }
-    Ok(())
 }
 
 /// A request frame (opcode 2 WRITE, 3 READ).
