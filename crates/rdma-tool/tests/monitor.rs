@@ -142,6 +142,35 @@ fn monitor_without_target_runs_its_probe() {
 }
 
 #[test]
+fn op_latency_of_the_probe_has_every_opcode() {
+    let samples = monitor(&[
+        "--metric",
+        "op_latency",
+        "--percentile",
+        "50,99,100",
+        "--count",
+        "3",
+        "--interval",
+        "200ms",
+        "--json",
+    ]);
+    let last = &samples[2];
+    assert_eq!(last["metric"], "op_latency");
+    assert_eq!(last["sample_every"], 1, "{last}");
+    for op in ["rdma_write", "rdma_read", "comp_swap", "fetch_add"] {
+        let o = &last["ops"][op];
+        assert!(o["count"].as_u64().unwrap() > 0, "{op} in {last}");
+        let p = &o["percentiles_us"];
+        let (p50, p99, max) = (
+            p["p50"].as_f64().unwrap(),
+            p["p99"].as_f64().unwrap(),
+            p["max"].as_f64().unwrap(),
+        );
+        assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{op}: {p}");
+    }
+}
+
+#[test]
 fn bad_percentiles_and_durations_are_refused() {
     for args in [
         &["--percentile", "97", "--count", "1"][..],

@@ -1,11 +1,12 @@
 //! The workload `monitor` runs when given no `--target`: on the soft provider, a background
 //! thread registers and deregisters regions of a few sizes through a registrar, looks
-//! buffers up in a registration cache and takes buffers from a pool, so every metric the
-//! monitor shows has real numbers behind it (from this process's registry).
+//! buffers up in a registration cache, takes buffers from a pool and runs WRITE, READ, CAS
+//! and FAA between two connected QPs (every one timed: the probe samples 1 in 1), so every
+//! metric the monitor shows has real numbers behind it (from this process's registry).
 
 use crate::Result;
 use rdmapool::buf::{BufferPool, PoolConfig};
-use rdmapool::fabric::{AccessFlags, Context};
+use rdmapool::fabric::*;
 use rdmapool::mr::{CacheConfig, RegCache, Registrar, RegistrarConfig};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,7 +21,10 @@ pub struct Probe {
 impl Probe {
     /// Sets up the objects (errors are reported here) and starts the thread.
     pub fn start() -> Result<Self> {
-        let pd = Context::open_soft()?.alloc_pd()?;
+        let ctx = Context::open_soft()?;
+        let pd = ctx.alloc_pd()?;
+        let ops = Ops::new(&ctx, &pd)?;
+        rdmapool::metrics::sample_op_latency(1);
         let reg = Registrar::new(pd.clone(), RegistrarConfig::default())?;
         let cache = RegCache::new(pd.clone(), CacheConfig::default())?;
         let pool = BufferPool::new(pd, PoolConfig::default())?;
@@ -28,7 +32,7 @@ impl Probe {
         let s = stop.clone();
         let thread = std::thread::Builder::new()
             .name("monitor-probe".into())
-            .spawn(move || work(&reg, cache, &pool, &s))
+            .spawn(move || work(&reg, cache, &pool, &ops, &s))
             .map_err(|e| crate::ToolError::Io("starting the probe thread".into(), e))?;
         Ok(Self {
             stop,
@@ -46,7 +50,61 @@ impl Drop for Probe {
     }
 }
 
-fn work(reg: &Registrar, cache: RegCache, pool: &BufferPool, stop: &AtomicBool) {
+/// Two connected QPs on one soft NIC and the memory the probe's data operations use.
+struct Ops {
+    cq: Cq,
+    qp: Qp,
+    _peer: Qp,
+    local: Mr,
+    target: Mr,
+}
+
+impl Ops {
+    fn new(ctx: &Context, pd: &Pd) -> Result<Self> {
+        let cq = ctx.create_cq(16)?;
+        let cfg = QpConfig::default();
+        let (qp, peer) = (pd.create_qp(&cq, &cq, &cfg)?, pd.create_qp(&cq, &cq, &cfg)?);
+        qp.connect(&peer.endpoint())?;
+        peer.connect(&qp.endpoint())?;
+        Ok(Self {
+            local: pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?,
+            target: pd.alloc_mr(4096, AccessFlags::all_remote())?,
+            cq,
+            qp,
+            _peer: peer,
+        })
+    }
+
+    /// One WRITE, READ, CAS and FAA, each waited for; the first failure ends the round.
+    fn round(&self, i: u64) -> Result<()> {
+        let remote = self.target.remote_at(0)?;
+        let ops = [
+            (WrOp::Write { remote, imm: None }, 256),
+            (WrOp::Read { remote }, 256),
+            (
+                WrOp::CompareSwap {
+                    remote,
+                    compare: i,
+                    swap: i + 1,
+                },
+                8,
+            ),
+            (WrOp::FetchAdd { remote, add: 1 }, 8),
+        ];
+        for (k, (op, len)) in ops.into_iter().enumerate() {
+            self.qp.post_send(&[SendWr {
+                wr_id: i << 2 | k as u64,
+                op,
+                sg_list: &[self.local.sge(0, len)?],
+                signaled: true,
+            }])?;
+            self.cq.wait(1, Duration::from_secs(5))?;
+        }
+        Ok(())
+    }
+}
+
+fn work(reg: &Registrar, cache: RegCache, pool: &BufferPool, ops: &Ops, stop: &AtomicBool) {
     const SIZES: [usize; 4] = [64 << 10, 256 << 10, 1 << 20, 4 << 20];
     // Eight buffers looked up in the cache in turn: misses at first, hits after.
     let bufs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 64 << 10]).collect();
@@ -68,6 +126,8 @@ fn work(reg: &Registrar, cache: RegCache, pool: &BufferPool, stop: &AtomicBool) 
         if held.len() > 3 {
             held.pop_front();
         }
+        // A QP in error stays so; the other metrics go on without data operations.
+        let _ = ops.round(i as u64);
         std::thread::sleep(Duration::from_millis(10));
         i += 1;
     }

@@ -61,6 +61,24 @@ impl Output {
         match self.metric {
             Metric::RegLatency => latency(&s.reg),
             Metric::DeregLatency => latency(&s.dereg),
+            Metric::OpLatency => {
+                let every = c("op_sample_every");
+                let mut ops = Map::new();
+                let mut text = if every == 0 {
+                    "off in the target (its endpoint samples no work requests)".to_string()
+                } else {
+                    format!("1 in {every} sampled")
+                };
+                for (op, l) in &s.ops {
+                    let (v, t) = latency(l);
+                    ops.insert(op.clone(), v);
+                    text.push_str(&format!(" | {op} {t}"));
+                }
+                if every != 0 && s.ops.is_empty() {
+                    text.push_str(" | no work request completed yet");
+                }
+                (json!({"sample_every": every, "ops": ops}), text)
+            }
             Metric::CacheHitRate => {
                 let (h, m) = (c("cache_hits"), c("cache_misses"));
                 let all = rate(h, m);

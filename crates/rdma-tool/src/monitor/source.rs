@@ -35,10 +35,17 @@ pub struct Sample {
     pub dereg: Lat,
     pub c: BTreeMap<&'static str, u64>,
     pub completion_errors: BTreeMap<String, u64>,
+    /// Sampled work-request latency by opcode label (`rdma_write`, ...).
+    pub ops: BTreeMap<String, Lat>,
 }
 
 /// Counter names shared by both formats: (sample key, JSON path, Prometheus name).
-const COUNTERS: [(&str, [&str; 2], &str); 13] = [
+const COUNTERS: [(&str, [&str; 2], &str); 14] = [
+    (
+        "op_sample_every",
+        ["op_sample_every", ""],
+        "rdmapool_op_sample_every",
+    ),
     (
         "connection_errors",
         ["connections", "errors"],
@@ -205,6 +212,11 @@ pub fn from_json(s: &str, ps: &[f64]) -> Result<Sample> {
         let x = if b.is_empty() { &v[a] } else { &v[a][b] };
         out.c.insert(key, x.as_u64().unwrap_or(0));
     }
+    if let Some(m) = v["op_latency"].as_object() {
+        for (op, l) in m {
+            out.ops.insert(op.clone(), json_lat(l, ps));
+        }
+    }
     if let Some(m) = v["completions"].as_object() {
         for (k, n) in m.iter().filter(|(k, _)| *k != "success") {
             out.completion_errors
@@ -234,11 +246,16 @@ pub fn bucket_percentile(buckets: &[(f64, u64)], count: u64, p: f64) -> f64 {
     lo * 1e6 // in the +Inf bucket: the highest finite bound, as histogram_quantile does
 }
 
-fn prom_lat(text: &str, name: &str, ps: &[f64]) -> Lat {
+/// One histogram series of `name`; `labels` is empty or `key="value",`.
+fn prom_lat(text: &str, name: &str, labels: &str, ps: &[f64]) -> Lat {
     let mut buckets = Vec::new();
     let mut count = 0;
-    let bucket = format!("{name}_bucket{{le=\"");
-    let count_name = format!("{name}_count ");
+    let bucket = format!("{name}_bucket{{{labels}le=\"");
+    let count_name = if labels.is_empty() {
+        format!("{name}_count ")
+    } else {
+        format!("{name}_count{{{}}} ", labels.trim_end_matches(','))
+    };
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix(&bucket) {
             if let Some((le, n)) = rest.split_once("\"} ") {
@@ -265,8 +282,8 @@ fn prom_lat(text: &str, name: &str, ps: &[f64]) -> Lat {
 /// Prometheus text exposition as served at `/metrics`.
 pub fn from_prometheus(text: &str, ps: &[f64]) -> Sample {
     let mut out = Sample {
-        reg: prom_lat(text, "rdmapool_registration_duration_seconds", ps),
-        dereg: prom_lat(text, "rdmapool_deregistration_duration_seconds", ps),
+        reg: prom_lat(text, "rdmapool_registration_duration_seconds", "", ps),
+        dereg: prom_lat(text, "rdmapool_deregistration_duration_seconds", "", ps),
         ..Sample::default()
     };
     let value = |name: &str| {
@@ -282,6 +299,16 @@ pub fn from_prometheus(text: &str, ps: &[f64]) -> Sample {
     };
     for (key, _, name) in COUNTERS {
         out.c.insert(key, value(name));
+    }
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("rdmapool_op_duration_seconds_count{opcode=\"") else {
+            continue;
+        };
+        if let Some((op, _)) = rest.split_once('"') {
+            let labels = format!("opcode=\"{op}\",");
+            let l = prom_lat(text, "rdmapool_op_duration_seconds", &labels, ps);
+            out.ops.insert(op.to_string(), l);
+        }
     }
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("rdmapool_completions_total{status=\"") else {

@@ -221,7 +221,9 @@ impl Cq {
     /// NIC's own thread does the same when nobody polls.)
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         let n = self.inner.poll(out)?;
-        crate::metrics::registry::record_completions(&out[..n.min(out.len())]);
+        let done = &out[..n.min(out.len())];
+        crate::metrics::registry::record_completions(done);
+        crate::metrics::ops::completed(done);
         Ok(n)
     }
 
@@ -378,7 +380,12 @@ impl Qp {
             wr.validate()?;
             self.check_sges(wr.sg_list.len())?;
         }
-        self.inner.post_send(wrs)
+        let sampled = crate::metrics::ops::before_post(|| self.inner.qpn(), wrs);
+        let r = self.inner.post_send(wrs);
+        if let (Some(key), Err(_)) = (sampled, &r) {
+            crate::metrics::ops::post_failed(key);
+        }
+        r
     }
     /// Posts a bind of `mw` to `len` bytes at `offset` of `mem` with the rights `access`
     /// (remote ones only; REMOTE_WRITE and REMOTE_ATOMIC need a region with LOCAL_WRITE), on

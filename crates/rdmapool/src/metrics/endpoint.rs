@@ -17,6 +17,9 @@ use std::time::Duration;
 pub const ENV_SOCKET: &str = "RDMAPOOL_METRICS_SOCKET";
 /// Environment variable with the loopback `ip:port` to serve HTTP on.
 pub const ENV_HTTP: &str = "RDMAPOOL_METRICS_HTTP";
+/// Environment variable for [`Endpoint::from_env`]: time one signalled work request in this
+/// many (`0` turns op latency off; unset: [`super::DEFAULT_OP_SAMPLE_EVERY`]).
+pub const ENV_OP_SAMPLE: &str = "RDMAPOOL_METRICS_OP_SAMPLE";
 
 /// Why an endpoint could not start.
 #[derive(Debug, thiserror::Error)]
@@ -111,11 +114,14 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>
 }
 
 impl Endpoint {
-    /// Binds what `cfg` names and serves it on background threads.
+    /// Binds what `cfg` names and serves it on background threads. Op latency sampling
+    /// ([`super::sample_op_latency`]) is turned on at [`super::DEFAULT_OP_SAMPLE_EVERY`]
+    /// unless a rate was chosen before.
     pub fn start(cfg: EndpointConfig) -> Result<Self, EndpointError> {
         if cfg.unix.is_none() && cfg.http.is_none() {
             return Err(EndpointError::NothingConfigured);
         }
+        super::ops::default_on();
         if let Some(a) = cfg.http {
             if !a.ip().is_loopback() {
                 return Err(EndpointError::NotLoopback(a));
@@ -158,7 +164,7 @@ impl Endpoint {
     }
 
     /// Starts an endpoint from [`ENV_SOCKET`] and/or [`ENV_HTTP`]; `Ok(None)` when neither
-    /// is set (or both are empty).
+    /// is set (or both are empty). [`ENV_OP_SAMPLE`] sets the op latency sampling rate.
     pub fn from_env() -> Result<Option<Self>, EndpointError> {
         let var = |k| std::env::var(k).ok().filter(|v: &String| !v.is_empty());
         let unix = var(ENV_SOCKET).map(|v| UnixName::parse(&v));
@@ -172,6 +178,14 @@ impl Endpoint {
         };
         if unix.is_none() && http.is_none() {
             return Ok(None);
+        }
+        if let Some(v) = var(ENV_OP_SAMPLE) {
+            let every = v.trim().parse::<u32>().map_err(|e| EndpointError::BadEnv {
+                var: ENV_OP_SAMPLE,
+                value: v.clone(),
+                reason: format!("want a whole number, 0 for off ({e})"),
+            })?;
+            super::sample_op_latency(every);
         }
         Self::start(EndpointConfig { unix, http }).map(Some)
     }

@@ -1,6 +1,7 @@
 //! [`Snapshot`] as one JSON object (what the Unix-socket endpoint sends). The schema is
 //! documented in `docs/METRICS.md`; `"schema": 1` names this version of it.
 
+use super::ops::opcode_label;
 use super::prometheus::status_label;
 use super::registry::{LatencySummary, Snapshot, PERCENTILES};
 use std::fmt::Write;
@@ -44,6 +45,17 @@ impl Snapshot {
             let sep = if i == 0 { "" } else { "," };
             let _ = write!(completions, "{sep}\"{}\":{n}", status_label(s));
         }
+        let mut ops = String::new();
+        for (i, (op, l)) in self.op_latency.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            let _ = write!(
+                ops,
+                "{sep}\"{}\":{{\"count\":{},\"latency\":{}}}",
+                opcode_label(*op),
+                l.count,
+                latency(l)
+            );
+        }
         format!(
             concat!(
                 "{{\"schema\":1,\"pid\":{},\"uptime_seconds\":{},",
@@ -53,7 +65,8 @@ impl Snapshot {
                 "\"cache\":{{\"hits\":{},\"misses\":{},\"evictions\":{},\"invalidations\":{}}},",
                 "\"pool\":{{\"allocations\":{},\"in_use\":{},\"empty\":{},\"chunks\":{}}},",
                 "\"connections\":{{\"active\":{},\"passive\":{},\"errors\":{}}},",
-                "\"registered_bytes\":{},\"pinned_bytes\":{},\"completions\":{{{}}}}}"
+                "\"registered_bytes\":{},\"pinned_bytes\":{},\"completions\":{{{}}},",
+                "\"op_sample_every\":{},\"op_latency\":{{{}}}}}"
             ),
             self.pid,
             num(self.uptime_seconds),
@@ -78,7 +91,9 @@ impl Snapshot {
             self.connection_errors,
             self.registered_bytes,
             self.pinned_bytes,
-            completions
+            completions,
+            self.op_sample_every,
+            ops
         )
     }
 }

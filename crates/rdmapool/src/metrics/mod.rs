@@ -23,12 +23,16 @@
 mod collect;
 mod endpoint;
 mod json;
+pub(crate) mod ops;
 mod prometheus;
 pub(crate) mod registry;
 
 pub use crate::os::pinned_bytes;
 pub use collect::Metrics;
-pub use endpoint::{Endpoint, EndpointConfig, EndpointError, UnixName, ENV_HTTP, ENV_SOCKET};
+pub use endpoint::{
+    Endpoint, EndpointConfig, EndpointError, UnixName, ENV_HTTP, ENV_OP_SAMPLE, ENV_SOCKET,
+};
+pub use ops::{op_sample_every, opcode_label, sample_op_latency, DEFAULT_OP_SAMPLE_EVERY};
 pub use prometheus::status_label;
 pub use registry::{snapshot, LatencySummary, Snapshot, BUCKETS_SECONDS, PERCENTILES};
 

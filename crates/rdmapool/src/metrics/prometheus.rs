@@ -1,6 +1,7 @@
 //! [`Snapshot`] as Prometheus text exposition (format 0.0.4). Every name is documented in
 //! `docs/METRICS.md`.
 
+use super::ops::opcode_label;
 use super::registry::{LatencySummary, Snapshot, BUCKETS_SECONDS};
 use crate::fabric::WcStatus;
 use std::fmt::Write;
@@ -32,12 +33,28 @@ fn one(o: &mut String, name: &str, kind: &str, help: &str, v: u64) {
 
 fn histogram(o: &mut String, name: &str, help: &str, l: &LatencySummary) {
     head(o, name, "histogram", help);
+    series(o, name, "", l);
+}
+
+/// The lines of one histogram series; `labels` is empty or `key="value",`.
+fn series(o: &mut String, name: &str, labels: &str, l: &LatencySummary) {
     for (le, n) in BUCKETS_SECONDS.iter().zip(l.buckets.iter()) {
-        let _ = writeln!(o, "rdmapool_{name}_bucket{{le=\"{le}\"}} {n}");
+        let _ = writeln!(o, "rdmapool_{name}_bucket{{{labels}le=\"{le}\"}} {n}");
     }
-    let _ = writeln!(o, "rdmapool_{name}_bucket{{le=\"+Inf\"}} {}", l.count);
-    let _ = writeln!(o, "rdmapool_{name}_sum {}", l.sum_seconds);
-    let _ = writeln!(o, "rdmapool_{name}_count {}", l.count);
+    let _ = writeln!(
+        o,
+        "rdmapool_{name}_bucket{{{labels}le=\"+Inf\"}} {}",
+        l.count
+    );
+    let braces = |l: &str| {
+        if l.is_empty() {
+            String::new()
+        } else {
+            format!("{{{}}}", l.trim_end_matches(','))
+        }
+    };
+    let _ = writeln!(o, "rdmapool_{name}_sum{} {}", braces(labels), l.sum_seconds);
+    let _ = writeln!(o, "rdmapool_{name}_count{} {}", braces(labels), l.count);
 }
 
 impl Snapshot {
@@ -131,7 +148,24 @@ impl Snapshot {
         for (name, help, v) in counters {
             one(&mut o, name, "counter", help, v);
         }
-        let gauges: [(&str, &str, u64); 3] = [
+        if !self.op_latency.is_empty() {
+            head(
+                &mut o,
+                "op_duration_seconds",
+                "histogram",
+                "Sampled time from posting a work request to polling its successful completion, by opcode.",
+            );
+            for (op, l) in &self.op_latency {
+                let labels = format!("opcode=\"{}\",", opcode_label(*op));
+                series(&mut o, "op_duration_seconds", &labels, l);
+            }
+        }
+        let gauges: [(&str, &str, u64); 4] = [
+            (
+                "op_sample_every",
+                "One signalled work request in this many is timed (0: off).",
+                u64::from(self.op_sample_every),
+            ),
             (
                 "registered_bytes",
                 "Bytes in live registered regions.",

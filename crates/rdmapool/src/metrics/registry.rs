@@ -21,19 +21,19 @@ pub const BUCKETS_SECONDS: [f64; 20] = [
     100e-3, 250e-3, 500e-3, 1.0, 2.5, 5.0, 10.0,
 ];
 
-struct Latency {
+pub(crate) struct Latency {
     hist: hdrhistogram::Histogram<u64>,
     sum_ns: u128,
 }
 
 impl Latency {
-    fn record(&mut self, d: Duration) {
+    pub(crate) fn record(&mut self, d: Duration) {
         let ns = d.as_nanos().max(1);
         self.hist.saturating_record(ns.min(u64::MAX as u128) as u64);
         self.sum_ns += ns;
     }
 
-    fn summary(&self) -> LatencySummary {
+    pub(crate) fn summary(&self) -> LatencySummary {
         let h = &self.hist;
         let mut buckets = [0u64; BUCKETS_SECONDS.len()];
         for v in h.iter_recorded() {
@@ -60,7 +60,7 @@ impl Latency {
     }
 }
 
-fn latency() -> Mutex<Latency> {
+pub(crate) fn latency() -> Mutex<Latency> {
     Mutex::new(Latency {
         hist: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
             .expect("valid bounds"),
@@ -301,6 +301,11 @@ pub struct Snapshot {
     pub connections_passive: u64,
     /// `conn::connect` or accept calls that failed (rejections included).
     pub connection_errors: u64,
+    /// Sampled post-to-poll latency of successful work requests, per opcode (only opcodes
+    /// with samples; see [`super::sample_op_latency`]).
+    pub op_latency: Vec<(crate::fabric::WcOpcode, LatencySummary)>,
+    /// One signalled work request in this many is timed (0: op latency is off).
+    pub op_sample_every: u32,
 }
 
 /// A snapshot of the process-global registry.
@@ -341,5 +346,7 @@ pub fn snapshot() -> Snapshot {
         connections_active: l(&c.connected_active),
         connections_passive: l(&c.connected_passive),
         connection_errors: l(&c.connection_errors),
+        op_latency: super::ops::summaries(),
+        op_sample_every: super::ops::op_sample_every(),
     }
 }

@@ -1,7 +1,7 @@
 //! Rendering of a known snapshot: Prometheus text and JSON.
 
 use super::registry::{LatencySummary, Snapshot, BUCKETS_SECONDS, PERCENTILES};
-use crate::fabric::WcStatus;
+use crate::fabric::{WcOpcode, WcStatus};
 
 fn known() -> Snapshot {
     let mut buckets = [0u64; BUCKETS_SECONDS.len()];
@@ -27,6 +27,8 @@ fn known() -> Snapshot {
         registrations: 3,
         registration_errors: 1,
         registration_latency: lat.clone(),
+        op_latency: vec![(WcOpcode::RdmaWrite, lat.clone())],
+        op_sample_every: 64,
         deregistrations: 3,
         deregistration_latency: lat,
         registered_bytes: 4096,
@@ -67,6 +69,11 @@ fn prometheus_text() {
         "rdmapool_completions_total{status=\"rem_access_err\"} 2\n",
         "rdmapool_connections_total{side=\"passive\"} 2\n",
         "rdmapool_connection_errors_total 3\n",
+        "# TYPE rdmapool_op_duration_seconds histogram\n",
+        "rdmapool_op_duration_seconds_bucket{opcode=\"rdma_write\",le=\"0.00005\"} 2\n",
+        "rdmapool_op_duration_seconds_bucket{opcode=\"rdma_write\",le=\"+Inf\"} 3\n",
+        "rdmapool_op_duration_seconds_count{opcode=\"rdma_write\"} 3\n",
+        "rdmapool_op_sample_every 64\n",
     ] {
         assert!(t.contains(needle), "missing {needle:?} in\n{t}");
     }
@@ -113,6 +120,12 @@ fn json_snapshot() {
     assert_eq!(j["pinned_bytes"], 8192);
     assert_eq!(j["connections"]["active"], 1);
     assert_eq!(j["connections"]["errors"], 3);
+    assert_eq!(j["op_sample_every"], 64);
+    assert_eq!(j["op_latency"]["rdma_write"]["count"], 3);
+    assert_eq!(
+        j["op_latency"]["rdma_write"]["latency"]["percentiles_us"]["p99"],
+        2000.0
+    );
 }
 
 #[test]
