@@ -2,6 +2,7 @@
 //! pairs, and completion waiting.
 #![allow(dead_code)]
 
+pub mod child;
 pub mod rawpeer;
 
 use rdmapool::fabric::*;

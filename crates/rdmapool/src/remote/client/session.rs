@@ -10,9 +10,13 @@ use crate::remote::descriptor::{ClientHello, PoolDescriptor};
 use crate::remote::layout::{self, ChunkShape, STATE_DRAINING};
 use crate::{Error, Result};
 use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
 impl Shared {
@@ -148,44 +152,86 @@ impl Shared {
         Ok(())
     }
 
+    /// One lease renewal on `node`: adds 1 to our heartbeat (noticing a lease the server
+    /// expired) and reads the server's state; resolves to that state.
+    async fn renew(&self, node: &Node) -> Result<u64> {
+        let at = node.slot.load(Ordering::Acquire) + 8;
+        let old = self.faa(node, node.remote(at), 1).await?;
+        let expected = node.beat.swap(old + 1, Ordering::AcqRel);
+        if old != expected {
+            // Zeroed (or moved by someone else): the server expired our lease and may have
+            // handed our chunks to others.
+            node.mark_down(format!(
+                "lease lost: heartbeat {old}, expected {expected} (expired by the server)"
+            ));
+        }
+        self.read_u64(node, layout::header::STATE).await
+    }
+
+    /// What a finished renewal means for `node`.
+    fn renewed(&self, node: &Node, result: Result<u64>) {
+        match result {
+            Ok(state) => {
+                *node.last_renewal.lock() = Instant::now();
+                node.draining
+                    .store(state == STATE_DRAINING, Ordering::Relaxed);
+            }
+            Err(e) => {
+                // Past three quarters of a lease without renewal the server may hand our
+                // chunks to others: stop using them.
+                if node.last_renewal.lock().elapsed() > node.desc.lease * 3 / 4 {
+                    node.mark_down(format!("lease renewal failed: {e}"));
+                }
+            }
+        }
+    }
+
     /// Renews the lease on every node four times per lease, and notices draining servers
     /// and lost leases.
+    ///
+    /// Each node's renewal runs on its own schedule: a renewal waiting on a dead or slow
+    /// node (up to the operation deadline) does not hold back the others, whose leases
+    /// would otherwise run out meanwhile.
     pub(super) fn lease_loop(&self) {
+        type Renewal<'a> = Pin<Box<dyn Future<Output = Result<u64>> + Send + 'a>>;
+        let mut in_flight: Vec<(Arc<Node>, Renewal<'_>)> = Vec::new();
+        let mut due: HashMap<u32, Instant> = HashMap::new();
+        let mut cx = TaskContext::from_waker(Waker::noop());
         while !self.stop.load(Ordering::Acquire) {
-            let nodes: Vec<Arc<Node>> = self.nodes.lock().values().cloned().collect();
-            let mut tick = Duration::from_secs(1);
-            for node in nodes {
-                tick = tick.min(node.desc.lease / 4);
-                if node.down.lock().is_some() {
+            let now = Instant::now();
+            let mut next = now + Duration::from_millis(250);
+            let nodes: Vec<(u32, Arc<Node>)> = self
+                .nodes
+                .lock()
+                .iter()
+                .map(|(&id, n)| (id, n.clone()))
+                .collect();
+            for (id, node) in nodes {
+                if node.down.lock().is_some()
+                    || in_flight.iter().any(|(n, _)| Arc::ptr_eq(n, &node))
+                {
                     continue;
                 }
-                let renewed = self.engine.run_until(async {
-                    let at = node.slot.load(Ordering::Acquire) + 8;
-                    let old = self.faa(&node, node.remote(at), 1).await?;
-                    let expected = node.beat.swap(old + 1, Ordering::AcqRel);
-                    if old != expected {
-                        // Zeroed (or moved by someone else): the server expired our lease
-                        // and may have handed our chunks to others.
-                        node.mark_down(format!(
-                            "lease lost: heartbeat {old}, expected {expected} (expired by the server)"
-                        ));
-                    }
-                    self.read_u64(&node, layout::header::STATE).await
-                });
-                match renewed {
-                    Ok(state) => {
-                        *node.last_renewal.lock() = Instant::now();
-                        node.draining
-                            .store(state == STATE_DRAINING, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        // Past three quarters of a lease without renewal the server may
-                        // hand our chunks to others: stop using them.
-                        if node.last_renewal.lock().elapsed() > node.desc.lease * 3 / 4 {
-                            node.mark_down(format!("lease renewal failed: {e}"));
-                        }
-                    }
+                let at = *due.entry(id).or_insert(now);
+                if at > now {
+                    next = next.min(at);
+                    continue;
                 }
+                let every = node.desc.lease / 4;
+                due.insert(id, now + every);
+                next = next.min(now + every);
+                let n = node.clone();
+                in_flight.push((node, Box::pin(async move { self.renew(&n).await })));
+            }
+            if !in_flight.is_empty() {
+                self.engine.progress();
+                in_flight.retain_mut(|(node, fut)| match fut.as_mut().poll(&mut cx) {
+                    Poll::Ready(r) => {
+                        self.renewed(node, r);
+                        false
+                    }
+                    Poll::Pending => true,
+                });
             }
             // Wake the tasks whose operations are past their deadline (they then give up).
             let now = Instant::now();
@@ -196,10 +242,13 @@ impl Shared {
                 }
                 !due
             });
-            let until = Instant::now()
-                + tick
-                    .max(Duration::from_millis(2))
-                    .min(Duration::from_millis(250));
+            // With renewals in flight, come back soon to make progress on them (the soft NIC
+            // and the verbs device complete work without us; we only poll the CQ).
+            let until = if in_flight.is_empty() {
+                next.max(Instant::now() + Duration::from_millis(2))
+            } else {
+                Instant::now() + Duration::from_micros(200)
+            };
             // Parked, not polled: dropping the client unparks it.
             while !self.stop.load(Ordering::Acquire) {
                 let left = until.saturating_duration_since(Instant::now());

@@ -1,0 +1,94 @@
+//! A memory server that stops answering (SIGSTOP: connected, silent) must cost a client only
+//! that node. Its operations there run out at the client's deadline (5 s), longer than the
+//! default 2 s lease; meanwhile the client's leases on the other nodes must keep being
+//! renewed. (They were renewed one node after another, so a healthy node's lease ran out
+//! while a renewal on the silent node waited, and the client lost that node too.)
+
+mod common;
+use common::child::{parent_line, Child};
+use common::*;
+use rdmapool::fabric::Transport;
+use rdmapool::remote::*;
+use rdmapool::Error;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+const LEASE: Duration = Duration::from_secs(2);
+
+fn server(node: u32) -> MemoryServer {
+    MemoryServer::start(
+        &node_on(Transport::Tcp).ctx,
+        ServerConfig {
+            node,
+            size: 8 << 20,
+            chunk_size: 256 << 10,
+            clients: 8,
+            lease: LEASE,
+            listen: SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0),
+        },
+    )
+    .expect("server starts")
+}
+
+/// The child's side: role `server` runs node 1 until stdin closes.
+#[test]
+fn child_entry() {
+    if std::env::var("RDMAPOOL_TEST_CHILD").as_deref() != Ok("server") {
+        return; // an ordinary test run: nothing to do
+    }
+    let s = server(1);
+    println!("@{}", s.addr());
+    while !parent_line().is_empty() {}
+}
+
+#[test]
+fn a_silent_server_costs_the_client_that_node_only() {
+    if soft_only("a stopped server process on loopback") {
+        return;
+    }
+    let mut silent = Child::spawn("server", &[]);
+    let silent_addr: SocketAddr = silent.line().parse().unwrap();
+    let healthy = server(2);
+    let members = StaticMembership::new(vec![silent_addr, healthy.addr()]);
+    // Over TCP: on the local path a same-user client would reach the stopped server's
+    // memory directly, which keeps working (as it should).
+    let n = node_on(Transport::Tcp);
+    let c = PoolClient::connect(&n.ctx, &n.pd, &members, ClientConfig::new(7)).unwrap();
+    let ptrs: Vec<RemotePtr> = (0..4)
+        .map(|_| c.block_on(c.alloc(64, None)).unwrap())
+        .collect();
+    let on_silent = *ptrs
+        .iter()
+        .find(|p| p.node == 1)
+        .expect("a pointer on node 1");
+    let on_healthy = *ptrs
+        .iter()
+        .find(|p| p.node == 2)
+        .expect("a pointer on node 2");
+
+    silent.stop();
+    // Two operations on the silent node, each waiting out the deadline: over 2.5 leases
+    // during which the healthy node's lease must be renewed by the client's lease thread.
+    let started = Instant::now();
+    for _ in 0..2 {
+        let r = c.block_on(c.fetch_and_add(on_silent, 0, 1));
+        assert!(r.is_err(), "a stopped server answered: {r:?}");
+    }
+    let waited = started.elapsed();
+    let r = c.block_on(c.fetch_and_add(on_healthy, 0, 1));
+    assert!(
+        r.is_ok(),
+        "after {waited:?} of a silent node 1, node 2 (healthy, lease {LEASE:?}) failed: {r:?}"
+    );
+    let p = c.block_on(c.alloc(64, None)).unwrap();
+    assert_eq!(p.node, 2, "new allocations go to the healthy node");
+    c.block_on(c.free(p)).unwrap();
+    assert!(
+        matches!(
+            c.block_on(c.fetch_and_add(on_silent, 0, 1)),
+            Err(Error::NodeDown { node: 1, .. })
+        ),
+        "the silent node is down"
+    );
+    silent.signal(libc::SIGCONT);
+}
