@@ -1,0 +1,85 @@
+//! The library calls behind `rdma-tool monitor`: a process serves its metrics (JSON on an
+//! abstract Unix socket, Prometheus text over loopback HTTP), does some registrations and
+//! one-sided operations, and reads both endpoints back the way `monitor` and a Prometheus
+//! scraper do. `rdma-tool monitor --target @NAME` attaches to a process that does this.
+//!
+//! ```sh
+//! cargo run --release -p rdmapool --example metrics_endpoint
+//! ```
+
+use rdmapool::fabric::*;
+use rdmapool::metrics::{Endpoint, EndpointConfig, UnixName};
+use std::io::{Read, Write};
+use std::time::Duration;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let name = format!("@rdmapool-example-{}", std::process::id());
+    let endpoint = Endpoint::start(EndpointConfig {
+        unix: Some(UnixName::parse(&name)),
+        http: Some("127.0.0.1:0".parse()?),
+    })?;
+    rdmapool::metrics::sample_op_latency(1); // time every work request (the default is 1 in 64)
+    let http = endpoint.http_addr().expect("HTTP was asked for");
+    println!("serving on {name} and http://{http}/metrics");
+
+    // Work to measure: registrations, and WRITE/FAA between two QPs of one soft NIC.
+    let ctx = Context::open_soft()?;
+    let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16)?);
+    let (a, b) = (
+        pd.create_qp(&cq, &cq, &QpConfig::default())?,
+        pd.create_qp(&cq, &cq, &QpConfig::default())?,
+    );
+    a.connect(&b.endpoint())?;
+    b.connect(&a.endpoint())?;
+    let target = pd.alloc_mr(4096, AccessFlags::all_remote())?;
+    let local = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+    for i in 0..100u64 {
+        drop(pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE)?);
+        let (op, len) = if i % 2 == 0 {
+            let remote = target.remote_at(0)?;
+            (WrOp::Write { remote, imm: None }, 64)
+        } else {
+            let remote = target.remote_at(8)?;
+            (WrOp::FetchAdd { remote, add: 1 }, 8)
+        };
+        a.post_send(&[SendWr {
+            wr_id: i,
+            op,
+            sg_list: &[local.sge(0, len)?],
+            signaled: true,
+        }])?;
+        let done = cq.wait(1, Duration::from_secs(5))?;
+        assert_eq!(done[0].status, WcStatus::Success);
+    }
+
+    // What `rdma-tool monitor --target @NAME` reads: one JSON object per connection.
+    let mut json = String::new();
+    std::os::unix::net::UnixStream::connect_addr(&UnixName::parse(&name).to_addr()?)?
+        .read_to_string(&mut json)?;
+    let v: serde_json::Value = serde_json::from_str(&json)?;
+    println!(
+        "JSON: {} registrations, p99 {} us; FAA latency p50 {} us",
+        v["registration"]["count"],
+        v["registration"]["latency"]["percentiles_us"]["p99"],
+        v["op_latency"]["fetch_add"]["latency"]["percentiles_us"]["p50"]
+    );
+
+    // What a Prometheus scraper (or `monitor --target http://...`) reads.
+    let mut c = std::net::TcpStream::connect(http)?;
+    write!(
+        c,
+        "GET /metrics HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    c.read_to_string(&mut text)?;
+    for line in text.lines().filter(|l| {
+        l.starts_with("rdmapool_registrations_total")
+            || l.starts_with("rdmapool_op_duration_seconds_count")
+    }) {
+        println!("Prometheus: {line}");
+    }
+    if v["op_latency"]["rdma_write"]["count"].as_u64() < Some(50) {
+        return Err("the endpoint did not report the 50 WRITEs".into());
+    }
+    Ok(())
+}
