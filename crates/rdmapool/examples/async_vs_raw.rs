@@ -1,6 +1,7 @@
 //! 8-byte WRITEs on the soft provider's intra-host path, one at a time: through the raw
 //! fabric loop (`post_send` + `Cq::poll`) or through the async engine (`Engine::run_until`).
-//! Meant for instruction counts, which are repeatable on a noisy machine:
+//! Meant for instruction counts, which are repeatable on a noisy machine
+//! (`OP_SAMPLE=64` turns on the metrics' op latency sampling, 1 request in 64):
 //!
 //! ```sh
 //! cargo build --release -p rdmapool --example async_vs_raw
@@ -16,6 +17,10 @@ fn main() -> rdmapool::Result<()> {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "async".into());
     let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    // OP_SAMPLE=N: time one work request in N (the metrics' op latency), to count its cost.
+    if let Some(every) = std::env::var("OP_SAMPLE").ok().and_then(|v| v.parse().ok()) {
+        rdmapool::metrics::sample_op_latency(every);
+    }
     let local_path = || -> rdmapool::Result<Context> {
         Context::open_with(SoftConfig::from_env()?.with_transport(Transport::Local))
     };

@@ -6,99 +6,16 @@
 //! only `child_entry` does anything. Lines starting with `@` are the protocol between them.
 
 mod common;
+use common::child::{parent_line as stdin_line, Child as Peer};
 use common::*;
 use rdmapool::fabric::*;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const ALL: AccessFlags = AccessFlags::all_remote();
 const REGION: usize = 1 << 20;
-
-struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    lines: BufReader<ChildStdout>,
-}
-
-impl Peer {
-    fn spawn(role: &str, extra_env: &[(&str, &str)]) -> Peer {
-        Self::spawn_in(None, role, extra_env)
-    }
-
-    /// Spawns the child inside network namespace `ns` (via `ip netns exec`).
-    fn spawn_in(ns: Option<&str>, role: &str, extra_env: &[(&str, &str)]) -> Peer {
-        let exe = std::env::current_exe().unwrap();
-        let mut cmd = match ns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(exe);
-                c
-            }
-            None => Command::new(exe),
-        };
-        cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-            .env("RDMAPOOL_TEST_CHILD", role)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        for (k, v) in extra_env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let lines = BufReader::new(child.stdout.take().unwrap());
-        Peer {
-            child,
-            stdin,
-            lines,
-        }
-    }
-
-    /// The next protocol line from the child, without the `@`.
-    fn line(&mut self) -> String {
-        loop {
-            let mut l = String::new();
-            assert!(
-                self.lines.read_line(&mut l).unwrap() > 0,
-                "child exited early"
-            );
-            // libtest may print "test child_entry ... " just before our first line.
-            if let Some(at) = l.find('@') {
-                return l[at + 1..].trim_end().to_string();
-            }
-        }
-    }
-
-    fn say(&mut self, s: &str) {
-        writeln!(self.stdin, "@{s}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    fn kill(&mut self, signal: i32) {
-        // SAFETY: sending a signal to our own child process.
-        unsafe { libc::kill(self.child.id() as i32, signal) };
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn stdin_line() -> String {
-    loop {
-        let mut l = String::new();
-        if std::io::stdin().read_line(&mut l).unwrap() == 0 {
-            return String::new();
-        }
-        if let Some(rest) = l.trim_end().strip_prefix('@') {
-            return rest.to_string();
-        }
-    }
-}
 
 /// The child's side. Roles: `target` (exports a region, serves until told to stop),
 /// `writer` (connects and writes into the parent's region forever), `memlock` (lowers its
@@ -503,7 +420,7 @@ fn killed_target_fails_outstanding_requests_and_others_keep_working() {
         return;
     }
     for t in transports() {
-        let (mut peer, n, qp, region) = connect_to_target(t);
+        let (peer, n, qp, region) = connect_to_target(t);
         let buf = n.pd.alloc_mr(64 * 1024, ALL).unwrap();
         let sg = [buf.sge(0, 64 * 1024).unwrap()];
         // Keep a window of writes outstanding, kill the target in the middle, and go on
@@ -520,7 +437,7 @@ fn killed_target_fails_outstanding_requests_and_others_keep_working() {
                 posted += 1;
             }
             if posted == 200 && started.elapsed() < WAIT {
-                peer.kill(libc::SIGKILL);
+                peer.signal(libc::SIGKILL);
             }
             let mut c = [Completion::EMPTY; 16];
             let k = n.cq.poll(&mut c).unwrap();
@@ -594,9 +511,9 @@ fn frozen_target(n: &Node, timeout: Duration) -> (Peer, Qp, RemoteRegion) {
     assert_eq!(peer.line(), "ready");
     qp.modify_to_rtr(&Endpoint::from_hex(ep).unwrap()).unwrap();
     qp.modify_to_rts().unwrap();
-    peer.kill(libc::SIGSTOP);
+    peer.signal(libc::SIGSTOP);
     // Wait until the kernel reports it stopped (state T in /proc/PID/stat).
-    let stat = format!("/proc/{}/stat", peer.child.id());
+    let stat = format!("/proc/{}/stat", peer.pid());
     let until = Instant::now() + WAIT;
     while !std::fs::read_to_string(&stat).unwrap().contains(") T ") {
         assert!(Instant::now() < until, "child never stopped");
@@ -611,7 +528,7 @@ fn frozen_target_times_out_instead_of_hanging() {
         return;
     }
     let n = node_on(Transport::Tcp);
-    let (mut peer, qp, region) = frozen_target(&n, Duration::from_millis(500));
+    let (peer, qp, region) = frozen_target(&n, Duration::from_millis(500));
     let buf = n.pd.alloc_mr(4096, ALL).unwrap();
     n.cq.req_notify().unwrap();
     qp.post_send(&[read_wr(1, region.at(0).unwrap(), &[buf.sge(0, 8).unwrap()])])
@@ -630,7 +547,7 @@ fn frozen_target_times_out_instead_of_hanging() {
     let c = one(&n.cq);
     assert_eq!(c.status, WcStatus::RetryExcErr);
     assert_eq!(qp.state(), QpState::Error);
-    peer.kill(libc::SIGCONT);
+    peer.signal(libc::SIGCONT);
 }
 
 #[test]
@@ -640,7 +557,7 @@ fn an_event_driven_future_learns_of_a_frozen_target_with_no_tick() {
         return;
     }
     let n = node_on(Transport::Tcp);
-    let (mut peer, qp, region) = frozen_target(&n, Duration::from_millis(300));
+    let (peer, qp, region) = frozen_target(&n, Duration::from_millis(300));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -664,7 +581,7 @@ fn an_event_driven_future_learns_of_a_frozen_target_with_no_tick() {
             other => panic!("expected a retry-exceeded completion, got {other:?}"),
         }
     });
-    peer.kill(libc::SIGCONT);
+    peer.signal(libc::SIGCONT);
 }
 
 #[test]
@@ -694,8 +611,8 @@ fn killed_initiator_leaves_the_target_serving() {
             assert!(Instant::now() < until, "writer never wrote");
             std::thread::sleep(Duration::from_millis(1));
         }
-        peer.kill(libc::SIGKILL);
-        let _ = peer.child.wait();
+        peer.signal(libc::SIGKILL);
+        peer.wait();
         // The target process keeps serving other QPs.
         let other = node_on(t);
         let (qa, _qb) = pair(&other, &n, &config());
@@ -874,7 +791,7 @@ fn exceeding_the_memlock_limit_is_a_clear_error() {
 
 /// Waits until the kernel reports the child stopped (state T in /proc/PID/stat).
 fn wait_stopped(peer: &Peer) {
-    let stat = format!("/proc/{}/stat", peer.child.id());
+    let stat = format!("/proc/{}/stat", peer.pid());
     let until = Instant::now() + WAIT;
     while !std::fs::read_to_string(&stat).unwrap().contains(") T ") {
         assert!(Instant::now() < until, "child never stopped");
@@ -904,7 +821,7 @@ fn local_path_needs_no_target_cpu() {
     qp.post_send(&[faa(1)]).unwrap();
     assert!(one(&n.cq).is_ok());
     let start = buf.read_u64(0).unwrap();
-    peer.kill(libc::SIGSTOP);
+    peer.signal(libc::SIGSTOP);
     wait_stopped(&peer);
     for i in 1..=100u64 {
         qp.post_send(&[faa(1)]).unwrap();
@@ -919,7 +836,7 @@ fn local_path_needs_no_target_cpu() {
     )])
     .unwrap();
     assert!(one(&n.cq).is_ok());
-    peer.kill(libc::SIGCONT);
+    peer.signal(libc::SIGCONT);
     assert_eq!(peer_dump(&mut peer, 64, 8), b"frozen!!");
 }
 

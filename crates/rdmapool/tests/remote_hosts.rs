@@ -4,12 +4,12 @@
 //! skips.
 
 mod common;
+use common::child::{parent_line as stdin_line, Child as Proc};
 use common::*;
 use rdmapool::fabric::*;
 use rdmapool::remote::*;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,68 +86,6 @@ impl Drop for Lan {
             sh(&["ip", "netns", "del", ns]);
         }
         sh(&["ip", "netns", "del", &self.switch]);
-    }
-}
-
-struct Proc {
-    child: Child,
-    stdin: ChildStdin,
-    out: BufReader<ChildStdout>,
-}
-
-impl Proc {
-    fn spawn(ns: &str, role: &str, env: &[(&str, String)]) -> Proc {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", ns])
-            .arg(std::env::current_exe().unwrap())
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-            .env("RDMAPOOL_TEST_CHILD", role)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Proc { child, stdin, out }
-    }
-
-    fn line(&mut self) -> String {
-        loop {
-            let mut l = String::new();
-            assert!(
-                self.out.read_line(&mut l).unwrap() > 0,
-                "child exited early"
-            );
-            if let Some(at) = l.find('@') {
-                return l[at + 1..].trim_end().to_string();
-            }
-        }
-    }
-
-    fn say(&mut self, s: &str) {
-        writeln!(self.stdin, "@{s}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn stdin_line() -> String {
-    loop {
-        let mut l = String::new();
-        if std::io::stdin().read_line(&mut l).unwrap() == 0 {
-            return String::new();
-        }
-        if let Some(rest) = l.trim_end().strip_prefix('@') {
-            return rest.to_string();
-        }
     }
 }
 
@@ -268,14 +206,11 @@ fn three_servers_and_three_clients_on_four_hosts() {
         .iter()
         .enumerate()
         .map(|(i, (ns, ip))| {
-            Proc::spawn(
-                ns,
+            let (node, bind) = ((i + 1).to_string(), format!("{ip}:0"));
+            Proc::spawn_in(
+                Some(ns),
                 "pool-server",
-                &[
-                    ("NODE", (i + 1).to_string()),
-                    ("IP", ip.clone()),
-                    ("RDMAPOOL_SOFT_BIND", format!("{ip}:0")),
-                ],
+                &[("NODE", &node), ("IP", ip), ("RDMAPOOL_SOFT_BIND", &bind)],
             )
         })
         .collect();
@@ -289,14 +224,15 @@ fn three_servers_and_three_clients_on_four_hosts() {
     let (client_ns, client_ip) = &lan.hosts[3];
     let mut clients: Vec<Proc> = (1..=3)
         .map(|id| {
-            Proc::spawn(
-                client_ns,
+            let (id, servers, bind) = (id.to_string(), addrs.join(","), format!("{client_ip}:0"));
+            Proc::spawn_in(
+                Some(client_ns),
                 "pool-client",
                 &[
-                    ("ID", id.to_string()),
-                    ("SERVERS", addrs.join(",")),
-                    ("RDMAPOOL_SOFT_BIND", format!("{client_ip}:0")),
-                    ("RDMAPOOL_SOFT_TRANSPORT", "tcp".into()),
+                    ("ID", &id),
+                    ("SERVERS", &servers),
+                    ("RDMAPOOL_SOFT_BIND", &bind),
+                    ("RDMAPOOL_SOFT_TRANSPORT", "tcp"),
                 ],
             )
         })

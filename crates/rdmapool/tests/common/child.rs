@@ -14,8 +14,21 @@ pub struct Child {
 
 impl Child {
     /// Starts this test binary's `child_entry` with `role` and extra environment.
-    pub fn spawn(role: &str, env: &[(&str, String)]) -> Child {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
+    pub fn spawn(role: &str, env: &[(&str, &str)]) -> Child {
+        Self::spawn_in(None, role, env)
+    }
+
+    /// Like [`Child::spawn`], inside network namespace `ns` (via `ip netns exec`) if given.
+    pub fn spawn_in(ns: Option<&str>, role: &str, env: &[(&str, &str)]) -> Child {
+        let exe = std::env::current_exe().unwrap();
+        let mut cmd = match ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
         cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
             .env("RDMAPOOL_TEST_CHILD", role)
             .stdin(Stdio::piped())
@@ -49,6 +62,16 @@ impl Child {
     pub fn say(&mut self, s: &str) {
         writeln!(self.stdin, "@{s}").unwrap();
         self.stdin.flush().unwrap();
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the child to exit.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        self.child.wait().unwrap()
     }
 
     /// Sends `signal` to the child.
