@@ -482,7 +482,9 @@ fn a_gone_clients_connection_is_closed_once_its_lease_is_over() {
         size: 8 << 20,
         chunk_size: 256 << 10,
         clients: 64,
-        lease: Duration::from_millis(400),
+        // Longer than connecting three clients takes (RDMA CM on rxe: a few hundred ms
+        // each), so that all four connections are seen before the first gone one expires.
+        lease: Duration::from_secs(2),
         listen: listen(),
     };
     let s = MemoryServer::start(&ctx, cfg).unwrap();
