@@ -1,10 +1,9 @@
 //! `rdma-tool pool ...`: a one-shot client of the cross-node memory pool, for shells and
 //! scripts. Pointers are printed and taken as `node:offset:len` (decimal).
 
-use crate::peer::open_context;
-use crate::sizes::parse_size;
+use crate::units::{human, parse_size};
 use crate::{Result, ToolError};
-use rdmapool::fabric::{AccessFlags, Mr, ProviderKind, Transport};
+use rdmapool::fabric::{AccessFlags, Mr, Transport};
 use rdmapool::remote::{ClientConfig, Membership, PoolClient, RemotePtr, StaticMembership};
 use serde_json::json;
 use std::io::BufRead;
@@ -30,9 +29,8 @@ pub struct Args {
     /// This client's id (non-zero); the same id in a later command finds its allocations.
     #[arg(long, default_value_t = 1)]
     client_id: u64,
-    /// soft or verbs.
-    #[arg(long, default_value = "soft")]
-    provider: String,
+    #[command(flatten)]
+    device: crate::device_args::DeviceArgs,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -294,15 +292,15 @@ impl Session {
                         s += &format!(
                             "{:<6} {:>14} {:>14} {:>9}\n",
                             n.node,
-                            n.capacity,
-                            n.used,
+                            human(n.capacity),
+                            human(n.used),
                             if n.draining { "yes" } else { "no" }
                         );
                     }
                     s += &format!(
                         "total  {:>14} {:>14}\nallocations {}",
-                        nodes.iter().map(|n| n.capacity).sum::<u64>(),
-                        nodes.iter().map(|n| n.used).sum::<u64>(),
+                        human(nodes.iter().map(|n| n.capacity).sum::<u64>()),
+                        human(nodes.iter().map(|n| n.used).sum::<u64>()),
                         allocs.len()
                     );
                     for a in &allocs {
@@ -346,7 +344,11 @@ impl Session {
                 Ok(out) => println!("{out}"),
                 Err(e) => {
                     failed += 1;
-                    println!("error: {e}");
+                    if self.json {
+                        println!("{}", json!({ "error": e.to_string() }));
+                    } else {
+                        println!("error: {e}");
+                    }
                 }
             }
         }
@@ -377,8 +379,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     // Check the operation's arguments before connecting (which may take half a lease).
     check(&args.op)?;
-    let provider = ProviderKind::parse(&args.provider)?;
-    let ctx = open_context(provider, Transport::Auto)?;
+    let ctx = args.device.open(Transport::Auto)?;
     let pd = ctx.alloc_pd()?;
     let client = PoolClient::connect(&ctx, &pd, &*members, ClientConfig::new(args.client_id))?;
     let session = Session {

@@ -1,11 +1,12 @@
-//! The workload `monitor` runs when given no `--target`: on the soft provider, a background
+//! The workload `monitor` runs when given no `--target`: on the device of `--provider`/`--device`, a background
 //! thread registers and deregisters regions of a few sizes through a registrar, looks
 //! buffers up in a registration cache and takes buffers from a pool, so every metric the
 //! monitor shows has real numbers behind it (from this process's registry).
 
+use crate::device_args::DeviceArgs;
 use crate::Result;
 use rdmapool::buf::{BufferPool, PoolConfig};
-use rdmapool::fabric::{AccessFlags, Context};
+use rdmapool::fabric::{AccessFlags, Transport};
 use rdmapool::mr::{CacheConfig, RegCache, Registrar, RegistrarConfig};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,8 +20,8 @@ pub struct Probe {
 
 impl Probe {
     /// Sets up the objects (errors are reported here) and starts the thread.
-    pub fn start() -> Result<Self> {
-        let pd = Context::open_soft()?.alloc_pd()?;
+    pub fn start(device: &DeviceArgs) -> Result<Self> {
+        let pd = device.open(Transport::Auto)?.alloc_pd()?;
         let reg = Registrar::new(pd.clone(), RegistrarConfig::default())?;
         let cache = RegCache::new(pd.clone(), CacheConfig::default())?;
         let pool = BufferPool::new(pd, PoolConfig::default())?;
