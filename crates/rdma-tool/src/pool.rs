@@ -179,7 +179,7 @@ impl Session {
                 let size = parse_size(&size)? as u64;
                 let p = c.block_on(c.alloc(size, key))?;
                 if json {
-                    json!({"ptr": show_ptr(&p), "node": p.node, "offset": p.offset, "len": p.len})
+                    json!({"op": "alloc", "ptr": show_ptr(&p), "node": p.node, "offset": p.offset, "len": p.len})
                         .to_string()
                 } else {
                     show_ptr(&p)
@@ -204,7 +204,8 @@ impl Session {
                 buf.write_at(0, &bytes)?;
                 c.block_on(c.write(p, offset, buf, 0, len)).0?;
                 if json {
-                    json!({"ptr": show_ptr(&p), "offset": offset, "written": len}).to_string()
+                    json!({"op": "write", "ptr": show_ptr(&p), "offset": offset, "written": len})
+                        .to_string()
                 } else {
                     format!("wrote {len} bytes")
                 }
@@ -229,7 +230,7 @@ impl Session {
                     got.escape_ascii().to_string()
                 };
                 if json {
-                    json!({"ptr": show_ptr(&p), "offset": offset, "hex": to_hex(&got)}).to_string()
+                    json!({"op": "read", "ptr": show_ptr(&p), "offset": offset, "hex": to_hex(&got)}).to_string()
                 } else {
                     text
                 }
@@ -245,7 +246,7 @@ impl Session {
                 let (compare, swap) = (parse_u64(&compare)?, parse_u64(&swap)?);
                 let old = c.block_on(c.compare_and_swap(p, offset, compare, swap))?;
                 if json {
-                    json!({"old": old, "swapped": old == compare}).to_string()
+                    json!({"op": "cas", "old": old, "swapped": old == compare}).to_string()
                 } else {
                     old.to_string()
                 }
@@ -255,7 +256,7 @@ impl Session {
                 let offset = atomic_offset(&p, parse_u64(&offset)?)?;
                 let old = c.block_on(c.fetch_and_add(p, offset, parse_u64(&add)?))?;
                 if json {
-                    json!({ "old": old }).to_string()
+                    json!({"op": "faa", "old": old}).to_string()
                 } else {
                     old.to_string()
                 }
@@ -264,7 +265,7 @@ impl Session {
                 let p = parse_ptr(&ptr)?;
                 c.block_on(c.free(p))?;
                 if json {
-                    json!({"freed": show_ptr(&p)}).to_string()
+                    json!({"op": "free", "freed": show_ptr(&p)}).to_string()
                 } else {
                     format!("freed {}", show_ptr(&p))
                 }
@@ -274,6 +275,7 @@ impl Session {
                 let allocs = c.block_on(c.allocations())?;
                 if json {
                     json!({
+                        "op": "stats",
                         "nodes": nodes.iter().map(|n| json!({
                             "node": n.node, "capacity": n.capacity, "used": n.used,
                             "draining": n.draining,
