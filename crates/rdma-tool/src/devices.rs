@@ -33,7 +33,7 @@ pub fn run(args: Args) -> Result<()> {
         providers.retain(|s| s.provider == kind);
     }
     if let Some(name) = &args.device.device {
-        let known: Vec<String> = providers
+        let mut known: Vec<String> = providers
             .iter()
             .flat_map(|p| {
                 p.devices
@@ -41,6 +41,10 @@ pub fn run(args: Args) -> Result<()> {
                     .map(|d| format!("{} ({})", d.name, p.provider))
             })
             .collect();
+        known.extend(providers.iter().filter_map(|p| {
+            let why = p.unavailable.as_ref()?;
+            Some(format!("no {} devices: {why}", p.provider))
+        }));
         for p in &mut providers {
             p.devices.retain(|d| &d.name == name);
         }
@@ -51,7 +55,7 @@ pub fn run(args: Args) -> Result<()> {
                 if known.is_empty() {
                     "none".to_string()
                 } else {
-                    known.join(", ")
+                    known.join("; ")
                 }
             )));
         }

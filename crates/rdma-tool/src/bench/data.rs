@@ -87,7 +87,7 @@ pub fn run(args: Args) -> Result<()> {
         count: args.count,
     };
     if engine.any() {
-        let rows = run_engine(&args.device, &args.transport, &engine)?;
+        let rows = run_engine(&args.device, &args.transport, &engine, args.json)?;
         if args.json {
             print_json(&rows);
         } else {
@@ -249,6 +249,7 @@ fn run_engine(
     device: &DeviceArgs,
     transports: &str,
     sel: &super::engine::Selection,
+    json: bool,
 ) -> Result<Vec<Row>> {
     let provider = device.kind();
     let paths: Vec<&str> = if provider == ProviderKind::Verbs {
@@ -257,6 +258,7 @@ fn run_engine(
         transports.split(',').map(str::trim).collect()
     };
     let mut rows = Vec::new();
+    let mut bar = Steps::new("bench data", (paths.len() * sel.steps()) as u64, json);
     for tname in paths {
         let transport = Transport::parse(tname)?;
         let peer = PeerProcess::spawn_on(device, 4096, tname, false)?;
@@ -275,8 +277,9 @@ fn run_engine(
             provider: provider.name(),
             path,
         };
-        rows.extend(sel.run(&target, &raw)?);
+        rows.extend(sel.run(&target, &raw, &mut bar)?);
     }
+    bar.finish();
     Ok(rows)
 }
 
