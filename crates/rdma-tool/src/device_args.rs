@@ -24,6 +24,7 @@ impl From<Provider> for ProviderKind {
 
 /// Which device a subcommand opens.
 #[derive(clap::Args, Debug, Clone, Default)]
+#[command(next_help_heading = "Device")]
 pub struct DeviceArgs {
     /// soft (software RDMA, no NIC needed) or verbs (rdma-core: a NIC or SoftRoCE). Commands
     /// that open a device use soft when it is not given; `devices` then lists both.
