@@ -14,7 +14,7 @@ pub struct Args {
     device: DeviceArgs,
     /// Path to the target on the soft provider: auto (local when on one host), tcp or local
     /// (verbs has one path).
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = crate::device_args::single_transport_arg)]
     transport: String,
     /// Print the steps and checks as one JSON object instead of text (the exit code is the
     /// same: 0 when every check held).

@@ -110,6 +110,21 @@ impl DeviceArgs {
     }
 }
 
+/// A clap value parser for `--transport`: auto, tcp or local, or a comma-separated list of
+/// them where a command measures several paths; a bad one is a usage error.
+pub fn transport_arg(s: &str) -> std::result::Result<String, String> {
+    for t in s.split(',') {
+        Transport::parse(t.trim()).map_err(|e| e.to_string())?;
+    }
+    Ok(s.to_string())
+}
+
+/// [`transport_arg`] for commands that take one path.
+pub fn single_transport_arg(s: &str) -> std::result::Result<String, String> {
+    Transport::parse(s.trim()).map_err(|e| e.to_string())?;
+    Ok(s.trim().to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

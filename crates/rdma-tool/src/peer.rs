@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long)]
     size: usize,
     /// auto, tcp or local.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = crate::device_args::single_transport_arg)]
     transport: String,
     /// Also run the raw echo servers used as references.
     #[arg(long)]

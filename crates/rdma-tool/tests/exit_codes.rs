@@ -110,7 +110,7 @@ fn verbs_where_it_is_unavailable_says_why_and_what_to_use() {
 }
 
 #[test]
-fn bad_sizes_and_durations_are_usage_errors_2_that_say_what_is_wanted() {
+fn bad_sizes_durations_and_paths_are_usage_errors_2_that_say_what_is_wanted() {
     for (args, says) in [
         (&["stress", "--size", "lots"][..], "512M"),
         (&["serve", "--lease", "5d"][..], "unit"),
@@ -118,6 +118,11 @@ fn bad_sizes_and_durations_are_usage_errors_2_that_say_what_is_wanted() {
         (&["bench", "pool", "--duration", "0s"][..], "positive"),
         (&["bench", "data", "--size", "8,x"][..], "bad size"),
         (&["monitor", "--interval", "fast"][..], "10s"),
+        (&["demo", "--transport", "udp"][..], "auto, tcp or local"),
+        (
+            &["bench", "data", "--transport", "local,udp"][..],
+            "auto, tcp or local",
+        ),
         (
             &["serve", "--lease", "2s", "--lease-ms", "2000"][..],
             "cannot be used",

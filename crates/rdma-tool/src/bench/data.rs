@@ -25,7 +25,7 @@ pub struct Args {
           default_value = "8,64,512,4K,32K,256K,1M,4M")]
     size: Vec<usize>,
     /// Paths to measure, comma-separated: auto, tcp, local.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = crate::device_args::transport_arg)]
     transport: String,
     /// Latency iterations for 8-byte operations (larger sizes use fewer).
     #[arg(long, default_value_t = 20000)]

@@ -97,6 +97,13 @@ pub fn run(args: Args) -> Result<()> {
     if args.count == Some(0) {
         return Err(ToolError::Msg("--count must be at least 1".into()));
     }
+    if args.target.is_some() && (args.device.provider.is_some() || args.device.device.is_some()) {
+        return Err(ToolError::Msg(
+            "--provider/--device choose the probe's device; a --target process uses its own \
+             (drop them, or drop --target to run the probe)"
+                .into(),
+        ));
+    }
     let src = Source::parse(args.target.as_deref())?;
     check_percentiles(&args.percentile, &src)?;
     let _probe = match src {
