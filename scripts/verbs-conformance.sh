@@ -41,6 +41,9 @@ fi
 # on verbs too.
 cargo build -q -p rdmapool --example memory_tour
 tour=$PWD/target/debug/examples/memory_tour
+# The tool's demo (two processes: WRITE, READ, CAS, FAA, every result checked) on verbs.
+cargo build -q -p rdma-tool
+tool=$PWD/target/debug/rdma-tool
 
 runner=$(mktemp /tmp/verbs-conformance-XXXXXX.sh)
 trap 'rm -f "$runner"' EXIT
@@ -55,12 +58,15 @@ for b in "$@"; do
 done
 echo "=== example memory_tour"
 "$TOUR" verbs "$SOFTROCE_IP" || fails=$((fails + 1))
-echo "verbs conformance: $fails failing of $# test binaries and 1 example"
+echo "=== rdma-tool demo --provider verbs"
+"$TOOL" demo --provider verbs || fails=$((fails + 1))
+echo "verbs conformance: $fails failing of $# test binaries, 1 example and the demo"
 exit "$fails"
 INNER
 chmod +x "$runner"
 
-copies=(--copy "$runner" --copy "$c_peer" --env "C_PEER=$c_peer" --copy "$tour" --env "TOUR=$tour")
+copies=(--copy "$runner" --copy "$c_peer" --env "C_PEER=$c_peer" --copy "$tour" --env "TOUR=$tour"
+  --copy "$tool" --env "TOOL=$tool")
 for b in "${bins[@]}"; do
   copies+=(--copy "$b")
 done

@@ -1,25 +1,80 @@
 //! `rdma-tool demo`: two processes, one-sided WRITE, READ, CAS and FAA, every result checked.
 
+use crate::device_args::DeviceArgs;
 use crate::peer::PeerProcess;
 use crate::{Result, ToolError};
 use rdmapool::fabric::*;
+use serde_json::{json, Value};
 use std::time::Duration;
 
 /// Arguments of `demo`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Path to the target: auto (local when on one host), tcp or local.
-    #[arg(long, default_value = "auto")]
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Path to the target on the soft provider: auto (local when on one host), tcp or local
+    /// (verbs has one path).
+    #[arg(long, default_value = "auto", value_parser = crate::device_args::single_transport_arg)]
     transport: String,
+    /// Print the steps and checks as one JSON object instead of text (the exit code is the
+    /// same: 0 when every check held).
+    #[arg(long)]
+    json: bool,
 }
 
 const REGION: usize = 1 << 20; // fits the 8 MiB locked-memory limit of ordinary accounts
 const WAIT: Duration = Duration::from_secs(10);
 
+/// What the demo did: printed as it goes, or collected for `--json`.
+struct Report {
+    json: bool,
+    /// The initiator's device, once open.
+    device: Option<String>,
+    steps: Vec<Value>,
+    failures: usize,
+}
+
+impl Report {
+    /// Starts step `n`.
+    fn step(&mut self, title: String) {
+        if !self.json {
+            println!("{}. {title}", self.steps.len() + 1);
+        }
+        self.steps.push(json!({
+            "step": self.steps.len() + 1, "title": title, "details": [], "checks": []
+        }));
+    }
+
+    fn last(&mut self, key: &str) -> &mut Vec<Value> {
+        self.steps
+            .last_mut()
+            .and_then(|s| s[key].as_array_mut())
+            .expect("a step was started")
+    }
+
+    /// A detail of the current step.
+    fn detail(&mut self, text: String) {
+        if !self.json {
+            println!("   {text}");
+        }
+        self.last("details").push(Value::String(text));
+    }
+
+    fn check(&mut self, what: &str, ok: bool, detail: String) {
+        if !self.json {
+            println!("  {} {what}: {detail}", if ok { "ok  " } else { "FAIL" });
+        }
+        self.last("checks")
+            .push(json!({"check": what, "ok": ok, "detail": detail}));
+        if !ok {
+            self.failures += 1;
+        }
+    }
+}
+
 struct Demo {
     cq: Cq,
     qp: Qp,
-    failures: usize,
 }
 
 impl Demo {
@@ -43,50 +98,94 @@ impl Demo {
         }
         Ok(c)
     }
-
-    fn check(&mut self, what: &str, ok: bool, detail: String) {
-        println!("  {} {what}: {detail}", if ok { "ok  " } else { "FAIL" });
-        if !ok {
-            self.failures += 1;
-        }
-    }
 }
 
 /// Runs the demo; an error or any failed check makes the process exit non-zero.
 pub fn run(args: Args) -> Result<()> {
-    Transport::parse(&args.transport)?;
-    println!("1. starting the target process (soft provider, {REGION} bytes exported)");
-    let mut peer = PeerProcess::spawn(REGION, &args.transport, false)?;
-    println!(
-        "   target pid {} listens for connections on {}",
+    let transport = Transport::parse(&args.transport)?;
+    args.device.check()?;
+    let mut rep = Report {
+        json: args.json,
+        device: args.device.device.clone(),
+        steps: Vec::new(),
+        failures: 0,
+    };
+    let result = steps(&args, transport, &mut rep);
+    let error = match &result {
+        Ok(()) if rep.failures > 0 => Some(format!(
+            "demo failed: {} check(s) did not hold",
+            rep.failures
+        )),
+        Ok(()) => None,
+        Err(e) => Some(e.to_string()),
+    };
+    if args.json {
+        let checks: Vec<&Value> = rep
+            .steps
+            .iter()
+            .flat_map(|s| s["checks"].as_array().into_iter().flatten())
+            .collect();
+        let v = json!({
+            "provider": args.device.kind().name(),
+            "device": rep.device,
+            "transport": args.transport,
+            "passed": error.is_none(),
+            "checks": checks.len(),
+            "checks_failed": rep.failures,
+            "error": error,
+            "steps": rep.steps,
+        });
+        println!("{v}");
+    }
+    result?;
+    match error {
+        Some(e) => Err(ToolError::Msg(e)),
+        None => {
+            if !args.json {
+                println!("demo passed: every result verified");
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The steps, each check recorded in `rep`; an error stops them.
+fn steps(args: &Args, transport: Transport, rep: &mut Report) -> Result<()> {
+    let provider = args.device.kind();
+    rep.step(format!(
+        "starting the target process ({provider} provider, {REGION} bytes exported)"
+    ));
+    let mut peer = PeerProcess::spawn_on(&args.device, REGION, &args.transport, false)?;
+    rep.detail(format!(
+        "target pid {} listens for connections on {}",
         peer.pid(),
         peer.cm_addr
-    );
+    ));
 
-    println!("2. initiator: opening a soft context, registering 64 KiB, connecting a QP");
-    let ctx = crate::peer::open_context(ProviderKind::Soft, Transport::parse(&args.transport)?)?;
+    let ctx = args.device.open(transport)?;
+    rep.device = Some(ctx.device().name.clone());
+    rep.step(format!(
+        "initiator: opening {} ({provider}), registering 64 KiB, connecting a QP",
+        ctx.device().name
+    ));
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(64)?;
     let cfg = QpConfig::default();
     let (qp, r) = peer.connect(&pd, &cq, &cfg)?;
     let buf = pd.alloc_mr(64 * 1024, AccessFlags::LOCAL_WRITE)?;
-    println!(
-        "   QP {} is {}; local lkey={:#010x}",
+    rep.detail(format!(
+        "QP {} is {}; local lkey={:#010x}",
         qp.qpn(),
         qp.state(),
         buf.lkey()
-    );
-    println!(
-        "   region descriptor from the accept's private data: addr={:#x} len={} rkey={:#010x}",
+    ));
+    rep.detail(format!(
+        "region descriptor from the accept's private data: addr={:#x} len={} rkey={:#010x}",
         r.addr, r.len, r.rkey
-    );
-    let mut d = Demo {
-        cq,
-        qp,
-        failures: 0,
-    };
+    ));
+    let d = Demo { cq, qp };
 
-    println!("3. RDMA WRITE 4096 bytes to the target at offset 0");
+    rep.step("RDMA WRITE 4096 bytes to the target at offset 0".into());
     let msg: Vec<u8> = b"hello from rdmapool! "
         .iter()
         .cycle()
@@ -103,23 +202,23 @@ pub fn run(args: Args) -> Result<()> {
         buf.sge(0, 4096)?,
     )?;
     let seen = peer.dump(0, 4096)?;
-    d.check(
+    rep.check(
         "target memory holds the written bytes",
         seen == msg,
         format!("{} bytes, completion {}", c.byte_len, c.status),
     );
 
-    println!("4. RDMA READ them back into a different local buffer");
+    rep.step("RDMA READ them back into a different local buffer".into());
     d.post(2, WrOp::Read { remote: r.at(0)? }, buf.sge(8192, 4096)?)?;
     let mut back = vec![0u8; 4096];
     buf.read_at(8192, &mut back)?;
-    d.check(
+    rep.check(
         "read-back equals what was written",
         back == msg,
         format!("{:?}...", String::from_utf8_lossy(&back[..21])),
     );
 
-    println!("5. compare-and-swap on the 8-byte word at offset 4096 (initially 0)");
+    rep.step("compare-and-swap on the 8-byte word at offset 4096 (initially 0)".into());
     let word = r.at(4096)?;
     let res = buf.sge(16384, 8)?;
     d.post(
@@ -132,7 +231,7 @@ pub fn run(args: Args) -> Result<()> {
         res,
     )?;
     let old = buf.read_u64(16384)?;
-    d.check(
+    rep.check(
         "CAS(0 -> 0xC0FFEE) saw 0 and swapped",
         old == 0,
         format!("old={old:#x}"),
@@ -147,13 +246,13 @@ pub fn run(args: Args) -> Result<()> {
         res,
     )?;
     let old = buf.read_u64(16384)?;
-    d.check(
+    rep.check(
         "CAS(1 -> 0xBAD) saw 0xC0FFEE and did not swap",
         old == 0xC0FFEE,
         format!("old={old:#x}"),
     );
 
-    println!("6. fetch-and-add 5, twice");
+    rep.step("fetch-and-add 5, twice".into());
     d.post(
         5,
         WrOp::FetchAdd {
@@ -172,7 +271,7 @@ pub fn run(args: Args) -> Result<()> {
         res,
     )?;
     let second = buf.read_u64(16384)?;
-    d.check(
+    rep.check(
         "FAA returned the old values",
         first == 0xC0FFEE && second == 0xC0FFEE + 5,
         format!("{first:#x}, {second:#x}"),
@@ -182,18 +281,11 @@ pub fn run(args: Args) -> Result<()> {
             .try_into()
             .map_err(|_| ToolError::Msg("short dump".into()))?,
     );
-    d.check(
+    rep.check(
         "the target's own view of the word",
         target_word == 0xC0FFEE + 10,
         format!("{target_word:#x}"),
     );
 
-    if d.failures > 0 {
-        return Err(ToolError::Msg(format!(
-            "demo failed: {} check(s) did not hold",
-            d.failures
-        )));
-    }
-    println!("demo passed: every result verified");
     Ok(())
 }

@@ -1,13 +1,18 @@
 //! `rdma-tool devices`.
 
-use crate::Result;
+use crate::device_args::DeviceArgs;
+use crate::units::human;
+use crate::{Result, ToolError};
 use rdmapool::fabric::{devices, AtomicCap};
 use serde_json::json;
 
 /// Arguments of `devices`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Print JSON instead of a table.
+    /// Only this provider and/or device (default: every provider and device).
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Print JSON (an array of providers) instead of a table.
     #[arg(long)]
     json: bool,
 }
@@ -22,7 +27,39 @@ fn atomic_name(a: AtomicCap) -> &'static str {
 
 /// Lists providers, their devices and limits.
 pub fn run(args: Args) -> Result<()> {
-    let providers = devices();
+    let mut providers = devices();
+    if let Some(p) = args.device.provider {
+        let kind = p.into();
+        providers.retain(|s| s.provider == kind);
+    }
+    if let Some(name) = &args.device.device {
+        let mut known: Vec<String> = providers
+            .iter()
+            .flat_map(|p| {
+                p.devices
+                    .iter()
+                    .map(|d| format!("{} ({})", d.name, p.provider))
+            })
+            .collect();
+        known.extend(providers.iter().filter_map(|p| {
+            let why = p.unavailable.as_ref()?;
+            Some(format!("no {} devices: {why}", p.provider))
+        }));
+        for p in &mut providers {
+            p.devices.retain(|d| &d.name == name);
+        }
+        providers.retain(|p| !p.devices.is_empty());
+        if providers.is_empty() {
+            return Err(ToolError::Msg(format!(
+                "--device {name}: no such device; there are: {} (run `rdma-tool devices`)",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join("; ")
+                }
+            )));
+        }
+    }
     if args.json {
         let v: Vec<_> = providers
             .iter()
@@ -82,8 +119,8 @@ pub fn run(args: Args) -> Result<()> {
                 "{:<9} {:<8} {:>14} {:>12} {:>9} {:>7} {:>9} {:>8}",
                 p.provider.name(),
                 d.name,
-                d.max_mr_size,
-                d.max_msg_size,
+                human(d.max_mr_size),
+                human(d.max_msg_size as u64),
                 d.max_qp_wr,
                 d.max_sge,
                 d.max_cqe,

@@ -2,14 +2,16 @@
 
 mod bench;
 mod demo;
+mod device_args;
 mod devices;
 mod monitor;
 mod peer;
 mod plot;
 mod pool;
+mod progress;
 mod serve;
-mod sizes;
 mod stress;
+mod units;
 
 use clap::{Parser, Subcommand};
 
@@ -28,15 +30,15 @@ struct Cli {
 enum Command {
     /// List providers and devices with their limits.
     Devices(devices::Args),
-    /// Two processes on the soft provider: register, exchange the region descriptor, then
-    /// WRITE, READ back, CAS and FAA, verifying every result.
+    /// Two processes (soft by default, or --provider verbs): register, exchange the region
+    /// descriptor, then WRITE, READ back, CAS and FAA, verifying every result.
     Demo(demo::Args),
     /// Register and deregister memory from many threads through the asynchronous
     /// registrar; report throughput, latency percentiles, failures and retries.
     Stress(stress::Args),
     /// Shows a running process's metrics live (its `rdmapool::metrics::Endpoint`: a Unix
     /// socket or http://127.0.0.1:PORT), or, with no --target, those of a probe workload
-    /// run here on the soft provider.
+    /// run here (on --provider/--device, soft by default).
     Monitor(monitor::Args),
     /// Runs a memory server of the cross-node pool: prints `listening <addr> node <id> ...`
     /// on stdout, serves until stdin closes or SIGINT/SIGTERM, then drains.
@@ -45,7 +47,7 @@ enum Command {
     ///
     /// Leases: every allocation belongs to the client id that made it and lives while that
     /// client's lease is renewed. A `pool` process renews only while it runs, so what
-    /// `pool alloc` allocated is taken back by the server one lease (`serve --lease-ms`)
+    /// `pool alloc` allocated is taken back by the server one lease (`serve --lease`)
     /// after the process exits, unless a process with the same --client-id connects again
     /// before then: it finds the allocations and keeps them alive. Reconnecting with an id
     /// waits half a lease first (to make sure no live process holds it), so a later command

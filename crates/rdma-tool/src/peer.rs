@@ -7,11 +7,11 @@
 //! needs, one line each, prefixed with `@`: peer -> parent `@listen <cm-addr>`,
 //! `@echo <tcp-addr> <unix-path>`, `@dump <hex>`; parent -> peer `@dump <offset> <len>`.
 
+use crate::device_args::DeviceArgs;
 use crate::{Result, ToolError};
 use rdmapool::conn::{Listener, Manager};
 use rdmapool::fabric::{
-    AccessFlags, Context, Cq, Pd, ProviderKind, Qp, QpConfig, RegisteredMemory, RemoteRegion,
-    Transport,
+    AccessFlags, Cq, Pd, Qp, QpConfig, RegisteredMemory, RemoteRegion, Transport,
 };
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -28,14 +28,13 @@ pub struct Args {
     #[arg(long)]
     size: usize,
     /// auto, tcp or local.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = crate::device_args::single_transport_arg)]
     transport: String,
     /// Also run the raw echo servers used as references.
     #[arg(long)]
     echo: bool,
-    /// soft or verbs.
-    #[arg(long, default_value = "soft")]
-    provider: String,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 fn read_command(lines: &mut impl BufRead) -> Option<String> {
@@ -48,17 +47,6 @@ fn read_command(lines: &mut impl BufRead) -> Option<String> {
             return Some(rest.to_string());
         }
     }
-}
-
-/// Opens a context on `provider`; a soft NIC takes `transport` to its peers (verbs has one
-/// path and ignores it).
-pub fn open_context(provider: ProviderKind, transport: Transport) -> Result<Context> {
-    Ok(match provider {
-        ProviderKind::Soft => {
-            Context::open_with(rdmapool::fabric::SoftConfig::from_env()?.with_transport(transport))?
-        }
-        p => Context::open_provider(p, None)?,
-    })
 }
 
 /// The environment variable that hands the peer its secret (not the command line, which
@@ -95,7 +83,7 @@ fn request_with_secret(
 /// Runs the peer until its stdin closes.
 pub fn run(args: Args) -> Result<()> {
     let transport = Transport::parse(&args.transport)?;
-    let ctx = open_context(ProviderKind::parse(&args.provider)?, transport)?;
+    let ctx = args.device.open(transport)?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(1024)?;
     let mr = pd.alloc_mr(args.size, AccessFlags::all_remote())?;
@@ -261,18 +249,8 @@ pub struct PeerProcess {
 }
 
 impl PeerProcess {
-    /// Starts `rdma-tool peer` and reads where it listens.
-    pub fn spawn(size: usize, transport: &str, echo: bool) -> Result<Self> {
-        Self::spawn_on(ProviderKind::Soft, size, transport, echo)
-    }
-
-    /// Starts `rdma-tool peer` on `provider`.
-    pub fn spawn_on(
-        provider: ProviderKind,
-        size: usize,
-        transport: &str,
-        echo: bool,
-    ) -> Result<Self> {
+    /// Starts `rdma-tool peer` on the device `device` selects and reads where it listens.
+    pub fn spawn_on(device: &DeviceArgs, size: usize, transport: &str, echo: bool) -> Result<Self> {
         let exe = std::env::current_exe().map_err(|e| ToolError::Io("current_exe".into(), e))?;
         let secret = fresh_secret()?;
         let mut cmd = Command::new(exe);
@@ -283,9 +261,8 @@ impl PeerProcess {
             &size.to_string(),
             "--transport",
             transport,
-            "--provider",
-            provider.name(),
         ]);
+        cmd.args(device.to_args());
         if echo {
             cmd.arg("--echo");
         }

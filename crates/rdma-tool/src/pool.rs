@@ -1,10 +1,9 @@
 //! `rdma-tool pool ...`: a one-shot client of the cross-node memory pool, for shells and
 //! scripts. Pointers are printed and taken as `node:offset:len` (decimal).
 
-use crate::peer::open_context;
-use crate::sizes::parse_size;
+use crate::units::{human, parse_size};
 use crate::{Result, ToolError};
-use rdmapool::fabric::{AccessFlags, Mr, ProviderKind, Transport};
+use rdmapool::fabric::{AccessFlags, Mr, Transport};
 use rdmapool::remote::{ClientConfig, Membership, PoolClient, RemotePtr, StaticMembership};
 use serde_json::json;
 use std::io::BufRead;
@@ -30,9 +29,8 @@ pub struct Args {
     /// This client's id (non-zero); the same id in a later command finds its allocations.
     #[arg(long, default_value_t = 1)]
     client_id: u64,
-    /// soft or verbs.
-    #[arg(long, default_value = "soft")]
-    provider: String,
+    #[command(flatten)]
+    device: crate::device_args::DeviceArgs,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -181,7 +179,7 @@ impl Session {
                 let size = parse_size(&size)? as u64;
                 let p = c.block_on(c.alloc(size, key))?;
                 if json {
-                    json!({"ptr": show_ptr(&p), "node": p.node, "offset": p.offset, "len": p.len})
+                    json!({"op": "alloc", "ptr": show_ptr(&p), "node": p.node, "offset": p.offset, "len": p.len})
                         .to_string()
                 } else {
                     show_ptr(&p)
@@ -206,7 +204,8 @@ impl Session {
                 buf.write_at(0, &bytes)?;
                 c.block_on(c.write(p, offset, buf, 0, len)).0?;
                 if json {
-                    json!({"ptr": show_ptr(&p), "offset": offset, "written": len}).to_string()
+                    json!({"op": "write", "ptr": show_ptr(&p), "offset": offset, "written": len})
+                        .to_string()
                 } else {
                     format!("wrote {len} bytes")
                 }
@@ -231,7 +230,7 @@ impl Session {
                     got.escape_ascii().to_string()
                 };
                 if json {
-                    json!({"ptr": show_ptr(&p), "offset": offset, "hex": to_hex(&got)}).to_string()
+                    json!({"op": "read", "ptr": show_ptr(&p), "offset": offset, "hex": to_hex(&got)}).to_string()
                 } else {
                     text
                 }
@@ -247,7 +246,7 @@ impl Session {
                 let (compare, swap) = (parse_u64(&compare)?, parse_u64(&swap)?);
                 let old = c.block_on(c.compare_and_swap(p, offset, compare, swap))?;
                 if json {
-                    json!({"old": old, "swapped": old == compare}).to_string()
+                    json!({"op": "cas", "old": old, "swapped": old == compare}).to_string()
                 } else {
                     old.to_string()
                 }
@@ -257,7 +256,7 @@ impl Session {
                 let offset = atomic_offset(&p, parse_u64(&offset)?)?;
                 let old = c.block_on(c.fetch_and_add(p, offset, parse_u64(&add)?))?;
                 if json {
-                    json!({ "old": old }).to_string()
+                    json!({"op": "faa", "old": old}).to_string()
                 } else {
                     old.to_string()
                 }
@@ -266,7 +265,7 @@ impl Session {
                 let p = parse_ptr(&ptr)?;
                 c.block_on(c.free(p))?;
                 if json {
-                    json!({"freed": show_ptr(&p)}).to_string()
+                    json!({"op": "free", "freed": show_ptr(&p)}).to_string()
                 } else {
                     format!("freed {}", show_ptr(&p))
                 }
@@ -276,6 +275,7 @@ impl Session {
                 let allocs = c.block_on(c.allocations())?;
                 if json {
                     json!({
+                        "op": "stats",
                         "nodes": nodes.iter().map(|n| json!({
                             "node": n.node, "capacity": n.capacity, "used": n.used,
                             "draining": n.draining,
@@ -294,15 +294,15 @@ impl Session {
                         s += &format!(
                             "{:<6} {:>14} {:>14} {:>9}\n",
                             n.node,
-                            n.capacity,
-                            n.used,
+                            human(n.capacity),
+                            human(n.used),
                             if n.draining { "yes" } else { "no" }
                         );
                     }
                     s += &format!(
                         "total  {:>14} {:>14}\nallocations {}",
-                        nodes.iter().map(|n| n.capacity).sum::<u64>(),
-                        nodes.iter().map(|n| n.used).sum::<u64>(),
+                        human(nodes.iter().map(|n| n.capacity).sum::<u64>()),
+                        human(nodes.iter().map(|n| n.used).sum::<u64>()),
                         allocs.len()
                     );
                     for a in &allocs {
@@ -346,7 +346,11 @@ impl Session {
                 Ok(out) => println!("{out}"),
                 Err(e) => {
                     failed += 1;
-                    println!("error: {e}");
+                    if self.json {
+                        println!("{}", json!({ "error": e.to_string() }));
+                    } else {
+                        println!("error: {e}");
+                    }
                 }
             }
         }
@@ -377,8 +381,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     // Check the operation's arguments before connecting (which may take half a lease).
     check(&args.op)?;
-    let provider = ProviderKind::parse(&args.provider)?;
-    let ctx = open_context(provider, Transport::Auto)?;
+    let ctx = args.device.open(Transport::Auto)?;
     let pd = ctx.alloc_pd()?;
     let client = PoolClient::connect(&ctx, &pd, &*members, ClientConfig::new(args.client_id))?;
     let session = Session {

@@ -1,10 +1,10 @@
 //! `rdma-tool serve`: runs one memory server of the cross-node pool until stdin closes or
 //! SIGINT/SIGTERM arrives, then drains it.
 
-use crate::peer::open_context;
-use crate::sizes::{parse_size, show};
+use crate::device_args::DeviceArgs;
+use crate::units::{duration_arg, show, show_duration, size_arg};
 use crate::{Result, ToolError};
-use rdmapool::fabric::{ProviderKind, Transport};
+use rdmapool::fabric::Transport;
 use rdmapool::remote::{MemoryServer, ServerConfig};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -17,27 +17,29 @@ use std::time::Duration;
 pub struct Args {
     /// Bytes to export, with a K/M/G suffix (a multiple of 2 MiB; the first chunk holds the
     /// pool's metadata).
-    #[arg(long, default_value = "64M")]
-    size: String,
+    #[arg(long, default_value = "64M", value_parser = size_arg)]
+    size: usize,
     /// Bytes per chunk (a power of two, at least 64K); objects up to a chunk can be allocated.
-    #[arg(long, default_value = "2M")]
-    chunk_size: String,
+    #[arg(long, default_value = "2M", value_parser = size_arg)]
+    chunk_size: usize,
     /// This node's id: unique in the cluster, it names the node in pointers (`node:offset:len`).
     #[arg(long, default_value_t = 1)]
     node: u32,
-    /// Lease of a client, in ms: a client that stops renewing (its process exited) loses its
-    /// allocations this long after its last renewal.
-    #[arg(long, default_value_t = 2000)]
-    lease_ms: u64,
+    /// Lease of a client (`2s`, `500ms`, `1m`): a client that stops renewing (its process
+    /// exited) loses its allocations this long after its last renewal.
+    #[arg(long, default_value = "2s", value_parser = duration_arg)]
+    lease: Duration,
+    /// Deprecated: --lease in milliseconds.
+    #[arg(long, hide = true, conflicts_with = "lease")]
+    lease_ms: Option<u64>,
     /// How many clients can hold a lease at once.
     #[arg(long, default_value_t = 256)]
     clients: u64,
     /// Where to listen for clients (ip:port; port 0 picks one, printed on stdout).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
-    /// soft or verbs.
-    #[arg(long, default_value = "soft")]
-    provider: String,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// Register with etcd at this URL (a build with `--features etcd`), under
     /// `--etcd-prefix`, for clients that follow it.
     #[arg(long)]
@@ -45,9 +47,15 @@ pub struct Args {
     /// The etcd key prefix of this pool's servers.
     #[arg(long, default_value = "/rdmapool/pool")]
     etcd_prefix: String,
-    /// On shutdown, how long to wait (ms) for clients to release their chunks.
-    #[arg(long, default_value_t = 2000)]
-    drain_ms: u64,
+    /// On shutdown, how long to wait for clients to release their chunks (`2s`, `500ms`).
+    #[arg(long, default_value = "2s", value_parser = duration_arg)]
+    drain: Duration,
+    /// Deprecated: --drain in milliseconds.
+    #[arg(long, hide = true, conflicts_with = "drain")]
+    drain_ms: Option<u64>,
+    /// Print the `listening` line (and the `stopped` line) as JSON objects instead.
+    #[arg(long)]
+    json: bool,
     /// Keep running when stdin closes (for a server started with stdin at /dev/null);
     /// only SIGINT or SIGTERM stop it then.
     #[arg(long)]
@@ -97,18 +105,25 @@ fn config(args: &Args) -> Result<ServerConfig> {
             args.listen
         ))
     })?;
-    let chunk_size = parse_size(&args.chunk_size)? as u64;
-    if args.lease_ms == 0 {
-        return Err(ToolError::Msg("--lease-ms must be positive".into()));
+    let lease = args.lease_ms.map_or(args.lease, Duration::from_millis);
+    if lease.is_zero() {
+        return Err(ToolError::Msg(
+            "--lease-ms must be positive (better: --lease 2s)".into(),
+        ));
     }
     Ok(ServerConfig {
         node: args.node,
-        size: parse_size(&args.size)?,
-        chunk_size,
+        size: args.size,
+        chunk_size: args.chunk_size as u64,
         clients: args.clients,
-        lease: Duration::from_millis(args.lease_ms),
+        lease,
         listen,
     })
+}
+
+/// How long to drain on shutdown.
+fn drain(args: &Args) -> Duration {
+    args.drain_ms.map_or(args.drain, Duration::from_millis)
 }
 
 /// Runs the server; prints `listening <addr> node <id> ...` once it accepts clients.
@@ -118,8 +133,8 @@ pub fn run(args: Args) -> Result<()> {
         return Err(no_etcd(url));
     }
     let cfg = config(&args)?;
-    let provider = ProviderKind::parse(&args.provider)?;
-    let ctx = open_context(provider, Transport::Auto)?;
+    let provider = args.device.kind();
+    let ctx = args.device.open(Transport::Auto)?;
     install_signal_handlers()?;
     let server = MemoryServer::start(&ctx, cfg.clone())?;
     let d = server.descriptor();
@@ -139,27 +154,43 @@ pub fn run(args: Args) -> Result<()> {
     let l = d.layout;
     {
         let mut out = std::io::stdout().lock();
-        writeln!(
-            out,
-            "listening {} node {} size {} chunks {} chunk_size {} clients {} lease_ms {} provider {}",
-            server.addr(),
-            d.node,
-            l.len,
-            l.chunk_count,
-            l.chunk_size,
-            l.client_count,
-            d.lease.as_millis(),
-            provider.name()
-        )
-        .and_then(|_| out.flush())
-        .map_err(|e| ToolError::Io("stdout".into(), e))?;
+        let line = if args.json {
+            serde_json::json!({
+                "listening": server.addr().to_string(),
+                "node": d.node,
+                "size": l.len,
+                "chunks": l.chunk_count,
+                "chunk_size": l.chunk_size,
+                "clients": l.client_count,
+                "lease_ms": d.lease.as_millis() as u64,
+                "provider": provider.name(),
+                "device": ctx.device().name,
+            })
+            .to_string()
+        } else {
+            format!(
+                "listening {} node {} size {} chunks {} chunk_size {} clients {} lease_ms {} provider {}",
+                server.addr(),
+                d.node,
+                l.len,
+                l.chunk_count,
+                l.chunk_size,
+                l.client_count,
+                d.lease.as_millis(),
+                provider.name()
+            )
+        };
+        writeln!(out, "{line}")
+            .and_then(|_| out.flush())
+            .map_err(|e| ToolError::Io("stdout".into(), e))?;
     }
     eprintln!(
-        "rdma-tool serve: node {} exports {} in {} chunks of {}; stop with Ctrl-C{}",
+        "rdma-tool serve: node {} exports {} in {} chunks of {}, lease {}; stop with Ctrl-C{}",
         d.node,
         show(l.len as usize),
         l.chunk_count,
         show(l.chunk_size as usize),
+        show_duration(d.lease),
         if args.ignore_stdin {
             ""
         } else {
@@ -192,11 +223,15 @@ pub fn run(args: Args) -> Result<()> {
         st.expired_clients,
         st.reclaimed_chunks
     );
-    let left = server.shutdown(Duration::from_millis(args.drain_ms));
+    let left = server.shutdown(drain(&args));
     // Whoever started us may have stopped reading: not an error, and no panic.
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "stopped node {} chunks_still_owned {left}", d.node)
-        .and_then(|_| out.flush());
+    let line = if args.json {
+        serde_json::json!({"stopped": d.node, "chunks_still_owned": left}).to_string()
+    } else {
+        format!("stopped node {} chunks_still_owned {left}", d.node)
+    };
+    let _ = writeln!(out, "{line}").and_then(|_| out.flush());
     Ok(())
 }
 
@@ -218,7 +253,13 @@ mod tests {
         assert_eq!((c.size, c.chunk_size, c.node), (8 << 20, 256 << 10, 3));
         let t = T::parse_from(["t", "--listen", "nowhere"]);
         assert!(config(&t.a).unwrap_err().to_string().contains("ip:port"));
-        let t = T::parse_from(["t", "--size", "lots"]);
-        assert!(config(&t.a).is_err());
+        assert!(T::try_parse_from(["t", "--size", "lots"]).is_err());
+        let t = T::parse_from(["t", "--lease", "1500ms", "--drain", "3s"]);
+        assert_eq!(config(&t.a).unwrap().lease, Duration::from_millis(1500));
+        assert_eq!(drain(&t.a), Duration::from_secs(3));
+        // The deprecated millisecond flags still work.
+        let t = T::parse_from(["t", "--lease-ms", "700", "--drain-ms", "900"]);
+        assert_eq!(config(&t.a).unwrap().lease, Duration::from_millis(700));
+        assert_eq!(drain(&t.a), Duration::from_millis(900));
     }
 }

@@ -175,7 +175,7 @@ fn bad_percentiles_and_durations_are_refused() {
     for args in [
         &["--percentile", "97", "--count", "1"][..],
         &["--percentile", "0", "--count", "1"][..],
-        &["--interval", "5h", "--count", "1"][..],
+        &["--interval", "5d", "--count", "1"][..],
     ] {
         let out = Command::new(EXE)
             .arg("monitor")

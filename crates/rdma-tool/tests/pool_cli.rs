@@ -23,8 +23,8 @@ impl Server {
                 "8M",
                 "--chunk-size",
             ])
-            .args(["256K", "--node", "4", "--drain-ms", "8000", "--lease-ms"])
-            .arg(lease_ms.to_string())
+            .args(["256K", "--node", "4", "--drain", "8s", "--lease"])
+            .arg(format!("{lease_ms}ms"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

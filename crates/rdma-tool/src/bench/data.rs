@@ -5,25 +5,27 @@ use super::harness::{connect_bench, count_for, iters_for, Op};
 use super::reference::{self, Sock};
 use super::report::{print_json, print_table, Row};
 use super::ucx;
+use crate::device_args::DeviceArgs;
 use crate::peer::PeerProcess;
-use crate::sizes::{parse_sizes, show};
+use crate::progress::Steps;
+use crate::units::{show, size_arg};
 use crate::{Result, ToolError};
 use rdmapool::fabric::*;
 
 /// Arguments of `bench data`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// soft or verbs.
-    #[arg(long, default_value = "soft")]
-    provider: String,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// Operations, comma-separated: write, read, cas, faa (default all).
     #[arg(long, default_value = "write,read,cas,faa")]
     op: String,
     /// Sizes for write/read, comma-separated, with K/M/G suffixes (atomics are always 8 B).
-    #[arg(long, default_value = "8,64,512,4K,32K,256K,1M,4M")]
-    size: String,
+    #[arg(long, value_delimiter = ',', value_parser = size_arg,
+          default_value = "8,64,512,4K,32K,256K,1M,4M")]
+    size: Vec<usize>,
     /// Paths to measure, comma-separated: auto, tcp, local.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = crate::device_args::transport_arg)]
     transport: String,
     /// Latency iterations for 8-byte operations (larger sizes use fewer).
     #[arg(long, default_value_t = 20000)]
@@ -72,9 +74,10 @@ fn best_of(mut f: impl FnMut() -> Result<f64>) -> Result<f64> {
 
 /// Runs the sweep and prints the table or JSON.
 pub fn run(args: Args) -> Result<()> {
-    let provider = ProviderKind::parse(&args.provider)?;
+    let provider = args.device.kind();
     let ops: Vec<Op> = args.op.split(',').map(Op::parse).collect::<Result<_>>()?;
-    let sizes = parse_sizes(&args.size)?;
+    let sizes = args.size.clone();
+    args.device.check()?;
     let engine = super::engine::Selection {
         latency: args.async_latency,
         batch: args.batch.clone(),
@@ -84,7 +87,7 @@ pub fn run(args: Args) -> Result<()> {
         count: args.count,
     };
     if engine.any() {
-        let rows = run_engine(provider, &args.transport, &engine)?;
+        let rows = run_engine(&args.device, &args.transport, &engine, args.json)?;
         if args.json {
             print_json(&rows);
         } else {
@@ -97,7 +100,7 @@ pub fn run(args: Args) -> Result<()> {
             .perftest_ip
             .clone()
             .or_else(|| std::env::var("SOFTROCE_IP").ok());
-        let rows = super::verbs::run(&ops, &sizes, args.iters, ip)?;
+        let rows = super::verbs::run(&args.device, &ops, &sizes, args.iters, ip, args.json)?;
         if args.json {
             print_json(&rows);
         } else {
@@ -105,7 +108,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         return Ok(());
     }
-    let max_msg = rdmapool::fabric::devices()[0].devices[0].max_msg_size as usize;
+    let max_msg = args.device.open(Transport::Auto)?.device().max_msg_size as usize;
     if let Some(&too_big) = sizes.iter().find(|&&s| s > max_msg) {
         return Err(ToolError::Msg(format!(
             "size {} exceeds the device's max message size {}",
@@ -128,16 +131,12 @@ pub fn run(args: Args) -> Result<()> {
             .iter()
             .map(|o| if o.is_atomic() { 1 } else { sizes.len() })
             .sum::<usize>();
-    let bar = indicatif::ProgressBar::new(total_steps as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")
-            .expect("valid template"),
-    );
+    let mut bar = Steps::new("bench data", total_steps as u64, args.json);
     for tname in &transports {
         let transport = Transport::parse(tname)?;
-        let peer = PeerProcess::spawn(max_size, tname, true)?;
+        let peer = PeerProcess::spawn_on(&args.device, max_size, tname, true)?;
         let echo = peer.echo.clone().expect("asked for echo servers");
-        let (_ctx, _pd, b) = connect_bench(ProviderKind::Soft, &peer, transport, max_size)?;
+        let (_ctx, _pd, b) = connect_bench(&args.device, &peer, transport, max_size)?;
         // Which path "auto" took: local when the peer is on this host.
         let path = if transport == Transport::Tcp {
             "tcp"
@@ -223,7 +222,7 @@ pub fn run(args: Args) -> Result<()> {
                         gbps / us,
                     ));
                 }
-                bar.inc(1);
+                bar.inc();
             }
         }
         if !args.no_ucx {
@@ -236,7 +235,7 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
     }
-    bar.finish_and_clear();
+    bar.finish();
     if args.json {
         print_json(&rows);
     } else {
@@ -247,20 +246,23 @@ pub fn run(args: Args) -> Result<()> {
 
 /// The engine benchmarks on each of `transports` (soft) or on the verbs device.
 fn run_engine(
-    provider: ProviderKind,
+    device: &DeviceArgs,
     transports: &str,
     sel: &super::engine::Selection,
+    json: bool,
 ) -> Result<Vec<Row>> {
+    let provider = device.kind();
     let paths: Vec<&str> = if provider == ProviderKind::Verbs {
         vec!["auto"]
     } else {
         transports.split(',').map(str::trim).collect()
     };
     let mut rows = Vec::new();
+    let mut bar = Steps::new("bench data", (paths.len() * sel.steps()) as u64, json);
     for tname in paths {
         let transport = Transport::parse(tname)?;
-        let peer = PeerProcess::spawn_on(provider, 4096, tname, false)?;
-        let (ctx, pd, raw) = connect_bench(provider, &peer, transport, 4096)?;
+        let peer = PeerProcess::spawn_on(device, 4096, tname, false)?;
+        let (ctx, pd, raw) = connect_bench(device, &peer, transport, 4096)?;
         let cfg = QpConfig::default();
         let path = match (provider, transport) {
             (ProviderKind::Verbs, _) => ctx.device().name.clone(),
@@ -275,8 +277,9 @@ fn run_engine(
             provider: provider.name(),
             path,
         };
-        rows.extend(sel.run(&target, &raw)?);
+        rows.extend(sel.run(&target, &raw, &mut bar)?);
     }
+    bar.finish();
     Ok(rows)
 }
 

@@ -424,8 +424,19 @@ impl Selection {
         self.latency || !self.batch.is_empty() || !self.cqs.is_empty()
     }
 
-    /// Runs what was asked for against `target`, with `raw` as the fabric-level reference.
-    pub(super) fn run(&self, target: &Target<'_>, raw: &Bench) -> Result<Vec<Row>> {
+    /// How many measurements [`Selection::run`] makes on one path (its progress steps).
+    pub(super) fn steps(&self) -> usize {
+        usize::from(self.latency) + self.batch.len() + usize::from(!self.cqs.is_empty())
+    }
+
+    /// Runs what was asked for against `target`, with `raw` as the fabric-level reference;
+    /// each measurement is one step of `bar`.
+    pub(super) fn run(
+        &self,
+        target: &Target<'_>,
+        raw: &Bench,
+        bar: &mut crate::progress::Steps,
+    ) -> Result<Vec<Row>> {
         let mut rows = Vec::new();
         if (!self.batch.is_empty() || !self.cqs.is_empty()) && self.count < 1000 {
             return Err(ToolError::Msg(format!(
@@ -440,7 +451,9 @@ impl Selection {
             )));
         }
         if self.latency {
+            bar.set_message(format!("{} async latency", target.path));
             rows.extend(target.async_latency(raw, self.iters)?);
+            bar.inc();
         }
         for &n in &self.batch {
             if n == 0 || n as u32 * 2 > target.cfg.max_send_wr {
@@ -449,7 +462,9 @@ impl Selection {
                     target.cfg.max_send_wr / 2
                 )));
             }
+            bar.set_message(format!("{} batches of {n}", target.path));
             rows.extend(target.batching(raw, n, self.count)?);
+            bar.inc();
         }
         if !self.cqs.is_empty() {
             if self.cqs.contains(&0) || self.threads == 0 {
@@ -457,7 +472,9 @@ impl Selection {
                     "--cqs and --threads take positive numbers".into(),
                 ));
             }
+            bar.set_message(format!("{} CQ scaling", target.path));
             rows.extend(target.cq_scaling_rows(&self.cqs, self.threads, self.count / 4)?);
+            bar.inc();
         }
         Ok(rows)
     }

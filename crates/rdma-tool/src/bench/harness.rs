@@ -153,15 +153,15 @@ impl Bench {
     }
 }
 
-/// Opens a context on `provider` and connects a QP to `peer` over `transport`, with a local
+/// Opens the context `device` selects and connects a QP to `peer` over `transport`, with a local
 /// region of `local_size` bytes: what every data benchmark starts from.
 pub(super) fn connect_bench(
-    provider: ProviderKind,
+    device: &crate::device_args::DeviceArgs,
     peer: &PeerProcess,
     transport: Transport,
     local_size: usize,
 ) -> Result<(Context, Pd, Bench)> {
-    let ctx = crate::peer::open_context(provider, transport)?;
+    let ctx = device.open(transport)?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(4096)?;
     let cfg = QpConfig::default();

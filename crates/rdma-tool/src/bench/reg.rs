@@ -1,7 +1,9 @@
 //! `rdma-tool bench reg`: what registration costs and what the registrar, cache and pools
 //! save, each result next to its reference from the same run.
 
-use crate::sizes::parse_size;
+use crate::device_args::DeviceArgs;
+use crate::progress::Steps;
+use crate::units::{show, size_arg};
 use crate::{Result, ToolError};
 use rdmapool::buf::{BufferPool, PoolConfig};
 use rdmapool::fabric::*;
@@ -15,17 +17,16 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args)]
 pub struct Args {
     /// Region size for the caller-blocking benchmark.
-    #[arg(long, default_value = "512M")]
-    async_size: String,
+    #[arg(long, default_value = "512M", value_parser = size_arg)]
+    async_size: usize,
     /// Region size for the page-size benchmark.
-    #[arg(long, default_value = "1G")]
-    page_size_region: String,
+    #[arg(long, default_value = "1G", value_parser = size_arg)]
+    page_size_region: usize,
     /// Region size for the parallel-registration benchmark.
-    #[arg(long, default_value = "4G")]
-    parallel_size: String,
-    /// soft or verbs.
-    #[arg(long, default_value = "soft")]
-    provider: String,
+    #[arg(long, default_value = "4G", value_parser = size_arg)]
+    parallel_size: usize,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// Print JSON lines instead of a table.
     #[arg(long)]
     json: bool,
@@ -129,19 +130,15 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(p) = &args.plot {
         crate::plot::check_path(p)?;
     }
-    let provider = ProviderKind::parse(&args.provider)?;
-    let open = || -> Result<Context> {
-        Ok(match provider {
-            ProviderKind::Soft => Context::open_soft()?,
-            p => Context::open_provider(p, None)?,
-        })
-    };
+    let open = || args.device.open(Transport::Auto);
     let ctx = open()?;
     let pd = ctx.alloc_pd()?;
     let mut rows = Vec::new();
+    let mut bar = Steps::new("bench reg", 5, args.json);
+    bar.set_message("caller-blocking time, async vs sync".into());
 
     // 1. Caller-blocking time of an asynchronous registration vs a synchronous one.
-    let size = parse_size(&args.async_size)?;
+    let size = args.async_size;
     let reg = Registrar::new(pd.clone(), RegistrarConfig::default())?;
     let mut blocked = Vec::new();
     for _ in 0..40 {
@@ -161,7 +158,7 @@ pub fn run(args: Args) -> Result<()> {
     rows.push(Row {
         name: format!(
             "async registration of {}: caller blocked, p99",
-            args.async_size
+            show(args.async_size)
         ),
         value: p99,
         unit: "us".into(),
@@ -169,6 +166,9 @@ pub fn run(args: Args) -> Result<()> {
         reference_value: sync_med,
         ratio: sync_med / p99,
     });
+
+    bar.inc();
+    bar.set_message("cache hit vs miss".into());
 
     // 2. Cache hit vs miss.
     let cache = RegCache::new(pd.clone(), CacheConfig::default())?;
@@ -206,6 +206,9 @@ pub fn run(args: Args) -> Result<()> {
         reference_value: miss,
         ratio: miss / hit,
     });
+
+    bar.inc();
+    bar.set_message("pooled buffers vs per-transfer registration".into());
 
     // 3. The seeds' pattern A vs B: 4 KiB transfers from pooled buffers vs registering per
     //    transfer (register, WRITE, deregister).
@@ -259,8 +262,11 @@ pub fn run(args: Args) -> Result<()> {
         ratio: pooled / per_transfer,
     });
 
+    bar.inc();
+    bar.set_message(format!("page size, {}", show(args.page_size_region)));
+
     // 4. Page size and alignment.
-    let len = parse_size(&args.page_size_region)?.div_ceil(HUGE_PAGE) * HUGE_PAGE;
+    let len = args.page_size_region.div_ceil(HUGE_PAGE) * HUGE_PAGE;
     let huge = HugeRegion::alloc(
         len,
         HugeOptions {
@@ -287,7 +293,7 @@ pub fn run(args: Args) -> Result<()> {
     rows.push(Row {
         name: format!(
             "register {} on 2 MiB pages ({backing})",
-            args.page_size_region
+            show(args.page_size_region)
         ),
         value: ms(t_huge),
         unit: "ms".into(),
@@ -298,7 +304,7 @@ pub fn run(args: Args) -> Result<()> {
     rows.push(Row {
         name: format!(
             "register {} on 2 MiB-aligned 4 KiB pages",
-            args.page_size_region
+            show(args.page_size_region)
         ),
         value: ms(t_aligned),
         unit: "ms".into(),
@@ -307,8 +313,14 @@ pub fn run(args: Args) -> Result<()> {
         ratio: ms(t_small) / ms(t_aligned),
     });
 
+    bar.inc();
+    bar.set_message(format!(
+        "parallel registration, {}",
+        show(args.parallel_size)
+    ));
+
     // 5. A large region: parallel chunked registration vs one call.
-    let len = parse_size(&args.parallel_size)?.div_ceil(HUGE_PAGE) * HUGE_PAGE;
+    let len = args.parallel_size.div_ceil(HUGE_PAGE) * HUGE_PAGE;
     let region = Plain::new(len, true)?;
     touch(region.ptr, len);
     let t = Instant::now();
@@ -337,7 +349,7 @@ pub fn run(args: Args) -> Result<()> {
     rows.push(Row {
         name: format!(
             "register {} in {chunks} chunks on 2 workers",
-            args.parallel_size
+            show(args.parallel_size)
         ),
         value: gbps(parallel),
         unit: "GB/s".into(),
@@ -345,6 +357,8 @@ pub fn run(args: Args) -> Result<()> {
         reference_value: gbps(one),
         ratio: gbps(parallel) / gbps(one),
     });
+    bar.inc();
+    bar.finish();
 
     if let Some(path) = &args.plot {
         let pairs: Vec<crate::plot::BarPair> = rows
@@ -360,7 +374,7 @@ pub fn run(args: Args) -> Result<()> {
             path,
             &format!(
                 "bench reg on {}: each result / its reference",
-                args.provider
+                args.device.kind()
             ),
             "ratio to the reference (1 = equal)",
             "reference",

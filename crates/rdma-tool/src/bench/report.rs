@@ -67,7 +67,7 @@ pub fn print_table(rows: &[Row]) {
             r.transport,
             r.op,
             r.metric,
-            crate::sizes::show(r.size),
+            crate::units::show(r.size),
             r.iters,
             fmt_ns(r.median_ns),
             fmt_ns(r.p99_ns),

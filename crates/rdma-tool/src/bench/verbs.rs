@@ -4,22 +4,32 @@
 use super::harness::{connect_bench, count_for, iters_for, Op};
 use super::perftest::{self, Target};
 use super::report::Row;
+use crate::device_args::DeviceArgs;
 use crate::peer::PeerProcess;
+use crate::progress::Steps;
 use crate::Result;
-use rdmapool::fabric::{ProviderKind, Transport};
+use rdmapool::fabric::Transport;
 
-/// Measures `ops` at `sizes` on the first verbs device; adds perftest rows when it can.
+/// Measures `ops` at `sizes` on the verbs device `dev` selects; adds perftest rows when it
+/// can.
 pub fn run(
+    dev: &DeviceArgs,
     ops: &[Op],
     sizes: &[usize],
     iters: u64,
     perftest_ip: Option<String>,
+    json: bool,
 ) -> Result<Vec<Row>> {
     let max_size = sizes.iter().copied().max().unwrap_or(8).max(4096);
-    let peer = PeerProcess::spawn_on(ProviderKind::Verbs, max_size, "auto", false)?;
-    let (ctx, _pd, b) = connect_bench(ProviderKind::Verbs, &peer, Transport::Auto, max_size)?;
+    let peer = PeerProcess::spawn_on(dev, max_size, "auto", false)?;
+    let (ctx, _pd, b) = connect_bench(dev, &peer, Transport::Auto, max_size)?;
     let device = ctx.device().name.clone();
     let mut rows = Vec::new();
+    let total: usize = ops
+        .iter()
+        .map(|o| if o.is_atomic() { 1 } else { sizes.len() })
+        .sum();
+    let mut bar = Steps::new("bench data", total as u64, json);
     for &op in ops {
         let op_sizes: Vec<usize> = if op.is_atomic() {
             vec![8]
@@ -27,6 +37,11 @@ pub fn run(
             sizes.to_vec()
         };
         for size in op_sizes {
+            bar.set_message(format!(
+                "{device} {} {}",
+                op.name(),
+                crate::units::show(size)
+            ));
             let n = iters_for(size, iters);
             let lat = b.latency(op, size, n)?;
             let gbps = b.bandwidth(op, size, count_for(size).min(20_000))?;
@@ -45,8 +60,10 @@ pub fn run(
                 reference_value: 0.0,
                 ratio: 0.0,
             });
+            bar.inc();
         }
     }
+    bar.finish();
     let Some(ip) = perftest_ip else {
         eprintln!(
             "perftest comparison skipped: give --perftest-ip (the address of the device's netdev)"

@@ -55,11 +55,11 @@ pub struct Args {
     percentile: Vec<f64>,
     /// The endpoint: a Unix socket path, an abstract socket `@name`, or
     /// `http://127.0.0.1:PORT[/metrics]`. Without it, a probe workload runs in this process
-    /// (soft provider) and its own metrics are shown.
+    /// (on --provider/--device, soft by default) and its own metrics are shown.
     #[arg(long)]
     target: Option<String>,
     /// Time between samples (`1s`, `500ms`, `2m`).
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = crate::units::duration_arg)]
     interval: Duration,
     /// Stop after this many samples (default: until interrupted).
     #[arg(long)]
@@ -67,29 +67,9 @@ pub struct Args {
     /// One JSON object per sample, one per line.
     #[arg(long)]
     json: bool,
-}
-
-/// `1s`, `500ms`, `250us`, `2m`, `1.5s`; a bare number is seconds.
-pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 1s or 500ms"))?;
-    let secs = match unit.trim() {
-        "" | "s" => v,
-        "ms" => v / 1e3,
-        "us" | "µs" => v / 1e6,
-        "m" | "min" => v * 60.0,
-        u => return Err(format!("{s:?}: unknown unit {u:?} (use us, ms, s or m)")),
-    };
-    if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
-        return Err(format!("{s:?}: a duration must be positive"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    /// The device the probe workload (no --target) runs on.
+    #[command(flatten)]
+    device: crate::device_args::DeviceArgs,
 }
 
 fn check_percentiles(ps: &[f64], src: &Source) -> Result<()> {
@@ -118,10 +98,17 @@ pub fn run(args: Args) -> Result<()> {
     if args.count == Some(0) {
         return Err(ToolError::Msg("--count must be at least 1".into()));
     }
+    if args.target.is_some() && (args.device.provider.is_some() || args.device.device.is_some()) {
+        return Err(ToolError::Msg(
+            "--provider/--device choose the probe's device; a --target process uses its own \
+             (drop them, or drop --target to run the probe)"
+                .into(),
+        ));
+    }
     let src = Source::parse(args.target.as_deref())?;
     check_percentiles(&args.percentile, &src)?;
     let _probe = match src {
-        Source::Local => Some(probe::Probe::start()?),
+        Source::Local => Some(probe::Probe::start(&args.device)?),
         _ => None,
     };
     let mut out = show::Output::new(args.metric, args.json, args.target.as_deref());
@@ -144,17 +131,6 @@ pub fn run(args: Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("5h").is_err());
-        assert!(parse_duration("fast").is_err());
-    }
 
     #[test]
     fn op_latency_reads_the_same_from_json_and_prometheus() {

@@ -1,9 +1,10 @@
-//! The workload `monitor` runs when given no `--target`: on the soft provider, a background
-//! thread registers and deregisters regions of a few sizes through a registrar, looks
+//! The workload `monitor` runs when given no `--target`: on the device of
+//! `--provider`/`--device`, a background thread registers and deregisters regions of a few sizes through a registrar, looks
 //! buffers up in a registration cache, takes buffers from a pool and runs WRITE, READ, CAS
 //! and FAA between two connected QPs (every one timed: the probe samples 1 in 1), so every
 //! metric the monitor shows has real numbers behind it (from this process's registry).
 
+use crate::device_args::DeviceArgs;
 use crate::Result;
 use rdmapool::buf::{BufferPool, PoolConfig};
 use rdmapool::fabric::*;
@@ -20,8 +21,8 @@ pub struct Probe {
 
 impl Probe {
     /// Sets up the objects (errors are reported here) and starts the thread.
-    pub fn start() -> Result<Self> {
-        let ctx = Context::open_soft()?;
+    pub fn start(device: &DeviceArgs) -> Result<Self> {
+        let ctx = device.open(Transport::Auto)?;
         let pd = ctx.alloc_pd()?;
         let ops = Ops::new(&ctx, &pd)?;
         rdmapool::metrics::sample_op_latency(1);

@@ -9,10 +9,9 @@
 mod memory;
 mod report;
 
-use crate::sizes::parse_size;
 use crate::{Result, ToolError};
 use memory::{Buffers, MemoryMode};
-use rdmapool::fabric::{AccessFlags, Context, ProviderKind};
+use rdmapool::fabric::AccessFlags;
 use rdmapool::mr::{Registrar, RegistrarConfig};
 use report::{Progress, Summary};
 use std::time::Instant;
@@ -21,8 +20,8 @@ use std::time::Instant;
 #[derive(clap::Args)]
 pub struct Args {
     /// Bytes registered per round, split evenly across the threads (K/M/G suffixes).
-    #[arg(long, default_value = "64M")]
-    size: String,
+    #[arg(long, default_value = "64M", value_parser = crate::units::size_arg)]
+    size: usize,
     /// Rounds: every round registers `size` bytes and deregisters them again.
     #[arg(long, default_value_t = 100)]
     count: u64,
@@ -40,9 +39,8 @@ pub struct Args {
     /// Use 4 KiB pages even for regions of 2 MiB or more.
     #[arg(long)]
     small_pages: bool,
-    /// soft or verbs.
-    #[arg(long, default_value = "soft")]
-    provider: String,
+    #[command(flatten)]
+    device: crate::device_args::DeviceArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -66,7 +64,7 @@ fn record(h: &mut hdrhistogram::Histogram<u64>, since: Instant) {
 
 /// Runs the stress loop.
 pub fn run(args: Args) -> Result<()> {
-    let size = parse_size(&args.size)?;
+    let size = args.size;
     if let Some(p) = &args.plot {
         crate::plot::check_path(p)?;
     }
@@ -87,7 +85,7 @@ pub fn run(args: Args) -> Result<()> {
     if per_region == 0 {
         return Err(ToolError::Msg(format!(
             "--size {} is smaller than one byte per thread",
-            args.size
+            crate::units::show(args.size)
         )));
     }
     let _metrics = match &args.metrics_socket {
@@ -102,10 +100,7 @@ pub fn run(args: Args) -> Result<()> {
         None => rdmapool::metrics::Endpoint::from_env()
             .map_err(|e| ToolError::Msg(format!("metrics endpoint: {e}")))?,
     };
-    let ctx = match ProviderKind::parse(&args.provider)? {
-        ProviderKind::Soft => Context::open_soft()?,
-        p => Context::open_provider(p, None)?,
-    };
+    let ctx = args.device.open(rdmapool::fabric::Transport::Auto)?;
     let reg = Registrar::new(
         ctx.alloc_pd()?,
         RegistrarConfig {
@@ -115,7 +110,7 @@ pub fn run(args: Args) -> Result<()> {
     )?;
     let hugepages = args.hugepages || (!args.small_pages && per_region >= 2 << 20);
     let mut s = Summary {
-        provider: args.provider.clone(),
+        provider: args.device.kind().name().to_string(),
         memory: args.memory,
         hugepages,
         size,

@@ -2,7 +2,7 @@
 //! few seconds otherwise) and the summary (text or JSON), registration apart from allocation.
 
 use super::memory::MemoryMode;
-use crate::sizes::show;
+use crate::units::show;
 use serde_json::json;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};

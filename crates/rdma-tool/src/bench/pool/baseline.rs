@@ -2,7 +2,7 @@
 //! its clients.
 
 use super::*;
-use crate::peer::open_context;
+use crate::device_args::DeviceArgs;
 use crate::{Result, ToolError};
 use rdmapool::conn::{self, Listener, Manager};
 use std::collections::VecDeque;
@@ -28,13 +28,8 @@ pub(super) const MAX_CONNS: usize = 256;
 pub(super) const SERVER_SPIN: Duration = Duration::from_micros(50);
 
 impl TwoSidedServer {
-    pub(super) fn start(
-        provider: ProviderKind,
-        ip: IpAddr,
-        size: usize,
-        object: u64,
-    ) -> Result<Self> {
-        let ctx = open_context(provider, Transport::Auto)?;
+    pub(super) fn start(device: &DeviceArgs, ip: IpAddr, size: usize, object: u64) -> Result<Self> {
+        let ctx = device.open(Transport::Auto)?;
         let pd = ctx.alloc_pd()?;
         let listener = Listener::bind(Manager::from(&pd), SocketAddr::new(ip, 0))?;
         let addr = listener.local_addr();
@@ -206,8 +201,8 @@ pub(super) struct TwoSidedClient {
 }
 
 impl TwoSidedClient {
-    fn connect(provider: ProviderKind, addr: SocketAddr) -> Result<Self> {
-        let ctx = open_context(provider, Transport::Auto)?;
+    fn connect(device: &DeviceArgs, addr: SocketAddr) -> Result<Self> {
+        let ctx = device.open(Transport::Auto)?;
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(64)?;
         let c = conn::connect(
@@ -296,7 +291,7 @@ impl TwoSidedClient {
 
 /// alloc+free through the two-sided server.
 pub(super) fn two_sided(
-    provider: ProviderKind,
+    device: &DeviceArgs,
     server: &TwoSidedServer,
     n: usize,
     _object: u64,
@@ -305,7 +300,7 @@ pub(super) fn two_sided(
 ) -> Result<Rate> {
     let addr = server.addr;
     clients(n, secs, |_| {
-        let c = TwoSidedClient::connect(provider, addr)?;
+        let c = TwoSidedClient::connect(device, addr)?;
         let mut held = VecDeque::with_capacity(live + 1);
         for _ in 0..live {
             held.push_back(c.call(OP_ALLOC, 0)?);

@@ -4,8 +4,8 @@ use super::*;
 use crate::bench::harness::{count_for, iters_for, Bench, Op};
 use crate::bench::report::Row;
 use crate::bench::Stats;
-use crate::peer::open_context;
-use crate::sizes::show;
+use crate::device_args::DeviceArgs;
+use crate::units::show;
 use crate::Result;
 use rdmapool::conn::{self, Manager};
 use rdmapool::remote::{
@@ -72,19 +72,19 @@ pub(super) fn best_of(mut f: impl FnMut() -> Result<f64>) -> Result<f64> {
 /// READ/WRITE through the pool next to a raw QP on the same memory.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn data_rows(
-    provider: ProviderKind,
+    device: &DeviceArgs,
     server: &MemoryServer,
     id: u64,
     lat_sizes: &[usize],
     bw_sizes: &[usize],
     max: usize,
     base_iters: u64,
-    bar: &indicatif::ProgressBar,
+    bar: &mut crate::progress::Steps,
 ) -> Result<Vec<Row>> {
     let members = StaticMembership::new(vec![server.addr()]);
     // The pool client and the raw QP each get a context of their own (the server's is ctx),
     // as a client on another node would.
-    let pool_ctx = open_context(provider, Transport::Auto)?;
+    let pool_ctx = device.open(Transport::Auto)?;
     let pd = pool_ctx.alloc_pd()?;
     let client = PoolClient::connect(&pool_ctx, &pd, &members, ClientConfig::new(id))?;
     let ptr: RemotePtr = client.block_on(client.alloc(max as u64, None))?;
@@ -92,7 +92,7 @@ pub(super) fn data_rows(
     local.write_at(0, &vec![0x5a; max])?;
     // The raw QP: its own context, connected to the same server (a client hello gets it the
     // descriptor; it takes no lease), aimed at the same allocation.
-    let raw_ctx = open_context(provider, Transport::Auto)?;
+    let raw_ctx = device.open(Transport::Auto)?;
     let raw_pd = raw_ctx.alloc_pd()?;
     let raw_cq = raw_ctx.create_cq(4096)?;
     let hello = ClientHello { client_id: id + 1 }.encode();
@@ -135,8 +135,8 @@ pub(super) fn data_rows(
             gbps / rv
         };
         Row {
-            provider: provider.name().into(),
-            transport: path(provider),
+            provider: device.kind().name().into(),
+            transport: path(device.kind()),
             op: format!("pool {}", op.name()),
             metric: metric.into(),
             size,
@@ -193,7 +193,7 @@ pub(super) fn data_rows(
                     rl.median_ns,
                 )
             });
-            bar.inc(1);
+            bar.inc();
         }
         for &size in bw_sizes {
             bar.set_message(format!("pool {} {} bandwidth", op.name(), show(size)));
@@ -215,7 +215,7 @@ pub(super) fn data_rows(
             }
             let lat = Stats::from_samples(&samples);
             rows.push(row(op, "bandwidth", size, count, lat, ours, theirs));
-            bar.inc(1);
+            bar.inc();
         }
     }
     client.block_on(client.free(ptr))?;

@@ -13,8 +13,9 @@
 
 use super::report::{print_json, print_table, Row};
 use super::Stats;
-use crate::peer::open_context;
-use crate::sizes::{parse_size, parse_sizes, show};
+use crate::device_args::DeviceArgs;
+use crate::progress::Steps;
+use crate::units::{duration_arg, show, size_arg};
 use crate::{Result, ToolError};
 use rdmapool::fabric::*;
 use rdmapool::remote::{
@@ -35,9 +36,8 @@ use data::data_rows;
 /// Arguments of `bench pool`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// soft or verbs.
-    #[arg(long, default_value = "soft")]
-    provider: String,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// Where the servers listen (on verbs: the RDMA netdev's address).
     #[arg(long, default_value = "127.0.0.1")]
     ip: IpAddr,
@@ -45,20 +45,24 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
     clients: Vec<usize>,
     /// Object size for the alloc+free rate.
-    #[arg(long, default_value = "64")]
-    object_size: String,
+    #[arg(long, default_value = "64", value_parser = size_arg)]
+    object_size: usize,
     /// Objects each client keeps allocated (each pair allocates one and frees the oldest).
     #[arg(long, default_value_t = 64)]
     live: usize,
-    /// Seconds per alloc+free measurement (each design, each client count).
-    #[arg(long, default_value_t = 1.0)]
-    secs: f64,
+    /// How long each alloc+free measurement runs (each design, each client count): `1s`,
+    /// `500ms`; at most 10m.
+    #[arg(long, default_value = "1s", value_parser = duration_arg)]
+    duration: Duration,
+    /// Deprecated: --duration in seconds.
+    #[arg(long, hide = true, conflicts_with = "duration")]
+    secs: Option<f64>,
     /// READ/WRITE sizes for latency, comma-separated.
-    #[arg(long, default_value = "8,4K")]
-    latency_size: String,
+    #[arg(long, value_delimiter = ',', value_parser = size_arg, default_value = "8,4K")]
+    latency_size: Vec<usize>,
     /// READ/WRITE sizes for bandwidth, comma-separated.
-    #[arg(long, default_value = "64K,1M")]
-    bandwidth_size: String,
+    #[arg(long, value_delimiter = ',', value_parser = size_arg, default_value = "64K,1M")]
+    bandwidth_size: Vec<usize>,
     /// Latency iterations for 8-byte operations (larger sizes use fewer).
     #[arg(long, default_value_t = 5000)]
     iters: u64,
@@ -93,17 +97,27 @@ fn server_config(listen: SocketAddr, size: usize) -> ServerConfig {
 
 /// Runs the benchmark and prints the table or JSON.
 pub fn run(args: Args) -> Result<()> {
-    let provider = ProviderKind::parse(&args.provider)?;
-    let object = parse_size(&args.object_size)? as u64;
-    let lat_sizes = parse_sizes(&args.latency_size)?;
-    let bw_sizes = parse_sizes(&args.bandwidth_size)?;
+    let device = &args.device;
+    let provider = device.kind();
+    let object = args.object_size as u64;
+    let lat_sizes = args.latency_size.clone();
+    let bw_sizes = args.bandwidth_size.clone();
+    let secs = match args.secs {
+        Some(s) if !(s > 0.0 && s <= 600.0) => {
+            return Err(ToolError::Msg(
+                "--secs: between 0 and 600 (better: --duration 1s)".into(),
+            ))
+        }
+        Some(s) => s,
+        None => args.duration.as_secs_f64(),
+    };
     if args.clients.is_empty() || args.clients.contains(&0) {
         return Err(ToolError::Msg(
             "--clients: positive counts, e.g. 1,2,4,8".into(),
         ));
     }
-    if !(args.secs > 0.0 && args.secs <= 600.0) {
-        return Err(ToolError::Msg("--secs: between 0 and 600".into()));
+    if secs > 600.0 {
+        return Err(ToolError::Msg("--duration: at most 10m".into()));
     }
     let max_data = lat_sizes
         .iter()
@@ -117,7 +131,7 @@ pub fn run(args: Args) -> Result<()> {
             show(max_data)
         )));
     }
-    let ctx = open_context(provider, Transport::Auto)?;
+    let ctx = device.open(Transport::Auto)?;
     let server = MemoryServer::start(&ctx, server_config(SocketAddr::new(args.ip, 0), 32 << 20))?;
     let steps = if args.no_alloc {
         0
@@ -128,23 +142,19 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         2 * (lat_sizes.len() + bw_sizes.len())
     };
-    let bar = indicatif::ProgressBar::new(steps as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")
-            .expect("valid template"),
-    );
+    let mut bar = Steps::new("bench pool", steps as u64, args.json);
     let mut rows = Vec::new();
     let mut next_id = 1000u64;
     if !args.no_alloc {
-        let baseline = TwoSidedServer::start(provider, args.ip, 32 << 20, object)?;
+        let baseline = TwoSidedServer::start(device, args.ip, 32 << 20, object)?;
         for &n in &args.clients {
             bar.set_message(format!("alloc+free, {n} clients, one-sided"));
-            let ours = one_sided(provider, &server, n, next_id, object, args.live, args.secs)?;
+            let ours = one_sided(device, &server, n, next_id, object, args.live, secs)?;
             next_id += n as u64;
-            bar.inc(1);
+            bar.inc();
             bar.set_message(format!("alloc+free, {n} clients, two-sided"));
-            let base = two_sided(provider, &baseline, n, object, args.live, args.secs)?;
-            bar.inc(1);
+            let base = two_sided(device, &baseline, n, object, args.live, secs)?;
+            bar.inc();
             rows.push(Row {
                 provider: provider.name().into(),
                 transport: path(provider),
@@ -169,10 +179,10 @@ pub fn run(args: Args) -> Result<()> {
     if !args.no_data {
         let id = next_id;
         rows.extend(data_rows(
-            provider, &server, id, &lat_sizes, &bw_sizes, max_data, args.iters, &bar,
+            device, &server, id, &lat_sizes, &bw_sizes, max_data, args.iters, &mut bar,
         )?);
     }
-    bar.finish_and_clear();
+    bar.finish();
     drop(server);
     if args.json {
         print_json(&rows);
@@ -341,7 +351,7 @@ impl Drop for OneSided {
 
 /// alloc+free through `PoolClient`s, one-sided.
 fn one_sided(
-    provider: ProviderKind,
+    device: &DeviceArgs,
     server: &MemoryServer,
     n: usize,
     first_id: u64,
@@ -352,7 +362,7 @@ fn one_sided(
     let members = StaticMembership::new(vec![server.addr()]);
     let members = &members;
     let rate = clients(n, secs, |i| {
-        let ctx = open_context(provider, Transport::Auto)?;
+        let ctx = device.open(Transport::Auto)?;
         let pd = ctx.alloc_pd()?;
         let client =
             PoolClient::connect(&ctx, &pd, members, ClientConfig::new(first_id + i as u64))?;

@@ -1,0 +1,313 @@
+//! Every `--json` output of rdma-tool, from real runs of the built binary on the soft
+//! provider, validated against its JSON Schema in `crates/rdma-tool/schemas/`.
+//!
+//! Each schema must also pin what it describes: for every key of every object the tool
+//! printed, the same object without that key, or with that key's value replaced by one of the
+//! wrong type, must be refused. A schema that accepted anything would fail here.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Output, Stdio};
+
+const EXE: &str = env!("CARGO_BIN_EXE_rdma-tool");
+
+fn validator(name: &str) -> jsonschema::Validator {
+    let path = format!("{}/schemas/{name}.schema.json", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let schema: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    jsonschema::draft202012::new(&schema).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// `v` is valid under schema `name`, and every key of the objects it holds matters.
+fn check(name: &str, v: &Value) {
+    let s = validator(name);
+    let errors: Vec<String> = s.iter_errors(v).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{name}: {v}\nerrors: {errors:#?}");
+    // The objects to break: the value itself, or the first element of an array.
+    let (target, rebuild): (&Value, Box<dyn Fn(Value) -> Value>) = match v {
+        Value::Array(items) => {
+            let rest = items[1..].to_vec();
+            (
+                &items[0],
+                Box::new(move |first| {
+                    let mut all = vec![first];
+                    all.extend(rest.clone());
+                    Value::Array(all)
+                }),
+            )
+        }
+        other => (other, Box::new(|x| x)),
+    };
+    let obj = target.as_object().expect("an object");
+    for key in obj.keys() {
+        let mut without = obj.clone();
+        without.remove(key);
+        assert!(
+            !s.is_valid(&rebuild(Value::Object(without))),
+            "{name}: accepted an object without {key:?}"
+        );
+        let mut retyped = obj.clone();
+        retyped.insert(key.clone(), json!({"wrong": [1]}));
+        assert!(
+            !s.is_valid(&rebuild(Value::Object(retyped))),
+            "{name}: accepted {key:?} of the wrong type"
+        );
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(EXE)
+        .args(args)
+        .output()
+        .expect("rdma-tool runs")
+}
+
+/// Runs a command that must succeed; returns its stdout's JSON lines.
+fn json_lines(args: &[&str]) -> Vec<Value> {
+    let out = run(args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{args:?}: {e}: {l}")))
+        .collect();
+    assert!(!lines.is_empty(), "{args:?} printed nothing");
+    lines
+}
+
+#[test]
+fn devices_json_lists_the_soft_device_and_filters() {
+    let out = run(&["devices", "--json"]);
+    assert!(out.status.success());
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    check("devices", &all);
+    let out = run(&[
+        "devices",
+        "--json",
+        "--provider",
+        "soft",
+        "--device",
+        "soft0",
+    ]);
+    let one: Value = serde_json::from_slice(&out.stdout).unwrap();
+    check("devices", &one);
+    assert_eq!(one.as_array().unwrap().len(), 1, "{one}");
+    assert_eq!(one[0]["devices"][0]["name"], "soft0");
+}
+
+#[test]
+fn demo_json_is_one_object_with_every_check_passed() {
+    let v = json_lines(&["demo", "--json"]);
+    assert_eq!(v.len(), 1, "one object: {v:?}");
+    check("demo", &v[0]);
+    assert_eq!(v[0]["passed"], true);
+    assert_eq!(v[0]["checks_failed"], 0);
+    assert_eq!(v[0]["device"], "soft0");
+    let checks: usize = v[0]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["checks"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(v[0]["checks"], checks as u64);
+    assert!(checks >= 6, "{}", v[0]);
+}
+
+#[test]
+fn stress_json_matches_its_schema() {
+    let v = json_lines(&[
+        "stress",
+        "--size",
+        "4M",
+        "--count",
+        "2",
+        "--threads",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(v.len(), 1);
+    check("stress", &v[0]);
+    assert_eq!(v[0]["rounds_done"], 2);
+}
+
+#[test]
+fn monitor_json_matches_its_schema_for_every_metric() {
+    for metric in [
+        "reg_latency",
+        "dereg_latency",
+        "op_latency",
+        "cache_hit_rate",
+        "pool_usage",
+        "errors",
+    ] {
+        let v = json_lines(&[
+            "monitor",
+            "--metric",
+            metric,
+            "--percentile",
+            "50,99,100",
+            "--count",
+            "2",
+            "--interval",
+            "100ms",
+            "--json",
+        ]);
+        assert_eq!(v.len(), 2, "{metric}: {v:?}");
+        for s in &v {
+            check("monitor", s);
+            assert_eq!(s["metric"], metric);
+        }
+    }
+}
+
+#[test]
+fn bench_reg_json_lines_match_their_schema() {
+    let v = json_lines(&[
+        "bench",
+        "reg",
+        "--async-size",
+        "4M",
+        "--page-size-region",
+        "4M",
+        "--parallel-size",
+        "8M",
+        "--json",
+    ]);
+    assert_eq!(v.len(), 6, "{v:?}");
+    for r in &v {
+        check("bench-reg", r);
+    }
+}
+
+#[test]
+fn bench_data_json_lines_match_their_schema() {
+    let v = json_lines(&[
+        "bench",
+        "data",
+        "--op",
+        "read",
+        "--size",
+        "64K",
+        "--iters",
+        "100",
+        "--transport",
+        "local",
+        "--no-ucx",
+        "--json",
+    ]);
+    assert!(v.len() >= 2, "{v:?}");
+    for r in &v {
+        check("bench-data", r);
+        assert_eq!(r["size"], 65536);
+    }
+}
+
+#[test]
+fn bench_pool_json_lines_match_their_schema() {
+    let v = json_lines(&[
+        "bench",
+        "pool",
+        "--no-data",
+        "--clients",
+        "1",
+        "--duration",
+        "100ms",
+        "--live",
+        "4",
+        "--json",
+    ]);
+    assert_eq!(v.len(), 1, "{v:?}");
+    check("bench-pool", &v[0]);
+    assert_eq!(v[0]["metric"], "rate");
+}
+
+#[test]
+fn serve_json_lines_and_pool_json_against_it() {
+    let mut child = Command::new(EXE)
+        .args([
+            "serve",
+            "--json",
+            "--size",
+            "8M",
+            "--chunk-size",
+            "256K",
+            "--node",
+            "5",
+            "--lease",
+            "3s",
+            "--drain",
+            "2s",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let listening: Value = serde_json::from_str(&line).unwrap();
+    check("serve", &listening);
+    assert_eq!(listening["node"], 5);
+    assert_eq!(listening["lease_ms"], 3000);
+    let addr = listening["listening"].as_str().unwrap().to_string();
+
+    let pool = |args: &[&str]| -> Value {
+        let mut all = vec!["pool", "--json", "--servers", &addr, "--client-id", "3"];
+        all.extend_from_slice(args);
+        let v = json_lines(&all);
+        assert_eq!(v.len(), 1, "{args:?}: {v:?}");
+        check("pool", &v[0]);
+        v[0].clone()
+    };
+    let a = pool(&["alloc", "64"]);
+    assert_eq!(a["op"], "alloc");
+    let ptr = a["ptr"].as_str().unwrap().to_string();
+    assert_eq!(pool(&["write", &ptr, "0", "hi"])["written"], 2);
+    assert_eq!(pool(&["read", &ptr, "0", "2"])["hex"], "6869");
+    assert_eq!(pool(&["cas", &ptr, "8", "0", "7"])["swapped"], true);
+    assert_eq!(pool(&["faa", &ptr, "8", "1"])["old"], 7);
+    let stats = pool(&["stats"]);
+    assert_eq!(stats["allocations"][0], ptr.as_str());
+    assert_eq!(pool(&["free", &ptr])["freed"], ptr.as_str());
+
+    // A shell line that fails prints an error object, and the shell's exit code says so.
+    let mut shell = Command::new(EXE)
+        .args([
+            "pool",
+            "--json",
+            "--servers",
+            &addr,
+            "--client-id",
+            "4",
+            "shell",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(shell.stdin.take().unwrap(), "alloc 64\nfree 9:9\n").unwrap();
+    let out = shell.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    check("pool", &lines[0]);
+    check("pool", &lines[1]);
+    assert!(lines[1]["error"].is_string(), "{}", lines[1]);
+
+    drop(child.stdin.take());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert!(child.wait().unwrap().success());
+    let stopped: Value = serde_json::from_str(rest.trim()).unwrap();
+    check("serve", &stopped);
+    assert_eq!(stopped["stopped"], 5);
+}
