@@ -212,17 +212,25 @@ fn bench_pool_json_lines_match_their_schema() {
     let v = json_lines(&[
         "bench",
         "pool",
-        "--no-data",
         "--clients",
         "1",
         "--duration",
         "100ms",
         "--live",
         "4",
+        "--latency-size",
+        "8",
+        "--bandwidth-size",
+        "64K",
+        "--iters",
+        "200",
         "--json",
     ]);
-    assert_eq!(v.len(), 1, "{v:?}");
-    check("bench-pool", &v[0]);
+    // One alloc+free row, then WRITE and READ: a latency and a bandwidth row each.
+    assert_eq!(v.len(), 5, "{v:?}");
+    for r in &v {
+        check("bench-pool", r);
+    }
     assert_eq!(v[0]["metric"], "rate");
 }
 

@@ -83,6 +83,8 @@ const BEST_OF: usize = 3;
 /// Latency samples per turn when ours and the raw QP's alternate.
 const LAT_BLOCK: u64 = 250;
 const WAIT: Duration = Duration::from_secs(30);
+/// The lease of the data rows' server: longer than they take.
+const DATA_LEASE: Duration = Duration::from_secs(3600);
 
 fn server_config(listen: SocketAddr, size: usize) -> ServerConfig {
     ServerConfig {
@@ -172,18 +174,31 @@ pub fn run(args: Args) -> Result<()> {
             });
         }
         baseline.stop();
-        // Let the alloc phase's dropped clients' leases run out and their connections
-        // close before the data rows are measured on the same server.
-        std::thread::sleep(server.descriptor().lease * 2);
     }
+    drop(server);
     if !args.no_data {
-        let id = next_id;
+        // A server of their own, with a lease longer than any run: the raw reference QP
+        // takes no lease slot, and a server disconnects lease-less connections after two
+        // leases (4 s with the 2 s above, which cut the reference off mid-run).
+        let data_server = MemoryServer::start(
+            &ctx,
+            ServerConfig {
+                lease: DATA_LEASE,
+                ..server_config(SocketAddr::new(args.ip, 0), 8 << 20)
+            },
+        )?;
         rows.extend(data_rows(
-            device, &server, id, &lat_sizes, &bw_sizes, max_data, args.iters, &mut bar,
+            device,
+            &data_server,
+            next_id,
+            &lat_sizes,
+            &bw_sizes,
+            max_data,
+            args.iters,
+            &mut bar,
         )?);
     }
     bar.finish();
-    drop(server);
     if args.json {
         print_json(&rows);
     } else {
