@@ -8,6 +8,7 @@ mod peer;
 mod plot;
 mod pool;
 mod serve;
+mod signals;
 mod sizes;
 mod stress;
 

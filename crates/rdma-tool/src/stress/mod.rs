@@ -46,7 +46,8 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// Also write the latency CDFs (registration, deregistration, allocation) as SVG.
+    /// Also draw the latency CDFs (registration, deregistration, allocation; with --mix,
+    /// one per kind) to this file, `.svg` or `.png`.
     #[arg(long)]
     plot: Option<std::path::PathBuf>,
     /// Serve this process's metrics on a Unix socket (a path, or `@name` for an abstract
