@@ -105,16 +105,43 @@ fn engine_panels(rows: &[Row]) -> Vec<BarPanel> {
             continue;
         }
         let refs = dedup(mine.iter().map(|r| r.reference.as_str()));
+        let transports = dedup(mine.iter().map(|r| r.transport.as_str()));
+        // The words every mode shares go to the title; the bars are labelled by the rest.
+        let first = mine[0].op.as_str();
+        let mut common = mine.iter().fold(first.len(), |n, r| {
+            first
+                .bytes()
+                .zip(r.op.bytes())
+                .take(n)
+                .take_while(|(a, b)| a == b)
+                .count()
+        });
+        common = first[..common].rfind(' ').map_or(0, |i| i + 1);
+        if mine.len() == 1 {
+            common = 0;
+        }
+        let shared = first[..common].trim();
         let scale = if metric == "latency" { 1e-3 } else { 1.0 };
         panels.push(BarPanel {
-            title: format!("{metric}: each mode next to its reference"),
+            title: format!(
+                "{metric}{}: each next to its reference",
+                if shared.is_empty() {
+                    String::new()
+                } else {
+                    format!(" of {shared}")
+                }
+            ),
             unit: unit.into(),
-            ours: "rdmapool (the mode named below)".into(),
+            ours: "rdmapool, as labelled below".into(),
             reference: format!("reference: {}", refs.join("; ")),
             rows: mine
                 .iter()
                 .map(|r| BarPair {
-                    label: format!("{} {}", r.transport, r.op),
+                    label: if transports.len() > 1 {
+                        format!("{}, {}", r.transport, &r.op[common..])
+                    } else {
+                        r.op[common..].to_string()
+                    },
                     ours: if metric == "latency" {
                         r.median_ns * scale
                     } else {

@@ -4,6 +4,7 @@ use super::{color, msg, render, Figure, SIZE};
 use crate::{Result, ToolError};
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
 
 /// One bar pair: a label, our value and the reference's, in the panel's unit.
@@ -46,19 +47,14 @@ impl Figure for BarPanel {
         let mut chart = ChartBuilder::on(root)
             .caption(&self.title, ("sans-serif", 20))
             .margin(12)
-            .x_label_area_size(60)
+            .x_label_area_size(70)
             .y_label_area_size(70)
             .build_cartesian_2d(0f64..n as f64, 0f64..top.max(f64::MIN_POSITIVE))
             .map_err(msg)?;
-        let labels: Vec<String> = rows.iter().map(|r| r.label.clone()).collect();
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .x_labels(n)
-            .x_label_formatter(&|x| {
-                let i = x.floor() as usize;
-                labels.get(i).cloned().unwrap_or_default()
-            })
+            .x_label_formatter(&|_| String::new())
             .y_desc(&self.unit)
             .draw()
             .map_err(msg)?;
@@ -75,6 +71,20 @@ impl Figure for BarPanel {
                 .map_err(msg)?
                 .label(name.clone())
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+        }
+        // Each pair's label centred under it, split into lines at ", " so long names fit.
+        let base = root.get_base_pixel();
+        let style = ("sans-serif", 13)
+            .into_font()
+            .color(&BLACK)
+            .pos(Pos::new(HPos::Center, VPos::Top));
+        for (i, r) in rows.iter().enumerate() {
+            let (x, y) = chart.backend_coord(&(i as f64 + 0.5, 0.0));
+            for (k, line) in r.label.split(", ").enumerate() {
+                let at = (x - base.0, y - base.1 + 8 + 15 * k as i32);
+                root.draw(&Text::new(line.to_string(), at, style.clone()))
+                    .map_err(msg)?;
+            }
         }
         chart
             .configure_series_labels()
