@@ -53,7 +53,7 @@ pub struct Plan {
     pub threads: usize,
     /// Rounds per thread.
     pub count: u64,
-    /// `reg`: bytes per region, and whether on 2 MiB pages.
+    /// `reg`: bytes per region.
     pub region_bytes: usize,
     /// `reg`: 2 MiB pages.
     pub hugepages: bool,
@@ -72,7 +72,8 @@ impl Plan {
     pub fn pinned_bytes(&self) -> usize {
         let mut b = 0;
         if self.kinds.contains(&Kind::Reg) {
-            b += self.threads * self.region_bytes.next_multiple_of(2 << 20);
+            let page = if self.hugepages { 2 << 20 } else { 4096 };
+            b += self.threads * self.region_bytes.next_multiple_of(page);
         }
         if self.kinds.contains(&Kind::Cache) {
             b += (self.cache_buffers + self.threads) * (self.cache_size + 8192);
