@@ -153,3 +153,30 @@ fn another_extension_is_refused_before_the_run_naming_the_two_that_work() {
         assert!(out.stdout.is_empty(), "nothing ran: {args:?}");
     }
 }
+
+#[test]
+fn sigterm_ends_the_monitor_cleanly_with_its_plot_written() {
+    use std::io::{BufRead, BufReader};
+    let path = temp("sigterm.svg");
+    let mut child = Command::new(EXE)
+        .args(["monitor", "--interval", "200ms", "--json", "--plot"])
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Two samples printed: it is in its loop (no --count: it would run until stopped).
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    for _ in 0..2 {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "monitor ended early");
+    }
+    // SAFETY: kill with a pid of our own child and a valid signal number.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "a clean exit, not death by signal");
+    let svg = std::fs::read(&path).expect("the plot was written on SIGTERM");
+    let _ = std::fs::remove_file(&path);
+    let texts = svg_texts(&svg);
+    assert!(texts.iter().any(|t| t == "p50"), "{texts:?}");
+}
