@@ -71,21 +71,18 @@ fn text_output_in_a_log_says_what_it_measured() {
     }
 }
 
-#[test]
-fn a_memlock_limit_that_cannot_fit_a_region_stops_the_run_without_fake_figures() {
+/// Whether the tests run as root (needed to start the tool as another user); says so if not.
+fn root() -> bool {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
         eprintln!("skipped: needs root to run the tool as another user with a small limit");
-        return;
     }
-    let mut cmd = Command::new(EXE);
-    cmd.args([
-        "stress",
-        "--size=16M",
-        "--count=50",
-        "--threads=1",
-        "--small-pages",
-    ]);
+    root
+}
+
+/// Runs `cmd` as user nobody under a 1 MiB RLIMIT_MEMLOCK (no CAP_IPC_LOCK to lift it).
+fn as_nobody_with_1m_memlock(cmd: &mut Command) -> std::process::Output {
     // SAFETY: setrlimit between fork and exec touches only the child's own limits.
     unsafe {
         cmd.pre_exec(|| {
@@ -99,7 +96,23 @@ fn a_memlock_limit_that_cannot_fit_a_region_stops_the_run_without_fake_figures()
             Ok(())
         });
     }
-    let out = cmd.uid(65534).gid(65534).output().unwrap();
+    cmd.uid(65534).gid(65534).output().unwrap()
+}
+
+#[test]
+fn a_memlock_limit_that_cannot_fit_a_region_stops_the_run_without_fake_figures() {
+    if !root() {
+        return;
+    }
+    let mut cmd = Command::new(EXE);
+    cmd.args([
+        "stress",
+        "--size=16M",
+        "--count=50",
+        "--threads=1",
+        "--small-pages",
+    ]);
+    let out = as_nobody_with_1m_memlock(&mut cmd);
     let (text, err) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
@@ -182,9 +195,7 @@ fn a_mixed_run_reports_each_kind_apart_with_no_failures() {
 
 #[test]
 fn a_mix_that_cannot_fit_the_memlock_limit_is_refused_before_it_runs() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to run the tool as another user with a small limit");
+    if !root() {
         return;
     }
     let mut cmd = Command::new(EXE);
@@ -195,20 +206,7 @@ fn a_mix_that_cannot_fit_the_memlock_limit_is_refused_before_it_runs() {
         "--count=5",
         "--threads=2",
     ]);
-    // SAFETY: setrlimit between fork and exec touches only the child's own limits.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 1 << 20,
-                rlim_max: 1 << 20,
-            };
-            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let out = cmd.uid(65534).gid(65534).output().unwrap();
+    let out = as_nobody_with_1m_memlock(&mut cmd);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("RLIMIT_MEMLOCK is 1M"), "{err}");
