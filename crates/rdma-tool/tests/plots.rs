@@ -73,6 +73,29 @@ fn bench_data_plots_ours_next_to_each_reference_by_size() {
 }
 
 #[test]
+fn bench_data_engine_modes_plot_as_labelled_bar_pairs() {
+    let svg = plotted(
+        &[
+            "bench", "data", "--async", "--batch", "4", "--count", "2000", "--iters", "200",
+            "--json",
+        ],
+        "engine.svg",
+    );
+    let texts = svg_texts(&svg);
+    for want in [
+        "latency of write async: each next to its reference",
+        "median 8 B WRITE round trip (µs)",
+        "message rate (Mop/s)",
+        "reference: raw post + busy-poll",
+        "caller-driven",
+        "raw list 4",
+        "async batch 4",
+    ] {
+        assert!(texts.iter().any(|t| t == want), "{want:?} not in {texts:?}");
+    }
+}
+
+#[test]
 fn monitor_plots_each_percentile_over_time() {
     let svg = plotted(
         &[
