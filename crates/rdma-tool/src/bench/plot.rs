@@ -8,8 +8,15 @@ use crate::plot::{self, BarPair, BarPanel, Grid, Panel, Series};
 use crate::Result;
 use std::path::Path;
 
+/// An axis label for a size in bytes: decimal units, as the ticks fall on powers of ten.
 fn size_label(v: f64) -> String {
-    crate::sizes::show(v.round().max(0.0) as usize)
+    let v = v.round().max(0.0);
+    for (div, unit) in [(1e9, "GB"), (1e6, "MB"), (1e3, "kB")] {
+        if v >= div {
+            return format!("{} {unit}", plot::num(v / div));
+        }
+    }
+    format!("{v} B")
 }
 
 /// Adds `(x, y)` to the series called `name`, creating it (in order of first appearance).

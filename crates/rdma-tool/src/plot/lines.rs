@@ -67,19 +67,68 @@ fn range(log: bool, vals: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f
     (lo, hi + pad)
 }
 
-/// A number with three significant digits.
+/// A number with about three significant digits, without trailing zeros.
 pub fn num(v: f64) -> String {
     let a = v.abs();
-    if a == 0.0 {
-        "0".into()
+    let s = if a == 0.0 {
+        return "0".into();
     } else if a >= 100.0 {
-        format!("{v:.0}")
+        return format!("{v:.0}");
     } else if a >= 10.0 {
         format!("{v:.1}")
     } else if a >= 0.01 {
         format!("{v:.2}")
     } else {
-        format!("{v:.1e}")
+        return format!("{v:.1e}");
+    };
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+impl Panel {
+    /// The corner whose legend-sized box covers the fewest points (and the lines between
+    /// them, sampled), so the legend hides as little data as it can.
+    fn legend_corner(&self, x: (f64, f64), y: (f64, f64)) -> SeriesLabelPosition {
+        let (w, h) = (0.45, (0.05 + 0.045 * self.series.len() as f64).min(0.9));
+        let norm = |(px, py): (f64, f64)| {
+            (
+                (axis(self.log_x, px) - x.0) / (x.1 - x.0),
+                (axis(self.log_y, py) - y.0) / (y.1 - y.0),
+            )
+        };
+        let mut samples = Vec::new();
+        for s in &self.series {
+            let p: Vec<(f64, f64)> = s.points.iter().map(|&q| norm(q)).collect();
+            samples.extend(p.iter().copied());
+            for pair in p.windows(2) {
+                for k in 1..10 {
+                    let t = k as f64 / 10.0;
+                    samples.push((
+                        pair[0].0 + (pair[1].0 - pair[0].0) * t,
+                        pair[0].1 + (pair[1].1 - pair[0].1) * t,
+                    ));
+                }
+            }
+        }
+        let inside = |left: bool, top: bool| {
+            samples
+                .iter()
+                .filter(|(px, py)| {
+                    let in_x = if left { *px <= w } else { *px >= 1.0 - w };
+                    let in_y = if top { *py >= 1.0 - h } else { *py <= h };
+                    in_x && in_y
+                })
+                .count()
+        };
+        [
+            (SeriesLabelPosition::UpperLeft, inside(true, true)),
+            (SeriesLabelPosition::UpperRight, inside(false, true)),
+            (SeriesLabelPosition::LowerRight, inside(false, false)),
+            (SeriesLabelPosition::LowerLeft, inside(true, false)),
+        ]
+        .into_iter()
+        .min_by_key(|(_, n)| *n)
+        .map(|(p, _)| p)
+        .unwrap_or(SeriesLabelPosition::UpperLeft)
     }
 }
 
@@ -142,7 +191,7 @@ impl Figure for Panel {
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(self.legend_corner((x0, x1), (y0, y1)))
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()
