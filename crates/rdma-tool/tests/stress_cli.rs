@@ -187,6 +187,10 @@ fn a_mixed_run_reports_each_kind_apart_with_no_failures() {
     );
     assert_eq!(hits + misses, 80);
     assert!(misses >= 20 && hits > 0, "{cache}");
+    assert_eq!(
+        cache["new_buffer_us"]["samples"], 20,
+        "one lookup in 4 of 80"
+    );
     assert_eq!(v["kinds"]["reg"]["deregistration_us"]["samples"], 80);
     // Only the kinds asked for.
     let only = stress_json(&["--mix=pool", "--size=1M", "--count=5", "--threads=1"]);

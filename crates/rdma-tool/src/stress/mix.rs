@@ -106,6 +106,9 @@ pub struct KindStats {
     pub latency: hdrhistogram::Histogram<u64>,
     /// `reg` only: deregistration latency, ns.
     pub dereg: hdrhistogram::Histogram<u64>,
+    /// `cache` only: latency of the lookups on new buffers (misses that register), ns;
+    /// they are in `latency` too.
+    pub misses: hdrhistogram::Histogram<u64>,
 }
 
 impl KindStats {
@@ -117,6 +120,7 @@ impl KindStats {
             first_error: None,
             latency: histogram(),
             dereg: histogram(),
+            misses: histogram(),
         }
     }
 
@@ -133,6 +137,7 @@ impl KindStats {
         }
         let _ = self.latency.add(&o.latency);
         let _ = self.dereg.add(&o.dereg);
+        let _ = self.misses.add(&o.misses);
     }
 }
 
@@ -274,6 +279,9 @@ fn worker(
                         // SAFETY: `cold` lives until after the handle is dropped and its
                         // entry invalidated, below.
                         let got = unsafe { cache.get(cold.as_ptr(), cold.len()) };
+                        if got.is_ok() {
+                            st.misses.saturating_record(ns(t0));
+                        }
                         record(st, t0, got.map(drop));
                         cache.invalidate(cold.as_ptr(), cold.len());
                         drop(cold);

@@ -312,6 +312,9 @@ fn run_mix(args: &Args, plan: &mix::Plan, ctx: &Context) -> Result<()> {
         if let Some(k) = r.kinds.iter().find(|k| k.kind == mix::Kind::Reg) {
             series.push(("reg: deregistration", &k.dereg));
         }
+        if let Some(k) = r.kinds.iter().find(|k| k.kind == mix::Kind::Cache) {
+            series.push(("cache: lookups on new buffers (misses)", &k.misses));
+        }
         crate::plot::latency_cdf(path, &title, &series)?;
     }
     let failed: u64 = r.kinds.iter().map(|k| k.failures).sum();

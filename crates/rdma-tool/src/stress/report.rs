@@ -228,6 +228,7 @@ pub fn print_mix(
                     v["buffer_bytes"] = json!(plan.cache_size);
                     v["working_set"] = json!(plan.cache_buffers);
                     v["miss_every"] = json!(plan.cache_miss_every);
+                    v["new_buffer_us"] = mix_percentiles(&k.misses);
                     if let Some(c) = &r.cache {
                         v["hits"] = json!(c.hits);
                         v["misses"] = json!(c.misses);
@@ -306,6 +307,10 @@ pub fn print_mix(
                         "cache: {} buffers of {} shared, one lookup in {} on a new buffer: hits {}, misses {}, evictions {}, uncached {}",
                         plan.cache_buffers, show(plan.cache_size), plan.cache_miss_every,
                         c.hits, c.misses, c.evictions, c.uncached
+                    );
+                    println!(
+                        "cache: {}",
+                        line("lookups on new buffers (register)", &k.misses)
                     );
                 }
             }
