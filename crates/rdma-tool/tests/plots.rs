@@ -139,7 +139,8 @@ fn a_png_plot_decodes_at_its_size_with_more_than_one_colour() {
     let mut reader = decoder.read_info().expect("a PNG header");
     let mut buf = vec![0; reader.output_buffer_size()];
     let info = reader.next_frame(&mut buf).expect("a PNG frame");
-    assert_eq!((info.width, info.height), (900, 540));
+    // 900 x 540 for the chart, and the legend under it: 16 px and 22 a series (three here).
+    assert_eq!((info.width, info.height), (900, 540 + 16 + 22 * 3));
     let px = info.color_type.samples();
     let pixels = &buf[..info.buffer_size()];
     let first = &pixels[..px];

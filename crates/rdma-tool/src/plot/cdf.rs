@@ -6,6 +6,13 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
 
+/// Pixels per legend line.
+const LEGEND_LINE: i32 = 22;
+
+fn legend_height(n: usize) -> u32 {
+    16 + LEGEND_LINE as u32 * n as u32
+}
+
 struct Cdf<'a> {
     title: &'a str,
     series: Vec<&'a (&'a str, &'a hdrhistogram::Histogram<u64>)>,
@@ -26,7 +33,10 @@ impl Figure for Cdf<'_> {
             / 1e3;
         let hi = series.iter().map(|(_, h)| h.max()).max().unwrap_or(1) as f64 / 1e3;
         let (lo, hi) = (lo * 0.9, (hi * 1.1).max(lo * 2.0));
-        let mut chart = ChartBuilder::on(root)
+        let (_, h) = root.dim_in_pixel();
+        let legend_top = h as i32 - legend_height(series.len()) as i32;
+        let (top, _) = root.split_vertically(legend_top);
+        let mut chart = ChartBuilder::on(&top)
             .caption(self.title, ("sans-serif", 22))
             .margin(12)
             .x_label_area_size(45)
@@ -39,6 +49,7 @@ impl Figure for Cdf<'_> {
             .y_desc("fraction of operations at or below")
             .draw()
             .map_err(msg)?;
+        let mut labels = Vec::new();
         for (i, (name, h)) in series.iter().enumerate() {
             let color = color(i);
             let total = h.len() as f64;
@@ -55,22 +66,30 @@ impl Figure for Cdf<'_> {
                 .collect();
             chart
                 .draw_series(LineSeries::new(points, color.stroke_width(2)))
-                .map_err(msg)?
-                .label(format!(
+                .map_err(msg)?;
+            labels.push((
+                color,
+                format!(
                     "{name} (p50 {:.1} µs, p99 {:.1} µs, n={})",
                     h.value_at_quantile(0.5) as f64 / 1e3,
                     h.value_at_quantile(0.99) as f64 / 1e3,
                     h.len()
-                ))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+                ),
+            ));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()
-            .map_err(msg)
+        // The legend under the chart, where it hides no line.
+        let style = ("sans-serif", 15).into_font().color(&BLACK);
+        for (i, (c, text)) in labels.into_iter().enumerate() {
+            let y = legend_top + 12 + LEGEND_LINE * i as i32;
+            root.draw(&PathElement::new(
+                vec![(80, y), (110, y)],
+                c.stroke_width(3),
+            ))
+            .map_err(msg)?;
+            root.draw(&Text::new(text, (120, y - 8), style.clone()))
+                .map_err(msg)?;
+        }
+        Ok(())
     }
 }
 
@@ -88,5 +107,6 @@ pub fn latency_cdf(
             path.display()
         )));
     }
-    render(path, SIZE, &Cdf { title, series })
+    let size = (SIZE.0, SIZE.1 + legend_height(series.len()));
+    render(path, size, &Cdf { title, series })
 }

@@ -1,7 +1,7 @@
 //! Line charts: one panel of named series over a shared x axis, either axis on a log scale
 //! (drawn as log10 of the values with labels of the values themselves), points marked.
 
-use super::{color, msg, Figure};
+use super::{color, emptiest_corner, msg, Figure};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -85,50 +85,20 @@ pub fn num(v: f64) -> String {
 }
 
 impl Panel {
-    /// The corner whose legend-sized box covers the fewest points (and the lines between
-    /// them, sampled), so the legend hides as little data as it can.
+    /// The corner where the legend hides the fewest points and lines.
     fn legend_corner(&self, x: (f64, f64), y: (f64, f64)) -> SeriesLabelPosition {
-        let (w, h) = (0.45, (0.05 + 0.045 * self.series.len() as f64).min(0.9));
         let norm = |(px, py): (f64, f64)| {
             (
                 (axis(self.log_x, px) - x.0) / (x.1 - x.0),
                 (axis(self.log_y, py) - y.0) / (y.1 - y.0),
             )
         };
-        let mut samples = Vec::new();
-        for s in &self.series {
-            let p: Vec<(f64, f64)> = s.points.iter().map(|&q| norm(q)).collect();
-            samples.extend(p.iter().copied());
-            for pair in p.windows(2) {
-                for k in 1..10 {
-                    let t = k as f64 / 10.0;
-                    samples.push((
-                        pair[0].0 + (pair[1].0 - pair[0].0) * t,
-                        pair[0].1 + (pair[1].1 - pair[0].1) * t,
-                    ));
-                }
-            }
-        }
-        let inside = |left: bool, top: bool| {
-            samples
-                .iter()
-                .filter(|(px, py)| {
-                    let in_x = if left { *px <= w } else { *px >= 1.0 - w };
-                    let in_y = if top { *py >= 1.0 - h } else { *py <= h };
-                    in_x && in_y
-                })
-                .count()
-        };
-        [
-            (SeriesLabelPosition::UpperLeft, inside(true, true)),
-            (SeriesLabelPosition::UpperRight, inside(false, true)),
-            (SeriesLabelPosition::LowerRight, inside(false, false)),
-            (SeriesLabelPosition::LowerLeft, inside(true, false)),
-        ]
-        .into_iter()
-        .min_by_key(|(_, n)| *n)
-        .map(|(p, _)| p)
-        .unwrap_or(SeriesLabelPosition::UpperLeft)
+        let lines: Vec<Vec<(f64, f64)>> = self
+            .series
+            .iter()
+            .map(|s| s.points.iter().map(|&q| norm(q)).collect())
+            .collect();
+        emptiest_corner(&lines, 0.45)
     }
 }
 

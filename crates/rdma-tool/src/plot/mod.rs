@@ -129,3 +129,42 @@ pub fn grid_size(n: usize, cols: usize) -> (u32, u32) {
     let rows = n.div_ceil(cols).max(1);
     (SIZE.0 * cols as u32, SIZE.1 * rows as u32 + 40)
 }
+
+/// The corner of a chart whose legend-sized box (`width` of the chart, a line per series)
+/// covers the fewest of the lines' points (and points sampled between them). `lines` are
+/// in chart coordinates normalised to 0..1, y up.
+fn emptiest_corner(lines: &[Vec<(f64, f64)>], width: f64) -> SeriesLabelPosition {
+    let h = (0.05 + 0.045 * lines.len() as f64).min(0.9);
+    let mut samples = Vec::new();
+    for p in lines {
+        samples.extend(p.iter().copied());
+        for pair in p.windows(2) {
+            for k in 1..10 {
+                let t = k as f64 / 10.0;
+                samples.push((
+                    pair[0].0 + (pair[1].0 - pair[0].0) * t,
+                    pair[0].1 + (pair[1].1 - pair[0].1) * t,
+                ));
+            }
+        }
+    }
+    let inside = |left: bool, top: bool| {
+        samples
+            .iter()
+            .filter(|(x, y)| {
+                let in_x = if left { *x <= width } else { *x >= 1.0 - width };
+                let in_y = if top { *y >= 1.0 - h } else { *y <= h };
+                in_x && in_y
+            })
+            .count()
+    };
+    [
+        (SeriesLabelPosition::LowerRight, inside(false, false)),
+        (SeriesLabelPosition::UpperLeft, inside(true, true)),
+        (SeriesLabelPosition::UpperRight, inside(false, true)),
+        (SeriesLabelPosition::LowerLeft, inside(true, false)),
+    ]
+    .into_iter()
+    .min_by_key(|(_, n)| *n)
+    .map_or(SeriesLabelPosition::UpperLeft, |(p, _)| p)
+}

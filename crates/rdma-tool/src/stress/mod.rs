@@ -215,8 +215,11 @@ pub fn run(args: Args) -> Result<()> {
     report::print(&s, args.json);
     if let Some(path) = &args.plot {
         let title = format!(
-            "rdma-tool stress on {}: {} rounds x {} threads x {} bytes",
-            s.provider, s.rounds_done, s.threads, s.region_bytes
+            "rdma-tool stress on {}: {} rounds x {} threads x {}",
+            s.provider,
+            s.rounds_done,
+            s.threads,
+            crate::sizes::show(s.region_bytes)
         );
         crate::plot::latency_cdf(
             path,
