@@ -10,6 +10,7 @@ mod plot;
 mod pool;
 mod progress;
 mod serve;
+mod signals;
 mod stress;
 mod units;
 

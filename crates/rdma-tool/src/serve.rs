@@ -71,32 +71,6 @@ pub fn no_etcd(url: &str) -> ToolError {
     ))
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn install_signal_handlers() -> Result<()> {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic (async-signal-safe); the sigaction
-        // struct is zero-initialised and then filled in.
-        let rc = unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(sig, &sa, std::ptr::null_mut())
-        };
-        if rc != 0 {
-            return Err(ToolError::Io(
-                "sigaction".into(),
-                std::io::Error::last_os_error(),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Parses the server's flags into a configuration.
 fn config(args: &Args) -> Result<ServerConfig> {
     let listen: SocketAddr = args.listen.parse().map_err(|e| {
@@ -135,7 +109,7 @@ pub fn run(args: Args) -> Result<()> {
     let cfg = config(&args)?;
     let provider = args.device.kind();
     let ctx = args.device.open(Transport::Auto)?;
-    install_signal_handlers()?;
+    crate::signals::install()?;
     let server = MemoryServer::start(&ctx, cfg.clone())?;
     let d = server.descriptor();
     // Registered in etcd while it serves; dropping it (on the way out) revokes the key.
@@ -208,7 +182,7 @@ pub fn run(args: Args) -> Result<()> {
             closed.store(true, Ordering::SeqCst);
         });
     }
-    while !STOP.load(Ordering::SeqCst) && !stdin_closed.load(Ordering::SeqCst) {
+    while !crate::signals::stopped() && !stdin_closed.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let st = server.stats();

@@ -136,6 +136,27 @@ fn stress_json_matches_its_schema() {
 }
 
 #[test]
+fn stress_mix_json_matches_its_schema() {
+    let v = json_lines(&[
+        "stress",
+        "--mix",
+        "reg,cache,pool",
+        "--size",
+        "8M",
+        "--count",
+        "3",
+        "--threads",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(v.len(), 1);
+    check("stress-mix", &v[0]);
+    for kind in ["reg", "cache", "pool"] {
+        assert_eq!(v[0]["kinds"][kind]["ops"], 6, "{kind}: {}", v[0]);
+    }
+}
+
+#[test]
 fn monitor_json_matches_its_schema_for_every_metric() {
     for metric in [
         "reg_latency",

@@ -71,21 +71,18 @@ fn text_output_in_a_log_says_what_it_measured() {
     }
 }
 
-#[test]
-fn a_memlock_limit_that_cannot_fit_a_region_stops_the_run_without_fake_figures() {
+/// Whether the tests run as root (needed to start the tool as another user); says so if not.
+fn root() -> bool {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
         eprintln!("skipped: needs root to run the tool as another user with a small limit");
-        return;
     }
-    let mut cmd = Command::new(EXE);
-    cmd.args([
-        "stress",
-        "--size=16M",
-        "--count=50",
-        "--threads=1",
-        "--small-pages",
-    ]);
+    root
+}
+
+/// Runs `cmd` as user nobody under a 1 MiB RLIMIT_MEMLOCK (no CAP_IPC_LOCK to lift it).
+fn as_nobody_with_1m_memlock(cmd: &mut Command) -> std::process::Output {
     // SAFETY: setrlimit between fork and exec touches only the child's own limits.
     unsafe {
         cmd.pre_exec(|| {
@@ -99,7 +96,23 @@ fn a_memlock_limit_that_cannot_fit_a_region_stops_the_run_without_fake_figures()
             Ok(())
         });
     }
-    let out = cmd.uid(65534).gid(65534).output().unwrap();
+    cmd.uid(65534).gid(65534).output().unwrap()
+}
+
+#[test]
+fn a_memlock_limit_that_cannot_fit_a_region_stops_the_run_without_fake_figures() {
+    if !root() {
+        return;
+    }
+    let mut cmd = Command::new(EXE);
+    cmd.args([
+        "stress",
+        "--size=16M",
+        "--count=50",
+        "--threads=1",
+        "--small-pages",
+    ]);
+    let out = as_nobody_with_1m_memlock(&mut cmd);
     let (text, err) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
@@ -137,9 +150,69 @@ fn the_plot_is_an_svg_with_one_labelled_series_per_measurement() {
     }
     assert!(svg.matches("<polyline").count() >= 3, "one line per series");
     let bad = Command::new(EXE)
-        .args(["stress", "--size=8M", "--count=1", "--plot", "x.png"])
+        .args(["stress", "--size=8M", "--count=1", "--plot", "x.pdf"])
         .output()
         .unwrap();
-    assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("*.svg"));
+    assert_eq!(bad.status.code(), Some(1), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("*.svg or *.png"));
+}
+
+#[test]
+fn a_mixed_run_reports_each_kind_apart_with_no_failures() {
+    let v = stress_json(&[
+        "--mix=reg,cache,pool",
+        "--size=4M",
+        "--count=40",
+        "--threads=2",
+        "--small-pages",
+        "--cache-miss-every=4",
+    ]);
+    assert_eq!(v["mix"], serde_json::json!(["reg", "cache", "pool"]));
+    assert_eq!(v["failures"], 0, "{v}");
+    for kind in ["reg", "cache", "pool"] {
+        let k = &v["kinds"][kind];
+        assert_eq!(k["ops"], 80, "{kind}: 40 rounds x 2 threads: {v}");
+        assert_eq!(k["failures"], 0, "{kind}: {v}");
+        assert_eq!(k["latency_us"]["samples"], 80, "{kind}");
+        for q in ["p50", "p99", "p999", "max"] {
+            assert!(k["latency_us"][q].as_f64().unwrap() > 0.0, "{kind} {q}");
+        }
+        assert!(k["ops_per_s"].as_f64().unwrap() > 0.0);
+    }
+    // One lookup in 4 is on a new buffer: at least those miss, and the rest can hit.
+    let cache = &v["kinds"]["cache"];
+    let (hits, misses) = (
+        cache["hits"].as_u64().unwrap(),
+        cache["misses"].as_u64().unwrap(),
+    );
+    assert_eq!(hits + misses, 80);
+    assert!(misses >= 20 && hits > 0, "{cache}");
+    assert_eq!(
+        cache["new_buffer_us"]["samples"], 20,
+        "one lookup in 4 of 80"
+    );
+    assert_eq!(v["kinds"]["reg"]["deregistration_us"]["samples"], 80);
+    // Only the kinds asked for.
+    let only = stress_json(&["--mix=pool", "--size=1M", "--count=5", "--threads=1"]);
+    assert_eq!(only["kinds"].as_object().unwrap().len(), 1, "{only}");
+}
+
+#[test]
+fn a_mix_that_cannot_fit_the_memlock_limit_is_refused_before_it_runs() {
+    if !root() {
+        return;
+    }
+    let mut cmd = Command::new(EXE);
+    cmd.args([
+        "stress",
+        "--mix=reg,pool",
+        "--size=8M",
+        "--count=5",
+        "--threads=2",
+    ]);
+    let out = as_nobody_with_1m_memlock(&mut cmd);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("RLIMIT_MEMLOCK is 1M"), "{err}");
+    assert!(out.stdout.is_empty(), "nothing ran");
 }

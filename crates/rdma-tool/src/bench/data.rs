@@ -58,6 +58,11 @@ pub struct Args {
     /// server listens for its reference runs (default: $SOFTROCE_IP inside the guest).
     #[arg(long)]
     perftest_ip: Option<String>,
+    /// Also draw what the table prints (`.svg` or `.png`): for the size sweep, latency and
+    /// bandwidth against message size per operation, ours next to each reference (log
+    /// scales); for --async/--batch/--cqs, bar pairs of each mode and its reference.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
 }
 
 /// Bandwidth runs are repeated and the best kept, for ours and the references alike: on a
@@ -78,6 +83,9 @@ pub fn run(args: Args) -> Result<()> {
     let ops: Vec<Op> = args.op.split(',').map(Op::parse).collect::<Result<_>>()?;
     let sizes = args.size.clone();
     args.device.check()?;
+    if let Some(p) = &args.plot {
+        crate::plot::check_path(p)?;
+    }
     let engine = super::engine::Selection {
         latency: args.async_latency,
         batch: args.batch.clone(),
@@ -93,6 +101,9 @@ pub fn run(args: Args) -> Result<()> {
         } else {
             print_table(&rows);
         }
+        if let Some(p) = &args.plot {
+            super::plot::engine(p, provider.name(), &rows)?;
+        }
         return Ok(());
     }
     if provider == ProviderKind::Verbs {
@@ -105,6 +116,9 @@ pub fn run(args: Args) -> Result<()> {
             print_json(&rows);
         } else {
             print_table(&rows);
+        }
+        if let Some(p) = &args.plot {
+            super::plot::sweep(p, provider.name(), &rows)?;
         }
         return Ok(());
     }
@@ -240,6 +254,9 @@ pub fn run(args: Args) -> Result<()> {
         print_json(&rows);
     } else {
         print_table(&rows);
+    }
+    if let Some(p) = &args.plot {
+        super::plot::sweep(p, "soft", &rows)?;
     }
     Ok(())
 }

@@ -4,6 +4,7 @@ mod data;
 mod engine;
 mod harness;
 mod perftest;
+mod plot;
 mod pool;
 mod reference;
 mod reg;

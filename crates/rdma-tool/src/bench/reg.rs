@@ -30,7 +30,7 @@ pub struct Args {
     /// Print JSON lines instead of a table.
     #[arg(long)]
     json: bool,
-    /// Also write each result as a ratio to its reference, as bars (SVG).
+    /// Also draw each result as a ratio to its reference, as bars (`.svg` or `.png`).
     #[arg(long)]
     plot: Option<std::path::PathBuf>,
 }

@@ -2,6 +2,7 @@
 //! in this process) and shows one metric live: refreshed in place on a terminal, one line
 //! per sample otherwise, one JSON object per sample with `--json`.
 
+mod plot;
 mod probe;
 mod show;
 mod source;
@@ -70,6 +71,11 @@ pub struct Args {
     /// The device the probe workload (no --target) runs on.
     #[command(flatten)]
     device: crate::device_args::DeviceArgs,
+    /// When the monitor ends (after --count samples, or on Ctrl-C/SIGTERM), draw the
+    /// metric over the run to this file (`.svg` or `.png`): each requested percentile, the
+    /// hit rates, or the counters, against time.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
 }
 
 fn check_percentiles(ps: &[f64], src: &Source) -> Result<()> {
@@ -105,8 +111,17 @@ pub fn run(args: Args) -> Result<()> {
                 .into(),
         ));
     }
+    if let Some(p) = &args.plot {
+        crate::plot::check_path(p)?;
+    }
     let src = Source::parse(args.target.as_deref())?;
     check_percentiles(&args.percentile, &src)?;
+    // Ctrl-C and SIGTERM end the loop like --count does: the line is ended, the plot drawn.
+    crate::signals::install()?;
+    let mut recorder = args
+        .plot
+        .clone()
+        .map(|p| plot::Recorder::new(p, args.metric));
     let _probe = match src {
         Source::Local => Some(probe::Probe::start(&args.device)?),
         _ => None,
@@ -115,17 +130,49 @@ pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     let mut prev = None;
     let mut n = 0u64;
-    loop {
-        let s = src.read(&args.percentile)?;
+    let result = loop {
+        let s = match src.read(&args.percentile) {
+            Ok(s) => s,
+            Err(e) => break Err(e),
+        };
         n += 1;
-        out.sample(n, started.elapsed(), &s, prev.as_ref())?;
-        prev = Some(s);
-        if args.count.is_some_and(|c| n >= c) {
-            break;
+        let at = started.elapsed();
+        match out.sample(n, at, &s, prev.as_ref()) {
+            Ok(v) => {
+                if let Some(r) = &mut recorder {
+                    r.sample(at.as_secs_f64(), &v);
+                }
+            }
+            Err(e) => break Err(e),
         }
-        std::thread::sleep(args.interval);
+        prev = Some(s);
+        if args.count.is_some_and(|c| n >= c) || pause(args.interval) {
+            break Ok(());
+        }
+    };
+    // The in-place line is ended and the plot written whatever stopped the loop.
+    out.finish()?;
+    if let Some(r) = recorder {
+        if n > 0 {
+            r.write(args.target.as_deref().unwrap_or("the probe workload"))?;
+        }
     }
-    out.finish()
+    result
+}
+
+/// Sleeps `d` in short steps; true when SIGINT/SIGTERM arrived meanwhile.
+fn pause(d: Duration) -> bool {
+    let until = Instant::now() + d;
+    loop {
+        if crate::signals::stopped() {
+            return true;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
+    }
 }
 
 #[cfg(test)]

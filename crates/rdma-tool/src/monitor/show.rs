@@ -138,15 +138,17 @@ impl Output {
         }
     }
 
-    /// Prints sample number `n`, taken `at` after the start.
+    /// Prints sample number `n`, taken `at` after the start; returns its values (as the
+    /// JSON line carries them).
     pub fn sample(
         &mut self,
         n: u64,
         at: Duration,
         s: &Sample,
         prev: Option<&Sample>,
-    ) -> Result<()> {
+    ) -> Result<Value> {
         let (value, text) = self.body(s, prev);
+        let kept = value.clone();
         let metric = super::metric_name(self.metric);
         let mut o = std::io::stdout().lock();
         let r = if self.json {
@@ -167,11 +169,12 @@ impl Output {
             writeln!(o, "{:>8.1}s {metric} {text}", at.as_secs_f64())
         };
         self.printed = true;
-        r.map_err(|e| ToolError::Io("stdout".into(), e))
+        r.map_err(|e| ToolError::Io("stdout".into(), e))?;
+        Ok(kept)
     }
 
     /// Ends the in-place line on a terminal.
-    pub fn finish(self) -> Result<()> {
+    pub fn finish(&self) -> Result<()> {
         if self.tty && self.printed {
             println!();
         }

@@ -104,3 +104,45 @@ impl Buffers {
         Ok(Buf::Small(v))
     }
 }
+
+/// The capability bit that lifts RLIMIT_MEMLOCK (linux/capability.h).
+const CAP_IPC_LOCK: u32 = 14;
+
+/// Whether this process may pin memory beyond RLIMIT_MEMLOCK (CAP_IPC_LOCK in effect).
+fn can_lock_unlimited() -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+}
+
+/// Refuses a run that would pin more than RLIMIT_MEMLOCK allows (unless CAP_IPC_LOCK).
+pub fn check_memlock(bytes: usize) -> Result<()> {
+    if can_lock_unlimited() {
+        return Ok(());
+    }
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0
+        || lim.rlim_cur == libc::RLIM_INFINITY
+    {
+        return Ok(());
+    }
+    if bytes as u64 > lim.rlim_cur {
+        return Err(ToolError::Msg(format!(
+            "this mix may pin up to {} but RLIMIT_MEMLOCK is {} (`ulimit -l`): lower --size, \
+             --threads, --cache-size/--cache-buffers or --pool-size, or raise the limit \
+             (`ulimit -l unlimited`, or run with CAP_IPC_LOCK)",
+            crate::units::show(bytes),
+            crate::units::show(lim.rlim_cur as usize)
+        )));
+    }
+    Ok(())
+}

@@ -7,6 +7,7 @@
 //! more use 2 MiB pages unless `--small-pages` (`--hugepages` forces them for smaller ones).
 
 mod memory;
+mod mix;
 mod report;
 
 use crate::{Result, ToolError};
@@ -44,7 +45,8 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// Also write the latency CDFs (registration, deregistration, allocation) as SVG.
+    /// Also draw the latency CDFs (registration, deregistration, allocation; with --mix,
+    /// one per kind) to this file, `.svg` or `.png`.
     #[arg(long)]
     plot: Option<std::path::PathBuf>,
     /// Serve this process's metrics on a Unix socket (a path, or `@name` for an abstract
@@ -52,8 +54,34 @@ pub struct Args {
     /// RDMAPOOL_METRICS_SOCKET and RDMAPOOL_METRICS_HTTP variables are honoured.
     #[arg(long)]
     metrics_socket: Option<String>,
+    /// Run these kinds of work together, comma-separated (any of reg,cache,pool), each
+    /// thread one operation of each kind per round, as a loaded service would. reg:
+    /// register and deregister the thread's region (--size / --threads) through the
+    /// asynchronous registrar; cache: look buffers up in a registration cache (hits on a
+    /// shared working set, every --cache-miss-every'th lookup a new buffer that registers);
+    /// pool: allocate --pool-size from a pre-registered buffer pool (the last 4 held per
+    /// thread, the oldest freed). The summary has each kind apart. Without it: plain
+    /// registration rounds. Everything pinned must fit the memlock limit (`ulimit -l`)
+    /// unless the process has CAP_IPC_LOCK; the run is refused up front if it cannot.
+    #[arg(long, value_delimiter = ',')]
+    mix: Vec<mix::Kind>,
+    /// With --mix cache: bytes of each buffer looked up (default: the thread's region / 8,
+    /// at least 4K, at most 4M).
+    #[arg(long, value_parser = crate::units::size_arg)]
+    cache_size: Option<usize>,
+    /// With --mix cache: buffers in the working set all threads look up.
+    #[arg(long, default_value_t = 8)]
+    cache_buffers: usize,
+    /// With --mix cache: one lookup in this many is on a buffer the cache has not seen.
+    #[arg(long, default_value_t = 8)]
+    cache_miss_every: u64,
+    /// With --mix pool: bytes per pool allocation (default: the thread's region, at most
+    /// 64K; the pool serves up to 2M).
+    #[arg(long, value_parser = crate::units::size_arg)]
+    pool_size: Option<usize>,
 }
 
+/// A latency histogram in ns, up to an hour.
 fn histogram() -> hdrhistogram::Histogram<u64> {
     hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds")
 }
@@ -100,7 +128,13 @@ pub fn run(args: Args) -> Result<()> {
         None => rdmapool::metrics::Endpoint::from_env()
             .map_err(|e| ToolError::Msg(format!("metrics endpoint: {e}")))?,
     };
+    let plan = (!args.mix.is_empty())
+        .then(|| mix_plan(&args, per_region))
+        .transpose()?;
     let ctx = args.device.open(rdmapool::fabric::Transport::Auto)?;
+    if let Some(plan) = plan {
+        return run_mix(&args, &plan, &ctx);
+    }
     let reg = Registrar::new(
         ctx.alloc_pd()?,
         RegistrarConfig {
@@ -176,8 +210,11 @@ pub fn run(args: Args) -> Result<()> {
     report::print(&s, args.json);
     if let Some(path) = &args.plot {
         let title = format!(
-            "rdma-tool stress on {}: {} rounds x {} threads x {} bytes",
-            s.provider, s.rounds_done, s.threads, s.region_bytes
+            "rdma-tool stress on {}: {} rounds x {} threads x {}",
+            s.provider,
+            s.rounds_done,
+            s.threads,
+            crate::units::show(s.region_bytes)
         );
         crate::plot::latency_cdf(
             path,
@@ -197,4 +234,96 @@ pub fn run(args: Args) -> Result<()> {
         (None, 0) => Ok(()),
         (None, n) => Err(ToolError::Msg(format!("{n} registrations failed"))),
     }
+}
+
+/// The mixed run's plan from the flags, checked against the memlock limit.
+fn mix_plan(args: &Args, per_region: usize) -> Result<mix::Plan> {
+    let mut kinds = Vec::new();
+    for &k in &args.mix {
+        if !kinds.contains(&k) {
+            kinds.push(k);
+        }
+    }
+    let cache_size = args
+        .cache_size
+        .unwrap_or((per_region / 8).clamp(4096, 4 << 20));
+    let pool_size = args.pool_size.unwrap_or(per_region.min(64 << 10));
+    let most = rdmapool::buf::CLASSES[rdmapool::buf::CLASSES.len() - 1];
+    if pool_size == 0 || pool_size > most {
+        return Err(ToolError::Msg(format!(
+            "--pool-size {pool_size}: the pool serves 1 byte to {}",
+            crate::units::show(most)
+        )));
+    }
+    if cache_size == 0 || args.cache_buffers == 0 || args.cache_miss_every == 0 {
+        return Err(ToolError::Msg(
+            "--cache-size, --cache-buffers and --cache-miss-every must be at least 1".into(),
+        ));
+    }
+    let plan = mix::Plan {
+        kinds,
+        threads: args.threads,
+        count: args.count,
+        region_bytes: per_region,
+        hugepages: args.hugepages || (!args.small_pages && per_region >= 2 << 20),
+        cache_size,
+        cache_buffers: args.cache_buffers,
+        cache_miss_every: args.cache_miss_every,
+        pool_size,
+    };
+    memory::check_memlock(plan.pinned_bytes())?;
+    Ok(plan)
+}
+
+/// Runs `--mix` and reports each kind apart.
+fn run_mix(args: &Args, plan: &mix::Plan, ctx: &rdmapool::fabric::Context) -> Result<()> {
+    let r = mix::run(plan, &ctx.alloc_pd()?)?;
+    report::print_mix(plan, &r, args.device.kind().name(), args.json);
+    if let Some(path) = &args.plot {
+        let names: Vec<&str> = plan.kinds.iter().map(|k| k.name()).collect();
+        let title = format!(
+            "rdma-tool stress --mix {} on {}: {} threads x {} rounds",
+            names.join(","),
+            args.device.kind().name(),
+            plan.threads,
+            plan.count
+        );
+        let labels: Vec<String> = r
+            .kinds
+            .iter()
+            .map(|k| match k.kind {
+                mix::Kind::Reg => "reg: registration, submit to ready".to_string(),
+                mix::Kind::Cache => "cache: lookup (hits and misses)".to_string(),
+                mix::Kind::Pool => "pool: allocation".to_string(),
+            })
+            .collect();
+        let mut series: Vec<(&str, &hdrhistogram::Histogram<u64>)> = r
+            .kinds
+            .iter()
+            .zip(&labels)
+            .map(|(k, l)| (l.as_str(), &k.latency))
+            .collect();
+        if let Some(k) = r.kinds.iter().find(|k| k.kind == mix::Kind::Reg) {
+            series.push(("reg: deregistration", &k.dereg));
+        }
+        if let Some(k) = r.kinds.iter().find(|k| k.kind == mix::Kind::Cache) {
+            series.push(("cache: lookups on new buffers (misses)", &k.misses));
+        }
+        crate::plot::latency_cdf(path, &title, &series)?;
+    }
+    let failed: u64 = r.kinds.iter().map(|k| k.failures).sum();
+    if failed > 0 {
+        return Err(ToolError::Msg(format!(
+            "{failed} operations failed ({})",
+            r.kinds
+                .iter()
+                .filter_map(|k| k
+                    .first_error
+                    .as_deref()
+                    .map(|e| format!("{}: {e}", k.kind.name())))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )));
+    }
+    Ok(())
 }

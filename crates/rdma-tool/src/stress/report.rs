@@ -178,3 +178,153 @@ pub fn print(s: &Summary, as_json: bool) {
             .unwrap_or_default()
     );
 }
+
+/// p50/p99/p99.9/max in microseconds for a kind of a mixed run, or null when none.
+fn mix_percentiles(h: &hdrhistogram::Histogram<u64>) -> serde_json::Value {
+    if h.is_empty() {
+        return serde_json::Value::Null;
+    }
+    let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+    json!({ "samples": h.len(), "p50": q(0.5), "p99": q(0.99), "p999": q(0.999), "max": h.max() as f64 / 1000.0 })
+}
+
+/// Prints a mixed run's summary: each kind apart.
+pub fn print_mix(
+    plan: &super::mix::Plan,
+    r: &super::mix::MixResult,
+    provider: &str,
+    as_json: bool,
+) {
+    let rate = |ops: u64| {
+        if r.wall > 0.0 {
+            ops as f64 / r.wall
+        } else {
+            0.0
+        }
+    };
+    // The share of the threads' time each kind took (its latencies summed over wall x threads).
+    let share = |h: &hdrhistogram::Histogram<u64>| {
+        let busy = h.mean() * h.len() as f64 / 1e9;
+        if r.wall > 0.0 {
+            busy / (r.wall * plan.threads as f64)
+        } else {
+            0.0
+        }
+    };
+    if as_json {
+        let mut kinds = serde_json::Map::new();
+        for k in &r.kinds {
+            let mut v = json!({
+                "ops": k.ops, "ops_per_s": rate(k.ops), "failures": k.failures,
+                "first_error": k.first_error, "latency_us": mix_percentiles(&k.latency),
+                "time_share": share(&k.latency),
+            });
+            match k.kind {
+                super::mix::Kind::Reg => {
+                    v["region_bytes"] = json!(plan.region_bytes);
+                    v["deregistration_us"] = mix_percentiles(&k.dereg);
+                }
+                super::mix::Kind::Cache => {
+                    v["buffer_bytes"] = json!(plan.cache_size);
+                    v["working_set"] = json!(plan.cache_buffers);
+                    v["miss_every"] = json!(plan.cache_miss_every);
+                    v["new_buffer_us"] = mix_percentiles(&k.misses);
+                    if let Some(c) = &r.cache {
+                        v["hits"] = json!(c.hits);
+                        v["misses"] = json!(c.misses);
+                        v["evictions"] = json!(c.evictions);
+                        v["uncached"] = json!(c.uncached);
+                    }
+                }
+                super::mix::Kind::Pool => {
+                    v["buffer_bytes"] = json!(plan.pool_size);
+                    if let Some(p) = &r.pool {
+                        v["chunks"] = json!(p.chunks);
+                        v["empty"] = json!(p.empty);
+                        v["growths"] = json!(p.growths);
+                    }
+                }
+            }
+            kinds.insert(k.kind.name().into(), v);
+        }
+        let v = json!({
+            "provider": provider, "mix": plan.kinds, "threads": plan.threads,
+            "count": plan.count, "seconds": r.wall, "kinds": kinds,
+            "failures": r.kinds.iter().map(|k| k.failures).sum::<u64>(),
+        });
+        println!("{v}");
+        return;
+    }
+    let names: Vec<&str> = plan.kinds.iter().map(|k| k.name()).collect();
+    println!(
+        "mix {} x {} threads x {} rounds on {provider} in {:.2} s (kinds interleaved: ops/s over the whole run, time = share of the threads' time)",
+        names.join(","),
+        plan.threads,
+        plan.count,
+        r.wall
+    );
+    println!(
+        "{:<6} {:>9} {:>11} {:>6} {:>10} {:>10} {:>10} {:>10} {:>8}",
+        "kind", "ops", "ops/s", "time", "p50", "p99", "p99.9", "max", "failures"
+    );
+    for k in &r.kinds {
+        let h = &k.latency;
+        let q = |p: f64| {
+            if h.is_empty() {
+                "-".to_string()
+            } else {
+                us(h.value_at_quantile(p))
+            }
+        };
+        let max = if h.is_empty() {
+            "-".into()
+        } else {
+            us(h.max())
+        };
+        println!(
+            "{:<6} {:>9} {:>11.0} {:>5.0}% {:>10} {:>10} {:>10} {:>10} {:>8}",
+            k.kind.name(),
+            k.ops,
+            rate(k.ops),
+            share(h) * 100.0,
+            q(0.5),
+            q(0.99),
+            q(0.999),
+            max,
+            k.failures
+        );
+    }
+    for k in &r.kinds {
+        match k.kind {
+            super::mix::Kind::Reg => println!(
+                "reg: {} regions through the registrar, submit to ready; {}",
+                show(plan.region_bytes),
+                line("deregistration", &k.dereg)
+            ),
+            super::mix::Kind::Cache => {
+                if let Some(c) = &r.cache {
+                    println!(
+                        "cache: {} buffers of {} shared, one lookup in {} on a new buffer: hits {}, misses {}, evictions {}, uncached {}",
+                        plan.cache_buffers, show(plan.cache_size), plan.cache_miss_every,
+                        c.hits, c.misses, c.evictions, c.uncached
+                    );
+                    println!(
+                        "cache: {}",
+                        line("lookups on new buffers (register)", &k.misses)
+                    );
+                }
+            }
+            super::mix::Kind::Pool => {
+                if let Some(p) = &r.pool {
+                    println!(
+                        "pool: {} buffers, the last 4 per thread held: chunks {}, empty {}, growths {}",
+                        show(plan.pool_size), p.chunks, p.empty, p.growths
+                    );
+                }
+            }
+        }
+        if let Some(e) = &k.first_error {
+            println!("{}: first failure: {e}", k.kind.name());
+        }
+    }
+}
