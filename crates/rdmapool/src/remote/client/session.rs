@@ -197,15 +197,25 @@ impl Shared {
         let mut in_flight: Vec<(Arc<Node>, Renewal<'_>)> = Vec::new();
         let mut due: HashMap<u32, Instant> = HashMap::new();
         let mut cx = TaskContext::from_waker(Waker::noop());
-        while !self.stop.load(Ordering::Acquire) {
+        loop {
+            // Stopping, renewals in flight are finished first (each within the operation
+            // deadline): dropping one mid-flight would leave its work request, QP and
+            // buffers to the engine, which keeps them for good once nobody polls.
+            let stopping = self.stop.load(Ordering::Acquire);
+            if stopping && in_flight.is_empty() {
+                break;
+            }
             let now = Instant::now();
             let mut next = now + Duration::from_millis(250);
-            let nodes: Vec<(u32, Arc<Node>)> = self
-                .nodes
-                .lock()
-                .iter()
-                .map(|(&id, n)| (id, n.clone()))
-                .collect();
+            let nodes: Vec<(u32, Arc<Node>)> = if stopping {
+                Vec::new()
+            } else {
+                self.nodes
+                    .lock()
+                    .iter()
+                    .map(|(&id, n)| (id, n.clone()))
+                    .collect()
+            };
             for (id, node) in nodes {
                 if node.down.lock().is_some()
                     || in_flight.iter().any(|(n, _)| Arc::ptr_eq(n, &node))
@@ -249,7 +259,8 @@ impl Shared {
             } else {
                 Instant::now() + Duration::from_micros(200)
             };
-            // Parked, not polled: dropping the client unparks it.
+            // Parked, not polled: dropping the client unparks it (and, stopping, only the
+            // renewals in flight are left: no parking, progress until they are done).
             while !self.stop.load(Ordering::Acquire) {
                 let left = until.saturating_duration_since(Instant::now());
                 if left.is_zero() {
