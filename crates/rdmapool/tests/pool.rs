@@ -137,6 +137,10 @@ fn an_exhausted_class_grows_through_the_registrar() {
         Err(Error::TimedOut(_))
     ));
     assert_eq!(pool.stats().chunks, 2);
+    // `empty` counts allocations that found no slot, once each, not every retry of a
+    // waiting one: at most one per call above, and at least the first and the last.
+    let empty = pool.stats().empty;
+    assert!((2..=4).contains(&empty), "empty = {empty} after 4 calls");
     drop((first, second, pool));
     assert_eq!(
         n.ctx.live_regions(),

@@ -277,6 +277,12 @@ impl BufferPool {
     /// registered in the background unless the pool is at `max_chunks`). Never registers
     /// memory.
     pub fn alloc(&self, len: usize) -> Result<Buffer> {
+        self.take(len, true)
+    }
+
+    /// [`BufferPool::alloc`]; `count_empty`: whether finding no slot counts in the pool's
+    /// and the registry's `empty` counters (once per allocation, not per retry).
+    fn take(&self, len: usize, count_empty: bool) -> Result<Buffer> {
         let served = self.shared.served;
         let class = class_of(len)
             .filter(|&c| len > 0 && c < served)
@@ -291,8 +297,10 @@ impl BufferPool {
             .with(|c| c.borrow_mut().get_mut(&s.id).and_then(|v| v[class].pop()))
             .or_else(|| self.refill(class));
         let Some(slot) = slot else {
-            s.empty.fetch_add(1, Ordering::Relaxed);
-            crate::metrics::registry::mem_event(crate::metrics::registry::MemEvent::PoolEmpty);
+            if count_empty {
+                s.empty.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::registry::mem_event(crate::metrics::registry::MemEvent::PoolEmpty);
+            }
             self.collect(None);
             if s.growing.lock().iter().all(|(c, ..)| *c != class) {
                 let _ = self.grow(class, true);
@@ -317,8 +325,11 @@ impl BufferPool {
     /// Like [`BufferPool::alloc`], waiting up to `timeout` for a chunk being registered.
     pub fn alloc_wait(&self, len: usize, timeout: Duration) -> Result<Buffer> {
         let deadline = Instant::now() + timeout;
+        let mut first = true;
         loop {
-            match self.alloc(len) {
+            let r = self.take(len, first);
+            first = false;
+            match r {
                 Err(Error::PoolExhausted { .. }) if Instant::now() < deadline => {
                     self.collect(None);
                     let mut g = self.shared.arrived_lock.lock();
