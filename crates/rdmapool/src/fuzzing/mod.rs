@@ -17,7 +17,6 @@ mod requester_steps;
 mod responder;
 mod responder_steps;
 mod seeds;
-mod target;
 #[cfg(test)]
 mod tests;
 mod wire;

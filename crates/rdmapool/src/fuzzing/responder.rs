@@ -11,9 +11,9 @@
 use super::arena::{inside, with_arena, Arena, Range};
 use super::input::{Input, Link};
 use super::responder_steps::{Addr, Frame, Key, Step};
-use super::target::{Target, PD, QPN};
 use crate::fabric::{AccessFlags, QpState, WcOpcode, WcStatus};
 use crate::soft::keys::{LocalList, MrInner, Resolved, Window};
+use crate::soft::proto::mem_target::{MemTarget as Target, PD, QPN};
 use crate::soft::proto::responder::{read_frame, Output, Responder};
 use crate::soft::proto::target::RecvEntry;
 use crate::soft::proto::wire::{ReqOp, Request, Response};

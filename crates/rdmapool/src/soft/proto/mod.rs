@@ -11,6 +11,8 @@
 //! fake clock, so loss, reordering, duplication and timeouts are tested exactly.
 
 pub(crate) mod handshake;
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod mem_target;
 pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod stream;

@@ -1,75 +1,18 @@
 //! The harness: a target QP with real keys, and a [`Pair`] of requester and responder with
 //! the link between them in the test's hands.
 
-use crate::fabric::{AccessFlags, Completion, QpState, RemoteAddr, WcStatus, WrOp};
+use crate::fabric::{AccessFlags, RemoteAddr, WcStatus, WrOp};
 use crate::os::mapping::Mapping;
 use crate::soft::control;
 use crate::soft::keys::{KeyTable, LocalList, MrInner, NewRegion, Resolved};
 use crate::soft::proto::requester::{Finished, Requester};
 use crate::soft::proto::responder::{self, Output, Responder};
-use crate::soft::proto::target::{RecvEntry, TargetQp};
-use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub(super) const TIMEOUT: Duration = Duration::from_secs(4);
-pub(super) const RNR: Duration = Duration::from_secs(1);
-pub(super) const PD: u32 = 1;
+pub(super) use crate::soft::proto::mem_target::{MemTarget as Target, PD, RNR, TIMEOUT};
 pub(super) const LEN: usize = 4096;
-
-/// The target QP: real keys, a receive queue and its completions, a settable state.
-pub(super) struct Target {
-    pub(super) keys: KeyTable,
-    pub(super) state: Mutex<QpState>,
-    pub(super) rq: Mutex<VecDeque<RecvEntry>>,
-    pub(super) recv_done: Mutex<Vec<Completion>>,
-}
-
-impl TargetQp for Target {
-    fn qpn(&self) -> u32 {
-        2
-    }
-    fn pd(&self) -> u32 {
-        PD
-    }
-    fn state(&self) -> QpState {
-        *self.state.lock()
-    }
-    fn timeout(&self) -> Duration {
-        TIMEOUT
-    }
-    fn rnr_timeout(&self) -> Duration {
-        RNR
-    }
-    fn keys(&self) -> &KeyTable {
-        &self.keys
-    }
-    fn take_recv(&self) -> Option<RecvEntry> {
-        self.rq.lock().pop_front()
-    }
-    fn complete_recv(&self, c: Completion) {
-        self.recv_done.lock().push(c);
-    }
-    fn enter_error(&self) {
-        *self.state.lock() = QpState::Error;
-    }
-    fn state_fd(&self) -> std::os::fd::RawFd {
-        -1
-    }
-    fn token(&self) -> [u8; crate::soft::proto::handshake::TOKEN_LEN] {
-        [0; crate::soft::proto::handshake::TOKEN_LEN]
-    }
-    fn peer_qpn(&self) -> Option<u32> {
-        None
-    }
-    fn claim_incoming(&self) -> bool {
-        true
-    }
-    fn peer_lost(&self) {
-        self.enter_error();
-    }
-}
 
 pub(super) fn region(keys: &KeyTable, access: AccessFlags) -> Arc<MrInner> {
     let mapping = Mapping::new(control::len_with_control(LEN)).unwrap();
@@ -130,12 +73,7 @@ impl Pair {
     pub(super) fn new() -> Self {
         let init_keys = KeyTable::default();
         let local = region(&init_keys, AccessFlags::LOCAL_WRITE);
-        let target = Target {
-            keys: KeyTable::default(),
-            state: Mutex::new(QpState::Rts),
-            rq: Mutex::new(VecDeque::new()),
-            recv_done: Mutex::new(Vec::new()),
-        };
+        let target = Target::new();
         let remote = region(&target.keys, AccessFlags::all_remote());
         Self {
             req: Requester::new(16, TIMEOUT, 1 << 20),

@@ -238,7 +238,7 @@ fn a_send_waits_for_a_receive_until_the_rnr_timeout() {
     p.serve(&[], 1);
     p.deliver_responses(usize::MAX);
     assert_eq!(p.done(), [(1, WcStatus::Success)]);
-    let c = p.target.recv_done.lock().pop().unwrap();
+    let c = p.target.completions.lock().pop().unwrap();
     assert_eq!(
         (c.wr_id, c.status, c.byte_len, c.imm),
         (40, WcStatus::Success, 4, Some(7))
@@ -266,7 +266,7 @@ fn a_send_longer_than_the_receive_fails_both_sides() {
     p.post(1, WrOp::Send { imm: None }, 0, 4);
     p.round_trip();
     assert_eq!(p.done(), [(1, WcStatus::RemOpErr)]);
-    let c = p.target.recv_done.lock().pop().unwrap();
+    let c = p.target.completions.lock().pop().unwrap();
     assert_eq!(c.status, WcStatus::LocQpOpErr);
     assert_eq!(*p.target.state.lock(), QpState::Error);
 }
@@ -354,7 +354,7 @@ fn write_with_immediate_consumes_a_receive_and_reports_the_length() {
     p.post(1, op, 0, 4);
     p.round_trip();
     assert_eq!(p.done(), [(1, WcStatus::Success)]);
-    let c = p.target.recv_done.lock().pop().unwrap();
+    let c = p.target.completions.lock().pop().unwrap();
     assert_eq!(
         (c.wr_id, c.opcode, c.byte_len, c.imm),
         (41, WcOpcode::RecvRdmaWithImm, 4, Some(0xfeed))
@@ -384,7 +384,7 @@ fn a_region_deregistered_under_a_write_with_immediate_still_completes_its_receiv
     assert_eq!(p.done(), [(1, WcStatus::RemAccessErr)]);
     let c = p
         .target
-        .recv_done
+        .completions
         .lock()
         .pop()
         .expect("the receive completes");

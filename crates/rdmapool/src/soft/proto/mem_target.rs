@@ -1,25 +1,32 @@
-//! The target QP a `soft_responder` run serves: its number, PD, state, the real key table
-//! of its context, a receive queue and the receive completions it delivered.
+//! An in-memory target QP for driving the responder without a NIC: its number, PD, state,
+//! a real key table, a receive queue and the receive completions it delivered. The protocol
+//! tests (`tests/harness.rs`) and the `soft_responder` fuzz target both serve it.
 
+use super::target::{RecvEntry, TargetQp};
 use crate::fabric::{Completion, QpState};
 use crate::soft::keys::KeyTable;
-use crate::soft::proto::target::{RecvEntry, TargetQp};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::time::Duration;
 
-pub(super) const QPN: u32 = 2;
-pub(super) const PD: u32 = 1;
+/// Its QP number.
+pub(crate) const QPN: u32 = 2;
+/// Its protection domain.
+pub(crate) const PD: u32 = 1;
+/// Its retry timeout.
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(4);
+/// Its RNR timeout.
+pub(crate) const RNR: Duration = Duration::from_secs(1);
 
 /// The QP the responder serves: real keys, a receive queue, its completions, a state.
-pub(super) struct Target {
-    pub(super) keys: KeyTable,
-    pub(super) state: Mutex<QpState>,
-    pub(super) rq: Mutex<VecDeque<RecvEntry>>,
-    pub(super) completions: Mutex<Vec<Completion>>,
+pub(crate) struct MemTarget {
+    pub(crate) keys: KeyTable,
+    pub(crate) state: Mutex<QpState>,
+    pub(crate) rq: Mutex<VecDeque<RecvEntry>>,
+    pub(crate) completions: Mutex<Vec<Completion>>,
 }
 
-impl TargetQp for Target {
+impl TargetQp for MemTarget {
     fn qpn(&self) -> u32 {
         QPN
     }
@@ -30,10 +37,10 @@ impl TargetQp for Target {
         *self.state.lock()
     }
     fn timeout(&self) -> Duration {
-        Duration::from_secs(4)
+        TIMEOUT
     }
     fn rnr_timeout(&self) -> Duration {
-        Duration::from_secs(1)
+        RNR
     }
     fn keys(&self) -> &KeyTable {
         &self.keys
@@ -64,8 +71,9 @@ impl TargetQp for Target {
     }
 }
 
-impl Target {
-    pub(super) fn new() -> Self {
+impl MemTarget {
+    /// In RTS, with no keys and nothing to receive into.
+    pub(crate) fn new() -> Self {
         Self {
             keys: KeyTable::default(),
             state: Mutex::new(QpState::Rts),
