@@ -181,31 +181,12 @@ mod tests {
 
     #[test]
     fn op_latency_reads_the_same_from_json_and_prometheus() {
-        use rdmapool::fabric::*;
-        let ctx = Context::open_soft().unwrap();
-        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(8).unwrap());
-        let cfg = QpConfig::default();
-        let (a, b) = (
-            pd.create_qp(&cq, &cq, &cfg).unwrap(),
-            pd.create_qp(&cq, &cq, &cfg).unwrap(),
-        );
-        a.connect(&b.endpoint()).unwrap();
-        b.connect(&a.endpoint()).unwrap();
-        let target = pd.alloc_mr(64, AccessFlags::all_remote()).unwrap();
-        let local = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let ctx = rdmapool::fabric::Context::open_soft().unwrap();
+        let ops = probe::Ops::new(&ctx, &ctx.alloc_pd().unwrap()).unwrap();
         rdmapool::metrics::sample_op_latency(1);
+        // Each round is one WRITE, READ, CAS and FAA.
         for i in 0..10 {
-            a.post_send(&[SendWr {
-                wr_id: 1000 + i,
-                op: WrOp::FetchAdd {
-                    remote: target.remote_at(0).unwrap(),
-                    add: 1,
-                },
-                sg_list: &[local.sge(0, 8).unwrap()],
-                signaled: true,
-            }])
-            .unwrap();
-            cq.wait(1, Duration::from_secs(5)).unwrap();
+            ops.round(i).unwrap();
         }
         let snap = rdmapool::metrics::snapshot();
         let ps = [50.0, 100.0];

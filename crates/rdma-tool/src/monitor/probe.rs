@@ -52,7 +52,7 @@ impl Drop for Probe {
 }
 
 /// Two connected QPs on one soft NIC and the memory the probe's data operations use.
-struct Ops {
+pub(super) struct Ops {
     cq: Cq,
     qp: Qp,
     _peer: Qp,
@@ -61,7 +61,7 @@ struct Ops {
 }
 
 impl Ops {
-    fn new(ctx: &Context, pd: &Pd) -> Result<Self> {
+    pub(super) fn new(ctx: &Context, pd: &Pd) -> Result<Self> {
         let cq = ctx.create_cq(16)?;
         let cfg = QpConfig::default();
         let (qp, peer) = (pd.create_qp(&cq, &cq, &cfg)?, pd.create_qp(&cq, &cq, &cfg)?);
@@ -77,7 +77,7 @@ impl Ops {
     }
 
     /// One WRITE, READ, CAS and FAA, each waited for; the first failure ends the round.
-    fn round(&self, i: u64) -> Result<()> {
+    pub(super) fn round(&self, i: u64) -> Result<()> {
         let remote = self.target.remote_at(0)?;
         let ops = [
             (WrOp::Write { remote, imm: None }, 256),
