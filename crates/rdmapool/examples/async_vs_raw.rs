@@ -1,7 +1,8 @@
 //! 8-byte WRITEs on the soft provider's intra-host path, one at a time: through the raw
 //! fabric loop (`post_send` + `Cq::poll`) or through the async engine (`Engine::run_until`).
 //! Meant for instruction counts, which are repeatable on a noisy machine
-//! (`OP_SAMPLE=64` turns on the metrics' op latency sampling, 1 request in 64):
+//! (`OP_SAMPLE=64` turns on the metrics' op latency sampling, 1 request in 64;
+//! `PER_OBJECT=1` their completion counts per CQ and per QP):
 //!
 //! ```sh
 //! cargo build --release -p rdmapool --example async_vs_raw
@@ -20,6 +21,10 @@ fn main() -> rdmapool::Result<()> {
     // OP_SAMPLE=N: time one work request in N (the metrics' op latency), to count its cost.
     if let Some(every) = std::env::var("OP_SAMPLE").ok().and_then(|v| v.parse().ok()) {
         rdmapool::metrics::sample_op_latency(every);
+    }
+    // PER_OBJECT=1: count completions per CQ and per QP, to count its cost.
+    if std::env::var("PER_OBJECT").is_ok_and(|v| v == "1") {
+        rdmapool::metrics::track_objects(true);
     }
     let local_path = || -> rdmapool::Result<Context> {
         Context::open_with(SoftConfig::from_env()?.with_transport(Transport::Local))

@@ -1,10 +1,12 @@
 //! The library calls behind `rdma-tool monitor`: a process serves its metrics (JSON on an
 //! abstract Unix socket, Prometheus text over loopback HTTP), does some registrations and
-//! one-sided operations, and reads both endpoints back the way `monitor` and a Prometheus
+//! one-sided operations (the last with a wrong rkey, which fails on its QP), and reads both
+//! endpoints back the way `monitor` and a Prometheus
 //! scraper do. `rdma-tool monitor --target @NAME` attaches to a process that does this.
 //!
 //! ```sh
 //! cargo run --release -p rdmapool --example metrics_endpoint
+//! HOLD=30 cargo run --release -p rdmapool --example metrics_endpoint   # serve 30 s more
 //! ```
 
 use rdmapool::fabric::*;
@@ -51,6 +53,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let done = cq.wait(1, Duration::from_secs(5))?;
         assert_eq!(done[0].status, WcStatus::Success);
     }
+    // A WRITE with a wrong rkey: the target refuses it, and the error is counted on QP `a`.
+    let mut wrong = target.remote_at(0)?;
+    wrong.rkey ^= 1;
+    a.post_send(&[SendWr {
+        wr_id: 100,
+        op: WrOp::Write {
+            remote: wrong,
+            imm: None,
+        },
+        sg_list: &[local.sge(0, 64)?],
+        signaled: true,
+    }])?;
+    assert_eq!(
+        cq.wait(1, Duration::from_secs(5))?[0].status,
+        WcStatus::RemAccessErr
+    );
 
     // What `rdma-tool monitor --target @NAME` reads: one JSON object per connection.
     let mut json = String::new();
@@ -72,14 +90,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let mut text = String::new();
     c.read_to_string(&mut text)?;
+    let qp_a = format!("qp=\"{}\"", a.qpn());
     for line in text.lines().filter(|l| {
         l.starts_with("rdmapool_registrations_total")
             || l.starts_with("rdmapool_op_duration_seconds_count")
+            || (l.starts_with("rdmapool_qp_completions_total") && l.contains(&qp_a))
     }) {
         println!("Prometheus: {line}");
     }
     if v["op_latency"]["rdma_write"]["count"].as_u64() < Some(50) {
         return Err("the endpoint did not report the 50 WRITEs".into());
+    }
+    let on_a = v["objects"]["qps"]
+        .as_array()
+        .and_then(|qps| qps.iter().find(|q| q["qp"] == a.qpn()))
+        .ok_or("the endpoint did not list QP a")?;
+    println!("JSON: QP {} completions {}", a.qpn(), on_a["completions"]);
+    if on_a["completions"]["rem_access_err"] != 1 || on_a["completions"]["success"] != 100 {
+        return Err("the endpoint did not count QP a's 100 successes and 1 error".into());
+    }
+    // HOLD=N: keep serving N seconds more, for `rdma-tool monitor --target` to attach.
+    if let Some(secs) = std::env::var("HOLD").ok().and_then(|v| v.parse().ok()) {
+        println!("serving {secs} s more");
+        std::thread::sleep(Duration::from_secs(secs));
     }
     Ok(())
 }

@@ -99,7 +99,13 @@ impl Ops {
                 sg_list: &[self.local.sge(0, len)?],
                 signaled: true,
             }])?;
-            self.cq.wait(1, Duration::from_secs(5))?;
+            let done = self.cq.wait(1, Duration::from_secs(5))?;
+            if let Some(c) = done.iter().find(|c| c.status != WcStatus::Success) {
+                return Err(crate::ToolError::Msg(format!(
+                    "probe work request {} completed with {:?}",
+                    c.wr_id, c.status
+                )));
+            }
         }
         Ok(())
     }

@@ -128,10 +128,21 @@ impl Output {
                     text.push_str(&format!("{k} {}  ", c(k)));
                 }
                 m.insert("completion_errors".into(), json!(s.completion_errors));
+                m.insert("qp_errors".into(), json!(s.qp_errors));
                 let bad: u64 = s.completion_errors.values().sum();
                 text.push_str(&format!("error completions {bad}"));
                 for (st, n) in &s.completion_errors {
                     text.push_str(&format!(" {st}={n}"));
+                }
+                // The QPs they came from, when the target counts per QP (a few, by name).
+                const SHOWN: usize = 3;
+                for (qp, statuses) in s.qp_errors.iter().take(SHOWN) {
+                    let list: Vec<String> =
+                        statuses.iter().map(|(st, n)| format!("{st}={n}")).collect();
+                    text.push_str(&format!("  qp {qp}: {}", list.join(" ")));
+                }
+                if s.qp_errors.len() > SHOWN {
+                    text.push_str(&format!("  (+{} QPs)", s.qp_errors.len() - SHOWN));
                 }
                 (Value::Object(m), text)
             }

@@ -35,6 +35,9 @@ pub struct Sample {
     pub dereg: Lat,
     pub c: BTreeMap<&'static str, u64>,
     pub completion_errors: BTreeMap<String, u64>,
+    /// Error completions per QP (`device/qp_num` to status to count), for the QPs that had
+    /// any (empty when the target does not count per QP).
+    pub qp_errors: BTreeMap<String, BTreeMap<String, u64>>,
     /// Sampled work-request latency by opcode label (`rdma_write`, ...).
     pub ops: BTreeMap<String, Lat>,
 }
@@ -223,6 +226,16 @@ pub fn from_json(s: &str, ps: &[f64]) -> Result<Sample> {
                 .insert(k.clone(), n.as_u64().unwrap_or(0));
         }
     }
+    for qp in v["objects"]["qps"].as_array().into_iter().flatten() {
+        let name = format!("{}/{}", qp["device"].as_str().unwrap_or("?"), qp["qp"]);
+        for (status, n) in qp["completions"].as_object().into_iter().flatten() {
+            let n = n.as_u64().unwrap_or(0);
+            if status != "success" && n > 0 {
+                let e = out.qp_errors.entry(name.clone()).or_default();
+                e.insert(status.clone(), n);
+            }
+        }
+    }
     Ok(out)
 }
 
@@ -321,5 +334,23 @@ pub fn from_prometheus(text: &str, ps: &[f64]) -> Sample {
             }
         }
     }
+    for line in text.lines() {
+        let Some((qp, status, n)) = qp_series(line) else {
+            continue;
+        };
+        if status != "success" && n > 0 {
+            out.qp_errors.entry(qp).or_default().insert(status, n);
+        }
+    }
     out
+}
+
+/// `(device/qp, status, count)` of one `rdmapool_qp_completions_total` sample line.
+fn qp_series(line: &str) -> Option<(String, String, u64)> {
+    let rest = line.strip_prefix("rdmapool_qp_completions_total{device=\"")?;
+    let (device, rest) = rest.split_once("\",qp=\"")?;
+    let (qp, rest) = rest.split_once("\",status=\"")?;
+    let (status, n) = rest.split_once("\"} ")?;
+    let n = n.trim().parse::<f64>().ok()? as u64;
+    Some((format!("{device}/{qp}"), status.to_string(), n))
 }

@@ -86,6 +86,7 @@ impl Context {
         Ok(Cq {
             inner: self.inner.create_cq(depth)?,
             provider: self.device().provider,
+            listing: crate::metrics::objects::CqTag::new(&self.device().name),
         })
     }
 
@@ -194,13 +195,15 @@ impl Pd {
                 )));
             }
         }
+        let inner = self
+            .inner
+            .create_qp(send_cq.inner.as_ref(), recv_cq.inner.as_ref(), cfg)?;
         Ok(Qp {
             provider: self.provider(),
             _connection: None,
             max_sge: cfg.max_sge as usize,
-            inner: self
-                .inner
-                .create_qp(send_cq.inner.as_ref(), recv_cq.inner.as_ref(), cfg)?,
+            _listing: crate::metrics::objects::QpTag::new(&self.device.name, inner.qpn()),
+            inner,
         })
     }
 }
@@ -211,6 +214,8 @@ pub struct Cq {
     inner: Arc<dyn CqOps>,
     /// Objects of different providers never mix; fabric tells them apart by this.
     provider: ProviderKind,
+    /// This CQ's entry in the per-object metrics (shared by its clones).
+    listing: Arc<crate::metrics::objects::CqTag>,
 }
 
 impl Cq {
@@ -224,7 +229,15 @@ impl Cq {
         let done = &out[..n.min(out.len())];
         crate::metrics::registry::record_completions(done);
         crate::metrics::ops::completed(done);
+        self.listing.polled(done);
         Ok(n)
+    }
+
+    /// The number this CQ is listed under in the per-object metrics (the `cq` label of
+    /// `rdmapool_cq_completions_total`; see [`crate::metrics::track_objects`]): unique in
+    /// the process, from 1.
+    pub fn metrics_id(&self) -> u64 {
+        self.listing.id()
     }
 
     /// Depth.
@@ -286,6 +299,9 @@ pub struct Qp {
     /// Most SGEs per work request (checked here, for every provider).
     max_sge: usize,
     provider: ProviderKind,
+    /// This QP's entry in the per-object metrics; declared before `inner` so that it leaves
+    /// the listing before the QP number is given back (and perhaps reused).
+    _listing: crate::metrics::objects::QpTag,
     inner: Box<dyn QpOps>,
 }
 

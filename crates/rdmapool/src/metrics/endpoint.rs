@@ -20,6 +20,9 @@ pub const ENV_HTTP: &str = "RDMAPOOL_METRICS_HTTP";
 /// Environment variable for [`Endpoint::from_env`]: time one signalled work request in this
 /// many (`0` turns op latency off; unset: [`super::DEFAULT_OP_SAMPLE_EVERY`]).
 pub const ENV_OP_SAMPLE: &str = "RDMAPOOL_METRICS_OP_SAMPLE";
+/// Environment variable for [`Endpoint::from_env`]: `0` turns per-CQ and per-QP completion
+/// counts off, `1` on (unset: on; see [`super::track_objects`]).
+pub const ENV_PER_OBJECT: &str = "RDMAPOOL_METRICS_PER_OBJECT";
 
 /// Why an endpoint could not start.
 #[derive(Debug, thiserror::Error)]
@@ -116,12 +119,14 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>
 impl Endpoint {
     /// Binds what `cfg` names and serves it on background threads. Op latency sampling
     /// ([`super::sample_op_latency`]) is turned on at [`super::DEFAULT_OP_SAMPLE_EVERY`]
-    /// unless a rate was chosen before.
+    /// unless a rate was chosen before, and so are per-CQ and per-QP completion counts
+    /// ([`super::track_objects`]) unless they were turned off before.
     pub fn start(cfg: EndpointConfig) -> Result<Self, EndpointError> {
         if cfg.unix.is_none() && cfg.http.is_none() {
             return Err(EndpointError::NothingConfigured);
         }
         super::ops::default_on();
+        super::objects::default_on();
         if let Some(a) = cfg.http {
             if !a.ip().is_loopback() {
                 return Err(EndpointError::NotLoopback(a));
@@ -164,7 +169,8 @@ impl Endpoint {
     }
 
     /// Starts an endpoint from [`ENV_SOCKET`] and/or [`ENV_HTTP`]; `Ok(None)` when neither
-    /// is set (or both are empty). [`ENV_OP_SAMPLE`] sets the op latency sampling rate.
+    /// is set (or both are empty). [`ENV_OP_SAMPLE`] sets the op latency sampling rate and
+    /// [`ENV_PER_OBJECT`] whether completions are counted per CQ and per QP.
     pub fn from_env() -> Result<Option<Self>, EndpointError> {
         let var = |k| std::env::var(k).ok().filter(|v: &String| !v.is_empty());
         let unix = var(ENV_SOCKET).map(|v| UnixName::parse(&v));
@@ -186,6 +192,19 @@ impl Endpoint {
                 reason: format!("want a whole number, 0 for off ({e})"),
             })?;
             super::sample_op_latency(every);
+        }
+        if let Some(v) = var(ENV_PER_OBJECT) {
+            match v.trim() {
+                "0" => super::track_objects(false),
+                "1" => super::track_objects(true),
+                _ => {
+                    return Err(EndpointError::BadEnv {
+                        var: ENV_PER_OBJECT,
+                        value: v.clone(),
+                        reason: "want 0 (off) or 1 (on)".into(),
+                    })
+                }
+            }
         }
         Self::start(EndpointConfig { unix, http }).map(Some)
     }

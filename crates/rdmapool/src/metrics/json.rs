@@ -1,9 +1,11 @@
 //! [`Snapshot`] as one JSON object (what the Unix-socket endpoint sends). The schema is
 //! documented in `docs/METRICS.md`; `"schema": 1` names this version of it.
 
+use super::objects::ObjectCompletions;
 use super::ops::opcode_label;
 use super::prometheus::status_label;
 use super::registry::{LatencySummary, Snapshot, PERCENTILES};
+use crate::fabric::WcStatus;
 use std::fmt::Write;
 
 /// A finite number as JSON (non-finite values, which never occur here, become 0).
@@ -13,6 +15,48 @@ fn num(v: f64) -> String {
     } else {
         "0".into()
     }
+}
+
+/// A string as JSON (quoted, with `"`, `\\` and control characters escaped).
+fn string(v: &str) -> String {
+    let mut o = String::from('"');
+    for ch in v.chars() {
+        match ch {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+fn by_status(completions: &[(WcStatus, u64)]) -> String {
+    let mut o = String::new();
+    for (i, &(s, n)) in completions.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        let _ = write!(o, "{sep}\"{}\":{n}", status_label(s));
+    }
+    o
+}
+
+/// Live CQs or QPs as a JSON array; `key` names their id (`cq` or `qp`).
+fn objects(key: &str, objs: &[ObjectCompletions]) -> String {
+    let items: Vec<String> = objs
+        .iter()
+        .map(|obj| {
+            format!(
+                "{{\"device\":{},\"{key}\":{},\"completions\":{{{}}}}}",
+                string(&obj.device),
+                obj.id,
+                by_status(&obj.completions)
+            )
+        })
+        .collect();
+    format!("[{}]", items.join(","))
 }
 
 fn latency(l: &LatencySummary) -> String {
@@ -40,11 +84,7 @@ impl Snapshot {
     /// Percentile keys are `p50`, `p75`, `p90`, `p95`, `p99`, `p99.9`, `p99.99` and `max`,
     /// in microseconds.
     pub fn to_json(&self) -> String {
-        let mut completions = String::new();
-        for (i, &(s, n)) in self.completions.iter().enumerate() {
-            let sep = if i == 0 { "" } else { "," };
-            let _ = write!(completions, "{sep}\"{}\":{n}", status_label(s));
-        }
+        let completions = by_status(&self.completions);
         let mut ops = String::new();
         for (i, (op, l)) in self.op_latency.iter().enumerate() {
             let sep = if i == 0 { "" } else { "," };
@@ -66,7 +106,9 @@ impl Snapshot {
                 "\"pool\":{{\"allocations\":{},\"in_use\":{},\"empty\":{},\"chunks\":{}}},",
                 "\"connections\":{{\"active\":{},\"passive\":{},\"errors\":{}}},",
                 "\"registered_bytes\":{},\"pinned_bytes\":{},\"completions\":{{{}}},",
-                "\"op_sample_every\":{},\"op_latency\":{{{}}}}}"
+                "\"op_sample_every\":{},\"op_latency\":{{{}}},",
+                "\"objects\":{{\"tracked\":{},\"cqs_live\":{},\"qps_live\":{},",
+                "\"cqs\":{},\"qps\":{}}}}}"
             ),
             self.pid,
             num(self.uptime_seconds),
@@ -93,7 +135,12 @@ impl Snapshot {
             self.pinned_bytes,
             completions,
             self.op_sample_every,
-            ops
+            ops,
+            self.objects_tracked,
+            self.cqs_live,
+            self.qps_live,
+            objects("cq", &self.cqs),
+            objects("qp", &self.qps)
         )
     }
 }

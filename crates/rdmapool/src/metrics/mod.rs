@@ -23,6 +23,7 @@
 mod collect;
 mod endpoint;
 mod json;
+pub(crate) mod objects;
 pub(crate) mod ops;
 mod prometheus;
 pub(crate) mod registry;
@@ -30,8 +31,10 @@ pub(crate) mod registry;
 pub use crate::os::pinned_bytes;
 pub use collect::Metrics;
 pub use endpoint::{
-    Endpoint, EndpointConfig, EndpointError, UnixName, ENV_HTTP, ENV_OP_SAMPLE, ENV_SOCKET,
+    Endpoint, EndpointConfig, EndpointError, UnixName, ENV_HTTP, ENV_OP_SAMPLE, ENV_PER_OBJECT,
+    ENV_SOCKET,
 };
+pub use objects::{objects_tracked, track_objects, ObjectCompletions, MAX_LISTED};
 pub use ops::{op_sample_every, opcode_label, sample_op_latency, DEFAULT_OP_SAMPLE_EVERY};
 pub use prometheus::status_label;
 pub use registry::{snapshot, LatencySummary, Snapshot, BUCKETS_SECONDS, PERCENTILES};

@@ -1,6 +1,7 @@
 //! [`Snapshot`] as Prometheus text exposition (format 0.0.4). Every name is documented in
 //! `docs/METRICS.md`.
 
+use super::objects::ObjectCompletions;
 use super::ops::opcode_label;
 use super::registry::{LatencySummary, Snapshot, BUCKETS_SECONDS};
 use crate::fabric::WcStatus;
@@ -17,6 +18,29 @@ pub fn status_label(s: WcStatus) -> String {
         out.push(ch.to_ascii_lowercase());
     }
     out
+}
+
+/// A label value as Prometheus text wants it: backslash, double quote and newline escaped.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// One counter family of live objects: a series per object and status seen.
+fn per_object(o: &mut String, name: &str, help: &str, key: &str, objs: &[ObjectCompletions]) {
+    head(o, name, "counter", help);
+    for obj in objs {
+        for &(s, n) in &obj.completions {
+            let _ = writeln!(
+                o,
+                "rdmapool_{name}{{device=\"{}\",{key}=\"{}\",status=\"{}\"}} {n}",
+                label_value(&obj.device),
+                obj.id,
+                status_label(s)
+            );
+        }
+    }
 }
 
 fn head(o: &mut String, name: &str, kind: &str, help: &str) {
@@ -221,6 +245,36 @@ impl Snapshot {
                 o,
                 "rdmapool_completions_total{{status=\"{}\"}} {n}",
                 status_label(s)
+            );
+        }
+        if self.objects_tracked {
+            per_object(
+                &mut o,
+                "cq_completions_total",
+                "Work completions polled from each live CQ, by status.",
+                "cq",
+                &self.cqs,
+            );
+            per_object(
+                &mut o,
+                "qp_completions_total",
+                "Work completions of each live QP, by status.",
+                "qp",
+                &self.qps,
+            );
+            one(
+                &mut o,
+                "cqs_live",
+                "gauge",
+                "CQs alive in the process (at most 1024 are listed by CQ).",
+                self.cqs_live as u64,
+            );
+            one(
+                &mut o,
+                "qps_live",
+                "gauge",
+                "QPs alive in the process (at most 1024 are listed by QP).",
+                self.qps_live as u64,
             );
         }
         o

@@ -306,6 +306,18 @@ pub struct Snapshot {
     pub op_latency: Vec<(crate::fabric::WcOpcode, LatencySummary)>,
     /// One signalled work request in this many is timed (0: op latency is off).
     pub op_sample_every: u32,
+    /// Whether completions are counted per CQ and per QP ([`super::track_objects`]).
+    pub objects_tracked: bool,
+    /// Completions per live CQ (`id`: [`crate::fabric::Cq::metrics_id`]), at most
+    /// [`super::MAX_LISTED`], lowest ids first; counted while tracking was on.
+    pub cqs: Vec<super::ObjectCompletions>,
+    /// CQs alive now (may exceed `cqs.len()`).
+    pub cqs_live: usize,
+    /// Completions per live QP (`id`: its QP number), at most [`super::MAX_LISTED`], by
+    /// device then number; counted while tracking was on.
+    pub qps: Vec<super::ObjectCompletions>,
+    /// QPs alive now (may exceed `qps.len()`).
+    pub qps_live: usize,
 }
 
 /// A snapshot of the process-global registry.
@@ -316,6 +328,8 @@ pub fn snapshot() -> Snapshot {
     // Latencies first, counters after: a counter is never below its histogram's count.
     let registration_latency = g.reg.lock().summary();
     let deregistration_latency = g.dereg.lock().summary();
+    let (cqs, cqs_live) = super::objects::cqs();
+    let (qps, qps_live) = super::objects::qps();
     Snapshot {
         pid: std::process::id(),
         uptime_seconds: g.started.elapsed().as_secs_f64(),
@@ -348,5 +362,10 @@ pub fn snapshot() -> Snapshot {
         connection_errors: l(&c.connection_errors),
         op_latency: super::ops::summaries(),
         op_sample_every: super::ops::op_sample_every(),
+        objects_tracked: super::objects_tracked(),
+        cqs,
+        cqs_live,
+        qps,
+        qps_live,
     }
 }

@@ -1,6 +1,7 @@
 //! Rendering of a known snapshot: Prometheus text and JSON.
 
 use super::registry::{LatencySummary, Snapshot, BUCKETS_SECONDS, PERCENTILES};
+use super::ObjectCompletions;
 use crate::fabric::{WcOpcode, WcStatus};
 
 fn known() -> Snapshot {
@@ -48,6 +49,26 @@ fn known() -> Snapshot {
         connections_active: 1,
         connections_passive: 2,
         connection_errors: 3,
+        objects_tracked: true,
+        cqs: vec![ObjectCompletions {
+            device: "soft0".into(),
+            id: 1,
+            completions: vec![(WcStatus::Success, 10), (WcStatus::RemAccessErr, 2)],
+        }],
+        cqs_live: 1,
+        qps: vec![
+            ObjectCompletions {
+                device: "soft0".into(),
+                id: 7,
+                completions: vec![(WcStatus::Success, 10)],
+            },
+            ObjectCompletions {
+                device: "so\"ft\\0".into(),
+                id: 8,
+                completions: vec![(WcStatus::Success, 0), (WcStatus::RemAccessErr, 2)],
+            },
+        ],
+        qps_live: 2,
     }
 }
 
@@ -74,6 +95,11 @@ fn prometheus_text() {
         "rdmapool_op_duration_seconds_bucket{opcode=\"rdma_write\",le=\"+Inf\"} 3\n",
         "rdmapool_op_duration_seconds_count{opcode=\"rdma_write\"} 3\n",
         "rdmapool_op_sample_every 64\n",
+        "# TYPE rdmapool_cq_completions_total counter\n",
+        "rdmapool_cq_completions_total{device=\"soft0\",cq=\"1\",status=\"rem_access_err\"} 2\n",
+        "rdmapool_qp_completions_total{device=\"soft0\",qp=\"7\",status=\"success\"} 10\n",
+        "rdmapool_qp_completions_total{device=\"so\\\"ft\\\\0\",qp=\"8\",status=\"rem_access_err\"} 2\n",
+        "rdmapool_qps_live 2\n",
     ] {
         assert!(t.contains(needle), "missing {needle:?} in\n{t}");
     }
@@ -126,6 +152,23 @@ fn json_snapshot() {
         j["op_latency"]["rdma_write"]["latency"]["percentiles_us"]["p99"],
         2000.0
     );
+    let o = &j["objects"];
+    assert_eq!(o["tracked"], true);
+    assert_eq!(o["cqs_live"], 1);
+    assert_eq!(o["cqs"][0]["cq"], 1);
+    assert_eq!(o["cqs"][0]["completions"]["rem_access_err"], 2);
+    assert_eq!(o["qps"][0]["qp"], 7);
+    assert_eq!(o["qps"][1]["device"], "so\"ft\\0");
+    assert_eq!(o["qps"][1]["completions"]["success"], 0);
+}
+
+#[test]
+fn untracked_objects_have_no_series() {
+    let mut s = known();
+    s.objects_tracked = false;
+    let t = s.to_prometheus();
+    assert!(!t.contains("rdmapool_qp_completions_total"), "{t}");
+    assert!(!t.contains("rdmapool_qps_live"), "{t}");
 }
 
 #[test]

@@ -37,14 +37,16 @@ pub(crate) struct CtxShared {
     pub(crate) admission: Admission,
     /// Data connections open now, in total and per peer address.
     connections: Mutex<Connections>,
-    next_qpn: AtomicU32,
     pub(crate) next_pd: AtomicU32,
     closing: AtomicBool,
 }
 
 impl CtxShared {
+    /// A new QP number: unique in the process, not only in this context, as a NIC's are
+    /// unique on the device (so a QP is named by device and number alone, e.g. in metrics).
     pub(crate) fn next_qpn(&self) -> u32 {
-        self.next_qpn.fetch_add(1, Ordering::Relaxed)
+        static NEXT_QPN: AtomicU32 = AtomicU32::new(1);
+        NEXT_QPN.fetch_add(1, Ordering::Relaxed)
     }
     pub(crate) fn is_closing(&self) -> bool {
         self.closing.load(Ordering::Relaxed)
@@ -159,7 +161,6 @@ impl SoftContext {
             admission: cfg.admission,
             connections: Mutex::new(Connections::default()),
             driver: Driver::start()?,
-            next_qpn: AtomicU32::new(1),
             next_pd: AtomicU32::new(1),
             closing: AtomicBool::new(false),
         });

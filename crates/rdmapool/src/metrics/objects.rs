@@ -1,0 +1,206 @@
+//! Completions per CQ and per QP, by status: which queue pair went wrong, not only that
+//! something did.
+//!
+//! Off by default, so the poll path pays one relaxed atomic load. [`track_objects`]`(true)`
+//! (or a started [`super::Endpoint`]) turns it on: every CQ then counts the statuses it
+//! returns, and each poll that returned work takes one lock to add them to the counters of
+//! the QPs they came from. Objects are listed while they live: a CQ or QP that is destroyed
+//! leaves the listing (its completions stay in the process-wide `completions`), so the number
+//! of series follows the number of live objects, which Prometheus exports cap at
+//! [`MAX_LISTED`] per kind.
+
+use crate::fabric::{Completion, WcStatus};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// At most this many CQs and this many QPs are listed per snapshot (the lowest numbers);
+/// the live counts are reported apart.
+pub const MAX_LISTED: usize = 1024;
+
+const STATUSES: usize = WcStatus::ALL.len();
+
+static TRACKING: AtomicBool = AtomicBool::new(false);
+/// Whether [`track_objects`] was called (a started endpoint then leaves the choice alone).
+static CHOSEN: AtomicBool = AtomicBool::new(false);
+static NEXT_CQ: AtomicU64 = AtomicU64::new(1);
+
+/// Live CQs, by id.
+static CQS: Mutex<BTreeMap<u64, Arc<CqCounts>>> = Mutex::new(BTreeMap::new());
+/// Completions per status of one QP.
+type QpCounts = [u64; STATUSES];
+
+/// Live QPs, by device, then QP number.
+static QPS: Mutex<BTreeMap<Arc<str>, BTreeMap<u32, QpCounts>>> = Mutex::new(BTreeMap::new());
+
+/// Counts completions per CQ and per QP from now on (`true`), or stops counting (`false`;
+/// what was counted stays listed).
+///
+/// ```
+/// rdmapool::metrics::track_objects(true);
+/// assert!(rdmapool::metrics::objects_tracked());
+/// rdmapool::metrics::track_objects(false);
+/// ```
+pub fn track_objects(on: bool) {
+    CHOSEN.store(true, Ordering::Relaxed);
+    TRACKING.store(on, Ordering::Relaxed);
+}
+
+/// What a started endpoint does: tracking on, unless [`track_objects`] chose otherwise.
+pub(crate) fn default_on() {
+    if !CHOSEN.load(Ordering::Relaxed) {
+        TRACKING.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Whether completions are counted per CQ and per QP.
+pub fn objects_tracked() -> bool {
+    TRACKING.load(Ordering::Relaxed)
+}
+
+struct CqCounts {
+    id: u64,
+    device: Arc<str>,
+    counts: [AtomicU64; STATUSES],
+}
+
+/// A CQ's entry in the listing; every clone of the [`crate::fabric::Cq`] holds the same
+/// one, and the last to go takes the CQ off the listing.
+pub(crate) struct CqTag(Arc<CqCounts>);
+
+impl CqTag {
+    /// Lists a new CQ of `device`.
+    pub(crate) fn new(device: &str) -> Arc<CqTag> {
+        let c = Arc::new(CqCounts {
+            id: NEXT_CQ.fetch_add(1, Ordering::Relaxed),
+            device: device.into(),
+            counts: [const { AtomicU64::new(0) }; STATUSES],
+        });
+        CQS.lock().insert(c.id, c.clone());
+        Arc::new(CqTag(c))
+    }
+
+    /// This CQ's number in the listing (process-wide, from 1, never reused).
+    pub(crate) fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    /// Counts what one poll of this CQ returned, when tracking is on (inlined: off, it is
+    /// one relaxed load and a branch).
+    #[inline]
+    pub(crate) fn polled(&self, done: &[Completion]) {
+        if TRACKING.load(Ordering::Relaxed) && !done.is_empty() {
+            self.count(done);
+        }
+    }
+
+    fn count(&self, done: &[Completion]) {
+        for d in done {
+            self.0.counts[d.status as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        let mut qps = QPS.lock();
+        let Some(on_device) = qps.get_mut(&*self.0.device) else {
+            return;
+        };
+        for d in done {
+            // A QP destroyed with work outstanding is no longer listed: its flushes count
+            // for the CQ only.
+            if let Some(counts) = on_device.get_mut(&d.qp_num) {
+                counts[d.status as usize] += 1;
+            }
+        }
+    }
+}
+
+impl Drop for CqTag {
+    fn drop(&mut self) {
+        CQS.lock().remove(&self.0.id);
+    }
+}
+
+/// A QP's entry in the listing, held by the [`crate::fabric::Qp`]; dropping it takes the QP
+/// off the listing.
+pub(crate) struct QpTag {
+    device: Arc<str>,
+    qp_num: u32,
+}
+
+impl QpTag {
+    /// Lists QP `qp_num` of `device` (a QP number a destroyed QP had starts from zero).
+    pub(crate) fn new(device: &str, qp_num: u32) -> QpTag {
+        let device: Arc<str> = device.into();
+        QPS.lock()
+            .entry(device.clone())
+            .or_default()
+            .insert(qp_num, [0; STATUSES]);
+        QpTag { device, qp_num }
+    }
+}
+
+impl Drop for QpTag {
+    fn drop(&mut self) {
+        let mut qps = QPS.lock();
+        if let Some(on_device) = qps.get_mut(&*self.device) {
+            on_device.remove(&self.qp_num);
+            if on_device.is_empty() {
+                qps.remove(&*self.device);
+            }
+        }
+    }
+}
+
+/// Completions one CQ or QP returned, by status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectCompletions {
+    /// The device the object belongs to.
+    pub device: String,
+    /// The QP number, or for a CQ its number in this process's listing (from 1).
+    pub id: u64,
+    /// Completions per status (success always, other statuses once seen; numeric order).
+    pub completions: Vec<(WcStatus, u64)>,
+}
+
+fn by_status(counts: impl Fn(usize) -> u64) -> Vec<(WcStatus, u64)> {
+    WcStatus::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| (s, counts(i)))
+        .filter(|&(s, n)| n > 0 || s == WcStatus::Success)
+        .collect()
+}
+
+/// The live CQs (at most [`MAX_LISTED`], lowest ids first) and how many live.
+pub(crate) fn cqs() -> (Vec<ObjectCompletions>, usize) {
+    let cqs = CQS.lock();
+    let listed = cqs
+        .values()
+        .take(MAX_LISTED)
+        .map(|c| ObjectCompletions {
+            device: c.device.to_string(),
+            id: c.id,
+            completions: by_status(|i| c.counts[i].load(Ordering::Relaxed)),
+        })
+        .collect();
+    (listed, cqs.len())
+}
+
+/// The live QPs (at most [`MAX_LISTED`], by device then QP number) and how many live.
+pub(crate) fn qps() -> (Vec<ObjectCompletions>, usize) {
+    let qps = QPS.lock();
+    let live = qps.values().map(BTreeMap::len).sum();
+    let listed = qps
+        .iter()
+        .flat_map(|(device, on_device)| {
+            on_device
+                .iter()
+                .map(move |(&qp_num, counts)| ObjectCompletions {
+                    device: device.to_string(),
+                    id: u64::from(qp_num),
+                    completions: by_status(|i| counts[i]),
+                })
+        })
+        .take(MAX_LISTED)
+        .collect();
+    (listed, live)
+}
