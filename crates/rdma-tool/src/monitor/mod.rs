@@ -202,42 +202,25 @@ mod tests {
 
     #[test]
     fn qp_errors_read_the_same_from_json_and_prometheus() {
-        use rdmapool::fabric::*;
         rdmapool::metrics::track_objects(true);
-        let ctx = Context::open_soft().unwrap();
-        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(4).unwrap());
-        let cfg = QpConfig::default();
-        let (qp, peer) = (
-            pd.create_qp(&cq, &cq, &cfg).unwrap(),
-            pd.create_qp(&cq, &cq, &cfg).unwrap(),
-        );
-        qp.connect(&peer.endpoint()).unwrap();
-        peer.connect(&qp.endpoint()).unwrap();
-        let (target, local) = (
-            pd.alloc_mr(64, AccessFlags::all_remote()).unwrap(),
-            pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap(),
-        );
-        let mut remote = target.remote_at(0).unwrap();
-        remote.rkey ^= 1;
-        qp.post_send(&[SendWr {
-            wr_id: 1,
-            op: WrOp::Write { remote, imm: None },
-            sg_list: &[local.sge(0, 8).unwrap()],
-            signaled: true,
-        }])
-        .unwrap();
-        let done = cq.wait(1, std::time::Duration::from_secs(5)).unwrap();
-        assert_eq!(done[0].status, WcStatus::RemAccessErr);
+        let ctx = rdmapool::fabric::Context::open_soft().unwrap();
+        let ops = probe::Ops::new(&ctx, &ctx.alloc_pd().unwrap()).unwrap();
+        let done = ops.wrong_rkey_write();
+        assert_eq!(done.status, rdmapool::fabric::WcStatus::RemAccessErr);
 
         let snap = rdmapool::metrics::snapshot();
         let j = source::from_json(&snap.to_json(), &[]).unwrap();
         let p = source::from_prometheus(&snap.to_prometheus(), &[]);
-        let name = format!("{}/{}", ctx.device().name, qp.qpn());
-        assert_eq!(j.qp_errors[&name]["rem_access_err"], 1, "{:?}", j.qp_errors);
+        let (qp, peer) = ops.qpns();
+        let name = |n: u32| format!("{}/{n}", ctx.device().name);
+        assert_eq!(
+            j.qp_errors[&name(qp)]["rem_access_err"],
+            1,
+            "{:?}",
+            j.qp_errors
+        );
         assert_eq!(j.qp_errors, p.qp_errors);
-        assert!(!j
-            .qp_errors
-            .contains_key(&format!("{}/{}", ctx.device().name, peer.qpn())));
+        assert!(!j.qp_errors.contains_key(&name(peer)));
     }
 
     #[test]

@@ -111,6 +111,29 @@ impl Ops {
     }
 }
 
+#[cfg(test)]
+impl Ops {
+    /// A WRITE with a wrong rkey, waited for: the error completion the tests look for.
+    pub(super) fn wrong_rkey_write(&self) -> Completion {
+        let mut remote = self.target.remote_at(0).unwrap();
+        remote.rkey ^= 1;
+        self.qp
+            .post_send(&[SendWr {
+                wr_id: u64::MAX,
+                op: WrOp::Write { remote, imm: None },
+                sg_list: &[self.local.sge(0, 8).unwrap()],
+                signaled: true,
+            }])
+            .unwrap();
+        self.cq.wait(1, Duration::from_secs(5)).unwrap()[0]
+    }
+
+    /// The QP the requests are posted on, and its peer.
+    pub(super) fn qpns(&self) -> (u32, u32) {
+        (self.qp.qpn(), self._peer.qpn())
+    }
+}
+
 fn work(reg: &Registrar, cache: RegCache, pool: &BufferPool, ops: &Ops, stop: &AtomicBool) {
     const SIZES: [usize; 4] = [64 << 10, 256 << 10, 1 << 20, 4 << 20];
     // Eight buffers looked up in the cache in turn: misses at first, hits after.

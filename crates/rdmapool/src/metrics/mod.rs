@@ -25,6 +25,7 @@ mod endpoint;
 mod json;
 pub(crate) mod objects;
 pub(crate) mod ops;
+mod opt_in;
 mod prometheus;
 pub(crate) mod registry;
 

@@ -9,10 +9,11 @@
 //! of series follows the number of live objects, which Prometheus exports cap at
 //! [`MAX_LISTED`] per kind.
 
+use super::opt_in::OptIn;
 use crate::fabric::{Completion, WcStatus};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// At most this many CQs and this many QPs are listed per snapshot (the lowest numbers);
@@ -21,9 +22,8 @@ pub const MAX_LISTED: usize = 1024;
 
 const STATUSES: usize = WcStatus::ALL.len();
 
-static TRACKING: AtomicBool = AtomicBool::new(false);
-/// Whether [`track_objects`] was called (a started endpoint then leaves the choice alone).
-static CHOSEN: AtomicBool = AtomicBool::new(false);
+/// 1: counting.
+static TRACKING: OptIn = OptIn::off();
 static NEXT_CQ: AtomicU64 = AtomicU64::new(1);
 
 /// Live CQs, by id.
@@ -43,20 +43,17 @@ static QPS: Mutex<BTreeMap<Arc<str>, BTreeMap<u32, QpCounts>>> = Mutex::new(BTre
 /// rdmapool::metrics::track_objects(false);
 /// ```
 pub fn track_objects(on: bool) {
-    CHOSEN.store(true, Ordering::Relaxed);
-    TRACKING.store(on, Ordering::Relaxed);
+    TRACKING.choose(u32::from(on));
 }
 
 /// What a started endpoint does: tracking on, unless [`track_objects`] chose otherwise.
 pub(crate) fn default_on() {
-    if !CHOSEN.load(Ordering::Relaxed) {
-        TRACKING.store(true, Ordering::Relaxed);
-    }
+    TRACKING.default_to(1);
 }
 
 /// Whether completions are counted per CQ and per QP.
 pub fn objects_tracked() -> bool {
-    TRACKING.load(Ordering::Relaxed)
+    TRACKING.get() != 0
 }
 
 struct CqCounts {
@@ -90,7 +87,7 @@ impl CqTag {
     /// one relaxed load and a branch).
     #[inline]
     pub(crate) fn polled(&self, done: &[Completion]) {
-        if TRACKING.load(Ordering::Relaxed) && !done.is_empty() {
+        if TRACKING.get() != 0 && !done.is_empty() {
             self.count(done);
         }
     }

@@ -10,12 +10,13 @@
 //! engine's are); a caller reusing one id for many outstanding requests gets the latency to
 //! the first of them to complete.
 
+use super::opt_in::OptIn;
 use super::registry::{latency, Latency, LatencySummary};
 use crate::fabric::{Completion, SendWr, WcOpcode, WcStatus, WrOp};
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -28,9 +29,7 @@ pub const DEFAULT_OP_SAMPLE_EVERY: u32 = 64;
 const MAX_PENDING: usize = 4096;
 
 /// 0: off; n: one signalled request in n is timed.
-static SAMPLE_EVERY: AtomicU32 = AtomicU32::new(0);
-/// Whether [`sample_op_latency`] was called (a started endpoint then leaves the rate alone).
-static CHOSEN: AtomicBool = AtomicBool::new(false);
+static SAMPLE_EVERY: OptIn = OptIn::off();
 /// Entries in [`Ops::pending`], read without the lock by the poll path.
 static PENDING: AtomicUsize = AtomicUsize::new(0);
 
@@ -69,20 +68,17 @@ thread_local! {
 /// rdmapool::metrics::sample_op_latency(0);
 /// ```
 pub fn sample_op_latency(every: u32) {
-    CHOSEN.store(true, Ordering::Relaxed);
-    SAMPLE_EVERY.store(every, Ordering::Relaxed);
+    SAMPLE_EVERY.choose(every);
 }
 
 /// What a started endpoint does: [`DEFAULT_OP_SAMPLE_EVERY`] unless a rate was chosen.
 pub(crate) fn default_on() {
-    if !CHOSEN.load(Ordering::Relaxed) {
-        SAMPLE_EVERY.store(DEFAULT_OP_SAMPLE_EVERY, Ordering::Relaxed);
-    }
+    SAMPLE_EVERY.default_to(DEFAULT_OP_SAMPLE_EVERY);
 }
 
 /// The current sampling rate (0: off).
 pub fn op_sample_every() -> u32 {
-    SAMPLE_EVERY.load(Ordering::Relaxed)
+    SAMPLE_EVERY.get()
 }
 
 fn timed_index(op: &WrOp) -> Option<usize> {
@@ -102,7 +98,7 @@ fn timed_index(op: &WrOp) -> Option<usize> {
 /// take it back ([`post_failed`]). Kept before posting, so a completion polled at once by
 /// another thread still finds it.
 pub(crate) fn before_post(qp_num: impl FnOnce() -> u32, wrs: &[SendWr<'_>]) -> Option<(u32, u64)> {
-    let every = SAMPLE_EVERY.load(Ordering::Relaxed);
+    let every = SAMPLE_EVERY.get();
     if every == 0 {
         return None;
     }

@@ -1,0 +1,37 @@
+//! An opt-in setting of the data-path metrics: off until the program chooses a value or a
+//! started [`super::Endpoint`] sets its default (which never overrides a choice).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+/// One setting: 0 is off; read with one relaxed load on the data path.
+pub(crate) struct OptIn {
+    value: AtomicU32,
+    chosen: AtomicBool,
+}
+
+impl OptIn {
+    pub(crate) const fn off() -> Self {
+        Self {
+            value: AtomicU32::new(0),
+            chosen: AtomicBool::new(false),
+        }
+    }
+
+    /// The program's choice: kept, whatever an endpoint starts with later.
+    pub(crate) fn choose(&self, value: u32) {
+        self.chosen.store(true, Ordering::Relaxed);
+        self.value.store(value, Ordering::Relaxed);
+    }
+
+    /// An endpoint's default: `value`, unless the program chose.
+    pub(crate) fn default_to(&self, value: u32) {
+        if !self.chosen.load(Ordering::Relaxed) {
+            self.value.store(value, Ordering::Relaxed);
+        }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self) -> u32 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
