@@ -64,8 +64,9 @@ fn sweep_panels(rows: &[Row], provider: &str) -> Vec<Panel> {
                 let name = format!("rdmapool {provider} {}", r.transport);
                 push(&mut series, name, false, (r.size as f64, ours));
             }
-            // References after ours, so ours keep the first colours.
-            for r in mine {
+            // References after ours, so ours keep the first colours. A row without one
+            // (perftest missing or silent for it) adds no point.
+            for r in mine.filter(|r| r.reference != "-" && r.reference_value > 0.0) {
                 let reference = match metric {
                     "latency" => r.reference_value / 1e3,
                     _ => r.reference_value,
@@ -192,4 +193,39 @@ pub fn engine(path: &Path, provider: &str, rows: &[Row]) -> Result<()> {
             panels: &panels,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(size: usize, reference: &str, reference_value: f64) -> Row {
+        Row {
+            provider: "verbs".into(),
+            transport: "rxe0".into(),
+            op: "write".into(),
+            metric: "latency".into(),
+            size,
+            iters: 10,
+            median_ns: 50_000.0,
+            p99_ns: 90_000.0,
+            gbps: 0.0,
+            mops: 0.0,
+            reference: reference.into(),
+            reference_value,
+            ratio: 0.0,
+        }
+    }
+
+    #[test]
+    fn rows_without_a_reference_add_no_reference_series() {
+        // As on verbs: perftest compared only the 8 B size.
+        let rows = [row(8, "perftest ib_write_lat x2", 76_500.0), row(4096, "-", 0.0)];
+        let panels = sweep_panels(&rows, "verbs");
+        assert_eq!(panels.len(), 1);
+        let names: Vec<&str> = panels[0].series.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["rdmapool verbs rxe0", "perftest ib_write_lat x2"]);
+        assert_eq!(panels[0].series[0].points.len(), 2);
+        assert_eq!(panels[0].series[1].points, [(8.0, 76.5)]);
+    }
 }

@@ -53,6 +53,7 @@ pub fn print_table(rows: &[Row]) {
     );
     for r in rows {
         let refv = match r.metric.as_str() {
+            _ if r.reference_value.is_nan() || r.reference_value <= 0.0 => "-".into(),
             "latency" => fmt_ns(r.reference_value),
             "rate" => format!("{:.3} Mop/s", r.reference_value),
             _ => format!("{:.2} GB/s", r.reference_value),
@@ -62,8 +63,14 @@ pub fn print_table(rows: &[Row]) {
         } else {
             format!("{:.3}", r.gbps)
         };
+        // A row without a reference (perftest missing or silent) has no ratio: "-", not 0.
+        let ratio = if r.ratio.is_finite() && r.ratio > 0.0 {
+            format!("{:.2}", r.ratio)
+        } else {
+            "-".into()
+        };
         println!(
-            "{:<9} {:<18} {:<9} {:>6} {:>7} {:>11} {:>11} {:>11}  {:<32} {:>11} {:>7.2}",
+            "{:<9} {:<18} {:<9} {:>6} {:>7} {:>11} {:>11} {:>11}  {:<32} {:>11} {:>7}",
             r.transport,
             r.op,
             r.metric,
@@ -74,7 +81,7 @@ pub fn print_table(rows: &[Row]) {
             value,
             r.reference,
             refv,
-            r.ratio
+            ratio
         );
     }
 }

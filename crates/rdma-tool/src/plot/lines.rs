@@ -67,21 +67,23 @@ fn range(log: bool, vals: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f
     (lo, hi + pad)
 }
 
-/// A number with about three significant digits, without trailing zeros.
+/// A number with three significant digits, without trailing zeros (`0.0447`, `5.5`, `31.6`,
+/// `316`); below 0.001 and from 1e6 on, in exponent form.
 pub fn num(v: f64) -> String {
     let a = v.abs();
-    let s = if a == 0.0 {
-        return "0".into();
-    } else if a >= 100.0 {
-        return format!("{v:.0}");
-    } else if a >= 10.0 {
-        format!("{v:.1}")
-    } else if a >= 0.01 {
-        format!("{v:.2}")
+    if a == 0.0 || !a.is_finite() {
+        return if a == 0.0 { "0".into() } else { format!("{v}") };
+    }
+    if !(1e-3..1e6).contains(&a) {
+        return format!("{v:.2e}");
+    }
+    let decimals = (2 - a.log10().floor() as i32).max(0) as usize;
+    let s = format!("{v:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
     } else {
-        return format!("{v:.1e}");
-    };
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
+        s
+    }
 }
 
 impl Panel {
@@ -166,5 +168,25 @@ impl Figure for Panel {
             .border_style(BLACK)
             .draw()
             .map_err(msg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn numbers_keep_three_significant_digits() {
+        for (v, want) in [
+            (0.0447, "0.0447"),
+            (0.04, "0.04"),
+            (5.5, "5.5"),
+            (31.62, "31.6"),
+            (316.2, "316"),
+            (2308.0, "2308"),
+            (0.0, "0"),
+            (-1.25, "-1.25"),
+            (0.00012, "1.20e-4"),
+        ] {
+            assert_eq!(super::num(v), want, "{v}");
+        }
     }
 }
