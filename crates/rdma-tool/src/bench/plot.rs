@@ -220,7 +220,10 @@ mod tests {
     #[test]
     fn rows_without_a_reference_add_no_reference_series() {
         // As on verbs: perftest compared only the 8 B size.
-        let rows = [row(8, "perftest ib_write_lat x2", 76_500.0), row(4096, "-", 0.0)];
+        let rows = [
+            row(8, "perftest ib_write_lat x2", 76_500.0),
+            row(4096, "-", 0.0),
+        ];
         let panels = sweep_panels(&rows, "verbs");
         assert_eq!(panels.len(), 1);
         let names: Vec<&str> = panels[0].series.iter().map(|s| s.name.as_str()).collect();
