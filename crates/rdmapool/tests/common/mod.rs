@@ -60,9 +60,19 @@ pub fn node_on(transport: Transport) -> Node {
     Node { ctx, pd, cq }
 }
 
+/// The tests' QP config: a 5 s transport timeout, or `RDMAPOOL_TEST_QP_TIMEOUT_MS` where
+/// everything runs many times slower (scripts/memcheck.sh sets 60 s: under valgrind one
+/// thread runs at a time, and a peer starved for 5 s would fail a request that is fine).
 pub fn config() -> QpConfig {
+    let timeout_ms = std::env::var("RDMAPOOL_TEST_QP_TIMEOUT_MS")
+        .ok()
+        .map(|v| {
+            v.parse()
+                .expect("RDMAPOOL_TEST_QP_TIMEOUT_MS is a number of milliseconds")
+        })
+        .unwrap_or(5000);
     QpConfig {
-        timeout: Duration::from_secs(5),
+        timeout: Duration::from_millis(timeout_ms),
         rnr_timeout: Duration::from_millis(300),
         ..QpConfig::default()
     }
