@@ -23,16 +23,18 @@ impl From<Provider> for ProviderKind {
 }
 
 /// Which device a subcommand opens.
+///
+/// Each flag names its help heading itself: a `next_help_heading` on the flattened struct
+/// would also put every flag declared after it in the subcommand under "Device".
 #[derive(clap::Args, Debug, Clone, Default)]
-#[command(next_help_heading = "Device")]
 pub struct DeviceArgs {
     /// soft (software RDMA, no NIC needed) or verbs (rdma-core: a NIC or SoftRoCE). Commands
     /// that open a device use soft when it is not given; `devices` then lists both.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, help_heading = "Device")]
     pub provider: Option<Provider>,
     /// The device by name, as `rdma-tool devices` lists it (verbs: e.g. rxe0 or mlx5_0, the
     /// first one or $RDMAPOOL_DEVICE when not given; soft: soft0).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", help_heading = "Device")]
     pub device: Option<String>,
 }
 

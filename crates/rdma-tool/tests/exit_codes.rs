@@ -146,3 +146,31 @@ fn deprecated_millisecond_flags_still_work() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("--lease"), "{}", stderr(&out));
 }
+
+#[test]
+fn the_device_heading_in_help_holds_only_the_device_flags() {
+    for (prefix, _) in OPENS_A_DEVICE {
+        if prefix[0] == "peer" {
+            continue; // hidden, started by demo and bench data
+        }
+        // The subcommand's words, without its own arguments (`bench data`, not its --size).
+        let words: Vec<&str> = prefix
+            .iter()
+            .take_while(|w| !w.starts_with('-'))
+            .copied()
+            .collect();
+        let args = [&words[..], &["-h"]].concat();
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        let help = String::from_utf8(out.stdout).unwrap();
+        let section: Vec<&str> = help
+            .lines()
+            .skip_while(|l| *l != "Device:")
+            .skip(1)
+            .take_while(|l| !l.is_empty() && !l.ends_with(':'))
+            .filter_map(|l| l.trim_start().strip_prefix("--"))
+            .map(|l| l.split_whitespace().next().unwrap_or(""))
+            .collect();
+        assert_eq!(section, ["provider", "device"], "{args:?}:\n{help}");
+    }
+}
