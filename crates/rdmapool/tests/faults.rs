@@ -269,6 +269,55 @@ fn a_partition_longer_than_the_qp_timeout_fails_typed_and_heals() {
 }
 
 #[test]
+fn an_idle_peer_behind_a_partition_is_noticed_by_keepalive_and_reconnects() {
+    // No operation is in flight when the link goes: nothing of the initiator's times out,
+    // so only TCP keepalive on the target's accepted connection (10 s idle, 3 probes 2 s
+    // apart) can tell the target that its peer is gone.
+    let Some(net) = net("rfa", 19) else { return };
+    let mut t = target(&net, "target", false, &[]);
+    let cm = t.cm.clone();
+    let env = [("SEED", "13".to_string())];
+    let mut w = workload(&net, "initiator", &[&cm], None, &env);
+    let before = run(&mut w, 10);
+    assert!(before.completed > 0 && before.failed == 0, "{before:?}");
+    net.partition(true);
+    // Bounded well past the 16 s keepalive gives up after (a bound on a hang, not a speed).
+    t.p.say("gone 60");
+    let gone = t.p.expect("gone");
+    let dropped = net.counts().partitioned;
+    net.partition(false);
+    let n: Vec<&str> = gone.split_whitespace().collect();
+    assert!(
+        n[0] == n[2] && n[0] != "0",
+        "every accepted QP heard that its peer is gone, with no FIN: {gone}"
+    );
+    assert!(dropped > 0, "the keepalive probes met the partition");
+    // Healed: the initiator's old connection is refused by the target's host (it forgot
+    // it), so its next operation fails typed; the run after that connects anew and works.
+    let refused = run(&mut w, 2);
+    assert!(
+        refused.count("RetryExcErr") + refused.count("WrFlushErr") > 0,
+        "the connection the target gave up on fails typed: {refused:?}"
+    );
+    let after = run(&mut w, 20);
+    assert!(
+        after.completed > 0 && after.verified > 0,
+        "a new connection works: {after:?}"
+    );
+    let compared = cross_check(&mut w, &mut [&mut t], &[Some(0)]);
+    assert!(compared > 0);
+    let lw = levels(&mut w, "close");
+    let lt = forget_and_settle(&mut t);
+    let extra = format!("target: {gone}; blocks cross-checked={compared}; {lw}; {lt}");
+    summary(
+        "idle peer behind a partition",
+        &[&before, &refused, &after],
+        &net,
+        &extra,
+    );
+}
+
+#[test]
 fn a_killed_target_fails_its_connection_typed_and_leaves_the_other_intact() {
     let Some(net) = net("rfk", 13) else { return };
     net.set(mild());

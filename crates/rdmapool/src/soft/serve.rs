@@ -60,7 +60,10 @@ pub(crate) fn accept(tcp: TcpListener, unix: UnixListener, shared: Weak<CtxShare
 
 /// TCP keepalive on an accepted connection: a peer whose host vanished without a FIN (power
 /// loss, a partition) is noticed after about 10 s idle + 3 probes 2 s apart, and its QP
-/// then learns that its peer is gone like any other.
+/// then learns that its peer is gone like any other. Keepalive probes only an idle
+/// connection: one with responses still unacknowledged when the peer vanished would
+/// otherwise wait out the kernel's retransmissions (`tcp_retries2`, about 15 minutes), so
+/// `TCP_USER_TIMEOUT` gives up on unacknowledged data after the same 16 s.
 fn keepalive(fd: RawFd) {
     let set = |level, opt, v: libc::c_int| {
         // SAFETY: setsockopt on a socket we own, with a c_int value of the declared size.
@@ -78,7 +81,16 @@ fn keepalive(fd: RawFd) {
     set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 10);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 2);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3);
+    set(
+        libc::IPPROTO_TCP,
+        libc::TCP_USER_TIMEOUT,
+        PEER_GONE_AFTER_MS,
+    );
 }
+
+/// How long an accepted connection's peer may stay silent (idle under keepalive, or not
+/// acknowledging data) before the connection is given up: 10 s + 3 x 2 s.
+const PEER_GONE_AFTER_MS: libc::c_int = 16_000;
 
 fn spawn_acceptor<L, S>(
     name: &str,

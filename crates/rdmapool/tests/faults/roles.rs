@@ -35,7 +35,9 @@ fn ip() -> std::net::IpAddr {
 /// The target: serves until stdin closes. Commands: `sums BLOCK FIRST COUNT` (checksums of
 /// its own view of blocks), `peer` (the TCP address and QP number of its first accepted
 /// QP), `forget` (drops the accepted QPs, as an application does when a peer is gone),
-/// `settle` (waits for the levels to return to where they were before any connection).
+/// `settle` (waits for the levels to return to where they were before any connection),
+/// `gone SECS` (waits up to SECS for every accepted QP's `PeerDisconnected` event; says how
+/// many came and when).
 pub fn target() {
     let ctx = Context::open_soft().unwrap();
     let pd = ctx.alloc_pd().unwrap();
@@ -119,6 +121,20 @@ pub fn target() {
             Some("expired") => {
                 let n = server.as_ref().map(|s| s.stats().expired_clients);
                 println!("@expired {}", n.unwrap_or(0));
+            }
+            Some("gone") => {
+                let secs: u64 = w.get(1).map_or(30, |x| x.parse().unwrap());
+                let qps = accepted.lock().unwrap();
+                let (asked, until) = (Instant::now(), Instant::now() + Duration::from_secs(secs));
+                let mut seen = vec![false; qps.len()];
+                while seen.contains(&false) && Instant::now() < until {
+                    for (qp, seen) in qps.iter().zip(seen.iter_mut()).filter(|(_, s)| !**s) {
+                        let e = qp.wait_event(Duration::from_millis(50));
+                        *seen = e == Some(QpEvent::PeerDisconnected);
+                    }
+                }
+                let n = seen.iter().filter(|s| **s).count();
+                println!("@gone {n} of {} after {:?}", qps.len(), asked.elapsed());
             }
             Some("forget") => {
                 accepted.lock().unwrap().clear();
