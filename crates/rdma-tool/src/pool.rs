@@ -335,12 +335,19 @@ impl Session {
             if matches!(words[0], "quit" | "exit") {
                 break;
             }
-            let result = Line::try_parse_from(&words)
-                .map_err(|e| {
-                    let text = e.to_string();
-                    let first = text.lines().next().unwrap_or("").trim();
-                    ToolError::Msg(first.strip_prefix("error: ").unwrap_or(first).to_string())
-                })
+            let parsed = Line::try_parse_from(&words);
+            if let Err(e) = &parsed {
+                if matches!(
+                    e.kind(),
+                    clap::error::ErrorKind::DisplayHelp
+                        | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+                ) {
+                    print!("{e}"); // `help`, `write --help`: what was asked for, no failure
+                    continue;
+                }
+            }
+            let result = parsed
+                .map_err(|e| ToolError::Msg(shell_usage_error(&e.to_string())))
                 .and_then(|l| self.exec(l.op));
             match result {
                 Ok(out) => println!("{out}"),
@@ -356,6 +363,23 @@ impl Session {
         }
         Ok(failed)
     }
+}
+
+/// A shell line's usage error on one line: clap's message with what it lists (the missing
+/// arguments, a tip) and the usage, without the "for more information" footer.
+fn shell_usage_error(text: &str) -> String {
+    let mut said = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if line.starts_with("For more information") {
+            continue;
+        }
+        let line = line.strip_prefix("error: ").unwrap_or(line);
+        said.push(match line.strip_prefix("Usage: ") {
+            Some(usage) => format!("(usage: {usage})"),
+            None => line.to_string(),
+        });
+    }
+    said.join(" ")
 }
 
 /// Connects, runs the operation, exits (the lease stops being renewed).

@@ -167,12 +167,25 @@ fn serve_and_one_shot_pool_commands_round_trip_values() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    writeln!(shell.stdin.take().unwrap(), "alloc 64\nstats").unwrap();
+    writeln!(
+        shell.stdin.take().unwrap(),
+        "alloc 64\nstats\nwrite 4:0:8 0\nwrite --help"
+    )
+    .unwrap();
     let out = shell.wait_with_output().unwrap();
-    assert!(out.status.success());
+    assert!(!out.status.success(), "the bad line counts as failed");
     let text = String::from_utf8(out.stdout).unwrap();
     let p = text.lines().next().unwrap().to_string();
     assert!(text.contains(&format!("allocations 1\n  {p}")), "{text}");
+    // A usage error says on its line what is missing and how the command goes; asking for
+    // help shows it and is no failure.
+    let bad = text.lines().find(|l| l.starts_with("error:")).unwrap();
+    assert!(
+        bad.contains("<DATA>") && bad.contains("usage: write <PTR> <OFFSET> <DATA>"),
+        "{text}"
+    );
+    assert_eq!(text.matches("error:").count(), 1, "{text}");
+    assert!(text.contains("Writes DATA at OFFSET of PTR"), "{text}");
 
     // Client 11 exited holding an object; its lease runs out within the drain.
     let bye = server.stop();

@@ -263,7 +263,8 @@ impl Shared {
             .cloned()
             .ok_or_else(|| Error::NodeDown {
                 node: id,
-                reason: "not a member".into(),
+                reason: "not a member: no server of this pool known to this client has that id"
+                    .into(),
             })?;
         n.check_up()?;
         Ok(n)
