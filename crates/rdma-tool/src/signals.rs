@@ -1,5 +1,5 @@
 //! SIGINT and SIGTERM as a request to stop: the handler sets a flag that long-running
-//! commands (`serve`, `monitor`) poll, so they can finish cleanly (drain, restore the
+//! commands (`serve`, `monitor`, `stress`) poll, so they can finish cleanly (drain, restore the
 //! terminal line, write their plot) instead of dying mid-way.
 
 use crate::{Result, ToolError};
@@ -19,6 +19,9 @@ pub fn install() -> Result<()> {
         let rc = unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            // Restarted, not failed with EINTR: a read, write or ioctl (ibv_reg_mr's) that
+            // the signal lands in goes on; the command notices the flag at its next check.
+            sa.sa_flags = libc::SA_RESTART;
             libc::sigemptyset(&mut sa.sa_mask);
             libc::sigaction(sig, &sa, std::ptr::null_mut())
         };

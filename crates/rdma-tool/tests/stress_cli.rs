@@ -1,5 +1,6 @@
 //! `rdma-tool stress` run for real: the seed command (fewer rounds), both memory modes, the
-//! JSON schema, and a limit that cannot change (RLIMIT_MEMLOCK) stopping the run at once.
+//! JSON schema, a limit that cannot change (RLIMIT_MEMLOCK) stopping the run at once, and
+//! SIGINT/SIGTERM ending a run with the summary of what it did.
 
 use std::os::unix::process::CommandExt;
 use std::process::Command;
@@ -215,4 +216,82 @@ fn a_mix_that_cannot_fit_the_memlock_limit_is_refused_before_it_runs() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("RLIMIT_MEMLOCK is 1M"), "{err}");
     assert!(out.stdout.is_empty(), "nothing ran");
+}
+
+/// The stress child's own metrics snapshot over its abstract socket, once it answers.
+fn snapshot(name: &str) -> Option<serde_json::Value> {
+    use std::io::Read;
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name).ok()?;
+    let mut c = std::os::unix::net::UnixStream::connect_addr(&addr).ok()?;
+    let mut s = String::new();
+    c.read_to_string(&mut s).ok()?;
+    serde_json::from_str(&s).ok()
+}
+
+/// Starts a run far too long to finish, waits until it has registered something, sends
+/// `signal`, and returns its exit code and JSON summary.
+fn interrupt(signal: i32, args: &[&str]) -> (Option<i32>, serde_json::Value, String) {
+    let name = format!("rdma-tool-test-interrupt-{}-{signal}", std::process::id());
+    let mut child = Command::new(EXE)
+        .arg("stress")
+        .args(args)
+        .args(["--count=100000000", "--json", "--metrics-socket"])
+        .arg(format!("@{name}"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while snapshot(&name).is_none_or(|v| v["registration"]["count"].as_u64() == Some(0)) {
+        assert!(std::time::Instant::now() < deadline, "nothing registered");
+        assert!(child.try_wait().unwrap().is_none(), "stress exited early");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // SAFETY: a signal to our own child, which is still running (not yet waited for).
+    unsafe { libc::kill(child.id() as i32, signal) };
+    // Bounded: a run that ignored the signal would be killed here and fail below.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON summary ({e}): {out:?}"));
+    (
+        out.status.code(),
+        v,
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn ctrl_c_or_sigterm_ends_a_run_with_the_summary_of_the_rounds_done() {
+    let (code, v, err) = interrupt(libc::SIGINT, &["--size=2M", "--threads=2"]);
+    assert_eq!(code, Some(1), "an interrupted run is not a success: {err}");
+    assert!(err.contains("interrupted after round"), "{err}");
+    assert_eq!(v["interrupted"], true, "{v}");
+    let done = v["rounds_done"].as_u64().unwrap();
+    assert!((1..100_000_000).contains(&done), "{v}");
+    assert_eq!(v["failures"], 0, "{v}");
+    // The figures are those of the rounds done: two registrations and two deregistrations
+    // each, all measured.
+    assert_eq!(v["registration_us"]["samples"], done * 2, "{v}");
+    assert_eq!(v["deregistration_us"]["samples"], done * 2, "{v}");
+    assert_eq!(v["registered_bytes"], done * 2 * (1 << 20), "{v}");
+
+    let (code, v, err) = interrupt(
+        libc::SIGTERM,
+        &["--mix=reg,pool", "--size=2M", "--threads=2"],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("interrupted after round"), "{err}");
+    let done = v["interrupted_after_round"].as_u64().expect("set");
+    assert!((1..100_000_000).contains(&done), "{v}");
+    for kind in ["reg", "pool"] {
+        let ops = v["kinds"][kind]["ops"].as_u64().unwrap();
+        assert!(ops >= 1 && ops <= done * 2, "{kind}: {v}");
+    }
+    assert_eq!(v["failures"], 0, "{v}");
 }

@@ -151,6 +151,8 @@ pub struct MixResult {
     pub cache: Option<rdmapool::mr::CacheStats>,
     /// The pool's counters at the end (when `pool` ran).
     pub pool: Option<rdmapool::buf::PoolStats>,
+    /// Set when SIGINT or SIGTERM ended the run early: the most rounds a thread finished.
+    pub interrupted_after: Option<u64>,
 }
 
 fn ns(since: Instant) -> u64 {
@@ -201,7 +203,7 @@ pub fn run(plan: &Plan, pd: &Pd) -> Result<MixResult> {
         None
     };
     let started = Instant::now();
-    let per_thread: Vec<Result<Vec<KindStats>>> = std::thread::scope(|s| {
+    let per_thread: Vec<Result<(u64, Vec<KindStats>)>> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..plan.threads)
             .map(|t| {
                 let (reg, cache, pool, working) = (&reg, cache.as_ref(), pool.as_ref(), &working);
@@ -218,8 +220,11 @@ pub fn run(plan: &Plan, pd: &Pd) -> Result<MixResult> {
     });
     let wall = started.elapsed().as_secs_f64();
     let mut kinds: Vec<KindStats> = plan.kinds.iter().map(|&k| KindStats::new(k)).collect();
+    let mut rounds_done = 0;
     for r in per_thread {
-        for (all, mine) in kinds.iter_mut().zip(r?) {
+        let (rounds, stats) = r?;
+        rounds_done = rounds_done.max(rounds);
+        for (all, mine) in kinds.iter_mut().zip(stats) {
             all.merge(mine);
         }
     }
@@ -228,13 +233,15 @@ pub fn run(plan: &Plan, pd: &Pd) -> Result<MixResult> {
         wall,
         cache: cache.as_ref().map(RegCache::stats),
         pool: pool.as_ref().map(BufferPool::stats),
+        interrupted_after: (rounds_done < plan.count).then_some(rounds_done),
     };
     drop(cache); // its registrations go before the working set they cover
     drop(working);
     Ok(result)
 }
 
-/// One thread's rounds.
+/// One thread's rounds (fewer when SIGINT or SIGTERM comes): how many it did, and what it
+/// measured.
 fn worker(
     plan: &Plan,
     t: usize,
@@ -242,12 +249,15 @@ fn worker(
     cache: Option<&RegCache>,
     pool: Option<&BufferPool>,
     working: &[Vec<u8>],
-) -> Result<Vec<KindStats>> {
+) -> Result<(u64, Vec<KindStats>)> {
     let mut stats: Vec<KindStats> = plan.kinds.iter().map(|&k| KindStats::new(k)).collect();
     let mut alloc = histogram();
     let mut mine = Buffers::new(MemoryMode::Pooled, plan.hugepages, plan.region_bytes, 1);
     let mut held = VecDeque::with_capacity(POOL_HELD + 1);
     for round in 0..plan.count {
+        if crate::signals::stopped() {
+            return Ok((round, stats));
+        }
         for st in stats.iter_mut() {
             match st.kind {
                 Kind::Reg => {
@@ -312,7 +322,7 @@ fn worker(
             }
         }
     }
-    Ok(stats)
+    Ok((plan.count, stats))
 }
 
 fn record(st: &mut KindStats, t0: Instant, r: rdmapool::Result<()>) {

@@ -116,6 +116,10 @@ pub fn run(args: Args) -> Result<()> {
             crate::units::show(args.size)
         )));
     }
+    // Ctrl-C or SIGTERM ends the run after the round in flight, with the summary of the
+    // rounds done (installed before the metrics endpoint: once it answers, a signal is
+    // caught).
+    crate::signals::install()?;
     let _metrics = match &args.metrics_socket {
         Some(s) => Some(
             rdmapool::metrics::Endpoint::start(rdmapool::metrics::EndpointConfig {
@@ -161,6 +165,7 @@ pub fn run(args: Args) -> Result<()> {
         retries: 0,
         first_error: None,
         stopped_early: None,
+        interrupted: false,
     };
     let mut buffers = Buffers::new(args.memory, hugepages, per_region, args.threads);
     let mut progress = Progress::new(args.count, args.json);
@@ -203,6 +208,10 @@ pub fn run(args: Args) -> Result<()> {
             break;
         }
         progress.tick(&s, started);
+        if crate::signals::stopped() {
+            s.interrupted = true;
+            break;
+        }
     }
     progress.finish();
     s.wall = started.elapsed().as_secs_f64();
@@ -231,9 +240,17 @@ pub fn run(args: Args) -> Result<()> {
             "stopped after round {r}: nothing registered in it ({})",
             s.first_error.as_deref().unwrap_or("no error recorded")
         ))),
+        _ if s.interrupted => Err(interrupted(s.rounds_done, s.count)),
         (None, 0) => Ok(()),
         (None, n) => Err(ToolError::Msg(format!("{n} registrations failed"))),
     }
+}
+
+/// The error of a run that SIGINT or SIGTERM ended early (its summary is printed first).
+fn interrupted(rounds_done: u64, count: u64) -> ToolError {
+    ToolError::Msg(format!(
+        "interrupted after round {rounds_done} of {count}: the summary covers the rounds done"
+    ))
 }
 
 /// The mixed run's plan from the flags, checked against the memlock limit.
@@ -310,6 +327,9 @@ fn run_mix(args: &Args, plan: &mix::Plan, ctx: &rdmapool::fabric::Context) -> Re
             series.push(("cache: lookups on new buffers (misses)", &k.misses));
         }
         crate::plot::latency_cdf(path, &title, &series)?;
+    }
+    if let Some(done) = r.interrupted_after {
+        return Err(interrupted(done, plan.count));
     }
     let failed: u64 = r.kinds.iter().map(|k| k.failures).sum();
     if failed > 0 {

@@ -26,6 +26,8 @@ pub struct Summary {
     pub retries: u64,
     pub first_error: Option<String>,
     pub stopped_early: Option<u64>,
+    /// SIGINT or SIGTERM ended the run after `rounds_done` rounds.
+    pub interrupted: bool,
 }
 
 /// Progress for a human: a bar on a terminal, plain lines every 5 s in a log.
@@ -136,6 +138,7 @@ pub fn print(s: &Summary, as_json: bool) {
             "deregistration_us": percentiles(&s.dereg),
             "failures": s.failures, "retries": s.retries, "first_error": s.first_error,
             "stopped_early_after_round": s.stopped_early,
+            "interrupted": s.interrupted,
         });
         println!("{v}");
         return;
@@ -159,6 +162,12 @@ pub fn print(s: &Summary, as_json: bool) {
         s.wall,
         rate.map(|r| format!(", {r:.2} GB/s")).unwrap_or_default()
     );
+    if s.interrupted {
+        println!(
+            "interrupted after round {} of {}: the figures cover the rounds done",
+            s.rounds_done, s.count
+        );
+    }
     println!("{}", line("registration (submit to ready)", &s.reg));
     println!("{}", line("deregistration", &s.dereg));
     println!("{}", line("allocation and first touch", &s.alloc));
@@ -251,6 +260,7 @@ pub fn print_mix(
             "provider": provider, "mix": plan.kinds, "threads": plan.threads,
             "count": plan.count, "seconds": r.wall, "kinds": kinds,
             "failures": r.kinds.iter().map(|k| k.failures).sum::<u64>(),
+            "interrupted_after_round": r.interrupted_after,
         });
         println!("{v}");
         return;
@@ -263,6 +273,12 @@ pub fn print_mix(
         plan.count,
         r.wall
     );
+    if let Some(done) = r.interrupted_after {
+        println!(
+            "interrupted after round {done} of {}: the figures cover the rounds done",
+            plan.count
+        );
+    }
     println!(
         "{:<6} {:>9} {:>11} {:>6} {:>10} {:>10} {:>10} {:>10} {:>8}",
         "kind", "ops", "ops/s", "time", "p50", "p99", "p99.9", "max", "failures"
