@@ -86,17 +86,9 @@ fn a_killed_initiator_leaves_the_target_and_the_other_initiator_intact() {
     doomed.expect("streaming");
     let d = run_with(&mut w, 200, || doomed.kill9());
     assert_eq!(d.failed, 0, "the other initiator saw nothing: {d:?}");
-    let compared = cross_check(&mut w, &mut [&mut t], &[Some(0)]);
-    assert!(compared > 0);
-    let lw = levels(&mut w, "close");
     // The target gets back everything the killed initiator held (its pool lease expires).
-    let lt = forget_and_settle(&mut t);
-    summary(
-        "killed initiator",
-        &[&d],
-        &net,
-        &format!("blocks cross-checked={compared}; {lw}; {lt}"),
-    );
+    let compared = wrap_up("killed initiator", &mut w, &mut t, &[&d], &net, "");
+    assert!(compared > 0);
 }
 
 #[test]
@@ -150,15 +142,14 @@ fn a_frozen_target_times_out_typed_and_a_peer_that_never_reads_is_cut_off() {
         "the target still serves a peer that never reads"
     );
     drop(s);
-    let compared = cross_check(&mut w, &mut [&mut t], &[Some(0)]);
-    let lw = levels(&mut w, "close");
-    let lt = forget_and_settle(&mut t);
-    let extra = format!("blocks cross-checked={compared}; {lw}; {lt}");
-    summary(
+    let done = [&before, &frozen, &after];
+    wrap_up(
         "frozen target, non-reading peer",
-        &[&before, &frozen, &after],
+        &mut w,
+        &mut t,
+        &done,
         &net,
-        &extra,
+        "",
     );
 }
 
@@ -218,13 +209,16 @@ fn garbage_after_a_valid_handshake_closes_that_connection_only() {
         (0, 0),
         "the initiator saw nothing: {d:?}"
     );
-    let compared = cross_check(&mut w, &mut [&mut t], &[Some(0)]);
+    let note = format!("garbage connections closed={closed}; ");
+    let compared = wrap_up(
+        "garbage after hello",
+        &mut w,
+        &mut t,
+        &[&first, &d],
+        &net,
+        &note,
+    );
     assert!(compared > 0);
-    let lw = levels(&mut w, "close");
-    let lt = forget_and_settle(&mut t);
-    let extra =
-        format!("garbage connections closed={closed}; blocks cross-checked={compared}; {lw}; {lt}");
-    summary("garbage after hello", &[&first, &d], &net, &extra);
 }
 
 #[test]
@@ -260,12 +254,10 @@ fn a_partition_longer_than_the_qp_timeout_fails_typed_and_heals() {
         after.completed > 0 && after.verified > 0,
         "a new connection works: {after:?}"
     );
-    let compared = cross_check(&mut w, &mut [&mut t], &[Some(0)]);
+    let note = format!("partition held {held:.1?}; ");
+    let done = [&before, &during, &after];
+    let compared = wrap_up("partition", &mut w, &mut t, &done, &net, &note);
     assert!(compared > 0);
-    let lw = levels(&mut w, "close");
-    let lt = forget_and_settle(&mut t);
-    let extra = format!("partition held {held:.1?}; blocks cross-checked={compared}; {lw}; {lt}");
-    summary("partition", &[&before, &during, &after], &net, &extra);
 }
 
 #[test]
@@ -304,17 +296,17 @@ fn an_idle_peer_behind_a_partition_is_noticed_by_keepalive_and_reconnects() {
         after.completed > 0 && after.verified > 0,
         "a new connection works: {after:?}"
     );
-    let compared = cross_check(&mut w, &mut [&mut t], &[Some(0)]);
-    assert!(compared > 0);
-    let lw = levels(&mut w, "close");
-    let lt = forget_and_settle(&mut t);
-    let extra = format!("target: {gone}; blocks cross-checked={compared}; {lw}; {lt}");
-    summary(
+    let note = format!("target: {gone}; ");
+    let done = [&before, &refused, &after];
+    let compared = wrap_up(
         "idle peer behind a partition",
-        &[&before, &refused, &after],
+        &mut w,
+        &mut t,
+        &done,
         &net,
-        &extra,
+        &note,
     );
+    assert!(compared > 0);
 }
 
 #[test]
@@ -367,11 +359,7 @@ fn a_long_round_trip_link_still_connects() {
     let mut w = workload(&net, "initiator", &[&cm], t.pool.as_deref(), &env);
     let d = run(&mut w, 8);
     assert_eq!(d.failed, 0, "every connect and operation works: {d:?}");
-    let compared = cross_check(&mut w, &mut [&mut t], &[Some(0)]);
-    let lw = levels(&mut w, "close");
-    let lt = forget_and_settle(&mut t);
-    let extra = format!("blocks cross-checked={compared}; {lw}; {lt}");
-    summary("long round trip", &[&d], &net, &extra);
+    wrap_up("long round trip", &mut w, &mut t, &[&d], &net, "");
 }
 
 #[test]

@@ -217,3 +217,23 @@ pub fn forget_and_settle(t: &mut Target) -> String {
 pub fn short() -> (&'static str, String) {
     ("QP_TIMEOUT_MS", "1000".into())
 }
+
+/// The end of a one-initiator, one-target scenario: cross-checks the initiator's blocks
+/// against the target's memory, closes the initiator and settles the target (both must be
+/// back to their starting resource levels), and prints the summary with `note` first.
+/// Returns the number of blocks compared.
+pub fn wrap_up(
+    scenario: &str,
+    w: &mut Proc,
+    t: &mut Target,
+    done: &[&Done],
+    net: &FaultNet,
+    note: &str,
+) -> usize {
+    let compared = cross_check(w, &mut [&mut *t], &[Some(0)]);
+    let lw = levels(w, "close");
+    let lt = forget_and_settle(t);
+    let extra = format!("{note}blocks cross-checked={compared}; {lw}; {lt}");
+    summary(scenario, done, net, &extra);
+    compared
+}
