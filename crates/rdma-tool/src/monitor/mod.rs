@@ -180,6 +180,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn http_targets_off_this_host_are_refused_before_anything_is_sent() {
+        // Parsing resolves the address and connects to nothing.
+        for t in [
+            "http://10.1.1.1:80",
+            "http://192.0.2.7:9464/metrics",
+            "http://[2001:db8::1]:80",
+        ] {
+            let e = source::Source::parse(Some(t)).err().expect(t).to_string();
+            assert!(e.contains("loopback only") && e.contains(t), "{t}: {e}");
+        }
+        for t in [
+            "http://127.0.0.1:9464",
+            "http://127.0.0.2:1/metrics",
+            "http://[::1]:80",
+            "http://localhost:9464",
+        ] {
+            assert!(source::Source::parse(Some(t)).is_ok(), "{t}");
+        }
+    }
+
+    #[test]
     fn op_latency_reads_the_same_from_json_and_prometheus() {
         let ctx = rdmapool::fabric::Context::open_soft().unwrap();
         let ops = probe::Ops::new(&ctx, &ctx.alloc_pd().unwrap()).unwrap();

@@ -126,11 +126,23 @@ impl Source {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/metrics"),
         };
-        let addr = host
+        let addrs: Vec<_> = host
             .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| ToolError::Msg(format!("--target {t}: {host} is not a host:port")))?;
+            .map_err(|_| ToolError::Msg(format!("--target {t}: {host} is not a host:port")))?
+            .collect();
+        // An endpoint serves HTTP on loopback only: any other address is not one (and the
+        // monitor sends nothing off this host).
+        let addr = addrs
+            .iter()
+            .find(|a| a.ip().is_loopback())
+            .copied()
+            .ok_or_else(|| {
+                ToolError::Msg(format!(
+                    "--target {t}: {host} is not on this host; an rdmapool metrics endpoint \
+                     serves HTTP on loopback only (127.0.0.0/8 or [::1]): run monitor on the \
+                     process's machine, with http://127.0.0.1:PORT or its Unix socket"
+                ))
+            })?;
         Ok(Self::Http(addr, host.to_string(), path.to_string()))
     }
 
