@@ -162,6 +162,21 @@ struct Session {
 }
 
 impl Session {
+    /// Refuses a pointer that is not a live allocation before touching its memory: one
+    /// READ, so that a pointer from an earlier command whose lease has run out fails with
+    /// a reason instead of reading or writing memory the pool has taken back.
+    fn live(&self, p: RemotePtr) -> Result<()> {
+        let c = &self.client;
+        c.block_on(c.check_live(p)).map_err(|e| match e {
+            rdmapool::Error::NotAllocated(why) => ToolError::Msg(format!(
+                "not a live allocation: {why}; a one-shot `pool` command holds its lease only \
+                 while it runs, so what it allocated is freed one lease after it exits (`serve \
+                 --lease`): allocate and use objects in one `pool shell`"
+            )),
+            other => other.into(),
+        })
+    }
+
     fn buffer(&self, len: usize) -> Result<Arc<Mr>> {
         Ok(Arc::new(
             self.client
@@ -193,6 +208,7 @@ impl Session {
             } => {
                 let p = parse_ptr(&ptr)?;
                 let offset = parse_u64(&offset)?;
+                self.live(p)?;
                 let bytes = if hex {
                     parse_hex(&data)?
                 } else {
@@ -219,6 +235,7 @@ impl Session {
                 let p = parse_ptr(&ptr)?;
                 let offset = parse_u64(&offset)?;
                 let len = length(&len)?;
+                self.live(p)?;
                 let buf = self.buffer(len as usize)?;
                 let (r, buf) = c.block_on(c.read(p, offset, buf, 0, len));
                 r?;
@@ -244,6 +261,7 @@ impl Session {
                 let p = parse_ptr(&ptr)?;
                 let offset = atomic_offset(&p, parse_u64(&offset)?)?;
                 let (compare, swap) = (parse_u64(&compare)?, parse_u64(&swap)?);
+                self.live(p)?;
                 let old = c.block_on(c.compare_and_swap(p, offset, compare, swap))?;
                 if json {
                     json!({"op": "cas", "old": old, "swapped": old == compare}).to_string()
@@ -254,6 +272,7 @@ impl Session {
             Op::Faa { ptr, offset, add } => {
                 let p = parse_ptr(&ptr)?;
                 let offset = atomic_offset(&p, parse_u64(&offset)?)?;
+                self.live(p)?;
                 let old = c.block_on(c.fetch_and_add(p, offset, parse_u64(&add)?))?;
                 if json {
                     json!({"op": "faa", "old": old}).to_string()
@@ -422,9 +441,19 @@ pub fn run(args: Args) -> Result<()> {
             Err(ToolError::Msg(format!("{failed} command(s) failed")))
         };
     }
+    let allocating = matches!(args.op, Op::Alloc { .. });
     let out = session.exec(args.op);
     linger();
     println!("{}", out?);
+    if allocating {
+        eprintln!(
+            "rdma-tool pool: note: client {} stops renewing its lease as this command exits; \
+             the server frees the allocation one lease later (`serve --lease`, 2s by default) \
+             unless a command with the same --client-id runs before then (`pool shell` keeps \
+             one lease for many commands)",
+            args.client_id
+        );
+    }
     Ok(())
 }
 

@@ -191,3 +191,47 @@ fn serve_and_one_shot_pool_commands_round_trip_values() {
     let bye = server.stop();
     assert!(bye.contains("stopped node 4 chunks_still_owned 0"), "{bye}");
 }
+
+#[test]
+fn a_one_shot_allocation_whose_lease_ran_out_is_refused_not_used() {
+    let server = Server::start(300);
+    let out = pool(&server, 20, &["alloc", "64"]);
+    assert!(out.status.success(), "{out:?}");
+    let ptr = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let note = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        note.contains("one lease later") && note.contains("pool shell"),
+        "{note}"
+    );
+    // Client 20 is gone; another client (whose commands renew only its own lease) watches
+    // the object until the server has taken client 20's chunk back.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let refused = loop {
+        let out = pool(&server, 21, &["write", &ptr, "0", "late"]);
+        if !out.status.success() {
+            break out;
+        }
+        assert!(std::time::Instant::now() < until, "the lease never ran out");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(refused.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("not a live allocation")
+            && err.contains("lease")
+            && err.contains("pool shell"),
+        "{err}"
+    );
+    // Read, CAS and FAA are refused the same way.
+    for args in [
+        &["read", &ptr, "0", "4"][..],
+        &["cas", &ptr, "0", "0", "1"],
+        &["faa", &ptr, "0", "1"],
+    ] {
+        let out = pool(&server, 21, args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("not a live allocation"));
+    }
+    let bye = server.stop();
+    assert!(bye.contains("chunks_still_owned 0"), "{bye}");
+}

@@ -503,3 +503,45 @@ fn a_gone_clients_connection_is_closed_once_its_lease_is_over() {
     let p = live.block_on(live.alloc(64, None)).unwrap();
     assert_eq!(live.block_on(live.fetch_and_add(p, 0, 1)).unwrap(), 0);
 }
+
+#[test]
+fn check_live_tells_live_freed_and_expired_allocations_apart() {
+    let s = server(1, Duration::from_millis(400));
+    let keeper = client(&[&s], 1).unwrap();
+    let mine = keeper.block_on(keeper.alloc(64, None)).unwrap();
+    let freed = keeper.block_on(keeper.alloc(64, None)).unwrap();
+    keeper.block_on(keeper.free(freed)).unwrap();
+    let dying = client(&[&s], 2).unwrap();
+    let orphan = dying.block_on(dying.alloc(100, None)).unwrap();
+    // Any client may ask about any pointer.
+    keeper.block_on(keeper.check_live(mine)).unwrap();
+    keeper.block_on(keeper.check_live(orphan)).unwrap();
+    let e = keeper.block_on(keeper.check_live(freed)).unwrap_err();
+    assert!(matches!(e, Error::NotAllocated(_)), "{e}");
+    // Not the start of an object, and a node nobody serves.
+    let inside = RemotePtr {
+        offset: mine.offset + 8,
+        ..mine
+    };
+    assert!(matches!(
+        keeper.block_on(keeper.check_live(inside)),
+        Err(Error::NotAllocated(_))
+    ));
+    let elsewhere = RemotePtr { node: 9, ..mine };
+    assert!(matches!(
+        keeper.block_on(keeper.check_live(elsewhere)),
+        Err(Error::NodeDown { node: 9, .. })
+    ));
+    // The dying client stops renewing; once its lease runs out its object is not live,
+    // while the keeper's still is.
+    drop(dying);
+    wait_until("the dead client's chunk is taken back", || {
+        s.stats().expired_clients == 1
+    });
+    let e = keeper.block_on(keeper.check_live(orphan)).unwrap_err();
+    assert!(
+        matches!(&e, Error::NotAllocated(why) if why.contains("lease")),
+        "{e}"
+    );
+    keeper.block_on(keeper.check_live(mine)).unwrap();
+}

@@ -256,7 +256,10 @@ impl Shared {
         Ok(())
     }
 
-    pub(super) async fn free(&self, ptr: RemotePtr) -> Result<()> {
+    /// Where `ptr`'s object is: its node, chunk and bitmap bit, after checking that `ptr`
+    /// starts an object of an initialised chunk and fits in it (one or two READs when the
+    /// chunk is not one of ours).
+    async fn locate(&self, ptr: RemotePtr) -> Result<Located> {
         let (node, _) = self.target(ptr, 0, 0)?;
         let l = node.desc.layout;
         let bad = |why: &str| Error::NotAllocated(format!("{ptr:?}: {why}"));
@@ -275,7 +278,10 @@ impl Shared {
             None => {
                 if self.read_u64(&node, chunk + layout::chunk::MAGIC).await? != layout::CHUNK_MAGIC
                 {
-                    return Err(bad("its chunk holds no objects"));
+                    return Err(bad(
+                        "its chunk holds no objects (all freed, or taken back when the lease \
+                         of the client that allocated them ran out)",
+                    ));
                 }
                 let size = self
                     .read_u64(&node, chunk + layout::chunk::OBJECT_SIZE)
@@ -292,8 +298,40 @@ impl Shared {
         if ptr.len > shape.object_size {
             return Err(bad("longer than its object"));
         }
-        let word_at = chunk + layout::chunk::BITMAP + (obj / 64) * 8;
-        let bit = 1u64 << (obj % 64);
+        Ok(Located {
+            index,
+            shape,
+            word_at: chunk + layout::chunk::BITMAP + (obj / 64) * 8,
+            bit: 1u64 << (obj % 64),
+            obj,
+            node,
+        })
+    }
+
+    /// Whether `ptr` is a live allocation now: its chunk is initialised (a chunk the server
+    /// took back from an expired lease is not) and its object's bit is set. One-sided, and
+    /// only a snapshot: another client may free it, or allocate it again, right after.
+    pub(super) async fn check_live(&self, ptr: RemotePtr) -> Result<()> {
+        let at = self.locate(ptr).await?;
+        if self.read_u64(&at.node, at.word_at).await? & at.bit == 0 {
+            return Err(Error::NotAllocated(format!(
+                "{ptr:?}: not allocated (freed, or its chunk was taken back when the lease of \
+                 the client that allocated it ran out)"
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) async fn free(&self, ptr: RemotePtr) -> Result<()> {
+        let Located {
+            node,
+            index,
+            shape,
+            word_at,
+            bit,
+            obj,
+        } = self.locate(ptr).await?;
+        let bad = |why: &str| Error::NotAllocated(format!("{ptr:?}: {why}"));
         let mut expected = self.read_u64(&node, word_at).await?;
         loop {
             if expected & bit == 0 {
@@ -345,4 +383,14 @@ impl Shared {
             .await?;
         Ok(())
     }
+}
+
+/// An object found by [`Shared::locate`].
+struct Located {
+    node: Arc<Node>,
+    index: u64,
+    shape: ChunkShape,
+    word_at: u64,
+    bit: u64,
+    obj: u64,
 }

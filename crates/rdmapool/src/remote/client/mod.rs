@@ -264,6 +264,15 @@ impl PoolClient {
         self.shared.free(ptr).await
     }
 
+    /// Checks, one-sided, that `ptr` is a live allocation now: `Err(NotAllocated)` when it
+    /// was freed, when the server took its chunk back because the lease of the client that
+    /// allocated it ran out, or when `ptr` names no object. READ, WRITE and the atomics do
+    /// not check this (it costs a READ); use it where a pointer comes from outside, such as
+    /// a command line. A snapshot only: another client may free the object right after.
+    pub async fn check_live(&self, ptr: RemotePtr) -> Result<()> {
+        self.shared.check_live(ptr).await
+    }
+
     /// Writes `len` bytes of `local` (from `local_offset`) at `offset` of `ptr`.
     pub async fn write<B: RegisteredMemory + Send + 'static>(
         &self,
