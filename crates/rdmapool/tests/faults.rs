@@ -131,10 +131,13 @@ fn a_frozen_target_times_out_typed_and_a_peer_that_never_reads_is_cut_off() {
     );
     let mut s = raw::dial(&net.ns_b, addr);
     raw::soft_hello(&mut s, &ep).expect("the hello is accepted");
-    for i in 0..32u64 {
-        let req = raw::request(3, i, base + (i % 4) * (1 << 20), rkey, 1 << 20);
-        s.write_all(&req).unwrap();
-    }
+    // All 32 requests in one write, so that the target has read every byte the peer sent
+    // by the time it gives up: its close then has nothing unread to turn into a reset, and
+    // a plain FIN would wait behind the responses the peer never takes.
+    let reqs: Vec<u8> = (0..32u64)
+        .flat_map(|i| raw::request(3, i, base + (i % 4) * (1 << 20), rkey, 1 << 20))
+        .collect();
+    s.write_all(&reqs).unwrap();
     let after = run(&mut w, 20);
     assert!(after.completed > 0 && after.verified > 0, "{after:?}");
     assert!(

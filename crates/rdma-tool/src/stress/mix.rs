@@ -220,10 +220,11 @@ pub fn run(plan: &Plan, pd: &Pd) -> Result<MixResult> {
     });
     let wall = started.elapsed().as_secs_f64();
     let mut kinds: Vec<KindStats> = plan.kinds.iter().map(|&k| KindStats::new(k)).collect();
-    let mut rounds_done = 0;
+    // (fewest, most) rounds a thread did: fewer than asked anywhere means interrupted.
+    let (mut fewest, mut most) = (plan.count, 0);
     for r in per_thread {
         let (rounds, stats) = r?;
-        rounds_done = rounds_done.max(rounds);
+        (fewest, most) = (fewest.min(rounds), most.max(rounds));
         for (all, mine) in kinds.iter_mut().zip(stats) {
             all.merge(mine);
         }
@@ -233,7 +234,7 @@ pub fn run(plan: &Plan, pd: &Pd) -> Result<MixResult> {
         wall,
         cache: cache.as_ref().map(RegCache::stats),
         pool: pool.as_ref().map(BufferPool::stats),
-        interrupted_after: (rounds_done < plan.count).then_some(rounds_done),
+        interrupted_after: (fewest < plan.count).then_some(most),
     };
     drop(cache); // its registrations go before the working set they cover
     drop(working);

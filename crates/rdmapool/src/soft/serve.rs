@@ -156,17 +156,46 @@ pub(crate) fn serve(
         rx: RxBuf::new(),
         tx: Vec::with_capacity(TX_BATCH * RESP_LEN),
     };
-    match c.run(&weak) {
-        Ok(()) => {}
-        Err(reason) => tracing::debug!(qpn, "connection ended: {reason}"),
-    }
+    let ended = c.run(&weak);
     // What was executed is answered, even when the connection ends on a bad frame.
     let _ = c.flush(Instant::now() + Duration::from_millis(100));
+    if let Err(reason) = ended {
+        tracing::debug!(qpn, "connection ended: {reason}");
+        reset_if_unsent(fd);
+    }
     if !c.ctx.is_closing() {
         if let Some(qp) = weak.upgrade() {
             qp.peer_lost();
         }
     }
+}
+
+/// Makes the coming close a reset when bytes are still queued unsent (a peer that stopped
+/// reading, its window shut). A FIN would wait behind those bytes, so such a peer would
+/// never learn that the connection is over; and when the peer sent nothing we have not
+/// read, the kernel has no other reason to reset it. Only for connections that ended in
+/// error: a clean end leaves the close graceful. No-op on Unix sockets (the ioctl is TCP's).
+fn reset_if_unsent(fd: RawFd) {
+    let mut unsent: libc::c_int = 0;
+    // SAFETY: SIOCOUTQNSD on a socket we own writes one c_int, the bytes not yet sent.
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCOUTQNSD, &mut unsent) };
+    if rc != 0 || unsent == 0 {
+        return;
+    }
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt on a socket we own, with a linger struct of the declared size.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
 }
 
 /// One served connection: the responder, its read-ahead and the responses not yet sent.
