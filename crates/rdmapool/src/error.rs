@@ -131,6 +131,11 @@ pub enum Error {
         opcode: crate::fabric::WcOpcode,
     },
 
+    /// A memory-window bind or invalidate the window's state does not allow, refused before
+    /// anything was posted (see [`crate::fabric::Mw`]).
+    #[error("memory window: {0}")]
+    Window(#[from] crate::fabric::WindowError),
+
     /// The request was cancelled before it completed.
     #[error("cancelled")]
     Cancelled,

@@ -38,7 +38,8 @@ pub use device::{devices, AtomicCap, DeviceInfo, PortInfo, ProviderKind, Provide
 pub use events::QpEvent;
 pub use memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
 pub use mr::Mr;
-pub use mw::{BoundWindow, Mw};
+pub(crate) use mw::WindowTable;
+pub use mw::{BoundWindow, Mw, WindowError};
 pub(crate) use objects::ConnectionState;
 pub use objects::{Context, Cq, Pd, Qp};
 pub use options::{ProviderOptions, SoftConfig, Transport, VerbsConfig};

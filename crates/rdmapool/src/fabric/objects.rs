@@ -4,7 +4,8 @@ use super::memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
 use super::provider::{BindSpec, ContextOps, CqOps, PdOps, QpOps};
 use super::{
     AccessFlags, BoundWindow, Completion, DeviceInfo, Endpoint, Mr, Mw, ProviderKind,
-    ProviderOptions, QpCapacity, QpConfig, QpState, RecvWr, RemoteRegion, SendWr,
+    ProviderOptions, QpCapacity, QpConfig, QpState, RecvWr, RemoteRegion, SendWr, WindowError,
+    WindowTable, WrOp,
 };
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -78,6 +79,7 @@ impl Context {
         Ok(Pd {
             inner: self.inner.alloc_pd()?,
             device: Arc::new(self.device().clone()),
+            windows: Arc::default(),
         })
     }
 
@@ -107,6 +109,8 @@ pub struct Pd {
     inner: Arc<dyn PdOps>,
     /// The device's description and limits (checks common to every provider use them).
     device: Arc<DeviceInfo>,
+    /// Its memory windows' bind state, kept here for every provider.
+    windows: Arc<WindowTable>,
 }
 
 impl Pd {
@@ -170,7 +174,11 @@ impl Pd {
 
     /// Allocates a type-2 memory window, unbound (see [`Mw`]).
     pub fn alloc_mw(&self) -> Result<Mw> {
-        Ok(Mw::new(self.inner.alloc_mw()?, self.provider()))
+        Ok(Mw::new(
+            self.inner.alloc_mw()?,
+            self.provider(),
+            self.windows.clone(),
+        ))
     }
 
     /// The provider of the device this PD lives on.
@@ -200,6 +208,7 @@ impl Pd {
             .create_qp(send_cq.inner.as_ref(), recv_cq.inner.as_ref(), cfg)?;
         Ok(Qp {
             provider: self.provider(),
+            windows: self.windows.clone(),
             _connection: None,
             max_sge: cfg.max_sge as usize,
             _listing: crate::metrics::objects::QpTag::new(&self.device.name, inner.qpn()),
@@ -299,10 +308,26 @@ pub struct Qp {
     /// Most SGEs per work request (checked here, for every provider).
     max_sge: usize,
     provider: ProviderKind,
+    /// Its PD's memory windows.
+    windows: Arc<WindowTable>,
     /// This QP's entry in the per-object metrics; declared before `inner` so that it leaves
     /// the listing before the QP number is given back (and perhaps reused).
     _listing: crate::metrics::objects::QpTag,
     inner: Box<dyn QpOps>,
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        let bound = self.windows.lock().bound_through(self.qpn());
+        if bound > 0 && self.provider == ProviderKind::Verbs {
+            tracing::warn!(
+                qpn = self.qpn(),
+                windows = bound,
+                "destroying a QP with memory windows still bound through it: rxe waits about \
+                 50 s for them; invalidate or drop the windows first"
+            );
+        }
+    }
 }
 
 impl Qp {
@@ -391,11 +416,46 @@ impl Qp {
     /// rejects the whole list before anything is posted. Errors found while posting (wrong
     /// state, too many SGEs, full queue) are returned and nothing from the failing request on
     /// is posted. Errors found while executing a request arrive as error completions.
+    ///
+    /// A send-queue entry frees when the completion that retires it is **polled**
+    /// ([`Cq::poll`]), on every provider, as on mlx5 and rxe: a signaled request's own
+    /// completion, or for an unsignaled one the next signaled completion of this QP. Posting
+    /// more than [`QpCapacity::send`] requests without polling fails with
+    /// [`Error::QueueFull`] however long ago they finished, and unsignaled requests with no
+    /// signaled one after them hold their entries for good: signal at least one request per
+    /// queue depth.
+    ///
+    /// A [`WrOp::LocalInvalidate`] is accepted only for a window bound through this QP and
+    /// not yet invalidated ([`Error::Window`] otherwise, and nothing of the list is posted).
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         for wr in wrs {
             wr.validate()?;
             self.check_sges(wr.sg_list.len())?;
         }
+        let invalidates = |wr: &SendWr<'_>| match wr.op {
+            WrOp::LocalInvalidate { rkey } => Some(rkey),
+            _ => None,
+        };
+        if wrs.iter().any(|wr| invalidates(wr).is_some()) {
+            // Only keys of windows bound through this QP reach the device, and each once:
+            // rxe 6.1 dereferences NULL invalidating an unbound window. The table stays
+            // locked until they are posted; a key handed to the device is forgotten even if
+            // the post failed part way (a window wrongly taken for unbound can only fail a
+            // later bind, never reach the device's invalidate twice).
+            let mut table = self.windows.lock();
+            for rkey in wrs.iter().filter_map(invalidates) {
+                table.check_invalidate(rkey, self.qpn())?;
+            }
+            let r = self.post_send_checked(wrs);
+            for rkey in wrs.iter().filter_map(invalidates) {
+                table.forget(rkey);
+            }
+            return r;
+        }
+        self.post_send_checked(wrs)
+    }
+
+    fn post_send_checked(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let sampled = crate::metrics::ops::before_post(|| self.inner.qpn(), wrs);
         let r = self.inner.post_send(wrs);
         if let (Some(key), Err(_)) = (sampled, &r) {
@@ -459,10 +519,21 @@ impl Qp {
                 mw.provider()
             )));
         }
-        self.inner.post_bind_mw(mw.ops(), bind)
+        if !Arc::ptr_eq(mw.table(), &self.windows) {
+            return Err(WindowError::WindowOfAnotherPd.into());
+        }
+        if bind.len == 0 {
+            return Err(WindowError::ZeroLength.into());
+        }
+        let mut table = self.windows.lock();
+        table.check_unbound(mw.rkey())?;
+        let rkey = self.inner.post_bind_mw(mw.ops(), bind)?;
+        table.bound(rkey, self.qpn());
+        Ok(rkey)
     }
 
-    /// Posts receive work requests.
+    /// Posts receive work requests. A receive-queue entry frees when its completion is
+    /// polled, not when a message consumes it (as on mlx5; see [`Qp::post_send`]).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         for wr in wrs {
             self.check_sges(wr.sg_list.len())?;

@@ -48,6 +48,10 @@ impl fmt::Display for QpState {
 /// How many work requests a QP's queues hold: what was asked for in [`QpConfig`], or more
 /// where the device rounds up (rxe turns a send queue of 4 into 7). Posting beyond it fails
 /// with [`crate::Error::QueueFull`] naming this number.
+///
+/// An entry is in use from its post until the completion that retires it is polled (for an
+/// unsignaled send, the next signaled completion of the QP), on every provider; see
+/// [`super::Qp::post_send`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpCapacity {
     /// Send-queue entries.

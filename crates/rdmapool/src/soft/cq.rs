@@ -4,14 +4,46 @@
 //! `poll` copies them out. Before it does, it lends the caller's thread to the NIC for one
 //! pass over the bound QPs that never waits (responses already received are applied), the
 //! way a busy-polling consumer would otherwise spin until the NIC's thread got to them.
+//!
+//! As on mlx5 and rxe, a work queue's entry is free again only once its completion has been
+//! *polled*: each completion carries the [`Release`] of the queue entries it retires, and
+//! `poll` hands them back ([`QueueSlots`]).
 
 use crate::fabric::Completion;
 use crate::{Error, Result};
 use crossbeam_queue::ArrayQueue;
 use parking_lot::RwLock;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Weak;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+/// Entries of one work queue that were retired by a completion the application has polled,
+/// counted from the QP's creation. The queue's owner counts what it retired; the difference
+/// is held until polled.
+#[derive(Default)]
+pub(crate) struct QueueSlots {
+    polled: AtomicU64,
+}
+
+impl QueueSlots {
+    /// Entries whose completion has been polled so far.
+    pub(crate) fn polled(&self) -> u64 {
+        self.polled.load(Ordering::Acquire)
+    }
+}
+
+/// The queue entries a completion retires once it is polled: its own, and on a send queue
+/// the unsignaled ones completed before it.
+pub(crate) struct Release {
+    pub(crate) slots: Arc<QueueSlots>,
+    pub(crate) entries: u64,
+}
+
+/// A completion as the ring holds it.
+struct Entry {
+    completion: Completion,
+    release: Option<Release>,
+}
 
 /// A QP bound to a CQ, as the CQ sees it.
 pub(crate) trait Bound: Send + Sync {
@@ -23,7 +55,7 @@ pub(crate) trait Bound: Send + Sync {
 
 /// A bounded, lock-free completion queue.
 pub(crate) struct SoftCq {
-    queue: ArrayQueue<Completion>,
+    queue: ArrayQueue<Entry>,
     depth: u32,
     overrun: AtomicBool,
     bound: RwLock<Vec<Weak<dyn Bound>>>,
@@ -104,9 +136,14 @@ impl SoftCq {
         self.depth
     }
 
-    /// Adds a completion; a full queue is an overrun (the completion is lost, as on a NIC).
-    pub(crate) fn push(&self, c: Completion) {
-        if self.queue.push(c).is_err() {
+    /// Adds a completion that frees `release`'s queue entries when it is polled; a full
+    /// queue is an overrun (the completion is lost, as on a NIC).
+    pub(crate) fn push(&self, completion: Completion, release: Option<Release>) {
+        let e = Entry {
+            completion,
+            release,
+        };
+        if self.queue.push(e).is_err() {
             self.overrun.store(true, Ordering::Release);
             tracing::error!(depth = self.depth, "completion queue overrun");
         }
@@ -136,8 +173,11 @@ impl SoftCq {
         let mut n = 0;
         while n < out.len() {
             match self.queue.pop() {
-                Some(c) => {
-                    out[n] = c;
+                Some(e) => {
+                    if let Some(r) = e.release {
+                        r.slots.polled.fetch_add(r.entries, Ordering::AcqRel);
+                    }
+                    out[n] = e.completion;
                     n += 1;
                 }
                 None => break,

@@ -179,13 +179,21 @@ unsafe impl Sync for VerbsMr {}
 impl Drop for VerbsMr {
     fn drop(&mut self) {
         self.pd.ctx.mrs_by_lkey.write().remove(&self.lkey());
-        // SAFETY: registered once, deregistered once; the device stops using the memory when
-        // this returns, so unmapping afterwards is safe.
-        unsafe {
-            (self.pd.ctx.v.ibv_dereg_mr)(self.mr);
-            if let Some((p, len)) = self.owned {
-                libc::munmap(p.cast(), len);
-            }
+        // SAFETY: registered once, deregistered once.
+        let rc = unsafe { (self.pd.ctx.v.ibv_dereg_mr)(self.mr) };
+        if rc != 0 {
+            // rxe refuses (EINVAL) while memory windows are bound to the region (IBA
+            // 10.6.7.2.6): the device can still write the pages through them, so memory we
+            // own is left mapped (leaked) rather than handed back for reuse.
+            tracing::error!(
+                lkey = self.lkey(),
+                errno = rc,
+                "ibv_dereg_mr failed (memory windows still bound?); the region's memory stays \
+                 reachable by the device and is not reused"
+            );
+        } else if let Some((p, len)) = self.owned {
+            // SAFETY: our own mapping; the device stopped using it when dereg returned.
+            unsafe { libc::munmap(p.cast(), len) };
         }
         self.pd
             .ctx

@@ -7,7 +7,7 @@ mod send;
 
 use super::addr::SoftAddress;
 use super::context::CtxShared;
-use super::cq::{Bound, SoftCq};
+use super::cq::{Bound, QueueSlots, Release, SoftCq};
 use super::driver::Drive;
 use super::io::RxBuf;
 use super::keys::{KeyTable, LocalList, Resolved};
@@ -25,7 +25,7 @@ use dial::LocalPeer;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,12 @@ struct SendSide {
     rx: RxBuf,
     /// Set when the peer is on this host: the zero-copy path's state.
     local: Option<LocalPeer>,
+    /// Entries the requester finished, counted from creation: each holds its slot until the
+    /// completion that retires it is polled ([`SoftQp::send_room`]).
+    retired: u64,
+    /// Finished entries since the last completion pushed (unsignaled successes): the next
+    /// completion retires them with its own.
+    unreported: u64,
 }
 
 /// One soft RC queue pair.
@@ -55,6 +61,13 @@ pub(crate) struct SoftQp {
     /// The connection's descriptor once connected (-1 before), readable without `sq`.
     conn_fd: AtomicI32,
     rq: Mutex<VecDeque<RecvEntry>>,
+    /// Send-queue entries freed by polled completions.
+    sq_slots: Arc<QueueSlots>,
+    /// Receive-queue entries freed by polled completions.
+    rq_slots: Arc<QueueSlots>,
+    /// Receive entries taken off `rq` (by a message or a flush), counted from creation: each
+    /// holds its slot until its completion is polled.
+    rq_taken: AtomicU64,
     peer: Mutex<Option<(u32, SoftAddress)>>,
     /// The secret an incoming connection must prove it knows (given out in the endpoint).
     token: [u8; TOKEN_LEN],
@@ -93,8 +106,13 @@ impl SoftQp {
                 conn: None,
                 rx: RxBuf::new(),
                 local: None,
+                retired: 0,
+                unreported: 0,
             }),
             rq: Mutex::new(VecDeque::with_capacity(cfg.max_recv_wr as usize)),
+            sq_slots: Arc::default(),
+            rq_slots: Arc::default(),
+            rq_taken: AtomicU64::new(0),
             peer: Mutex::new(None),
             token,
             incoming: AtomicBool::new(false),
@@ -218,14 +236,8 @@ impl SoftQp {
         if self.state() == QpState::Error && !self.rq_flushed.swap(true, Ordering::AcqRel) {
             let mut rq = self.rq.lock();
             while let Some(e) = rq.pop_front() {
-                self.recv_cq.push(Completion {
-                    wr_id: e.wr_id,
-                    status: WcStatus::WrFlushErr,
-                    opcode: WcOpcode::Recv,
-                    byte_len: 0,
-                    imm: None,
-                    qp_num: self.qpn,
-                });
+                self.rq_taken.fetch_add(1, Ordering::AcqRel);
+                self.complete_recv_entry(flushed_recv(e.wr_id, self.qpn));
             }
         }
     }
@@ -273,6 +285,24 @@ impl SoftQp {
         Ok(total)
     }
 
+    /// Receive entries free now: the queue's depth less those posted and those whose
+    /// completion has not been polled yet (as on mlx5, an entry frees when its completion is
+    /// polled). The caller holds `rq`'s lock.
+    fn recv_room(&self, posted: usize) -> usize {
+        let taken = self.rq_taken.load(Ordering::Acquire);
+        let unpolled = taken.saturating_sub(self.rq_slots.polled());
+        (self.cfg.max_recv_wr as usize).saturating_sub(posted + unpolled as usize)
+    }
+
+    /// Pushes a receive completion that frees its entry once polled.
+    fn complete_recv_entry(&self, c: Completion) {
+        let release = Release {
+            slots: self.rq_slots.clone(),
+            entries: 1,
+        };
+        self.recv_cq.push(c, Some(release));
+    }
+
     /// Posts receives. Buffers are checked now; a bad one completes with a local error when
     /// a message arrives for it.
     pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
@@ -282,23 +312,18 @@ impl SoftQp {
             if state == QpState::Reset {
                 return Err(self.bad_state("posting receives needs INIT, RTR or RTS"));
             }
-            if state == QpState::Error {
-                self.recv_cq.push(Completion {
-                    wr_id: wr.wr_id,
-                    status: WcStatus::WrFlushErr,
-                    opcode: WcOpcode::Recv,
-                    byte_len: 0,
-                    imm: None,
-                    qp_num: self.qpn,
-                });
-                continue;
-            }
             let mut rq = self.rq.lock();
-            if rq.len() >= self.cfg.max_recv_wr as usize {
+            if self.recv_room(rq.len()) == 0 {
                 return Err(Error::QueueFull {
                     queue: "receive",
                     depth: self.cfg.max_recv_wr,
                 });
+            }
+            if state == QpState::Error {
+                self.rq_taken.fetch_add(1, Ordering::AcqRel);
+                drop(rq);
+                self.complete_recv_entry(flushed_recv(wr.wr_id, self.qpn));
+                continue;
             }
             let mut list = LocalList::new();
             let (local, capacity) =
@@ -313,6 +338,18 @@ impl SoftQp {
             });
         }
         Ok(())
+    }
+}
+
+/// The flush-error completion of the receive `wr_id`.
+fn flushed_recv(wr_id: u64, qpn: u32) -> Completion {
+    Completion {
+        wr_id,
+        status: WcStatus::WrFlushErr,
+        opcode: WcOpcode::Recv,
+        byte_len: 0,
+        imm: None,
+        qp_num: qpn,
     }
 }
 
@@ -336,10 +373,14 @@ impl TargetQp for SoftQp {
         &self.ctx.keys
     }
     fn take_recv(&self) -> Option<RecvEntry> {
-        self.rq.lock().pop_front()
+        let mut rq = self.rq.lock();
+        let e = rq.pop_front()?;
+        // Under the lock, so a post never sees the entry neither queued nor taken.
+        self.rq_taken.fetch_add(1, Ordering::AcqRel);
+        Some(e)
     }
     fn complete_recv(&self, c: Completion) {
-        self.recv_cq.push(c);
+        self.complete_recv_entry(c);
     }
     fn enter_error(&self) {
         SoftQp::enter_error(self);

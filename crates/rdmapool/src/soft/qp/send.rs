@@ -3,10 +3,13 @@
 
 use super::{SendSide, SoftQp};
 use crate::fabric::provider::BindSpec;
-use crate::fabric::{AccessFlags, Completion, QpState, SendWr, WcOpcode, WcStatus, WrOp};
+use crate::fabric::{
+    AccessFlags, Completion, QpState, SendWr, WcOpcode, WcStatus, WindowError, WrOp,
+};
+use crate::soft::cq::Release;
 use crate::soft::io::{self, IoVecs};
 use crate::soft::keys::Window;
-use crate::soft::proto::requester::{Entry, Requester};
+use crate::soft::proto::requester::Entry;
 use crate::soft::proto::wire::{ReqOp, Request, Response, RESP_LEN};
 use crate::soft::shm::{self, FastOp, RemoteMr};
 use crate::soft::MAX_SGE;
@@ -27,18 +30,22 @@ impl SoftQp {
         }
     }
 
+    /// Send-queue entries free now: as on mlx5 and rxe, an entry frees when the completion
+    /// that retires it is polled (its own, or for an unsignaled request a later signaled
+    /// one's), not when the request finishes. So a list longer than the free entries fails
+    /// at the first one that does not fit, and unsignaled requests with no signaled one
+    /// after them hold their entries for good.
+    fn send_room(&self, sq: &SendSide) -> usize {
+        let unpolled = sq.retired.saturating_sub(self.sq_slots.polled()) as usize;
+        sq.req.room().saturating_sub(unpolled)
+    }
+
     /// Posts send work requests in order. Errors in the request itself (wrong state, too
     /// many SGEs, full queue) are returned; everything the HCA would detect while executing
     /// it becomes an error completion.
     pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut sq = self.sq.lock();
         let now = Instant::now();
-        // Finished requests leave the queue here, before the list, never in the middle of
-        // it: a list longer than the free entries fails at the first one that does not fit,
-        // on every transport, as on a NIC whose queue cannot drain during one post.
-        if sq.req.room() < wrs.len() {
-            self.progress(&mut sq, now);
-        }
         let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
             if let Err(e) = self.post_one(&mut sq, wr, i + 1 < wrs.len(), now) {
@@ -59,8 +66,24 @@ impl SoftQp {
         if !matches!(state, QpState::Rts | QpState::Error) {
             return Err(self.bad_state("posting sends needs RTS"));
         }
-        if sq.req.room() == 0 {
-            self.progress(&mut sq, now);
+        // What the library knows before posting, refused on every provider: a region that
+        // is gone or of another PD, a window of another PD or already bound (a window is
+        // also checked at the fabric layer; this keeps the provider exact on its own).
+        let keys = &self.ctx.keys;
+        let mr = keys
+            .by_lkey(b.lkey)
+            .ok_or(WindowError::RegionGone { lkey: b.lkey })?;
+        if mr.pd_id != self.pd_id {
+            return Err(WindowError::RegionOfAnotherPd { lkey: b.lkey }.into());
+        }
+        if mw.pd_id != self.pd_id {
+            return Err(WindowError::WindowOfAnotherPd.into());
+        }
+        if keys.is_window(mw.rkey()) {
+            return Err(WindowError::AlreadyBound { rkey: mw.rkey() }.into());
+        }
+        if self.send_room(&sq) == 0 {
+            return Err(self.queue_full());
         }
         let e = sq
             .req
@@ -70,33 +93,26 @@ impl SoftQp {
         if state == QpState::Error || !sq.req.accepts_work() {
             sq.req.flush(e);
         } else {
-            // What rxe checks: the region is ours and allows binding, the range is inside it,
-            // write/atomic rights need a locally writable region, the window is ours and free.
-            let keys = &self.ctx.keys;
-            let bound = keys.by_lkey(b.lkey).filter(|mr| {
-                let writes = b
-                    .access
-                    .intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
-                mr.pd_id == self.pd_id
-                    && mw.pd_id == self.pd_id
-                    && mr.access.contains(AccessFlags::MW_BIND)
-                    && (!writes || mr.access.contains(AccessFlags::LOCAL_WRITE))
-                    && mr.contains(b.addr, b.len)
-                    && !keys.is_window(mw.rkey())
-            });
-            let status = match bound {
-                Some(mr) => {
-                    rkey = keys.bind_window(Window {
-                        mr,
-                        addr: b.addr,
-                        len: b.len,
-                        access: b.access,
-                        qpn: self.qpn,
-                    })?;
-                    mw.set_rkey(rkey);
-                    WcStatus::Success
-                }
-                None => WcStatus::MwBindErr,
+            // What rxe checks as it executes the bind: the region allows binding, the range
+            // is inside it, write/atomic rights need a locally writable region.
+            let writes = b
+                .access
+                .intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+            let allowed = mr.access.contains(AccessFlags::MW_BIND)
+                && (!writes || mr.access.contains(AccessFlags::LOCAL_WRITE))
+                && mr.contains(b.addr, b.len);
+            let status = if allowed {
+                rkey = keys.bind_window(Window {
+                    mr,
+                    addr: b.addr,
+                    len: b.len,
+                    access: b.access,
+                    qpn: self.qpn,
+                })?;
+                mw.set_rkey(rkey);
+                WcStatus::Success
+            } else {
+                WcStatus::MwBindErr
             };
             sq.req.finish(e, status);
         }
@@ -110,6 +126,9 @@ impl SoftQp {
             return Err(self.bad_state("posting sends needs RTS"));
         }
         let opcode = wr.op.completion_opcode();
+        if self.send_room(sq) == 0 {
+            return Err(self.queue_full());
+        }
         let mut e = sq
             .req
             .entry(wr.wr_id, opcode, wr.signaled, now)
@@ -120,14 +139,11 @@ impl SoftQp {
         }
         if let WrOp::LocalInvalidate { rkey } = wr.op {
             // A local operation: done here, completed in order with the rest.
-            let ok = self.ctx.keys.invalidate_window(rkey, self.pd_id);
-            // As rxe: no window of ours under that key is a local QP operation error.
-            let status = if ok {
-                WcStatus::Success
-            } else {
-                WcStatus::LocQpOpErr
-            };
-            sq.req.finish(e, status);
+            // The fabric layer lets through only keys of windows bound through this QP (and
+            // refuses the rest before posting, on every provider). One that names no window
+            // any more was revoked with its region: invalidating it changes nothing.
+            self.ctx.keys.invalidate_window(rkey, self.pd_id);
+            sq.req.finish(e, WcStatus::Success);
             return Ok(());
         }
         let (need, atomic) = match wr.op {
@@ -418,12 +434,14 @@ impl SoftQp {
 
     /// Completes finished requests from the head of the queue, in posting order.
     fn drain_done(&self, sq: &mut SendSide) {
-        drain(&mut sq.req, self);
+        drain(sq, self);
     }
 }
 
-fn drain(req: &mut Requester, qp: &SoftQp) {
-    while let Some(f) = req.poll_done() {
+fn drain(sq: &mut SendSide, qp: &SoftQp) {
+    while let Some(f) = sq.req.poll_done() {
+        sq.retired += 1;
+        sq.unreported += 1;
         let status = if qp.state() == QpState::Error {
             WcStatus::WrFlushErr
         } else {
@@ -433,7 +451,7 @@ fn drain(req: &mut Requester, qp: &SoftQp) {
             qp.enter_error();
         }
         if status != WcStatus::Success || f.signaled {
-            qp.send_cq.push(Completion {
+            let c = Completion {
                 wr_id: f.wr_id,
                 status,
                 opcode: f.opcode,
@@ -444,7 +462,12 @@ fn drain(req: &mut Requester, qp: &SoftQp) {
                 },
                 imm: None,
                 qp_num: qp.qpn,
-            });
+            };
+            let release = Release {
+                slots: qp.sq_slots.clone(),
+                entries: std::mem::take(&mut sq.unreported),
+            };
+            qp.send_cq.push(c, Some(release));
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use super::VerbsQp;
 use crate::fabric::provider::{BindSpec, MwOps, QpOps};
-use crate::fabric::{QpState, RecvWr, SendWr, WcOpcode, WrOp};
+use crate::fabric::{QpState, RecvWr, SendWr, WcOpcode, WindowError, WrOp};
 use crate::verbs::{errno_err, ibv_access, VerbsMw};
 use crate::{Error, Result};
 use rdmapool_sys as sys;
@@ -24,12 +24,21 @@ impl VerbsQp {
             .ok_or_else(|| Error::Mismatch("a verbs QP binds verbs memory windows".into()))?;
         // The region the lkey names; a dead key gets a bind error completion from the device
         // on rxe, but verbs needs the `ibv_mr` itself, so it is refused here.
-        let Some(mr) = self.pd.ctx.mrs_by_lkey.read().get(&b.lkey).copied() else {
-            return Err(Error::InvalidArgument(format!(
-                "bind: lkey {:#x} names no live region of this context",
-                b.lkey
-            )));
+        // Held until the bind is posted: a region's drop removes it from this table before
+        // deregistering, so the `ibv_mr` stays valid while we use it.
+        let mrs = self.pd.ctx.mrs_by_lkey.read();
+        let Some(mr) = mrs.get(&b.lkey).copied() else {
+            return Err(WindowError::RegionGone { lkey: b.lkey }.into());
         };
+        let mr = mr as *mut sys::ibv_mr;
+        // SAFETY: `mr` is the live registration behind `b.lkey`: it is in the table, whose
+        // read lock we hold, so it cannot be deregistered under us; its `pd` field is set by
+        // rdma-core and never changes.
+        let mr_pd = unsafe { (*mr).pd };
+        if mr_pd != self.pd.pd {
+            // rxe 6.1 binds it anyway; the IB spec and the soft provider refuse it.
+            return Err(WindowError::RegionOfAnotherPd { lkey: b.lkey }.into());
+        }
         let rkey = sys::ibv_inc_rkey(mw.rkey.load(std::sync::atomic::Ordering::Acquire));
         // SAFETY: all-zero is a valid ibv_send_wr (null pointers, zero integers).
         let mut w: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
@@ -45,7 +54,7 @@ impl VerbsQp {
                 mw: mw.mw,
                 rkey,
                 bind_info: sys::ibv_mw_bind_info {
-                    mr: mr as *mut sys::ibv_mr,
+                    mr,
                     addr: b.addr,
                     length: b.len,
                     mw_access_flags: ibv_access(b.access),
@@ -60,13 +69,21 @@ impl VerbsQp {
         sq.push(b.wr_id, WcOpcode::BindMw, b.signaled);
         let mut bad = std::ptr::null_mut();
         // SAFETY: a live QP and one initialised work request naming a live window and a live
-        // region (its registration is in the context's table until it is deregistered).
+        // region (in the context's table, whose read lock `mrs` holds until here).
         let rc = unsafe { sys::ibv_post_send(self.qp, &mut w, &mut bad) };
+        drop(mrs);
         if rc != 0 {
             sq.truncate(before);
             return Err(self.post_error(rc, "send"));
         }
         mw.rkey.store(rkey, std::sync::atomic::Ordering::Release);
+        // The provider names the window's current key in the next bind's work request (rxe
+        // refuses a bind whose `ibv_mw.rkey` is not the kernel's, so a bind after an
+        // invalidate failed); verbs leaves updating it to the application.
+        // SAFETY: our own live window; rdma-core reads `rkey` only while posting a bind of
+        // it, and binds of one window are serialised by the fabric layer's window table
+        // (held across this call).
+        unsafe { (*mw.mw).rkey = rkey };
         Ok(rkey)
     }
 
