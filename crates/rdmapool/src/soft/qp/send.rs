@@ -70,8 +70,9 @@ impl SoftQp {
         if state == QpState::Error || !sq.req.accepts_work() {
             sq.req.flush(e);
         } else {
-            // What rxe checks: the region is ours and allows binding, the range is inside it,
-            // write/atomic rights need a locally writable region, the window is ours and free.
+            // The region is ours (rxe 6.1 does not check this one) and allows binding, the
+            // range is inside it, write/atomic rights need a locally writable region, the
+            // window is ours and free.
             let keys = &self.ctx.keys;
             let bound = keys.by_lkey(b.lkey).filter(|mr| {
                 let writes = b
