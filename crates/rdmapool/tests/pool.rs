@@ -100,6 +100,20 @@ fn the_shared_first_chunk_gives_every_class_its_part() {
 }
 
 #[test]
+fn a_first_allocation_does_not_grow_a_default_pool() {
+    let n = node();
+    let pool = BufferPool::new(n.pd.clone(), PoolConfig::default()).unwrap();
+    // The classes up to 16 KiB hold 128 to 8 buffers of the shared chunk: a first
+    // allocation takes a batch of half of them into the thread's cache, which leaves at
+    // least the low watermark (4), so nothing more is registered.
+    for &size in &CLASSES[..4] {
+        drop(pool.alloc(size).unwrap());
+    }
+    let s = pool.stats();
+    assert_eq!((s.chunks, s.growths), (2, 0), "{s:?}");
+}
+
+#[test]
 fn pool_buffers_are_local_only_unless_asked() {
     let (a, b) = (node_on(Transport::Auto), node_on(Transport::Auto));
     let (_qa, qb) = pair(&a, &b, &config());

@@ -394,13 +394,15 @@ impl BufferPool {
         }
     }
 
-    /// Takes a batch of slots from the shared list into this thread's cache; asks for more
-    /// memory when the class runs low.
+    /// Takes a batch of slots from the shared list into this thread's cache: half of them
+    /// (at least one), at most `THREAD_CACHE / 2`, so that a class with few slots (a part
+    /// of the shared first chunk) is not emptied, and grown, by its first allocation. Asks
+    /// for more memory when the class runs low.
     fn refill(&self, class: usize) -> Option<Slot> {
         let s = &self.shared;
         let (got, left) = {
             let mut free = s.free[class].lock();
-            let take = free.len().min(THREAD_CACHE / 2);
+            let take = free.len().div_ceil(2).min(THREAD_CACHE / 2);
             let at = free.len() - take;
             (free.split_off(at), free.len())
         };
