@@ -56,10 +56,10 @@ pub struct PoolConfig {
 }
 
 impl Default for PoolConfig {
-    /// Every class served (up to 2 MiB), one chunk each, shared as [`Self::chunks_per_class`]
-    /// says: `new` registers two 2 MiB chunks, **4 MiB pinned**, which leaves room for a
-    /// program's other regions inside the 8 MiB locked-memory limit (`ulimit -l` 8192) of an
-    /// ordinary account. Growth (a class running low) pins 2 MiB more per chunk, up to
+    /// Every class served (up to 2 MiB), each with memory from `new` (`chunks_per_class` 1:
+    /// the classes below 2 MiB share one 2 MiB chunk, the 2 MiB class has its own): two
+    /// chunks, **4 MiB pinned**, which leaves room for a program's other regions inside the
+    /// 8 MiB locked-memory limit (`ulimit -l` 8192) of an ordinary account. Growth (a class running low) pins 2 MiB more per chunk, up to
     /// `max_chunks` (256: 512 MiB); local-only access plus `MW_BIND`; a low watermark of 4.
     fn default() -> Self {
         Self {
@@ -136,7 +136,7 @@ thread_local! {
 /// use rdmapool::fabric::{Context, RegisteredMemory};
 /// # fn main() -> rdmapool::Result<()> {
 /// let pool = BufferPool::new(Context::open_soft()?.alloc_pd()?, PoolConfig::default())?;
-/// let small = pool.alloc(200)?;          // every class has a chunk from `new`: no registration
+/// let small = pool.alloc(200)?;          // every class has memory from `new`: no registration
 /// let buf = pool.alloc(4096)?;
 /// buf.write_at(0, b"ready for RDMA")?;
 /// let _sge = buf.sge(0, 14)?;            // carries the pool chunk's lkey
