@@ -34,9 +34,21 @@ fn side(provider: ProviderKind) -> rdmapool::Result<(Context, Pd, Engine)> {
     Ok((ctx, pd, engine))
 }
 
+/// A side's pool: its buffers are small, so it serves up to 4 KiB, all from one shared 2 MiB
+/// chunk. Both sides run in this process, and their two pools (4 MiB) stay inside an
+/// ordinary account's 8 MiB locked-memory limit with the rest; two default pools (4 MiB
+/// each, every class up to 2 MiB) would fill it on their own.
+fn side_pool(pd: &Pd) -> rdmapool::Result<BufferPool> {
+    let small = PoolConfig {
+        largest: 4096,
+        ..PoolConfig::default()
+    };
+    BufferPool::new(pd.clone(), small)
+}
+
 fn server(provider: ProviderKind, listener: Listener) -> rdmapool::Result<()> {
     let (_ctx, pd, engine) = side(provider)?;
-    let pool = BufferPool::new(pd.clone(), PoolConfig::default())?;
+    let pool = side_pool(&pd)?;
     let buf = pool.alloc(SECRET.len())?;
     buf.write_at(0, SECRET)?;
     let req = listener.get_request(T)?;
@@ -66,7 +78,7 @@ fn server(provider: ProviderKind, listener: Listener) -> rdmapool::Result<()> {
 
 fn client(provider: ProviderKind, addr: SocketAddr) -> rdmapool::Result<()> {
     let (_ctx, pd, engine) = side(provider)?;
-    let pool = BufferPool::new(pd.clone(), PoolConfig::default())?;
+    let pool = side_pool(&pd)?;
     let cq = engine.cqs()[0].clone();
     let conn = connect(&pd, addr, &pd, &cq, &cq, &QpConfig::default(), b"hello", T)?;
     println!(

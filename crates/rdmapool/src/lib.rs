@@ -30,6 +30,8 @@
 pub mod buf;
 pub mod conn;
 pub mod cq;
+#[cfg(test)]
+mod doc_check;
 mod error;
 pub mod fabric;
 #[cfg(all(feature = "fuzzing", not(loom)))]

@@ -304,6 +304,49 @@ fn child_entry() {
             }
             println!("@pinned {}", rdmapool::metrics::pinned_bytes());
         }
+        "ordinary-account" => {
+            // An ordinary account's locked-memory limit: `ulimit -l` 8192 (KiB).
+            let lim = libc::rlimit {
+                rlim_cur: ORDINARY_MEMLOCK,
+                rlim_max: ORDINARY_MEMLOCK,
+            };
+            // SAFETY: plain syscalls on this child process only.
+            unsafe {
+                assert_eq!(libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim), 0);
+                if libc::geteuid() == 0 {
+                    // Root with CAP_IPC_LOCK ignores the limit: become nobody to lose it.
+                    assert_eq!(libc::setgid(65534), 0);
+                    assert_eq!(libc::setuid(65534), 0);
+                }
+            }
+            use rdmapool::buf::{BufferPool, PoolConfig};
+            let n = node_on(transport);
+            match BufferPool::new(n.pd.clone(), PoolConfig::default()) {
+                Ok(pool) => {
+                    // The pool's own count, and the process's (nothing else is registered).
+                    println!(
+                        "@default ok {} {}",
+                        pool.stats().bytes_registered,
+                        rdmapool::metrics::pinned_bytes()
+                    );
+                    // Room left beside it: the demo's 1 MiB, and more.
+                    let beside = n.pd.alloc_mr(2 << 20, ALL).map(|_| ());
+                    println!("@beside {:?}", beside.err().map(|e| e.to_string()));
+                }
+                Err(e) => println!("@default {e}"),
+            }
+            // Under a limit smaller than one chunk, `new` fails, and says how to raise it.
+            let tiny = libc::rlimit {
+                rlim_cur: 1 << 20,
+                rlim_max: 1 << 20,
+            };
+            // SAFETY: lowering this process's own limit.
+            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &tiny) }, 0);
+            match BufferPool::new(n.pd.clone(), PoolConfig::default()) {
+                Ok(_) => println!("@tiny ok"),
+                Err(e) => println!("@tiny {e}"),
+            }
+        }
         r => panic!("unknown child role {r}"),
     }
     std::process::exit(0);
@@ -786,6 +829,38 @@ fn exceeding_the_memlock_limit_is_a_clear_error() {
         peer.line(),
         "pinned 0",
         "failed and dropped registrations unpin everything"
+    );
+}
+
+/// RLIMIT_MEMLOCK of an ordinary account (`ulimit -l` 8192 KiB), the budget the README
+/// promises is enough.
+const ORDINARY_MEMLOCK: u64 = 8 << 20;
+
+/// A default buffer pool fits an ordinary account's 8 MiB locked-memory limit with room to
+/// spare, in a child that really has that limit (and, run as root, no CAP_IPC_LOCK). With
+/// the old default (one 2 MiB chunk per class: 16 MiB) `new` failed here.
+#[test]
+fn a_default_pool_fits_an_ordinary_accounts_memlock_limit() {
+    if soft_only("mlock accounting in an unprivileged child") {
+        return;
+    }
+    let mut peer = Peer::spawn("ordinary-account", &[]);
+    let default = peer.line();
+    let Some(counts) = default.strip_prefix("default ok ") else {
+        panic!("the default pool under an 8 MiB limit: {default}");
+    };
+    let counts: Vec<u64> = counts.split(' ').map(|n| n.parse().unwrap()).collect();
+    assert_eq!(counts[0], 4 << 20, "the pool's registered bytes");
+    assert!(
+        counts[1] <= ORDINARY_MEMLOCK / 2,
+        "{} bytes pinned: more than half the limit",
+        counts[1]
+    );
+    assert_eq!(peer.line(), "beside None", "2 MiB more fit beside it");
+    let tiny = peer.line();
+    assert!(
+        tiny.contains("RLIMIT_MEMLOCK") && tiny.contains("ulimit -l") && tiny.contains("1048576"),
+        "a pool over the limit names it and the fix: {tiny}"
     );
 }
 

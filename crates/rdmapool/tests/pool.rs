@@ -40,8 +40,77 @@ fn pooled_buffers_are_registered_memory_usable_for_rdma() {
         target.read_at(0, &mut seen).unwrap();
         assert!(seen == data, "class {size}");
     }
+    // The classes below 2 MiB share one chunk, the 2 MiB class has its own.
     let s = pool.stats();
-    assert_eq!((s.chunks, s.growths), (CLASSES.len() as u64, 0), "{s:?}");
+    assert_eq!((s.chunks, s.growths), (2, 0), "{s:?}");
+    assert_eq!(s.bytes_registered, 4 << 20, "{s:?}");
+}
+
+#[test]
+fn the_shared_first_chunk_gives_every_class_its_part() {
+    let n = node();
+    let pool = BufferPool::new(
+        n.pd.clone(),
+        PoolConfig {
+            low_watermark: 0,
+            max_chunks: 2, // no growth: an exhausted class stays exhausted
+            ..PoolConfig::default()
+        },
+    )
+    .unwrap();
+    // Halves of the shared 2 MiB chunk, largest class first; the smallest class gets what is
+    // left (as much as the 1 KiB class). The 2 MiB class has a chunk of its own.
+    let parts = [
+        32 << 10,
+        32 << 10,
+        64 << 10,
+        128 << 10,
+        256 << 10,
+        512 << 10,
+        1 << 20,
+    ];
+    let mut seen = HashSet::new();
+    let mut held = Vec::new();
+    for (i, &size) in CLASSES.iter().enumerate() {
+        let slots = parts.get(i).map_or(1, |p| p / size);
+        for _ in 0..slots {
+            let b = pool
+                .alloc(size)
+                .unwrap_or_else(|e| panic!("class {size}: {e}"));
+            assert!(
+                seen.insert(b.addr()),
+                "class {size}: a slot handed out twice"
+            );
+            b.write_at(size - 1, &[i as u8]).unwrap();
+            held.push(b);
+        }
+        assert!(
+            matches!(pool.alloc(size), Err(Error::PoolExhausted { .. })),
+            "class {size} has more than {slots} slots"
+        );
+    }
+    // No two buffers overlap: each still holds the byte written at its end.
+    for b in &held {
+        let mut last = [0u8];
+        b.read_at(b.len() - 1, &mut last).unwrap();
+        let class = CLASSES.iter().position(|&c| c == b.len()).unwrap();
+        assert_eq!(last[0], class as u8, "{b:?} was overwritten");
+    }
+    assert_eq!(pool.stats().chunks, 2);
+}
+
+#[test]
+fn a_first_allocation_does_not_grow_a_default_pool() {
+    let n = node();
+    let pool = BufferPool::new(n.pd.clone(), PoolConfig::default()).unwrap();
+    // The classes up to 16 KiB hold 128 to 8 buffers of the shared chunk: a first
+    // allocation takes a batch of half of them into the thread's cache, which leaves at
+    // least the low watermark (4), so nothing more is registered.
+    for &size in &CLASSES[..4] {
+        drop(pool.alloc(size).unwrap());
+    }
+    let s = pool.stats();
+    assert_eq!((s.chunks, s.growths), (2, 0), "{s:?}");
 }
 
 #[test]
@@ -210,13 +279,17 @@ fn bad_requests_are_refused() {
         },
     )
     .unwrap();
-    assert_eq!(small.stats().chunks, 3, "256 B, 1 KiB and 4 KiB classes");
+    assert_eq!(
+        small.stats().chunks,
+        1,
+        "256 B, 1 KiB and 4 KiB classes share one chunk"
+    );
     assert!(matches!(small.alloc(4097), Err(Error::InvalidArgument(_))));
     assert!(BufferPool::new(
         n.pd.clone(),
         PoolConfig {
             chunks_per_class: 1,
-            max_chunks: 2,
+            max_chunks: 1,
             ..PoolConfig::default()
         }
     )

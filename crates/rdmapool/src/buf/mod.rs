@@ -29,11 +29,17 @@ pub const CLASSES: [usize; 8] = [
 /// Slots a thread keeps per class before handing frees back to the pool.
 const THREAD_CACHE: usize = 64;
 
-/// How a pool is set up.
+/// How a pool is set up. The default pins 4 MiB ([`PoolConfig::default`]), inside an
+/// ordinary account's 8 MiB locked-memory limit.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     /// Chunks registered for each served class before `new` returns, so that `alloc` of
-    /// every class works at once (0: every class starts empty and grows on first use).
+    /// every class works at once (0: every class starts empty and grows on first use). The
+    /// first of them is shared: the served classes below 2 MiB are carved out of one 2 MiB
+    /// chunk (the largest of them gets half of it, the next a quarter, and so on; the
+    /// smallest takes what is left), and only the 2 MiB class, if served, has a chunk of its
+    /// own. Every further chunk, and every chunk a class grows by, is a whole 2 MiB chunk of
+    /// one class.
     pub chunks_per_class: usize,
     /// The largest buffer the pool serves (rounded up to a class); the classes above it get
     /// no chunk, and asking for them is an error. 2 MiB (all classes) by default.
@@ -50,6 +56,11 @@ pub struct PoolConfig {
 }
 
 impl Default for PoolConfig {
+    /// Every class served (up to 2 MiB), each with memory from `new` (`chunks_per_class` 1:
+    /// the classes below 2 MiB share one 2 MiB chunk, the 2 MiB class has its own): two
+    /// chunks, **4 MiB pinned**, which leaves room for a program's other regions inside the
+    /// 8 MiB locked-memory limit (`ulimit -l` 8192) of an ordinary account. Growth (a class running low) pins 2 MiB more per chunk, up to
+    /// `max_chunks` (256: 512 MiB); local-only access plus `MW_BIND`; a low watermark of 4.
     fn default() -> Self {
         Self {
             chunks_per_class: 1,
@@ -66,7 +77,7 @@ impl Default for PoolConfig {
 pub struct PoolStats {
     /// Chunks registered.
     pub chunks: u64,
-    /// Bytes registered.
+    /// Bytes registered (and pinned): 2 MiB per chunk.
     pub bytes_registered: u64,
     /// Buffers handed out over the pool's life.
     pub allocations: u64,
@@ -98,7 +109,7 @@ struct Shared {
     arrived: Condvar,
     arrived_lock: Mutex<()>,
     chunks: Mutex<Vec<Chunk>>,
-    growing: Mutex<Vec<(usize, RegHandle, HugeRegion)>>,
+    growing: Mutex<Vec<(Carve, RegHandle, HugeRegion)>>,
     /// The first failed chunk registration (reported by `new`).
     first_error: Mutex<Option<Error>>,
     registrar: Registrar,
@@ -125,7 +136,7 @@ thread_local! {
 /// use rdmapool::fabric::{Context, RegisteredMemory};
 /// # fn main() -> rdmapool::Result<()> {
 /// let pool = BufferPool::new(Context::open_soft()?.alloc_pd()?, PoolConfig::default())?;
-/// let small = pool.alloc(200)?;          // every class has a chunk from `new`: no registration
+/// let small = pool.alloc(200)?;          // every class has memory from `new`: no registration
 /// let buf = pool.alloc(4096)?;
 /// buf.write_at(0, b"ready for RDMA")?;
 /// let _sge = buf.sge(0, 14)?;            // carries the pool chunk's lkey
@@ -143,8 +154,30 @@ fn class_of(len: usize) -> Option<usize> {
     CLASSES.iter().position(|&c| c >= len)
 }
 
+/// What a chunk is carved into: `(class, bytes)` in order from its start, `HUGE_PAGE` bytes
+/// in all, each part a multiple of its class.
+type Carve = Vec<(usize, usize)>;
+
+const _: () = assert!(CLASSES[CLASSES.len() - 1] == HUGE_PAGE);
+
+/// A whole chunk of one class.
+fn whole(class: usize) -> Carve {
+    vec![(class, HUGE_PAGE)]
+}
+
+/// One chunk shared by the `served` classes below 2 MiB (at least one): the largest gets
+/// half, the next a quarter, ..., the smallest what is left (as much as the second
+/// smallest). Class `i` is `256 << 2i` bytes and its part `2 MiB >> (k - i)` (`i >= 1`,
+/// `k <= 7` classes), so every part holds at least one buffer of its class.
+fn shared_chunk(served: usize) -> Carve {
+    let k = served.min(CLASSES.len() - 1);
+    (0..k).map(|i| (i, HUGE_PAGE >> (k - i.max(1)))).collect()
+}
+
 impl BufferPool {
-    /// Registers `cfg.initial_chunks` chunks (through a registrar of its own) and returns.
+    /// Registers the chunks [`PoolConfig::chunks_per_class`] asks for (through a registrar of
+    /// its own) and returns once they are registered. A registration the locked-memory limit
+    /// refuses is [`Error::MemlockLimit`], whose message says how to raise the limit.
     pub fn new(pd: Pd, cfg: PoolConfig) -> Result<Self> {
         cfg.access.validate()?;
         let served = class_of(cfg.largest.max(1)).ok_or_else(|| {
@@ -154,7 +187,12 @@ impl BufferPool {
                 CLASSES[CLASSES.len() - 1]
             ))
         })? + 1;
-        let initial = cfg.chunks_per_class.saturating_mul(served);
+        // The first round: one chunk shared by the classes below 2 MiB, one for 2 MiB.
+        let first = 1 + usize::from(served == CLASSES.len());
+        let initial = match cfg.chunks_per_class {
+            0 => 0,
+            n => (n - 1).saturating_mul(served).saturating_add(first),
+        };
         if cfg.max_chunks == 0 || initial > cfg.max_chunks {
             return Err(Error::InvalidArgument(format!(
                 "pool: {} chunks per class for {served} classes need {initial} chunks, more \
@@ -187,9 +225,16 @@ impl BufferPool {
             chunk_count: AtomicUsize::new(0),
         });
         let pool = Self { shared };
-        for class in 0..served {
-            for _ in 0..cfg.chunks_per_class {
-                pool.grow(class, false)?;
+        for round in 0..cfg.chunks_per_class {
+            if round == 0 {
+                pool.grow(shared_chunk(served), false)?;
+                if served == CLASSES.len() {
+                    pool.grow(whole(served - 1), false)?;
+                }
+            } else {
+                for class in 0..served {
+                    pool.grow(whole(class), false)?;
+                }
             }
         }
         pool.collect(Some(Instant::now() + Duration::from_secs(60)));
@@ -207,9 +252,9 @@ impl BufferPool {
         Ok(pool)
     }
 
-    /// Requests one more chunk for `class` from the registrar (does not wait); `growth` says
-    /// whether it counts as growth (not the chunks `new` registers).
-    fn grow(&self, class: usize, growth: bool) -> Result<()> {
+    /// Requests one more chunk carved as `carve` from the registrar (does not wait);
+    /// `growth` says whether it counts as growth (not the chunks `new` registers).
+    fn grow(&self, carve: Carve, growth: bool) -> Result<()> {
         let s = &self.shared;
         if s.chunk_count.fetch_add(1, Ordering::AcqRel) >= s.cfg.max_chunks {
             s.chunk_count.fetch_sub(1, Ordering::AcqRel);
@@ -228,7 +273,7 @@ impl BufferPool {
         if growth {
             s.growths.fetch_add(1, Ordering::Relaxed);
         }
-        s.growing.lock().push((class, handle, memory));
+        s.growing.lock().push((carve, handle, memory));
         Ok(())
     }
 
@@ -238,21 +283,25 @@ impl BufferPool {
         let s = &self.shared;
         let pending: Vec<_> = std::mem::take(&mut *s.growing.lock());
         let mut still = Vec::new();
-        for (class, handle, memory) in pending {
+        for (carve, handle, memory) in pending {
             let done = deadline.is_some() || handle.state().is_final();
             if !done {
-                still.push((class, handle, memory));
+                still.push((carve, handle, memory));
                 continue;
             }
             match handle.wait() {
                 Ok(mr) => {
-                    let size = CLASSES[class];
-                    let slots = (0..memory.len() / size).map(|i| Slot {
-                        addr: memory.as_ptr() as usize + i * size,
-                        lkey: mr.lkey(),
-                        rkey: mr.rkey(),
-                    });
-                    s.free[class].lock().extend(slots);
+                    let mut at = memory.as_ptr() as usize;
+                    for (class, bytes) in carve {
+                        let size = CLASSES[class];
+                        let slots = (0..bytes / size).map(|i| Slot {
+                            addr: at + i * size,
+                            lkey: mr.lkey(),
+                            rkey: mr.rkey(),
+                        });
+                        s.free[class].lock().extend(slots);
+                        at += bytes;
+                    }
                     crate::metrics::registry::mem_event(
                         crate::metrics::registry::MemEvent::PoolChunk,
                     );
@@ -302,8 +351,8 @@ impl BufferPool {
                 crate::metrics::registry::mem_event(crate::metrics::registry::MemEvent::PoolEmpty);
             }
             self.collect(None);
-            if s.growing.lock().iter().all(|(c, ..)| *c != class) {
-                let _ = self.grow(class, true);
+            if !growing(&s.growing.lock(), class) {
+                let _ = self.grow(whole(class), true);
             }
             return Err(Error::PoolExhausted {
                 class: CLASSES[class],
@@ -345,20 +394,22 @@ impl BufferPool {
         }
     }
 
-    /// Takes a batch of slots from the shared list into this thread's cache; asks for more
-    /// memory when the class runs low.
+    /// Takes a batch of slots from the shared list into this thread's cache: half of them
+    /// (at least one), at most `THREAD_CACHE / 2`, so that a class with few slots (a part
+    /// of the shared first chunk) is not emptied, and grown, by its first allocation. Asks
+    /// for more memory when the class runs low.
     fn refill(&self, class: usize) -> Option<Slot> {
         let s = &self.shared;
         let (got, left) = {
             let mut free = s.free[class].lock();
-            let take = free.len().min(THREAD_CACHE / 2);
+            let take = free.len().div_ceil(2).min(THREAD_CACHE / 2);
             let at = free.len() - take;
             (free.split_off(at), free.len())
         };
         if left < s.cfg.low_watermark {
             self.collect(None);
-            if s.growing.lock().iter().all(|(c, ..)| *c != class) {
-                let _ = self.grow(class, true);
+            if !growing(&s.growing.lock(), class) {
+                let _ = self.grow(whole(class), true);
             }
         }
         let mut got = got;
@@ -387,6 +438,13 @@ impl BufferPool {
             growths: g(&s.growths),
         }
     }
+}
+
+/// Whether a chunk with slots of `class` is being registered.
+fn growing(pending: &[(Carve, RegHandle, HugeRegion)], class: usize) -> bool {
+    pending
+        .iter()
+        .any(|(carve, ..)| carve.iter().any(|&(c, _)| c == class))
 }
 
 /// A pre-registered buffer; returns to its pool when dropped.

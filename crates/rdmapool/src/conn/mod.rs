@@ -3,10 +3,21 @@
 //!
 //! This is how region descriptors travel: put [`crate::fabric::RemoteRegion::to_bytes`] in the
 //! private data of the accept (or the request). At most [`MAX_CONNECT_PRIVATE_DATA`] bytes
-//! travel with a request and [`MAX_ACCEPT_PRIVATE_DATA`] with an accept or reject: RDMA CM's
-//! limits for RC on InfiniBand (56 and 196 bytes) less the two-byte frame that says where the
-//! data ends (RDMA CM pads what it delivers; docs/PROTOCOL.md has the bytes, and
-//! [`encode_private_data`]/[`decode_private_data`] implement them for any transport).
+//! travel with a request, [`MAX_ACCEPT_PRIVATE_DATA`] with an accept and
+//! [`MAX_REJECT_PRIVATE_DATA`] with a reject: RDMA CM's limits for RC on InfiniBand (56, 196
+//! and 148 bytes, the last the CM REJ's `IB_CM_REJ_PRIVATE_DATA_SIZE`) less the two-byte
+//! frame that says where the data ends (RDMA CM pads what it delivers; docs/PROTOCOL.md has
+//! the bytes, and [`encode_private_data`]/[`decode_private_data`] implement them for any
+//! transport). Both managers check the same limits, the TCP one included; longer private
+//! data is [`Error::InvalidArgument`](crate::Error::InvalidArgument), never cut.
+//!
+//! ```
+//! use rdmapool::conn::*;
+//! // RDMA CM's sizes for a request, an accept and a reject, less the frame.
+//! assert_eq!(MAX_CONNECT_PRIVATE_DATA, 56 - 2);
+//! assert_eq!(MAX_ACCEPT_PRIVATE_DATA, 196 - 2);
+//! assert_eq!(MAX_REJECT_PRIVATE_DATA, 148 - 2);
+//! ```
 //!
 //! One [`Listener`] and one [`connect`], over either connection [`Manager`]:
 //! * [`Manager::RdmaCm`]: librdmacm (verbs provider), which resolves the address and route

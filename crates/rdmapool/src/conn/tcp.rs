@@ -278,3 +278,101 @@ pub(super) fn connect(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::doc_check::{all_say, section, PROTOCOL};
+
+    /// docs/PROTOCOL.md section 4 states this handshake's version, its body limit (and how
+    /// it is made up) and the private data each kind carries: all as the code has them.
+    #[test]
+    fn protocol_md_states_the_version_and_limits_of_the_cm_port() {
+        let s4 = section(PROTOCOL, 4);
+        all_say(
+            s4,
+            "| 4 | 1 | u8 | version = ",
+            VERSION.into(),
+            "the TCP CM version",
+        );
+        let row = section(PROTOCOL, 1)
+            .lines()
+            .find(|l| l.contains("| TCP CM"))
+            .expect("section 1 has a row for the TCP CM");
+        all_say(row, "Must equal ", VERSION.into(), "the TCP CM version");
+        let body = MAX_BODY as u64;
+        all_say(s4, "must be in `4..=", body, "MAX_BODY");
+        all_say(s4, "`4 <= body <= ", body, "MAX_BODY");
+        // How the limit is made up: the lengths' two u16s, the largest endpoint, the largest
+        // private data.
+        let formula = s4
+            .split("(`MAX_BODY = ")
+            .nth(1)
+            .and_then(|r| r.split('`').next())
+            .expect("section 4 spells out MAX_BODY");
+        let terms: Vec<usize> = formula.split(" + ").map(|t| t.parse().unwrap()).collect();
+        assert_eq!(terms, [2, Endpoint::MAX_LEN, 2, MAX_ACCEPT_PRIVATE_DATA]);
+        assert_eq!(terms.iter().sum::<usize>(), MAX_BODY);
+        let limits = format!(
+            "The {MAX_CONNECT_PRIVATE_DATA}/{MAX_ACCEPT_PRIVATE_DATA}/{MAX_REJECT_PRIVATE_DATA} \
+             limits"
+        );
+        assert!(s4.contains(&limits), "section 4 should say: {limits}");
+        all_say(
+            s4,
+            "endpoint is at most ",
+            Endpoint::MAX_LEN as u64,
+            "MAX_LEN",
+        );
+        all_say(
+            s4,
+            "private data at most ",
+            MAX_ACCEPT_PRIVATE_DATA as u64,
+            "the largest private data",
+        );
+        for (kind, max) in [
+            ("| REQ (1) | required | ", MAX_CONNECT_PRIVATE_DATA),
+            ("| REP (2) | required | ", MAX_ACCEPT_PRIVATE_DATA),
+            (
+                "| REJ (3) | must be absent (`ep_len = 0`) | ",
+                MAX_REJECT_PRIVATE_DATA,
+            ),
+            ("| RTU (4) | must be absent | ", 0),
+        ] {
+            all_say(s4, kind, max as u64, kind);
+        }
+        all_say(
+            s4,
+            "REQ{endpoint A, pd<=",
+            MAX_CONNECT_PRIVATE_DATA as u64,
+            "REQ",
+        );
+        all_say(
+            s4,
+            "REP{endpoint B, pd<=",
+            MAX_ACCEPT_PRIVATE_DATA as u64,
+            "REP",
+        );
+        all_say(
+            s4,
+            "reject: REJ{pd<=",
+            MAX_REJECT_PRIVATE_DATA as u64,
+            "REJ",
+        );
+        // The RTU example: magic, version, kind 4, body 4.
+        let rtu = Message {
+            kind: RTU,
+            endpoint: None,
+            private: Vec::new(),
+        }
+        .encode();
+        let hex: Vec<String> = rtu.iter().map(|b| format!("{b:02x}")).collect();
+        assert!(
+            s4.contains(&format!(
+                "an RTU is always these 12 bytes: `{}`",
+                hex.join(" ")
+            )),
+            "section 4's RTU example is not {hex:?}"
+        );
+    }
+}

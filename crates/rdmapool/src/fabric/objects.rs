@@ -372,7 +372,19 @@ impl Qp {
     pub fn rd_atomic(&self) -> Result<Option<(u8, u8)>> {
         self.inner.rd_atomic()
     }
-    /// How many work requests its queues hold (at least what [`QpConfig`] asked for).
+    /// How many work requests its queues hold: exactly what [`QpConfig`] asked for, on every
+    /// provider (a device that rounds its rings up, as rxe does, is still held to it).
+    ///
+    /// ```
+    /// use rdmapool::fabric::*;
+    /// # fn main() -> rdmapool::Result<()> {
+    /// let ctx = Context::open_soft()?;
+    /// let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16)?);
+    /// let cfg = QpConfig { max_send_wr: 4, max_recv_wr: 3, ..QpConfig::default() };
+    /// let qp = pd.create_qp(&cq, &cq, &cfg)?;
+    /// assert_eq!(qp.capacity(), QpCapacity { send: 4, recv: 3 });
+    /// # Ok(()) }
+    /// ```
     pub fn capacity(&self) -> QpCapacity {
         self.inner.capacity()
     }

@@ -45,8 +45,8 @@ impl fmt::Display for QpState {
     }
 }
 
-/// How many work requests a QP's queues hold: what was asked for in [`QpConfig`], or more
-/// where the device rounds up (rxe turns a send queue of 4 into 7). Posting beyond it fails
+/// How many work requests a QP's queues hold: exactly what [`QpConfig`] asked for, on every
+/// provider (rxe rounds a ring of 4 up to 7; verbs holds it to 4). Posting beyond it fails
 /// with [`crate::Error::QueueFull`] naming this number.
 ///
 /// An entry is in use from its post until the completion that retires it is polled (for an
