@@ -105,12 +105,12 @@ pub enum Op {
     Shell,
 }
 
-/// Parses `node:offset:len`.
+/// Parses `node:offset:len:incarnation` (or the older `node:offset:len`).
 pub fn parse_ptr(s: &str) -> Result<RemotePtr> {
     Ok(s.parse::<RemotePtr>()?)
 }
 
-/// A pointer as `node:offset:len`.
+/// A pointer as `node:offset:len:incarnation`.
 pub fn show_ptr(p: &RemotePtr) -> String {
     p.to_string()
 }
@@ -523,13 +523,15 @@ mod tests {
             node: 2,
             offset: 2_101_248,
             len: 100,
+            incarnation: 0x9c1f_5e2a_77d0_4b13,
         };
         assert_eq!(parse_ptr(&show_ptr(&p)).unwrap(), p);
         assert_eq!(parse_ptr("1:0x1000:8").unwrap().offset, 4096);
         for bad in [
             "",
             "1:2",
-            "1:2:3:4",
+            "1:2:3:4:5",
+            "1:2:3:zz",
             "x:1:2",
             "1:-5:2",
             "1:2:99999999999999999999",

@@ -109,7 +109,11 @@ fn serve_and_one_shot_pool_commands_round_trip_values() {
 
     // One process per command, all with client id 7: each finds what the last one left.
     let ptr = ok(&server, 7, &["alloc", "100"]);
-    assert!(ptr.starts_with("4:") && ptr.ends_with(":100"), "{ptr}");
+    let fields: Vec<&str> = ptr.split(':').collect();
+    assert!(
+        fields.len() == 4 && fields[0] == "4" && fields[2] == "100" && fields[3].starts_with("0x"),
+        "node:offset:len:incarnation, got {ptr}"
+    );
     assert_eq!(
         ok(&server, 7, &["write", &ptr, "0", "hello pool"]),
         "wrote 10 bytes"
@@ -118,9 +122,9 @@ fn serve_and_one_shot_pool_commands_round_trip_values() {
     assert_eq!(ok(&server, 7, &["cas", &ptr, "16", "5", "0x2a"]), "5");
     let stats = ok(&server, 7, &["stats"]);
     // Stats list objects with their size-class length (128 for 100 bytes).
-    let at = &ptr[..ptr.rfind(':').unwrap() + 1];
+    let at = format!("{}:{}:128:{}", fields[0], fields[1], fields[3]);
     assert!(
-        stats.contains("allocations 1") && stats.contains(at),
+        stats.contains("allocations 1") && stats.contains(&at),
         "{stats}"
     );
     // Another client reads it (any client may read, write and free any allocation), in

@@ -181,6 +181,37 @@ pub enum Error {
     #[error("not a live allocation: {0}")]
     NotAllocated(String),
 
+    /// A remote pointer names an incarnation of its node that is not the one this client is
+    /// connected to: the server restarted (its memory is new; the allocation is gone), or the
+    /// pointer carries no incarnation (0, an old text form). Refused before any byte moves.
+    #[error(
+        "stale pointer: node {node} is incarnation {current:#x} now, the pointer names {}",
+        if *incarnation == 0 { "no incarnation (an old node:offset:len form)".to_string() } else { format!("{incarnation:#x} (the server restarted since; the allocation is gone)") }
+    )]
+    StalePointer {
+        /// The node.
+        node: u32,
+        /// The incarnation the pointer names (0: none).
+        incarnation: u64,
+        /// The node's incarnation as this client knows it.
+        current: u64,
+    },
+
+    /// No memory server of the pool is reachable (none answered, or all are down).
+    #[error("no memory server is reachable: {reason}")]
+    NoServer {
+        /// What was tried and seen.
+        reason: String,
+    },
+
+    /// Every server that could take the allocation is draining (shutting down): it accepts
+    /// no new allocations; existing ones stay usable until it stops.
+    #[error("pool node {node} is draining: it takes no new allocations")]
+    Draining {
+        /// A draining node.
+        node: u32,
+    },
+
     /// No memory server has room for an allocation of this size.
     #[error("remote pool exhausted: no node has room for {size} bytes")]
     RemoteExhausted {
@@ -189,7 +220,7 @@ pub enum Error {
     },
 
     /// Another live client holds this client id on a node.
-    #[error("client id {id:#x} is held by a live client on node {node}")]
+    #[error("client id {id} is held by a live client on node {node}")]
     ClientIdInUse {
         /// The id.
         id: u64,

@@ -352,6 +352,11 @@ fn a_server_restarted_at_the_same_address_within_its_ttl_is_reconnected() {
     let c = client(&members, 41, Box::new(RoundRobin::default()));
     let follower = members.follow(c.clone()).unwrap();
     assert_eq!(follower.nodes(), vec![1, 2]);
+    let before: Vec<RemotePtr> = (0..4)
+        .map(|_| c.block_on(c.alloc(64, None)).unwrap())
+        .filter(|p| p.node == 2)
+        .collect();
+    assert!(!before.is_empty());
     r2.abandon();
     drop(s2);
     // The client finds it down (its lease renewals fail) while the key stays.
@@ -374,7 +379,17 @@ fn a_server_restarted_at_the_same_address_within_its_ttl_is_reconnected() {
         ms(t)
     );
     let st = follower.stats();
-    assert_eq!((st.replaced, st.left, st.joined), (1, 0, 1));
+    // The follower replaces it, unless the client rejoined the new incarnation by itself
+    // first (it dials a down node again): either way it is connected once.
+    assert!(st.replaced <= 1 && (st.left, st.joined) == (0, 1), "{st:?}");
+    // Pointers into the old incarnation are refused before any byte moves: an idle holder
+    // never reads the new server's memory through them.
+    for p in &before {
+        match c.block_on(c.fetch_and_add(*p, 0, 1)) {
+            Err(Error::StalePointer { node: 2, .. }) => {}
+            other => panic!("{p}: a pointer into the restarted server: {other:?}"),
+        }
+    }
     let p = (0..4)
         .map(|_| c.block_on(c.alloc(64, None)).unwrap())
         .find(|p| p.node == 2);

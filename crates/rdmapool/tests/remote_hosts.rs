@@ -113,7 +113,14 @@ fn child_entry() {
                     chunk_size: 256 << 10,
                     clients: 64,
                     lease: Duration::from_secs(2),
-                    listen: format!("{}:0", env("IP")).parse().unwrap(),
+                    // PORT: a restart listens where its predecessor did.
+                    listen: format!(
+                        "{}:{}",
+                        env("IP"),
+                        std::env::var("PORT").unwrap_or("0".into())
+                    )
+                    .parse()
+                    .unwrap(),
                 },
             )
             .unwrap();
@@ -171,7 +178,42 @@ fn child_entry() {
             }
             let held: Vec<String> = model.keys().map(|p| p.to_string()).collect();
             println!("@live {}", held.join(" "));
-            if stdin_line() == "free" {
+            let mut line = stdin_line();
+            if let Some(node) = line.strip_prefix("stale ") {
+                // Node `node` was killed and restarted: every pointer into it must fail,
+                // as down until the client rejoins the new incarnation, then as stale; it
+                // must never succeed (the new server's memory is someone else's).
+                let node: u32 = node.parse().unwrap();
+                let gone: Vec<RemotePtr> =
+                    model.keys().filter(|p| p.node == node).copied().collect();
+                let until = std::time::Instant::now() + Duration::from_secs(30);
+                for p in &gone {
+                    loop {
+                        let (r, _) = c.block_on(c.write(*p, 0, buf.clone(), 0, p.len as u32));
+                        match r {
+                            Err(rdmapool::Error::StalePointer { .. }) => break,
+                            Err(rdmapool::Error::NodeDown { .. }) => {
+                                assert!(std::time::Instant::now() < until, "{p}: never stale");
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            other => panic!("{p}: a pointer into a restarted server: {other:?}"),
+                        }
+                    }
+                    model.remove(p);
+                }
+                // The new incarnation takes new allocations.
+                let fresh = loop {
+                    let p = c.block_on(c.alloc(64, None)).unwrap();
+                    if p.node == node {
+                        break p;
+                    }
+                    c.block_on(c.free(p)).unwrap();
+                };
+                c.block_on(c.free(fresh)).unwrap();
+                println!("@stale {}", gone.len());
+                line = stdin_line();
+            }
+            if line == "free" {
                 for (p, data) in &model {
                     c.block_on(c.read(*p, 0, buf.clone(), 0, p.len as u32))
                         .0
@@ -258,6 +300,47 @@ fn three_servers_and_three_clients_on_four_hosts() {
             "two allocations overlap: {w:?}"
         );
     }
+    // Kill node 1's server (-9) and start it again where it was: the clients hold pointers
+    // into it across the restart, and none of them may reach the new memory.
+    let (ns1, ip1) = &lan.hosts[0];
+    let port = addrs[0].rsplit(':').next().unwrap().to_string();
+    drop(std::mem::replace(
+        &mut servers[0],
+        Proc::spawn_in(
+            Some(ns1),
+            "pool-server",
+            &[
+                ("NODE", "1"),
+                ("IP", ip1),
+                ("PORT", &port),
+                ("RDMAPOOL_SOFT_BIND", &format!("{ip1}:0")),
+            ],
+        ),
+    ));
+    assert_eq!(
+        servers[0].line(),
+        addrs[0],
+        "the restart listens where node 1 did"
+    );
+    let on_node_1 = held.iter().filter(|p| p.node == 1).count();
+    assert!(on_node_1 > 0);
+    for c in &mut clients {
+        c.say("stale 1");
+    }
+    let mut stale = 0;
+    for c in &mut clients {
+        let line = c.line();
+        let n: usize = line
+            .strip_prefix("stale ")
+            .expect("a stale line")
+            .parse()
+            .unwrap();
+        stale += n;
+    }
+    assert_eq!(
+        stale, on_node_1,
+        "every pointer into node 1 was refused as stale"
+    );
     for c in &mut clients {
         c.say("free");
     }

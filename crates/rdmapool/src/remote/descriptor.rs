@@ -7,7 +7,7 @@ use crate::{Error, Result};
 use std::time::Duration;
 
 /// Bytes of an encoded [`PoolDescriptor`].
-pub const DESCRIPTOR_LEN: usize = 64;
+pub const DESCRIPTOR_LEN: usize = 72;
 /// Bytes of an encoded [`ClientHello`].
 pub const HELLO_LEN: usize = 16;
 
@@ -39,10 +39,15 @@ pub struct PoolDescriptor {
     pub layout: Layout,
     /// How long a client's lease lasts without renewal.
     pub lease: Duration,
+    /// Which start of the server this is: random and non-zero, new at every start (a server
+    /// restarted with the same node id and address has a new one). Every [`super::RemotePtr`]
+    /// carries the incarnation it was allocated in, and the client refuses a pointer of
+    /// another one ([`crate::Error::StalePointer`]) before any byte moves.
+    pub incarnation: u64,
 }
 
 impl PoolDescriptor {
-    /// The 64 bytes that travel in the accept's private data.
+    /// The 72 bytes that travel in the accept's private data.
     pub fn encode(&self) -> [u8; DESCRIPTOR_LEN] {
         let mut b = [0u8; DESCRIPTOR_LEN];
         b[0..2].copy_from_slice(b"RP");
@@ -58,11 +63,12 @@ impl PoolDescriptor {
         b[48..52].copy_from_slice(&(self.layout.chunk_count as u32).to_le_bytes());
         b[52..56].copy_from_slice(&(self.layout.client_count as u32).to_le_bytes());
         b[56..64].copy_from_slice(&self.layout.data_offset.to_le_bytes());
+        b[64..72].copy_from_slice(&self.incarnation.to_le_bytes());
         b
     }
 
     /// Decodes and checks a descriptor: magic, version, reserved byte, a layout that fits
-    /// the region, and a lease of at least 10 ms.
+    /// the region, a lease of at least 10 ms, and a non-zero incarnation.
     pub fn decode(b: &[u8]) -> Result<Self> {
         const W: &str = "pool descriptor";
         if b.len() != DESCRIPTOR_LEN {
@@ -106,11 +112,16 @@ impl PoolDescriptor {
         if lease_ms < 10 {
             return Err(malformed(W, format!("lease of {lease_ms} ms")));
         }
+        let incarnation = u64_at(b, 64);
+        if incarnation == 0 {
+            return Err(malformed(W, "incarnation 0"));
+        }
         Ok(Self {
             node: u32_at(b, 4),
             region,
             layout,
             lease: Duration::from_millis(lease_ms as u64),
+            incarnation,
         })
     }
 }
@@ -163,6 +174,7 @@ mod tests {
             },
             layout: Layout::new(1 << 30, 2 << 20, 256).unwrap(),
             lease: Duration::from_secs(2),
+            incarnation: 0x0123_4567_89ab_cdef,
         }
     }
 
@@ -184,7 +196,8 @@ mod tests {
         bad(&|b| b[48..52].copy_from_slice(&u32::MAX.to_le_bytes())); // chunks past the end
         bad(&|b| b[32..40].copy_from_slice(&(3u64 << 20).to_le_bytes())); // chunk size
         bad(&|b| b[28..32].copy_from_slice(&0u32.to_le_bytes())); // lease
-        assert!(PoolDescriptor::decode(&d.encode()[..63]).is_err());
+        bad(&|b| b[64..72].copy_from_slice(&0u64.to_le_bytes())); // incarnation
+        assert!(PoolDescriptor::decode(&d.encode()[..DESCRIPTOR_LEN - 1]).is_err());
     }
 
     #[test]

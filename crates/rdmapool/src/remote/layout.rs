@@ -17,8 +17,8 @@ use crate::{Error, Result};
 pub(crate) const POOL_MAGIC: u64 = u64::from_le_bytes(*b"RDPOOL01");
 /// Magic of a chunk header ("RDCHUNK1").
 pub(crate) const CHUNK_MAGIC: u64 = u64::from_le_bytes(*b"RDCHUNK1");
-/// Layout version.
-pub const LAYOUT_VERSION: u8 = 1;
+/// Layout version (2: the pool header and descriptor carry the server's incarnation).
+pub const LAYOUT_VERSION: u8 = 2;
 /// Bytes of a client slot.
 pub(crate) const CLIENT_SLOT: u64 = 32;
 /// Bytes of a chunk-table entry.
@@ -34,6 +34,8 @@ pub(crate) const STATE_DRAINING: u64 = 2;
 pub(crate) mod header {
     pub(crate) const MAGIC: u64 = 0;
     pub(crate) const STATE: u64 = 8;
+    /// The server's incarnation (see `PoolDescriptor::incarnation`).
+    pub(crate) const INCARNATION: u64 = 16;
 }
 
 /// Chunk header fields (byte offsets from the chunk's start, u64 each).
@@ -178,6 +180,11 @@ impl ChunkShape {
     }
 }
 
+/// The largest object a chunk of `chunk_size` bytes holds (one per chunk).
+pub fn largest_object(chunk_size: u64) -> u64 {
+    chunk_size - ChunkShape::new(chunk_size, chunk_size / 2).first_object
+}
+
 /// The object size that serves `size` bytes in chunks of `chunk_size`: the next power of two
 /// from [`MIN_OBJECT`], or one object per chunk; `None` when it does not fit in a chunk.
 pub fn size_class(size: u64, chunk_size: u64) -> Option<u64> {
@@ -189,7 +196,7 @@ pub fn size_class(size: u64, chunk_size: u64) -> Option<u64> {
         return Some(pow);
     }
     // One object per chunk: the largest that fits after a minimal header.
-    let whole = chunk_size - ChunkShape::new(chunk_size, chunk_size / 2).first_object;
+    let whole = largest_object(chunk_size);
     (size <= whole).then_some(whole)
 }
 

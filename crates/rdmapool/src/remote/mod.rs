@@ -61,16 +61,23 @@ pub use membership::{Membership, StaticMembership};
 pub use placement::{KeyHash, LeastUsed, NodeLoad, Placement, RoundRobin};
 pub use server::{MemoryServer, ServerConfig, ServerStats};
 
-/// A remote allocation: the node it lives on, its offset in that node's region, its length.
+/// A remote allocation: the node it lives on, that node's incarnation when it was allocated,
+/// its offset in that node's region, its length.
 ///
-/// As text it is `node:offset:len` (decimal; `0x` hex is accepted when parsing), which is how
-/// tools print and take pointers:
+/// As text it is `node:offset:len:incarnation` (decimal, the incarnation in `0x` hex; `0x` hex
+/// is accepted for every field when parsing), which is how tools print and take pointers.
+/// The older three-field form `node:offset:len` still parses, with incarnation 0 ("unknown"):
+/// such a pointer cannot be told apart from one into a restarted server's new memory, so
+/// every operation refuses it with [`crate::Error::StalePointer`]; take the pointer again
+/// from where it was allocated.
 ///
 /// ```
 /// use rdmapool::remote::RemotePtr;
-/// let p: RemotePtr = "3:0x100000:64".parse().unwrap();
-/// assert_eq!((p.node, p.offset, p.len), (3, 1 << 20, 64));
-/// assert_eq!(p.to_string(), "3:1048576:64");
+/// let p: RemotePtr = "3:0x100000:64:0xabc".parse().unwrap();
+/// assert_eq!((p.node, p.offset, p.len, p.incarnation), (3, 1 << 20, 64, 0xabc));
+/// assert_eq!(p.to_string(), "3:1048576:64:0xabc");
+/// let old: RemotePtr = "3:1048576:64".parse().unwrap();
+/// assert_eq!(old.incarnation, 0);
 /// assert!("3:1".parse::<RemotePtr>().is_err());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -81,11 +88,18 @@ pub struct RemotePtr {
     pub offset: u64,
     /// Bytes allocated.
     pub len: u64,
+    /// The incarnation of the node the allocation was made in
+    /// ([`PoolDescriptor::incarnation`]); 0 when unknown (an old text form).
+    pub incarnation: u64,
 }
 
 impl std::fmt::Display for RemotePtr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}:{}", self.node, self.offset, self.len)
+        write!(f, "{}:{}:{}", self.node, self.offset, self.len)?;
+        if self.incarnation != 0 {
+            write!(f, ":{:#x}", self.incarnation)?;
+        }
+        Ok(())
     }
 }
 
@@ -95,7 +109,7 @@ impl std::str::FromStr for RemotePtr {
     fn from_str(s: &str) -> crate::Result<Self> {
         let bad = |why: &str| {
             crate::Error::InvalidArgument(format!(
-                "remote pointer {s:?}: {why} (want node:offset:len)"
+                "remote pointer {s:?}: {why} (want node:offset:len:incarnation)"
             ))
         };
         let num = |t: &str| {
@@ -106,14 +120,20 @@ impl std::str::FromStr for RemotePtr {
             }
         };
         let parts: Vec<&str> = s.trim().split(':').collect();
-        let [node, offset, len] = parts[..] else {
-            return Err(bad("three fields separated by ':'"));
+        let (node, offset, len, incarnation) = match parts[..] {
+            [node, offset, len] => (node, offset, len, None),
+            [node, offset, len, inc] => (node, offset, len, Some(inc)),
+            _ => return Err(bad("four fields separated by ':'")),
         };
         let node = num(node).map_err(|_| bad("node is not a number"))?;
         Ok(Self {
             node: u32::try_from(node).map_err(|_| bad("node does not fit 32 bits"))?,
             offset: num(offset).map_err(|_| bad("offset is not a number"))?,
             len: num(len).map_err(|_| bad("len is not a number"))?,
+            incarnation: match incarnation {
+                Some(i) => num(i).map_err(|_| bad("incarnation is not a number"))?,
+                None => 0,
+            },
         })
     }
 }

@@ -70,6 +70,8 @@ pub struct ServerStats {
 
 struct Inner {
     node: u32,
+    /// This start's incarnation (random, non-zero).
+    incarnation: u64,
     layout: Layout,
     lease: Duration,
     region: Registered<HugeRegion>,
@@ -110,6 +112,7 @@ impl Inner {
             region: self.region.remote_region(),
             layout: self.layout,
             lease: self.lease,
+            incarnation: self.incarnation,
         }
     }
 
@@ -271,6 +274,21 @@ impl Inner {
     }
 }
 
+/// A random, non-zero incarnation for a server start.
+fn new_incarnation() -> Result<u64> {
+    loop {
+        let mut b = [0u8; 8];
+        getrandom::fill(&mut b).map_err(|e| Error::Sys {
+            call: "getrandom",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        let v = u64::from_le_bytes(b);
+        if v != 0 {
+            return Ok(v);
+        }
+    }
+}
+
 impl MemoryServer {
     /// Allocates and registers the region on `ctx`, lays out the pool, and starts serving.
     pub fn start(ctx: &Context, cfg: ServerConfig) -> Result<Self> {
@@ -294,6 +312,7 @@ impl MemoryServer {
         let addr = listener.local_addr();
         let inner = Arc::new(Inner {
             node: cfg.node,
+            incarnation: new_incarnation()?,
             layout,
             lease: cfg.lease,
             region,
@@ -313,6 +332,9 @@ impl MemoryServer {
         inner
             .word(layout::header::STATE)
             .store(layout::STATE_RUNNING, Ordering::Release);
+        inner
+            .word(layout::header::INCARNATION)
+            .store(inner.incarnation, Ordering::Release);
         inner
             .word(layout::header::MAGIC)
             .store(layout::POOL_MAGIC, Ordering::Release);
@@ -342,6 +364,11 @@ impl MemoryServer {
     /// Where clients connect.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// This start's incarnation (see [`PoolDescriptor::incarnation`]).
+    pub fn incarnation(&self) -> u64 {
+        self.inner.incarnation
     }
 
     /// The descriptor clients receive.

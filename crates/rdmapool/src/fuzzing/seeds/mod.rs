@@ -112,6 +112,7 @@ fn pool_descriptor() -> PoolDescriptor {
         },
         layout: Layout::new(64 << 20, 2 << 20, 64).unwrap(),
         lease: Duration::from_secs(2),
+        incarnation: 0x5eed_0000_0000_0001,
     }
 }
 
@@ -158,6 +159,10 @@ fn descriptors() -> Vec<(&'static str, Vec<u8>)> {
             with_mode(1, &ClientHello { client_id: 42 }.encode()),
         ),
         ("pointer", with_mode(2, b"3:0x100000:64")),
+        (
+            "pointer-incarnation",
+            with_mode(2, b"3:1048576:64:0x5eed000000000001"),
+        ),
     ]
 }
 

@@ -5,7 +5,7 @@ use super::ops::{hash64, timed};
 use super::{ChunkView, Node, Shared};
 use crate::cq::LocalBuf;
 use crate::fabric::AccessFlags;
-use crate::remote::layout::{self, size_class, ChunkShape};
+use crate::remote::layout::{self, largest_object, size_class, ChunkShape};
 use crate::remote::RemotePtr;
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -13,24 +13,36 @@ use std::sync::Arc;
 
 impl Shared {
     pub(super) async fn alloc(&self, size: u64, key: Option<u64>) -> Result<RemotePtr> {
+        if size == 0 {
+            return Err(Error::InvalidArgument(
+                "an allocation of 0 bytes: the smallest is 1 byte".into(),
+            ));
+        }
         let nodes = self.live_nodes();
-        let chunk_size = nodes.first().map(|n| n.desc.layout.chunk_size);
+        if nodes.is_empty() {
+            return Err(Error::NoServer {
+                reason: self.why_no_server(),
+            });
+        }
         let loads = self.loads();
         let order = self.placement.lock().order(&loads, key);
-        // Whether a node was full, and why the last one that failed is down: a pool whose
-        // only nodes went down under this call is down, not exhausted.
-        let (mut full, mut down) = (false, None);
+        // Whether a node was full, which was draining, and why the last one that failed is
+        // down: a pool whose only nodes went down under this call is down, not exhausted.
+        let (mut full, mut draining, mut down) = (false, None, None);
         for id in order {
             let Some(node) = nodes.iter().find(|n| n.desc.node == id) else {
                 continue;
             };
             if node.draining.load(Ordering::Relaxed) {
+                draining.get_or_insert(id);
                 continue;
             }
-            let Some(class) = size_class(size, node.desc.layout.chunk_size) else {
+            let chunk_size = node.desc.layout.chunk_size;
+            let Some(class) = size_class(size, chunk_size) else {
                 return Err(Error::InvalidArgument(format!(
-                    "{size} bytes: larger than a chunk ({} bytes)",
-                    node.desc.layout.chunk_size
+                    "an allocation of {size} bytes: the largest object is {} bytes (one per \
+                     {chunk_size}-byte chunk, less its header)",
+                    largest_object(chunk_size)
                 )));
             };
             match self.alloc_on(node, class, size).await {
@@ -40,15 +52,18 @@ impl Shared {
                 Err(e) => return Err(e),
             }
         }
-        if chunk_size.is_none() {
-            return Err(Error::NodeDown {
-                node: 0,
-                reason: "no memory server is reachable".into(),
-            });
-        }
-        match down {
-            Some(e) if !full => Err(e),
-            _ => Err(Error::RemoteExhausted { size }),
+        // Placement may leave draining nodes out of its order: look at them all.
+        let draining = draining.or_else(|| {
+            nodes
+                .iter()
+                .find(|n| n.draining.load(Ordering::Relaxed))
+                .map(|n| n.desc.node)
+        });
+        match (down, draining) {
+            (_, _) if full => Err(Error::RemoteExhausted { size }),
+            (Some(e), _) => Err(e),
+            (None, Some(node)) => Err(Error::Draining { node }),
+            (None, None) => Err(Error::RemoteExhausted { size }),
         }
     }
 
@@ -169,6 +184,7 @@ impl Shared {
                         node: node.desc.node,
                         offset: l.chunk(index) + shape.first_object + obj * shape.object_size,
                         len: size,
+                        incarnation: node.desc.incarnation,
                     }));
                 }
                 Ok(false) => {
@@ -203,6 +219,7 @@ impl Shared {
             }
             let shape = ChunkShape::new(l.chunk_size, class);
             self.init_chunk(node, i, shape).await?;
+            node.shapes.lock().insert(i, class);
             node.chunks.lock().push(ChunkView {
                 index: i,
                 shape,
@@ -260,44 +277,9 @@ impl Shared {
     /// starts an object of an initialised chunk and fits in it (one or two READs when the
     /// chunk is not one of ours).
     async fn locate(&self, ptr: RemotePtr) -> Result<Located> {
-        let (node, _) = self.target(ptr, 0, 0)?;
-        let l = node.desc.layout;
-        let bad = |why: &str| Error::NotAllocated(format!("{ptr:?}: {why}"));
-        let index = l
-            .chunk_of(ptr.offset)
-            .ok_or_else(|| bad("not in a chunk"))?;
-        let chunk = l.chunk(index);
-        let known = node
-            .chunks
-            .lock()
-            .iter()
-            .find(|c| c.index == index)
-            .map(|c| c.shape);
-        let shape = match known {
-            Some(s) => s,
-            None => {
-                if self.read_u64(&node, chunk + layout::chunk::MAGIC).await? != layout::CHUNK_MAGIC
-                {
-                    return Err(bad(
-                        "its chunk holds no objects (all freed, or taken back when the lease \
-                         of the client that allocated them ran out)",
-                    ));
-                }
-                let size = self
-                    .read_u64(&node, chunk + layout::chunk::OBJECT_SIZE)
-                    .await?;
-                if size == 0 || size > l.chunk_size {
-                    return Err(bad("its chunk header is damaged"));
-                }
-                ChunkShape::new(l.chunk_size, size)
-            }
-        };
-        let obj = shape
-            .object_at(ptr.offset - chunk)
-            .ok_or_else(|| bad("not the start of an object"))?;
-        if ptr.len > shape.object_size {
-            return Err(bad("longer than its object"));
-        }
+        let node = self.node_of(ptr)?;
+        let (index, shape, obj) = self.check_object(&node, ptr, true).await?;
+        let chunk = node.desc.layout.chunk(index);
         Ok(Located {
             index,
             shape,
@@ -369,6 +351,7 @@ impl Shared {
                 None => return Ok(()), // something was allocated in it meanwhile
             }
         }
+        node.shapes.lock().remove(&index);
         let l = node.desc.layout;
         let chunk = l.chunk(index);
         // Zero the magic with a CAS (no staging buffer needed): frees now fail cleanly.

@@ -84,7 +84,13 @@ impl ChunkView {
 /// One memory server as this client uses it.
 struct Node {
     desc: PoolDescriptor,
+    /// Where it was reached (a down node is dialled again there: see `rejoin`).
+    addr: SocketAddr,
     qp: AsyncQp,
+    /// Size classes of chunks (chunk index -> object size): this client's own from the claim
+    /// on (exact), others' as last read from their headers, so checking a pointer costs a
+    /// lookup, and a READ only the first time a chunk of another client is used.
+    shapes: Mutex<HashMap<u64, u64>>,
     /// Offset of this client's lease slot (set once it is taken).
     slot: AtomicU64,
     chunks: Mutex<Vec<ChunkView>>,
@@ -107,14 +113,30 @@ impl Node {
         }
     }
 
+    /// Whether the node may be used now: not marked down, and the lease renewed within three
+    /// quarters of a lease (a client that was frozen, or whose renewals stalled, must stop
+    /// before the server may reclaim its chunks: docs/RELIABILITY.md, "Failure model").
     fn check_up(&self) -> Result<()> {
-        match &*self.down.lock() {
-            Some(reason) => Err(Error::NodeDown {
+        if let Some(reason) = &*self.down.lock() {
+            return Err(Error::NodeDown {
                 node: self.desc.node,
                 reason: reason.clone(),
-            }),
-            None => Ok(()),
+            });
         }
+        let since = self.last_renewal.lock().elapsed();
+        if since > self.desc.lease * 3 / 4 {
+            let reason = format!(
+                "lease not renewed for {since:?} (lease {:?}): the server may take the chunks \
+                 back",
+                self.desc.lease
+            );
+            self.mark_down(reason.clone());
+            return Err(Error::NodeDown {
+                node: self.desc.node,
+                reason,
+            });
+        }
+        Ok(())
     }
 
     fn mark_down(&self, reason: String) {
@@ -151,19 +173,24 @@ struct Shared {
     stop: AtomicBool,
     connect_timeout: Duration,
     timers: Timers,
+    /// What `connect` could not join, and why.
+    unreachable: Mutex<Vec<(SocketAddr, String)>>,
 }
 
 /// A client of the remote memory pool (see the module docs).
 pub struct PoolClient {
     shared: Arc<Shared>,
-    lease_thread: Option<std::thread::JoinHandle<()>>,
+    /// The lease and rejoin threads.
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 const SCRATCH_WORDS: usize = 4096;
 
 impl PoolClient {
-    /// Connects to every server `membership` lists (a server that cannot be reached is
-    /// skipped and reported; at least one must answer). Its QPs live on `pd`, so buffers
+    /// Connects to every server `membership` lists, all at once (a server that cannot be
+    /// reached is skipped, logged as a warning and listed by [`PoolClient::unreachable`]; at
+    /// least one must answer, else [`Error::NoServer`], or [`Error::ClientIdInUse`] when a
+    /// live client holds this id). Its QPs live on `pd`, so buffers
     /// registered on `pd` are what reads and writes move data through, without copies.
     pub fn connect(
         ctx: &Context,
@@ -198,32 +225,101 @@ impl PoolClient {
             stop: AtomicBool::new(false),
             connect_timeout: cfg.connect_timeout,
             timers: Timers::new(cfg.progress == Progress::Caller),
+            unreachable: Mutex::new(Vec::new()),
         });
-        let mut errors = Vec::new();
         let members = membership.servers()?;
-        for addr in &members {
-            if let Err(e) = shared.add_node(*addr) {
-                errors.push(format!("{addr}: {e}"));
+        // Leases are renewed from the first node joined on (a slow join elsewhere must not
+        // let them run out), and down nodes are dialled again (a restarted server rejoins).
+        let client = Self::start_threads(shared)?;
+        let shared = &client.shared;
+        // Every server at once: a restarted client takes its id over on each after half a
+        // lease of standing heartbeat, so joining them one after another would take half a
+        // lease per server, and the last ones would have reclaimed its chunks meanwhile.
+        let results: Vec<(SocketAddr, Result<u32>)> = std::thread::scope(|scope| {
+            let joins: Vec<_> = members
+                .iter()
+                .map(|&addr| (addr, scope.spawn(move || shared.add_node(addr))))
+                .collect();
+            joins
+                .into_iter()
+                .map(|(addr, j)| {
+                    let r = j.join().unwrap_or_else(|_| {
+                        Err(Error::Connection {
+                            peer: addr.to_string(),
+                            reason: "joining panicked".into(),
+                        })
+                    });
+                    (addr, r)
+                })
+                .collect()
+        });
+        let mut unreachable = Vec::new();
+        for (addr, r) in results {
+            if let Err(e) = r {
+                tracing::warn!(%addr, "pool server not joined: {e}");
+                unreachable.push((addr, e));
             }
         }
         if shared.nodes.lock().is_empty() {
-            return Err(Error::Connection {
-                peer: format!("{members:?}"),
-                reason: format!("no memory server answered: {}", errors.join("; ")),
-            });
+            // The one typed reason when there is one (an id held by a live client on one
+            // server is that on the others too); else every server's reason.
+            if let Some(i) = unreachable
+                .iter()
+                .position(|(_, e)| matches!(e, Error::ClientIdInUse { .. }))
+            {
+                return Err(unreachable.swap_remove(i).1);
+            }
+            let reason = if unreachable.is_empty() {
+                "the membership lists no server".to_string()
+            } else {
+                let each: Vec<String> = unreachable
+                    .iter()
+                    .map(|(addr, e)| format!("{addr}: {e}"))
+                    .collect();
+                format!("none of {} answered ({})", members.len(), each.join("; "))
+            };
+            return Err(Error::NoServer { reason });
         }
+        *shared.unreachable.lock() = unreachable
+            .into_iter()
+            .map(|(addr, e)| (addr, e.to_string()))
+            .collect();
+        Ok(client)
+    }
+
+    /// Starts the lease and rejoin threads of a client that has no node yet.
+    fn start_threads(shared: Arc<Shared>) -> Result<Self> {
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map_err(|e| Error::Sys {
+                    call: "spawn",
+                    source: e,
+                })
+        };
+        let mut client = Self {
+            shared: shared.clone(),
+            threads: Vec::new(),
+        };
         let s = shared.clone();
-        let lease_thread = std::thread::Builder::new()
-            .name("rdmapool-pool-lease".into())
-            .spawn(move || s.lease_loop())
-            .map_err(|e| Error::Sys {
-                call: "spawn",
-                source: e,
-            })?;
-        Ok(Self {
-            shared,
-            lease_thread: Some(lease_thread),
-        })
+        client.threads.push(spawn(
+            "rdmapool-pool-lease",
+            Box::new(move || s.lease_loop()),
+        )?);
+        let s = shared;
+        client.threads.push(spawn(
+            "rdmapool-pool-rejoin",
+            Box::new(move || s.rejoin_loop()),
+        )?);
+        Ok(client)
+    }
+
+    /// The servers the membership listed that [`PoolClient::connect`] could not join, with
+    /// why (each was also logged as a warning). A static-list server among them is not
+    /// dialled again; add it with [`PoolClient::add_server`] once it is up.
+    pub fn unreachable(&self) -> Vec<(SocketAddr, String)> {
+        self.shared.unreachable.lock().clone()
     }
 
     /// The protection domain its QPs live on: register local buffers here.
@@ -231,7 +327,13 @@ impl PoolClient {
         &self.shared.pd
     }
 
-    /// Connects to one more server (membership grew).
+    /// Connects to one more server (membership grew), or to a restarted one; returns its node
+    /// id (also when it is already a member under the same incarnation). A server that
+    /// answers with a node id this client knows under another incarnation replaces it when
+    /// the old one no longer answers (pointers into the old one then fail with
+    /// [`Error::StalePointer`]); while the old one still answers, two servers claim the id
+    /// and this is refused. A node this client stopped using (down) is also dialled again
+    /// by itself, with backoff, and rejoined once it answers as a new incarnation.
     pub fn add_server(&self, addr: SocketAddr) -> Result<u32> {
         self.shared.add_node(addr)
     }
@@ -255,11 +357,22 @@ impl PoolClient {
     }
 
     /// Allocates `size` bytes somewhere in the pool. `key` steers hash placement.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0 bytes or more than the largest object (the message
+    /// says how many bytes that is), [`Error::NoServer`] when no node is up,
+    /// [`Error::Draining`] when the nodes that could take it are draining,
+    /// [`Error::RemoteExhausted`] when none has room, [`Error::NodeDown`] when the nodes tried
+    /// went down during the call.
     pub async fn alloc(&self, size: u64, key: Option<u64>) -> Result<RemotePtr> {
         self.shared.alloc(size, key).await
     }
 
     /// Frees an allocation (any client may free any allocation).
+    ///
+    /// # Errors
+    /// As [`PoolClient::write`], and [`Error::NotAllocated`] for an allocation that is free
+    /// already, or whose chunk the server took back.
     pub async fn free(&self, ptr: RemotePtr) -> Result<()> {
         self.shared.free(ptr).await
     }
@@ -269,11 +382,23 @@ impl PoolClient {
     /// allocated it ran out, or when `ptr` names no object. READ, WRITE and the atomics do
     /// not check this (it costs a READ); use it where a pointer comes from outside, such as
     /// a command line. A snapshot only: another client may free the object right after.
+    ///
+    /// # Errors
+    /// As [`PoolClient::free`].
     pub async fn check_live(&self, ptr: RemotePtr) -> Result<()> {
         self.shared.check_live(ptr).await
     }
 
     /// Writes `len` bytes of `local` (from `local_offset`) at `offset` of `ptr`.
+    ///
+    /// # Errors
+    /// Checked before anything is posted: [`Error::OutOfBounds`] (the access reaches past
+    /// `ptr.len`, or `ptr.len` past its object), [`Error::StalePointer`] (`ptr` names
+    /// another incarnation of its node, or none), [`Error::NotAllocated`] (`ptr` does not
+    /// start an object), [`Error::NodeDown`] (not a member, down, or the lease there not
+    /// renewed for three quarters of a lease). Then [`Error::NodeDown`] when the operation
+    /// fails on a dead connection or runs past the 5 s deadline, [`Error::Completion`] for
+    /// another error completion.
     pub async fn write<B: RegisteredMemory + Send + 'static>(
         &self,
         ptr: RemotePtr,
@@ -287,6 +412,9 @@ impl PoolClient {
     }
 
     /// Reads `len` bytes at `offset` of `ptr` into `local` (at `local_offset`).
+    ///
+    /// # Errors
+    /// As [`PoolClient::write`].
     pub async fn read<B: RegisteredMemory + Send + 'static>(
         &self,
         ptr: RemotePtr,
@@ -310,7 +438,7 @@ impl PoolClient {
         local_offset: usize,
         len: u32,
     ) -> (Result<()>, B) {
-        let (node, remote) = match self.shared.target(ptr, offset, len as u64) {
+        let (node, remote) = match self.shared.target(ptr, offset, len as u64).await {
             Ok(t) => t,
             Err(e) => return (Err(e), local),
         };
@@ -324,6 +452,9 @@ impl PoolClient {
     }
 
     /// Compare-and-swap on the 8-byte word at `offset` of `ptr`; returns the old value.
+    ///
+    /// # Errors
+    /// As [`PoolClient::write`].
     pub async fn compare_and_swap(
         &self,
         ptr: RemotePtr,
@@ -331,13 +462,16 @@ impl PoolClient {
         compare: u64,
         swap: u64,
     ) -> Result<u64> {
-        let (node, remote) = self.shared.target(ptr, offset, 8)?;
+        let (node, remote) = self.shared.target(ptr, offset, 8).await?;
         self.shared.cas(&node, remote, compare, swap).await
     }
 
     /// Fetch-and-add on the 8-byte word at `offset` of `ptr`; returns the old value.
+    ///
+    /// # Errors
+    /// As [`PoolClient::write`].
     pub async fn fetch_and_add(&self, ptr: RemotePtr, offset: u64, add: u64) -> Result<u64> {
-        let (node, remote) = self.shared.target(ptr, offset, 8)?;
+        let (node, remote) = self.shared.target(ptr, offset, 8).await?;
         self.shared.faa(&node, remote, add).await
     }
 
@@ -361,6 +495,7 @@ impl PoolClient {
                             node: node.desc.node,
                             offset: base + obj * shape.object_size,
                             len: shape.object_size,
+                            incarnation: node.desc.incarnation,
                         });
                     }
                 }
@@ -375,7 +510,7 @@ impl Drop for PoolClient {
         // Stops renewing: chunks stay ours until the lease runs out (a clean close would
         // free them first; a crash looks the same from the server).
         self.shared.stop.store(true, Ordering::Release);
-        if let Some(t) = self.lease_thread.take() {
+        for t in self.threads.drain(..) {
             t.thread().unpark();
             let _ = t.join();
         }

@@ -255,23 +255,36 @@ impl Shared {
             .collect()
     }
 
-    pub(super) fn node(&self, id: u32) -> Result<Arc<Node>> {
-        let n = self
+    /// The node of `ptr`, if `ptr` names the incarnation this client knows it by (checked
+    /// before any byte moves: a restarted server's new memory is never reached through a
+    /// pointer into its predecessor's).
+    pub(super) fn node_of(&self, ptr: RemotePtr) -> Result<Arc<Node>> {
+        let node = self
             .nodes
             .lock()
-            .get(&id)
+            .get(&ptr.node)
             .cloned()
             .ok_or_else(|| Error::NodeDown {
-                node: id,
+                node: ptr.node,
                 reason: "not a member: no server of this pool known to this client has that id"
                     .into(),
             })?;
-        n.check_up()?;
-        Ok(n)
+        if node.desc.incarnation != ptr.incarnation {
+            return Err(Error::StalePointer {
+                node: ptr.node,
+                incarnation: ptr.incarnation,
+                current: node.desc.incarnation,
+            });
+        }
+        node.check_up()?;
+        Ok(node)
     }
 
-    /// The node and remote address of `len` bytes at `offset` of `ptr`, bounds checked.
-    pub(super) fn target(
+    /// The node and remote address of `len` bytes at `offset` of `ptr`, bounds checked
+    /// against `ptr.len` and `ptr` against the object it names (its chunk's size class:
+    /// free for this client's own chunks and cached for others; a READ of the chunk header
+    /// when not cached).
+    pub(super) async fn target(
         &self,
         ptr: RemotePtr,
         offset: u64,
@@ -284,16 +297,95 @@ impl Shared {
                 limit: ptr.len,
             });
         }
-        let node = self.node(ptr.node)?;
-        let l = node.desc.layout;
-        let end = ptr.offset.checked_add(ptr.len);
-        if ptr.offset < l.data_offset || end.is_none_or(|e| e > l.len) {
-            return Err(Error::NotAllocated(format!(
-                "{ptr:?} is outside node {}'s pool",
-                ptr.node
-            )));
-        }
+        let node = self.node_of(ptr)?;
+        self.check_object(&node, ptr, false).await?;
         let remote = node.remote(ptr.offset + offset);
         Ok((node, remote))
+    }
+
+    /// Checks that `ptr` starts an object of its chunk and is no longer than that object;
+    /// returns the chunk's index and shape and the object's number. A shape remembered from
+    /// an earlier look that refuses `ptr` is read again first (the chunk may have been given
+    /// back and claimed for another size class since). With `fresh`, a chunk that is not
+    /// this client's is always read (its header says whether it still holds objects).
+    pub(super) async fn check_object(
+        &self,
+        node: &Node,
+        ptr: RemotePtr,
+        fresh: bool,
+    ) -> Result<(u64, ChunkShape, u64)> {
+        let l = node.desc.layout;
+        let bad = |why: &str| Error::NotAllocated(format!("{ptr}: {why}"));
+        let end = ptr.offset.checked_add(ptr.len);
+        if ptr.offset < l.data_offset || end.is_none_or(|e| e > l.len) {
+            return Err(bad(&format!("outside node {}'s pool", ptr.node)));
+        }
+        let index = l
+            .chunk_of(ptr.offset)
+            .ok_or_else(|| bad("not in a chunk"))?;
+        let chunk = l.chunk(index);
+        // This client's own chunks are in `shapes` from the claim on (exact); others' as
+        // last read. With `fresh`, only an own chunk's is taken without reading.
+        let owned = || {
+            node.chunks
+                .lock()
+                .iter()
+                .find(|c| c.index == index)
+                .map(|c| c.shape)
+        };
+        let (cached, exact) = if fresh {
+            let own = owned();
+            (own, own.is_some())
+        } else {
+            let size = node.shapes.lock().get(&index).copied();
+            (size.map(|size| ChunkShape::new(l.chunk_size, size)), false)
+        };
+        let judge = |shape: ChunkShape| -> Result<u64> {
+            let obj = shape
+                .object_at(ptr.offset - chunk)
+                .ok_or_else(|| bad("not the start of an object"))?;
+            if ptr.len > shape.object_size {
+                return Err(Error::OutOfBounds {
+                    offset: 0,
+                    len: ptr.len,
+                    limit: shape.object_size,
+                });
+            }
+            Ok(obj)
+        };
+        if let Some(shape) = cached {
+            match judge(shape) {
+                Ok(obj) => return Ok((index, shape, obj)),
+                Err(e) if exact || owned().is_some() => return Err(e),
+                Err(_) => {}
+            }
+        }
+        let shape = self.read_shape(node, index).await?;
+        Ok((index, shape, judge(shape)?))
+    }
+
+    /// Reads chunk `index`'s header (two 8-byte READs) and remembers its size class.
+    pub(super) async fn read_shape(&self, node: &Node, index: u64) -> Result<ChunkShape> {
+        let l = node.desc.layout;
+        let chunk = l.chunk(index);
+        let bad = |why: &str| {
+            Error::NotAllocated(format!("node {} chunk {index}: {why}", node.desc.node))
+        };
+        if self.read_u64(node, chunk + layout::chunk::MAGIC).await? != layout::CHUNK_MAGIC {
+            node.shapes.lock().remove(&index);
+            return Err(bad(
+                "holds no objects (all freed, or taken back when the lease of the client that \
+                 allocated them ran out)",
+            ));
+        }
+        let size = self
+            .read_u64(node, chunk + layout::chunk::OBJECT_SIZE)
+            .await?;
+        if size < layout::MIN_OBJECT || size > l.chunk_size {
+            node.shapes.lock().remove(&index);
+            return Err(bad("its header is damaged"));
+        }
+        node.shapes.lock().insert(index, size);
+        Ok(ChunkShape::new(l.chunk_size, size))
     }
 }

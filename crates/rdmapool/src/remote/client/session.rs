@@ -20,7 +20,9 @@ use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
 impl Shared {
-    /// Connects, takes a lease slot, and (after a restart) recovers this id's chunks.
+    /// Connects, takes a lease slot, and (after a restart) recovers this id's chunks. A
+    /// server answering with the id of a node this client knows under another incarnation
+    /// replaces that node if it no longer answers (it restarted).
     pub(super) fn add_node(&self, addr: SocketAddr) -> Result<u32> {
         let cq = self.engine.cqs()[0].clone();
         let hello = ClientHello { client_id: self.id }.encode();
@@ -35,15 +37,37 @@ impl Shared {
             self.connect_timeout,
         )?;
         let desc = PoolDescriptor::decode(&c.private_data)?;
-        if self.nodes.lock().contains_key(&desc.node) {
-            return Err(Error::InvalidArgument(format!(
-                "two servers call themselves node {}",
-                desc.node
-            )));
+        let known = self.nodes.lock().get(&desc.node).cloned();
+        if let Some(old) = &known {
+            if old.desc.incarnation == desc.incarnation {
+                return match old.down.lock().clone() {
+                    // Already a member: nothing to do (the new connection is dropped).
+                    None => Ok(desc.node),
+                    // Our lease there may have run out and our chunks gone to others:
+                    // only a new incarnation (fresh memory) is joined again.
+                    Some(why) => Err(Error::NodeDown {
+                        node: desc.node,
+                        reason: format!(
+                            "{why}; it is still incarnation {:#x}, and a node is rejoined only \
+                             once it restarts",
+                            desc.incarnation
+                        ),
+                    }),
+                };
+            }
+            if old.down.lock().is_none() && self.engine.run_until(self.answers(old)) {
+                return Err(Error::InvalidArgument(format!(
+                    "two servers call themselves node {}: incarnation {:#x} at {} still \
+                     answers, and incarnation {:#x} at {addr}",
+                    desc.node, old.desc.incarnation, old.addr, desc.incarnation
+                )));
+            }
         }
         let node = Arc::new(Node {
             desc,
+            addr,
             qp: self.engine.wrap(c.qp),
+            shapes: Mutex::new(HashMap::new()),
             slot: AtomicU64::new(0),
             chunks: Mutex::new(Vec::new()),
             claiming: tokio::sync::Mutex::new(()),
@@ -56,8 +80,94 @@ impl Shared {
         let slot = self.engine.run_until(self.take_slot(&node))?;
         node.slot.store(slot, Ordering::Release);
         self.engine.run_until(self.recover(&node))?;
-        self.nodes.lock().insert(desc.node, node);
+        let replaced = self.nodes.lock().insert(desc.node, node);
+        if let Some(old) = replaced {
+            old.mark_down(format!(
+                "restarted: incarnation {:#x} replaced by {:#x}",
+                old.desc.incarnation, desc.incarnation
+            ));
+            tracing::info!(
+                node = desc.node,
+                old = old.desc.incarnation,
+                new = desc.incarnation,
+                "pool node rejoined as a new incarnation"
+            );
+        }
         Ok(desc.node)
+    }
+
+    /// Whether `node` still answers a one-sided READ of its incarnation word with the
+    /// incarnation this client knows (else it is marked down).
+    async fn answers(&self, node: &Node) -> bool {
+        match self.read_u64(node, layout::header::INCARNATION).await {
+            Ok(i) if i == node.desc.incarnation => true,
+            Ok(i) => {
+                node.mark_down(format!("its memory now says incarnation {i:#x}"));
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Why no node is usable, for [`Error::NoServer`].
+    pub(super) fn why_no_server(&self) -> String {
+        let nodes = self.nodes.lock();
+        if nodes.is_empty() {
+            return "this client has joined no server".into();
+        }
+        let mut each: Vec<String> = nodes
+            .values()
+            .map(|n| {
+                let why = n.down.lock().clone().unwrap_or_else(|| "up".into());
+                format!("node {} at {}: {why}", n.desc.node, n.addr)
+            })
+            .collect();
+        each.sort();
+        format!("every node is down ({})", each.join("; "))
+    }
+
+    /// Dials the nodes that are down again, each with its own backoff (100 ms doubling up
+    /// to 5 s), and rejoins the ones that answer as a new incarnation (a restarted server).
+    /// Runs until the client is dropped; a node removed with `remove_server` is left alone.
+    pub(super) fn rejoin_loop(&self) {
+        const FIRST: Duration = Duration::from_millis(100);
+        const MOST: Duration = Duration::from_secs(5);
+        let mut backoff: HashMap<u32, (Instant, Duration)> = HashMap::new();
+        while !self.stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            let down: Vec<(u32, SocketAddr)> = self
+                .nodes
+                .lock()
+                .values()
+                .filter(|n| n.down.lock().is_some())
+                .map(|n| (n.desc.node, n.addr))
+                .collect();
+            backoff.retain(|id, _| down.iter().any(|(d, _)| d == id));
+            for (id, addr) in down {
+                let (at, wait) = *backoff.entry(id).or_insert((now + FIRST, FIRST));
+                if at > now || self.stop.load(Ordering::Acquire) {
+                    continue;
+                }
+                match self.add_node(addr) {
+                    Ok(_) => {
+                        backoff.remove(&id);
+                    }
+                    Err(e) => {
+                        tracing::debug!(node = id, %addr, "not rejoined yet: {e}");
+                        let next = (wait * 2).min(MOST);
+                        backoff.insert(id, (Instant::now() + next, next));
+                    }
+                }
+            }
+            let until = Instant::now() + FIRST;
+            while !self.stop.load(Ordering::Acquire) {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                std::thread::park_timeout(left);
+            }
+        }
     }
 
     /// Claims this id's lease slot (probing from its hash). A slot already holding the id
@@ -139,6 +249,7 @@ impl Shared {
                 continue; // claimed but never initialised: the reaper or a free takes it
             }
             let shape = ChunkShape::new(l.chunk_size, size);
+            node.shapes.lock().insert(i, size);
             let bits = self.read_bitmap(node, i, shape).await?;
             let used = bits.iter().map(|w| w.count_ones() as u64).sum::<u64>() * size;
             node.used.fetch_add(used, Ordering::Relaxed);
