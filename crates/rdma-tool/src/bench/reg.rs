@@ -383,20 +383,30 @@ pub fn run(args: Args) -> Result<()> {
     }
     if args.json {
         for r in &rows {
-            println!(
+            crate::outln!(
                 "{}",
                 serde_json::to_string(r).expect("JSON of plain values")
             );
         }
     } else {
-        println!(
+        crate::outln!(
             "{:<66} {:>12} {:<6} {:<40} {:>12} {:>8}",
-            "benchmark", "value", "unit", "reference", "ref value", "ratio"
+            "benchmark",
+            "value",
+            "unit",
+            "reference",
+            "ref value",
+            "ratio"
         );
         for r in &rows {
-            println!(
+            crate::outln!(
                 "{:<66} {:>12.2} {:<6} {:<40} {:>12.2} {:>8.2}",
-                r.name, r.value, r.unit, r.reference, r.reference_value, r.ratio
+                r.name,
+                r.value,
+                r.unit,
+                r.reference,
+                r.reference_value,
+                r.ratio
             );
         }
     }

@@ -59,6 +59,9 @@ pub struct ServerStats {
     pub clients: u64,
     /// Connections accepted so far.
     pub connections: u64,
+    /// Connections open now (a client's is closed once it holds no lease and is older
+    /// than two leases).
+    pub connected: u64,
     /// Chunks taken back from clients whose lease expired.
     pub reclaimed_chunks: u64,
     /// Leases that expired.
@@ -359,6 +362,7 @@ impl MemoryServer {
                 .filter(|&s| i.word(i.layout.client_slot(s)).load(Ordering::Acquire) != 0)
                 .count() as u64,
             connections: i.connections.load(Ordering::Relaxed),
+            connected: i.conns.lock().len() as u64,
             reclaimed_chunks: i.reclaimed.load(Ordering::Relaxed),
             expired_clients: i.expired.load(Ordering::Relaxed),
             requests_handled: i.requests.load(Ordering::Relaxed),

@@ -6,6 +6,9 @@
 mod alloc;
 mod ops;
 mod session;
+mod stats;
+
+pub use stats::NodeStats;
 
 use ops::{timed, Timers};
 
@@ -157,13 +160,15 @@ struct Shared {
 pub struct PoolClient {
     shared: Arc<Shared>,
     lease_thread: Option<std::thread::JoinHandle<()>>,
+    /// Servers of the membership that did not answer `connect`, with why.
+    unreachable: Vec<(SocketAddr, String)>,
 }
 
 const SCRATCH_WORDS: usize = 4096;
 
 impl PoolClient {
     /// Connects to every server `membership` lists (a server that cannot be reached is
-    /// skipped and reported; at least one must answer). Its QPs live on `pd`, so buffers
+    /// skipped and listed by [`PoolClient::unreachable`]; at least one must answer). Its QPs live on `pd`, so buffers
     /// registered on `pd` are what reads and writes move data through, without copies.
     pub fn connect(
         ctx: &Context,
@@ -203,13 +208,15 @@ impl PoolClient {
         let members = membership.servers()?;
         for addr in &members {
             if let Err(e) = shared.add_node(*addr) {
-                errors.push(format!("{addr}: {e}"));
+                tracing::debug!(%addr, "memory server unreachable: {e}");
+                errors.push((*addr, e.to_string()));
             }
         }
         if shared.nodes.lock().is_empty() {
+            let said: Vec<String> = errors.iter().map(|(a, e)| format!("{a}: {e}")).collect();
             return Err(Error::Connection {
                 peer: format!("{members:?}"),
-                reason: format!("no memory server answered: {}", errors.join("; ")),
+                reason: format!("no memory server answered: {}", said.join("; ")),
             });
         }
         let s = shared.clone();
@@ -223,7 +230,14 @@ impl PoolClient {
         Ok(Self {
             shared,
             lease_thread: Some(lease_thread),
+            unreachable: errors,
         })
+    }
+
+    /// The servers of the membership that could not be reached when this client connected,
+    /// each with the error (empty when all answered).
+    pub fn unreachable(&self) -> &[(SocketAddr, String)] {
+        &self.unreachable
     }
 
     /// The protection domain its QPs live on: register local buffers here.

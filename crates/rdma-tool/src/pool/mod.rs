@@ -1,0 +1,186 @@
+//! `rdma-tool pool ...`: a one-shot client of the cross-node memory pool, for shells and
+//! scripts. Pointers are printed and taken as `node:offset:len` (decimal).
+
+mod op;
+mod session;
+
+use crate::{Result, ToolError};
+use op::{check, Op};
+use rdmapool::fabric::Transport;
+use rdmapool::remote::{ClientConfig, Membership, PoolClient, StaticMembership};
+use session::Session;
+use std::path::PathBuf;
+
+/// Arguments of `pool` (the lease rules are in its help, in main.rs).
+#[derive(clap::Args)]
+pub struct Args {
+    /// Memory servers, comma-separated ip:port.
+    #[arg(long, required_unless_present_any = ["servers_file", "etcd"])]
+    servers: Option<String>,
+    /// A file of memory servers, one ip:port per line (`#` starts a comment).
+    #[arg(long, conflicts_with = "servers")]
+    servers_file: Option<PathBuf>,
+    /// Find the servers in etcd at this URL (a build with `--features etcd`), under
+    /// `--etcd-prefix`.
+    #[arg(long)]
+    etcd: Option<String>,
+    /// The etcd key prefix of the pool's servers.
+    #[arg(long, default_value = "/rdmapool/pool")]
+    etcd_prefix: String,
+    /// This client's id (non-zero); the same id in a later command finds its allocations.
+    #[arg(long, default_value_t = 1, value_parser = crate::units::count_arg(u64::MAX))]
+    client_id: u64,
+    #[command(flatten)]
+    device: crate::device_args::DeviceArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    op: Op,
+}
+
+/// Connects, runs the operation, exits (the lease stops being renewed).
+pub fn run(args: Args) -> Result<()> {
+    let members: Box<dyn Membership> = match (&args.servers, &args.servers_file, &args.etcd) {
+        (Some(list), _, _) => Box::new(StaticMembership::parse(list)?),
+        (None, Some(path), _) => Box::new(StaticMembership::parse(&read_servers_file(path)?)?),
+        #[cfg(feature = "etcd")]
+        (None, None, Some(url)) => {
+            let cfg = rdmapool::remote::EtcdConfig::new(vec![url.clone()], &args.etcd_prefix);
+            Box::new(rdmapool::remote::EtcdMembership::new(&cfg)?)
+        }
+        #[cfg(not(feature = "etcd"))]
+        (None, None, Some(url)) => return Err(crate::serve::no_etcd(url)),
+        (None, None, None) => {
+            return Err(ToolError::Msg(
+                "no servers: give --servers or --etcd".into(),
+            ))
+        }
+    };
+    // Check the operation's arguments before connecting (which may take half a lease).
+    check(&args.op)?;
+    let ctx = args.device.open(Transport::Auto)?;
+    let pd = ctx.alloc_pd()?;
+    let client = PoolClient::connect(&ctx, &pd, &*members, ClientConfig::new(args.client_id))
+        .map_err(|e| with_bind_hint(e.into()))?;
+    for (server, error) in client.unreachable() {
+        eprintln!(
+            "rdma-tool pool: warning: memory server {server} unreachable, going on without \
+             it: {error}{}",
+            bind_hint(server)
+        );
+    }
+    let session = Session {
+        client,
+        json: args.json,
+    };
+    if let Op::Shell = args.op {
+        let failed = session.shell();
+        linger();
+        let failed = failed?;
+        return if failed == 0 {
+            Ok(())
+        } else {
+            Err(ToolError::Msg(format!("{failed} command(s) failed")))
+        };
+    }
+    let allocating = matches!(args.op, Op::Alloc { .. });
+    let stats = matches!(args.op, Op::Stats);
+    let out = session.exec(args.op);
+    linger();
+    let mut out = out?;
+    // In JSON, an unreachable server is a field too (`stats` always has it).
+    let unreachable = session.client.unreachable();
+    if args.json && !stats && !unreachable.is_empty() {
+        if let Ok(serde_json::Value::Object(mut o)) = serde_json::from_str(&out) {
+            o.insert("unreachable".into(), session::unreachable_json(unreachable));
+            out = serde_json::Value::Object(o).to_string();
+        }
+    }
+    crate::outln!("{out}");
+    if allocating {
+        eprintln!(
+            "rdma-tool pool: note: client {} stops renewing its lease as this command exits; \
+             the server frees the allocation one lease later (`serve --lease`, 2s by default) \
+             unless a command with the same --client-id runs before then (`pool shell` keeps \
+             one lease for many commands)",
+            args.client_id
+        );
+    }
+    Ok(())
+}
+
+/// The most a `--servers-file` may hold: a list of addresses, not a data file.
+const MAX_SERVERS_FILE: u64 = 1 << 20;
+
+/// Reads `--servers-file`, refusing more than [`MAX_SERVERS_FILE`] bytes (`/dev/zero`
+/// would otherwise be read until memory runs out).
+fn read_servers_file(path: &std::path::Path) -> Result<String> {
+    use std::io::Read;
+    let shown = path.display();
+    let file = std::fs::File::open(path)
+        .map_err(|e| ToolError::Io(format!("--servers-file {shown}"), e))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_SERVERS_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| ToolError::Io(format!("--servers-file {shown}"), e))?;
+    if bytes.len() as u64 > MAX_SERVERS_FILE {
+        return Err(ToolError::Msg(format!(
+            "--servers-file {shown}: larger than {}, the most read (a servers file lists \
+             ip:port, one per line)",
+            crate::units::show(MAX_SERVERS_FILE as usize)
+        )));
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        ToolError::Msg(format!(
+            "--servers-file {shown}: not text (want ip:port, one per line)"
+        ))
+    })
+}
+
+/// Where a memory server is not on loopback but this process's soft NIC is (the default),
+/// the likely cause of failing to reach it: a hint naming `RDMAPOOL_SOFT_BIND`.
+pub fn bind_hint(server: &std::net::SocketAddr) -> String {
+    let bind = std::env::var("RDMAPOOL_SOFT_BIND").unwrap_or_default();
+    let bound_to_loopback = bind
+        .parse::<std::net::SocketAddr>()
+        .map_or(bind.is_empty(), |a| a.ip().is_loopback());
+    if !server.ip().is_loopback() && bound_to_loopback {
+        format!(
+            " (this process's soft NIC listens on loopback{}: across hosts set \
+             RDMAPOOL_SOFT_BIND=<this host's address>:0 here and on the servers, see \
+             docs/rdma-tool.md)",
+            if bind.is_empty() {
+                String::new()
+            } else {
+                format!(", RDMAPOOL_SOFT_BIND={bind}")
+            }
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// Adds [`bind_hint`] to a connection failure whose peer is not on loopback.
+fn with_bind_hint(e: ToolError) -> ToolError {
+    let text = e.to_string();
+    let remote = text
+        .split(|c: char| c.is_whitespace() || matches!(c, '[' | ']' | ',' | '"'))
+        .filter_map(|w| w.trim_end_matches(':').parse::<std::net::SocketAddr>().ok())
+        .find(|a| !a.ip().is_loopback());
+    match remote {
+        Some(addr) if !bind_hint(&addr).is_empty() => {
+            ToolError::Msg(format!("{text}{}", bind_hint(&addr)))
+        }
+        _ => e,
+    }
+}
+
+/// Lets the client's lease thread renew once before the process exits. A one-shot client
+/// spends most of its life connecting; its lease thread starts only once `connect` returns,
+/// and a process that exits before that thread first runs leaves the heartbeat as the last
+/// process left it, so the server would count the time since then against the lease and the
+/// next command could find the allocations gone. (PoolClient has no explicit renewal.)
+fn linger() {
+    std::thread::sleep(std::time::Duration::from_millis(30));
+}
