@@ -81,11 +81,16 @@ enum Command {
 
 fn main() {
     use std::io::IsTerminal;
-    // The default filter keeps the soft NIC's exposure warning out of tracing: the library
-    // prints it to stderr itself (plainly, once per NIC), so a second, coloured copy
-    // through tracing would only repeat it. RDMAPOOL_LOG replaces the whole filter.
+    // The soft NIC's exposure warning is kept out of tracing: the library prints it to
+    // stderr itself (plainly, once per NIC), so a second, coloured copy through tracing
+    // would only repeat it (its module logs nothing else). RDMAPOOL_LOG sets the rest.
     let filter = tracing_subscriber::EnvFilter::try_from_env("RDMAPOOL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"))
+        .add_directive(
+            "rdmapool::soft::context=error"
+                .parse()
+                .expect("a valid directive"),
+        );
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
@@ -139,10 +144,6 @@ fn main() {
         }
     }
 }
-
-/// The log filter without RDMAPOOL_LOG: warnings, except the soft NIC's exposure warning,
-/// which the library prints to stderr directly.
-const DEFAULT_LOG_FILTER: &str = "warn,rdmapool::soft::context=error";
 
 /// The tool's error: a library error or a message.
 #[derive(Debug, thiserror::Error)]

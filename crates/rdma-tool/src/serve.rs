@@ -40,8 +40,8 @@ pub struct Args {
     listen: String,
     #[command(flatten)]
     device: DeviceArgs,
-    /// Register with etcd at this URL (a build with `--features etcd`), under
-    /// `--etcd-prefix`, for clients that follow it.
+    /// Register with etcd at this URL (built in by default), under `--etcd-prefix`, for
+    /// clients that follow it.
     #[arg(long)]
     etcd: Option<String>,
     /// The etcd key prefix of this pool's servers.
@@ -71,7 +71,8 @@ pub struct Args {
 pub fn no_etcd(url: &str) -> ToolError {
     ToolError::Msg(format!(
         "--etcd {url}: rdma-tool was built without etcd support; \
-         list the servers with --servers/--servers-file instead"
+         rebuild with the default features (`cargo install rdma-tool`) or list the servers \
+         with --servers/--servers-file instead"
     ))
 }
 

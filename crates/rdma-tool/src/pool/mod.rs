@@ -20,8 +20,7 @@ pub struct Args {
     /// A file of memory servers, one ip:port per line (`#` starts a comment).
     #[arg(long, conflicts_with = "servers")]
     servers_file: Option<PathBuf>,
-    /// Find the servers in etcd at this URL (a build with `--features etcd`), under
-    /// `--etcd-prefix`.
+    /// Find the servers in etcd at this URL (built in by default), under `--etcd-prefix`.
     #[arg(long)]
     etcd: Option<String>,
     /// The etcd key prefix of the pool's servers.
@@ -147,9 +146,9 @@ pub fn bind_hint(server: &std::net::SocketAddr) -> String {
         .map_or(bind.is_empty(), |a| a.ip().is_loopback());
     if !server.ip().is_loopback() && bound_to_loopback {
         format!(
-            " (this process's soft NIC listens on loopback{}: across hosts set \
-             RDMAPOOL_SOFT_BIND=<this host's address>:0 here and on the servers, see \
-             docs/rdma-tool.md)",
+            " (if the server is on another host: the soft NICs must listen beyond loopback, \
+             and this process's listens on loopback{}; set RDMAPOOL_SOFT_BIND=<this host's \
+             address>:0 here and on the servers, see docs/rdma-tool.md)",
             if bind.is_empty() {
                 String::new()
             } else {
