@@ -60,6 +60,12 @@ pub struct Args {
     /// owned and free, connections, requests handled) on stdout (`5s`, `500ms`).
     #[arg(long, default_value = "5s", value_parser = duration_arg)]
     interval: Duration,
+    /// Serve this process's metrics, the server's counters included (`pool_servers` in
+    /// JSON, `rdmapool_pool_server_*` in Prometheus), on a Unix socket (a path, or `@name`
+    /// for an abstract socket), for `rdma-tool monitor --target` or socat. Without it, the
+    /// RDMAPOOL_METRICS_SOCKET and RDMAPOOL_METRICS_HTTP variables are honoured.
+    #[arg(long)]
+    metrics_socket: Option<String>,
     /// Keep running when stdin closes (for a server started with stdin at /dev/null);
     /// only SIGINT or SIGTERM stop it then.
     #[arg(long)]
@@ -100,6 +106,7 @@ fn config(args: &Args) -> Result<ServerConfig> {
 fn stats_line(node: u32, st: &rdmapool::remote::ServerStats, json: bool) -> String {
     let fields = [
         ("leases", st.clients),
+        ("lease_slots", st.lease_slots),
         ("chunks", st.chunks),
         ("chunks_owned", st.chunks_owned),
         ("chunks_free", st.chunks - st.chunks_owned),
@@ -170,6 +177,18 @@ pub fn run(args: Args) -> Result<()> {
     let ctx = args.device.open(Transport::Auto)?;
     crate::signals::install()?;
     let server = MemoryServer::start(&ctx, cfg.clone())?;
+    // Started once the server is listed in the metrics registry; stops when dropped.
+    let _metrics = match &args.metrics_socket {
+        Some(s) => Some(
+            rdmapool::metrics::Endpoint::start(rdmapool::metrics::EndpointConfig {
+                unix: Some(rdmapool::metrics::UnixName::parse(s)),
+                http: None,
+            })
+            .map_err(|e| ToolError::Msg(format!("--metrics-socket: {e}")))?,
+        ),
+        None => rdmapool::metrics::Endpoint::from_env()
+            .map_err(|e| ToolError::Msg(format!("metrics endpoint: {e}")))?,
+    };
     let d = server.descriptor();
     // Registered in etcd while it serves; dropping it (on the way out) revokes the key.
     #[cfg(feature = "etcd")]

@@ -1,5 +1,6 @@
 //! What an operator sees of a running memory server, from real runs of the built binary on
-//! loopback: `serve`'s `stats` lines, `pool stats` read one-sided from the servers' regions,
+//! loopback: `serve`'s `stats` lines and metrics endpoint, `pool stats` read one-sided from
+//! the servers' regions,
 //! unreachable servers named, dropped connections logged at a bounded rate, and the
 //! cross-host warnings (RDMAPOOL_SOFT_BIND, the pre-shared key) said once, without colour.
 
@@ -71,13 +72,31 @@ fn pool(servers: &str, id: &str, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// One snapshot from a metrics endpoint on the abstract Unix socket `name`.
+fn metrics(name: &str) -> Value {
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name).unwrap();
+    let mut s = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{body:?}: {e}"))
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
 #[test]
 fn serve_reports_its_counters_and_pool_stats_reads_them_one_sided() {
-    let mut serve = Serve::start(&["--lease", "5s", "--interval", "100ms"]);
+    let socket = format!("@rdma-tool-serve-stats-{}", std::process::id());
+    let mut serve = Serve::start(&[
+        "--lease",
+        "5s",
+        "--interval",
+        "100ms",
+        "--metrics-socket",
+        &socket,
+    ]);
     // A client that holds a lease and one chunk while we look: a pool shell.
     let mut shell = Command::new(EXE)
         .args([
@@ -116,6 +135,16 @@ fn serve_reports_its_counters_and_pool_stats_reads_them_one_sided() {
     assert_eq!(st["connections"], 1, "{st}");
     assert_eq!(st["connected"], 1, "{st}");
     assert_eq!(st["requests_handled"], 0, "one-sided: {st}");
+    assert_eq!(st["lease_slots"], 256, "{st}");
+
+    // The metrics endpoint lists the server with the same counters.
+    let m = metrics(&socket[1..]);
+    let ps = &m["pool_servers"][0];
+    assert_eq!(ps["node"], 6, "{m}");
+    assert_eq!(ps["leases"], 1, "{m}");
+    assert_eq!(ps["chunks_owned"], 1, "{m}");
+    assert_eq!(ps["chunks"], 31, "{m}");
+    assert_eq!(ps["connected"], 1, "{m}");
 
     // pool stats reads the same from the server's region, with a server that is down
     // in the list: a warning, a field, and the command goes on.
