@@ -181,10 +181,11 @@ impl Session {
             .to_string());
         }
         let row = |cols: [&str; 7]| {
-            format!(
-                "{:<6} {:>10} {:>10} {:>9} {:>8} {:>8} {:>8}\n",
+            let line = format!(
+                "{:<6} {:>10} {:>10} {:>9} {:>8} {:>8} {:>8}",
                 cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], cols[6]
-            )
+            );
+            line.trim_end().to_string() + "\n"
         };
         let mut s = row([
             "node", "capacity", "used", "leases", "owned", "free", "draining",
