@@ -6,6 +6,9 @@
 //!   wanted, so the tool exits 0 without a message, as ripgrep does (Rust ignores SIGPIPE,
 //!   so the write fails instead of killing the process);
 //! - any other error (`ENOSPC` with `> /dev/full`, `EIO`): a message on stderr, exit 1.
+//!
+//! Diagnostics go to stderr through [`errln!`](crate::errln), which drops what cannot be
+//! written instead of panicking.
 
 use std::io::Write;
 
@@ -59,6 +62,21 @@ pub fn fail(e: &std::io::Error) -> ! {
         "rdma-tool: cannot write to standard output: {e}"
     );
     std::process::exit(1);
+}
+
+/// Writes `args` and a newline to stderr, ignoring a failure: a diagnostic that cannot be
+/// written has nowhere else to go, and `eprintln!` would panic (`2>/dev/full`).
+pub fn diag(args: std::fmt::Arguments<'_>) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_fmt(args).and_then(|_| err.write_all(b"\n"));
+}
+
+/// `eprintln!` through [`diag`]: never panics.
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::output::diag(format_args!($($arg)*))
+    };
 }
 
 /// `println!` through [`line`]: never panics.

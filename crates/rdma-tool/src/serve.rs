@@ -171,7 +171,7 @@ pub fn run(args: Args) -> Result<()> {
     let provider = args.device.kind();
     if provider == rdmapool::fabric::ProviderKind::Soft {
         if let Some(warning) = soft_bind_warning(&cfg.listen) {
-            eprintln!("rdma-tool serve: warning: {warning}");
+            crate::errln!("rdma-tool serve: warning: {warning}");
         }
     }
     let ctx = args.device.open(Transport::Auto)?;
@@ -236,7 +236,7 @@ pub fn run(args: Args) -> Result<()> {
             .and_then(|_| out.flush())
             .map_err(|e| ToolError::Io("stdout".into(), e))?;
     }
-    eprintln!(
+    crate::errln!(
         "rdma-tool serve: node {} exports {} in {} chunks of {}, lease {}; stop with Ctrl-C{}",
         d.node,
         show(l.len as usize),
@@ -272,7 +272,7 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     let st = server.stats();
-    eprintln!(
+    crate::errln!(
         "rdma-tool serve: draining node {} ({} of {} chunks owned by {} clients; {} connections, \
          {} expired leases, {} chunks reclaimed)",
         d.node,

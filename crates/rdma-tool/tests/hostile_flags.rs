@@ -244,6 +244,24 @@ fn a_full_disk_on_stdout_is_an_error_exit_1_not_a_panic() {
 }
 
 #[test]
+fn a_full_disk_on_stderr_loses_the_message_but_not_the_exit_code() {
+    // A failure (1) and a success that warns (0): no panic (101) either way.
+    for (args, code) in [
+        (&["pool", "--servers", "127.0.0.1:1", "stats"][..], 1),
+        (&["serve", "--size", "4M", "--listen", "0.0.0.0:0"][..], 0),
+    ] {
+        let out = Command::new(EXE)
+            .args(args)
+            .env_remove("RDMAPOOL_SOFT_BIND")
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create("/dev/full").unwrap())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(code), "{args:?}");
+    }
+}
+
+#[test]
 fn a_closed_pipe_on_stdout_ends_the_command_quietly_with_0() {
     for args in [
         &["devices"][..],

@@ -244,7 +244,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         if !args.no_ucx {
             match ucx::unavailable() {
-                Some(why) => eprintln!("UCX comparison skipped: {why}"),
+                Some(why) => crate::errln!("UCX comparison skipped: {why}"),
                 None => {
                     bar.set_message(format!("{path} ucx_perftest"));
                     rows.extend(ucx_rows(&rows, path, args.iters));
@@ -333,7 +333,7 @@ fn ucx_rows(ours: &[Row], path: &str, iters: u64) -> Vec<Row> {
             Kind::RoundTrip => iters,
         };
         let Some(u) = ucx::run(tls, test, size, n) else {
-            eprintln!("ucx_perftest {test} over {tls} gave no result");
+            crate::errln!("ucx_perftest {test} over {tls} gave no result");
             continue;
         };
         let metric = match kind {

@@ -63,7 +63,7 @@ pub fn run(args: Args) -> Result<()> {
     let client = PoolClient::connect(&ctx, &pd, &*members, ClientConfig::new(args.client_id))
         .map_err(|e| with_bind_hint(e.into()))?;
     for (server, error) in client.unreachable() {
-        eprintln!(
+        crate::errln!(
             "rdma-tool pool: warning: memory server {server} unreachable, going on without \
              it: {error}{}",
             bind_hint(server)
@@ -98,7 +98,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     crate::outln!("{out}");
     if allocating {
-        eprintln!(
+        crate::errln!(
             "rdma-tool pool: note: client {} stops renewing its lease as this command exits; \
              the server frees the allocation one lease later (`serve --lease`, 2s by default) \
              unless a command with the same --client-id runs before then (`pool shell` keeps \

@@ -75,7 +75,7 @@ impl Progress {
                 MemoryMode::Fresh => el / s.rounds_done as f64,
             };
             let eta = per_round * (self.count - s.rounds_done) as f64;
-            eprintln!(
+            crate::errln!(
                 "stress: round {}/{}, {:.0} s elapsed, ETA {:.0} s, registration p99 {}",
                 s.rounds_done,
                 self.count,
