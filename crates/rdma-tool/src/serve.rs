@@ -263,8 +263,9 @@ pub fn run(args: Args) -> Result<()> {
     let mut next_stats = std::time::Instant::now() + args.interval;
     while !crate::signals::stopped() && !stdin_closed.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
-        if std::time::Instant::now() >= next_stats {
-            next_stats += args.interval;
+        let now = std::time::Instant::now();
+        if now >= next_stats {
+            next_stats = now + args.interval;
             // Whoever started us may have stopped reading: the server goes on.
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "{}", stats_line(d.node, &server.stats(), args.json))

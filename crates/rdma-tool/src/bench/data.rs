@@ -46,7 +46,7 @@ pub struct Args {
     async_latency: bool,
     /// Message rate of 8 B WRITEs posted as lists of N (one doorbell, last signalled) vs one
     /// WR per doorbell, raw and async; comma-separated list lengths, e.g. 16,64.
-    #[arg(long, value_delimiter = ',', value_parser = crate::units::usize_arg(4096))]
+    #[arg(long, value_delimiter = ',', value_parser = crate::units::usize_arg(128))]
     batch: Vec<usize>,
     /// Message rate with --threads threads over N CQs; comma-separated, e.g. 1,2,4.
     #[arg(long, value_delimiter = ',', value_parser = crate::units::usize_arg(64))]
@@ -54,8 +54,9 @@ pub struct Args {
     /// Threads for --cqs (each with its own QP).
     #[arg(long, default_value_t = 4, value_parser = crate::units::usize_arg(256))]
     threads: usize,
-    /// Operations per message-rate measurement.
-    #[arg(long, default_value_t = 200_000, value_parser = crate::units::count_arg(1_000_000_000_000))]
+    /// Operations per message-rate measurement (at least 1000).
+    #[arg(long, default_value_t = 200_000,
+          value_parser = clap::value_parser!(u64).range(1000..=1_000_000_000_000))]
     count: u64,
     /// With `--provider verbs`: the IP address of the device's netdev, where perftest's
     /// server listens for its reference runs (default: $SOFTROCE_IP inside the guest).

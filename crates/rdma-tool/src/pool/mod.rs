@@ -59,14 +59,35 @@ pub fn run(args: Args) -> Result<()> {
     // Check the operation's arguments before connecting (which may take half a lease).
     check(&args.op)?;
     let ctx = args.device.open(Transport::Auto)?;
+    // The RDMAPOOL_SOFT_BIND hint is for the soft provider only.
+    let soft = args.device.kind() == rdmapool::fabric::ProviderKind::Soft;
+    let hint = |server: &std::net::SocketAddr| {
+        if soft {
+            bind_hint(server)
+        } else {
+            String::new()
+        }
+    };
     let pd = ctx.alloc_pd()?;
     let client = PoolClient::connect(&ctx, &pd, &*members, ClientConfig::new(args.client_id))
-        .map_err(|e| with_bind_hint(e.into()))?;
+        .map_err(|e| {
+            // Named when a server off loopback may be unreachable because of it.
+            let said = members
+                .servers()
+                .unwrap_or_default()
+                .iter()
+                .map(hint)
+                .find(|h| !h.is_empty());
+            match said {
+                Some(said) => ToolError::Msg(format!("{e}{said}")),
+                None => e.into(),
+            }
+        })?;
     for (server, error) in client.unreachable() {
         crate::errln!(
             "rdma-tool pool: warning: memory server {server} unreachable, going on without \
              it: {error}{}",
-            bind_hint(server)
+            hint(server)
         );
     }
     let session = Session {
@@ -138,8 +159,9 @@ fn read_servers_file(path: &std::path::Path) -> Result<String> {
 }
 
 /// Where a memory server is not on loopback but this process's soft NIC is (the default),
-/// the likely cause of failing to reach it: a hint naming `RDMAPOOL_SOFT_BIND`.
-pub fn bind_hint(server: &std::net::SocketAddr) -> String {
+/// the likely cause of failing to reach it: a hint naming `RDMAPOOL_SOFT_BIND` (empty
+/// otherwise).
+fn bind_hint(server: &std::net::SocketAddr) -> String {
     let bind = std::env::var("RDMAPOOL_SOFT_BIND").unwrap_or_default();
     let bound_to_loopback = bind
         .parse::<std::net::SocketAddr>()
@@ -157,21 +179,6 @@ pub fn bind_hint(server: &std::net::SocketAddr) -> String {
         )
     } else {
         String::new()
-    }
-}
-
-/// Adds [`bind_hint`] to a connection failure whose peer is not on loopback.
-fn with_bind_hint(e: ToolError) -> ToolError {
-    let text = e.to_string();
-    let remote = text
-        .split(|c: char| c.is_whitespace() || matches!(c, '[' | ']' | ',' | '"'))
-        .filter_map(|w| w.trim_end_matches(':').parse::<std::net::SocketAddr>().ok())
-        .find(|a| !a.ip().is_loopback());
-    match remote {
-        Some(addr) if !bind_hint(&addr).is_empty() => {
-            ToolError::Msg(format!("{text}{}", bind_hint(&addr)))
-        }
-        _ => e,
     }
 }
 
