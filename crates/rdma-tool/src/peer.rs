@@ -25,7 +25,7 @@ use std::time::Duration;
 #[derive(clap::Args)]
 pub struct Args {
     /// Bytes to export.
-    #[arg(long, value_parser = crate::units::size_arg)]
+    #[arg(long, value_parser = crate::units::message_size_arg)]
     size: usize,
     /// auto, tcp or local.
     #[arg(long, default_value = "auto", value_parser = crate::device_args::single_transport_arg)]

@@ -91,6 +91,9 @@ fn config(args: &Args) -> Result<ServerConfig> {
         ))
     })?;
     let lease = args.lease_ms.map_or(args.lease, Duration::from_millis);
+    // The region is touched page by page when it is allocated: more than the machine has
+    // would end in the OOM killer, not an error.
+    crate::units::fits_in_memory("--size", args.size)?;
     Ok(ServerConfig {
         node: args.node,
         size: args.size,

@@ -114,6 +114,33 @@ pub fn size_arg(s: &str) -> std::result::Result<usize, String> {
     parse_size(s).map_err(|e| e.to_string())
 }
 
+/// This machine's physical memory in bytes, if the system says.
+pub fn physical_memory() -> Option<u64> {
+    // SAFETY: sysconf only reads system configuration; it has no memory-safety
+    // preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let (pages, page) = (u64::try_from(pages).ok()?, u64::try_from(page).ok()?);
+    pages.checked_mul(page).filter(|&n| n > 0)
+}
+
+/// Refuses `size` bytes for `flag` when they exceed this machine's memory: memory that is
+/// touched or pinned beyond it ends in the OOM killer, not an error.
+pub fn fits_in_memory(flag: &str, size: usize) -> Result<()> {
+    match physical_memory() {
+        Some(ram) if size as u64 > ram => Err(ToolError::Msg(format!(
+            "{flag} {}: more than this machine's memory ({:.1}G)",
+            show(size),
+            ram as f64 / (1u64 << 30) as f64
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Shows a size the way it was probably written (`4K`, `1G`), exactly: a size that is not a
 /// whole number of K/M/G/T is shown in bytes.
 pub fn show(n: usize) -> String {

@@ -213,6 +213,31 @@ fn limits_are_named_in_the_refusal() {
 }
 
 #[test]
+fn a_server_larger_than_the_machine_is_refused_before_touching_memory() {
+    // The region is touched page by page: this must fail up front, not in the OOM killer.
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    let gib = (kib >> 20) * 2 + 2;
+    if gib > 1023 {
+        eprintln!("{gib}G would pass the 1T bound: nothing to check here");
+        return;
+    }
+    let size = format!("{gib}G");
+    let out = Command::new(EXE)
+        .args(["serve", "--size", &size, "--chunk-size", "1G"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("more than this machine's memory"), "{err}");
+}
+
+#[test]
 fn a_servers_file_is_read_up_to_a_bound() {
     let out = Command::new(EXE)
         .args(["pool", "--servers-file=/dev/zero", "stats"])

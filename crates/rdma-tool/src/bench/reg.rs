@@ -130,6 +130,9 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(p) = &args.plot {
         crate::plot::check_path(p)?;
     }
+    crate::units::fits_in_memory("--async-size", args.async_size)?;
+    crate::units::fits_in_memory("--page-size-region", args.page_size_region)?;
+    crate::units::fits_in_memory("--parallel-size", args.parallel_size)?;
     let open = || args.device.open(Transport::Auto);
     let ctx = open()?;
     let pd = ctx.alloc_pd()?;

@@ -93,6 +93,7 @@ fn record(h: &mut hdrhistogram::Histogram<u64>, since: Instant) {
 /// Runs the stress loop.
 pub fn run(args: Args) -> Result<()> {
     let size = args.size;
+    crate::units::fits_in_memory("--size", size)?;
     if let Some(p) = &args.plot {
         crate::plot::check_path(p)?;
     }
