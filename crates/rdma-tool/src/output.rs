@@ -79,7 +79,7 @@ macro_rules! errln {
     };
 }
 
-/// `println!` through [`line`]: never panics.
+/// `println!` through [`line()`]: never panics.
 #[macro_export]
 macro_rules! outln {
     () => {
