@@ -158,28 +158,23 @@ fn read_servers_file(path: &std::path::Path) -> Result<String> {
     })
 }
 
-/// Where a memory server is not on loopback but this process's soft NIC is (the default),
-/// the likely cause of failing to reach it: a hint naming `RDMAPOOL_SOFT_BIND` (empty
-/// otherwise).
+/// For a memory server off loopback on the soft provider, the likely cause of failing to
+/// reach it across hosts: a soft NIC (the server's or this process's) listening on
+/// loopback. A hint naming `RDMAPOOL_SOFT_BIND` and where this process's NIC listens
+/// (empty for a server on loopback).
 fn bind_hint(server: &std::net::SocketAddr) -> String {
-    let bind = std::env::var("RDMAPOOL_SOFT_BIND").unwrap_or_default();
-    let bound_to_loopback = bind
-        .parse::<std::net::SocketAddr>()
-        .map_or(bind.is_empty(), |a| a.ip().is_loopback());
-    if !server.ip().is_loopback() && bound_to_loopback {
-        format!(
-            " (if the server is on another host: the soft NICs must listen beyond loopback, \
-             and this process's listens on loopback{}; set RDMAPOOL_SOFT_BIND=<this host's \
-             address>:0 here and on the servers, see docs/rdma-tool.md)",
-            if bind.is_empty() {
-                String::new()
-            } else {
-                format!(", RDMAPOOL_SOFT_BIND={bind}")
-            }
-        )
-    } else {
-        String::new()
+    if server.ip().is_loopback() {
+        return String::new();
     }
+    let here = match std::env::var("RDMAPOOL_SOFT_BIND") {
+        Ok(bind) => format!("RDMAPOOL_SOFT_BIND={bind}"),
+        Err(_) => "RDMAPOOL_SOFT_BIND is unset: loopback".into(),
+    };
+    format!(
+        " (if the server is on another host: every node's soft NIC must listen on an address \
+         the others reach, so set RDMAPOOL_SOFT_BIND=<the host's address>:0 on the servers \
+         and here ({here}); see docs/rdma-tool.md)"
+    )
 }
 
 /// Lets the client's lease thread renew once before the process exits. A one-shot client
