@@ -38,7 +38,7 @@ impl Report {
     /// Starts step `n`.
     fn step(&mut self, title: String) {
         if !self.json {
-            println!("{}. {title}", self.steps.len() + 1);
+            crate::outln!("{}. {title}", self.steps.len() + 1);
         }
         self.steps.push(json!({
             "step": self.steps.len() + 1, "title": title, "details": [], "checks": []
@@ -55,14 +55,14 @@ impl Report {
     /// A detail of the current step.
     fn detail(&mut self, text: String) {
         if !self.json {
-            println!("   {text}");
+            crate::outln!("   {text}");
         }
         self.last("details").push(Value::String(text));
     }
 
     fn check(&mut self, what: &str, ok: bool, detail: String) {
         if !self.json {
-            println!("  {} {what}: {detail}", if ok { "ok  " } else { "FAIL" });
+            crate::outln!("  {} {what}: {detail}", if ok { "ok  " } else { "FAIL" });
         }
         self.last("checks")
             .push(json!({"check": what, "ok": ok, "detail": detail}));
@@ -135,14 +135,14 @@ pub fn run(args: Args) -> Result<()> {
             "error": error,
             "steps": rep.steps,
         });
-        println!("{v}");
+        crate::outln!("{v}");
     }
     result?;
     match error {
         Some(e) => Err(ToolError::Msg(e)),
         None => {
             if !args.json {
-                println!("demo passed: every result verified");
+                crate::outln!("demo passed: every result verified");
             }
             Ok(())
         }

@@ -92,13 +92,13 @@ pub fn run(args: Args) -> Result<()> {
                 })
             })
             .collect();
-        println!(
+        crate::outln!(
             "{}",
             serde_json::to_string_pretty(&v).expect("JSON of plain values")
         );
         return Ok(());
     }
-    println!(
+    crate::outln!(
         "{:<9} {:<8} {:>14} {:>12} {:>9} {:>7} {:>9} {:>8}",
         "provider",
         "device",
@@ -111,11 +111,11 @@ pub fn run(args: Args) -> Result<()> {
     );
     for p in &providers {
         if let Some(reason) = &p.unavailable {
-            println!("{:<9} not available: {reason}", p.provider.name());
+            crate::outln!("{:<9} not available: {reason}", p.provider.name());
             continue;
         }
         for d in &p.devices {
-            println!(
+            crate::outln!(
                 "{:<9} {:<8} {:>14} {:>12} {:>9} {:>7} {:>9} {:>8}",
                 p.provider.name(),
                 d.name,
@@ -127,7 +127,7 @@ pub fn run(args: Args) -> Result<()> {
                 atomic_name(d.atomic_cap)
             );
             for p in &d.ports {
-                println!(
+                crate::outln!(
                     "          port {}: {} {} lid {} mtu {} gid[{}] {}{}",
                     p.num,
                     p.state,

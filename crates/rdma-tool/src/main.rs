@@ -1,6 +1,9 @@
 //! `rdma-tool`: rdmapool's command-line tool.
 
+#[macro_use]
+mod output;
 mod bench;
+mod cli_spec;
 mod demo;
 mod device_args;
 mod devices;
@@ -15,6 +18,7 @@ mod stress;
 mod units;
 
 use clap::{Parser, Subcommand};
+use std::io::Write;
 
 /// RDMA memory tool: devices, a two-process demo, and benchmarks.
 ///
@@ -69,15 +73,30 @@ enum Command {
     /// (internal) The target side of `demo` and `bench`: exports a region and serves it.
     #[command(hide = true)]
     Peer(peer::Args),
+    /// (internal) Every subcommand's arguments as JSON lines, from the clap definitions:
+    /// the tests run hostile values through each numeric one.
+    #[command(hide = true)]
+    CliSpec,
 }
 
 fn main() {
+    use std::io::IsTerminal;
+    // The soft NIC's exposure warning is kept out of tracing: the library prints it to
+    // stderr itself (plainly, once per NIC), so a second, coloured copy through tracing
+    // would only repeat it (its module logs nothing else). RDMAPOOL_LOG sets the rest.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RDMAPOOL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"))
+        .add_directive(
+            "rdmapool::soft::context=error"
+                .parse()
+                .expect("a valid directive"),
+        );
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RDMAPOOL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
+        // Its report of a failed write is an eprintln!, which panics when stderr is full.
+        .log_internal_errors(false)
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
@@ -90,17 +109,41 @@ fn main() {
         Command::Bench(c) => bench::run(c),
         Command::Peer(a) => peer::run(a),
         Command::Completions { shell } => {
+            // Into a buffer first: clap_complete panics when its writer fails.
             let mut cmd = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut cmd, "rdma-tool", &mut std::io::stdout());
+            let mut buf = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "rdma-tool", &mut buf);
+            output::write_all(&buf);
             Ok(())
         }
-        Command::Man => clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
-            .render(&mut std::io::stdout())
-            .map_err(|e| ToolError::Io("stdout".into(), e)),
+        Command::Man => {
+            let mut buf = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+                .render(&mut buf)
+                .map_err(|e| ToolError::Io("man page".into(), e))
+                .map(|()| output::write_all(&buf))
+        }
+        Command::CliSpec => {
+            for line in cli_spec::lines(&<Cli as clap::CommandFactory>::command()) {
+                outln!("{line}");
+            }
+            Ok(())
+        }
     };
-    if let Err(e) = result {
-        eprintln!("rdma-tool: {e}");
-        std::process::exit(1);
+    match result {
+        Ok(()) => output::flush(),
+        Err(ToolError::Io(what, e)) if what == "stdout" && output::is_closed_pipe(&e) => {
+            std::process::exit(0)
+        }
+        Err(e) => {
+            let code = if matches!(e, ToolError::Usage(_)) {
+                2
+            } else {
+                1
+            };
+            let _ = writeln!(std::io::stderr(), "rdma-tool: {e}");
+            std::process::exit(code);
+        }
     }
 }
 
@@ -116,6 +159,10 @@ pub enum ToolError {
     /// Anything else, said plainly.
     #[error("{0}")]
     Msg(String),
+    /// A command-line argument that cannot be used, found after clap's parsing (exit
+    /// code 2, like clap's own usage errors).
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// Result with [`ToolError`].

@@ -25,7 +25,7 @@ use std::time::Duration;
 #[derive(clap::Args)]
 pub struct Args {
     /// Bytes to export.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::units::message_size_arg)]
     size: usize,
     /// auto, tcp or local.
     #[arg(long, default_value = "auto", value_parser = crate::device_args::single_transport_arg)]
@@ -75,7 +75,7 @@ fn request_with_secret(
         if request.private_data() == secret {
             return Ok(request);
         }
-        eprintln!("peer: rejected a connection request without the secret");
+        crate::errln!("peer: rejected a connection request without the secret");
         let _ = request.reject(b"unknown client");
     }
 }
@@ -122,7 +122,7 @@ pub fn run(args: Args) -> Result<()> {
         while let Ok(request) = request_with_secret(&listener, &secret, forever) {
             match request.accept(&pd, &cq, &cq, &cfg, &region) {
                 Ok(qp) => more.push(qp),
-                Err(e) => eprintln!("peer: accepting a further connection: {e}"),
+                Err(e) => crate::errln!("peer: accepting a further connection: {e}"),
             }
         }
     });

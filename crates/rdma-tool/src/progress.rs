@@ -67,7 +67,7 @@ impl Steps {
     fn log(&mut self) {
         if self.lines && self.last_line.elapsed() >= EVERY {
             self.last_line = Instant::now();
-            eprintln!(
+            crate::errln!(
                 "{}: step {}/{}, {:.0} s elapsed: {}",
                 self.what,
                 self.done + 1,

@@ -23,25 +23,25 @@ pub struct Args {
     #[arg(long, default_value = "2M", value_parser = size_arg)]
     chunk_size: usize,
     /// This node's id: unique in the cluster, it names the node in pointers (`node:offset:len`).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     node: u32,
     /// Lease of a client (`2s`, `500ms`, `1m`): a client that stops renewing (its process
     /// exited) loses its allocations this long after its last renewal.
     #[arg(long, default_value = "2s", value_parser = duration_arg)]
     lease: Duration,
     /// Deprecated: --lease in milliseconds.
-    #[arg(long, hide = true, conflicts_with = "lease")]
+    #[arg(long, hide = true, conflicts_with = "lease", value_parser = crate::units::millis_arg)]
     lease_ms: Option<u64>,
     /// How many clients can hold a lease at once.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = crate::units::count_arg(65536))]
     clients: u64,
     /// Where to listen for clients (ip:port; port 0 picks one, printed on stdout).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
     #[command(flatten)]
     device: DeviceArgs,
-    /// Register with etcd at this URL (a build with `--features etcd`), under
-    /// `--etcd-prefix`, for clients that follow it.
+    /// Register with etcd at this URL (built in by default), under `--etcd-prefix`, for
+    /// clients that follow it.
     #[arg(long)]
     etcd: Option<String>,
     /// The etcd key prefix of this pool's servers.
@@ -51,11 +51,21 @@ pub struct Args {
     #[arg(long, default_value = "2s", value_parser = duration_arg)]
     drain: Duration,
     /// Deprecated: --drain in milliseconds.
-    #[arg(long, hide = true, conflicts_with = "drain")]
+    #[arg(long, hide = true, conflicts_with = "drain", value_parser = crate::units::millis_arg)]
     drain_ms: Option<u64>,
-    /// Print the `listening` line (and the `stopped` line) as JSON objects instead.
+    /// Print the `listening`, `stats` and `stopped` lines as JSON objects instead.
     #[arg(long)]
     json: bool,
+    /// How often to print a `stats` line with the server's counters (leases held, chunks
+    /// owned and free, connections, requests handled) on stdout (`5s`, `500ms`).
+    #[arg(long, default_value = "5s", value_parser = duration_arg)]
+    interval: Duration,
+    /// Serve this process's metrics, the server's counters included (`pool_servers` in
+    /// JSON, `rdmapool_pool_server_*` in Prometheus), on a Unix socket (a path, or `@name`
+    /// for an abstract socket), for `rdma-tool monitor --target` or socat. Without it, the
+    /// RDMAPOOL_METRICS_SOCKET and RDMAPOOL_METRICS_HTTP variables are honoured.
+    #[arg(long)]
+    metrics_socket: Option<String>,
     /// Keep running when stdin closes (for a server started with stdin at /dev/null);
     /// only SIGINT or SIGTERM stop it then.
     #[arg(long)]
@@ -67,7 +77,8 @@ pub struct Args {
 pub fn no_etcd(url: &str) -> ToolError {
     ToolError::Msg(format!(
         "--etcd {url}: rdma-tool was built without etcd support; \
-         list the servers with --servers/--servers-file instead"
+         rebuild with the default features (`cargo install rdma-tool`) or list the servers \
+         with --servers/--servers-file instead"
     ))
 }
 
@@ -80,11 +91,9 @@ fn config(args: &Args) -> Result<ServerConfig> {
         ))
     })?;
     let lease = args.lease_ms.map_or(args.lease, Duration::from_millis);
-    if lease.is_zero() {
-        return Err(ToolError::Msg(
-            "--lease-ms must be positive (better: --lease 2s)".into(),
-        ));
-    }
+    // The region is touched page by page when it is allocated: more than the machine has
+    // would end in the OOM killer, not an error.
+    crate::units::fits_in_memory("--size", args.size)?;
     Ok(ServerConfig {
         node: args.node,
         size: args.size,
@@ -92,6 +101,61 @@ fn config(args: &Args) -> Result<ServerConfig> {
         clients: args.clients,
         lease,
         listen,
+    })
+}
+
+/// The `stats` line: the server's counters now, as text (`stats node 1 leases 2 ...`) or
+/// one JSON object (crates/rdma-tool/schemas/serve.schema.json).
+fn stats_line(node: u32, st: &rdmapool::remote::ServerStats, json: bool) -> String {
+    let fields = [
+        ("leases", st.clients),
+        ("lease_slots", st.lease_slots),
+        ("chunks", st.chunks),
+        ("chunks_owned", st.chunks_owned),
+        ("chunks_free", st.chunks - st.chunks_owned),
+        ("connections", st.connections),
+        ("connected", st.connected),
+        ("requests_handled", st.requests_handled),
+        ("expired_leases", st.expired_clients),
+        ("reclaimed_chunks", st.reclaimed_chunks),
+    ];
+    if json {
+        let mut o = serde_json::Map::new();
+        o.insert("stats".into(), node.into());
+        for (k, v) in fields {
+            o.insert(k.into(), v.into());
+        }
+        serde_json::Value::Object(o).to_string()
+    } else {
+        let mut s = format!("stats node {node}");
+        for (k, v) in fields {
+            s += &format!(" {k} {v}");
+        }
+        s
+    }
+}
+
+/// On the soft provider, a server listening beyond loopback while its soft NIC listens on
+/// loopback (RDMAPOOL_SOFT_BIND unset, or a loopback address) accepts clients from other
+/// hosts whose QPs then cannot reach the NIC: says so, naming the variable.
+fn soft_bind_warning(listen: &SocketAddr) -> Option<String> {
+    if listen.ip().is_loopback() {
+        return None;
+    }
+    let bind = std::env::var("RDMAPOOL_SOFT_BIND").ok();
+    let nic_on_loopback = match &bind {
+        None => true,
+        Some(b) => b.parse::<SocketAddr>().is_ok_and(|a| a.ip().is_loopback()),
+    };
+    nic_on_loopback.then(|| {
+        format!(
+            "--listen {listen} takes clients from other hosts, but the soft NIC listens on \
+             loopback ({}): their QPs will not connect. Set RDMAPOOL_SOFT_BIND=<this host's \
+             address>:0 (and RDMAPOOL_SOFT_PSK_FILE) on every node; see docs/rdma-tool.md",
+            bind.map_or("RDMAPOOL_SOFT_BIND is unset".to_string(), |b| {
+                format!("RDMAPOOL_SOFT_BIND={b}")
+            })
+        )
     })
 }
 
@@ -108,9 +172,26 @@ pub fn run(args: Args) -> Result<()> {
     }
     let cfg = config(&args)?;
     let provider = args.device.kind();
+    if provider == rdmapool::fabric::ProviderKind::Soft {
+        if let Some(warning) = soft_bind_warning(&cfg.listen) {
+            crate::errln!("rdma-tool serve: warning: {warning}");
+        }
+    }
     let ctx = args.device.open(Transport::Auto)?;
     crate::signals::install()?;
     let server = MemoryServer::start(&ctx, cfg.clone())?;
+    // Started once the server is listed in the metrics registry; stops when dropped.
+    let _metrics = match &args.metrics_socket {
+        Some(s) => Some(
+            rdmapool::metrics::Endpoint::start(rdmapool::metrics::EndpointConfig {
+                unix: Some(rdmapool::metrics::UnixName::parse(s)),
+                http: None,
+            })
+            .map_err(|e| ToolError::Msg(format!("--metrics-socket: {e}")))?,
+        ),
+        None => rdmapool::metrics::Endpoint::from_env()
+            .map_err(|e| ToolError::Msg(format!("metrics endpoint: {e}")))?,
+    };
     let d = server.descriptor();
     // Registered in etcd while it serves; dropping it (on the way out) revokes the key.
     #[cfg(feature = "etcd")]
@@ -158,7 +239,7 @@ pub fn run(args: Args) -> Result<()> {
             .and_then(|_| out.flush())
             .map_err(|e| ToolError::Io("stdout".into(), e))?;
     }
-    eprintln!(
+    crate::errln!(
         "rdma-tool serve: node {} exports {} in {} chunks of {}, lease {}; stop with Ctrl-C{}",
         d.node,
         show(l.len as usize),
@@ -182,11 +263,20 @@ pub fn run(args: Args) -> Result<()> {
             closed.store(true, Ordering::SeqCst);
         });
     }
+    let mut next_stats = std::time::Instant::now() + args.interval;
     while !crate::signals::stopped() && !stdin_closed.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
+        let now = std::time::Instant::now();
+        if now >= next_stats {
+            next_stats = now + args.interval;
+            // Whoever started us may have stopped reading: the server goes on.
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{}", stats_line(d.node, &server.stats(), args.json))
+                .and_then(|_| out.flush());
+        }
     }
     let st = server.stats();
-    eprintln!(
+    crate::errln!(
         "rdma-tool serve: draining node {} ({} of {} chunks owned by {} clients; {} connections, \
          {} expired leases, {} chunks reclaimed)",
         d.node,

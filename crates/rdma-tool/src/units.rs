@@ -3,7 +3,16 @@
 //! Sizes: digits with an optional K, M, G or T (powers of 1024), an optional trailing `B`
 //! or `iB` (`8`, `4K`, `512M`, `1GiB`). Durations: a number with us, ms, s or m (`250us`,
 //! `500ms`, `1.5s`, `2m`); a bare number is seconds. The `*_arg` functions are clap value
-//! parsers, so a bad value is a usage error (exit code 2) that says what is wanted.
+//! parsers, so a bad value is a usage error (exit code 2) that says what is wanted; clap
+//! names the flag. Every numeric flag has a bound checked here, at parse time, so that no
+//! value can make a command allocate without limit, overflow or panic later.
+
+/// The largest size any flag takes (1T): more than any region this tool could register.
+pub const MAX_SIZE: usize = 1 << 40;
+/// The largest message or object size (`bench data --size`, `bench pool --*-size`): 1G.
+pub const MAX_MESSAGE: usize = 1 << 30;
+/// The longest duration any flag takes: a year (8760h).
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 use crate::{Result, ToolError};
 use std::time::Duration;
@@ -32,18 +41,104 @@ pub fn parse_size(s: &str) -> Result<usize> {
             "bad size {s:?}: want digits with an optional K, M, G or T (e.g. 4K, 512M, 1G)"
         ))
     })?;
-    n.checked_mul(1usize << shift)
-        .filter(|&v| v > 0)
-        .ok_or_else(|| {
-            ToolError::Msg(format!(
-                "bad size {s:?}: must be positive and fit in memory"
-            ))
-        })
+    let n = n.checked_mul(1usize << shift).filter(|&v| v <= MAX_SIZE);
+    match n {
+        Some(0) => Err(ToolError::Msg(format!(
+            "bad size {s:?}: must be at least 1 byte"
+        ))),
+        Some(v) => Ok(v),
+        None => Err(ToolError::Msg(format!(
+            "bad size {s:?}: too large, at most {}",
+            show(MAX_SIZE)
+        ))),
+    }
+}
+
+/// [`parse_size`] up to [`MAX_MESSAGE`], as a clap value parser.
+pub fn message_size_arg(s: &str) -> std::result::Result<usize, String> {
+    let n = size_arg(s)?;
+    if n > MAX_MESSAGE {
+        return Err(format!(
+            "bad size {s:?}: too large, at most {}",
+            show(MAX_MESSAGE)
+        ));
+    }
+    Ok(n)
+}
+
+/// A clap value parser for a count from 1 to `max` (`u64`): `0`, `-1`, `10Q` and values
+/// past `max` are usage errors that name the flag and the range.
+pub fn count_arg(max: u64) -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(1..=max)
+}
+
+/// [`count_arg`] for a `usize` (threads, clients, list lengths).
+pub fn usize_arg(max: usize) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=max as u64)
+}
+
+/// Milliseconds for the deprecated `--*-ms` flags: from 1 to [`MAX_DURATION`].
+pub fn millis_arg(s: &str) -> std::result::Result<u64, String> {
+    let max = MAX_DURATION.as_millis() as u64;
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("must be positive".into()),
+        Ok(n) if n > max => Err(format!("too large, at most {max} (a year)")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{s:?}: {e} (want whole milliseconds)")),
+    }
+}
+
+/// Seconds as a decimal number for the deprecated `bench pool --secs`: more than 0, at
+/// most 600.
+pub fn secs_arg(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 600.0 => Ok(v),
+        Ok(_) => Err(format!(
+            "{s:?}: between 0 and 600 seconds (better: --duration 1s)"
+        )),
+        Err(e) => Err(format!("{s:?}: {e} (want seconds)")),
+    }
+}
+
+/// A percentile in (0, 100], as a clap value parser.
+pub fn percentile_arg(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 100.0 => Ok(v),
+        Ok(_) => Err(format!("{s:?}: a percentile is above 0 and at most 100")),
+        Err(e) => Err(format!("{s:?}: {e} (want e.g. 50, 99 or 99.9)")),
+    }
 }
 
 /// [`parse_size`] as a clap value parser (with `value_delimiter = ','` for lists).
 pub fn size_arg(s: &str) -> std::result::Result<usize, String> {
     parse_size(s).map_err(|e| e.to_string())
+}
+
+/// This machine's physical memory in bytes, if the system says.
+pub fn physical_memory() -> Option<u64> {
+    // SAFETY: sysconf only reads system configuration; it has no memory-safety
+    // preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let (pages, page) = (u64::try_from(pages).ok()?, u64::try_from(page).ok()?);
+    pages.checked_mul(page).filter(|&n| n > 0)
+}
+
+/// Refuses `size` bytes for `flag` when they exceed this machine's memory: memory that is
+/// touched or pinned beyond it ends in the OOM killer, not an error.
+pub fn fits_in_memory(flag: &str, size: usize) -> Result<()> {
+    match physical_memory() {
+        Some(ram) if size as u64 > ram => Err(ToolError::Msg(format!(
+            "{flag} {}: more than this machine's memory ({:.1}G)",
+            show(size),
+            ram as f64 / (1u64 << 30) as f64
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Shows a size the way it was probably written (`4K`, `1G`), exactly: a size that is not a
@@ -97,10 +192,17 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
         "h" => v * 3600.0,
         u => return Err(format!("{s:?}: unknown unit {u:?} (use us, ms, s, m or h)")),
     };
-    if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
+    if !secs.is_finite() || secs > MAX_DURATION.as_secs_f64() {
+        return Err(format!(
+            "{s:?}: too long, at most {}h (a year)",
+            MAX_DURATION.as_secs() / 3600
+        ));
+    }
+    let d = Duration::from_secs_f64(secs);
+    if d.is_zero() {
         return Err(format!("{s:?}: a duration must be positive"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
 }
 
 /// [`parse_duration`] under the name the flags use.
@@ -139,6 +241,20 @@ mod tests {
         assert!(parse_size("").is_err());
         assert!(parse_size("B").is_err());
         assert!(parse_size("99999999999999999999G").is_err());
+        assert!(parse_size("2T")
+            .unwrap_err()
+            .to_string()
+            .contains("at most 1T"));
+        assert!(parse_size("0")
+            .unwrap_err()
+            .to_string()
+            .contains("at least 1 byte"));
+        assert!(message_size_arg("2G").unwrap_err().contains("at most 1G"));
+        assert_eq!(millis_arg("700"), Ok(700));
+        assert!(millis_arg("0").is_err() && millis_arg("18446744073709551615").is_err());
+        assert!(percentile_arg("0").is_err() && percentile_arg("101").is_err());
+        assert_eq!(percentile_arg("99.9"), Ok(99.9));
+        assert!(secs_arg("0").is_err() && secs_arg("1e300").is_err());
         assert_eq!(show(4096), "4K");
         assert_eq!(show(100), "100");
         assert_eq!(human(1 << 40), "1T");
@@ -159,6 +275,15 @@ mod tests {
         assert!(parse_duration("5d").is_err());
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("1000000h")
+            .unwrap_err()
+            .contains("at most 8760h"));
+        assert!(parse_duration("99999999999999999999")
+            .unwrap_err()
+            .contains("too long"));
+        assert!(parse_duration("-1").is_err());
+        assert_eq!(parse_duration("8760h"), Ok(MAX_DURATION));
+        assert!(parse_duration("0.0000000001s").is_err());
         assert_eq!(show_duration(Duration::from_secs(2)), "2s");
         assert_eq!(show_duration(Duration::from_millis(500)), "500ms");
         assert_eq!(show_duration(Duration::from_millis(1500)), "1500ms");

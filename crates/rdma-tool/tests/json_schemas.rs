@@ -271,6 +271,8 @@ fn serve_json_lines_and_pool_json_against_it() {
             "3s",
             "--drain",
             "2s",
+            "--interval",
+            "200ms",
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -336,7 +338,24 @@ fn serve_json_lines_and_pool_json_against_it() {
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
     assert!(child.wait().unwrap().success());
-    let stopped: Value = serde_json::from_str(rest.trim()).unwrap();
-    check("serve", &stopped);
+    // A `stats` line every --interval while it ran (the pool commands above take seconds),
+    // then `stopped`.
+    let lines: Vec<Value> = rest
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (stopped, stats) = lines.split_last().unwrap();
+    assert!(!stats.is_empty(), "no stats line: {rest}");
+    for st in stats {
+        check("serve", st);
+        assert_eq!(st["stats"], 5, "{st}");
+        let (chunks, owned, free) = (&st["chunks"], &st["chunks_owned"], &st["chunks_free"]);
+        assert_eq!(
+            chunks.as_u64(),
+            Some(owned.as_u64().unwrap() + free.as_u64().unwrap()),
+            "{st}"
+        );
+    }
+    check("serve", stopped);
     assert_eq!(stopped["stopped"], 5);
 }

@@ -8,9 +8,12 @@ use super::ucx;
 use crate::device_args::DeviceArgs;
 use crate::peer::PeerProcess;
 use crate::progress::Steps;
-use crate::units::{show, size_arg};
+use crate::units::{message_size_arg, show};
 use crate::{Result, ToolError};
 use rdmapool::fabric::*;
+
+/// Most latency iterations (`--iters`): every sample is kept (8 bytes each).
+pub const MAX_ITERS: u64 = 10_000_000;
 
 /// Arguments of `bench data`.
 #[derive(clap::Args)]
@@ -21,14 +24,14 @@ pub struct Args {
     #[arg(long, default_value = "write,read,cas,faa")]
     op: String,
     /// Sizes for write/read, comma-separated, with K/M/G suffixes (atomics are always 8 B).
-    #[arg(long, value_delimiter = ',', value_parser = size_arg,
+    #[arg(long, value_delimiter = ',', value_parser = message_size_arg,
           default_value = "8,64,512,4K,32K,256K,1M,4M")]
     size: Vec<usize>,
     /// Paths to measure, comma-separated: auto, tcp, local.
     #[arg(long, default_value = "auto", value_parser = crate::device_args::transport_arg)]
     transport: String,
     /// Latency iterations for 8-byte operations (larger sizes use fewer).
-    #[arg(long, default_value_t = 20000)]
+    #[arg(long, default_value_t = 20000, value_parser = crate::units::count_arg(MAX_ITERS))]
     iters: u64,
     /// Skip UCX perftest even if it is installed.
     #[arg(long)]
@@ -43,16 +46,17 @@ pub struct Args {
     async_latency: bool,
     /// Message rate of 8 B WRITEs posted as lists of N (one doorbell, last signalled) vs one
     /// WR per doorbell, raw and async; comma-separated list lengths, e.g. 16,64.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = crate::units::usize_arg(128))]
     batch: Vec<usize>,
     /// Message rate with --threads threads over N CQs; comma-separated, e.g. 1,2,4.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = crate::units::usize_arg(64))]
     cqs: Vec<usize>,
     /// Threads for --cqs (each with its own QP).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = crate::units::usize_arg(256))]
     threads: usize,
-    /// Operations per message-rate measurement.
-    #[arg(long, default_value_t = 200_000)]
+    /// Operations per message-rate measurement (at least 1000).
+    #[arg(long, default_value_t = 200_000,
+          value_parser = clap::value_parser!(u64).range(1000..=1_000_000_000_000))]
     count: u64,
     /// With `--provider verbs`: the IP address of the device's netdev, where perftest's
     /// server listens for its reference runs (default: $SOFTROCE_IP inside the guest).
@@ -241,7 +245,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         if !args.no_ucx {
             match ucx::unavailable() {
-                Some(why) => eprintln!("UCX comparison skipped: {why}"),
+                Some(why) => crate::errln!("UCX comparison skipped: {why}"),
                 None => {
                     bar.set_message(format!("{path} ucx_perftest"));
                     rows.extend(ucx_rows(&rows, path, args.iters));
@@ -330,7 +334,7 @@ fn ucx_rows(ours: &[Row], path: &str, iters: u64) -> Vec<Row> {
             Kind::RoundTrip => iters,
         };
         let Some(u) = ucx::run(tls, test, size, n) else {
-            eprintln!("ucx_perftest {test} over {tls} gave no result");
+            crate::errln!("ucx_perftest {test} over {tls} gave no result");
             continue;
         };
         let metric = match kind {

@@ -176,11 +176,28 @@ pub(super) fn connect_bench(
     Ok((ctx, pd, bench))
 }
 
-/// Fewer latency iterations for larger messages, to bound run time.
+/// Fewer latency iterations for larger messages, to bound run time: at least 50 (or `base`
+/// when it is smaller; `--iters` may be 1), at most `base`.
 pub(super) fn iters_for(size: usize, base: u64) -> u64 {
-    (base * 8 / size.max(8) as u64).clamp(50, base)
+    (base.saturating_mul(8) / size.max(8) as u64).clamp(base.min(50), base)
 }
 
 pub(super) fn count_for(size: usize) -> u64 {
     ((256u64 << 20) / size as u64).clamp(400, 100_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iterations_shrink_with_size_within_bounds_for_any_base() {
+        assert_eq!(iters_for(8, 20000), 20000);
+        assert_eq!(iters_for(1 << 20, 20000), 50);
+        // --iters below the floor of 50 (was a 'min > max' panic).
+        for base in [1, 10, 49, 50] {
+            assert_eq!(iters_for(8, base), base);
+            assert_eq!(iters_for(4 << 20, base), base.min(50));
+        }
+    }
 }

@@ -130,6 +130,9 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(p) = &args.plot {
         crate::plot::check_path(p)?;
     }
+    crate::units::fits_in_memory("--async-size", args.async_size)?;
+    crate::units::fits_in_memory("--page-size-region", args.page_size_region)?;
+    crate::units::fits_in_memory("--parallel-size", args.parallel_size)?;
     let open = || args.device.open(Transport::Auto);
     let ctx = open()?;
     let pd = ctx.alloc_pd()?;
@@ -383,20 +386,30 @@ pub fn run(args: Args) -> Result<()> {
     }
     if args.json {
         for r in &rows {
-            println!(
+            crate::outln!(
                 "{}",
                 serde_json::to_string(r).expect("JSON of plain values")
             );
         }
     } else {
-        println!(
+        crate::outln!(
             "{:<66} {:>12} {:<6} {:<40} {:>12} {:>8}",
-            "benchmark", "value", "unit", "reference", "ref value", "ratio"
+            "benchmark",
+            "value",
+            "unit",
+            "reference",
+            "ref value",
+            "ratio"
         );
         for r in &rows {
-            println!(
+            crate::outln!(
                 "{:<66} {:>12.2} {:<6} {:<40} {:>12.2} {:>8.2}",
-                r.name, r.value, r.unit, r.reference, r.reference_value, r.ratio
+                r.name,
+                r.value,
+                r.unit,
+                r.reference,
+                r.reference_value,
+                r.ratio
             );
         }
     }

@@ -37,7 +37,7 @@ pub struct Row {
 
 /// Prints rows as an aligned table.
 pub fn print_table(rows: &[Row]) {
-    println!(
+    crate::outln!(
         "{:<9} {:<18} {:<9} {:>6} {:>7} {:>11} {:>11} {:>11}  {:<32} {:>11} {:>7}",
         "transport",
         "op",
@@ -69,7 +69,7 @@ pub fn print_table(rows: &[Row]) {
         } else {
             "-".into()
         };
-        println!(
+        crate::outln!(
             "{:<9} {:<18} {:<9} {:>6} {:>7} {:>11} {:>11} {:>11}  {:<32} {:>11} {:>7}",
             r.transport,
             r.op,
@@ -102,7 +102,7 @@ pub fn fmt_ns(ns: f64) -> String {
 /// Prints rows as JSON, one object per line.
 pub fn print_json(rows: &[Row]) {
     for r in rows {
-        println!(
+        crate::outln!(
             "{}",
             serde_json::to_string(r).expect("JSON of plain values")
         );

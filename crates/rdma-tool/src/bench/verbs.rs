@@ -65,13 +65,13 @@ pub fn run(
     }
     bar.finish();
     let Some(ip) = perftest_ip else {
-        eprintln!(
+        crate::errln!(
             "perftest comparison skipped: give --perftest-ip (the address of the device's netdev)"
         );
         return Ok(rows);
     };
     if !perftest::available() {
-        eprintln!(
+        crate::errln!(
             "perftest comparison skipped: perftest is not installed (apt-get install perftest)"
         );
         return Ok(rows);
@@ -97,7 +97,7 @@ pub fn run(
         };
         let Some(v) = perftest::run(&target, test, r.size, n).and_then(|v| v.get(col).copied())
         else {
-            eprintln!("{test} gave no result");
+            crate::errln!("{test} gave no result");
             continue;
         };
         let value = v * scale; // ns for latency (t_typical), GB/s for bandwidth (BW average)

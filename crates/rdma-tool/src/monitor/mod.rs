@@ -52,7 +52,7 @@ pub struct Args {
     /// Percentiles of latency metrics, comma-separated (50,99,99.9). Over a Unix socket (and
     /// the probe): 50, 75, 90, 95, 99, 99.9, 99.99 or 100 (the maximum); over HTTP any
     /// value in (0, 100], estimated from the histogram buckets.
-    #[arg(long, value_delimiter = ',', default_value = "50,99")]
+    #[arg(long, value_delimiter = ',', default_value = "50,99", value_parser = crate::units::percentile_arg)]
     percentile: Vec<f64>,
     /// The endpoint: a Unix socket path, an abstract socket `@name`, or
     /// `http://127.0.0.1:PORT[/metrics]`. Without it, a probe workload runs in this process
@@ -63,7 +63,7 @@ pub struct Args {
     #[arg(long, default_value = "1s", value_parser = crate::units::duration_arg)]
     interval: Duration,
     /// Stop after this many samples (default: until interrupted).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::units::count_arg(u64::MAX))]
     count: Option<u64>,
     /// One JSON object per sample, one per line.
     #[arg(long)]

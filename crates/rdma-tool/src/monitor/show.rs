@@ -187,7 +187,7 @@ impl Output {
     /// Ends the in-place line on a terminal.
     pub fn finish(&self) -> Result<()> {
         if self.tty && self.printed {
-            println!();
+            crate::outln!();
         }
         Ok(())
     }

@@ -24,10 +24,10 @@ pub struct Args {
     #[arg(long, default_value = "64M", value_parser = crate::units::size_arg)]
     size: usize,
     /// Rounds: every round registers `size` bytes and deregisters them again.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = crate::units::count_arg(1_000_000_000))]
     count: u64,
     /// Registration worker threads (one region per thread per round, at most 1024).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = crate::units::usize_arg(1024))]
     threads: usize,
     /// pooled: allocate once, register every round; fresh: allocate every round too.
     #[arg(long, value_enum, default_value_t = MemoryMode::Pooled)]
@@ -70,10 +70,10 @@ pub struct Args {
     #[arg(long, value_parser = crate::units::size_arg)]
     cache_size: Option<usize>,
     /// With --mix cache: buffers in the working set all threads look up.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = crate::units::usize_arg(65536))]
     cache_buffers: usize,
     /// With --mix cache: one lookup in this many is on a buffer the cache has not seen.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = crate::units::count_arg(1_000_000_000))]
     cache_miss_every: u64,
     /// With --mix pool: bytes per pool allocation (default: the thread's region, at most
     /// 64K; the pool serves up to 2M).
@@ -93,6 +93,7 @@ fn record(h: &mut hdrhistogram::Histogram<u64>, since: Instant) {
 /// Runs the stress loop.
 pub fn run(args: Args) -> Result<()> {
     let size = args.size;
+    crate::units::fits_in_memory("--size", size)?;
     if let Some(p) = &args.plot {
         crate::plot::check_path(p)?;
     }

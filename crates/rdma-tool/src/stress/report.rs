@@ -75,7 +75,7 @@ impl Progress {
                 MemoryMode::Fresh => el / s.rounds_done as f64,
             };
             let eta = per_round * (self.count - s.rounds_done) as f64;
-            eprintln!(
+            crate::errln!(
                 "stress: round {}/{}, {:.0} s elapsed, ETA {:.0} s, registration p99 {}",
                 s.rounds_done,
                 self.count,
@@ -140,7 +140,7 @@ pub fn print(s: &Summary, as_json: bool) {
             "stopped_early_after_round": s.stopped_early,
             "interrupted": s.interrupted,
         });
-        println!("{v}");
+        crate::outln!("{v}");
         return;
     }
     let pages = if s.hugepages {
@@ -152,7 +152,7 @@ pub fn print(s: &Summary, as_json: bool) {
         MemoryMode::Pooled => "allocated once, registered every round",
         MemoryMode::Fresh => "allocated every round",
     };
-    println!(
+    crate::outln!(
         "{} rounds x {} threads x {} ({pages}, {memory}) on {}: {} registered and deregistered in {:.2} s{}",
         s.rounds_done,
         s.threads,
@@ -163,21 +163,23 @@ pub fn print(s: &Summary, as_json: bool) {
         rate.map(|r| format!(", {r:.2} GB/s")).unwrap_or_default()
     );
     if s.interrupted {
-        println!(
+        crate::outln!(
             "interrupted after round {} of {}: the figures cover the rounds done",
-            s.rounds_done, s.count
+            s.rounds_done,
+            s.count
         );
     }
-    println!("{}", line("registration (submit to ready)", &s.reg));
-    println!("{}", line("deregistration", &s.dereg));
-    println!("{}", line("allocation and first touch", &s.alloc));
+    crate::outln!("{}", line("registration (submit to ready)", &s.reg));
+    crate::outln!("{}", line("deregistration", &s.dereg));
+    crate::outln!("{}", line("allocation and first touch", &s.alloc));
     if !s.reg.is_empty() {
-        println!(
+        crate::outln!(
             "registration time summed over the {} threads: {reg_seconds:.2} s (wall {:.2} s)",
-            s.threads, s.wall
+            s.threads,
+            s.wall
         );
     }
-    println!(
+    crate::outln!(
         "failures {}, retries {}{}",
         s.failures,
         s.retries,
@@ -262,11 +264,11 @@ pub fn print_mix(
             "failures": r.kinds.iter().map(|k| k.failures).sum::<u64>(),
             "interrupted_after_round": r.interrupted_after,
         });
-        println!("{v}");
+        crate::outln!("{v}");
         return;
     }
     let names: Vec<&str> = plan.kinds.iter().map(|k| k.name()).collect();
-    println!(
+    crate::outln!(
         "mix {} x {} threads x {} rounds on {provider} in {:.2} s (kinds interleaved: ops/s over the whole run, time = share of the threads' time)",
         names.join(","),
         plan.threads,
@@ -274,14 +276,22 @@ pub fn print_mix(
         r.wall
     );
     if let Some(done) = r.interrupted_after {
-        println!(
+        crate::outln!(
             "interrupted after round {done} of {}: the figures cover the rounds done",
             plan.count
         );
     }
-    println!(
+    crate::outln!(
         "{:<6} {:>9} {:>11} {:>6} {:>10} {:>10} {:>10} {:>10} {:>8}",
-        "kind", "ops", "ops/s", "time", "p50", "p99", "p99.9", "max", "failures"
+        "kind",
+        "ops",
+        "ops/s",
+        "time",
+        "p50",
+        "p99",
+        "p99.9",
+        "max",
+        "failures"
     );
     for k in &r.kinds {
         let h = &k.latency;
@@ -297,7 +307,7 @@ pub fn print_mix(
         } else {
             us(h.max())
         };
-        println!(
+        crate::outln!(
             "{:<6} {:>9} {:>11.0} {:>5.0}% {:>10} {:>10} {:>10} {:>10} {:>8}",
             k.kind.name(),
             k.ops,
@@ -312,19 +322,19 @@ pub fn print_mix(
     }
     for k in &r.kinds {
         match k.kind {
-            super::mix::Kind::Reg => println!(
+            super::mix::Kind::Reg => crate::outln!(
                 "reg: {} regions through the registrar, submit to ready; {}",
                 show(plan.region_bytes),
                 line("deregistration", &k.dereg)
             ),
             super::mix::Kind::Cache => {
                 if let Some(c) = &r.cache {
-                    println!(
+                    crate::outln!(
                         "cache: {} buffers of {} shared, one lookup in {} on a new buffer: hits {}, misses {}, evictions {}, uncached {}",
                         plan.cache_buffers, show(plan.cache_size), plan.cache_miss_every,
                         c.hits, c.misses, c.evictions, c.uncached
                     );
-                    println!(
+                    crate::outln!(
                         "cache: {}",
                         line("lookups on new buffers (register)", &k.misses)
                     );
@@ -332,7 +342,7 @@ pub fn print_mix(
             }
             super::mix::Kind::Pool => {
                 if let Some(p) = &r.pool {
-                    println!(
+                    crate::outln!(
                         "pool: {} buffers, the last 4 per thread held: chunks {}, empty {}, growths {}",
                         show(plan.pool_size), p.chunks, p.empty, p.growths
                     );
@@ -340,7 +350,7 @@ pub fn print_mix(
             }
         }
         if let Some(e) = &k.first_error {
-            println!("{}: first failure: {e}", k.kind.name());
+            crate::outln!("{}: first failure: {e}", k.kind.name());
         }
     }
 }

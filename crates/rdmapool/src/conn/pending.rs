@@ -109,7 +109,7 @@ impl CmPort {
                     Progress::Waiting => i += 1,
                     Progress::Dropped => {
                         let p = pending.swap_remove(i);
-                        tracing::warn!(peer = %p.peer, "dropping a connection request: malformed, closed or too slow");
+                        warn_dropped(p.peer, "malformed, closed or too slow");
                     }
                     Progress::Done(m) => {
                         let p = pending.swap_remove(i);
@@ -122,7 +122,7 @@ impl CmPort {
                                 return Ok((p.stream, p.peer, endpoint, m.private));
                             }
                             _ => {
-                                tracing::warn!(peer = %p.peer, "dropping a connection request: not a REQ");
+                                warn_dropped(p.peer, "not a REQ");
                             }
                         }
                     }
@@ -155,7 +155,7 @@ impl CmPort {
                         let oldest = (0..pending.len()).min_by_key(|&i| pending[i].deadline);
                         if let Some(i) = oldest {
                             let p = pending.swap_remove(i);
-                            tracing::warn!(peer = %p.peer, "dropping a connection request: too many in progress");
+                            warn_dropped(p.peer, "too many in progress");
                         }
                     }
                     pending.push(Pending {
@@ -187,5 +187,35 @@ impl CmPort {
         let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
         // SAFETY: `fds` is a live array of `fds.len()` pollfds over descriptors we own.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    }
+}
+
+/// Logs a dropped connection request, at most once a second per process: anyone who can
+/// reach the port can open and close connections, and a line each (about 180 bytes) would
+/// let them fill the log. The next line logged says how many were held back meanwhile.
+fn warn_dropped(peer: std::net::SocketAddr, why: &str) {
+    static LOG: std::sync::Mutex<(Option<Instant>, u64)> = std::sync::Mutex::new((None, 0));
+    let mut log = LOG
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let now = Instant::now();
+    if log
+        .0
+        .is_some_and(|at| now.saturating_duration_since(at) < Duration::from_secs(1))
+    {
+        log.1 += 1;
+        return;
+    }
+    let held_back = std::mem::take(&mut log.1);
+    log.0 = Some(now);
+    drop(log);
+    if held_back == 0 {
+        tracing::warn!(%peer, "dropping a connection request: {why}");
+    } else {
+        tracing::warn!(
+            %peer,
+            "dropping a connection request: {why} ({held_back} more dropped since the last \
+             such line, not logged)"
+        );
     }
 }

@@ -6,6 +6,7 @@ use super::ops::opcode_label;
 use super::prometheus::status_label;
 use super::registry::{LatencySummary, Snapshot, PERCENTILES};
 use crate::fabric::WcStatus;
+use crate::remote::ServerStats;
 use std::fmt::Write;
 
 /// A finite number as JSON (non-finite values, which never occur here, become 0).
@@ -53,6 +54,33 @@ fn objects(key: &str, objs: &[ObjectCompletions]) -> String {
                 string(&obj.device),
                 obj.id,
                 by_status(&obj.completions)
+            )
+        })
+        .collect();
+    format!("[{}]", items.join(","))
+}
+
+/// The memory servers alive in the process as a JSON array (`pool_servers`).
+fn pool_servers(servers: &[(u32, ServerStats)]) -> String {
+    let items: Vec<String> = servers
+        .iter()
+        .map(|(node, s)| {
+            format!(
+                concat!(
+                    "{{\"node\":{},\"leases\":{},\"lease_slots\":{},\"chunks\":{},",
+                    "\"chunks_owned\":{},\"connections\":{},\"connected\":{},",
+                    "\"requests_handled\":{},\"expired_leases\":{},\"reclaimed_chunks\":{}}}"
+                ),
+                node,
+                s.clients,
+                s.lease_slots,
+                s.chunks,
+                s.chunks_owned,
+                s.connections,
+                s.connected,
+                s.requests_handled,
+                s.expired_clients,
+                s.reclaimed_chunks
             )
         })
         .collect();
@@ -108,7 +136,7 @@ impl Snapshot {
                 "\"registered_bytes\":{},\"pinned_bytes\":{},\"completions\":{{{}}},",
                 "\"op_sample_every\":{},\"op_latency\":{{{}}},",
                 "\"objects\":{{\"tracked\":{},\"cqs_live\":{},\"qps_live\":{},",
-                "\"cqs\":{},\"qps\":{}}}}}"
+                "\"cqs\":{},\"qps\":{}}},\"pool_servers\":{}}}"
             ),
             self.pid,
             num(self.uptime_seconds),
@@ -140,7 +168,8 @@ impl Snapshot {
             self.cqs_live,
             self.qps_live,
             objects("cq", &self.cqs),
-            objects("qp", &self.qps)
+            objects("qp", &self.qps),
+            pool_servers(&self.pool_servers)
         )
     }
 }

@@ -26,6 +26,7 @@ mod json;
 pub(crate) mod objects;
 pub(crate) mod ops;
 mod opt_in;
+pub(crate) mod pool_servers;
 mod prometheus;
 pub(crate) mod registry;
 

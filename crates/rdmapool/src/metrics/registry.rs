@@ -318,6 +318,9 @@ pub struct Snapshot {
     pub qps: Vec<super::ObjectCompletions>,
     /// QPs alive now (may exceed `qps.len()`).
     pub qps_live: usize,
+    /// The memory servers (`remote::MemoryServer`) alive in the process, by node id, with
+    /// their counters.
+    pub pool_servers: Vec<(u32, crate::remote::ServerStats)>,
 }
 
 /// A snapshot of the process-global registry.
@@ -367,5 +370,6 @@ pub fn snapshot() -> Snapshot {
         cqs_live,
         qps,
         qps_live,
+        pool_servers: super::pool_servers::snapshot(),
     }
 }

@@ -69,6 +69,20 @@ fn known() -> Snapshot {
             },
         ],
         qps_live: 2,
+        pool_servers: vec![(
+            3,
+            crate::remote::ServerStats {
+                chunks: 31,
+                chunks_owned: 4,
+                clients: 2,
+                lease_slots: 256,
+                connections: 5,
+                connected: 2,
+                reclaimed_chunks: 1,
+                expired_clients: 1,
+                requests_handled: 0,
+            },
+        )],
     }
 }
 
@@ -100,6 +114,11 @@ fn prometheus_text() {
         "rdmapool_qp_completions_total{device=\"soft0\",qp=\"7\",status=\"success\"} 10\n",
         "rdmapool_qp_completions_total{device=\"so\\\"ft\\\\0\",qp=\"8\",status=\"rem_access_err\"} 2\n",
         "rdmapool_qps_live 2\n",
+        "# TYPE rdmapool_pool_server_leases gauge\nrdmapool_pool_server_leases{node=\"3\"} 2\n",
+        "rdmapool_pool_server_chunks_owned{node=\"3\"} 4\n",
+        "rdmapool_pool_server_connected{node=\"3\"} 2\n",
+        "# TYPE rdmapool_pool_server_connections_total counter\n",
+        "rdmapool_pool_server_reclaimed_chunks_total{node=\"3\"} 1\n",
     ] {
         assert!(t.contains(needle), "missing {needle:?} in\n{t}");
     }
@@ -160,6 +179,15 @@ fn json_snapshot() {
     assert_eq!(o["qps"][0]["qp"], 7);
     assert_eq!(o["qps"][1]["device"], "so\"ft\\0");
     assert_eq!(o["qps"][1]["completions"]["success"], 0);
+    let s = &j["pool_servers"][0];
+    assert_eq!(s["node"], 3);
+    assert_eq!(s["leases"], 2);
+    assert_eq!(s["lease_slots"], 256);
+    assert_eq!(s["chunks"], 31);
+    assert_eq!(s["chunks_owned"], 4);
+    assert_eq!(s["connected"], 2);
+    assert_eq!(s["requests_handled"], 0);
+    assert_eq!(s["expired_leases"], 1);
 }
 
 #[test]

@@ -50,7 +50,7 @@ mod membership;
 mod placement;
 mod server;
 
-pub use client::{ClientConfig, PoolClient};
+pub use client::{ClientConfig, NodeStats, PoolClient};
 pub use descriptor::{ClientHello, PoolDescriptor, DESCRIPTOR_LEN, HELLO_LEN};
 #[cfg(feature = "etcd")]
 pub use etcd::{

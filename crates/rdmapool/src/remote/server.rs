@@ -57,8 +57,13 @@ pub struct ServerStats {
     pub chunks_owned: u64,
     /// Clients holding a lease now.
     pub clients: u64,
+    /// Lease slots: how many clients can hold a lease at once.
+    pub lease_slots: u64,
     /// Connections accepted so far.
     pub connections: u64,
+    /// Connections open now (a client's is closed once it holds no lease and is older
+    /// than two leases).
+    pub connected: u64,
     /// Chunks taken back from clients whose lease expired.
     pub reclaimed_chunks: u64,
     /// Leases that expired.
@@ -124,6 +129,27 @@ impl Inner {
                     != 0
             })
             .count() as u64
+    }
+
+    /// The counters ([`MemoryServer::stats`], and the metrics registry's listing).
+    fn stats(&self) -> ServerStats {
+        ServerStats {
+            chunks: self.layout.chunk_count,
+            chunks_owned: self.chunks_owned(),
+            lease_slots: self.layout.client_count,
+            clients: (0..self.layout.client_count)
+                .filter(|&s| {
+                    self.word(self.layout.client_slot(s))
+                        .load(Ordering::Acquire)
+                        != 0
+                })
+                .count() as u64,
+            connections: self.connections.load(Ordering::Relaxed),
+            connected: self.conns.lock().len() as u64,
+            reclaimed_chunks: self.reclaimed.load(Ordering::Relaxed),
+            expired_clients: self.expired.load(Ordering::Relaxed),
+            requests_handled: self.requests.load(Ordering::Relaxed),
+        }
     }
 
     /// Takes back every chunk `owner` holds: its header is invalidated first (so frees of
@@ -354,6 +380,11 @@ impl MemoryServer {
         )?;
         let r = inner.clone();
         let reaper = spawn("rdmapool-pool-reaper", Box::new(move || r.reaper_loop()))?;
+        // Listed in the metrics registry while it lives.
+        let weak = Arc::downgrade(&inner);
+        crate::metrics::pool_servers::register(Box::new(move || {
+            weak.upgrade().map(|i| (i.node, i.stats()))
+        }));
         Ok(Self {
             inner,
             addr,
@@ -378,18 +409,7 @@ impl MemoryServer {
 
     /// Counters.
     pub fn stats(&self) -> ServerStats {
-        let i = &self.inner;
-        ServerStats {
-            chunks: i.layout.chunk_count,
-            chunks_owned: i.chunks_owned(),
-            clients: (0..i.layout.client_count)
-                .filter(|&s| i.word(i.layout.client_slot(s)).load(Ordering::Acquire) != 0)
-                .count() as u64,
-            connections: i.connections.load(Ordering::Relaxed),
-            reclaimed_chunks: i.reclaimed.load(Ordering::Relaxed),
-            expired_clients: i.expired.load(Ordering::Relaxed),
-            requests_handled: i.requests.load(Ordering::Relaxed),
-        }
+        self.inner.stats()
     }
 
     /// Graceful shutdown: new connections are refused, connected clients see the pool

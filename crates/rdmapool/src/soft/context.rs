@@ -99,7 +99,8 @@ impl Drop for ConnSlot {
 }
 
 /// Says loudly that a NIC listening beyond loopback without a pre-shared key admits anyone
-/// who learns one of its QPs' endpoints.
+/// who learns one of its QPs' endpoints: through `tracing` for each such NIC, and on stderr
+/// once per process.
 fn warn_if_exposed(addr: std::net::SocketAddr, admission: &Admission) {
     if admission.psk.is_none() && !addr.ip().is_loopback() {
         let msg = format!(
@@ -108,7 +109,13 @@ fn warn_if_exposed(addr: std::net::SocketAddr, admission: &Admission) {
              endpoint can connect to that QP). Set RDMAPOOL_SOFT_PSK_FILE on every node."
         );
         tracing::warn!("{msg}");
-        eprintln!("{msg}");
+        // On stderr once per process (a program opening several NICs would repeat it), and
+        // never a panic: eprintln! panics when stderr cannot be written.
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "{msg}");
+        });
     }
 }
 

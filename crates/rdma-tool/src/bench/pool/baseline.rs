@@ -51,8 +51,8 @@ impl TwoSidedServer {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             match t.join() {
-                Ok(Err(e)) => eprintln!("two-sided server: {e}"),
-                Err(_) => eprintln!("two-sided server panicked"),
+                Ok(Err(e)) => crate::errln!("two-sided server: {e}"),
+                Err(_) => crate::errln!("two-sided server panicked"),
                 Ok(Ok(())) => {}
             }
         }

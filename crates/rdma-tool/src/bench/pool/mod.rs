@@ -15,7 +15,7 @@ use super::report::{print_json, print_table, Row};
 use super::Stats;
 use crate::device_args::DeviceArgs;
 use crate::progress::Steps;
-use crate::units::{duration_arg, show, size_arg};
+use crate::units::{duration_arg, message_size_arg, secs_arg, show};
 use crate::{Result, ToolError};
 use rdmapool::fabric::*;
 use rdmapool::remote::{
@@ -42,29 +42,30 @@ pub struct Args {
     #[arg(long, default_value = "127.0.0.1")]
     ip: IpAddr,
     /// Client counts for the alloc+free rate, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
+          value_parser = crate::units::usize_arg(MAX_CLIENTS))]
     clients: Vec<usize>,
     /// Object size for the alloc+free rate.
-    #[arg(long, default_value = "64", value_parser = size_arg)]
+    #[arg(long, default_value = "64", value_parser = message_size_arg)]
     object_size: usize,
     /// Objects each client keeps allocated (each pair allocates one and frees the oldest).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = crate::units::usize_arg(1 << 20))]
     live: usize,
     /// How long each alloc+free measurement runs (each design, each client count): `1s`,
     /// `500ms`; at most 10m.
     #[arg(long, default_value = "1s", value_parser = duration_arg)]
     duration: Duration,
     /// Deprecated: --duration in seconds.
-    #[arg(long, hide = true, conflicts_with = "duration")]
+    #[arg(long, hide = true, conflicts_with = "duration", value_parser = secs_arg)]
     secs: Option<f64>,
     /// READ/WRITE sizes for latency, comma-separated.
-    #[arg(long, value_delimiter = ',', value_parser = size_arg, default_value = "8,4K")]
+    #[arg(long, value_delimiter = ',', value_parser = message_size_arg, default_value = "8,4K")]
     latency_size: Vec<usize>,
     /// READ/WRITE sizes for bandwidth, comma-separated.
-    #[arg(long, value_delimiter = ',', value_parser = size_arg, default_value = "64K,1M")]
+    #[arg(long, value_delimiter = ',', value_parser = message_size_arg, default_value = "64K,1M")]
     bandwidth_size: Vec<usize>,
     /// Latency iterations for 8-byte operations (larger sizes use fewer).
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 5000, value_parser = crate::units::count_arg(super::data::MAX_ITERS))]
     iters: u64,
     /// Skip the alloc+free part.
     #[arg(long)]
@@ -78,6 +79,8 @@ pub struct Args {
 }
 
 /// Operations in flight for bandwidth runs (as in the raw harness).
+/// Most clients of one alloc+free measurement: the pool server's lease slots.
+const MAX_CLIENTS: usize = 256;
 const WINDOW: usize = 16;
 const BEST_OF: usize = 3;
 /// Latency samples per turn when ours and the raw QP's alternate.
@@ -91,7 +94,7 @@ fn server_config(listen: SocketAddr, size: usize) -> ServerConfig {
         node: 1,
         size,
         chunk_size: 2 << 20,
-        clients: 256,
+        clients: MAX_CLIENTS as u64,
         lease: Duration::from_secs(2),
         listen,
     }
@@ -234,7 +237,7 @@ fn summary(rows: &[Row]) {
             })
             .collect();
         let wins = rate.iter().all(|r| r.ratio > 1.0);
-        println!(
+        crate::outln!(
             "\nalloc+free, one-sided pool / two-sided server: {} -> one-sided {} at every client count",
             parts.join(", "),
             if wins { "wins" } else { "does NOT win" }
@@ -255,9 +258,9 @@ fn summary(rows: &[Row]) {
             .map(|r| format!("{} {} {} ({:.2})", r.op, r.metric, show(r.size), r.ratio))
             .collect();
         if off.is_empty() {
-            println!("READ/WRITE through the pool: every row within 10% of the raw QP");
+            crate::outln!("READ/WRITE through the pool: every row within 10% of the raw QP");
         } else {
-            println!(
+            crate::outln!(
                 "READ/WRITE through the pool: {} of {} rows within 10% of the raw QP; outside: {}",
                 data.len() - off.len(),
                 data.len(),

@@ -6,6 +6,9 @@
 mod alloc;
 mod ops;
 mod session;
+mod stats;
+
+pub use stats::NodeStats;
 
 use ops::{timed, Timers};
 
@@ -188,7 +191,7 @@ const SCRATCH_WORDS: usize = 4096;
 
 impl PoolClient {
     /// Connects to every server `membership` lists, all at once (a server that cannot be
-    /// reached is skipped, logged as a warning and listed by [`PoolClient::unreachable`]; at
+    /// reached is skipped and listed by [`PoolClient::unreachable`]; at
     /// least one must answer, else [`Error::NoServer`], or [`Error::ClientIdInUse`] when a
     /// live client holds this id). Its QPs live on `pd`, so buffers
     /// registered on `pd` are what reads and writes move data through, without copies.
@@ -256,7 +259,7 @@ impl PoolClient {
         let mut unreachable = Vec::new();
         for (addr, r) in results {
             if let Err(e) = r {
-                tracing::warn!(%addr, "pool server not joined: {e}");
+                tracing::debug!(%addr, "pool server not joined: {e}");
                 unreachable.push((addr, e));
             }
         }
@@ -316,7 +319,7 @@ impl PoolClient {
     }
 
     /// The servers the membership listed that [`PoolClient::connect`] could not join, with
-    /// why (each was also logged as a warning). A static-list server among them is not
+    /// why. A static-list server among them is not
     /// dialled again; add it with [`PoolClient::add_server`] once it is up.
     pub fn unreachable(&self) -> Vec<(SocketAddr, String)> {
         self.shared.unreachable.lock().clone()

@@ -1,0 +1,191 @@
+//! `rdma-tool pool ...`: a one-shot client of the cross-node memory pool, for shells and
+//! scripts. Pointers are printed and taken as `node:offset:len:incarnation` (decimal, the server's
+//! incarnation in `0x` hex: a pointer into a restarted server is refused as stale).
+
+mod op;
+mod session;
+
+use crate::{Result, ToolError};
+use op::{check, Op};
+use rdmapool::fabric::Transport;
+use rdmapool::remote::{ClientConfig, Membership, PoolClient, StaticMembership};
+use session::Session;
+use std::path::PathBuf;
+
+/// Arguments of `pool` (the lease rules are in its help, in main.rs).
+#[derive(clap::Args)]
+pub struct Args {
+    /// Memory servers, comma-separated ip:port.
+    #[arg(long, required_unless_present_any = ["servers_file", "etcd"])]
+    servers: Option<String>,
+    /// A file of memory servers, one ip:port per line (`#` starts a comment).
+    #[arg(long, conflicts_with = "servers")]
+    servers_file: Option<PathBuf>,
+    /// Find the servers in etcd at this URL (built in by default), under `--etcd-prefix`.
+    #[arg(long)]
+    etcd: Option<String>,
+    /// The etcd key prefix of the pool's servers.
+    #[arg(long, default_value = "/rdmapool/pool")]
+    etcd_prefix: String,
+    /// This client's id (non-zero); the same id in a later command finds its allocations.
+    #[arg(long, default_value_t = 1, value_parser = crate::units::count_arg(u64::MAX))]
+    client_id: u64,
+    #[command(flatten)]
+    device: crate::device_args::DeviceArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    op: Op,
+}
+
+/// Connects, runs the operation, exits (the lease stops being renewed).
+pub fn run(args: Args) -> Result<()> {
+    let members: Box<dyn Membership> = match (&args.servers, &args.servers_file, &args.etcd) {
+        (Some(list), _, _) => Box::new(StaticMembership::parse(list)?),
+        (None, Some(path), _) => Box::new(StaticMembership::parse(&read_servers_file(path)?)?),
+        #[cfg(feature = "etcd")]
+        (None, None, Some(url)) => {
+            let cfg = rdmapool::remote::EtcdConfig::new(vec![url.clone()], &args.etcd_prefix);
+            Box::new(rdmapool::remote::EtcdMembership::new(&cfg)?)
+        }
+        #[cfg(not(feature = "etcd"))]
+        (None, None, Some(url)) => return Err(crate::serve::no_etcd(url)),
+        (None, None, None) => {
+            return Err(ToolError::Msg(
+                "no servers: give --servers or --etcd".into(),
+            ))
+        }
+    };
+    // Check the operation's arguments before connecting (which may take half a lease).
+    check(&args.op)?;
+    let ctx = args.device.open(Transport::Auto)?;
+    // The RDMAPOOL_SOFT_BIND hint is for the soft provider only.
+    let soft = args.device.kind() == rdmapool::fabric::ProviderKind::Soft;
+    let hint = |server: &std::net::SocketAddr| {
+        if soft {
+            bind_hint(server)
+        } else {
+            String::new()
+        }
+    };
+    let pd = ctx.alloc_pd()?;
+    let client = PoolClient::connect(&ctx, &pd, &*members, ClientConfig::new(args.client_id))
+        .map_err(|e| {
+            // Named when a server off loopback may be unreachable because of it.
+            let said = members
+                .servers()
+                .unwrap_or_default()
+                .iter()
+                .map(hint)
+                .find(|h| !h.is_empty());
+            match said {
+                Some(said) => ToolError::Msg(format!("{e}{said}")),
+                None => e.into(),
+            }
+        })?;
+    for (server, error) in client.unreachable() {
+        crate::errln!(
+            "rdma-tool pool: warning: memory server {server} unreachable, going on without \
+             it: {error}{}",
+            hint(&server)
+        );
+    }
+    let session = Session {
+        client,
+        json: args.json,
+    };
+    if let Op::Shell = args.op {
+        let failed = session.shell();
+        linger();
+        let failed = failed?;
+        return if failed == 0 {
+            Ok(())
+        } else {
+            Err(ToolError::Msg(format!("{failed} command(s) failed")))
+        };
+    }
+    let allocating = matches!(args.op, Op::Alloc { .. });
+    let stats = matches!(args.op, Op::Stats);
+    let out = session.exec(args.op);
+    linger();
+    let mut out = out?;
+    // In JSON, an unreachable server is a field too (`stats` always has it).
+    let unreachable = session.client.unreachable();
+    if args.json && !stats && !unreachable.is_empty() {
+        if let Ok(serde_json::Value::Object(mut o)) = serde_json::from_str(&out) {
+            o.insert(
+                "unreachable".into(),
+                session::unreachable_json(&unreachable),
+            );
+            out = serde_json::Value::Object(o).to_string();
+        }
+    }
+    crate::outln!("{out}");
+    if allocating {
+        crate::errln!(
+            "rdma-tool pool: note: client {} stops renewing its lease as this command exits; \
+             the server frees the allocation one lease later (`serve --lease`, 2s by default) \
+             unless a command with the same --client-id runs before then (`pool shell` keeps \
+             one lease for many commands)",
+            args.client_id
+        );
+    }
+    Ok(())
+}
+
+/// The most a `--servers-file` may hold: a list of addresses, not a data file.
+const MAX_SERVERS_FILE: u64 = 1 << 20;
+
+/// Reads `--servers-file`, refusing more than [`MAX_SERVERS_FILE`] bytes (`/dev/zero`
+/// would otherwise be read until memory runs out).
+fn read_servers_file(path: &std::path::Path) -> Result<String> {
+    use std::io::Read;
+    let shown = path.display();
+    let file = std::fs::File::open(path)
+        .map_err(|e| ToolError::Io(format!("--servers-file {shown}"), e))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_SERVERS_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| ToolError::Io(format!("--servers-file {shown}"), e))?;
+    if bytes.len() as u64 > MAX_SERVERS_FILE {
+        return Err(ToolError::Msg(format!(
+            "--servers-file {shown}: larger than {}, the most read (a servers file lists \
+             ip:port, one per line)",
+            crate::units::show(MAX_SERVERS_FILE as usize)
+        )));
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        ToolError::Msg(format!(
+            "--servers-file {shown}: not text (want ip:port, one per line)"
+        ))
+    })
+}
+
+/// For a memory server off loopback on the soft provider, the likely cause of failing to
+/// reach it across hosts: a soft NIC (the server's or this process's) listening on
+/// loopback. A hint naming `RDMAPOOL_SOFT_BIND` and where this process's NIC listens
+/// (empty for a server on loopback).
+fn bind_hint(server: &std::net::SocketAddr) -> String {
+    if server.ip().is_loopback() {
+        return String::new();
+    }
+    let here = match std::env::var("RDMAPOOL_SOFT_BIND") {
+        Ok(bind) => format!("RDMAPOOL_SOFT_BIND={bind}"),
+        Err(_) => "RDMAPOOL_SOFT_BIND is unset: loopback".into(),
+    };
+    format!(
+        " (if the server is on another host: every node's soft NIC must listen on an address \
+         the others reach, so set RDMAPOOL_SOFT_BIND=<the host's address>:0 on the servers \
+         and here ({here}); see docs/rdma-tool.md)"
+    )
+}
+
+/// Lets the client's lease thread renew once before the process exits. A one-shot client
+/// spends most of its life connecting; its lease thread starts only once `connect` returns,
+/// and a process that exits before that thread first runs leaves the heartbeat as the last
+/// process left it, so the server would count the time since then against the lease and the
+/// next command could find the allocations gone. (PoolClient has no explicit renewal.)
+fn linger() {
+    std::thread::sleep(std::time::Duration::from_millis(30));
+}

@@ -1,0 +1,272 @@
+//! What an operator sees of a running memory server, from real runs of the built binary on
+//! loopback: `serve`'s `stats` lines and metrics endpoint, `pool stats` read one-sided from
+//! the servers' regions,
+//! unreachable servers named, dropped connections logged at a bounded rate, and the
+//! cross-host warnings (RDMAPOOL_SOFT_BIND, the pre-shared key) said once, without colour.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+
+const EXE: &str = env!("CARGO_BIN_EXE_rdma-tool");
+
+/// A stand-in for a server that is down: nothing listens on port 1 of loopback.
+const DOWN: &str = "127.0.0.1:1";
+
+struct Serve {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+    addr: String,
+}
+
+impl Serve {
+    /// `serve --json` on the soft provider with `extra` flags; reads its `listening` line.
+    fn start(extra: &[&str]) -> Serve {
+        let mut child = Command::new(EXE)
+            .args(["serve", "--json", "--provider", "soft", "--size", "8M"])
+            .args(["--chunk-size", "256K", "--node", "6", "--drain", "2s"])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let first = next_json(&mut stdout);
+        let addr = first["listening"].as_str().expect("listening").to_string();
+        Serve {
+            child,
+            stdout,
+            addr,
+        }
+    }
+
+    /// Closes stdin; returns the rest of stdout and all of stderr once it exited.
+    fn stop(mut self) -> (String, String) {
+        drop(self.child.stdin.take());
+        let mut out = String::new();
+        self.stdout.read_to_string(&mut out).unwrap();
+        let mut err = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(self.child.wait().unwrap().success(), "{err}");
+        (out, err)
+    }
+}
+
+fn next_json(r: &mut impl BufRead) -> Value {
+    let mut line = String::new();
+    assert!(r.read_line(&mut line).unwrap() > 0, "stdout ended");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"))
+}
+
+fn pool(servers: &str, id: &str, args: &[&str]) -> Output {
+    Command::new(EXE)
+        .args(["pool", "--servers", servers, "--client-id", id])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// One snapshot from a metrics endpoint on the abstract Unix socket `name`.
+fn metrics(name: &str) -> Value {
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name).unwrap();
+    let mut s = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{body:?}: {e}"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn serve_reports_its_counters_and_pool_stats_reads_them_one_sided() {
+    let socket = format!("@rdma-tool-serve-stats-{}", std::process::id());
+    let mut serve = Serve::start(&[
+        "--lease",
+        "5s",
+        "--interval",
+        "100ms",
+        "--metrics-socket",
+        &socket,
+    ]);
+    // A client that holds a lease and one chunk while we look: a pool shell.
+    let mut shell = Command::new(EXE)
+        .args([
+            "pool",
+            "--servers",
+            &serve.addr,
+            "--client-id",
+            "9",
+            "shell",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut shell_in = shell.stdin.take().unwrap();
+    let mut shell_out = BufReader::new(shell.stdout.take().unwrap());
+    writeln!(shell_in, "alloc 64").unwrap();
+    let mut ptr = String::new();
+    shell_out.read_line(&mut ptr).unwrap();
+    assert!(ptr.starts_with("6:"), "{ptr:?}");
+
+    // serve's stats lines, one per interval, until one shows the shell's lease and chunk
+    // (bounded by a number of lines, not by a time).
+    let mut seen = None;
+    for _ in 0..2000 {
+        let v = next_json(&mut serve.stdout);
+        assert_eq!(v["stats"], 6, "{v}");
+        if v["leases"] == 1 && v["chunks_owned"] == 1 {
+            seen = Some(v);
+            break;
+        }
+    }
+    let st = seen.expect("no stats line showed the shell's lease and chunk");
+    assert_eq!(st["chunks"], 31, "{st}");
+    assert_eq!(st["chunks_free"], 30, "{st}");
+    assert_eq!(st["connections"], 1, "{st}");
+    assert_eq!(st["connected"], 1, "{st}");
+    assert_eq!(st["requests_handled"], 0, "one-sided: {st}");
+    assert_eq!(st["lease_slots"], 256, "{st}");
+
+    // The metrics endpoint lists the server with the same counters.
+    let m = metrics(&socket[1..]);
+    let ps = &m["pool_servers"][0];
+    assert_eq!(ps["node"], 6, "{m}");
+    assert_eq!(ps["leases"], 1, "{m}");
+    assert_eq!(ps["chunks_owned"], 1, "{m}");
+    assert_eq!(ps["chunks"], 31, "{m}");
+    assert_eq!(ps["connected"], 1, "{m}");
+
+    // pool stats reads the same from the server's region, with a server that is down
+    // in the list: a warning, a field, and the command goes on.
+    let servers = format!("{},{DOWN}", serve.addr);
+    let out = pool(&servers, "10", &["--json", "stats"]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning") && err.contains(DOWN) && err.contains("unreachable"),
+        "{err}"
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let node = &v["nodes"][0];
+    assert_eq!(node["node"], 6, "{v}");
+    assert_eq!(node["leases"], 2, "the shell's and this command's: {v}");
+    assert_eq!(node["lease_slots"], 256, "{v}");
+    assert_eq!(node["chunks_owned"], 1, "{v}");
+    assert_eq!(node["chunks_free"], 30, "{v}");
+    assert_eq!(v["unreachable"][0]["server"], DOWN, "{v}");
+    assert!(
+        v["unreachable"][0]["error"].as_str().unwrap().len() > 3,
+        "{v}"
+    );
+    // Other operations carry the field too when a server was unreachable.
+    let out = pool(&servers, "11", &["--json", "free", ptr.trim()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["unreachable"][0]["server"], DOWN, "{v}");
+
+    // The text table says the same.
+    let out = pool(&servers, "12", &["stats"]);
+    let table = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        table.contains("leases") && table.contains("/256") && table.contains("unreachable"),
+        "{table}"
+    );
+
+    drop(shell_in);
+    shell.wait().unwrap();
+    let (rest, err) = serve.stop();
+    let last = rest.lines().last().unwrap();
+    assert!(last.contains("\"stopped\":6"), "{rest}");
+    assert!(
+        !err.contains('\x1b'),
+        "colour codes on a stderr that is a pipe: {err:?}"
+    );
+}
+
+#[test]
+fn dropped_connections_are_logged_at_a_bounded_rate() {
+    let serve = Serve::start(&[]);
+    const DROPS: usize = 40;
+    for _ in 0..DROPS {
+        drop(std::net::TcpStream::connect(&serve.addr).unwrap());
+    }
+    // A real client after them: the server has looked at every connection before it
+    // (they queued first).
+    let out = pool(&serve.addr, "3", &["stats"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (_, err) = serve.stop();
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("dropping a connection request"))
+        .collect();
+    assert!(!lines.is_empty(), "no drop logged: {err}");
+    assert!(
+        lines.len() < DROPS / 2,
+        "{} lines for {DROPS} drops: {err}",
+        lines.len()
+    );
+    if lines.len() > 1 {
+        assert!(
+            lines[1..].iter().any(|l| l.contains("more dropped")),
+            "{err}"
+        );
+    }
+    assert!(!err.contains('\x1b'), "{err:?}");
+}
+
+#[test]
+fn cross_host_warnings_name_the_variable_and_print_once_without_colour() {
+    // Listening beyond loopback while the soft NIC is on loopback: clients of other hosts
+    // would connect and then fail: serve says why and names RDMAPOOL_SOFT_BIND.
+    let out = Command::new(EXE)
+        .args(["serve", "--listen", "0.0.0.0:0", "--size", "4M"])
+        .env_remove("RDMAPOOL_SOFT_BIND")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning") && err.contains("RDMAPOOL_SOFT_BIND"),
+        "{err}"
+    );
+
+    // The soft NIC beyond loopback without a key: the exposure warning, once, plain, with
+    // the default log filter and with RDMAPOOL_LOG asking for warnings.
+    for log in ["", "warn"] {
+        let out = Command::new(EXE)
+            .args(["serve", "--size", "4M"])
+            .env("RDMAPOOL_SOFT_BIND", "0.0.0.0:0")
+            .env("RDMAPOOL_LOG", log)
+            .env_remove("RDMAPOOL_SOFT_PSK_FILE")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert_eq!(
+            err.matches("without a pre-shared key").count(),
+            1,
+            "{log:?}: {err}"
+        );
+        assert!(!err.contains('\x1b'), "{err:?}");
+    }
+
+    // A client that cannot reach a server off loopback while its own soft NIC is on
+    // loopback is told about RDMAPOOL_SOFT_BIND (0.0.0.0 is this host: nothing leaves it).
+    let out = pool("0.0.0.0:1", "1", &["stats"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("RDMAPOOL_SOFT_BIND"), "{err}");
+}

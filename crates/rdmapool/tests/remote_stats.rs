@@ -1,0 +1,101 @@
+//! What can be seen of a running pool: `PoolClient::node_stats` (one-sided READs of a
+//! server's region), `PoolClient::unreachable`, and the memory servers in the metrics
+//! registry, each checked against the server's own counters.
+
+mod common;
+use common::*;
+use rdmapool::fabric::*;
+use rdmapool::remote::*;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+/// Loopback on soft; the RDMA netdev's address on verbs (RDMA CM cannot route over lo).
+fn ip() -> IpAddr {
+    match provider() {
+        ProviderKind::Soft => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        ProviderKind::Verbs => std::env::var("RDMAPOOL_TEST_CM_IP")
+            .expect("RDMAPOOL_TEST_CM_IP names the RDMA netdev's address in the verbs suite")
+            .parse()
+            .expect("an IP address"),
+    }
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < until, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn listed(node: u32) -> Option<ServerStats> {
+    rdmapool::metrics::snapshot()
+        .pool_servers
+        .into_iter()
+        .find(|&(n, _)| n == node)
+        .map(|(_, s)| s)
+}
+
+#[test]
+fn node_stats_unreachable_servers_and_metrics_agree_with_the_server() {
+    let ctx = node_on(Transport::Auto).ctx;
+    let server = MemoryServer::start(
+        &ctx,
+        ServerConfig {
+            node: 71,
+            size: 8 << 20,
+            chunk_size: 256 << 10,
+            clients: 64,
+            lease: Duration::from_secs(5),
+            listen: SocketAddr::new(ip(), 0),
+        },
+    )
+    .expect("server starts");
+    // A port nothing listens on any more: refused at once.
+    let dead = std::net::TcpListener::bind(SocketAddr::new(ip(), 0))
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    let n = node();
+    let members = StaticMembership::new(vec![server.addr(), dead]);
+    let c = PoolClient::connect(&n.ctx, &n.pd, &members, ClientConfig::new(5)).unwrap();
+    assert_eq!(c.unreachable().len(), 1, "{:?}", c.unreachable());
+    assert_eq!(c.unreachable()[0].0, dead);
+    assert!(!c.unreachable()[0].1.is_empty());
+
+    let p = c.block_on(c.alloc(100, None)).unwrap();
+    let seen = c.block_on(c.node_stats()).unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let s = seen[0];
+    let own = server.stats();
+    assert_eq!(s.node, 71);
+    assert_eq!((s.leases, own.clients), (1, 1), "{s:?} {own:?}");
+    assert_eq!((s.lease_slots, own.lease_slots), (64, 64));
+    assert_eq!((s.chunks, own.chunks), (31, 31));
+    assert_eq!((s.chunks_owned, own.chunks_owned), (1, 1));
+    assert_eq!(s.chunks_free, 30);
+    assert_eq!(s.chunk_size, 256 << 10);
+    assert!(!s.draining);
+    assert_eq!(own.connected, 1);
+    assert_eq!(own.requests_handled, 0);
+
+    // The metrics registry lists the server with the same counters while it lives.
+    let m = listed(71).expect("the server is in the metrics snapshot");
+    assert_eq!((m.clients, m.chunks_owned, m.connected), (1, 1, 1), "{m:?}");
+    let json = rdmapool::metrics::snapshot().to_json();
+    assert!(json.contains("\"node\":71,\"leases\":1,"), "{json}");
+    let text = rdmapool::metrics::snapshot().to_prometheus();
+    assert!(
+        text.contains("rdmapool_pool_server_chunks_owned{node=\"71\"} 1\n"),
+        "{text}"
+    );
+
+    // Draining shows in the region's state word.
+    c.block_on(c.free(p)).unwrap();
+    let stopping = std::thread::spawn(move || server.shutdown(Duration::from_secs(1)));
+    wait_until("node_stats sees the server draining", || {
+        c.block_on(c.node_stats()).unwrap()[0].draining
+    });
+    stopping.join().unwrap();
+    // Dropped, the server leaves the listing.
+    assert!(listed(71).is_none());
+}
