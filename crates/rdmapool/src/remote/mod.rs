@@ -46,6 +46,7 @@ mod descriptor;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod layout;
+mod lease;
 mod membership;
 mod placement;
 mod server;

@@ -4,6 +4,7 @@
 
 use super::descriptor::{ClientHello, PoolDescriptor};
 use super::layout::{self, Layout};
+use super::lease::Reaper;
 use crate::conn::Listener;
 use crate::fabric::{
     AccessFlags, Completion, Context, Cq, Pd, Qp, QpConfig, RecvWr, Registered, RegisteredMemory,
@@ -12,7 +13,6 @@ use crate::fabric::{
 use crate::mr::{HugeOptions, HugeRegion};
 use crate::{Error, Result};
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -226,8 +226,8 @@ impl Inner {
     /// Every quarter lease: counts two-sided messages, and expires clients whose heartbeat
     /// did not move for a whole lease.
     fn reaper_loop(self: &Arc<Self>) {
-        let mut seen: HashMap<u64, (u64, u64, Instant)> = HashMap::new(); // slot -> (owner, beat, since)
-        let tick = (self.lease / 4).max(Duration::from_millis(5));
+        let mut reaper = Reaper::new(self.lease);
+        let tick = reaper.tick();
         let mut buf = [Completion::EMPTY; 16];
         while !self.stop.load(Ordering::Acquire) {
             let until = Instant::now() + tick;
@@ -250,33 +250,24 @@ impl Inner {
             for slot in 0..self.layout.client_count {
                 let at = self.layout.client_slot(slot);
                 let owner = self.word(at).load(Ordering::Acquire);
-                if owner == 0 {
-                    seen.remove(&slot);
+                let beat = self.word(at + 8).load(Ordering::Acquire);
+                if !reaper.observe(slot, owner, beat, now) {
+                    if owner != 0 {
+                        owners.insert(owner);
+                    }
                     continue;
                 }
-                owners.insert(owner);
-                let beat = self.word(at + 8).load(Ordering::Acquire);
-                match seen.get(&slot) {
-                    Some(&(o, b, since)) if o == owner && b == beat => {
-                        if now.duration_since(since) > self.lease {
-                            let n = self.reclaim(owner);
-                            self.reclaimed.fetch_add(n, Ordering::Relaxed);
-                            self.expired.fetch_add(1, Ordering::Relaxed);
-                            if self
-                                .word(at)
-                                .compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Acquire)
-                                .is_ok()
-                            {
-                                self.word(at + 8).store(0, Ordering::Release);
-                            }
-                            seen.remove(&slot);
-                            tracing::info!(node = self.node, owner, chunks = n, "lease expired");
-                        }
-                    }
-                    _ => {
-                        seen.insert(slot, (owner, beat, now));
-                    }
+                let n = self.reclaim(owner);
+                self.reclaimed.fetch_add(n, Ordering::Relaxed);
+                self.expired.fetch_add(1, Ordering::Relaxed);
+                if self
+                    .word(at)
+                    .compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    self.word(at + 8).store(0, Ordering::Release);
                 }
+                tracing::info!(node = self.node, owner, chunks = n, "lease expired");
             }
             self.drop_stale(&owners, now);
         }

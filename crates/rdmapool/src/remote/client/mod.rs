@@ -14,6 +14,7 @@ use ops::{timed, Timers};
 
 use super::descriptor::PoolDescriptor;
 use super::layout::ChunkShape;
+use super::lease::Holder;
 use super::membership::Membership;
 use super::placement::{NodeLoad, Placement, RoundRobin};
 use super::RemotePtr;
@@ -101,7 +102,8 @@ struct Node {
     claiming: tokio::sync::Mutex<()>,
     down: Mutex<Option<String>>,
     draining: AtomicBool,
-    last_renewal: Mutex<Instant>,
+    /// The lease as this client holds it (when it may use the node).
+    lease: Mutex<Holder>,
     /// The lease heartbeat as this client last left it (only this client adds to it; the
     /// server zeroes it when the lease expires, which the next renewal notices).
     beat: AtomicU64,
@@ -126,8 +128,10 @@ impl Node {
                 reason: reason.clone(),
             });
         }
-        let since = self.last_renewal.lock().elapsed();
-        if since > self.desc.lease * 3 / 4 {
+        let holder = *self.lease.lock();
+        let now = Instant::now();
+        if !holder.may_use(now) {
+            let since = holder.since(now);
             let reason = format!(
                 "lease not renewed for {since:?} (lease {:?}): the server may take the chunks \
                  back",

@@ -8,6 +8,7 @@ use crate::fabric::QpConfig;
 use crate::remote::client::ChunkView;
 use crate::remote::descriptor::{ClientHello, PoolDescriptor};
 use crate::remote::layout::{self, ChunkShape, STATE_DRAINING};
+use crate::remote::lease::Holder;
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -73,7 +74,7 @@ impl Shared {
             claiming: tokio::sync::Mutex::new(()),
             down: Mutex::new(None),
             draining: AtomicBool::new(false),
-            last_renewal: Mutex::new(Instant::now()),
+            lease: Mutex::new(Holder::new(desc.lease, Instant::now())),
             beat: AtomicU64::new(0),
             used: AtomicU64::new(0),
         });
@@ -279,18 +280,20 @@ impl Shared {
         self.read_u64(node, layout::header::STATE).await
     }
 
-    /// What a finished renewal means for `node`.
-    fn renewed(&self, node: &Node, result: Result<u64>) {
+    /// What a finished renewal, sent at `sent`, means for `node`.
+    fn renewed(&self, node: &Node, sent: Instant, result: Result<u64>) {
         match result {
             Ok(state) => {
-                *node.last_renewal.lock() = Instant::now();
+                // Counted from the sending: the server counts from when it first reads the
+                // new heartbeat, which is later (remote/lease.rs).
+                node.lease.lock().renewed(sent);
                 node.draining
                     .store(state == STATE_DRAINING, Ordering::Relaxed);
             }
             Err(e) => {
                 // Past three quarters of a lease without renewal the server may hand our
                 // chunks to others: stop using them.
-                if node.last_renewal.lock().elapsed() > node.desc.lease * 3 / 4 {
+                if !node.lease.lock().may_use(Instant::now()) {
                     node.mark_down(format!("lease renewal failed: {e}"));
                 }
             }
@@ -305,7 +308,7 @@ impl Shared {
     /// would otherwise run out meanwhile.
     pub(super) fn lease_loop(&self) {
         type Renewal<'a> = Pin<Box<dyn Future<Output = Result<u64>> + Send + 'a>>;
-        let mut in_flight: Vec<(Arc<Node>, Renewal<'_>)> = Vec::new();
+        let mut in_flight: Vec<(Arc<Node>, Instant, Renewal<'_>)> = Vec::new();
         let mut due: HashMap<u32, Instant> = HashMap::new();
         let mut cx = TaskContext::from_waker(Waker::noop());
         loop {
@@ -329,7 +332,7 @@ impl Shared {
             };
             for (id, node) in nodes {
                 if node.down.lock().is_some()
-                    || in_flight.iter().any(|(n, _)| Arc::ptr_eq(n, &node))
+                    || in_flight.iter().any(|(n, _, _)| Arc::ptr_eq(n, &node))
                 {
                     continue;
                 }
@@ -338,17 +341,17 @@ impl Shared {
                     next = next.min(at);
                     continue;
                 }
-                let every = node.desc.lease / 4;
+                let every = node.lease.lock().renew_every();
                 due.insert(id, now + every);
                 next = next.min(now + every);
                 let n = node.clone();
-                in_flight.push((node, Box::pin(async move { self.renew(&n).await })));
+                in_flight.push((node, now, Box::pin(async move { self.renew(&n).await })));
             }
             if !in_flight.is_empty() {
                 self.engine.progress();
-                in_flight.retain_mut(|(node, fut)| match fut.as_mut().poll(&mut cx) {
+                in_flight.retain_mut(|(node, sent, fut)| match fut.as_mut().poll(&mut cx) {
                     Poll::Ready(r) => {
-                        self.renewed(node, r);
+                        self.renewed(node, *sent, r);
                         false
                     }
                     Poll::Pending => true,
