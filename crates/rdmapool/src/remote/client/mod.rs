@@ -7,6 +7,7 @@ mod alloc;
 mod ops;
 mod session;
 mod stats;
+mod takeover;
 
 pub use stats::NodeStats;
 

@@ -2,6 +2,7 @@
 //! the leases alive.
 
 use super::ops::hash64;
+use super::takeover::{Step, Takeover};
 use super::{Node, Shared};
 use crate::conn::{self, Manager};
 use crate::fabric::QpConfig;
@@ -171,55 +172,60 @@ impl Shared {
         }
     }
 
-    /// Claims this id's lease slot (probing from its hash). A slot already holding the id
-    /// is a restart if its heartbeat stands still for half a lease, else `ClientIdInUse`.
+    /// Claims this id's lease slot (probing from its hash), or takes it over after a
+    /// restart: the decisions are `takeover::Takeover`'s, this performs its steps.
     pub(super) async fn take_slot(&self, node: &Node) -> Result<u64> {
         let l = node.desc.layout;
-        let start = hash64(self.id) % l.client_count;
-        let mut k = 0;
-        while k < l.client_count {
-            let at = l.client_slot((start + k) % l.client_count);
-            let old = self.cas(node, node.remote(at), 0, self.id).await?;
-            if old == 0 {
-                // Renew at once: a short-lived client that exits before its lease thread's
-                // first round still leaves a heartbeat the reaper has seen move.
-                let beat = self.faa(node, node.remote(at + 8), 1).await?;
-                node.beat.store(beat + 1, Ordering::Release);
-                return Ok(at);
-            }
-            if old != self.id {
-                k += 1;
-                continue;
-            }
-            // The slot holds this id: a restart if its heartbeat stands still.
-            let before = self.read_u64(node, at + 8).await?;
-            let wait = Instant::now() + node.desc.lease / 2;
-            let mut moved = false;
-            while Instant::now() < wait {
-                std::thread::sleep(Duration::from_millis(5));
-                if self.read_u64(node, at + 8).await? != before {
-                    moved = true;
-                    break;
+        let mut t = Takeover::new(
+            self.id,
+            node.desc.lease,
+            l.client_count,
+            hash64(self.id) % l.client_count,
+        );
+        loop {
+            match t.step() {
+                Step::Claim { slot } => {
+                    let at = l.client_slot(slot);
+                    let old = self.cas(node, node.remote(at), 0, self.id).await?;
+                    t.on_claim(old, Instant::now());
+                }
+                Step::ReadBeat { slot, at } => {
+                    let wait = at.saturating_duration_since(Instant::now());
+                    if !wait.is_zero() {
+                        std::thread::sleep(wait);
+                    }
+                    let beat = self.read_u64(node, l.client_slot(slot) + 8).await?;
+                    t.on_beat(beat, Instant::now());
+                }
+                Step::ReadOwner { slot } => {
+                    let owner = self.read_u64(node, l.client_slot(slot)).await?;
+                    t.on_owner(owner);
+                }
+                Step::Renew { slot } => {
+                    // Renewed at once: a short-lived client that exits before its lease
+                    // thread's first round still leaves a heartbeat the reaper has seen move.
+                    let at = l.client_slot(slot);
+                    let old = self.faa(node, node.remote(at + 8), 1).await?;
+                    t.on_renewed(old);
+                }
+                Step::Taken { slot, beat } => {
+                    node.beat.store(beat, Ordering::Release);
+                    return Ok(l.client_slot(slot));
+                }
+                Step::InUse => {
+                    return Err(Error::ClientIdInUse {
+                        id: self.id,
+                        node: node.desc.node,
+                    })
+                }
+                Step::Full => {
+                    return Err(Error::InvalidArgument(format!(
+                        "node {}: all {} client slots are taken",
+                        node.desc.node, l.client_count
+                    )))
                 }
             }
-            if !moved {
-                let beat = self.faa(node, node.remote(at + 8), 1).await?;
-                node.beat.store(beat + 1, Ordering::Release);
-                return Ok(at);
-            }
-            // The heartbeat moved: a live client renewed, or the server expired the old
-            // lease meanwhile (it clears the slot): then the slot is free to claim again.
-            if self.read_u64(node, at).await? == self.id {
-                return Err(Error::ClientIdInUse {
-                    id: self.id,
-                    node: node.desc.node,
-                });
-            }
         }
-        Err(Error::InvalidArgument(format!(
-            "node {}: all {} client slots are taken",
-            node.desc.node, l.client_count
-        )))
     }
 
     /// Finds the chunks the table says this id owns and rebuilds their views.

@@ -1,0 +1,353 @@
+//! Taking this client's lease slot on a node, as a state machine without I/O: it says which
+//! one-sided operation to make next ([`Step`]) and decides from what that operation read and
+//! `now`. The driver (`Shared::take_slot`) performs the steps; the tests below run it
+//! against a simulated slot, a simulated old holder and the server's [`Reaper`] in virtual
+//! time.
+//!
+//! The rules: probe slots from a hash of the id for one whose owner word can be swapped from
+//! 0 to the id. A slot that already holds the id belongs to an earlier run of this client
+//! (a restart) or to a live client with the same id: watch its heartbeat for half a lease;
+//! if it moves, a live client renews it (`ClientIdInUse`), unless the server cleared the slot
+//! meanwhile (the old lease expired: claim it afresh). If it stands still, take it over with
+//! a fetch-and-add on the heartbeat, and check that the value it replaced is the one watched:
+//! if the server expired the old lease between the last look and the fetch-and-add, the slot
+//! is no longer this id's (its chunks are gone too) and it must be claimed afresh.
+
+use std::time::{Duration, Instant};
+
+/// How often a held slot's heartbeat is read while it is watched.
+pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(5);
+
+/// What the driver does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Compare-and-swap slot `slot`'s owner word from 0 to the id; feed the old value to
+    /// [`Takeover::on_claim`].
+    Claim { slot: u64 },
+    /// Read slot `slot`'s heartbeat, not before `at`; feed it to [`Takeover::on_beat`].
+    ReadBeat { slot: u64, at: Instant },
+    /// Read slot `slot`'s owner word; feed it to [`Takeover::on_owner`].
+    ReadOwner { slot: u64 },
+    /// Add 1 to slot `slot`'s heartbeat; feed the old value to [`Takeover::on_renewed`].
+    Renew { slot: u64 },
+    /// Done: the slot is this client's, its heartbeat is `beat` now.
+    Taken { slot: u64, beat: u64 },
+    /// A live client holds the id.
+    InUse,
+    /// Every slot holds another client.
+    Full,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum State {
+    /// Claim the slot at probe position `k`.
+    Probe,
+    /// The slot holds the id: watch its heartbeat (`before`, first read at `since`).
+    Watch { before: Option<u64>, since: Instant },
+    /// The heartbeat moved: is the owner still the id?
+    Moved,
+    /// Renewing a slot claimed afresh (`fresh`) or taken over with its heartbeat at `before`.
+    Renewing { fresh: bool, before: u64 },
+    /// Ended: `next` says how.
+    Done,
+}
+
+/// Taking a lease slot (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Takeover {
+    id: u64,
+    lease: Duration,
+    slots: u64,
+    start: u64,
+    k: u64,
+    state: State,
+    next: Step,
+}
+
+impl Takeover {
+    /// Takes one of `slots` slots for `id`, probing from `start`, under leases of `lease`.
+    pub(crate) fn new(id: u64, lease: Duration, slots: u64, start: u64) -> Self {
+        let mut t = Self {
+            id,
+            lease,
+            slots,
+            start,
+            k: 0,
+            state: State::Probe,
+            next: Step::Full,
+        };
+        t.probe();
+        t
+    }
+
+    /// The next step.
+    pub(crate) fn step(&self) -> Step {
+        self.next
+    }
+
+    fn slot(&self) -> u64 {
+        (self.start + self.k) % self.slots.max(1)
+    }
+
+    fn probe(&mut self) {
+        self.state = State::Probe;
+        self.next = if self.k >= self.slots {
+            Step::Full
+        } else {
+            Step::Claim { slot: self.slot() }
+        };
+    }
+
+    fn done(&mut self, step: Step) {
+        self.state = State::Done;
+        self.next = step;
+    }
+
+    /// The owner word the claim replaced, read at `now`.
+    pub(crate) fn on_claim(&mut self, old: u64, now: Instant) {
+        let slot = self.slot();
+        if old == 0 {
+            self.state = State::Renewing {
+                fresh: true,
+                before: 0,
+            };
+            self.next = Step::Renew { slot };
+        } else if old == self.id {
+            self.state = State::Watch {
+                before: None,
+                since: now,
+            };
+            self.next = Step::ReadBeat { slot, at: now };
+        } else {
+            self.k += 1;
+            self.probe();
+        }
+    }
+
+    /// The heartbeat of the watched slot, read at `now`.
+    pub(crate) fn on_beat(&mut self, beat: u64, now: Instant) {
+        let State::Watch { before, since } = self.state else {
+            return;
+        };
+        let slot = self.slot();
+        match before {
+            None => {
+                self.state = State::Watch {
+                    before: Some(beat),
+                    since: now,
+                };
+                self.next = Step::ReadBeat {
+                    slot,
+                    at: now + WATCH_EVERY,
+                };
+            }
+            Some(b) if b != beat => {
+                self.state = State::Moved;
+                self.next = Step::ReadOwner { slot };
+            }
+            Some(b) if now.saturating_duration_since(since) >= self.lease / 2 => {
+                self.state = State::Renewing {
+                    fresh: false,
+                    before: b,
+                };
+                self.next = Step::Renew { slot };
+            }
+            Some(_) => {
+                self.next = Step::ReadBeat {
+                    slot,
+                    at: now + WATCH_EVERY,
+                };
+            }
+        }
+    }
+
+    /// The owner word of a slot whose heartbeat moved while watched.
+    pub(crate) fn on_owner(&mut self, owner: u64) {
+        if !matches!(self.state, State::Moved) {
+            return;
+        }
+        if owner == self.id {
+            self.done(Step::InUse);
+        } else {
+            // The server expired the old lease and cleared the slot: claim it afresh.
+            self.probe();
+        }
+    }
+
+    /// The heartbeat value the renewal replaced.
+    pub(crate) fn on_renewed(&mut self, old: u64) {
+        let State::Renewing { fresh, before } = self.state else {
+            return;
+        };
+        let slot = self.slot();
+        if fresh || old == before {
+            self.done(Step::Taken {
+                slot,
+                beat: old + 1,
+            });
+        } else {
+            // Expired (zeroed) between the last look and the renewal: the slot and its
+            // chunks are no longer this id's. Claim it afresh.
+            self.probe();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::lease::Reaper;
+    use proptest::prelude::*;
+
+    /// One slot's words, the old holder (renewing until `dies`, in ms), the server's reaper,
+    /// and the new run of the client, in virtual time.
+    struct Cluster {
+        owner: u64,
+        beat: u64,
+        reaper: Reaper,
+        expired_at: Option<u64>,
+        lease_ms: u64,
+        dies: u64,
+        next_renewal: u64,
+        next_tick: u64,
+        t0: Instant,
+    }
+
+    const ID: u64 = 77;
+
+    impl Cluster {
+        fn new(lease_ms: u64, dies: u64, reaper_phase: u64) -> Self {
+            Self {
+                owner: ID,
+                beat: 1,
+                reaper: Reaper::new(Duration::from_millis(lease_ms)),
+                expired_at: None,
+                lease_ms,
+                dies,
+                next_renewal: 0,
+                next_tick: reaper_phase,
+                t0: Instant::now(),
+            }
+        }
+
+        fn at(&self, ms: u64) -> Instant {
+            self.t0 + Duration::from_millis(ms)
+        }
+
+        /// Everything the old holder and the reaper do up to `ms`, in time order.
+        fn advance(&mut self, ms: u64) {
+            loop {
+                let renew = (self.next_renewal < self.dies).then_some(self.next_renewal);
+                let tick = self.next_tick;
+                match renew {
+                    Some(r) if r <= ms && r <= tick => {
+                        if self.owner == ID {
+                            self.beat += 1;
+                        }
+                        self.next_renewal += (self.lease_ms / 4).max(1);
+                    }
+                    _ if tick <= ms => {
+                        if self.reaper.observe(0, self.owner, self.beat, self.at(tick)) {
+                            self.owner = 0;
+                            self.beat = 0;
+                            self.expired_at.get_or_insert(tick);
+                        }
+                        self.next_tick += self.reaper.tick().as_millis() as u64;
+                    }
+                    _ => return,
+                }
+            }
+        }
+    }
+
+    /// Runs a takeover starting at `start` ms; returns its end and when it ended (ms).
+    fn run(c: &mut Cluster, start: u64) -> (Step, u64) {
+        let mut t = Takeover::new(ID, Duration::from_millis(c.lease_ms), 1, 0);
+        let mut now = start;
+        for _ in 0..100_000 {
+            c.advance(now);
+            match t.step() {
+                Step::Claim { .. } => {
+                    let old = c.owner;
+                    if old == 0 {
+                        c.owner = ID;
+                    }
+                    t.on_claim(old, c.at(now));
+                }
+                Step::ReadBeat { at, .. } => {
+                    now = now.max((at - c.t0).as_millis() as u64);
+                    c.advance(now);
+                    t.on_beat(c.beat, c.at(now));
+                }
+                Step::ReadOwner { .. } => t.on_owner(c.owner),
+                Step::Renew { .. } => {
+                    let old = c.beat;
+                    c.beat += 1;
+                    t.on_renewed(old);
+                }
+                done => return (done, now),
+            }
+            now += 1; // every one-sided operation takes a millisecond
+        }
+        panic!("the takeover never ended");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whenever the old holder died (or not) and the reaper runs: a live holder is never
+        /// taken over; a dead one always is; and a takeover never ends holding a slot the
+        /// server cleared (its owner word is the id and the heartbeat the one it reported).
+        #[test]
+        fn a_takeover_never_steals_a_live_id_nor_keeps_an_expired_slot(
+            lease_ms in 20u64..2000,
+            dies_after in proptest::option::of(0u64..4000),
+            restart_after in 0u64..4000,
+            phase in 0u64..500,
+        ) {
+            let dies = dies_after.unwrap_or(u64::MAX);
+            let mut c = Cluster::new(lease_ms, dies, phase % lease_ms.max(1));
+            let start = dies.saturating_add(restart_after).min(8000);
+            let (end, _) = run(&mut c, start);
+            if dies_after.is_none() {
+                prop_assert_eq!(end, Step::InUse, "a live holder's id was taken");
+            } else {
+                let Step::Taken { beat, .. } = end else {
+                    return Err(TestCaseError::fail(format!("a dead holder's slot was not taken: {end:?}")));
+                };
+                prop_assert_eq!(c.owner, ID, "taken, but the slot is not the id's");
+                prop_assert_eq!(c.beat, beat, "taken, but the heartbeat is not ours");
+            }
+        }
+    }
+
+    #[test]
+    fn the_lease_expiring_between_the_watch_and_the_renewal_is_claimed_afresh() {
+        // The watch sees the heartbeat stand still, the server expires the slot, then the
+        // renewal adds to a zeroed heartbeat: the slot is no longer ours, claim it again.
+        let lease = Duration::from_millis(100);
+        let t0 = Instant::now();
+        let mut t = Takeover::new(ID, lease, 1, 0);
+        t.on_claim(ID, t0);
+        t.on_beat(41, t0);
+        t.on_beat(41, t0 + Duration::from_millis(60));
+        assert_eq!(t.step(), Step::Renew { slot: 0 });
+        t.on_renewed(0); // zeroed by the server meanwhile
+        assert_eq!(t.step(), Step::Claim { slot: 0 });
+        t.on_claim(0, t0 + Duration::from_millis(61));
+        t.on_renewed(0);
+        assert_eq!(t.step(), Step::Taken { slot: 0, beat: 1 });
+    }
+
+    #[test]
+    fn slots_of_others_are_skipped_and_a_full_pool_says_so() {
+        let t0 = Instant::now();
+        let mut t = Takeover::new(ID, Duration::from_secs(2), 3, 2);
+        assert_eq!(t.step(), Step::Claim { slot: 2 });
+        t.on_claim(5, t0);
+        assert_eq!(t.step(), Step::Claim { slot: 0 });
+        t.on_claim(6, t0);
+        t.on_claim(7, t0);
+        assert_eq!(t.step(), Step::Full);
+    }
+}
