@@ -4,6 +4,7 @@
 //! and frees, `ops` holds the one-sided primitives with their deadline.
 
 mod alloc;
+mod node;
 mod ops;
 mod session;
 mod stats;
@@ -11,24 +12,23 @@ mod takeover;
 
 pub use stats::NodeStats;
 
+use node::{ChunkView, Node, Scratch, Word};
 use ops::{timed, Timers};
 
-use super::descriptor::PoolDescriptor;
 use super::layout::ChunkShape;
-use super::lease::Holder;
 use super::membership::Membership;
 use super::placement::{NodeLoad, Placement, RoundRobin};
 use super::RemotePtr;
-use crate::cq::{AsyncQp, Engine, EngineConfig, Progress};
-use crate::fabric::{AccessFlags, Context, Mr, Pd, RegisteredMemory, RemoteAddr};
+use crate::cq::{Engine, EngineConfig, Progress};
+use crate::fabric::{AccessFlags, Context, Pd, RegisteredMemory};
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How a client runs.
 pub struct ClientConfig {
@@ -53,121 +53,6 @@ impl ClientConfig {
             progress: Progress::Caller,
             connect_timeout: Duration::from_secs(5),
         }
-    }
-}
-
-/// A chunk this client owns: its shape and what it knows of its bitmap (the client is the
-/// only one that sets bits; others only clear them, so a set bit here may be stale, a clear
-/// one never is).
-struct ChunkView {
-    index: u64,
-    shape: ChunkShape,
-    bits: Vec<u64>,
-    /// Objects reserved locally and not yet committed remotely.
-    pending: u64,
-}
-
-impl ChunkView {
-    fn free_bit(&self) -> Option<u64> {
-        for (w, &word) in self.bits.iter().enumerate() {
-            if word != u64::MAX {
-                let bit = (!word).trailing_zeros() as u64;
-                let obj = w as u64 * 64 + bit;
-                if obj < self.shape.object_count {
-                    return Some(obj);
-                }
-            }
-        }
-        None
-    }
-
-    fn is_empty(&self) -> bool {
-        self.pending == 0 && self.bits.iter().all(|&w| w == 0)
-    }
-}
-
-/// One memory server as this client uses it.
-struct Node {
-    desc: PoolDescriptor,
-    /// Where it was reached (a down node is dialled again there: see `rejoin`).
-    addr: SocketAddr,
-    qp: AsyncQp,
-    /// Size classes of chunks (chunk index -> object size): this client's own from the claim
-    /// on (exact), others' as last read from their headers, so checking a pointer costs a
-    /// lookup, and a READ only the first time a chunk of another client is used.
-    shapes: Mutex<HashMap<u64, u64>>,
-    /// Offset of this client's lease slot (set once it is taken).
-    slot: AtomicU64,
-    chunks: Mutex<Vec<ChunkView>>,
-    /// Chunk claims of this client on this node, one at a time.
-    claiming: tokio::sync::Mutex<()>,
-    down: Mutex<Option<String>>,
-    draining: AtomicBool,
-    /// The lease as this client holds it (when it may use the node).
-    lease: Mutex<Holder>,
-    /// The lease heartbeat as this client last left it (only this client adds to it; the
-    /// server zeroes it when the lease expires, which the next renewal notices).
-    beat: AtomicU64,
-    used: AtomicU64,
-}
-
-impl Node {
-    fn remote(&self, offset: u64) -> RemoteAddr {
-        RemoteAddr {
-            addr: self.desc.region.addr + offset,
-            rkey: self.desc.region.rkey,
-        }
-    }
-
-    /// Whether the node may be used now: not marked down, and the lease renewed within three
-    /// quarters of a lease (a client that was frozen, or whose renewals stalled, must stop
-    /// before the server may reclaim its chunks: docs/RELIABILITY.md, "Failure model").
-    fn check_up(&self) -> Result<()> {
-        if let Some(reason) = &*self.down.lock() {
-            return Err(Error::NodeDown {
-                node: self.desc.node,
-                reason: reason.clone(),
-            });
-        }
-        let holder = *self.lease.lock();
-        let now = Instant::now();
-        if !holder.may_use(now) {
-            let since = holder.since(now);
-            let reason = format!(
-                "lease not renewed for {since:?} (lease {:?}): the server may take the chunks \
-                 back",
-                self.desc.lease
-            );
-            self.mark_down(reason.clone());
-            return Err(Error::NodeDown {
-                node: self.desc.node,
-                reason,
-            });
-        }
-        Ok(())
-    }
-
-    fn mark_down(&self, reason: String) {
-        tracing::warn!(node = self.desc.node, "pool node down: {reason}");
-        self.down.lock().get_or_insert(reason);
-    }
-}
-
-/// Registered scratch words for atomics results and staged chunk headers.
-struct Scratch {
-    mr: Arc<Mr>,
-    free: Mutex<Vec<usize>>,
-}
-
-/// One scratch word, given back on drop.
-struct Word {
-    scratch: Arc<Scratch>,
-    offset: usize,
-}
-
-impl Drop for Word {
-    fn drop(&mut self) {
-        self.scratch.free.lock().push(self.offset);
     }
 }
 
