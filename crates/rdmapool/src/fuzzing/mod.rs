@@ -12,6 +12,7 @@ mod arena;
 mod descriptors;
 mod handshake;
 mod input;
+mod lease;
 mod requester;
 mod requester_steps;
 mod responder;
@@ -22,12 +23,13 @@ mod tests;
 mod wire;
 
 /// The fuzz targets, by name (the names of `fuzz/fuzz_targets/*.rs`).
-pub const TARGETS: [&str; 5] = [
+pub const TARGETS: [&str; 6] = [
     "soft_wire",
     "soft_responder",
     "soft_requester",
     "handshake",
     "descriptors",
+    "pool_lease",
 ];
 
 /// Soft frame decoders (request, response, hello, hello acknowledgement) and round trips.
@@ -55,6 +57,11 @@ pub fn descriptors(data: &[u8]) {
     descriptors::run(data)
 }
 
+/// Taking a pool lease slot against arbitrary slot words and read timings.
+pub fn pool_lease(data: &[u8]) {
+    lease::run(data)
+}
+
 /// Runs the target called `name` on `data`; false if there is no such target.
 pub fn run(name: &str, data: &[u8]) -> bool {
     let f: fn(&[u8]) = match name {
@@ -63,6 +70,7 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "soft_requester" => soft_requester,
         "handshake" => handshake,
         "descriptors" => descriptors,
+        "pool_lease" => pool_lease,
         _ => return false,
     };
     f(data);

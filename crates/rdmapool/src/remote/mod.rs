@@ -41,12 +41,12 @@
 //! # Ok(()) }
 //! ```
 
-mod client;
+pub(crate) mod client;
 mod descriptor;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod layout;
-mod lease;
+pub(crate) mod lease;
 mod membership;
 mod placement;
 mod server;

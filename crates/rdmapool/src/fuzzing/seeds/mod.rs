@@ -166,6 +166,30 @@ fn descriptors() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+/// Takeover programs: a free slot; a restart whose old heartbeat stands still; a live
+/// holder whose heartbeat moves; a full pool.
+fn pool_lease() -> Vec<(&'static str, Vec<u8>)> {
+    // lease 100 ms (u16 90), 1 + `n` slots, start 0; then per step a choice byte (0 free,
+    // 1 the id, 2 another id, 3 the usual value), a heartbeat read first takes a delay.
+    let head = |n: u8| vec![90, 0, n, 0];
+    let mut free = head(0);
+    free.extend([0, 3]); // claim finds 0; the renewal finds the usual (0)
+    let mut restart = head(0);
+    restart.push(1); // claim finds the id
+    restart.extend([20, 3, 20, 3, 20, 3]); // three reads over 50 ms: it stands still
+    restart.push(3); // the renewal finds the watched value
+    let mut live = head(0);
+    live.extend([1, 5, 3, 5, 2, 1]); // claim: id; beat; beat moved (78); owner: the id
+    let mut full = head(2);
+    full.extend([2, 2, 2]);
+    vec![
+        ("free-slot", free),
+        ("restart", restart),
+        ("live-holder", live),
+        ("full", full),
+    ]
+}
+
 /// The seeds of target `name`: (file name, bytes).
 pub fn seeds(name: &str) -> Vec<(&'static str, Vec<u8>)> {
     match name {
@@ -174,6 +198,7 @@ pub fn seeds(name: &str) -> Vec<(&'static str, Vec<u8>)> {
         "soft_requester" => programs::soft_requester(),
         "handshake" => handshake(),
         "descriptors" => descriptors(),
+        "pool_lease" => pool_lease(),
         _ => Vec::new(),
     }
 }

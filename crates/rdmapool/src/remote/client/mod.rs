@@ -8,7 +8,7 @@ mod node;
 mod ops;
 mod session;
 mod stats;
-mod takeover;
+pub(crate) mod takeover;
 
 pub use stats::NodeStats;
 
