@@ -185,6 +185,14 @@ pub fn largest_object(chunk_size: u64) -> u64 {
     chunk_size - ChunkShape::new(chunk_size, chunk_size / 2).first_object
 }
 
+/// Whether `size` is an object size a chunk of `chunk_size` bytes can hold: a size class
+/// ([`size_class`] gives only these). A chunk header read from a server that says anything
+/// else is damaged (or hostile) and is not used.
+pub(crate) fn is_class(size: u64, chunk_size: u64) -> bool {
+    (size.is_power_of_two() && (MIN_OBJECT..=chunk_size / 4).contains(&size))
+        || size == largest_object(chunk_size)
+}
+
 /// The object size that serves `size` bytes in chunks of `chunk_size`: the next power of two
 /// from [`MIN_OBJECT`], or one object per chunk; `None` when it does not fit in a chunk.
 pub fn size_class(size: u64, chunk_size: u64) -> Option<u64> {
@@ -226,6 +234,30 @@ mod tests {
         assert_eq!(l.chunk_of(l.data_offset), Some(0));
         assert_eq!(l.chunk_of(l.data_offset - 1), None);
         assert_eq!(l.chunk_of(l.len), None);
+    }
+
+    #[test]
+    fn every_class_size_class_gives_is_a_class_and_nothing_else_is() {
+        for chunk in [64 << 10, 256 << 10, 2 << 20] {
+            for size in [
+                1,
+                63,
+                64,
+                65,
+                1000,
+                4096,
+                chunk / 4,
+                chunk / 4 + 1,
+                chunk / 2,
+            ] {
+                if let Some(c) = size_class(size, chunk) {
+                    assert!(is_class(c, chunk), "{size} -> {c} in {chunk}");
+                }
+            }
+            for bad in [0, 1, 63, 96, chunk / 2, chunk, chunk + 1, u64::MAX] {
+                assert!(!is_class(bad, chunk), "{bad} in {chunk}");
+            }
+        }
     }
 
     #[test]

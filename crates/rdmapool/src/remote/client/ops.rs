@@ -381,7 +381,7 @@ impl Shared {
         let size = self
             .read_u64(node, chunk + layout::chunk::OBJECT_SIZE)
             .await?;
-        if size < layout::MIN_OBJECT || size > l.chunk_size {
+        if !layout::is_class(size, l.chunk_size) {
             node.shapes.lock().remove(&index);
             return Err(bad("its header is damaged"));
         }

@@ -252,8 +252,10 @@ impl Shared {
             let size = self
                 .read_u64(node, chunk + layout::chunk::OBJECT_SIZE)
                 .await?;
-            if magic != layout::CHUNK_MAGIC || size == 0 || size > l.chunk_size {
-                continue; // claimed but never initialised: the reaper or a free takes it
+            if magic != layout::CHUNK_MAGIC || !layout::is_class(size, l.chunk_size) {
+                // Claimed but never initialised (the reaper or a free takes it), or a header
+                // no client writes: not used.
+                continue;
             }
             let shape = ChunkShape::new(l.chunk_size, size);
             node.shapes.lock().insert(i, size);
