@@ -2,6 +2,20 @@
 
 use crate::{Error, Result};
 
+/// Starts a thread named `name` running `f`; a failed spawn is `Error::Sys`.
+pub(crate) fn spawn_named(
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(|e| Error::Sys {
+            call: "spawn",
+            source: e,
+        })
+}
+
 /// Lower-case hex of `bytes`.
 pub(crate) fn hex_encode(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";

@@ -355,22 +355,11 @@ impl MemoryServer {
         inner
             .word(layout::header::MAGIC)
             .store(layout::POOL_MAGIC, Ordering::Release);
-        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name.into())
-                .spawn(f)
-                .map_err(|e| Error::Sys {
-                    call: "spawn",
-                    source: e,
-                })
-        };
         let a = inner.clone();
-        let accept = spawn(
-            "rdmapool-pool-accept",
-            Box::new(move || a.accept_loop(listener)),
-        )?;
+        let accept =
+            crate::util::spawn_named("rdmapool-pool-accept", move || a.accept_loop(listener))?;
         let r = inner.clone();
-        let reaper = spawn("rdmapool-pool-reaper", Box::new(move || r.reaper_loop()))?;
+        let reaper = crate::util::spawn_named("rdmapool-pool-reaper", move || r.reaper_loop())?;
         // Listed in the metrics registry while it lives.
         let weak = Arc::downgrade(&inner);
         crate::metrics::pool_servers::register(Box::new(move || {

@@ -182,28 +182,19 @@ impl PoolClient {
 
     /// Starts the lease and rejoin threads of a client that has no node yet.
     fn start_threads(shared: Arc<Shared>) -> Result<Self> {
-        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name.into())
-                .spawn(f)
-                .map_err(|e| Error::Sys {
-                    call: "spawn",
-                    source: e,
-                })
-        };
         let mut client = Self {
             shared: shared.clone(),
             threads: Vec::new(),
         };
         let s = shared.clone();
-        client.threads.push(spawn(
+        client.threads.push(crate::util::spawn_named(
             "rdmapool-pool-lease",
-            Box::new(move || s.lease_loop()),
+            move || s.lease_loop(),
         )?);
         let s = shared;
-        client.threads.push(spawn(
+        client.threads.push(crate::util::spawn_named(
             "rdmapool-pool-rejoin",
-            Box::new(move || s.rejoin_loop()),
+            move || s.rejoin_loop(),
         )?);
         Ok(client)
     }
