@@ -7,19 +7,9 @@ use common::*;
 use rdmapool::fabric::*;
 use rdmapool::remote::*;
 use rdmapool::Error;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn listen_ip() -> IpAddr {
-    match provider() {
-        ProviderKind::Soft => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        ProviderKind::Verbs => std::env::var("RDMAPOOL_TEST_CM_IP")
-            .expect("RDMAPOOL_TEST_CM_IP names the RDMA netdev's address in the verbs suite")
-            .parse()
-            .expect("an IP address"),
-    }
-}
 
 fn server_at(node: u32, lease: Duration, listen: SocketAddr) -> rdmapool::Result<MemoryServer> {
     let ctx = node_on(Transport::Auto).ctx;
@@ -56,14 +46,6 @@ fn client(servers: &[&MemoryServer], id: u64) -> rdmapool::Result<PoolClient> {
 
 fn local(c: &PoolClient, len: usize) -> Arc<Mr> {
     Arc::new(c.pd().alloc_mr(len, AccessFlags::LOCAL_WRITE).unwrap())
-}
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let until = Instant::now() + WAIT;
-    while !f() {
-        assert!(Instant::now() < until, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn is_stale(r: &rdmapool::Result<impl std::fmt::Debug>, node: u32) -> bool {

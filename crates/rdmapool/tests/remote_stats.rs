@@ -6,27 +6,8 @@ mod common;
 use common::*;
 use rdmapool::fabric::*;
 use rdmapool::remote::*;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::{Duration, Instant};
-
-/// Loopback on soft; the RDMA netdev's address on verbs (RDMA CM cannot route over lo).
-fn ip() -> IpAddr {
-    match provider() {
-        ProviderKind::Soft => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        ProviderKind::Verbs => std::env::var("RDMAPOOL_TEST_CM_IP")
-            .expect("RDMAPOOL_TEST_CM_IP names the RDMA netdev's address in the verbs suite")
-            .parse()
-            .expect("an IP address"),
-    }
-}
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(30);
-    while !f() {
-        assert!(Instant::now() < until, "never happened: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+use std::net::SocketAddr;
+use std::time::Duration;
 
 fn listed(node: u32) -> Option<ServerStats> {
     rdmapool::metrics::snapshot()
@@ -47,12 +28,12 @@ fn node_stats_unreachable_servers_and_metrics_agree_with_the_server() {
             chunk_size: 256 << 10,
             clients: 64,
             lease: Duration::from_secs(5),
-            listen: SocketAddr::new(ip(), 0),
+            listen: SocketAddr::new(listen_ip(), 0),
         },
     )
     .expect("server starts");
     // A port nothing listens on any more: refused at once.
-    let dead = std::net::TcpListener::bind(SocketAddr::new(ip(), 0))
+    let dead = std::net::TcpListener::bind(SocketAddr::new(listen_ip(), 0))
         .and_then(|l| l.local_addr())
         .unwrap();
     let n = node();

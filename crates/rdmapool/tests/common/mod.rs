@@ -120,6 +120,30 @@ pub fn read_wr<'a>(wr_id: u64, remote: RemoteAddr, sg: &'a [Sge]) -> SendWr<'a> 
     }
 }
 
+/// Where servers of the tests listen: loopback on soft; the RDMA netdev's address on verbs
+/// (`RDMAPOOL_TEST_CM_IP`: RDMA CM cannot route over loopback).
+pub fn listen_ip() -> std::net::IpAddr {
+    match provider() {
+        ProviderKind::Soft => std::net::Ipv4Addr::LOCALHOST.into(),
+        _ => std::env::var("RDMAPOOL_TEST_CM_IP")
+            .expect("RDMAPOOL_TEST_CM_IP names the RDMA netdev's address in the verbs suite")
+            .parse()
+            .expect("an IP address"),
+    }
+}
+
+/// Polls `f` until it holds, failing after [`WAIT`] with `what`.
+pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let until = std::time::Instant::now() + WAIT;
+    while !f() {
+        assert!(
+            std::time::Instant::now() < until,
+            "timed out waiting until {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A deterministic byte pattern.
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
