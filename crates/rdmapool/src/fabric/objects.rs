@@ -301,6 +301,10 @@ pub(crate) trait ConnectionState: Send + Sync {
 }
 
 /// A reliable-connected queue pair.
+///
+/// Dropping it destroys the QP. Invalidate (or drop) the memory windows bound through it
+/// first: on rxe (Linux 6.1) a bound window holds a reference to its QP, and destroying the
+/// QP then waits about 50 s; the library logs a warning when it sees this happen.
 pub struct Qp {
     /// What keeps a connection-manager connection alive; dropped (disconnecting) before the
     /// QP itself is destroyed.
