@@ -346,3 +346,31 @@ fn a_pre_registration_ring_has_buffers_ready_before_they_are_needed() {
         "replacements still in the ring are cancelled or dropped"
     );
 }
+
+#[test]
+fn a_registrar_dropped_at_once_never_hangs() {
+    // Its workers check the shutdown flag and then wait for work; a flag set between the
+    // two, outside the queue's lock, woke nobody and the drop's join hung forever (seen at
+    // the exit of `rdma-tool monitor` in a CI run). Many short lives give that window a
+    // chance; the bound only catches a hang.
+    let n = node();
+    let (done, finished) = std::sync::mpsc::channel();
+    let pd = n.pd.clone();
+    std::thread::spawn(move || {
+        for _ in 0..300 {
+            let r = Registrar::new(
+                pd.clone(),
+                RegistrarConfig {
+                    workers: 4,
+                    ..RegistrarConfig::default()
+                },
+            )
+            .unwrap();
+            drop(r);
+        }
+        done.send(()).unwrap();
+    });
+    finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("dropping a registrar hung");
+}

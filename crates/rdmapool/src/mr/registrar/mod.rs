@@ -243,7 +243,13 @@ impl Registrar {
 
 impl Drop for Registrar {
     fn drop(&mut self) {
-        self.shared.shutdown.store(true, Ordering::Release);
+        // Set under the queue's lock: a worker checks the flag under it and then waits, so
+        // a flag set (and notified) between its check and its wait would never wake it, and
+        // this join would hang (seen: `rdma-tool monitor` stuck at exit in a CI run).
+        {
+            let _queue = self.shared.queue.lock();
+            self.shared.shutdown.store(true, Ordering::Release);
+        }
         self.shared.work.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();
