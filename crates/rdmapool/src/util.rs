@@ -3,6 +3,7 @@
 use crate::{Error, Result};
 
 /// Starts a thread named `name` running `f`; a failed spawn is `Error::Sys`.
+#[cfg_attr(loom, allow(dead_code))] // the pool is not built under loom
 pub(crate) fn spawn_named(
     name: &str,
     f: impl FnOnce() + Send + 'static,

@@ -40,6 +40,10 @@ pub(super) fn run(data: &[u8]) {
     let mut others = 0u64;
     for _ in 0..4096 {
         match t.step() {
+            Step::ReadOwners => {
+                let owners: Vec<u64> = (0..slots).map(|_| word(&mut input, 78)).collect();
+                t.on_owners(&owners);
+            }
             Step::Claim { slot } => {
                 assert!(slot < slots, "slot {slot} of {slots}");
                 let old = word(&mut input, 0);

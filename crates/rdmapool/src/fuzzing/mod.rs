@@ -9,6 +9,7 @@
 //! replay that corpus, so every input the fuzzer kept stays a test on stable Rust.
 
 mod arena;
+mod chunks;
 mod descriptors;
 mod handshake;
 mod input;
@@ -23,13 +24,14 @@ mod tests;
 mod wire;
 
 /// The fuzz targets, by name (the names of `fuzz/fuzz_targets/*.rs`).
-pub const TARGETS: [&str; 6] = [
+pub const TARGETS: [&str; 7] = [
     "soft_wire",
     "soft_responder",
     "soft_requester",
     "handshake",
     "descriptors",
     "pool_lease",
+    "pool_chunks",
 ];
 
 /// Soft frame decoders (request, response, hello, hello acknowledgement) and round trips.
@@ -62,6 +64,12 @@ pub fn pool_lease(data: &[u8]) {
     lease::run(data)
 }
 
+/// The pool client's recovery, allocation and free against arbitrary region contents and
+/// answers that contradict them.
+pub fn pool_chunks(data: &[u8]) {
+    chunks::run(data)
+}
+
 /// Runs the target called `name` on `data`; false if there is no such target.
 pub fn run(name: &str, data: &[u8]) -> bool {
     let f: fn(&[u8]) = match name {
@@ -71,6 +79,7 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "handshake" => handshake,
         "descriptors" => descriptors,
         "pool_lease" => pool_lease,
+        "pool_chunks" => pool_chunks,
         _ => return false,
     };
     f(data);

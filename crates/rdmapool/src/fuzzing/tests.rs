@@ -166,3 +166,34 @@ mod requester_seeds {
         );
     }
 }
+
+mod chunk_seeds {
+    use super::super::chunks::execute;
+    use super::seed;
+
+    #[test]
+    fn a_fresh_node_allocates_and_frees() {
+        let s = execute(&seed("pool_chunks", "fresh-node"));
+        assert_eq!(s.recovered, 0);
+        assert!(s.allocated >= 5 && s.freed >= 1 && s.gave_up == 0, "{s:?}");
+    }
+
+    #[test]
+    fn a_restart_finds_its_chunks_and_allocates_past_the_full_words() {
+        let s = execute(&seed("pool_chunks", "restart"));
+        assert_eq!(s.recovered, 2, "{s:?}");
+        assert!(s.allocated >= 5 && s.gave_up == 0, "{s:?}");
+    }
+
+    #[test]
+    fn hostile_headers_are_not_recovered() {
+        let s = execute(&seed("pool_chunks", "hostile-headers"));
+        assert_eq!(s.recovered, 0, "{s:?}");
+    }
+
+    #[test]
+    fn a_lying_server_is_survived() {
+        let s = execute(&seed("pool_chunks", "liar"));
+        assert!(s.allocated + s.gave_up > 0, "{s:?}");
+    }
+}

@@ -6,7 +6,7 @@ use super::ops::opcode_label;
 use super::prometheus::status_label;
 use super::registry::{LatencySummary, Snapshot, PERCENTILES};
 use crate::fabric::WcStatus;
-use crate::remote::ServerStats;
+use crate::metrics::ServerStats;
 use std::fmt::Write;
 
 /// A finite number as JSON (non-finite values, which never occur here, become 0).

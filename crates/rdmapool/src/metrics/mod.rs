@@ -38,6 +38,7 @@ pub use endpoint::{
 };
 pub use objects::{objects_tracked, track_objects, ObjectCompletions, MAX_LISTED};
 pub use ops::{op_sample_every, opcode_label, sample_op_latency, DEFAULT_OP_SAMPLE_EVERY};
+pub use pool_servers::ServerStats;
 pub use prometheus::status_label;
 pub use registry::{snapshot, LatencySummary, Snapshot, BUCKETS_SECONDS, PERCENTILES};
 

@@ -88,7 +88,7 @@ impl Snapshot {
         if self.pool_servers.is_empty() {
             return;
         }
-        type Field = fn(&crate::remote::ServerStats) -> u64;
+        type Field = fn(&crate::metrics::ServerStats) -> u64;
         let series: [(&str, &str, &str, Field); 9] = [
             ("pool_server_leases", "gauge", "Clients holding a lease slot of the memory server.", |s| s.clients),
             ("pool_server_lease_slots", "gauge", "Lease slots of the memory server.", |s| s.lease_slots),

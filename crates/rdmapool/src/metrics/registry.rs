@@ -320,7 +320,7 @@ pub struct Snapshot {
     pub qps_live: usize,
     /// The memory servers (`remote::MemoryServer`) alive in the process, by node id, with
     /// their counters.
-    pub pool_servers: Vec<(u32, crate::remote::ServerStats)>,
+    pub pool_servers: Vec<(u32, crate::metrics::ServerStats)>,
 }
 
 /// A snapshot of the process-global registry.

@@ -71,7 +71,7 @@ fn known() -> Snapshot {
         qps_live: 2,
         pool_servers: vec![(
             3,
-            crate::remote::ServerStats {
+            crate::metrics::ServerStats {
                 chunks: 31,
                 chunks_owned: 4,
                 clients: 2,

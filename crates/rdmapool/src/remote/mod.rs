@@ -50,7 +50,9 @@ pub(crate) mod lease;
 mod membership;
 mod placement;
 mod server;
+pub(crate) mod sweep;
 
+pub use crate::metrics::ServerStats;
 pub use client::{ClientConfig, NodeStats, PoolClient};
 pub use descriptor::{ClientHello, PoolDescriptor, DESCRIPTOR_LEN, HELLO_LEN};
 #[cfg(feature = "etcd")]
@@ -60,7 +62,7 @@ pub use etcd::{
 pub use layout::Layout;
 pub use membership::{Membership, StaticMembership};
 pub use placement::{KeyHash, LeastUsed, NodeLoad, Placement, RoundRobin};
-pub use server::{MemoryServer, ServerConfig, ServerStats};
+pub use server::{MemoryServer, ServerConfig};
 
 /// A remote allocation: the node it lives on, that node's incarnation when it was allocated,
 /// its offset in that node's region, its length.

@@ -5,11 +5,13 @@
 use super::descriptor::{ClientHello, PoolDescriptor};
 use super::layout::{self, Layout};
 use super::lease::Reaper;
+use super::sweep;
 use crate::conn::Listener;
 use crate::fabric::{
     AccessFlags, Completion, Context, Cq, Pd, Qp, QpConfig, RecvWr, Registered, RegisteredMemory,
     WcOpcode,
 };
+use crate::metrics::ServerStats;
 use crate::mr::{HugeOptions, HugeRegion};
 use crate::{Error, Result};
 use parking_lot::Mutex;
@@ -48,31 +50,6 @@ impl Default for ServerConfig {
     }
 }
 
-/// What a server has seen.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ServerStats {
-    /// Chunks in the pool.
-    pub chunks: u64,
-    /// Chunks a client owns now.
-    pub chunks_owned: u64,
-    /// Clients holding a lease now.
-    pub clients: u64,
-    /// Lease slots: how many clients can hold a lease at once.
-    pub lease_slots: u64,
-    /// Connections accepted so far.
-    pub connections: u64,
-    /// Connections open now (a client's is closed once it holds no lease and is older
-    /// than two leases).
-    pub connected: u64,
-    /// Chunks taken back from clients whose lease expired.
-    pub reclaimed_chunks: u64,
-    /// Leases that expired.
-    pub expired_clients: u64,
-    /// Two-sided messages the server's CPU handled: allocation, free and data access never
-    /// send any, so this stays zero (receives are posted so that one would be counted).
-    pub requests_handled: u64,
-}
-
 struct Inner {
     node: u32,
     /// This start's incarnation (random, non-zero).
@@ -101,6 +78,22 @@ pub struct MemoryServer {
     inner: Arc<Inner>,
     addr: SocketAddr,
     threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl sweep::Words for Inner {
+    fn load(&self, at: u64) -> u64 {
+        self.word(at).load(Ordering::Acquire)
+    }
+
+    fn store(&self, at: u64, value: u64) {
+        self.word(at).store(value, Ordering::Release)
+    }
+
+    fn compare_exchange(&self, at: u64, current: u64, new: u64) -> bool {
+        self.word(at)
+            .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
 }
 
 impl Inner {
@@ -150,27 +143,6 @@ impl Inner {
             expired_clients: self.expired.load(Ordering::Relaxed),
             requests_handled: self.requests.load(Ordering::Relaxed),
         }
-    }
-
-    /// Takes back every chunk `owner` holds: its header is invalidated first (so frees of
-    /// its objects fail from then on), then the table entry is released.
-    fn reclaim(&self, owner: u64) -> u64 {
-        let mut n = 0;
-        for i in 0..self.layout.chunk_count {
-            let entry = self.word(self.layout.table_entry(i));
-            if entry.load(Ordering::Acquire) == owner {
-                let chunk = self.layout.chunk(i);
-                self.word(chunk + layout::chunk::MAGIC)
-                    .store(0, Ordering::Release);
-                if entry
-                    .compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    n += 1;
-                }
-            }
-        }
-        n
     }
 
     /// Posts receives on a new connection: a client never sends, and if one did, the
@@ -246,29 +218,14 @@ impl Inner {
                 self.requests.fetch_add(handled as u64, Ordering::Relaxed);
             }
             let now = Instant::now();
-            let mut owners = std::collections::HashSet::new();
-            for slot in 0..self.layout.client_count {
-                let at = self.layout.client_slot(slot);
-                let owner = self.word(at).load(Ordering::Acquire);
-                let beat = self.word(at + 8).load(Ordering::Acquire);
-                if !reaper.observe(slot, owner, beat, now) {
-                    if owner != 0 {
-                        owners.insert(owner);
-                    }
-                    continue;
-                }
-                let n = self.reclaim(owner);
-                self.reclaimed.fetch_add(n, Ordering::Relaxed);
-                self.expired.fetch_add(1, Ordering::Relaxed);
-                if self
-                    .word(at)
-                    .compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    self.word(at + 8).store(0, Ordering::Release);
-                }
-                tracing::info!(node = self.node, owner, chunks = n, "lease expired");
+            let swept = sweep::sweep(&mut reaper, &self.layout, &**self, now);
+            self.reclaimed.fetch_add(swept.reclaimed, Ordering::Relaxed);
+            self.expired
+                .fetch_add(swept.expired.len() as u64, Ordering::Relaxed);
+            for owner in &swept.expired {
+                tracing::info!(node = self.node, owner, "lease expired: chunks taken back");
             }
+            let owners = swept.holders;
             self.drop_stale(&owners, now);
         }
     }

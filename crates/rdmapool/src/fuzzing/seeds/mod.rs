@@ -171,22 +171,67 @@ fn descriptors() -> Vec<(&'static str, Vec<u8>)> {
 fn pool_lease() -> Vec<(&'static str, Vec<u8>)> {
     // lease 100 ms (u16 90), 1 + `n` slots, start 0; then per step a choice byte (0 free,
     // 1 the id, 2 another id, 3 the usual value), a heartbeat read first takes a delay.
+    // The owner words come first, one choice byte per slot (0 free, 1 the id, 2 another).
     let head = |n: u8| vec![90, 0, n, 0];
     let mut free = head(0);
+    free.push(0); // no slot holds the id
     free.extend([0, 3]); // claim finds 0; the renewal finds the usual (0)
     let mut restart = head(0);
+    restart.push(1); // the slot holds the id
     restart.push(1); // claim finds the id
     restart.extend([20, 3, 20, 3, 20, 3]); // three reads over 50 ms: it stands still
     restart.push(3); // the renewal finds the watched value
     let mut live = head(0);
+    live.push(1); // the slot holds the id
     live.extend([1, 5, 3, 5, 2, 1]); // claim: id; beat; beat moved (78); owner: the id
     let mut full = head(2);
+    full.extend([2, 2, 2]); // three slots, all another id's
     full.extend([2, 2, 2]);
     vec![
         ("free-slot", free),
         ("restart", restart),
         ("live-holder", live),
         ("full", full),
+    ]
+}
+
+/// Chunk programs: a fresh node; a restart that finds its full chunks; headers and tables
+/// of a hostile server; a server whose answers lie.
+fn pool_chunks() -> Vec<(&'static str, Vec<u8>)> {
+    // Chunks (1 + n), slots (1 + n), then per chunk: table entry, magic, owner, class pick,
+    // size, count, bitmap words (each a choice byte: 0 zero, 1 the id, 3 the usual value,
+    // 5 then eight bytes of any value); then lies (every n-th answer), then operations:
+    // 0 size-pick = allocate, 1 1 = free one held, 2 = recover again.
+    let ops = [0, 0, 0, 1, 0, 3, 0, 5, 1, 1, 0, 0, 2, 0, 2, 1, 1];
+    let mut fresh = vec![6, 3];
+    fresh.extend([0u8; 7].repeat(7));
+    fresh.push(0);
+    fresh.extend(ops);
+    let mut restart = vec![1, 3];
+    restart.extend([1, 3, 1, 1, 3, 3, 2, 3, 3]); // ours, 64-byte class, two full words
+    restart.extend([1, 3, 1, 3, 3, 3, 0]); // ours, 4 KiB class, empty
+    restart.push(0);
+    restart.extend(ops);
+    let mut hostile = vec![3, 0];
+    for v in [0xdead_beef_u64, 1 << 40, 96, u64::MAX] {
+        hostile.extend([1, 3, 1, 0, 5]);
+        hostile.extend(v.to_le_bytes());
+        hostile.extend([5]);
+        hostile.extend(v.to_le_bytes());
+        hostile.push(1);
+        hostile.push(5);
+        hostile.extend(u64::MAX.to_le_bytes());
+    }
+    hostile.push(0);
+    hostile.extend(ops);
+    let mut liar = fresh.clone();
+    let at = 2 + 7 * 7;
+    liar[at] = 3; // every third answer lies
+    vec![
+        ("fresh-node", fresh),
+        ("restart", restart),
+        ("hostile-headers", hostile),
+        ("liar", liar),
     ]
 }
 
@@ -199,6 +244,7 @@ pub fn seeds(name: &str) -> Vec<(&'static str, Vec<u8>)> {
         "handshake" => handshake(),
         "descriptors" => descriptors(),
         "pool_lease" => pool_lease(),
+        "pool_chunks" => pool_chunks(),
         _ => Vec::new(),
     }
 }

@@ -1,18 +1,23 @@
 //! The pool client: connects to memory servers, learns each one from its descriptor, and
 //! allocates, frees, reads, writes and updates remote memory with one-sided operations only.
-//! The public API is here; `session` connects and keeps leases, `alloc` claims, allocates
-//! and frees, `ops` holds the one-sided primitives with their deadline.
+//! The public API is here; `session` connects and keeps leases, `chunks` decides
+//! allocation, free and recovery as state machines without I/O (as `takeover` does for the
+//! lease slot), `alloc` places allocations and performs the machines' operations, `ops`
+//! holds the one-sided primitives with their deadline.
 
 mod alloc;
+pub(crate) mod chunks;
 mod node;
 mod ops;
 mod session;
+#[cfg(test)]
+mod sim;
 mod stats;
 pub(crate) mod takeover;
 
 pub use stats::NodeStats;
 
-use node::{ChunkView, Node, Scratch, Word};
+use node::{Node, Scratch, Word};
 use ops::{timed, Timers};
 
 use super::layout::ChunkShape;
@@ -364,12 +369,7 @@ impl PoolClient {
     pub async fn allocations(&self) -> Result<Vec<RemotePtr>> {
         let mut out = Vec::new();
         for node in self.shared.live_nodes() {
-            let views: Vec<(u64, ChunkShape)> = node
-                .chunks
-                .lock()
-                .iter()
-                .map(|c| (c.index, c.shape))
-                .collect();
+            let views: Vec<(u64, ChunkShape)> = node.book.lock().owned();
             for (index, shape) in views {
                 let bits = self.shared.read_bitmap(&node, index, shape).await?;
                 let base = node.desc.layout.chunk(index) + shape.first_object;

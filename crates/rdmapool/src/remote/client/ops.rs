@@ -1,6 +1,7 @@
 //! The one-sided primitives every path uses (CAS, FAA, 8-byte READ), each with a deadline
 //! after which its node is declared down, and the lookups of nodes and pointers.
 
+use super::chunks::{Checked, Object};
 use super::{Node, Shared, Word, SCRATCH_WORDS};
 use crate::cq::LocalBuf;
 use crate::fabric::RemoteAddr;
@@ -249,7 +250,7 @@ impl Shared {
             .map(|n| NodeLoad {
                 node: n.desc.node,
                 capacity: n.desc.layout.chunk_count * n.desc.layout.chunk_size,
-                used: n.used.load(Ordering::Relaxed),
+                used: n.book.lock().used(),
                 draining: n.draining.load(Ordering::Relaxed),
             })
             .collect()
@@ -269,13 +270,7 @@ impl Shared {
                 reason: "not a member: no server of this pool known to this client has that id"
                     .into(),
             })?;
-        if node.desc.incarnation != ptr.incarnation {
-            return Err(Error::StalePointer {
-                node: ptr.node,
-                incarnation: ptr.incarnation,
-                current: node.desc.incarnation,
-            });
-        }
+        node.book.lock().check_incarnation(ptr)?;
         node.check_up()?;
         Ok(node)
     }
@@ -303,89 +298,26 @@ impl Shared {
         Ok((node, remote))
     }
 
-    /// Checks that `ptr` starts an object of its chunk and is no longer than that object;
-    /// returns the chunk's index and shape and the object's number. A shape remembered from
-    /// an earlier look that refuses `ptr` is read again first (the chunk may have been given
-    /// back and claimed for another size class since). With `fresh`, a chunk that is not
-    /// this client's is always read (its header says whether it still holds objects).
+    /// Checks `ptr` against the object it names ([`Book::check`]): free for this client's
+    /// own chunks and those whose size class is cached, two 8-byte READs of the chunk
+    /// header otherwise. With `fresh`, a chunk that is not this client's is always read.
     pub(super) async fn check_object(
         &self,
         node: &Node,
         ptr: RemotePtr,
         fresh: bool,
-    ) -> Result<(u64, ChunkShape, u64)> {
-        let l = node.desc.layout;
-        let bad = |why: &str| Error::NotAllocated(format!("{ptr}: {why}"));
-        let end = ptr.offset.checked_add(ptr.len);
-        if ptr.offset < l.data_offset || end.is_none_or(|e| e > l.len) {
-            return Err(bad(&format!("outside node {}'s pool", ptr.node)));
-        }
-        let index = l
-            .chunk_of(ptr.offset)
-            .ok_or_else(|| bad("not in a chunk"))?;
-        let chunk = l.chunk(index);
-        // This client's own chunks are in `shapes` from the claim on (exact); others' as
-        // last read. With `fresh`, only an own chunk's is taken without reading.
-        let owned = || {
-            node.chunks
-                .lock()
-                .iter()
-                .find(|c| c.index == index)
-                .map(|c| c.shape)
+    ) -> Result<Object> {
+        let chunk = match node.book.lock().check(ptr, fresh)? {
+            Checked::Known(object) => return Ok(object),
+            Checked::ReadHeader { chunk } => chunk,
         };
-        let (cached, exact) = if fresh {
-            let own = owned();
-            (own, own.is_some())
+        let at = node.desc.layout.chunk(chunk);
+        let magic = self.read_u64(node, at + layout::chunk::MAGIC).await?;
+        let size = if magic == layout::CHUNK_MAGIC {
+            self.read_u64(node, at + layout::chunk::OBJECT_SIZE).await?
         } else {
-            let size = node.shapes.lock().get(&index).copied();
-            (size.map(|size| ChunkShape::new(l.chunk_size, size)), false)
+            0
         };
-        let judge = |shape: ChunkShape| -> Result<u64> {
-            let obj = shape
-                .object_at(ptr.offset - chunk)
-                .ok_or_else(|| bad("not the start of an object"))?;
-            if ptr.len > shape.object_size {
-                return Err(Error::OutOfBounds {
-                    offset: 0,
-                    len: ptr.len,
-                    limit: shape.object_size,
-                });
-            }
-            Ok(obj)
-        };
-        if let Some(shape) = cached {
-            match judge(shape) {
-                Ok(obj) => return Ok((index, shape, obj)),
-                Err(e) if exact || owned().is_some() => return Err(e),
-                Err(_) => {}
-            }
-        }
-        let shape = self.read_shape(node, index).await?;
-        Ok((index, shape, judge(shape)?))
-    }
-
-    /// Reads chunk `index`'s header (two 8-byte READs) and remembers its size class.
-    pub(super) async fn read_shape(&self, node: &Node, index: u64) -> Result<ChunkShape> {
-        let l = node.desc.layout;
-        let chunk = l.chunk(index);
-        let bad = |why: &str| {
-            Error::NotAllocated(format!("node {} chunk {index}: {why}", node.desc.node))
-        };
-        if self.read_u64(node, chunk + layout::chunk::MAGIC).await? != layout::CHUNK_MAGIC {
-            node.shapes.lock().remove(&index);
-            return Err(bad(
-                "holds no objects (all freed, or taken back when the lease of the client that \
-                 allocated them ran out)",
-            ));
-        }
-        let size = self
-            .read_u64(node, chunk + layout::chunk::OBJECT_SIZE)
-            .await?;
-        if !layout::is_class(size, l.chunk_size) {
-            node.shapes.lock().remove(&index);
-            return Err(bad("its header is damaged"));
-        }
-        node.shapes.lock().insert(index, size);
-        Ok(ChunkShape::new(l.chunk_size, size))
+        node.book.lock().on_header(ptr, chunk, magic, size)
     }
 }

@@ -1,14 +1,14 @@
 //! Joining a node (connect, descriptor, lease slot, recovery after a restart) and keeping
 //! the leases alive.
 
+use super::chunks::{Book, Recover};
 use super::ops::hash64;
 use super::takeover::{Step, Takeover};
 use super::{Node, Shared};
 use crate::conn::{self, Manager};
 use crate::fabric::QpConfig;
-use crate::remote::client::ChunkView;
 use crate::remote::descriptor::{ClientHello, PoolDescriptor};
-use crate::remote::layout::{self, ChunkShape, STATE_DRAINING};
+use crate::remote::layout::{self, STATE_DRAINING};
 use crate::remote::lease::Holder;
 use crate::{Error, Result};
 use parking_lot::Mutex;
@@ -69,15 +69,13 @@ impl Shared {
             desc,
             addr,
             qp: self.engine.wrap(c.qp),
-            shapes: Mutex::new(HashMap::new()),
             slot: AtomicU64::new(0),
-            chunks: Mutex::new(Vec::new()),
-            claiming: tokio::sync::Mutex::new(()),
+            book: Mutex::new(Book::new(self.id, desc.incarnation, desc.layout)),
+            claimed: tokio::sync::Notify::new(),
             down: Mutex::new(None),
             draining: AtomicBool::new(false),
             lease: Mutex::new(Holder::new(desc.lease, Instant::now())),
             beat: AtomicU64::new(0),
-            used: AtomicU64::new(0),
         });
         let slot = self.engine.run_until(self.take_slot(&node))?;
         node.slot.store(slot, Ordering::Release);
@@ -182,8 +180,17 @@ impl Shared {
             l.client_count,
             hash64(self.id) % l.client_count,
         );
+        let mut renew_sent = None;
         loop {
             match t.step() {
+                Step::ReadOwners => {
+                    let per_slot = (layout::CLIENT_SLOT / 8) as usize;
+                    let words = self
+                        .read_words(node, l.client_slot(0), l.client_count as usize * per_slot)
+                        .await?;
+                    let owners: Vec<u64> = words.iter().step_by(per_slot).copied().collect();
+                    t.on_owners(&owners);
+                }
                 Step::Claim { slot } => {
                     let at = l.client_slot(slot);
                     let old = self.cas(node, node.remote(at), 0, self.id).await?;
@@ -205,10 +212,16 @@ impl Shared {
                     // Renewed at once: a short-lived client that exits before its lease
                     // thread's first round still leaves a heartbeat the reaper has seen move.
                     let at = l.client_slot(slot);
+                    renew_sent = Some(Instant::now());
                     let old = self.faa(node, node.remote(at + 8), 1).await?;
                     t.on_renewed(old);
                 }
                 Step::Taken { slot, beat } => {
+                    // The lease counts from that renewal (a takeover watches for half a
+                    // lease: counting from before it would leave a quarter lease to recover).
+                    if let Some(sent) = renew_sent {
+                        node.lease.lock().renewed(sent);
+                    }
                     node.beat.store(beat, Ordering::Release);
                     return Ok(l.client_slot(slot));
                 }
@@ -228,48 +241,10 @@ impl Shared {
         }
     }
 
-    /// Finds the chunks the table says this id owns and rebuilds their views.
+    /// Finds the chunks the table says this id owns and rebuilds their views (the
+    /// decisions are [`Recover`]'s).
     pub(super) async fn recover(&self, node: &Node) -> Result<()> {
-        let l = node.desc.layout;
-        // The table in READs of up to 4096 entries (one READ per entry made connecting take
-        // a round trip per chunk: longer than a lease on a slow link, so the server expired
-        // the lease of a client that was still connecting).
-        let per_entry = (layout::TABLE_ENTRY / 8) as usize;
-        let mut owners = Vec::with_capacity(l.chunk_count as usize);
-        for first in (0..l.chunk_count).step_by(4096) {
-            let n = (l.chunk_count - first).min(4096) as usize;
-            let words = self
-                .read_words(node, l.table_entry(first), n * per_entry)
-                .await?;
-            owners.extend(words.chunks(per_entry).map(|e| e[0]));
-        }
-        for i in 0..l.chunk_count {
-            if owners[i as usize] != self.id {
-                continue;
-            }
-            let chunk = l.chunk(i);
-            let magic = self.read_u64(node, chunk + layout::chunk::MAGIC).await?;
-            let size = self
-                .read_u64(node, chunk + layout::chunk::OBJECT_SIZE)
-                .await?;
-            if magic != layout::CHUNK_MAGIC || !layout::is_class(size, l.chunk_size) {
-                // Claimed but never initialised (the reaper or a free takes it), or a header
-                // no client writes: not used.
-                continue;
-            }
-            let shape = ChunkShape::new(l.chunk_size, size);
-            node.shapes.lock().insert(i, size);
-            let bits = self.read_bitmap(node, i, shape).await?;
-            let used = bits.iter().map(|w| w.count_ones() as u64).sum::<u64>() * size;
-            node.used.fetch_add(used, Ordering::Relaxed);
-            node.chunks.lock().push(ChunkView {
-                index: i,
-                shape,
-                bits,
-                pending: 0,
-            });
-        }
-        Ok(())
+        self.drive(node, Recover::new()).await
     }
 
     /// One lease renewal on `node`: adds 1 to our heartbeat (noticing a lease the server

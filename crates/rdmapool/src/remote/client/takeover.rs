@@ -4,8 +4,9 @@
 //! against a simulated slot, a simulated old holder and the server's [`Reaper`] in virtual
 //! time.
 //!
-//! The rules: probe slots from a hash of the id for one whose owner word can be swapped from
-//! 0 to the id. A slot that already holds the id belongs to an earlier run of this client
+//! The rules: read every slot's owner word; if one holds the id (an earlier run's slot), that
+//! is the slot. Else probe slots from a hash of the id for one whose owner word can be
+//! swapped from 0 to the id. A slot that already holds the id belongs to an earlier run of this client
 //! (a restart) or to a live client with the same id: watch its heartbeat for half a lease;
 //! if it moves, a live client renews it (`ClientIdInUse`), unless the server cleared the slot
 //! meanwhile (the old lease expired: claim it afresh). If it stands still, take it over with
@@ -21,6 +22,9 @@ pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(5);
 /// What the driver does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Step {
+    /// Read the owner word of every slot; feed them, in slot order, to
+    /// [`Takeover::on_owners`].
+    ReadOwners,
     /// Compare-and-swap slot `slot`'s owner word from 0 to the id; feed the old value to
     /// [`Takeover::on_claim`].
     Claim { slot: u64 },
@@ -40,12 +44,14 @@ pub(crate) enum Step {
 
 #[derive(Debug, Clone, Copy)]
 enum State {
+    /// Looking for a slot that already holds the id.
+    Scan,
     /// Claim the slot at probe position `k`.
     Probe,
     /// The slot holds the id: watch its heartbeat (`before`, first read at `since`).
     Watch { before: Option<u64>, since: Instant },
-    /// The heartbeat moved: is the owner still the id?
-    Moved,
+    /// The heartbeat moved (to `beat`): is the owner still the id?
+    Moved { beat: u64 },
     /// Renewing a slot claimed afresh (`fresh`) or taken over with its heartbeat at `before`.
     Renewing { fresh: bool, before: u64 },
     /// Ended: `next` says how.
@@ -73,11 +79,31 @@ impl Takeover {
             slots,
             start,
             k: 0,
-            state: State::Probe,
-            next: Step::Full,
+            state: State::Scan,
+            next: Step::ReadOwners,
         };
-        t.probe();
+        if slots == 0 {
+            t.done(Step::Full);
+        }
         t
+    }
+
+    /// Every slot's owner word, in slot order. A slot that holds the id already (an earlier
+    /// run's) is the one to take over: claiming a free one instead would leave the id in
+    /// two slots, and when the old one expired the server would take back the chunks of
+    /// the id, the new run's among them.
+    pub(crate) fn on_owners(&mut self, owners: &[u64]) {
+        if !matches!(self.state, State::Scan) {
+            return;
+        }
+        if let Some(slot) = owners
+            .iter()
+            .take(self.slots as usize)
+            .position(|&o| o == self.id)
+        {
+            self.k = (slot as u64 + self.slots - self.start % self.slots) % self.slots;
+        }
+        self.probe();
     }
 
     /// The next step.
@@ -142,7 +168,7 @@ impl Takeover {
                 };
             }
             Some(b) if b != beat => {
-                self.state = State::Moved;
+                self.state = State::Moved { beat };
                 self.next = Step::ReadOwner { slot };
             }
             Some(b) if now.saturating_duration_since(since) >= self.lease / 2 => {
@@ -163,10 +189,14 @@ impl Takeover {
 
     /// The owner word of a slot whose heartbeat moved while watched.
     pub(crate) fn on_owner(&mut self, owner: u64) {
-        if !matches!(self.state, State::Moved) {
+        let State::Moved { beat } = self.state else {
             return;
-        }
-        if owner == self.id {
+        };
+        if owner == self.id && beat == 0 {
+            // Zeroed: the server is expiring the old lease and releases the owner word once
+            // its chunks are taken back (remote/sweep.rs). Claim again until it has.
+            self.probe();
+        } else if owner == self.id {
             self.done(Step::InUse);
         } else {
             // The server expired the old lease and cleared the slot: claim it afresh.
@@ -180,7 +210,9 @@ impl Takeover {
             return;
         };
         let slot = self.slot();
-        if fresh || old == before {
+        // A heartbeat that stood at 0 is a lease being expired (a live holder renews right
+        // after claiming), not one to take over.
+        if fresh || (old == before && before != 0) {
             self.done(Step::Taken {
                 slot,
                 beat: old + 1,
@@ -206,6 +238,10 @@ mod tests {
         beat: u64,
         reaper: Reaper,
         expired_at: Option<u64>,
+        /// How long the server takes from zeroing the heartbeat to releasing the owner word
+        /// (it takes the chunks back in between), and when it will.
+        gap: u64,
+        release_at: Option<u64>,
         lease_ms: u64,
         dies: u64,
         next_renewal: u64,
@@ -216,12 +252,14 @@ mod tests {
     const ID: u64 = 77;
 
     impl Cluster {
-        fn new(lease_ms: u64, dies: u64, reaper_phase: u64) -> Self {
+        fn new(lease_ms: u64, dies: u64, reaper_phase: u64, gap: u64) -> Self {
             Self {
                 owner: ID,
                 beat: 1,
                 reaper: Reaper::new(Duration::from_millis(lease_ms)),
                 expired_at: None,
+                gap,
+                release_at: None,
                 lease_ms,
                 dies,
                 next_renewal: 0,
@@ -239,6 +277,11 @@ mod tests {
             loop {
                 let renew = (self.next_renewal < self.dies).then_some(self.next_renewal);
                 let tick = self.next_tick;
+                if self.release_at.is_some_and(|r| r <= ms && r <= tick) {
+                    self.owner = 0;
+                    self.release_at = None;
+                    continue;
+                }
                 match renew {
                     Some(r) if r <= ms && r <= tick => {
                         if self.owner == ID {
@@ -247,9 +290,12 @@ mod tests {
                         self.next_renewal += (self.lease_ms / 4).max(1);
                     }
                     _ if tick <= ms => {
-                        if self.reaper.observe(0, self.owner, self.beat, self.at(tick)) {
-                            self.owner = 0;
+                        if self.release_at.is_none()
+                            && self.reaper.observe(0, self.owner, self.beat, self.at(tick))
+                        {
+                            // remote/sweep.rs: the heartbeat first, the owner word last.
                             self.beat = 0;
+                            self.release_at = Some(tick + self.gap);
                             self.expired_at.get_or_insert(tick);
                         }
                         self.next_tick += self.reaper.tick().as_millis() as u64;
@@ -267,6 +313,7 @@ mod tests {
         for _ in 0..100_000 {
             c.advance(now);
             match t.step() {
+                Step::ReadOwners => t.on_owners(&[c.owner]),
                 Step::Claim { .. } => {
                     let old = c.owner;
                     if old == 0 {
@@ -304,9 +351,10 @@ mod tests {
             dies_after in proptest::option::of(0u64..4000),
             restart_after in 0u64..4000,
             phase in 0u64..500,
+            gap in 0u64..50,
         ) {
             let dies = dies_after.unwrap_or(u64::MAX);
-            let mut c = Cluster::new(lease_ms, dies, phase % lease_ms.max(1));
+            let mut c = Cluster::new(lease_ms, dies, phase % lease_ms.max(1), gap);
             let start = dies.saturating_add(restart_after).min(8000);
             let (end, _) = run(&mut c, start);
             if dies_after.is_none() {
@@ -328,6 +376,7 @@ mod tests {
         let lease = Duration::from_millis(100);
         let t0 = Instant::now();
         let mut t = Takeover::new(ID, lease, 1, 0);
+        t.on_owners(&[ID]);
         t.on_claim(ID, t0);
         t.on_beat(41, t0);
         t.on_beat(41, t0 + Duration::from_millis(60));
@@ -340,9 +389,63 @@ mod tests {
     }
 
     #[test]
+    fn a_heartbeat_zeroed_while_the_owner_word_still_holds_the_id_is_waited_out() {
+        // The server zeroes the heartbeat first and releases the owner word only once the
+        // chunks are back: that is an expiry in progress, not a live client (InUse), and not
+        // a slot to take over (its chunks are being taken back).
+        let lease = Duration::from_millis(100);
+        let t0 = Instant::now();
+        let ms = |m| t0 + Duration::from_millis(m);
+        let mut t = Takeover::new(ID, lease, 1, 0);
+        t.on_owners(&[ID]);
+        t.on_claim(ID, ms(0));
+        t.on_beat(41, ms(0));
+        t.on_beat(0, ms(5));
+        assert_eq!(t.step(), Step::ReadOwner { slot: 0 });
+        t.on_owner(ID);
+        assert_eq!(
+            t.step(),
+            Step::Claim { slot: 0 },
+            "claimed again, not InUse"
+        );
+        // Still (ID, 0): watched, and a heartbeat standing at 0 is not taken over.
+        t.on_claim(ID, ms(6));
+        t.on_beat(0, ms(6));
+        t.on_beat(0, ms(60));
+        assert_eq!(t.step(), Step::Renew { slot: 0 });
+        t.on_renewed(0);
+        assert_eq!(t.step(), Step::Claim { slot: 0 });
+        // Released: claimed afresh.
+        t.on_claim(0, ms(61));
+        t.on_renewed(0);
+        assert_eq!(t.step(), Step::Taken { slot: 0, beat: 1 });
+    }
+
+    #[test]
+    fn the_slot_holding_the_id_is_taken_over_even_past_a_free_one() {
+        // Probing from slot 0 would find slot 1 free before the earlier run's slot 3; the
+        // id would then hold two slots, and the old one's expiry take the new run's chunks.
+        let mut t = Takeover::new(ID, Duration::from_secs(2), 4, 0);
+        t.on_owners(&[5, 0, 6, ID]);
+        assert_eq!(t.step(), Step::Claim { slot: 3 });
+        let mut t = Takeover::new(ID, Duration::from_secs(2), 4, 2);
+        t.on_owners(&[ID, 0, 6, 5]);
+        assert_eq!(t.step(), Step::Claim { slot: 0 });
+        let mut t = Takeover::new(ID, Duration::from_secs(2), 4, 2);
+        t.on_owners(&[5, 0, 0, 5]);
+        assert_eq!(
+            t.step(),
+            Step::Claim { slot: 2 },
+            "none holds it: probe from the hash"
+        );
+    }
+
+    #[test]
     fn slots_of_others_are_skipped_and_a_full_pool_says_so() {
         let t0 = Instant::now();
         let mut t = Takeover::new(ID, Duration::from_secs(2), 3, 2);
+        assert_eq!(t.step(), Step::ReadOwners);
+        t.on_owners(&[5, 6, 7]);
         assert_eq!(t.step(), Step::Claim { slot: 2 });
         t.on_claim(5, t0);
         assert_eq!(t.step(), Step::Claim { slot: 0 });
