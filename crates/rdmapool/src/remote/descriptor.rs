@@ -198,6 +198,18 @@ mod tests {
         bad(&|b| b[28..32].copy_from_slice(&0u32.to_le_bytes())); // lease
         bad(&|b| b[64..72].copy_from_slice(&0u64.to_le_bytes())); // incarnation
         assert!(PoolDescriptor::decode(&d.encode()[..DESCRIPTOR_LEN - 1]).is_err());
+        // A geometry that fits its (claimed) region, but with 2^32 - 1 client slots and a
+        // 256 GiB chunk: a client would read 128 GiB of owner words and probe slot after
+        // slot (issue #22, finding 1). Refused by the local limits.
+        bad(&|b| {
+            let chunk = 1u64 << 38;
+            b[16..24].copy_from_slice(&(2 * chunk).to_le_bytes()); // region len
+            b[32..40].copy_from_slice(&chunk.to_le_bytes());
+            b[40..48].copy_from_slice(&((1u64 << 37) + 8192).to_le_bytes()); // table
+            b[48..52].copy_from_slice(&1u32.to_le_bytes());
+            b[52..56].copy_from_slice(&u32::MAX.to_le_bytes());
+            b[56..64].copy_from_slice(&chunk.to_le_bytes());
+        });
     }
 
     #[test]

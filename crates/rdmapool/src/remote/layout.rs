@@ -49,6 +49,13 @@ pub(crate) mod chunk {
 
 /// Smallest object.
 pub const MIN_OBJECT: u64 = 64;
+/// Most client slots a pool may have (a descriptor naming more is refused: a client reads
+/// every owner word when it joins, and probes slots one CAS each).
+pub const MAX_CLIENT_SLOTS: u64 = 1 << 16;
+/// Most chunks a pool may have (a client reads the whole table when it recovers).
+pub const MAX_CHUNKS: u64 = 1 << 24;
+/// Largest chunk (a chunk header and bitmap are read whole).
+pub const MAX_CHUNK_SIZE: u64 = 1 << 30;
 
 /// Where things are in a server's region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,8 +104,20 @@ impl Layout {
     /// region, at least one chunk. (A descriptor from the wire is checked with this too.)
     pub fn check(&self) -> Result<()> {
         let bad = |why: String| Err(Error::InvalidArgument(format!("pool layout: {why}")));
-        if !self.chunk_size.is_power_of_two() || self.chunk_size < 64 * 1024 {
-            return bad(format!("chunk size {}", self.chunk_size));
+        if !self.chunk_size.is_power_of_two()
+            || !(64 * 1024..=MAX_CHUNK_SIZE).contains(&self.chunk_size)
+        {
+            return bad(format!(
+                "chunk size {}: a power of two from 64 KiB to {MAX_CHUNK_SIZE}",
+                self.chunk_size
+            ));
+        }
+        if self.client_count > MAX_CLIENT_SLOTS || self.chunk_count > MAX_CHUNKS {
+            return bad(format!(
+                "{} client slots and {} chunks: at most {MAX_CLIENT_SLOTS} and {MAX_CHUNKS} (a \
+                 client reads every slot and table entry)",
+                self.client_count, self.chunk_count
+            ));
         }
         if self.chunk_count == 0 {
             return bad(format!(
@@ -231,6 +250,12 @@ mod tests {
             ..l
         };
         assert!(lying.check().is_err());
+        // Within the region's arithmetic but past what a client reads.
+        let huge = Layout::new(1 << 44, 1 << 20, 1 << 20);
+        assert!(huge.is_err(), "2^20 client slots: {huge:?}");
+        let many = Layout::new((MAX_CHUNKS + 2) * (64 << 10), 64 << 10, 16);
+        assert!(many.is_err(), "more than MAX_CHUNKS chunks");
+        assert!(Layout::new(4 << 30, 2 << 30, 16).is_err(), "a 2 GiB chunk");
         assert_eq!(l.chunk_of(l.data_offset), Some(0));
         assert_eq!(l.chunk_of(l.data_offset - 1), None);
         assert_eq!(l.chunk_of(l.len), None);
