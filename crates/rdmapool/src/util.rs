@@ -17,6 +17,23 @@ pub(crate) fn spawn_named(
         })
 }
 
+/// A random, non-zero 64-bit value from the OS (a pool server's incarnation, the first
+/// value of a pool client's heartbeat).
+#[cfg_attr(loom, allow(dead_code))] // the pool is not built under loom
+pub(crate) fn random_nonzero() -> Result<u64> {
+    loop {
+        let mut b = [0u8; 8];
+        getrandom::fill(&mut b).map_err(|e| Error::Sys {
+            call: "getrandom",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        let v = u64::from_le_bytes(b);
+        if v != 0 {
+            return Ok(v);
+        }
+    }
+}
+
 /// Lower-case hex of `bytes`.
 pub(crate) fn hex_encode(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";

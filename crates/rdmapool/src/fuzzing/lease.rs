@@ -2,15 +2,17 @@
 //! hostile or broken server's slot words say and whenever the reads come back. The machine
 //! must never leave its probe range, and may only end as the words it read justify:
 //! `Taken` after a claim that found the slot free, or after watching this id's heartbeat
-//! stand still for half a lease and a renewal that replaced exactly that value; `InUse` after
+//! stand still (not at 0) for half a lease and a renewal that swapped exactly that value; `InUse` after
 //! the owner word, re-read once the heartbeat moved, still held the id; `Full` after every
-//! slot held another id.
+//! slot was seen (by the owner scan or a claim) holding another id.
 
 use super::input::Input;
-use crate::remote::client::takeover::{Step, Takeover};
+use crate::remote::client::takeover::{next_beat, Step, Takeover};
 use std::time::{Duration, Instant};
 
 const ID: u64 = 77;
+/// The heartbeat a slot claimed afresh starts at.
+const BASE: u64 = 1000;
 
 /// A word the server might answer with: free, this id, another id, or anything.
 fn word(input: &mut Input<'_>, usual: u64) -> u64 {
@@ -31,24 +33,30 @@ pub(super) fn run(data: &[u8]) {
     let start = u64::from(input.u8()) % slots;
     let t0 = Instant::now();
     let mut now = t0;
-    let mut t = Takeover::new(ID, lease, slots, start);
+    let mut t = Takeover::new(ID, lease, slots, start, BASE);
     // What was read since the last claim, to judge the end by.
     let mut claimed: Option<u64> = None;
     let mut watched: Vec<(u64, Instant)> = Vec::new();
-    let mut renewed_from: Option<u64> = None;
+    let mut renewed_from: Option<(u64, u64, u64)> = None;
     let mut owner_read: Option<u64> = None;
-    let mut others = 0u64;
+    // Slots seen (by the scan or a claim) held by another id.
+    let mut others_at = std::collections::HashSet::new();
     for _ in 0..4096 {
         match t.step() {
             Step::ReadOwners => {
                 let owners: Vec<u64> = (0..slots).map(|_| word(&mut input, 78)).collect();
+                for (s, &o) in owners.iter().enumerate() {
+                    if o != 0 && o != ID {
+                        others_at.insert(s as u64);
+                    }
+                }
                 t.on_owners(&owners);
             }
             Step::Claim { slot } => {
                 assert!(slot < slots, "slot {slot} of {slots}");
                 let old = word(&mut input, 0);
                 if old != 0 && old != ID {
-                    others += 1;
+                    others_at.insert(slot);
                 }
                 claimed = Some(old);
                 watched.clear();
@@ -70,19 +78,27 @@ pub(super) fn run(data: &[u8]) {
                 owner_read = Some(owner);
                 t.on_owner(owner);
             }
-            Step::Renew { slot } => {
+            Step::Renew {
+                slot,
+                expected,
+                new,
+            } => {
                 assert!(slot < slots);
-                let usual = watched.last().map_or(0, |w| w.0);
-                let old = word(&mut input, usual);
-                renewed_from = Some(old);
+                assert!(
+                    new == next_beat(expected) || (expected == 0 && new == BASE),
+                    "a renewal from {expected} to {new}"
+                );
+                let old = word(&mut input, expected);
+                renewed_from = Some((expected, new, old));
                 t.on_renewed(old);
             }
             Step::Taken { slot, beat } => {
                 assert!(slot < slots);
-                let old = renewed_from.expect("taken without a renewal");
-                assert_eq!(beat, old.wrapping_add(1));
+                let (expected, new, old) = renewed_from.expect("taken without a renewal");
+                assert_eq!(old, expected, "taken although the swap found another value");
+                assert_eq!(beat, new);
                 match claimed {
-                    Some(0) => {}
+                    Some(0) => assert_eq!((expected, new), (0, BASE)),
                     Some(ID) => {
                         let (first, last) = (watched.first(), watched.last());
                         let (Some(&(b0, at0)), Some(&(_, at1))) = (first, last) else {
@@ -90,7 +106,8 @@ pub(super) fn run(data: &[u8]) {
                         };
                         assert!(watched.iter().all(|w| w.0 == b0), "taken while it moved");
                         assert!(at1.duration_since(at0) >= lease / 2, "watched too briefly");
-                        assert_eq!(old, b0, "taken although the renewal found another value");
+                        assert_ne!(b0, 0, "a heartbeat standing at 0 is an expiry in progress");
+                        assert_eq!(expected, b0, "swapped from another value than watched");
                     }
                     other => panic!("taken after a claim that found {other:?}"),
                 }
@@ -102,9 +119,10 @@ pub(super) fn run(data: &[u8]) {
                 return;
             }
             Step::Full => {
-                assert!(
-                    others >= slots,
-                    "full after {others} other owners of {slots} slots"
+                assert_eq!(
+                    others_at.len() as u64,
+                    slots,
+                    "full after seeing {others_at:?} held by others, of {slots} slots"
                 );
                 return;
             }

@@ -248,21 +248,6 @@ impl Inner {
     }
 }
 
-/// A random, non-zero incarnation for a server start.
-fn new_incarnation() -> Result<u64> {
-    loop {
-        let mut b = [0u8; 8];
-        getrandom::fill(&mut b).map_err(|e| Error::Sys {
-            call: "getrandom",
-            source: std::io::Error::other(e.to_string()),
-        })?;
-        let v = u64::from_le_bytes(b);
-        if v != 0 {
-            return Ok(v);
-        }
-    }
-}
-
 impl MemoryServer {
     /// Allocates and registers the region on `ctx`, lays out the pool, and starts serving.
     pub fn start(ctx: &Context, cfg: ServerConfig) -> Result<Self> {
@@ -286,7 +271,7 @@ impl MemoryServer {
         let addr = listener.local_addr();
         let inner = Arc::new(Inner {
             node: cfg.node,
-            incarnation: new_incarnation()?,
+            incarnation: crate::util::random_nonzero()?,
             layout,
             lease: cfg.lease,
             region,

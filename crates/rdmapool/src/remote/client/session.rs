@@ -3,7 +3,7 @@
 
 use super::chunks::{Book, Recover};
 use super::ops::hash64;
-use super::takeover::{Step, Takeover};
+use super::takeover::{next_beat, Step, Takeover};
 use super::{Node, Shared};
 use crate::conn::{self, Manager};
 use crate::fabric::QpConfig;
@@ -179,6 +179,7 @@ impl Shared {
             node.desc.lease,
             l.client_count,
             hash64(self.id) % l.client_count,
+            crate::util::random_nonzero()?,
         );
         let mut renew_sent = None;
         loop {
@@ -208,12 +209,16 @@ impl Shared {
                     let owner = self.read_u64(node, l.client_slot(slot)).await?;
                     t.on_owner(owner);
                 }
-                Step::Renew { slot } => {
+                Step::Renew {
+                    slot,
+                    expected,
+                    new,
+                } => {
                     // Renewed at once: a short-lived client that exits before its lease
                     // thread's first round still leaves a heartbeat the reaper has seen move.
                     let at = l.client_slot(slot);
                     renew_sent = Some(Instant::now());
-                    let old = self.faa(node, node.remote(at + 8), 1).await?;
+                    let old = self.cas(node, node.remote(at + 8), expected, new).await?;
                     t.on_renewed(old);
                 }
                 Step::Taken { slot, beat } => {
@@ -247,15 +252,20 @@ impl Shared {
         self.drive(node, Recover::new()).await
     }
 
-    /// One lease renewal on `node`: adds 1 to our heartbeat (noticing a lease the server
-    /// expired) and reads the server's state; resolves to that state.
+    /// One lease renewal on `node`: swaps our heartbeat from the value we left to the next
+    /// (noticing a lease the server expired, and a slot that is no longer ours, without
+    /// touching it) and reads the server's state; resolves to that state. One at a time per
+    /// node (the lease loop's).
     async fn renew(&self, node: &Node) -> Result<u64> {
         let at = node.slot.load(Ordering::Acquire) + 8;
-        let old = self.faa(node, node.remote(at), 1).await?;
-        let expected = node.beat.swap(old + 1, Ordering::AcqRel);
-        if old != expected {
-            // Zeroed (or moved by someone else): the server expired our lease and may have
-            // handed our chunks to others.
+        let expected = node.beat.load(Ordering::Acquire);
+        let next = next_beat(expected);
+        let old = self.cas(node, node.remote(at), expected, next).await?;
+        if old == expected {
+            node.beat.store(next, Ordering::Release);
+        } else {
+            // Zeroed, or another client's count since: the server expired our lease and may
+            // have handed our chunks to others.
             node.mark_down(format!(
                 "lease lost: heartbeat {old}, expected {expected} (expired by the server)"
             ));

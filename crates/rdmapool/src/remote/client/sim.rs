@@ -15,7 +15,7 @@
 
 use super::chunks::{Alloc, Answer, Book, Checked, Free, Io, Machine, Next, Recover};
 use super::ops::hash64;
-use super::takeover::{Step, Takeover};
+use super::takeover::{next_beat, Step, Takeover};
 use crate::remote::layout::{self, size_class, ChunkShape, Layout};
 use crate::remote::lease::{Holder, Reaper};
 use crate::remote::sweep::{self, Words};
@@ -77,13 +77,6 @@ impl Region {
                 Answer::Written
             }
         }
-    }
-
-    fn faa(&self, at: u64, add: u64) -> u64 {
-        let w = self.at(at);
-        let old = w.get();
-        w.set(old.wrapping_add(add));
-        old
     }
 }
 
@@ -183,6 +176,8 @@ struct Cluster {
     /// What happened, for the failure message.
     log: Vec<String>,
     incarnations: u64,
+    /// Counts the pseudo-random heartbeat starts handed out.
+    randoms: Cell<u64>,
 }
 
 const SIZES: [u64; 7] = [1, 64, 100, 1000, 5000, 16_000, 40_000];
@@ -203,12 +198,21 @@ impl Cluster {
             expiries: HashMap::new(),
             log: Vec::new(),
             incarnations: 1,
+            randoms: Cell::new(1),
         };
         for id in 1..=clients {
             let client = c.fresh_client(id * 7, None);
             c.clients.push(client);
         }
         c
+    }
+
+    /// A heartbeat start, as `util::random_nonzero` gives the real client (deterministic
+    /// here, so a failing schedule replays).
+    fn random(&self) -> u64 {
+        let n = self.randoms.get();
+        self.randoms.set(n + 1);
+        hash64(n).max(1)
     }
 
     fn at(&self, ms: u64) -> Instant {
@@ -221,7 +225,13 @@ impl Cluster {
             id,
             incarnation: self.region.incarnation,
             life: Life::Joining {
-                t: Takeover::new(id, self.lease, l.client_count, hash64(id) % l.client_count),
+                t: Takeover::new(
+                    id,
+                    self.lease,
+                    l.client_count,
+                    hash64(id) % l.client_count,
+                    self.random(),
+                ),
                 renew_sent: None,
             },
             book: Book::new(id, self.region.incarnation, l),
@@ -282,7 +292,15 @@ impl Cluster {
         let now = self.now;
         let sent = self.at(now);
         let c = &mut self.clients[i];
-        let old = self.region.faa(c.slot + 8, 1);
+        let next = next_beat(c.beat);
+        let old = match self.region.apply(&Io::Cas {
+            at: c.slot + 8,
+            expected: c.beat,
+            swap: next,
+        }) {
+            Answer::Word(w) => w,
+            _ => unreachable!(),
+        };
         c.next_renew = now + (self.lease.as_millis() as u64 / 4).max(1);
         if old != c.beat {
             self.log
@@ -290,7 +308,7 @@ impl Cluster {
             c.life = Life::Down;
             return;
         }
-        c.beat = old + 1;
+        c.beat = next;
         c.holder.renewed(sent);
     }
 
@@ -422,9 +440,21 @@ impl Cluster {
                 t.on_beat(beat, self.t0 + Duration::from_millis(now));
             }
             Step::ReadOwner { slot } => t.on_owner(self.region.load(l.client_slot(slot))),
-            Step::Renew { slot } => {
+            Step::Renew {
+                slot,
+                expected,
+                new,
+            } => {
                 *renew_sent = Some(self.t0 + Duration::from_millis(now));
-                t.on_renewed(self.region.faa(l.client_slot(slot) + 8, 1));
+                let old = self.region.apply(&Io::Cas {
+                    at: l.client_slot(slot) + 8,
+                    expected,
+                    swap: new,
+                });
+                t.on_renewed(match old {
+                    Answer::Word(w) => w,
+                    _ => unreachable!(),
+                });
             }
             Step::Taken { slot, beat } => {
                 if let Some(sent) = *renew_sent {
@@ -441,12 +471,15 @@ impl Cluster {
             }
             Step::InUse => {
                 // The predecessor is alive for the server: wait and try again.
+                let base = hash64(self.randoms.get());
+                self.randoms.set(self.randoms.get() + 1);
                 c.life = Life::Joining {
                     t: Takeover::new(
                         c.id,
                         self.lease,
                         l.client_count,
                         hash64(c.id) % l.client_count,
+                        base,
                     ),
                     renew_sent: None,
                 };

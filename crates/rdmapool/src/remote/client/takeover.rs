@@ -10,11 +10,20 @@
 //! (a restart) or to a live client with the same id: watch its heartbeat for half a lease;
 //! if it moves, a live client renews it (`ClientIdInUse`), unless the server cleared the slot
 //! meanwhile (the old lease expired: claim it afresh). If it stands still, take it over with
-//! a fetch-and-add on the heartbeat, and check that the value it replaced is the one watched:
-//! if the server expired the old lease between the last look and the fetch-and-add, the slot
-//! is no longer this id's (its chunks are gone too) and it must be claimed afresh.
+//! a compare-and-swap of the heartbeat from the value watched to the next: if the server
+//! expired the old lease between the last look and the swap, the slot is no longer this
+//! id's (its chunks are gone too) and it must be claimed afresh. A slot claimed afresh gets
+//! a random non-zero heartbeat: every renewal is a compare-and-swap from the value this
+//! client left, and a slot that was expired and claimed by another client since never holds
+//! that value (its heartbeat counts from another random start), so the renewal fails
+//! instead of being taken for this client's own.
 
 use std::time::{Duration, Instant};
+
+/// The heartbeat after `beat` (a renewal's swap): never 0, which means "expired".
+pub(crate) fn next_beat(beat: u64) -> u64 {
+    beat.wrapping_add(1).max(1)
+}
 
 /// How often a held slot's heartbeat is read while it is watched.
 pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(5);
@@ -32,8 +41,9 @@ pub(crate) enum Step {
     ReadBeat { slot: u64, at: Instant },
     /// Read slot `slot`'s owner word; feed it to [`Takeover::on_owner`].
     ReadOwner { slot: u64 },
-    /// Add 1 to slot `slot`'s heartbeat; feed the old value to [`Takeover::on_renewed`].
-    Renew { slot: u64 },
+    /// Compare-and-swap slot `slot`'s heartbeat from `expected` to `new`; feed the old value
+    /// to [`Takeover::on_renewed`].
+    Renew { slot: u64, expected: u64, new: u64 },
     /// Done: the slot is this client's, its heartbeat is `beat` now.
     Taken { slot: u64, beat: u64 },
     /// A live client holds the id.
@@ -52,8 +62,9 @@ enum State {
     Watch { before: Option<u64>, since: Instant },
     /// The heartbeat moved (to `beat`): is the owner still the id?
     Moved { beat: u64 },
-    /// Renewing a slot claimed afresh (`fresh`) or taken over with its heartbeat at `before`.
-    Renewing { fresh: bool, before: u64 },
+    /// Swapping the heartbeat from `expected` to `new` (a slot claimed afresh: from 0 to the
+    /// random start; taken over: from the watched value to the next).
+    Renewing { expected: u64, new: u64 },
     /// Ended: `next` says how.
     Done,
 }
@@ -65,20 +76,28 @@ pub(crate) struct Takeover {
     lease: Duration,
     slots: u64,
     start: u64,
+    /// The heartbeat a slot claimed afresh starts at (random, non-zero).
+    base: u64,
     k: u64,
+    /// Slots the owner scan saw held by another id: not probed (a pool whose slots are all
+    /// taken is `Full` after one READ, not after a CAS per slot).
+    taken: Vec<bool>,
     state: State,
     next: Step,
 }
 
 impl Takeover {
-    /// Takes one of `slots` slots for `id`, probing from `start`, under leases of `lease`.
-    pub(crate) fn new(id: u64, lease: Duration, slots: u64, start: u64) -> Self {
+    /// Takes one of `slots` slots for `id`, probing from `start`, under leases of `lease`; a
+    /// slot claimed afresh gets the heartbeat `base` (random, non-zero; 1 if 0 is given).
+    pub(crate) fn new(id: u64, lease: Duration, slots: u64, start: u64, base: u64) -> Self {
         let mut t = Self {
             id,
             lease,
             slots,
             start,
+            base: base.max(1),
             k: 0,
+            taken: Vec::new(),
             state: State::Scan,
             next: Step::ReadOwners,
         };
@@ -96,6 +115,9 @@ impl Takeover {
         if !matches!(self.state, State::Scan) {
             return;
         }
+        self.taken = (0..self.slots as usize)
+            .map(|i| owners.get(i).is_some_and(|&o| o != 0 && o != self.id))
+            .collect();
         if let Some(slot) = owners
             .iter()
             .take(self.slots as usize)
@@ -116,6 +138,9 @@ impl Takeover {
     }
 
     fn probe(&mut self) {
+        while self.k < self.slots && self.taken.get(self.slot() as usize) == Some(&true) {
+            self.k += 1;
+        }
         self.state = State::Probe;
         self.next = if self.k >= self.slots {
             Step::Full
@@ -133,11 +158,7 @@ impl Takeover {
     pub(crate) fn on_claim(&mut self, old: u64, now: Instant) {
         let slot = self.slot();
         if old == 0 {
-            self.state = State::Renewing {
-                fresh: true,
-                before: 0,
-            };
-            self.next = Step::Renew { slot };
+            self.renew(slot, 0, self.base);
         } else if old == self.id {
             self.state = State::Watch {
                 before: None,
@@ -171,12 +192,11 @@ impl Takeover {
                 self.state = State::Moved { beat };
                 self.next = Step::ReadOwner { slot };
             }
+            // A heartbeat that stood at 0 is a lease being expired (a live holder's is never
+            // 0), not one to take over: claim again until the server releases the slot.
+            Some(0) if now.saturating_duration_since(since) >= self.lease / 2 => self.probe(),
             Some(b) if now.saturating_duration_since(since) >= self.lease / 2 => {
-                self.state = State::Renewing {
-                    fresh: false,
-                    before: b,
-                };
-                self.next = Step::Renew { slot };
+                self.renew(slot, b, next_beat(b));
             }
             Some(_) => {
                 self.next = Step::ReadBeat {
@@ -204,22 +224,27 @@ impl Takeover {
         }
     }
 
-    /// The heartbeat value the renewal replaced.
+    fn renew(&mut self, slot: u64, expected: u64, new: u64) {
+        self.state = State::Renewing { expected, new };
+        self.next = Step::Renew {
+            slot,
+            expected,
+            new,
+        };
+    }
+
+    /// The heartbeat value the renewal's compare-and-swap found.
     pub(crate) fn on_renewed(&mut self, old: u64) {
-        let State::Renewing { fresh, before } = self.state else {
+        let State::Renewing { expected, new } = self.state else {
             return;
         };
         let slot = self.slot();
-        // A heartbeat that stood at 0 is a lease being expired (a live holder renews right
-        // after claiming), not one to take over.
-        if fresh || (old == before && before != 0) {
-            self.done(Step::Taken {
-                slot,
-                beat: old + 1,
-            });
+        if old == expected {
+            self.done(Step::Taken { slot, beat: new });
         } else {
-            // Expired (zeroed) between the last look and the renewal: the slot and its
-            // chunks are no longer this id's. Claim it afresh.
+            // Expired (zeroed) between the last look and the renewal, or (claimed afresh) a
+            // heartbeat already moving: the slot and its chunks are not this id's as it
+            // thought. Claim again.
             self.probe();
         }
     }
@@ -250,6 +275,8 @@ mod tests {
     }
 
     const ID: u64 = 77;
+    /// The random start of a heartbeat claimed afresh, in these tests.
+    const BASE: u64 = 1000;
 
     impl Cluster {
         fn new(lease_ms: u64, dies: u64, reaper_phase: u64, gap: u64) -> Self {
@@ -308,7 +335,7 @@ mod tests {
 
     /// Runs a takeover starting at `start` ms; returns its end and when it ended (ms).
     fn run(c: &mut Cluster, start: u64) -> (Step, u64) {
-        let mut t = Takeover::new(ID, Duration::from_millis(c.lease_ms), 1, 0);
+        let mut t = Takeover::new(ID, Duration::from_millis(c.lease_ms), 1, 0, BASE);
         let mut now = start;
         for _ in 0..100_000 {
             c.advance(now);
@@ -327,9 +354,11 @@ mod tests {
                     t.on_beat(c.beat, c.at(now));
                 }
                 Step::ReadOwner { .. } => t.on_owner(c.owner),
-                Step::Renew { .. } => {
+                Step::Renew { expected, new, .. } => {
                     let old = c.beat;
-                    c.beat += 1;
+                    if old == expected {
+                        c.beat = new;
+                    }
                     t.on_renewed(old);
                 }
                 done => return (done, now),
@@ -375,17 +404,38 @@ mod tests {
         // renewal adds to a zeroed heartbeat: the slot is no longer ours, claim it again.
         let lease = Duration::from_millis(100);
         let t0 = Instant::now();
-        let mut t = Takeover::new(ID, lease, 1, 0);
+        let mut t = Takeover::new(ID, lease, 1, 0, BASE);
         t.on_owners(&[ID]);
         t.on_claim(ID, t0);
         t.on_beat(41, t0);
         t.on_beat(41, t0 + Duration::from_millis(60));
-        assert_eq!(t.step(), Step::Renew { slot: 0 });
+        assert_eq!(
+            t.step(),
+            Step::Renew {
+                slot: 0,
+                expected: 41,
+                new: 42
+            }
+        );
         t.on_renewed(0); // zeroed by the server meanwhile
         assert_eq!(t.step(), Step::Claim { slot: 0 });
         t.on_claim(0, t0 + Duration::from_millis(61));
+        assert_eq!(
+            t.step(),
+            Step::Renew {
+                slot: 0,
+                expected: 0,
+                new: BASE
+            }
+        );
         t.on_renewed(0);
-        assert_eq!(t.step(), Step::Taken { slot: 0, beat: 1 });
+        assert_eq!(
+            t.step(),
+            Step::Taken {
+                slot: 0,
+                beat: BASE
+            }
+        );
     }
 
     #[test]
@@ -396,7 +446,7 @@ mod tests {
         let lease = Duration::from_millis(100);
         let t0 = Instant::now();
         let ms = |m| t0 + Duration::from_millis(m);
-        let mut t = Takeover::new(ID, lease, 1, 0);
+        let mut t = Takeover::new(ID, lease, 1, 0, BASE);
         t.on_owners(&[ID]);
         t.on_claim(ID, ms(0));
         t.on_beat(41, ms(0));
@@ -412,26 +462,58 @@ mod tests {
         t.on_claim(ID, ms(6));
         t.on_beat(0, ms(6));
         t.on_beat(0, ms(60));
-        assert_eq!(t.step(), Step::Renew { slot: 0 });
-        t.on_renewed(0);
-        assert_eq!(t.step(), Step::Claim { slot: 0 });
+        assert_eq!(
+            t.step(),
+            Step::Claim { slot: 0 },
+            "claimed again, not taken over"
+        );
         // Released: claimed afresh.
         t.on_claim(0, ms(61));
         t.on_renewed(0);
-        assert_eq!(t.step(), Step::Taken { slot: 0, beat: 1 });
+        assert_eq!(
+            t.step(),
+            Step::Taken {
+                slot: 0,
+                beat: BASE
+            }
+        );
+    }
+
+    #[test]
+    fn a_slot_expired_and_claimed_by_another_client_is_never_renewed_as_ours() {
+        // Two clients' heartbeats counted from 1 in the same slot: the old holder's renewal
+        // found the value it expected (the new holder's count had reached it) and went on
+        // using chunks the server had taken back. Starts are random now, and renewals swap.
+        let mut t = Takeover::new(ID, Duration::from_secs(2), 1, 0, 5);
+        t.on_owners(&[0]);
+        t.on_claim(0, Instant::now());
+        t.on_renewed(0);
+        assert_eq!(t.step(), Step::Taken { slot: 0, beat: 5 });
+        let mut u = Takeover::new(78, Duration::from_secs(2), 1, 0, 9);
+        u.on_owners(&[0]);
+        u.on_claim(0, Instant::now());
+        assert_eq!(
+            u.step(),
+            Step::Renew {
+                slot: 0,
+                expected: 0,
+                new: 9
+            }
+        );
+        assert_eq!(next_beat(u64::MAX), 1, "a heartbeat never wraps to 0");
     }
 
     #[test]
     fn the_slot_holding_the_id_is_taken_over_even_past_a_free_one() {
         // Probing from slot 0 would find slot 1 free before the earlier run's slot 3; the
         // id would then hold two slots, and the old one's expiry take the new run's chunks.
-        let mut t = Takeover::new(ID, Duration::from_secs(2), 4, 0);
+        let mut t = Takeover::new(ID, Duration::from_secs(2), 4, 0, BASE);
         t.on_owners(&[5, 0, 6, ID]);
         assert_eq!(t.step(), Step::Claim { slot: 3 });
-        let mut t = Takeover::new(ID, Duration::from_secs(2), 4, 2);
+        let mut t = Takeover::new(ID, Duration::from_secs(2), 4, 2, BASE);
         t.on_owners(&[ID, 0, 6, 5]);
         assert_eq!(t.step(), Step::Claim { slot: 0 });
-        let mut t = Takeover::new(ID, Duration::from_secs(2), 4, 2);
+        let mut t = Takeover::new(ID, Duration::from_secs(2), 4, 2, BASE);
         t.on_owners(&[5, 0, 0, 5]);
         assert_eq!(
             t.step(),
@@ -441,11 +523,26 @@ mod tests {
     }
 
     #[test]
+    fn a_pool_whose_slots_are_all_taken_is_full_after_one_read() {
+        // Issue #22: a server with many slots all answering "taken" made the client probe
+        // CAS after CAS; the owner scan decides it at once.
+        let mut t = Takeover::new(ID, Duration::from_secs(2), 1000, 17, BASE);
+        t.on_owners(&[9; 1000]);
+        assert_eq!(t.step(), Step::Full);
+        // Slots seen taken are not probed; one seen free is, even far from the hash.
+        let mut t = Takeover::new(ID, Duration::from_secs(2), 1000, 17, BASE);
+        let mut owners = [9; 1000];
+        owners[3] = 0;
+        t.on_owners(&owners);
+        assert_eq!(t.step(), Step::Claim { slot: 3 });
+    }
+
+    #[test]
     fn slots_of_others_are_skipped_and_a_full_pool_says_so() {
         let t0 = Instant::now();
-        let mut t = Takeover::new(ID, Duration::from_secs(2), 3, 2);
+        let mut t = Takeover::new(ID, Duration::from_secs(2), 3, 2, BASE);
         assert_eq!(t.step(), Step::ReadOwners);
-        t.on_owners(&[5, 6, 7]);
+        t.on_owners(&[0, 0, 0]); // all free when scanned, taken by the time of the claims
         assert_eq!(t.step(), Step::Claim { slot: 2 });
         t.on_claim(5, t0);
         assert_eq!(t.step(), Step::Claim { slot: 0 });
