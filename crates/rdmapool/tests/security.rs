@@ -65,6 +65,27 @@ fn a_connection_without_the_qp_token_cannot_hijack_it() {
 }
 
 #[test]
+fn an_unknown_qp_and_a_wrong_mac_get_the_same_answer() {
+    // Issue #22, finding 6: NO_SUCH_QP against AUTH_FAILED told an attacker which QP
+    // numbers exist. Both are AUTH_FAILED now.
+    if soft_only("the soft handshake") {
+        return;
+    }
+    let (a, b) = (node_on(Transport::Tcp), node_on(Transport::Tcp));
+    let peer = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
+    let qb = bound_qp(&b, &peer.endpoint());
+    let target = SoftTarget::of(&qb.endpoint());
+    let existing = Raw::tcp(&target)
+        .hello(peer.qpn(), target.qpn, &[0x5a; 16], None)
+        .unwrap();
+    let missing = Raw::tcp(&target)
+        .hello(peer.qpn(), target.qpn + 7777, &[0x5a; 16], None)
+        .unwrap();
+    assert_eq!(existing, status::AUTH_FAILED);
+    assert_eq!(missing, status::AUTH_FAILED, "an unknown QP answered apart");
+}
+
+#[test]
 fn even_with_the_token_a_qp_takes_only_its_own_peer_once() {
     if soft_only("the soft handshake") {
         return;

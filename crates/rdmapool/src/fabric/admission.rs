@@ -78,10 +78,29 @@ impl PreSharedKey {
         Ok(Self(bytes.into()))
     }
 
-    /// The key in a file (its bytes, with surrounding whitespace trimmed).
+    /// The key in a file (its bytes, with surrounding whitespace trimmed). The file must not
+    /// be readable or writable by its group or by others (as ssh requires of its keys): a
+    /// key others can read is no secret, and one others can write lets them choose it.
     pub fn from_file(path: &str) -> Result<Self> {
-        let raw = std::fs::read(path)
-            .map_err(|e| Error::InvalidArgument(format!("RDMAPOOL_SOFT_PSK_FILE={path:?}: {e}")))?;
+        use std::io::Read;
+        use std::os::unix::fs::PermissionsExt;
+        let bad =
+            |why: String| Error::InvalidArgument(format!("RDMAPOOL_SOFT_PSK_FILE={path:?}: {why}"));
+        let mut file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+        // The mode of the file opened, not of whatever the path names a moment later.
+        let mode = file
+            .metadata()
+            .map_err(|e| bad(e.to_string()))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(bad(format!(
+                "its mode is {:04o}: a key file must be private to its owner (`chmod 600 {path}`)",
+                mode & 0o7777
+            )));
+        }
+        let mut raw = Vec::new();
+        file.read_to_end(&mut raw).map_err(|e| bad(e.to_string()))?;
         Self::new(raw.trim_ascii())
     }
 
@@ -188,6 +207,33 @@ mod tests {
         assert!(!AllowUsers::Same.allows(65534, 0));
         assert!(l.allows(1001, 0) && !l.allows(1002, 0));
         assert!(AllowUsers::Any.allows(65534, 0));
+    }
+
+    #[test]
+    fn a_key_file_others_can_read_or_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("rdmapool-psk-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("key");
+        std::fs::write(&path, b"0123456789abcdef0123456789abcdef\n").unwrap();
+        let p = path.to_str().unwrap();
+        for (mode, ok) in [
+            (0o600, true),
+            (0o400, true),
+            (0o644, false),
+            (0o620, false),
+            (0o604, false),
+        ] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            match PreSharedKey::from_file(p) {
+                Ok(_) => assert!(ok, "mode {mode:o} accepted"),
+                Err(e) => {
+                    assert!(!ok, "mode {mode:o}: {e}");
+                    assert!(e.to_string().contains("chmod 600"), "{e}");
+                }
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

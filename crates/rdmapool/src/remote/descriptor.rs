@@ -68,7 +68,8 @@ impl PoolDescriptor {
     }
 
     /// Decodes and checks a descriptor: magic, version, reserved byte, a layout that fits
-    /// the region, a lease of at least 10 ms, and a non-zero incarnation.
+    /// the region within the local limits, a lease from 10 ms to an hour, and a non-zero
+    /// incarnation.
     pub fn decode(b: &[u8]) -> Result<Self> {
         const W: &str = "pool descriptor";
         if b.len() != DESCRIPTOR_LEN {
@@ -109,7 +110,7 @@ impl PoolDescriptor {
             return Err(malformed(W, "region wraps the address space"));
         }
         let lease_ms = u32_at(b, 28);
-        if lease_ms < 10 {
+        if lease_ms < 10 || u128::from(lease_ms) > super::layout::MAX_LEASE.as_millis() {
             return Err(malformed(W, format!("lease of {lease_ms} ms")));
         }
         let incarnation = u64_at(b, 64);
@@ -196,6 +197,7 @@ mod tests {
         bad(&|b| b[48..52].copy_from_slice(&u32::MAX.to_le_bytes())); // chunks past the end
         bad(&|b| b[32..40].copy_from_slice(&(3u64 << 20).to_le_bytes())); // chunk size
         bad(&|b| b[28..32].copy_from_slice(&0u32.to_le_bytes())); // lease
+        bad(&|b| b[28..32].copy_from_slice(&u32::MAX.to_le_bytes())); // a 49-day lease
         bad(&|b| b[64..72].copy_from_slice(&0u64.to_le_bytes())); // incarnation
         assert!(PoolDescriptor::decode(&d.encode()[..DESCRIPTOR_LEN - 1]).is_err());
         // A geometry that fits its (claimed) region, but with 2^32 - 1 client slots and a

@@ -54,6 +54,9 @@ pub const MIN_OBJECT: u64 = 64;
 pub const MAX_CLIENT_SLOTS: u64 = 1 << 16;
 /// Most chunks a pool may have (a client reads the whole table when it recovers).
 pub const MAX_CHUNKS: u64 = 1 << 24;
+/// Longest lease (a client that restarts watches its old heartbeat for half a lease: a
+/// descriptor may not make it wait for days).
+pub const MAX_LEASE: std::time::Duration = std::time::Duration::from_secs(3600);
 /// Largest chunk (a chunk header and bitmap are read whole).
 pub const MAX_CHUNK_SIZE: u64 = 1 << 30;
 

@@ -252,10 +252,11 @@ impl MemoryServer {
     /// Allocates and registers the region on `ctx`, lays out the pool, and starts serving.
     pub fn start(ctx: &Context, cfg: ServerConfig) -> Result<Self> {
         let layout = Layout::new(cfg.size as u64, cfg.chunk_size, cfg.clients)?;
-        if cfg.lease < Duration::from_millis(10) {
+        if cfg.lease < Duration::from_millis(10) || cfg.lease > layout::MAX_LEASE {
             return Err(Error::InvalidArgument(format!(
-                "lease of {:?}: at least 10 ms",
-                cfg.lease
+                "lease of {:?}: from 10 ms to {:?}",
+                cfg.lease,
+                layout::MAX_LEASE
             )));
         }
         let pd = ctx.alloc_pd()?;

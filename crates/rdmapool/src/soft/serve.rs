@@ -5,7 +5,9 @@
 use super::context::{ConnSlot, CtxShared};
 use super::io::{self, IoVecs, RxBuf};
 use super::peer::{self, own_uid, PeerInfo};
-use super::proto::handshake::{encode_hello_ack, Challenge, Hello, HelloStatus, HELLO_LEN};
+use super::proto::handshake::{
+    encode_hello_ack, Challenge, Hello, HelloStatus, HELLO_LEN, TOKEN_LEN,
+};
 use super::proto::responder::{self, Output, Responder};
 use super::proto::target::TargetQp;
 use super::proto::wire::{Response, RESP_LEN};
@@ -390,7 +392,12 @@ fn handshake(
         };
     let status = match &qp {
         _ if !user_allowed => HelloStatus::PeerNotAllowed,
-        None => HelloStatus::NoSuchQp,
+        // Answered as a wrong MAC (verified against a token no QP has, so that it takes as
+        // long): a peer that cannot authenticate learns nothing of which QP numbers exist.
+        None => {
+            let _ = hello.verify(&challenge, &[0u8; TOKEN_LEN], psk);
+            HelloStatus::AuthFailed
+        }
         Some(q) if !hello.verify(&challenge, &q.token(), psk) => HelloStatus::AuthFailed,
         Some(q) if q.peer_qpn().is_some_and(|p| p != hello.src_qpn) => HelloStatus::AuthFailed,
         Some(q) if q.state() == QpState::Error => HelloStatus::QpInError,

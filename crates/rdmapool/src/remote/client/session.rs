@@ -182,7 +182,21 @@ impl Shared {
             crate::util::random_nonzero()?,
         );
         let mut renew_sent = None;
+        // A takeover watches for half a lease, and may wait out an expiry in progress: two
+        // leases and the connect timeout are plenty. A slot that never settles is the
+        // server's fault (or its lie), not a reason to hang.
+        let deadline = Instant::now() + 2 * node.desc.lease + self.connect_timeout;
         loop {
+            if Instant::now() > deadline {
+                return Err(Error::NodeDown {
+                    node: node.desc.node,
+                    reason: format!(
+                        "its lease slot did not settle within {:?} (two leases and the connect \
+                         timeout)",
+                        2 * node.desc.lease + self.connect_timeout
+                    ),
+                });
+            }
             match t.step() {
                 Step::ReadOwners => {
                     let per_slot = (layout::CLIENT_SLOT / 8) as usize;

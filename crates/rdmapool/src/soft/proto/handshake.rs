@@ -200,6 +200,8 @@ impl Hello {
 #[repr(u8)]
 pub(crate) enum HelloStatus {
     Ok = 0,
+    /// No such QP: no longer sent (an unknown QP is answered `AuthFailed`, as a wrong MAC);
+    /// still understood from older responders.
     NoSuchQp = 1,
     QpInError = 2,
     /// The MAC did not prove knowledge of the QP's token (or of the pre-shared key).
@@ -219,7 +221,8 @@ impl HelloStatus {
             Self::QpInError => format!("peer QP {dst_qpn} is in the error state"),
             Self::AuthFailed => format!(
                 "peer QP {dst_qpn} refused the authentication: the endpoint is stale or not \
-                 this QP's, or the pre-shared keys differ (RDMAPOOL_SOFT_PSK_FILE on both sides)"
+                 this QP's (or the QP is gone), or the pre-shared keys differ \
+                 (RDMAPOOL_SOFT_PSK_FILE on both sides)"
             ),
             Self::PeerNotAllowed => "the peer does not allow this user to connect (its \
                  RDMAPOOL_SOFT_ALLOW_UIDS)"
