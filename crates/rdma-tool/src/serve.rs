@@ -101,6 +101,7 @@ fn config(args: &Args) -> Result<ServerConfig> {
         clients: args.clients,
         lease,
         listen,
+        cluster_key: crate::pool::cluster_key()?,
     })
 }
 

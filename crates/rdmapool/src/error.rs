@@ -177,6 +177,16 @@ pub enum Error {
         limit: u64,
     },
 
+    /// A peer did not prove it holds the cluster key this side was given (a pool server
+    /// without the key, with another key, or answering for another connection).
+    #[error("{peer} is not authenticated: {reason}")]
+    Unauthenticated {
+        /// Who (a pool node and its address).
+        peer: String,
+        /// What was missing or wrong.
+        reason: String,
+    },
+
     /// A remote pointer does not name a live allocation (never allocated, or freed already).
     #[error("not a live allocation: {0}")]
     NotAllocated(String),

@@ -133,6 +133,7 @@ fn server_at(node: u32, listen: SocketAddr) -> MemoryServer {
             clients: 64,
             lease: Duration::from_secs(2),
             listen,
+            cluster_key: None,
         },
     )
     .expect("server starts")
@@ -213,7 +214,7 @@ fn a_following_client_connects_to_servers_that_register_later_and_allocates_ther
         let r = EtcdRegistration::register(&cfg, node, s.addr()).unwrap();
         let registered = t0.elapsed();
         wait_until("the client connects to the new server", || {
-            node_ids(&c).contains(&node)
+            node_ids(&c).contains(&node) && follower.nodes().contains(&node)
         });
         let connected = t0.elapsed();
         let p = c.block_on(c.alloc(64, None)).unwrap();
@@ -333,7 +334,10 @@ fn a_crashed_servers_key_expires_and_clients_stop_trying_it() {
 
     // A replacement registering as node 2 is picked up again.
     let (_s2b, _r2b) = registered(&cfg, 2);
-    wait_until("the replacement joins", || node_ids(&c).contains(&2));
+    wait_until(
+        "the replacement joins (the client, then the follower says so)",
+        || node_ids(&c).contains(&2) && follower.nodes().contains(&2),
+    );
     assert_eq!(follower.nodes(), vec![1, 2, 3]);
     assert_eq!(follower.stats().joined, 1);
 }
@@ -427,4 +431,73 @@ fn a_server_that_drops_its_registration_leaves_at_once() {
     drop(follower);
     drop(etcd);
     assert!(matches!(members.members(), Err(Error::Connection { .. })));
+}
+
+/// Issue #22, finding 2: anyone who can write under the membership prefix could add a server
+/// of their own (which got a share of the allocations, and read them) and black holes (which
+/// kept the follower from joining a real new server for minutes: it dialled them one after
+/// another, a connect timeout each). With the cluster key, a server that cannot prove it gets
+/// nothing; joins run at once, so the holes cost one timeout per round, not ten.
+#[test]
+fn rogue_and_black_hole_entries_get_nothing_and_delay_no_real_server() {
+    let Some(etcd) = Etcd::start("rogue") else {
+        return;
+    };
+    let cfg = etcd.config("/rdmapool/test-rogue");
+    let key = PreSharedKey::new(&[5; 32]).unwrap();
+    let keyed = |node: u32| {
+        let ctx = node_on(Transport::Auto).ctx;
+        let s = MemoryServer::start(
+            &ctx,
+            ServerConfig {
+                node,
+                size: 8 << 20,
+                chunk_size: 256 << 10,
+                clients: 64,
+                listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+                cluster_key: Some(key.clone()),
+                ..ServerConfig::default()
+            },
+        )
+        .expect("server starts");
+        let r = EtcdRegistration::register(&cfg, node, s.addr()).expect("registers");
+        (s, r)
+    };
+    let _real = keyed(1);
+    let (_rogue, _rogue_key) = registered(&cfg, 66);
+    // Listening sockets that never answer: a connect waits out its timeout on each.
+    let holes: Vec<TcpListener> = (0..10)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
+        .collect();
+    let _hole_keys: Vec<EtcdRegistration> = holes
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            EtcdRegistration::register(&cfg, 10 + i as u32, h.local_addr().unwrap()).unwrap()
+        })
+        .collect();
+    let members = EtcdMembership::new(&cfg).unwrap();
+    let n = node();
+    let mut ccfg = ClientConfig::new(21);
+    ccfg.cluster_key = Some(key.clone());
+    let c = Arc::new(PoolClient::connect(&n.ctx, &n.pd, &members, ccfg).expect("connects"));
+    assert_eq!(node_ids(&c), vec![1], "only the server that proved the key");
+    let follower = members.follow(c.clone()).unwrap();
+    // A real server registers later, after the holes in the follower's order (nodes 10 to
+    // 19): joined although they are retried every round (one after another they held a
+    // round for ten connect timeouts, 50 s).
+    let _second = keyed(50);
+    let waited = wait_until("the follower joins the real new server", || {
+        node_ids(&c).contains(&50)
+    });
+    eprintln!("joined a real server {:.0} ms after it registered, next to 10 black holes and a rogue server", ms(waited));
+    for _ in 0..40 {
+        let p = c.block_on(c.alloc(4096, None)).unwrap();
+        assert!(
+            p.node == 1 || p.node == 50,
+            "an allocation on node {}",
+            p.node
+        );
+    }
+    assert!(follower.stats().connect_failures >= 11);
 }

@@ -121,6 +121,7 @@ fn child_entry() {
                     )
                     .parse()
                     .unwrap(),
+                    cluster_key: None,
                 },
             )
             .unwrap();

@@ -436,3 +436,55 @@ fn a_soft_nic_leaves_no_socket_file() {
         .collect();
     assert!(files.is_empty(), "{files:?}");
 }
+
+/// Issue #22, finding 2: a client that holds the cluster key joins only servers that prove
+/// they hold it too; a server without the key, or with another, gets no allocation and is
+/// listed as unreachable with the reason. (A client without a key checks nothing.)
+#[test]
+fn a_pool_client_with_the_cluster_key_refuses_servers_that_cannot_prove_it() {
+    use rdmapool::remote::*;
+    let key = |b: u8| Some(PreSharedKey::new(&[b; 32]).unwrap());
+    let start = |node: u32, cluster_key: Option<PreSharedKey>| {
+        let ctx = node_on(Transport::Auto).ctx;
+        MemoryServer::start(
+            &ctx,
+            ServerConfig {
+                node,
+                size: 4 << 20,
+                chunk_size: 256 << 10,
+                clients: 16,
+                listen: std::net::SocketAddr::new(listen_ip(), 0),
+                cluster_key,
+                ..ServerConfig::default()
+            },
+        )
+        .unwrap()
+    };
+    let (ours, other, keyless) = (start(1, key(1)), start(2, key(2)), start(3, None));
+    let members = StaticMembership::new(vec![ours.addr(), other.addr(), keyless.addr()]);
+    let n = node();
+    let mut cfg = ClientConfig::new(11);
+    cfg.cluster_key = key(1);
+    let c = PoolClient::connect(&n.ctx, &n.pd, &members, cfg).unwrap();
+    let joined: Vec<u32> = c.nodes().iter().map(|l| l.node).collect();
+    assert_eq!(joined, vec![1], "only the server with the key");
+    let refused = c.unreachable();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    for (addr, why) in &refused {
+        assert!(why.contains("not authenticated"), "{addr}: {why}");
+    }
+    for _ in 0..20 {
+        let p = c.block_on(c.alloc(1000, None)).unwrap();
+        assert_eq!(
+            p.node, 1,
+            "an allocation on a server that did not prove the key"
+        );
+    }
+    assert!(matches!(
+        c.add_server(other.addr()),
+        Err(rdmapool::Error::Unauthenticated { .. })
+    ));
+    // Without a key, nothing is checked: all three are joined.
+    let plain = PoolClient::connect(&n.ctx, &n.pd, &members, ClientConfig::new(12)).unwrap();
+    assert_eq!(plain.nodes().len(), 3);
+}

@@ -70,20 +70,21 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let pd = ctx.alloc_pd()?;
-    let client = PoolClient::connect(&ctx, &pd, &*members, ClientConfig::new(args.client_id))
-        .map_err(|e| {
-            // Named when a server off loopback may be unreachable because of it.
-            let said = members
-                .servers()
-                .unwrap_or_default()
-                .iter()
-                .map(hint)
-                .find(|h| !h.is_empty());
-            match said {
-                Some(said) => ToolError::Msg(format!("{e}{said}")),
-                None => e.into(),
-            }
-        })?;
+    let mut cfg = ClientConfig::new(args.client_id);
+    cfg.cluster_key = cluster_key()?;
+    let client = PoolClient::connect(&ctx, &pd, &*members, cfg).map_err(|e| {
+        // Named when a server off loopback may be unreachable because of it.
+        let said = members
+            .servers()
+            .unwrap_or_default()
+            .iter()
+            .map(hint)
+            .find(|h| !h.is_empty());
+        match said {
+            Some(said) => ToolError::Msg(format!("{e}{said}")),
+            None => e.into(),
+        }
+    })?;
     for (server, error) in client.unreachable() {
         crate::errln!(
             "rdma-tool pool: warning: memory server {server} unreachable, going on without \
@@ -188,4 +189,16 @@ fn bind_hint(server: &std::net::SocketAddr) -> String {
 /// next command could find the allocations gone. (PoolClient has no explicit renewal.)
 fn linger() {
     std::thread::sleep(std::time::Duration::from_millis(30));
+}
+
+/// The pool's cluster key, from the file `RDMAPOOL_POOL_KEY_FILE` names (private to its
+/// owner, at least 16 bytes); `None` when the variable is unset. `serve` proves it to its
+/// clients, and `pool` refuses servers that cannot (docs/rdma-tool.md).
+pub(crate) fn cluster_key() -> Result<Option<rdmapool::fabric::PreSharedKey>> {
+    match std::env::var("RDMAPOOL_POOL_KEY_FILE") {
+        Ok(path) if !path.is_empty() => rdmapool::fabric::PreSharedKey::from_file(&path)
+            .map(Some)
+            .map_err(|e| ToolError::Msg(format!("RDMAPOOL_POOL_KEY_FILE: {e}"))),
+        _ => Ok(None),
+    }
 }

@@ -25,6 +25,7 @@ pub(super) fn run(data: &[u8]) {
         1 => {
             pool_descriptor(rest);
             client_hello(rest);
+            accept(rest);
         }
         _ => {
             if let Ok(s) = std::str::from_utf8(rest) {
@@ -58,6 +59,22 @@ pub(super) fn pool_descriptor(b: &[u8]) {
     );
     assert!(d.lease.as_millis() >= 10);
     assert_eq!(d.encode().as_slice(), b, "{d:?} re-encodes differently");
+}
+
+/// A server's accept to a client that holds a cluster key: whatever the bytes, it decodes
+/// only when it carries a proof made with that key for that hello (which a fuzzer cannot
+/// make), and never panics.
+pub(super) fn accept(b: &[u8]) {
+    use crate::fabric::PreSharedKey;
+    use crate::remote::descriptor::decode_accept;
+    let key = PreSharedKey::new(&[3; 32]).expect("a key");
+    let hello = [7u8; HELLO_LEN];
+    if let Ok(d) = decode_accept(b, &hello, Some(&key), "fuzz") {
+        // Only if the fuzzer found the MAC: then it re-encodes to the same bytes.
+        let again = crate::remote::descriptor::encode_accept(&d, &hello, Some(&key));
+        assert_eq!(again.as_slice(), b);
+    }
+    let _ = decode_accept(b, &hello, None, "fuzz");
 }
 
 /// A client hello: a non-zero id, re-encoded to the same bytes.

@@ -2,14 +2,25 @@
 //! in its connection request. Byte layouts: docs/PROTOCOL.md ("Remote pool").
 
 use super::layout::{Layout, LAYOUT_VERSION};
-use crate::fabric::RemoteRegion;
+use crate::fabric::{PreSharedKey, RemoteRegion};
 use crate::{Error, Result};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+type HmacSha256 = Hmac<Sha256>;
 use std::time::Duration;
 
 /// Bytes of an encoded [`PoolDescriptor`].
 pub const DESCRIPTOR_LEN: usize = 72;
 /// Bytes of an encoded [`ClientHello`].
-pub const HELLO_LEN: usize = 16;
+pub const HELLO_LEN: usize = 32;
+/// Bytes of a server's proof that it holds the cluster key (an HMAC-SHA256), after the
+/// descriptor in the accept when the server has a key.
+pub const PROOF_LEN: usize = 32;
+/// Descriptor flag (byte 3): a proof follows the descriptor.
+const FLAG_PROOF: u8 = 1;
+/// What the proof's MAC covers first (then the descriptor, then the client's hello).
+const PROOF_LABEL: &[u8] = b"rdmapool pool server proof v2";
 
 fn malformed(what: &'static str, reason: impl Into<String>) -> Error {
     Error::Malformed {
@@ -127,20 +138,111 @@ impl PoolDescriptor {
     }
 }
 
-/// A client's connection request: who it is.
+/// The accept's private data of a server with the cluster key `key`: the descriptor, flagged,
+/// and the proof (an HMAC-SHA256 under the key over a label, the descriptor and the client's
+/// hello, whose nonce makes it fresh). Without a key, the descriptor alone.
+pub(crate) fn encode_accept(
+    desc: &PoolDescriptor,
+    hello: &[u8],
+    key: Option<&PreSharedKey>,
+) -> Vec<u8> {
+    let mut b = desc.encode().to_vec();
+    if let Some(key) = key {
+        b[3] |= FLAG_PROOF;
+        let proof = proof(key, &b, hello);
+        b.extend_from_slice(&proof);
+    }
+    b
+}
+
+fn mac(key: &PreSharedKey, desc: &[u8], hello: &[u8]) -> HmacSha256 {
+    let mut m = HmacSha256::new_from_slice(key.bytes()).expect("HMAC takes keys of any length");
+    m.update(PROOF_LABEL);
+    m.update(desc);
+    m.update(hello);
+    m
+}
+
+fn proof(key: &PreSharedKey, desc: &[u8], hello: &[u8]) -> [u8; PROOF_LEN] {
+    mac(key, desc, hello).finalize().into_bytes().into()
+}
+
+/// Decodes a server's accept (`b`) to the `hello` this client sent. With a cluster key the
+/// server must prove it holds it ([`Error::Unauthenticated`] otherwise, naming `peer`);
+/// without one, a proof is not checked.
+pub(crate) fn decode_accept(
+    b: &[u8],
+    hello: &[u8],
+    key: Option<&PreSharedKey>,
+    peer: &str,
+) -> Result<PoolDescriptor> {
+    let body = b.get(..DESCRIPTOR_LEN).unwrap_or(b);
+    // Byte 3 carries the flags in an accept; the descriptor itself has it zero.
+    let flags = body.get(3).copied().unwrap_or(0);
+    if flags & !FLAG_PROOF != 0 {
+        return Err(malformed(
+            "pool accept",
+            format!("unknown flags {flags:#04x}"),
+        ));
+    }
+    let mut plain = body.to_vec();
+    if let Some(f) = plain.get_mut(3) {
+        *f = 0;
+    }
+    let desc = PoolDescriptor::decode(&plain)?;
+    let proven = flags & FLAG_PROOF != 0;
+    let want = DESCRIPTOR_LEN + if proven { PROOF_LEN } else { 0 };
+    if b.len() != want {
+        return Err(malformed(
+            "pool accept",
+            format!("{} bytes, want {want}", b.len()),
+        ));
+    }
+    let Some(key) = key else {
+        return Ok(desc);
+    };
+    let refuse = |reason: &str| Error::Unauthenticated {
+        peer: format!("pool node {} at {peer}", desc.node),
+        reason: reason.into(),
+    };
+    if !proven {
+        return Err(refuse(
+            "it sent no proof of the cluster key (a server without the key, or not a server \
+             of this cluster)",
+        ));
+    }
+    mac(key, body, hello)
+        .verify_slice(&b[DESCRIPTOR_LEN..])
+        .map_err(|_| refuse("its proof does not verify (it holds another key)"))?;
+    Ok(desc)
+}
+
+/// A client's connection request: who it is, and a fresh nonce the server's proof covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientHello {
     /// The client's id (non-zero; the same id after a restart finds its allocations).
     pub client_id: u64,
+    /// Random for every connection: a server's proof of the cluster key covers it, so a
+    /// recorded proof does not verify for another connection.
+    pub nonce: [u8; 16],
 }
 
 impl ClientHello {
-    /// The 16 bytes of the connection request's private data.
+    /// A hello of `client_id` with a random nonce.
+    pub fn new(client_id: u64) -> Result<Self> {
+        let mut nonce = [0u8; 16];
+        nonce[..8].copy_from_slice(&crate::util::random_nonzero()?.to_le_bytes());
+        nonce[8..].copy_from_slice(&crate::util::random_nonzero()?.to_le_bytes());
+        Ok(Self { client_id, nonce })
+    }
+
+    /// The 32 bytes of the connection request's private data.
     pub fn encode(&self) -> [u8; HELLO_LEN] {
         let mut b = [0u8; HELLO_LEN];
         b[0..2].copy_from_slice(b"RC");
         b[2] = LAYOUT_VERSION;
         b[8..16].copy_from_slice(&self.client_id.to_le_bytes());
+        b[16..32].copy_from_slice(&self.nonce);
         b
     }
 
@@ -157,7 +259,9 @@ impl ClientHello {
         if client_id == 0 {
             return Err(malformed(W, "client id 0"));
         }
-        Ok(Self { client_id })
+        let mut nonce = [0u8; 16];
+        nonce.copy_from_slice(&b[16..32]);
+        Ok(Self { client_id, nonce })
     }
 }
 
@@ -193,7 +297,7 @@ mod tests {
         };
         bad(&|b| b[2] = 9); // version
         bad(&|b| b[0] = b'X'); // magic
-        bad(&|b| b[3] = 1); // reserved
+        bad(&|b| b[3] = 1); // reserved (the accept's flags are not the descriptor's)
         bad(&|b| b[48..52].copy_from_slice(&u32::MAX.to_le_bytes())); // chunks past the end
         bad(&|b| b[32..40].copy_from_slice(&(3u64 << 20).to_le_bytes())); // chunk size
         bad(&|b| b[28..32].copy_from_slice(&0u32.to_le_bytes())); // lease
@@ -215,10 +319,47 @@ mod tests {
     }
 
     #[test]
+    fn a_server_proves_the_cluster_key_for_this_connection_only() {
+        let d = sample();
+        let key = PreSharedKey::new(&[7; 32]).unwrap();
+        let other = PreSharedKey::new(&[8; 32]).unwrap();
+        let hello = ClientHello::new(42).unwrap().encode();
+        let accept = encode_accept(&d, &hello, Some(&key));
+        assert_eq!(accept.len(), DESCRIPTOR_LEN + PROOF_LEN);
+        assert_eq!(decode_accept(&accept, &hello, Some(&key), "x").unwrap(), d);
+        // Without a key the client does not check; with another key, or none on the
+        // server, or the proof of another connection's hello, it refuses.
+        assert_eq!(decode_accept(&accept, &hello, None, "x").unwrap(), d);
+        let refused = |b: &[u8], h: &[u8]| {
+            matches!(
+                decode_accept(b, h, Some(&key), "x"),
+                Err(Error::Unauthenticated { .. })
+            )
+        };
+        assert!(refused(&encode_accept(&d, &hello, Some(&other)), &hello));
+        assert!(refused(&encode_accept(&d, &hello, None), &hello));
+        let replayed = ClientHello::new(42).unwrap().encode();
+        assert!(
+            refused(&accept, &replayed),
+            "a proof recorded for another hello"
+        );
+        // The descriptor under the proof cannot be changed.
+        let mut forged = accept.clone();
+        forged[4] ^= 1;
+        assert!(refused(&forged, &hello));
+        // A flag that says a proof follows, and none does: malformed.
+        assert!(decode_accept(&accept[..DESCRIPTOR_LEN], &hello, None, "x").is_err());
+    }
+
+    #[test]
     fn hellos_round_trip() {
-        let h = ClientHello { client_id: 42 };
+        let h = ClientHello::new(42).unwrap();
         assert_eq!(ClientHello::decode(&h.encode()).unwrap(), h);
-        assert!(ClientHello::decode(&ClientHello { client_id: 0 }.encode()).is_err());
+        let zero = ClientHello {
+            client_id: 0,
+            nonce: [0; 16],
+        };
+        assert!(ClientHello::decode(&zero.encode()).is_err());
         let mut b = h.encode();
         b[5] = 1;
         assert!(ClientHello::decode(&b).is_err());

@@ -42,7 +42,7 @@
 //! ```
 
 pub(crate) mod client;
-mod descriptor;
+pub(crate) mod descriptor;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod layout;

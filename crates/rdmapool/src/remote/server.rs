@@ -2,14 +2,14 @@
 //! client the pool's descriptor when it connects, and reclaims the chunks of clients whose
 //! lease expired. It takes no part in allocation, free, or data access: those are one-sided.
 
-use super::descriptor::{ClientHello, PoolDescriptor};
+use super::descriptor::{encode_accept, ClientHello, PoolDescriptor};
 use super::layout::{self, Layout};
 use super::lease::Reaper;
 use super::sweep;
 use crate::conn::Listener;
 use crate::fabric::{
-    AccessFlags, Completion, Context, Cq, Pd, Qp, QpConfig, RecvWr, Registered, RegisteredMemory,
-    WcOpcode,
+    AccessFlags, Completion, Context, Cq, Pd, PreSharedKey, Qp, QpConfig, RecvWr, Registered,
+    RegisteredMemory, WcOpcode,
 };
 use crate::metrics::ServerStats;
 use crate::mr::{HugeOptions, HugeRegion};
@@ -35,6 +35,10 @@ pub struct ServerConfig {
     pub lease: Duration,
     /// Where to listen for clients.
     pub listen: SocketAddr,
+    /// The cluster key: with one, the server proves it holds it in every accept (clients
+    /// that have the key refuse servers that cannot: docs/PROTOCOL.md §7.2). `None`: no
+    /// proof (clients with a key refuse this server).
+    pub cluster_key: Option<PreSharedKey>,
 }
 
 impl Default for ServerConfig {
@@ -46,12 +50,15 @@ impl Default for ServerConfig {
             clients: 256,
             lease: Duration::from_secs(2),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            cluster_key: None,
         }
     }
 }
 
 struct Inner {
     node: u32,
+    /// Proven in every accept, when set.
+    cluster_key: Option<PreSharedKey>,
     /// This start's incarnation (random, non-zero).
     incarnation: u64,
     layout: Layout,
@@ -173,7 +180,8 @@ impl Inner {
                 let _ = req.reject(b"draining");
                 continue;
             }
-            let client = match ClientHello::decode(req.private_data()) {
+            let hello = req.private_data().to_vec();
+            let client = match ClientHello::decode(&hello) {
                 Ok(h) => h.client_id,
                 Err(e) => {
                     tracing::warn!(node = self.node, "refusing a client: {e}");
@@ -181,7 +189,7 @@ impl Inner {
                     continue;
                 }
             };
-            let desc = self.descriptor().encode();
+            let desc = encode_accept(&self.descriptor(), &hello, self.cluster_key.as_ref());
             match req.accept(&self.pd, &self.cq, &self.cq, &cfg, &desc) {
                 Ok(qp) => {
                     if let Err(e) = self.post_receives(&qp) {
@@ -275,6 +283,7 @@ impl MemoryServer {
             incarnation: crate::util::random_nonzero()?,
             layout,
             lease: cfg.lease,
+            cluster_key: cfg.cluster_key.clone(),
             region,
             pd,
             cq,

@@ -55,6 +55,7 @@ pub fn target() {
                 clients: 64,
                 lease: Duration::from_secs(2),
                 listen: SocketAddr::new(ip(), 0),
+                cluster_key: None,
             },
         )
         .unwrap()

@@ -95,7 +95,7 @@ pub(super) fn data_rows(
     let raw_ctx = device.open(Transport::Auto)?;
     let raw_pd = raw_ctx.alloc_pd()?;
     let raw_cq = raw_ctx.create_cq(4096)?;
-    let hello = ClientHello { client_id: id + 1 }.encode();
+    let hello = ClientHello::new(id + 1)?.encode();
     let c = conn::connect(
         Manager::from(&raw_pd),
         server.addr(),

@@ -138,7 +138,17 @@ fn handshake() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "private-client",
-            with_mode(0, &padded(&ClientHello { client_id: 42 }.encode(), 56)),
+            with_mode(
+                0,
+                &padded(
+                    &ClientHello {
+                        client_id: 42,
+                        nonce: [9; 16],
+                    }
+                    .encode(),
+                    56,
+                ),
+            ),
         ),
         ("endpoint", with_mode(0, &soft_endpoint().to_bytes())),
         (
@@ -156,7 +166,14 @@ fn descriptors() -> Vec<(&'static str, Vec<u8>)> {
         ("descriptor-fixed-magic", with_mode(0, &d)),
         (
             "client",
-            with_mode(1, &ClientHello { client_id: 42 }.encode()),
+            with_mode(
+                1,
+                &ClientHello {
+                    client_id: 42,
+                    nonce: [9; 16],
+                }
+                .encode(),
+            ),
         ),
         ("pointer", with_mode(2, b"3:0x100000:64")),
         (

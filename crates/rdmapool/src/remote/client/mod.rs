@@ -47,6 +47,12 @@ pub struct ClientConfig {
     pub progress: Progress,
     /// How long connecting to a server may take.
     pub connect_timeout: Duration,
+    /// The cluster key: with one, a server must prove it holds it when this client connects
+    /// ([`Error::Unauthenticated`] otherwise; the server is listed by
+    /// [`PoolClient::unreachable`] and never used), so a server that is not the cluster's
+    /// (a rogue membership entry, a key rewritten to point elsewhere) gets no allocation.
+    /// `None`: servers are not checked.
+    pub cluster_key: Option<crate::fabric::PreSharedKey>,
 }
 
 impl ClientConfig {
@@ -57,6 +63,7 @@ impl ClientConfig {
             placement: Box::new(RoundRobin::default()),
             progress: Progress::Caller,
             connect_timeout: Duration::from_secs(5),
+            cluster_key: None,
         }
     }
 }
@@ -70,6 +77,7 @@ struct Shared {
     scratch: Arc<Scratch>,
     stop: AtomicBool,
     connect_timeout: Duration,
+    cluster_key: Option<crate::fabric::PreSharedKey>,
     timers: Timers,
     /// What `connect` could not join, and why.
     unreachable: Mutex<Vec<(SocketAddr, String)>>,
@@ -122,6 +130,7 @@ impl PoolClient {
             scratch,
             stop: AtomicBool::new(false),
             connect_timeout: cfg.connect_timeout,
+            cluster_key: cfg.cluster_key,
             timers: Timers::new(cfg.progress == Progress::Caller),
             unreachable: Mutex::new(Vec::new()),
         });

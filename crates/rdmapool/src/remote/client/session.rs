@@ -7,7 +7,7 @@ use super::takeover::{next_beat, Step, Takeover};
 use super::{Node, Shared};
 use crate::conn::{self, Manager};
 use crate::fabric::QpConfig;
-use crate::remote::descriptor::{ClientHello, PoolDescriptor};
+use crate::remote::descriptor::{decode_accept, ClientHello};
 use crate::remote::layout::{self, STATE_DRAINING};
 use crate::remote::lease::Holder;
 use crate::{Error, Result};
@@ -27,7 +27,7 @@ impl Shared {
     /// replaces that node if it no longer answers (it restarted).
     pub(super) fn add_node(&self, addr: SocketAddr) -> Result<u32> {
         let cq = self.engine.cqs()[0].clone();
-        let hello = ClientHello { client_id: self.id }.encode();
+        let hello = ClientHello::new(self.id)?.encode();
         let c = conn::connect(
             Manager::from(&self.pd),
             addr,
@@ -38,7 +38,12 @@ impl Shared {
             &hello,
             self.connect_timeout,
         )?;
-        let desc = PoolDescriptor::decode(&c.private_data)?;
+        let desc = decode_accept(
+            &c.private_data,
+            &hello,
+            self.cluster_key.as_ref(),
+            &addr.to_string(),
+        )?;
         let known = self.nodes.lock().get(&desc.node).cloned();
         if let Some(old) = &known {
             if old.desc.incarnation == desc.incarnation {

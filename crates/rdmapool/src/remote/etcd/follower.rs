@@ -297,30 +297,48 @@ impl Follow {
                 .copied()
                 .collect()
         };
-        for Entry { member: m, lease } in todo {
-            match self.client.add_server(m.addr) {
-                Ok(node) => {
-                    if node != m.node {
-                        tracing::warn!(key_node = m.node, node, addr = %m.addr,
-                            "server registered under another node id than it gives");
-                    }
-                    let mut st = self.state.lock();
-                    st.connected.insert(
-                        m.node,
-                        Joined {
-                            addr: Some(m.addr),
-                            node,
-                            lease,
-                        },
-                    );
-                    st.stats.joined += 1;
-                    tracing::info!(node, addr = %m.addr, "memory server joined from etcd");
+        // The listed servers at once, 64 at a time: one that never answers (a black hole,
+        // or a rogue entry) costs its own connect timeout, not everyone else's join.
+        const AT_ONCE: usize = 64;
+        let this: &Self = self;
+        for batch in todo.chunks(AT_ONCE) {
+            std::thread::scope(|scope| {
+                for &e in batch {
+                    // Each records its outcome as soon as it has one (the client uses a
+                    // server from then on; the follower says so at the same time).
+                    scope.spawn(move || {
+                        let r = this.client.add_server(e.member.addr);
+                        this.joined(e, r);
+                    });
                 }
-                Err(e) => {
-                    self.state.lock().stats.connect_failures += 1;
-                    tracing::warn!(node = m.node, addr = %m.addr,
-                        "connecting to a server etcd lists: {e} (retrying while it is listed)");
+            });
+        }
+    }
+
+    /// Records the outcome of joining entry `e`.
+    fn joined(&self, Entry { member: m, lease }: Entry, result: Result<u32>) {
+        match result {
+            Ok(node) => {
+                if node != m.node {
+                    tracing::warn!(key_node = m.node, node, addr = %m.addr,
+                        "server registered under another node id than it gives");
                 }
+                let mut st = self.state.lock();
+                st.connected.insert(
+                    m.node,
+                    Joined {
+                        addr: Some(m.addr),
+                        node,
+                        lease,
+                    },
+                );
+                st.stats.joined += 1;
+                tracing::info!(node, addr = %m.addr, "memory server joined from etcd");
+            }
+            Err(e) => {
+                self.state.lock().stats.connect_failures += 1;
+                tracing::warn!(node = m.node, addr = %m.addr,
+                    "connecting to a server etcd lists: {e} (retrying while it is listed)");
             }
         }
     }
