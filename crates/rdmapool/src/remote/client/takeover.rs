@@ -123,7 +123,9 @@ impl Takeover {
             .take(self.slots as usize)
             .position(|&o| o == self.id)
         {
-            self.k = (slot as u64 + self.slots - self.start % self.slots) % self.slots;
+            // Probe from there (and on round the table if it is not ours any more).
+            self.start = slot as u64;
+            self.k = 0;
         }
         self.probe();
     }
@@ -519,6 +521,22 @@ mod tests {
             t.step(),
             Step::Claim { slot: 2 },
             "none holds it: probe from the hash"
+        );
+    }
+
+    #[test]
+    fn a_slot_of_the_id_lost_before_the_claim_still_leaves_every_other_slot_to_probe() {
+        // Found by the pool_lease fuzz target: the scan saw the id in slot 2 of 3, the claim
+        // found another client there, and the probe, counted from the hash (slot 0), ended
+        // without trying slot 0.
+        let mut t = Takeover::new(ID, Duration::from_secs(2), 3, 0, BASE);
+        t.on_owners(&[0, 78, ID]);
+        assert_eq!(t.step(), Step::Claim { slot: 2 });
+        t.on_claim(78, Instant::now());
+        assert_eq!(
+            t.step(),
+            Step::Claim { slot: 0 },
+            "slot 0 was free in the scan"
         );
     }
 
