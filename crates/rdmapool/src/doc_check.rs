@@ -115,6 +115,52 @@ fn the_endpoint_limit_is_the_codes() {
     );
 }
 
+#[cfg(not(loom))] // the pool is not built under loom
+#[test]
+fn the_pool_messages_have_the_codes_sizes_and_limits() {
+    use crate::remote::descriptor::PROOF_LEN;
+    use crate::remote::layout::{MAX_CLIENT_SLOTS, MAX_LEASE};
+    use crate::remote::{DESCRIPTOR_LEN, HELLO_LEN};
+    let s7 = section(PROTOCOL, 7);
+    all_say(s7, "### 7.1 Client hello (", HELLO_LEN as u64, "HELLO_LEN");
+    all_say(
+        s7,
+        "### 7.2 Pool descriptor (",
+        DESCRIPTOR_LEN as u64,
+        "DESCRIPTOR_LEN",
+    );
+    all_say(
+        s7,
+        "accept; ",
+        (DESCRIPTOR_LEN + PROOF_LEN) as u64,
+        "the accept with its proof",
+    );
+    all_say(
+        s7,
+        "a proof follows at offset ",
+        DESCRIPTOR_LEN as u64,
+        "where the proof starts",
+    );
+    all_say(
+        s7,
+        "| 2 | 1 | u8 | version = ",
+        u64::from(crate::remote::layout::LAYOUT_VERSION),
+        "the pool messages' version",
+    );
+    all_say(s7, "at most ", MAX_CLIENT_SLOTS, "MAX_CLIENT_SLOTS");
+    all_say(
+        s7,
+        "lease period in ms, from 10 to ",
+        MAX_LEASE.as_millis() as u64,
+        "MAX_LEASE",
+    );
+    // The accept with its proof fits what either connection manager carries.
+    const {
+        assert!(DESCRIPTOR_LEN + PROOF_LEN <= MAX_ACCEPT_PRIVATE_DATA);
+        assert!(HELLO_LEN <= MAX_CONNECT_PRIVATE_DATA);
+    }
+}
+
 #[test]
 fn the_helpers_find_what_they_look_for() {
     let doc = "x\n## 1. One\nversion = 1, version = 12\n## 2. Two\nversion = 2\n";
