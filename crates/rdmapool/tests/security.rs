@@ -155,6 +155,11 @@ fn child_says_hello() {
     let src: u32 = f[2].parse().unwrap();
     let mut raw = if f[0] == "unix" {
         Raw::unix(&t)
+    } else if let Some(ip) = f[0].strip_prefix("tcp-at:") {
+        // The NIC's port, dialled at another of this host's addresses.
+        let mut at = t.clone();
+        at.tcp = std::net::SocketAddr::new(ip.parse().unwrap(), t.tcp.port());
+        Raw::tcp(&at)
     } else {
         Raw::tcp(&t)
     };
@@ -185,6 +190,50 @@ fn hello_as_nobody(path: &str, ep: &Endpoint, src: u32) -> String {
         .nth(1)
         .unwrap_or_else(|| panic!("the child said nothing: {text} {out:?}"));
     after.chars().take_while(char::is_ascii_digit).collect()
+}
+
+/// Issue #22, finding 5: a NIC bound to 0.0.0.0 let another user of this host in when it
+/// dialled this host's own non-loopback address (only loopback sources were checked).
+#[test]
+fn another_user_dialling_this_hosts_own_address_is_refused_too() {
+    if soft_only("the soft handshake") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: switching to user nobody needs root");
+        return;
+    }
+    let out = Command::new("ip")
+        .args(["-o", "-4", "addr", "show", "scope", "global"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let Some(ip) = text
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|c| c.split('/').next())
+        .map(str::to_string)
+    else {
+        eprintln!("skipped: this host has no non-loopback IPv4 address");
+        return;
+    };
+    let cfg = SoftConfig {
+        bind: "0.0.0.0:0".parse().unwrap(),
+        ..SoftConfig::from_env().unwrap()
+    };
+    let ctx = Context::open_with(cfg).unwrap();
+    let b = Node {
+        pd: ctx.alloc_pd().unwrap(),
+        cq: ctx.create_cq(256).unwrap(),
+        ctx,
+    };
+    let a = node_on(Transport::Tcp);
+    let peer = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
+    let qb = bound_qp(&b, &peer.endpoint());
+    let got = hello_as_nobody(&format!("tcp-at:{ip}"), &qb.endpoint(), peer.qpn());
+    assert_eq!(got, status::PEER_NOT_ALLOWED.to_string(), "dialled {ip}");
 }
 
 #[test]

@@ -9,8 +9,8 @@ use std::os::fd::RawFd;
 pub(crate) struct PeerInfo {
     /// Its IP address (None on the local socket).
     pub(crate) ip: Option<IpAddr>,
-    /// Its user, when it is on this host (local socket, or TCP from a loopback address) and
-    /// the kernel told us.
+    /// Its user, when it is on this host (local socket, or TCP from a socket of this
+    /// network namespace) and the kernel told us.
     pub(crate) uid: Option<u32>,
     /// Whether it is on this host.
     pub(crate) on_this_host: bool,
@@ -47,15 +47,62 @@ pub(crate) fn of_unix(fd: RawFd) -> PeerInfo {
     }
 }
 
-/// The peer of a TCP connection from `peer` to our `local` address. From a loopback address
-/// it is a process of this host, and the kernel's socket table names its user.
+/// The peer of a TCP connection from `peer` to our `local` address. It is a process of this
+/// host when it dials from a loopback address, or when its socket is in this network
+/// namespace's socket table (it dialled one of this host's own addresses, loopback or not);
+/// the table then names its user.
 pub(crate) fn of_tcp(local: SocketAddr, peer: SocketAddr) -> PeerInfo {
-    let on_this_host = peer.ip().is_loopback() || peer.ip().to_canonical().is_loopback();
+    let ip = peer.ip().to_canonical();
+    let loopback = ip.is_loopback();
+    // The table is read only for addresses of this host: a connection from elsewhere (which
+    // anyone can open before authenticating) costs no scan of it.
+    let owner = (loopback || is_own_address(ip))
+        .then(|| tcp_owner(peer, local))
+        .flatten();
     PeerInfo {
-        ip: Some(peer.ip().to_canonical()),
-        uid: on_this_host.then(|| tcp_owner(peer, local)).flatten(),
-        on_this_host,
+        ip: Some(ip),
+        uid: owner,
+        on_this_host: loopback || owner.is_some(),
     }
+}
+
+/// Whether `ip` is one of this host's interface addresses (`getifaddrs`).
+fn is_own_address(ip: IpAddr) -> bool {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list it allocated into `list`, freed below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return false;
+    }
+    let mut found = false;
+    let mut at = list;
+    while !at.is_null() && !found {
+        // SAFETY: `at` is a node of the list getifaddrs returned, not yet freed.
+        let node = unsafe { &*at };
+        if !node.ifa_addr.is_null() {
+            // SAFETY: a non-null ifa_addr points at a sockaddr whose family says its type.
+            let family = i32::from(unsafe { (*node.ifa_addr).sa_family });
+            let addr = match family {
+                libc::AF_INET => {
+                    // SAFETY: an AF_INET address is a sockaddr_in.
+                    let sin = unsafe { &*node.ifa_addr.cast::<libc::sockaddr_in>() };
+                    Some(IpAddr::from(
+                        u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                    ))
+                }
+                libc::AF_INET6 => {
+                    // SAFETY: an AF_INET6 address is a sockaddr_in6.
+                    let sin6 = unsafe { &*node.ifa_addr.cast::<libc::sockaddr_in6>() };
+                    Some(IpAddr::from(sin6.sin6_addr.s6_addr))
+                }
+                _ => None,
+            };
+            found = addr.is_some_and(|a| a.to_canonical() == ip);
+        }
+        at = node.ifa_next;
+    }
+    // SAFETY: the list getifaddrs allocated, freed once, not used after.
+    unsafe { libc::freeifaddrs(list) };
+    found
 }
 
 /// The user owning the TCP socket bound at `local_of_peer` and connected to `remote_of_peer`
@@ -118,6 +165,48 @@ mod tests {
         drop(c);
         let (a, _b) = UnixStream::pair().unwrap();
         assert_eq!(of_unix(a.as_raw_fd()).uid, Some(own_uid()));
+    }
+
+    /// This host's first non-loopback IPv4 address, if it has one.
+    fn own_address() -> Option<IpAddr> {
+        let out = std::process::Command::new("ip")
+            .args(["-o", "-4", "addr", "show", "scope", "global"])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let cidr = text
+            .split_whitespace()
+            .skip_while(|w| *w != "inet")
+            .nth(1)?;
+        cidr.split('/').next()?.parse().ok()
+    }
+
+    #[test]
+    fn a_process_of_this_host_dialling_its_own_non_loopback_address_is_on_this_host() {
+        // Issue #22, finding 5: only loopback sources counted as this host, so another user
+        // who dialled this host's own address passed as a remote peer, and the user check
+        // was skipped.
+        let Some(ip) = own_address() else {
+            eprintln!("skipped: this host has no non-loopback IPv4 address");
+            return;
+        };
+        let l = TcpListener::bind("0.0.0.0:0").unwrap();
+        let c = TcpStream::connect((ip, l.local_addr().unwrap().port())).unwrap();
+        let (s, peer) = l.accept().unwrap();
+        assert!(!peer.ip().is_loopback(), "{peer}");
+        let info = of_tcp(s.local_addr().unwrap(), peer);
+        assert!(info.on_this_host, "{info:?}");
+        assert_eq!(info.uid, Some(own_uid()), "{info:?}");
+        drop(c);
+    }
+
+    #[test]
+    fn this_hosts_addresses_are_its_own_and_others_are_not() {
+        assert!(is_own_address("127.0.0.1".parse().unwrap()));
+        assert!(!is_own_address("198.51.100.77".parse().unwrap()));
+        if let Some(ip) = own_address() {
+            assert!(is_own_address(ip), "{ip}");
+        }
     }
 
     #[test]
