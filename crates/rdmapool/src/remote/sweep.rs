@@ -1,7 +1,7 @@
 //! What a memory server does to its region every quarter lease: expire the clients whose
 //! heartbeat stood still for a lease ([`Reaper`]) and take their chunks back. Written over
 //! [`Words`], so the server runs it on its registered region and the client's simulated
-//! cluster (`client/sim.rs`) on words in memory, interleaved with clients' operations.
+//! cluster (`client/sim/`) on words in memory, interleaved with clients' operations.
 //!
 //! The order is what makes it safe against a renewal that lands in the middle:
 //! 1. the heartbeat is swapped from the value the reaper saw to 0 with one compare-and-swap.
@@ -10,7 +10,7 @@
 //! 2. each chunk the client owns gets its magic zeroed (frees and pointer checks of its
 //!    objects fail from then on), then its table entry released;
 //! 3. last, the slot's owner word is released. Until then a restart of the same id finds
-//!    the slot still taken (owner the id, heartbeat 0) and waits (`client/takeover.rs`), so it
+//!    the slot still taken (owner the id, heartbeat 0) and waits (`client/takeover/`), so it
 //!    never recovers chunks that are being taken back.
 
 use super::layout::{self, Layout};
