@@ -123,6 +123,10 @@ fn server(node: u32) -> MemoryServer {
 }
 
 fn server_at(node: u32, listen: SocketAddr) -> MemoryServer {
+    server_with(node, listen, None)
+}
+
+fn server_with(node: u32, listen: SocketAddr, cluster_key: Option<PreSharedKey>) -> MemoryServer {
     let ctx = node_on(Transport::Auto).ctx;
     MemoryServer::start(
         &ctx,
@@ -133,7 +137,7 @@ fn server_at(node: u32, listen: SocketAddr) -> MemoryServer {
             clients: 64,
             lease: Duration::from_secs(2),
             listen,
-            cluster_key: None,
+            cluster_key,
         },
     )
     .expect("server starts")
@@ -446,20 +450,11 @@ fn rogue_and_black_hole_entries_get_nothing_and_delay_no_real_server() {
     let cfg = etcd.config("/rdmapool/test-rogue");
     let key = PreSharedKey::new(&[5; 32]).unwrap();
     let keyed = |node: u32| {
-        let ctx = node_on(Transport::Auto).ctx;
-        let s = MemoryServer::start(
-            &ctx,
-            ServerConfig {
-                node,
-                size: 8 << 20,
-                chunk_size: 256 << 10,
-                clients: 64,
-                listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-                cluster_key: Some(key.clone()),
-                ..ServerConfig::default()
-            },
-        )
-        .expect("server starts");
+        let s = server_with(
+            node,
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            Some(key.clone()),
+        );
         let r = EtcdRegistration::register(&cfg, node, s.addr()).expect("registers");
         (s, r)
     };
