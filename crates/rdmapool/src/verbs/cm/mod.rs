@@ -178,6 +178,10 @@ impl CmRequest {
         let mut param = conn_param(&framed, qp.qpn(), initiator, responder);
         self.cm.transition(vq, sys::IBV_QPS_INIT, depths)?;
         self.cm.transition(vq, sys::IBV_QPS_RTR, depths)?;
+        // RTS before the REP goes out, as librdmacm does for the QPs it manages: a peer may
+        // use the connection and disconnect as soon as it has our REP, and once its DREQ is
+        // in, RDMA CM no longer computes RTS attributes for this id (EINVAL; seen on rxe).
+        self.cm.transition(vq, sys::IBV_QPS_RTS, depths)?;
         // SAFETY: a live id from the request; the parameters point into `framed`, alive here.
         if unsafe { (self.cm.rc.rdma_accept)(self.cm.id, &mut param) } != 0 {
             return Err(cm_err("rdma_accept"));
@@ -195,7 +199,6 @@ impl CmRequest {
                 ),
             });
         }
-        self.cm.transition(vq, sys::IBV_QPS_RTS, depths)?;
         Ok(qp.with_connection(Box::new(Established(self.cm))))
     }
 
