@@ -537,3 +537,51 @@ fn a_pool_client_with_the_cluster_key_refuses_servers_that_cannot_prove_it() {
     let plain = PoolClient::connect(&n.ctx, &n.pd, &members, ClientConfig::new(12)).unwrap();
     assert_eq!(plain.nodes().len(), 3);
 }
+
+/// Issue #22, finding 4: idle connections from one address evict no request from another.
+/// A real requester on a slow link connects, 200 idle connections from 127.0.0.2 follow,
+/// then its REQ arrives (docs/PROTOCOL.md section 4, written here byte by byte). Before: the
+/// 64 handshakes in progress were one table whose oldest went first, so the flood closed the
+/// real connection before its request came.
+#[test]
+fn an_idle_flood_from_one_address_evicts_no_one_elses_request() {
+    use socket2::{Domain, Socket, Type};
+    use std::net::SocketAddr;
+    let n = node();
+    let listener = Listener::bind(Manager::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr();
+    let mut slow = TcpStream::connect(addr).unwrap();
+    let waiting = std::thread::spawn(move || {
+        let r = listener
+            .get_request(WAIT)
+            .map(|r| r.private_data().to_vec());
+        (r, listener)
+    });
+    let from: SocketAddr = "127.0.0.2:0".parse().unwrap();
+    let flood: Vec<Socket> = (0..200)
+        .map(|_| {
+            let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+            s.bind(&from.into()).unwrap();
+            s.connect(&addr.into()).unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300)); // the port has taken them all in
+    let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
+    let ep = qp.endpoint().to_bytes();
+    let private = b"slow but real";
+    let body = 2 + ep.len() + 2 + private.len();
+    let mut req = b"RDCM\x01\x01".to_vec(); // magic, version 1, kind REQ
+    req.extend_from_slice(&(body as u16).to_le_bytes());
+    req.extend_from_slice(&(ep.len() as u16).to_le_bytes());
+    req.extend_from_slice(&ep);
+    req.extend_from_slice(&(private.len() as u16).to_le_bytes());
+    req.extend_from_slice(private);
+    slow.write_all(&req).unwrap();
+    let (got, _listener) = waiting.join().unwrap();
+    assert_eq!(
+        got.expect("the real request was evicted by the flood"),
+        private
+    );
+    drop((flood, slow, qp));
+}

@@ -2,15 +2,18 @@
 //!
 //! Each accepted connection gets [`HANDSHAKE_TIMEOUT`] to deliver its request; meanwhile
 //! others are accepted and read too (one `poll` over the listener and every pending socket),
-//! so idle or slow peers delay nobody. At most [`MAX_PENDING`] handshakes are in progress;
-//! beyond that the oldest is dropped.
+//! so idle or slow peers delay nobody. At most [`MAX_PENDING`] handshakes are in progress,
+//! and at most [`MAX_PENDING_PER_SOURCE`] from one IP address. Beyond either bound a
+//! connection is made room for at the expense of the address with the most in progress (its
+//! oldest): a flood from a few addresses evicts only its own connections, never a request
+//! from an address that has few.
 
 use super::tcp::{io_err, Message, HEADER_LEN, REQ};
 use crate::fabric::Endpoint;
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::io::{ErrorKind, Read};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -18,6 +21,8 @@ use std::time::{Duration, Instant};
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Handshakes in progress at once, at most.
 pub(super) const MAX_PENDING: usize = 64;
+/// Handshakes in progress from one IP address, at most.
+pub(super) const MAX_PENDING_PER_SOURCE: usize = 8;
 
 /// One connection whose request has not fully arrived.
 struct Pending {
@@ -150,13 +155,11 @@ impl CmPort {
                     if stream.set_nonblocking(true).is_err() {
                         continue;
                     }
-                    if pending.len() >= MAX_PENDING {
-                        // Drop the one that has waited longest: it had the most time.
-                        let oldest = (0..pending.len()).min_by_key(|&i| pending[i].deadline);
-                        if let Some(i) = oldest {
-                            let p = pending.swap_remove(i);
-                            warn_dropped(p.peer, "too many in progress");
-                        }
+                    let held: Vec<(IpAddr, Instant)> =
+                        pending.iter().map(|p| (p.peer.ip(), p.deadline)).collect();
+                    if let Some(i) = make_room(&held, peer.ip()) {
+                        let p = pending.swap_remove(i);
+                        warn_dropped(p.peer, "too many in progress from its address");
                     }
                     pending.push(Pending {
                         stream,
@@ -190,6 +193,27 @@ impl CmPort {
     }
 }
 
+/// Which of the `held` handshakes (source address, deadline) to drop before one from
+/// `source` joins, if any: the oldest from `source` when it has [`MAX_PENDING_PER_SOURCE`];
+/// when all [`MAX_PENDING`] are taken, the oldest from the address with the most (never an
+/// address that will have fewer than `source`).
+fn make_room(held: &[(IpAddr, Instant)], source: IpAddr) -> Option<usize> {
+    let oldest_of = |ip: IpAddr| {
+        (0..held.len())
+            .filter(|&i| held[i].0 == ip)
+            .min_by_key(|&i| held[i].1)
+    };
+    let count = |ip: IpAddr| held.iter().filter(|h| h.0 == ip).count();
+    if count(source) >= MAX_PENDING_PER_SOURCE {
+        return oldest_of(source);
+    }
+    if held.len() < MAX_PENDING {
+        return None;
+    }
+    let busiest = held.iter().map(|h| h.0).max_by_key(|&ip| count(ip))?;
+    oldest_of(busiest)
+}
+
 /// Logs a dropped connection request, at most once a second per process: anyone who can
 /// reach the port can open and close connections, and a line each (about 180 bytes) would
 /// let them fill the log. The next line logged says how many were held back meanwhile.
@@ -216,6 +240,85 @@ fn warn_dropped(peer: std::net::SocketAddr, why: &str) {
             %peer,
             "dropping a connection request: {why} ({held_back} more dropped since the last \
              such line, not logged)"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([10, 0, 0, last])
+    }
+
+    /// `n` handshakes from each address in `sources`, in that order, a millisecond apart.
+    fn held(sources: &[(u8, usize)]) -> Vec<(IpAddr, Instant)> {
+        let t0 = Instant::now();
+        let mut v = Vec::new();
+        for &(s, n) in sources {
+            for _ in 0..n {
+                v.push((ip(s), t0 + Duration::from_millis(v.len() as u64)));
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn a_source_at_its_bound_makes_room_from_its_own_oldest() {
+        let h = held(&[(1, 1), (2, MAX_PENDING_PER_SOURCE), (1, 1)]);
+        assert_eq!(make_room(&h, ip(2)), Some(1));
+        assert_eq!(make_room(&h, ip(1)), None, "room left: nobody is dropped");
+        assert_eq!(make_room(&h, ip(3)), None);
+    }
+
+    #[test]
+    fn a_full_table_makes_room_from_the_busiest_source_never_a_quiet_one() {
+        // Eight flooders at their bound fill the table; a ninth address and a quiet one.
+        let per = MAX_PENDING_PER_SOURCE;
+        let mut sources: Vec<(u8, usize)> = (0..(MAX_PENDING / per) as u8 - 1)
+            .map(|s| (s + 10, per))
+            .collect();
+        sources.insert(0, (1, 1)); // a legitimate request, the oldest of all
+        sources.push((9, per - 1));
+        let h = held(&sources);
+        assert_eq!(h.len(), MAX_PENDING);
+        for newcomer in [1u8, 2, 9] {
+            let i = make_room(&h, ip(newcomer)).expect("full: someone goes");
+            assert_ne!(h[i].0, ip(1), "the quiet address lost its request");
+            assert_ne!(
+                h[i].0,
+                ip(9),
+                "an address below the bound lost one to a flooder"
+            );
+            let oldest_of_source = h.iter().filter(|x| x.0 == h[i].0).map(|x| x.1).min();
+            assert_eq!(Some(h[i].1), oldest_of_source, "not the source's oldest");
+        }
+    }
+
+    /// docs/PROTOCOL.md section 4 states the bounds as the code has them.
+    #[test]
+    fn protocol_md_states_the_bounds_on_handshakes_in_progress() {
+        use crate::doc_check::{all_say, section, PROTOCOL};
+        let s4 = section(PROTOCOL, 4);
+        all_say(
+            s4,
+            "Requests are read from up to ",
+            MAX_PENDING as u64,
+            "MAX_PENDING",
+        );
+        all_say(s4, "When all ", MAX_PENDING as u64, "MAX_PENDING");
+        all_say(
+            s4,
+            "At most ",
+            MAX_PENDING_PER_SOURCE as u64,
+            "MAX_PENDING_PER_SOURCE",
+        );
+        all_say(
+            s4,
+            "within ",
+            HANDSHAKE_TIMEOUT.as_secs(),
+            "HANDSHAKE_TIMEOUT",
         );
     }
 }
