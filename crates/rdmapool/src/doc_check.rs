@@ -148,6 +148,25 @@ fn the_pool_messages_have_the_codes_sizes_and_limits() {
         "the pool messages' version",
     );
     all_say(s7, "at most ", MAX_CLIENT_SLOTS, "MAX_CLIENT_SLOTS");
+    use crate::remote::{MAX_CONNECTIONS_PER_CLIENT, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER};
+    all_say(
+        s7,
+        "Handshakes at once:\n",
+        MAX_HANDSHAKES as u64,
+        "MAX_HANDSHAKES",
+    );
+    all_say(
+        s7,
+        "of them from one address: ",
+        MAX_HANDSHAKES_PER_PEER as u64,
+        "MAX_HANDSHAKES_PER_PEER",
+    );
+    all_say(
+        s7,
+        "Connections per client id: ",
+        MAX_CONNECTIONS_PER_CLIENT as u64,
+        "MAX_CONNECTIONS_PER_CLIENT",
+    );
     all_say(
         s7,
         "lease period in ms, from 10 to ",

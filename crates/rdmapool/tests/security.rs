@@ -585,3 +585,164 @@ fn an_idle_flood_from_one_address_evicts_no_one_elses_request() {
     );
     drop((flood, slow, qp));
 }
+
+/// `ep` with its address pointing at `to` and a host id that is not this host's, so that
+/// whoever connects to it dials `to` over TCP (docs/PROTOCOL.md section 5.9).
+fn endpoint_leading_to(ep: &Endpoint, to: std::net::SocketAddrV4) -> Endpoint {
+    let mut b = ep.to_bytes();
+    let a = &mut b[10..];
+    assert_eq!(a[32], 4, "an IPv4 endpoint");
+    a[..16].fill(0xEE);
+    a[33..37].copy_from_slice(&to.ip().octets());
+    a[37..39].copy_from_slice(&to.port().to_le_bytes());
+    Endpoint::from_bytes(&b).unwrap()
+}
+
+/// A REQ on the TCP CM port (docs/PROTOCOL.md section 4), byte by byte.
+fn raw_req(ep: &Endpoint, private: &[u8]) -> Vec<u8> {
+    let ep = ep.to_bytes();
+    let body = 2 + ep.len() + 2 + private.len();
+    let mut req = b"RDCM\x01\x01".to_vec(); // magic, version 1, kind REQ
+    req.extend_from_slice(&(body as u16).to_le_bytes());
+    req.extend_from_slice(&(ep.len() as u16).to_le_bytes());
+    req.extend_from_slice(&ep);
+    req.extend_from_slice(&(private.len() as u16).to_le_bytes());
+    req.extend_from_slice(private);
+    req
+}
+
+/// Issue #22, finding 4: requests that stall their handshake delay no pool client. From
+/// 127.0.0.2, a request every 50 ms whose endpoint leads to a listener that never sends the
+/// challenge, alternating with one that names a real QP and never sends the RTU: each holds
+/// its handshake for the server's QP timeout (4 s). Meanwhile real clients connect, one
+/// after another, each with a 2 s connect timeout. Before: the server accepted one request
+/// at a time, so the real clients timed out behind the attack.
+#[test]
+fn stalled_handshakes_delay_no_pool_client() {
+    use rdmapool::remote::*;
+    use socket2::{Domain, Socket, Type};
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    if soft_only("crafted soft endpoints") {
+        return;
+    }
+    let ctx = node_on(Transport::Auto).ctx;
+    let server = MemoryServer::start(
+        &ctx,
+        ServerConfig {
+            size: 4 << 20,
+            chunk_size: 256 << 10,
+            clients: 16,
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap();
+    let cm = server.addr();
+    // Where the crafted endpoints lead: takes connections, never says a word.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let SocketAddr::V4(silent_addr) = silent.local_addr().unwrap() else {
+        unreachable!()
+    };
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in silent.incoming() {
+            held.push(s);
+        }
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let attack = {
+        let (stop, sent) = (stop.clone(), sent.clone());
+        std::thread::spawn(move || {
+            let me = node_on(Transport::Tcp);
+            let from: SocketAddr = "127.0.0.2:0".parse().unwrap();
+            let mut held = Vec::new();
+            let mut qps = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let qp = me.pd.create_qp(&me.cq, &me.cq, &config()).unwrap();
+                qp.modify_to_init().unwrap();
+                let ep = if sent.load(Ordering::Relaxed) % 2 == 0 {
+                    endpoint_leading_to(&qp.endpoint(), silent_addr)
+                } else {
+                    qp.endpoint() // real: the server connects, then waits for an RTU
+                };
+                let hello = ClientHello::new(900 + sent.load(Ordering::Relaxed) as u64)
+                    .unwrap()
+                    .encode();
+                let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+                s.bind(&from.into()).unwrap();
+                if s.connect(&cm.into()).is_ok() {
+                    let mut t: TcpStream = s.into();
+                    let _ = t.write_all(&raw_req(&ep, &hello));
+                    held.push(t);
+                    qps.push(qp);
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    while sent.load(Ordering::Relaxed) < 20 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let members = StaticMembership::new(vec![cm]);
+    let n = node();
+    for id in 1..=5u64 {
+        let mut cfg = ClientConfig::new(id);
+        cfg.connect_timeout = Duration::from_secs(2);
+        let t0 = std::time::Instant::now();
+        let c = PoolClient::connect(&n.ctx, &n.pd, &members, cfg)
+            .unwrap_or_else(|e| panic!("client {id} under attack: {e}"));
+        assert_eq!(c.nodes().len(), 1, "client {id}: {:?}", c.unreachable());
+        eprintln!("client {id} joined in {:?} under attack", t0.elapsed());
+    }
+    stop.store(true, Ordering::Relaxed);
+    attack.join().unwrap();
+    eprintln!("{} stalled requests sent", sent.load(Ordering::Relaxed));
+}
+
+/// Issue #22, finding 3 (its last line): one client id holds at most
+/// `MAX_CONNECTIONS_PER_CLIENT` connections at a server, so it cannot take every
+/// connection the server's NIC admits; other ids are still served.
+#[test]
+fn one_client_id_holds_a_bounded_number_of_connections() {
+    use rdmapool::remote::*;
+    let n = node();
+    let server = MemoryServer::start(
+        &n.ctx,
+        ServerConfig {
+            size: 4 << 20,
+            chunk_size: 256 << 10,
+            clients: 16,
+            listen: std::net::SocketAddr::new(listen_ip(), 0),
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap();
+    let dial = |id: u64| {
+        let hello = ClientHello::new(id).unwrap().encode();
+        connect(
+            Manager::from(&n.pd),
+            server.addr(),
+            &n.pd,
+            &n.cq,
+            &n.cq,
+            &config(),
+            &hello,
+            WAIT,
+        )
+    };
+    let held: Vec<_> = (0..MAX_CONNECTIONS_PER_CLIENT)
+        .map(|_| dial(77).unwrap())
+        .collect();
+    match dial(77) {
+        Err(rdmapool::Error::Rejected { private_data, .. }) => {
+            assert_eq!(private_data, b"too many connections for this client id")
+        }
+        Err(e) => panic!("expected a reject, got {e}"),
+        Ok(_) => panic!("connection {} of one id was accepted", held.len() + 1),
+    }
+    dial(78).expect("another id is served");
+    drop(held);
+}

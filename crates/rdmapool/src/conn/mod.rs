@@ -54,6 +54,7 @@
 //! # Ok(()) }
 //! ```
 
+pub(crate) mod inflight;
 mod pending;
 mod private;
 mod tcp;
@@ -186,6 +187,16 @@ impl ConnRequest {
         match &self.kind {
             RequestKind::Tcp(r) => r.private_data(),
             RequestKind::RdmaCm(r) => r.private_data(),
+        }
+    }
+
+    /// The requester's address: its TCP address on the CM port, or RDMA CM's peer address
+    /// (`None` if RDMA CM has none of IPv4 or IPv6). Servers bound handshakes per address
+    /// with it.
+    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        match &self.kind {
+            RequestKind::Tcp(r) => Some(r.peer()),
+            RequestKind::RdmaCm(r) => r.peer_addr(),
         }
     }
 

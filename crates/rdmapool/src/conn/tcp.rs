@@ -179,6 +179,11 @@ impl TcpRequest {
         &self.private
     }
 
+    /// The requester's address on the CM port.
+    pub(super) fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
     /// Creates a QP, answers with `private_data`, and returns the QP (in RTS) once the
     /// requester reports it is ready to use.
     pub(super) fn accept(

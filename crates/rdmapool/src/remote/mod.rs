@@ -62,7 +62,9 @@ pub use etcd::{
 pub use layout::Layout;
 pub use membership::{Membership, StaticMembership};
 pub use placement::{KeyHash, LeastUsed, NodeLoad, Placement, RoundRobin};
-pub use server::{MemoryServer, ServerConfig};
+pub use server::{
+    MemoryServer, ServerConfig, MAX_CONNECTIONS_PER_CLIENT, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER,
+};
 
 /// A remote allocation: the node it lives on, that node's incarnation when it was allocated,
 /// its offset in that node's region, its length.

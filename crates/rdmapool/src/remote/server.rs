@@ -6,6 +6,7 @@ use super::descriptor::{encode_accept, ClientHello, PoolDescriptor};
 use super::layout::{self, Layout};
 use super::lease::Reaper;
 use super::sweep;
+use crate::conn::inflight::InFlight;
 use crate::conn::Listener;
 use crate::fabric::{
     AccessFlags, Completion, Context, Cq, Pd, PreSharedKey, Qp, QpConfig, RecvWr, Registered,
@@ -19,6 +20,15 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Handshakes a server runs at once, at most (each on a thread of its own, ending within
+/// its QP timeout).
+pub const MAX_HANDSHAKES: usize = 32;
+/// Handshakes in progress from one address, at most.
+pub const MAX_HANDSHAKES_PER_PEER: usize = 4;
+/// Connections one client id may hold at a server (a client holds one per server; the
+/// rest is room for reconnects the server has not yet noticed were replacements).
+pub const MAX_CONNECTIONS_PER_CLIENT: usize = 4;
 
 /// How to run a memory server.
 #[derive(Debug, Clone)]
@@ -165,9 +175,15 @@ impl Inner {
         Ok(())
     }
 
+    /// Reads connection requests and hands each to a handshake thread of its own, so that
+    /// a requester that stalls its handshake delays nobody else. At most
+    /// [`MAX_HANDSHAKES`] are in progress, [`MAX_HANDSHAKES_PER_PEER`] from one address;
+    /// beyond that a request is rejected with `busy`.
     fn accept_loop(self: &Arc<Self>, listener: Listener) {
-        let cfg = QpConfig::default();
+        let in_flight = InFlight::new(MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER);
+        let mut handshakes: Vec<std::thread::JoinHandle<()>> = Vec::new();
         while !self.stop.load(Ordering::Acquire) {
+            handshakes.retain(|h| !h.is_finished());
             let req = match listener.get_request(Duration::from_millis(100)) {
                 Ok(r) => r,
                 Err(Error::TimedOut(_)) => continue,
@@ -189,17 +205,59 @@ impl Inner {
                     continue;
                 }
             };
-            let desc = encode_accept(&self.descriptor(), &hello, self.cluster_key.as_ref());
-            match req.accept(&self.pd, &self.cq, &self.cq, &cfg, &desc) {
-                Ok(qp) => {
-                    if let Err(e) = self.post_receives(&qp) {
-                        tracing::warn!(node = self.node, "cannot post receives: {e}");
-                    }
-                    self.connections.fetch_add(1, Ordering::Relaxed);
-                    self.conns.lock().push((client, Instant::now(), qp));
-                }
-                Err(e) => tracing::debug!(node = self.node, "accept failed: {e}"),
+            let Some(ticket) = in_flight.try_begin(req.peer_addr().map(|a| a.ip())) else {
+                tracing::debug!(node = self.node, peer = ?req.peer_addr(), "busy: too many handshakes");
+                let _ = req.reject(b"busy");
+                continue;
+            };
+            let me = self.clone();
+            let run = move || {
+                me.handshake(req, client, &hello);
+                drop(ticket);
+            };
+            match crate::util::spawn_named("rdmapool-pool-handshake", run) {
+                Ok(h) => handshakes.push(h),
+                // The request went with the closure: its connection is closed.
+                Err(e) => tracing::warn!(node = self.node, "no thread for a handshake: {e}"),
             }
+        }
+        for h in handshakes {
+            let _ = h.join(); // each ends within its QP timeout
+        }
+    }
+
+    /// Accepts one client: the descriptor (with its proof) in the accept, receives posted,
+    /// the connection kept. A client id holding [`MAX_CONNECTIONS_PER_CLIENT`] already is
+    /// rejected.
+    fn handshake(&self, req: crate::conn::ConnRequest, client: u64, hello: &[u8]) {
+        let held = self.conns.lock().iter().filter(|c| c.0 == client).count();
+        if held >= MAX_CONNECTIONS_PER_CLIENT {
+            tracing::warn!(
+                node = self.node,
+                client,
+                held,
+                "refusing a client: too many connections"
+            );
+            let _ = req.reject(b"too many connections for this client id");
+            return;
+        }
+        let desc = encode_accept(&self.descriptor(), hello, self.cluster_key.as_ref());
+        match req.accept(&self.pd, &self.cq, &self.cq, &QpConfig::default(), &desc) {
+            Ok(qp) => {
+                if let Err(e) = self.post_receives(&qp) {
+                    tracing::warn!(node = self.node, "cannot post receives: {e}");
+                }
+                let mut conns = self.conns.lock();
+                // Again under the lock: handshakes of one id may have run side by side.
+                if conns.iter().filter(|c| c.0 == client).count() >= MAX_CONNECTIONS_PER_CLIENT {
+                    drop(conns);
+                    tracing::warn!(node = self.node, client, "too many connections: closed");
+                    return; // dropping the QP disconnects it
+                }
+                conns.push((client, Instant::now(), qp));
+                self.connections.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => tracing::debug!(node = self.node, "accept failed: {e}"),
         }
     }
 

@@ -227,6 +227,29 @@ impl CmId {
         qp.modify_raw(&mut attr, mask as u32)
     }
 
+    /// The peer's address (RDMA CM's `rdma_get_peer_addr`), if the id has one of IPv4 or
+    /// IPv6.
+    pub(super) fn peer_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: a live id; its route's destination is a sockaddr whose family says which
+        // member of the union is valid, and both members read here fit in the union.
+        unsafe {
+            let dst = &(*self.id).route.addr.__bindgen_anon_2;
+            match i32::from(dst.dst_addr.sa_family) {
+                libc::AF_INET => {
+                    let sin = dst.dst_sin;
+                    let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                    Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
+                }
+                libc::AF_INET6 => {
+                    let sin6 = dst.dst_sin6;
+                    let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.__in6_u.__u6_addr8);
+                    Some(SocketAddr::new(ip.into(), u16::from_be(sin6.sin6_port)))
+                }
+                _ => None,
+            }
+        }
+    }
+
     pub(super) fn device_name(&self) -> String {
         // SAFETY: a resolved id has a verbs context whose device name is a C string.
         unsafe {

@@ -156,6 +156,10 @@ impl CmRequest {
         &self.raw
     }
 
+    pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
+        self.cm.peer_addr()
+    }
+
     pub(crate) fn accept(
         self,
         pd: &Pd,
