@@ -133,3 +133,54 @@ fn completions_are_counted_by_status() {
         "{text}"
     );
 }
+
+/// Issue #22, finding 4: idle and trickling clients delay no scrape. Ten connections that
+/// say nothing and one that sends a byte every 1.5 s are open; three scrapes, each with a
+/// 5 s read timeout, are answered. Before: connections were answered one at a time, each
+/// idle one holding the endpoint 2 s (20 s in all) and the trickling one for ever.
+#[test]
+fn idle_and_trickling_clients_delay_no_scrape() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+    let ep = Endpoint::start(EndpointConfig {
+        unix: None,
+        http: Some("127.0.0.1:0".parse().unwrap()),
+    })
+    .unwrap();
+    let addr = ep.http_addr().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let trickle = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            for b in b"GET /metrics HTTP/1.1\r\n".iter().cycle() {
+                if stop.load(Ordering::Relaxed) || c.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1500));
+            }
+        })
+    };
+    let idle: Vec<_> = (0..10)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(100)); // the endpoint has taken them in
+    let scrapes: Vec<std::io::Result<String>> = (0..3)
+        .map(|_| {
+            let mut c = std::net::TcpStream::connect(addr)?;
+            c.set_read_timeout(Some(Duration::from_secs(5)))?;
+            write!(c, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")?;
+            let mut out = String::new();
+            c.read_to_string(&mut out).map(|_| out)
+        })
+        .collect();
+    // The attackers leave before any assertion, so a failure is a failure, not a hang.
+    stop.store(true, Ordering::Relaxed);
+    drop(idle);
+    trickle.join().unwrap();
+    for (i, r) in scrapes.into_iter().enumerate() {
+        let out = r.unwrap_or_else(|e| panic!("scrape {i} behind idle clients: {e}"));
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    }
+}

@@ -3,6 +3,7 @@
 //! [`Endpoint::start`] or [`Endpoint::from_env`] is called.
 
 use super::registry::snapshot;
+use crate::conn::inflight::InFlight;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::linux::net::SocketAddrExt;
@@ -11,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Environment variable naming the Unix socket ([`UnixName::parse`] syntax).
 pub const ENV_SOCKET: &str = "RDMAPOOL_METRICS_SOCKET";
@@ -244,36 +245,76 @@ impl Drop for Endpoint {
     }
 }
 
-fn serve_unix(l: UnixListener, stop: Arc<AtomicBool>) {
-    for conn in l.incoming() {
+/// Connections answered at once, at most; beyond that a new connection is closed
+/// unanswered (a scraper retries at its next interval).
+pub(crate) const MAX_ANSWERING: usize = 16;
+/// How long one connection may take, request and answer together.
+pub(crate) const ANSWER_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Accepts connections and answers each on a thread of its own, at most
+/// [`MAX_ANSWERING`] at once: a slow or idle client holds its own thread for at most
+/// [`ANSWER_DEADLINE`] and delays no other scrape.
+fn serve<C: Send + 'static>(
+    incoming: impl Iterator<Item = std::io::Result<C>>,
+    stop: Arc<AtomicBool>,
+    answer: fn(C),
+) {
+    let answering = InFlight::new(MAX_ANSWERING, MAX_ANSWERING);
+    let mut threads: Vec<JoinHandle<()>> = Vec::new();
+    for conn in incoming {
         if stop.load(Ordering::Acquire) {
-            return;
+            break;
         }
-        let Ok(mut c) = conn else { continue };
-        let _ = c.set_write_timeout(Some(Duration::from_secs(1)));
+        threads.retain(|h| !h.is_finished());
+        let Ok(c) = conn else { continue };
+        let Some(ticket) = answering.try_begin(None) else {
+            continue; // dropped: closed unanswered
+        };
+        let run = move || {
+            answer(c);
+            drop(ticket);
+        };
+        if let Ok(h) = spawn("rdmapool-metrics-answer", run) {
+            threads.push(h);
+        }
+    }
+    for h in threads {
+        let _ = h.join(); // each ends within ANSWER_DEADLINE
+    }
+}
+
+fn serve_unix(l: UnixListener, stop: Arc<AtomicBool>) {
+    serve(l.incoming(), stop, |mut c| {
+        let _ = c.set_write_timeout(Some(ANSWER_DEADLINE));
         let mut body = snapshot().to_json();
         body.push('\n');
         let _ = c.write_all(body.as_bytes());
-    }
+    });
 }
 
 fn serve_http(l: TcpListener, stop: Arc<AtomicBool>) {
-    for conn in l.incoming() {
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
-        let Ok(c) = conn else { continue };
+    serve(l.incoming(), stop, |c| {
         let _ = answer_http(c);
-    }
+    });
 }
 
 /// Reads one request head and answers it; `GET /metrics` is the only thing served.
+/// The head must arrive within [`ANSWER_DEADLINE`] of the connection, however it trickles
+/// in.
 fn answer_http(mut c: TcpStream) -> std::io::Result<()> {
-    c.set_read_timeout(Some(Duration::from_secs(2)))?;
-    c.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let deadline = Instant::now() + ANSWER_DEADLINE;
+    let left = || {
+        let d = deadline.saturating_duration_since(Instant::now());
+        if d.is_zero() {
+            Err(std::io::Error::from(std::io::ErrorKind::TimedOut))
+        } else {
+            Ok(d)
+        }
+    };
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+        c.set_read_timeout(Some(left()?))?;
         let n = c.read(&mut buf)?;
         if n == 0 {
             break;
@@ -301,6 +342,7 @@ fn answer_http(mut c: TcpStream) -> std::io::Result<()> {
             "only GET is served\n".into(),
         ),
     };
+    c.set_write_timeout(Some(left()?))?;
     write!(
         c,
         "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

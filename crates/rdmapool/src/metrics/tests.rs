@@ -227,3 +227,16 @@ fn http_refuses_non_loopback() {
     .unwrap_err();
     assert!(matches!(e, super::EndpointError::NotLoopback(_)), "{e}");
 }
+
+/// docs/METRICS.md states the endpoint's bounds as the code has them.
+#[test]
+fn metrics_md_states_the_endpoints_bounds() {
+    let doc = include_str!("../../../../docs/METRICS.md");
+    let want = format!("{} at once at most", super::endpoint::MAX_ANSWERING);
+    assert!(doc.contains(&want), "METRICS.md should say: {want}");
+    let want = format!(
+        "each has {} s for its request",
+        super::endpoint::ANSWER_DEADLINE.as_secs()
+    );
+    assert!(doc.contains(&want), "METRICS.md should say: {want}");
+}
