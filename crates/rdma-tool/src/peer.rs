@@ -1,6 +1,6 @@
 //! The target process used by `demo` and `bench`: it exports a registered region over the
-//! soft provider, optionally runs busy-polled TCP and Unix-socket echo servers (the raw
-//! references benchmarks compare against), and answers a few commands on stdin.
+//! soft provider, optionally runs TCP and Unix-socket echo servers (busy-polled while requests
+//! flow: the raw references benchmarks compare against), and answers a few commands on stdin.
 //!
 //! The parent connects through the connection manager ([`rdmapool::conn`]): the peer accepts
 //! with its region descriptor as private data. The pipes carry only what a test harness
@@ -19,7 +19,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Arguments of the hidden `peer` command.
 #[derive(clap::Args)]
@@ -141,7 +141,8 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// Busy-polled echo servers on loopback TCP and a Unix socket.
+/// Echo servers on loopback TCP and a Unix socket, busy-polled while requests flow (an idle
+/// connection sleeps in `poll` after [`SPIN_BEFORE_SLEEP`]).
 ///
 /// Each request is an 8-byte header (request length, response length, little-endian u32)
 /// followed by the request bytes; the server answers with response-length bytes.
@@ -198,7 +199,7 @@ pub fn spin_write(s: &mut impl Write, buf: &[u8]) -> std::io::Result<()> {
 }
 
 /// Sockets the echo server can serve.
-pub trait EchoSocket: Read + Write + Send {
+pub trait EchoSocket: Read + Write + Send + std::os::fd::AsRawFd {
     /// Switches to non-blocking mode.
     fn nonblocking(&self) -> std::io::Result<()>;
 }
@@ -213,6 +214,38 @@ impl EchoSocket for UnixStream {
     }
 }
 
+/// How long an echo connection spins for its next request before it sleeps in `poll`:
+/// long enough to cover the gap between back-to-back requests of a benchmark, so the
+/// reference keeps its busy-polled latency, and short enough that an idle connection costs
+/// no core.
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(200);
+
+/// Waits until `s` is readable: spinning [`SPIN_BEFORE_SLEEP`], then sleeping in `poll`.
+fn await_readable(s: &impl EchoSocket) -> std::io::Result<()> {
+    let fd = s.as_raw_fd();
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let start = Instant::now();
+    loop {
+        let timeout = if start.elapsed() < SPIN_BEFORE_SLEEP { 0 } else { -1 };
+        // SAFETY: one pollfd over the socket this connection owns, alive for the call.
+        let n = unsafe { libc::poll(&mut p, 1, timeout) };
+        if n > 0 {
+            return Ok(());
+        }
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        std::hint::spin_loop();
+    }
+}
+
 fn echo(mut s: impl EchoSocket) {
     if s.nonblocking().is_err() {
         return;
@@ -220,7 +253,7 @@ fn echo(mut s: impl EchoSocket) {
     let mut buf = vec![0u8; 4 << 20];
     loop {
         let mut hdr = [0u8; 8];
-        if spin_read(&mut s, &mut hdr).is_err() {
+        if await_readable(&s).is_err() || spin_read(&mut s, &mut hdr).is_err() {
             return;
         }
         let req = u32::from_le_bytes(hdr[..4].try_into().unwrap()) as usize;
