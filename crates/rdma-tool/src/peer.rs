@@ -230,7 +230,11 @@ fn await_readable(s: &impl EchoSocket) -> std::io::Result<()> {
     };
     let start = Instant::now();
     loop {
-        let timeout = if start.elapsed() < SPIN_BEFORE_SLEEP { 0 } else { -1 };
+        let timeout = if start.elapsed() < SPIN_BEFORE_SLEEP {
+            0
+        } else {
+            -1
+        };
         // SAFETY: one pollfd over the socket this connection owns, alive for the call.
         let n = unsafe { libc::poll(&mut p, 1, timeout) };
         if n > 0 {

@@ -137,11 +137,15 @@ fn idle_echo_connections_do_not_spin() {
     eprintln!("peer --echo with 4 idle connections: {used:.3} s of CPU in 1 s");
     // The echo still answers: 8-byte header (request 3 bytes, response 5), then the request.
     let mut c = std::net::TcpStream::connect(&echo_addr).unwrap();
-    c.write_all(&[3, 0, 0, 0, 5, 0, 0, 0, b'a', b'b', b'c']).unwrap();
+    c.write_all(&[3, 0, 0, 0, 5, 0, 0, 0, b'a', b'b', b'c'])
+        .unwrap();
     let mut answer = [0u8; 5];
     c.read_exact(&mut answer).unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
     drop(idle);
-    assert!(used < 0.25, "idle connections burned {used:.3} s of CPU in a second");
+    assert!(
+        used < 0.25,
+        "idle connections burned {used:.3} s of CPU in a second"
+    );
 }

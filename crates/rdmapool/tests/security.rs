@@ -746,3 +746,124 @@ fn one_client_id_holds_a_bounded_number_of_connections() {
     dial(78).expect("another id is served");
     drop(held);
 }
+
+/// Run as a child (another user): keeps connections open on a NIC's local socket, a fresh
+/// set every second for ten seconds (the NIC closes those that never say hello after 2 s),
+/// and creates the file it is given once the first set is open.
+#[test]
+fn child_holds_connections() {
+    let Ok(spec) = std::env::var("RDMAPOOL_SECURITY_HOLD") else {
+        return; // only meaningful as the child of the test below
+    };
+    let f: Vec<&str> = spec.split(' ').collect();
+    let t = SoftTarget::of(&Endpoint::from_hex(f[0]).unwrap());
+    let n: usize = f[1].parse().unwrap();
+    for round in 0..10 {
+        let held: Vec<Raw> = (0..n).map(|_| Raw::unix(&t)).collect();
+        if round == 0 {
+            std::fs::write(f[2], b"held").unwrap();
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        drop(held);
+    }
+}
+
+/// Issue #22, finding 4: another user holding this NIC's whole per-peer share of the local
+/// socket keeps no one else out. User `nobody` keeps 8 connections (the share here) open on
+/// the local socket, and a QP of ours then connects over `auto`. Before: all local-socket
+/// connections were one peer, so ours was closed at once, and `auto` did not try TCP.
+#[test]
+fn another_user_holding_the_local_socket_keeps_no_one_out() {
+    if soft_only("the soft NIC's limits") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: switching to user nobody needs root");
+        return;
+    }
+    let share = 8;
+    let b = soft_node(Admission {
+        max_connections_per_peer: share,
+        ..Admission::default()
+    });
+    let a = node_on(Transport::Auto);
+    let qb = b.pd.create_qp(&b.cq, &b.cq, &config()).unwrap();
+    let marker = std::env::temp_dir().join(format!("rdmapool-hold-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_holds_connections", "--test-threads=1"])
+        .env(
+            "RDMAPOOL_SECURITY_HOLD",
+            format!("{} {share} {}", qb.endpoint().to_hex(), marker.display()),
+        )
+        .uid(65534)
+        .gid(65534)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the other user holds its connections", || marker.exists());
+    let qa = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
+    let connected = qa.connect(&qb.endpoint());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = std::fs::remove_file(&marker);
+    connected.expect("our QP was kept out by another user's connections");
+}
+
+/// `auto` dials over TCP when the peer's local socket will not have us: when nothing
+/// listens there (the peer is in another network namespace of this host), and when it
+/// closes the connection before its challenge (as a NIC at its connection limit does).
+/// Before: the first fell back already, the second failed ("waiting for the hello
+/// challenge: unexpected end of file").
+#[test]
+fn auto_falls_back_to_tcp_when_the_local_socket_refuses() {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener};
+    if soft_only("the soft transports") {
+        return;
+    }
+    let closes = format!("rdmapool-closes-at-once-{}", std::process::id());
+    let l =
+        UnixListener::bind_addr(&UnixAddr::from_abstract_name(closes.as_bytes()).unwrap()).unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            drop(c);
+        }
+    });
+    for name in [
+        "@rdmapool-nobody-listens-here".to_string(),
+        format!("@{closes}"),
+    ] {
+        let (a, b) = (node_on(Transport::Auto), node_on(Transport::Auto));
+        let (qa, qb) = (
+            a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap(),
+            b.pd.create_qp(&b.cq, &b.cq, &config()).unwrap(),
+        );
+        // b's endpoint with its local socket renamed (docs/PROTOCOL.md section 5.9).
+        let mut bytes = qb.endpoint().to_bytes();
+        let t = SoftTarget::of(&qb.endpoint());
+        let path_at = bytes.len() - t.local.len();
+        bytes.truncate(path_at - 2);
+        bytes.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(name.as_bytes());
+        let addr_len = (bytes.len() - 10) as u16;
+        bytes[8..10].copy_from_slice(&addr_len.to_le_bytes());
+        let moved = Endpoint::from_bytes(&bytes).unwrap();
+        assert_eq!(SoftTarget::of(&moved).local, name);
+        qa.connect(&moved)
+            .unwrap_or_else(|e| panic!("{name}: auto did not try TCP: {e}"));
+        qb.connect(&qa.endpoint()).unwrap();
+        let src = a.pd.alloc_mr(64, ALL).unwrap();
+        let dst = b.pd.alloc_mr(64, ALL).unwrap();
+        src.write_at(0, b"over tcp").unwrap();
+        qa.post_send(&[write_wr(
+            1,
+            dst.remote_region().at(0).unwrap(),
+            &[src.sge(0, 8).unwrap()],
+        )])
+        .unwrap();
+        assert!(one(&a.cq).is_ok(), "{name}");
+        assert_eq!(&contents(&dst)[..8], b"over tcp", "{name}");
+    }
+}

@@ -125,7 +125,9 @@ pub struct Admission {
     pub psk: Option<PreSharedKey>,
     /// Data connections open at once, in total.
     pub max_connections: usize,
-    /// Data connections open at once from one peer address.
+    /// Data connections open at once from one peer: one user of this host (on the local
+    /// socket, or over TCP from a socket of this host), or else one IP address. Users of
+    /// this host share its addresses, so each has a share of its own.
     pub max_connections_per_peer: usize,
     /// Whether a same-user peer on this host may map regions that grant it both remote read
     /// and write (the zero-copy path). Off: every operation goes through the socket.

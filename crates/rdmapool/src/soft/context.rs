@@ -35,7 +35,7 @@ pub(crate) struct CtxShared {
     pub(crate) transport: Transport,
     /// Who may connect, and how many.
     pub(crate) admission: Admission,
-    /// Data connections open now, in total and per peer address.
+    /// Data connections open now, in total and per peer (user or address).
     connections: Mutex<Connections>,
     pub(crate) next_pd: AtomicU32,
     closing: AtomicBool,
@@ -52,9 +52,9 @@ impl CtxShared {
         self.closing.load(Ordering::Relaxed)
     }
 
-    /// Counts a new data connection from `peer` (None: the local socket), or refuses it when
-    /// a limit is reached. The slot is given back when the returned guard drops.
-    pub(crate) fn admit(self: &Arc<Self>, peer: Option<IpAddr>) -> Option<ConnSlot> {
+    /// Counts a new data connection from `peer`, or refuses it when a limit is reached. The
+    /// slot is given back when the returned guard drops.
+    pub(crate) fn admit(self: &Arc<Self>, peer: PeerKey) -> Option<ConnSlot> {
         let mut c = self.connections.lock();
         let a = &self.admission;
         let from_peer = c.per_peer.get(&peer).copied().unwrap_or(0);
@@ -70,17 +70,41 @@ impl CtxShared {
     }
 }
 
+/// Whose share of the connections a connection takes
+/// ([`Admission::max_connections_per_peer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum PeerKey {
+    /// A user of this host (the local socket, or TCP from a socket of this host): users
+    /// share this host's addresses, so each has a share of its own.
+    User(u32),
+    /// A peer elsewhere, by its address.
+    Address(IpAddr),
+    /// Neither is known.
+    Unknown,
+}
+
+impl PeerKey {
+    /// The key of a peer the acceptor described.
+    pub(crate) fn of(peer: &super::peer::PeerInfo) -> Self {
+        match (peer.uid, peer.ip) {
+            (Some(uid), _) => Self::User(uid),
+            (None, Some(ip)) => Self::Address(ip),
+            (None, None) => Self::Unknown,
+        }
+    }
+}
+
 /// Data connections open now.
 #[derive(Default)]
 struct Connections {
     total: usize,
-    per_peer: HashMap<Option<IpAddr>, usize>,
+    per_peer: HashMap<PeerKey, usize>,
 }
 
 /// One admitted data connection; its slot is freed on drop.
 pub(crate) struct ConnSlot {
     ctx: Weak<CtxShared>,
-    peer: Option<IpAddr>,
+    peer: PeerKey,
 }
 
 impl Drop for ConnSlot {

@@ -2,7 +2,7 @@
 //! [`Responder`] and sends back what it queues (the target half of the emulated NIC runs on
 //! these threads, never the application's).
 
-use super::context::{ConnSlot, CtxShared};
+use super::context::{ConnSlot, CtxShared, PeerKey};
 use super::io::{self, IoVecs, RxBuf};
 use super::peer::{self, own_uid, PeerInfo};
 use super::proto::handshake::{
@@ -121,7 +121,7 @@ fn spawn_acceptor<L, S>(
             if ctx.is_closing() {
                 return;
             }
-            let Some(slot) = ctx.admit(peer.ip) else {
+            let Some(slot) = ctx.admit(PeerKey::of(&peer)) else {
                 tracing::warn!(?peer, "refusing a connection: connection limit reached");
                 continue; // dropping `conn` closes it
             };

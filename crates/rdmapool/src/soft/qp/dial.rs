@@ -57,30 +57,102 @@ pub(crate) fn dial(
         Transport::Local => true,
         Transport::Auto => same_host,
     };
-    let mut on_local_socket = false;
-    let fd: OwnedFd = match local.then(|| connect_local(&addr.local)) {
-        Some(Ok(s)) => {
-            on_local_socket = true;
-            s.into()
-        }
-        Some(Err(e)) if transport == Transport::Local => {
-            return Err(conn_err(addr.local.clone(), e.to_string()))
-        }
-        _ => {
-            let s = TcpStream::connect_timeout(&addr.tcp, cfg.timeout)
-                .map_err(|e| conn_err(addr.tcp.to_string(), e.to_string()))?;
-            s.set_nodelay(true)
-                .map_err(|e| conn_err(addr.tcp.to_string(), e.to_string()))?;
-            s.into()
-        }
+    let call = Call {
+        src_qpn,
+        peer_qpn,
+        addr,
+        psk,
     };
+    if local {
+        let refused = match connect_local(&addr.local) {
+            Err(e) => Refused::Early(conn_err(addr.local.clone(), e.to_string())),
+            Ok(s) => match handshake(s.into(), true, &call, cfg) {
+                Ok(done) => return Ok(done),
+                Err(r) => r,
+            },
+        };
+        match refused {
+            // `auto`: the local socket would not have us (not there, or full: closed
+            // before its challenge): the same peer over TCP.
+            Refused::Early(e) if transport == Transport::Auto => {
+                tracing::debug!("local socket refused ({e}): dialling over TCP")
+            }
+            Refused::Early(e) | Refused::Late(e) => return Err(e),
+        }
+    }
+    let s = TcpStream::connect_timeout(&addr.tcp, cfg.timeout)
+        .map_err(|e| conn_err(addr.tcp.to_string(), e.to_string()))?;
+    s.set_nodelay(true)
+        .map_err(|e| conn_err(addr.tcp.to_string(), e.to_string()))?;
+    handshake(s.into(), false, &call, cfg).map_err(Refused::into_error)
+}
+
+/// Who calls whom: our QP, the peer's QP at `addr`, and the key proving the call.
+struct Call<'a> {
+    src_qpn: u32,
+    peer_qpn: u32,
+    addr: &'a SoftAddress,
+    psk: Option<&'a [u8]>,
+}
+
+/// Why a handshake failed: before the peer's challenge came (it closed or reset the
+/// connection at once, as a NIC does when a limit is reached), or later.
+enum Refused {
+    Early(Error),
+    Late(Error),
+}
+
+impl Refused {
+    fn into_error(self) -> Error {
+        match self {
+            Refused::Early(e) | Refused::Late(e) => e,
+        }
+    }
+}
+
+/// The hello exchange on a new connection `fd` (docs/PROTOCOL.md section 5), and on the
+/// local socket the state page that follows.
+fn handshake(
+    fd: OwnedFd,
+    on_local_socket: bool,
+    call: &Call,
+    cfg: &QpConfig,
+) -> std::result::Result<(OwnedFd, Option<LocalPeer>), Refused> {
+    let addr = call.addr;
+    let conn_err = |peer: String, reason: String| Error::Connection { peer, reason };
     let deadline = Instant::now() + cfg.timeout;
     let peer = || addr.tcp.to_string();
     let mut ch = [0u8; CHALLENGE_LEN];
-    io::recv_exact(fd.as_raw_fd(), &mut ch, deadline)
-        .map_err(|e| conn_err(peer(), format!("waiting for the hello challenge: {e}")))?;
-    let challenge = Challenge::decode(&ch)?;
-    let hello = Hello::answer(&challenge, src_qpn, peer_qpn, &addr.token, psk);
+    if let Err(e) = io::recv_exact(fd.as_raw_fd(), &mut ch, deadline) {
+        let closed = matches!(
+            e.kind(),
+            std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::BrokenPipe
+        );
+        let e = conn_err(peer(), format!("waiting for the hello challenge: {e}"));
+        return Err(if closed {
+            Refused::Early(e)
+        } else {
+            Refused::Late(e)
+        });
+    }
+    handshake_after_challenge(fd, on_local_socket, &ch, call, deadline).map_err(Refused::Late)
+}
+
+/// The rest of [`handshake`], once the challenge `ch` has come.
+fn handshake_after_challenge(
+    fd: OwnedFd,
+    on_local_socket: bool,
+    ch: &[u8; CHALLENGE_LEN],
+    call: &Call,
+    deadline: Instant,
+) -> Result<(OwnedFd, Option<LocalPeer>)> {
+    let (addr, peer_qpn) = (call.addr, call.peer_qpn);
+    let conn_err = |peer: String, reason: String| Error::Connection { peer, reason };
+    let peer = || addr.tcp.to_string();
+    let challenge = Challenge::decode(ch)?;
+    let hello = Hello::answer(&challenge, call.src_qpn, peer_qpn, &addr.token, call.psk);
     io::send_buf(fd.as_raw_fd(), &hello.encode(), deadline)
         .map_err(|e| conn_err(peer(), format!("sending hello: {e}")))?;
     let mut ack = [0u8; HELLO_ACK_LEN];
