@@ -102,10 +102,22 @@ impl DeviceArgs {
     /// Opens the selected device. A soft NIC takes `transport` to its peers (verbs has one
     /// path and ignores it); other soft settings come from the environment.
     pub fn open(&self, transport: Transport) -> Result<Context> {
+        self.open_allowing(transport, false)
+    }
+
+    /// [`DeviceArgs::open`]; with `allow_unauthenticated`, a soft NIC may listen beyond
+    /// loopback without a pre-shared key (`--allow-unauthenticated`).
+    pub fn open_allowing(
+        &self,
+        transport: Transport,
+        allow_unauthenticated: bool,
+    ) -> Result<Context> {
         self.check()?;
         Ok(match self.kind() {
             ProviderKind::Soft => {
-                Context::open_with(SoftConfig::from_env()?.with_transport(transport))?
+                let mut cfg = SoftConfig::from_env()?.with_transport(transport);
+                cfg.admission.allow_unauthenticated |= allow_unauthenticated;
+                Context::open_with(cfg)?
             }
             p => Context::open_provider(p, self.device.as_deref())?,
         })

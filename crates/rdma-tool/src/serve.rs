@@ -66,6 +66,12 @@ pub struct Args {
     /// RDMAPOOL_METRICS_SOCKET and RDMAPOOL_METRICS_HTTP variables are honoured.
     #[arg(long)]
     metrics_socket: Option<String>,
+    /// Listen beyond loopback without keys: no cluster key (RDMAPOOL_POOL_KEY_FILE) and, on
+    /// the soft provider, no pre-shared key (RDMAPOOL_SOFT_PSK_FILE). Anyone who can reach
+    /// the port can then use the pool: for private networks only.
+    /// RDMAPOOL_ALLOW_UNAUTHENTICATED=1 does the same.
+    #[arg(long)]
+    allow_unauthenticated: bool,
     /// Keep running when stdin closes (for a server started with stdin at /dev/null);
     /// only SIGINT or SIGTERM stop it then.
     #[arg(long)]
@@ -102,6 +108,7 @@ fn config(args: &Args) -> Result<ServerConfig> {
         lease,
         listen,
         cluster_key: crate::pool::cluster_key()?,
+        allow_unauthenticated: args.allow_unauthenticated,
     })
 }
 
@@ -178,7 +185,9 @@ pub fn run(args: Args) -> Result<()> {
             crate::errln!("rdma-tool serve: warning: {warning}");
         }
     }
-    let ctx = args.device.open(Transport::Auto)?;
+    let ctx = args
+        .device
+        .open_allowing(Transport::Auto, args.allow_unauthenticated)?;
     crate::signals::install()?;
     let server = MemoryServer::start(&ctx, cfg.clone())?;
     // Started once the server is listed in the metrics registry; stops when dropped.

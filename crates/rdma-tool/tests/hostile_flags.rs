@@ -273,7 +273,17 @@ fn a_full_disk_on_stderr_loses_the_message_but_not_the_exit_code() {
     // A failure (1) and a success that warns (0): no panic (101) either way.
     for (args, code) in [
         (&["pool", "--servers", "127.0.0.1:1", "stats"][..], 1),
-        (&["serve", "--size", "4M", "--listen", "0.0.0.0:0"][..], 0),
+        (
+            &[
+                "serve",
+                "--size",
+                "4M",
+                "--listen",
+                "0.0.0.0:0",
+                "--allow-unauthenticated",
+            ][..],
+            0,
+        ),
     ] {
         let out = Command::new(EXE)
             .args(args)

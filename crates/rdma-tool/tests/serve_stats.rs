@@ -227,10 +227,37 @@ fn dropped_connections_are_logged_at_a_bounded_rate() {
 
 #[test]
 fn cross_host_warnings_name_the_variable_and_print_once_without_colour() {
-    // Listening beyond loopback while the soft NIC is on loopback: clients of other hosts
-    // would connect and then fail: serve says why and names RDMAPOOL_SOFT_BIND.
+    // Listening beyond loopback without a cluster key: refused, saying how to set one and
+    // how to opt out (issue #22, secure by default).
     let out = Command::new(EXE)
         .args(["serve", "--listen", "0.0.0.0:0", "--size", "4M"])
+        .env_remove("RDMAPOOL_SOFT_BIND")
+        .env_remove("RDMAPOOL_POOL_KEY_FILE")
+        .env_remove("RDMAPOOL_ALLOW_UNAUTHENTICATED")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for says in [
+        "refusing to listen on 0.0.0.0:0 for the pool server without a key",
+        "RDMAPOOL_POOL_KEY_FILE",
+        "chmod 600",
+        "RDMAPOOL_ALLOW_UNAUTHENTICATED=1",
+    ] {
+        assert!(err.contains(says), "should say {says:?}: {err}");
+    }
+    // Opted in, and listening beyond loopback while the soft NIC is on loopback: clients of
+    // other hosts would connect and then fail: serve says why and names RDMAPOOL_SOFT_BIND.
+    let out = Command::new(EXE)
+        .args([
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--size",
+            "4M",
+            "--allow-unauthenticated",
+        ])
         .env_remove("RDMAPOOL_SOFT_BIND")
         .stdin(Stdio::null())
         .output()
@@ -242,11 +269,27 @@ fn cross_host_warnings_name_the_variable_and_print_once_without_colour() {
         "{err}"
     );
 
-    // The soft NIC beyond loopback without a key: the exposure warning, once, plain, with
-    // the default log filter and with RDMAPOOL_LOG asking for warnings.
+    // The soft NIC beyond loopback without a key: refused unless opted in.
+    let out = Command::new(EXE)
+        .args(["serve", "--size", "4M"])
+        .env("RDMAPOOL_SOFT_BIND", "0.0.0.0:0")
+        .env_remove("RDMAPOOL_SOFT_PSK_FILE")
+        .env_remove("RDMAPOOL_ALLOW_UNAUTHENTICATED")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("for the soft NIC without a key") && err.contains("RDMAPOOL_SOFT_PSK_FILE"),
+        "{err}"
+    );
+    // Opted in (the variable): the exposure warning, once, plain, with the default log
+    // filter and with RDMAPOOL_LOG asking for warnings.
     for log in ["", "warn"] {
         let out = Command::new(EXE)
             .args(["serve", "--size", "4M"])
+            .env("RDMAPOOL_ALLOW_UNAUTHENTICATED", "1")
             .env("RDMAPOOL_SOFT_BIND", "0.0.0.0:0")
             .env("RDMAPOOL_LOG", log)
             .env_remove("RDMAPOOL_SOFT_PSK_FILE")

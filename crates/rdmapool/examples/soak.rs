@@ -118,7 +118,7 @@ fn main() -> rdmapool::Result<()> {
             clients: 64,
             lease: Duration::from_secs(1),
             listen: local,
-            cluster_key: None,
+            ..ServerConfig::default()
         },
     )?;
     let stop = Arc::new(AtomicBool::new(false));

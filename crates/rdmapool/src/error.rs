@@ -187,6 +187,22 @@ pub enum Error {
         reason: String,
     },
 
+    /// A listener beyond loopback was to start without a key (secure by default, as Redis's
+    /// protected mode): anyone who can reach it could use it.
+    #[error(
+        "refusing to listen on {addr} for the {what} without a key: anyone who can reach it \
+         could use it. {fix} To run without authentication anyway (a private network), set \
+         RDMAPOOL_ALLOW_UNAUTHENTICATED=1 or the configuration's allow_unauthenticated"
+    )]
+    Unprotected {
+        /// What would have listened.
+        what: &'static str,
+        /// Where.
+        addr: std::net::SocketAddr,
+        /// How to give it a key.
+        fix: &'static str,
+    },
+
     /// A remote pointer does not name a live allocation (never allocated, or freed already).
     #[error("not a live allocation: {0}")]
     NotAllocated(String),

@@ -35,7 +35,7 @@ fn server(node: u32, lease: Duration) -> MemoryServer {
             clients: 64,
             lease,
             listen: listen(),
-            cluster_key: None,
+            ..ServerConfig::default()
         },
     )
     .expect("server starts")
@@ -484,7 +484,7 @@ fn a_gone_clients_connection_is_closed_once_its_lease_is_over() {
         // each), so that all four connections are seen before the first gone one expires.
         lease: Duration::from_secs(2),
         listen: listen(),
-        cluster_key: None,
+        ..ServerConfig::default()
     };
     let s = MemoryServer::start(&ctx, cfg).unwrap();
     let base = ctx.live_qps();

@@ -138,6 +138,7 @@ fn server_with(node: u32, listen: SocketAddr, cluster_key: Option<PreSharedKey>)
             lease: Duration::from_secs(2),
             listen,
             cluster_key,
+            ..ServerConfig::default()
         },
     )
     .expect("server starts")

@@ -25,7 +25,7 @@ fn server(node: u32) -> MemoryServer {
             clients: 8,
             lease: LEASE,
             listen: SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0),
-            cluster_key: None,
+            ..ServerConfig::default()
         },
     )
     .expect("server starts")

@@ -121,7 +121,8 @@ fn child_entry() {
                     )
                     .parse()
                     .unwrap(),
-                    cluster_key: None,
+                    cluster_key: pool_key_from_env(),
+                    ..ServerConfig::default()
                 },
             )
             .unwrap();
@@ -140,7 +141,9 @@ fn child_entry() {
             let servers = StaticMembership::parse(&env("SERVERS")).unwrap();
             let id: u64 = env("ID").parse().unwrap();
             let pd = ctx.alloc_pd().unwrap();
-            let c = PoolClient::connect(&ctx, &pd, &servers, ClientConfig::new(id)).unwrap();
+            let mut cfg = ClientConfig::new(id);
+            cfg.cluster_key = pool_key_from_env();
+            let c = PoolClient::connect(&ctx, &pd, &servers, cfg).unwrap();
             let buf = Arc::new(pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE).unwrap());
             let mut rng = id.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
             let mut next = move || {

@@ -22,7 +22,7 @@ fn server_at(node: u32, lease: Duration, listen: SocketAddr) -> rdmapool::Result
             clients: 64,
             lease,
             listen,
-            cluster_key: None,
+            ..ServerConfig::default()
         },
     )
 }
@@ -344,7 +344,7 @@ fn a_client_frozen_past_its_lease_never_writes_into_a_chunk_taken_back() {
             clients: 8,
             lease,
             listen: SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0),
-            cluster_key: None,
+            ..ServerConfig::default()
         },
     )
     .unwrap();

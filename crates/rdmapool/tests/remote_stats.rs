@@ -29,7 +29,7 @@ fn node_stats_unreachable_servers_and_metrics_agree_with_the_server() {
             clients: 64,
             lease: Duration::from_secs(5),
             listen: SocketAddr::new(listen_ip(), 0),
-            cluster_key: None,
+            ..ServerConfig::default()
         },
     )
     .expect("server starts");

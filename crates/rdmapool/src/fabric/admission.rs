@@ -132,6 +132,34 @@ pub struct Admission {
     /// Whether a same-user peer on this host may map regions that grant it both remote read
     /// and write (the zero-copy path). Off: every operation goes through the socket.
     pub local_mappings: bool,
+    /// Whether the NIC may listen beyond loopback without a pre-shared key (it refuses to
+    /// start otherwise: [`Error::Unprotected`]). Also set by
+    /// [`ENV_ALLOW_UNAUTHENTICATED`]` = 1`.
+    pub allow_unauthenticated: bool,
+}
+
+/// Environment variable that lets listeners beyond loopback start without a key (`1`): a
+/// soft NIC without a pre-shared key, a pool server without a cluster key.
+pub const ENV_ALLOW_UNAUTHENTICATED: &str = "RDMAPOOL_ALLOW_UNAUTHENTICATED";
+
+/// Whether [`ENV_ALLOW_UNAUTHENTICATED`] is `1`.
+pub fn unauthenticated_allowed_by_env() -> bool {
+    std::env::var(ENV_ALLOW_UNAUTHENTICATED).is_ok_and(|v| v.trim() == "1")
+}
+
+/// Refuses to listen on `addr` for `what` without a key unless the address is loopback or
+/// the operator opted in (`allowed`, or [`ENV_ALLOW_UNAUTHENTICATED`]).
+pub(crate) fn check_exposure(
+    what: &'static str,
+    addr: std::net::SocketAddr,
+    has_key: bool,
+    allowed: bool,
+    fix: &'static str,
+) -> Result<()> {
+    if has_key || addr.ip().is_loopback() || allowed || unauthenticated_allowed_by_env() {
+        return Ok(());
+    }
+    Err(Error::Unprotected { what, addr, fix })
 }
 
 impl Default for Admission {
@@ -142,6 +170,7 @@ impl Default for Admission {
             max_connections: 1024,
             max_connections_per_peer: 256,
             local_mappings: true,
+            allow_unauthenticated: false,
         }
     }
 }
@@ -149,7 +178,7 @@ impl Default for Admission {
 impl Admission {
     /// Defaults, overridden by `RDMAPOOL_SOFT_ALLOW_UIDS`, `RDMAPOOL_SOFT_PSK_FILE`,
     /// `RDMAPOOL_SOFT_MAX_CONNECTIONS`, `RDMAPOOL_SOFT_MAX_CONNECTIONS_PER_PEER` and
-    /// `RDMAPOOL_SOFT_LOCAL_MAPPINGS` (`on` or `off`).
+    /// `RDMAPOOL_SOFT_LOCAL_MAPPINGS` (`on` or `off`), and [`ENV_ALLOW_UNAUTHENTICATED`].
     pub fn from_env() -> Result<Self> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let count = |k: &str, default: usize| -> Result<usize> {
@@ -190,6 +219,7 @@ impl Admission {
                 d.max_connections_per_peer,
             )?,
             local_mappings,
+            allow_unauthenticated: unauthenticated_allowed_by_env(),
         })
     }
 }

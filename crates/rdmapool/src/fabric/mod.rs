@@ -32,7 +32,10 @@ mod qp;
 mod wr;
 
 pub use access::AccessFlags;
-pub use admission::{Admission, AllowUsers, PreSharedKey};
+pub(crate) use admission::check_exposure;
+pub use admission::{
+    unauthenticated_allowed_by_env, Admission, AllowUsers, PreSharedKey, ENV_ALLOW_UNAUTHENTICATED,
+};
 pub use completion::{Completion, WcOpcode, WcStatus};
 pub use device::{devices, AtomicCap, DeviceInfo, PortInfo, ProviderKind, ProviderStatus};
 pub use events::QpEvent;

@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 pub const MAX_HANDSHAKES: usize = 32;
 /// Handshakes in progress from one address, at most.
 pub const MAX_HANDSHAKES_PER_PEER: usize = 4;
-/// Connections one client id may hold at a server (a client holds one per server; the
-/// rest is room for reconnects the server has not yet noticed were replacements).
+/// Connections one client id keeps at a server: a new one beyond this replaces the id's
+/// oldest (a client holds one per server; the rest is room for reconnects the server has
+/// not yet seen replace the old one).
 pub const MAX_CONNECTIONS_PER_CLIENT: usize = 4;
 
 /// How to run a memory server.
@@ -49,6 +50,10 @@ pub struct ServerConfig {
     /// that have the key refuse servers that cannot: docs/PROTOCOL.md §7.2). `None`: no
     /// proof (clients with a key refuse this server).
     pub cluster_key: Option<PreSharedKey>,
+    /// Whether the server may listen beyond loopback without a cluster key (it refuses to
+    /// start otherwise: [`Error::Unprotected`]). Also set by
+    /// [`crate::fabric::ENV_ALLOW_UNAUTHENTICATED`]` = 1`.
+    pub allow_unauthenticated: bool,
 }
 
 impl Default for ServerConfig {
@@ -61,6 +66,7 @@ impl Default for ServerConfig {
             lease: Duration::from_secs(2),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             cluster_key: None,
+            allow_unauthenticated: false,
         }
     }
 }
@@ -227,38 +233,34 @@ impl Inner {
     }
 
     /// Accepts one client: the descriptor (with its proof) in the accept, receives posted,
-    /// the connection kept. A client id holding [`MAX_CONNECTIONS_PER_CLIENT`] already is
-    /// rejected.
+    /// the connection kept. A client id keeps at most [`MAX_CONNECTIONS_PER_CLIENT`]: a new
+    /// one replaces its oldest (a client that restarted, or a CLI run again, reconnects
+    /// before the server sees the old connection end).
     fn handshake(&self, req: crate::conn::ConnRequest, client: u64, hello: &[u8]) {
-        let held = self.conns.lock().iter().filter(|c| c.0 == client).count();
-        if held >= MAX_CONNECTIONS_PER_CLIENT {
-            tracing::warn!(
-                node = self.node,
-                client,
-                held,
-                "refusing a client: too many connections"
-            );
-            let _ = req.reject(b"too many connections for this client id");
-            return;
-        }
         let desc = encode_accept(&self.descriptor(), hello, self.cluster_key.as_ref());
-        match req.accept(&self.pd, &self.cq, &self.cq, &QpConfig::default(), &desc) {
-            Ok(qp) => {
-                if let Err(e) = self.post_receives(&qp) {
-                    tracing::warn!(node = self.node, "cannot post receives: {e}");
-                }
-                let mut conns = self.conns.lock();
-                // Again under the lock: handshakes of one id may have run side by side.
-                if conns.iter().filter(|c| c.0 == client).count() >= MAX_CONNECTIONS_PER_CLIENT {
-                    drop(conns);
-                    tracing::warn!(node = self.node, client, "too many connections: closed");
-                    return; // dropping the QP disconnects it
-                }
-                conns.push((client, Instant::now(), qp));
-                self.connections.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => tracing::debug!(node = self.node, "accept failed: {e}"),
+        let qp = match req.accept(&self.pd, &self.cq, &self.cq, &QpConfig::default(), &desc) {
+            Ok(qp) => qp,
+            Err(e) => return tracing::debug!(node = self.node, "accept failed: {e}"),
+        };
+        if let Err(e) = self.post_receives(&qp) {
+            tracing::warn!(node = self.node, "cannot post receives: {e}");
         }
+        let replaced = {
+            let mut conns = self.conns.lock();
+            let mut replaced = Vec::new();
+            while conns.iter().filter(|c| c.0 == client).count() >= MAX_CONNECTIONS_PER_CLIENT {
+                // `conns` is in accept order: the first of this id is its oldest.
+                let oldest = conns.iter().position(|c| c.0 == client).expect("counted");
+                replaced.push(conns.remove(oldest));
+            }
+            conns.push((client, Instant::now(), qp));
+            replaced
+        };
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        if !replaced.is_empty() {
+            tracing::debug!(node = self.node, client, "oldest connection replaced");
+        }
+        drop(replaced); // disconnects them, outside the lock
     }
 
     /// Every quarter lease: counts two-sided messages, and expires clients whose heartbeat
@@ -317,6 +319,16 @@ impl Inner {
 impl MemoryServer {
     /// Allocates and registers the region on `ctx`, lays out the pool, and starts serving.
     pub fn start(ctx: &Context, cfg: ServerConfig) -> Result<Self> {
+        crate::fabric::check_exposure(
+            "pool server",
+            cfg.listen,
+            cfg.cluster_key.is_some(),
+            cfg.allow_unauthenticated,
+            "Give the servers and their clients the same cluster key: `head -c 32 \
+             /dev/urandom > /etc/rdmapool-pool.key; chmod 600 /etc/rdmapool-pool.key`, then \
+             ServerConfig::cluster_key and ClientConfig::cluster_key \
+             (PreSharedKey::from_file), or RDMAPOOL_POOL_KEY_FILE for rdma-tool.",
+        )?;
         let layout = Layout::new(cfg.size as u64, cfg.chunk_size, cfg.clients)?;
         if cfg.lease < Duration::from_millis(10) || cfg.lease > layout::MAX_LEASE {
             return Err(Error::InvalidArgument(format!(

@@ -122,9 +122,9 @@ impl Drop for ConnSlot {
     }
 }
 
-/// Says loudly that a NIC listening beyond loopback without a pre-shared key admits anyone
-/// who learns one of its QPs' endpoints: through `tracing` for each such NIC, and on stderr
-/// once per process.
+/// Says loudly that a NIC listening beyond loopback without a pre-shared key (started so by
+/// the operator's choice) admits anyone who learns one of its QPs' endpoints: through
+/// `tracing` for each such NIC, and on stderr once per process.
 fn warn_if_exposed(addr: std::net::SocketAddr, admission: &Admission) {
     if admission.psk.is_none() && !addr.ip().is_loopback() {
         let msg = format!(
@@ -153,6 +153,15 @@ pub(crate) struct SoftContext {
 impl SoftContext {
     /// Opens the NIC: its listeners are returned for the caller to serve (`serve::accept`).
     pub(crate) fn open(cfg: SoftConfig) -> Result<(Self, TcpListener, UnixListener)> {
+        crate::fabric::check_exposure(
+            "soft NIC",
+            cfg.bind,
+            cfg.admission.psk.is_some(),
+            cfg.admission.allow_unauthenticated,
+            "Give every node the same pre-shared key: `head -c 32 /dev/urandom > /etc/rdmapool.key; \
+             chmod 600 /etc/rdmapool.key`, then RDMAPOOL_SOFT_PSK_FILE=/etc/rdmapool.key \
+             (Admission::psk).",
+        )?;
         let tcp = TcpListener::bind(cfg.bind).map_err(|e| Error::Connection {
             peer: cfg.bind.to_string(),
             reason: format!("cannot listen: {e}"),

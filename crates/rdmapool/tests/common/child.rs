@@ -25,6 +25,8 @@ impl Child {
             Some(ns) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", ns]).arg(exe);
+                // Beyond loopback, soft NICs and pool servers start only with keys.
+                c.envs(super::key_env());
                 c
             }
             None => Command::new(exe),

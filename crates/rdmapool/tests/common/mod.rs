@@ -156,3 +156,59 @@ pub fn contents(mr: &Mr) -> Vec<u8> {
     mr.read_at(0, &mut v).unwrap();
     v
 }
+
+/// This test process's key file (32 random bytes as hex text, mode 0600, under Cargo's target tmp
+/// directory), made on first use: soft NICs and pool servers listening beyond loopback
+/// start only with keys, so the multi-host tests' children get this one
+/// ([`key_env`]).
+pub fn test_key_file() -> &'static str {
+    use std::os::unix::fs::OpenOptionsExt;
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let path = format!(
+            "{}/rdmapool-test-{}.key",
+            env!("CARGO_TARGET_TMPDIR"),
+            std::process::id()
+        );
+        let mut key = [0u8; 32];
+        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").unwrap(), &mut key)
+            .unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .unwrap();
+        // As hex text: the bytes a key file holds are trimmed of whitespace.
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        std::io::Write::write_all(&mut f, hex.as_bytes()).unwrap();
+        path
+    })
+}
+
+/// The key in [`test_key_file`], as the soft NIC uses it (a raw peer's hello MAC needs it).
+pub fn test_key_bytes() -> Vec<u8> {
+    std::fs::read_to_string(test_key_file())
+        .unwrap()
+        .trim()
+        .as_bytes()
+        .to_vec()
+}
+
+/// The environment that gives a child the test's keys: the soft NIC's pre-shared key and
+/// the pool's cluster key (read back with [`pool_key_from_env`]).
+pub fn key_env() -> [(&'static str, &'static str); 2] {
+    let path = test_key_file();
+    [
+        ("RDMAPOOL_SOFT_PSK_FILE", path),
+        ("RDMAPOOL_POOL_KEY_FILE", path),
+    ]
+}
+
+/// The pool cluster key named by `RDMAPOOL_POOL_KEY_FILE`, if set.
+pub fn pool_key_from_env() -> Option<rdmapool::fabric::PreSharedKey> {
+    std::env::var("RDMAPOOL_POOL_KEY_FILE")
+        .ok()
+        .map(|p| rdmapool::fabric::PreSharedKey::from_file(&p).unwrap())
+}

@@ -34,6 +34,7 @@ impl Proc {
             .env("IP", ip)
             .env("RDMAPOOL_SOFT_BIND", format!("{ip}:0"))
             .env("RDMAPOOL_SOFT_TRANSPORT", "tcp")
+            .envs(crate::common::key_env()) // beyond loopback: keys
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         for (k, v) in env {

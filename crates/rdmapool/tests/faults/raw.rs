@@ -15,7 +15,9 @@ pub fn soft_hello(s: &mut TcpStream, ep_hex: &str) -> std::io::Result<()> {
     let t = crate::common::rawpeer::SoftTarget::of(&ep);
     s.set_read_timeout(Some(WATCHDOG))?;
     let mut raw = crate::common::rawpeer::Raw::Tcp(s.try_clone()?);
-    match raw.hello(t.qpn, t.qpn, &t.token, None)? {
+    // The children's NICs hold the test's pre-shared key (they listen beyond loopback).
+    let psk = crate::common::test_key_bytes();
+    match raw.hello(t.qpn, t.qpn, &t.token, Some(&psk))? {
         0 => Ok(()),
         st => Err(std::io::Error::other(format!("hello refused: status {st}"))),
     }

@@ -55,7 +55,8 @@ pub fn target() {
                 clients: 64,
                 lease: Duration::from_secs(2),
                 listen: SocketAddr::new(ip(), 0),
-                cluster_key: None,
+                cluster_key: crate::common::pool_key_from_env(),
+                ..ServerConfig::default()
             },
         )
         .unwrap()
@@ -281,7 +282,9 @@ pub fn workload() {
                     pool_down = false;
                     next_id += 1;
                     let members = StaticMembership::new(vec![addr]);
-                    let r = PoolClient::connect(&ctx, &pd, &members, ClientConfig::new(next_id));
+                    let mut cfg = ClientConfig::new(next_id);
+                    cfg.cluster_key = crate::common::pool_key_from_env();
+                    let r = PoolClient::connect(&ctx, &pd, &members, cfg);
                     client = t.ok("pool-connect", r);
                 }
                 for round in 0..rounds {

@@ -97,7 +97,7 @@ fn server_config(listen: SocketAddr, size: usize) -> ServerConfig {
         clients: MAX_CLIENTS as u64,
         lease: Duration::from_secs(2),
         listen,
-        cluster_key: None,
+        ..ServerConfig::default()
     }
 }
 
