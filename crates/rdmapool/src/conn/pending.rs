@@ -22,7 +22,7 @@ pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Handshakes in progress at once, at most.
 pub(super) const MAX_PENDING: usize = 64;
 /// Handshakes in progress from one IP address, at most.
-pub(super) const MAX_PENDING_PER_SOURCE: usize = 8;
+pub(super) const MAX_PENDING_PER_SOURCE: usize = 16;
 
 /// One connection whose request has not fully arrived.
 struct Pending {
@@ -93,14 +93,13 @@ impl CmPort {
 
     /// The next complete, well-formed request within `timeout`: its stream (blocking
     /// again), peer, endpoint and private data.
-    pub(super) fn next_request(
-        &self,
-        timeout: Duration,
-    ) -> Result<(TcpStream, SocketAddr, Endpoint, Vec<u8>)> {
+    pub(super) fn next_request(&self, timeout: Duration) -> Result<Request> {
         let deadline = Instant::now() + timeout;
         let mut pending = self.pending.lock();
         loop {
-            self.accept_all(&mut pending)?;
+            if let Some(r) = self.accept_all(&mut pending)? {
+                return Ok(r);
+            }
             let now = Instant::now();
             let mut i = 0;
             while i < pending.len() {
@@ -117,18 +116,8 @@ impl CmPort {
                         warn_dropped(p.peer, "malformed, closed or too slow");
                     }
                     Progress::Done(m) => {
-                        let p = pending.swap_remove(i);
-                        match (m.kind, m.endpoint) {
-                            (REQ, Some(endpoint)) => {
-                                p.stream
-                                    .set_nonblocking(false)
-                                    .map_err(io_err(p.peer, "socket"))?;
-                                let _ = p.stream.set_nodelay(true);
-                                return Ok((p.stream, p.peer, endpoint, m.private));
-                            }
-                            _ => {
-                                warn_dropped(p.peer, "not a REQ");
-                            }
+                        if let Some(r) = finish(pending.swap_remove(i), m)? {
+                            return Ok(r);
                         }
                     }
                 }
@@ -147,13 +136,33 @@ impl CmPort {
         }
     }
 
-    /// Accepts every connection waiting on the listener.
-    fn accept_all(&self, pending: &mut Vec<Pending>) -> Result<()> {
+    /// Accepts the connections waiting on the listener, reading each at once: the first
+    /// whose request has already arrived whole (a requester sends it with its connect) is
+    /// returned, the rest of the backlog left for the next call. Only connections still
+    /// waiting for their request join the handshakes in progress and their bounds.
+    fn accept_all(&self, pending: &mut Vec<Pending>) -> Result<Option<Request>> {
         loop {
             match self.listener.accept() {
                 Ok((stream, peer)) => {
                     if stream.set_nonblocking(true).is_err() {
                         continue;
+                    }
+                    let mut p = Pending {
+                        stream,
+                        peer,
+                        buf: Vec::new(),
+                        deadline: Instant::now() + HANDSHAKE_TIMEOUT,
+                    };
+                    match p.read() {
+                        Progress::Done(m) => match finish(p, m)? {
+                            Some(r) => return Ok(Some(r)),
+                            None => continue,
+                        },
+                        Progress::Dropped => {
+                            warn_dropped(p.peer, "malformed or closed");
+                            continue;
+                        }
+                        Progress::Waiting => {}
                     }
                     let held: Vec<(IpAddr, Instant)> =
                         pending.iter().map(|p| (p.peer.ip(), p.deadline)).collect();
@@ -161,14 +170,9 @@ impl CmPort {
                         let p = pending.swap_remove(i);
                         warn_dropped(p.peer, "too many in progress from its address");
                     }
-                    pending.push(Pending {
-                        stream,
-                        peer,
-                        buf: Vec::new(),
-                        deadline: Instant::now() + HANDSHAKE_TIMEOUT,
-                    });
+                    pending.push(p);
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
                 Err(e) if e.kind() == ErrorKind::ConnectionAborted => continue,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => return Err(io_err(self.addr, "accept")(e)),
@@ -190,6 +194,27 @@ impl CmPort {
         let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
         // SAFETY: `fds` is a live array of `fds.len()` pollfds over descriptors we own.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    }
+}
+
+/// A complete request: its stream (blocking again), peer, endpoint and private data.
+pub(super) type Request = (TcpStream, SocketAddr, Endpoint, Vec<u8>);
+
+/// A connection whose message `m` arrived whole: the request, if it is one (anything else
+/// is dropped).
+fn finish(p: Pending, m: Message) -> Result<Option<Request>> {
+    match (m.kind, m.endpoint) {
+        (REQ, Some(endpoint)) => {
+            p.stream
+                .set_nonblocking(false)
+                .map_err(io_err(p.peer, "socket"))?;
+            let _ = p.stream.set_nodelay(true);
+            Ok(Some((p.stream, p.peer, endpoint, m.private)))
+        }
+        _ => {
+            warn_dropped(p.peer, "not a REQ");
+            Ok(None)
+        }
     }
 }
 
@@ -310,7 +335,7 @@ mod tests {
         all_say(s4, "When all ", MAX_PENDING as u64, "MAX_PENDING");
         all_say(
             s4,
-            "At most ",
+            "address may have ",
             MAX_PENDING_PER_SOURCE as u64,
             "MAX_PENDING_PER_SOURCE",
         );

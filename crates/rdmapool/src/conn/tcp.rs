@@ -239,11 +239,13 @@ pub(super) fn connect(
     timeout: Duration,
 ) -> Result<Connection> {
     let deadline = Instant::now() + timeout;
+    // The QP first, so that the REQ follows the TCP connect at once: a listener counts a
+    // connection that has sent nothing as a handshake in progress (bounded per address).
+    let qp = pd.create_qp(send_cq, recv_cq, cfg)?;
+    qp.modify_to_init()?;
     let mut s = TcpStream::connect_timeout(&addr, timeout)
         .map_err(io_err(addr, "connecting to the CM port"))?;
     let _ = s.set_nodelay(true);
-    let qp = pd.create_qp(send_cq, recv_cq, cfg)?;
-    qp.modify_to_init()?;
     let req = Message {
         kind: REQ,
         endpoint: Some(qp.endpoint()),

@@ -26,6 +26,10 @@ use std::time::{Duration, Instant};
 pub const MAX_HANDSHAKES: usize = 32;
 /// Handshakes in progress from one address, at most.
 pub const MAX_HANDSHAKES_PER_PEER: usize = 4;
+/// The reject a server sends when [`MAX_HANDSHAKES`] (or the per-address share) are in
+/// progress; clients ask again after a pause.
+pub(crate) const BUSY: &[u8] = b"busy";
+
 /// Connections one client id keeps at a server: a new one beyond this replaces the id's
 /// oldest (a client holds one per server; the rest is room for reconnects the server has
 /// not yet seen replace the old one).
@@ -213,7 +217,7 @@ impl Inner {
             };
             let Some(ticket) = in_flight.try_begin(req.peer_addr().map(|a| a.ip())) else {
                 tracing::debug!(node = self.node, peer = ?req.peer_addr(), "busy: too many handshakes");
-                let _ = req.reject(b"busy");
+                let _ = req.reject(BUSY);
                 continue;
             };
             let me = self.clone();

@@ -28,16 +28,34 @@ impl Shared {
     pub(super) fn add_node(&self, addr: SocketAddr) -> Result<u32> {
         let cq = self.engine.cqs()[0].clone();
         let hello = ClientHello::new(self.id)?.encode();
-        let c = conn::connect(
-            Manager::from(&self.pd),
-            addr,
-            &self.pd,
-            &cq,
-            &cq,
-            &QpConfig::default(),
-            &hello,
-            self.connect_timeout,
-        )?;
+        // A server busy with other handshakes (a burst of clients from one host) says so:
+        // ask again, a little later each time, until the connect timeout.
+        let deadline = Instant::now() + self.connect_timeout;
+        let mut pause = Duration::from_millis(1);
+        let c = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let dial = conn::connect(
+                Manager::from(&self.pd),
+                addr,
+                &self.pd,
+                &cq,
+                &cq,
+                &QpConfig::default(),
+                &hello,
+                left.max(Duration::from_millis(1)),
+            );
+            match dial {
+                Err(Error::Rejected { private_data, .. })
+                    if private_data == crate::remote::server::BUSY
+                        && Instant::now() + pause < deadline =>
+                {
+                    let jitter = Duration::from_micros(crate::util::random_nonzero()? % 1000);
+                    std::thread::sleep(pause + jitter);
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                other => break other?,
+            }
+        };
         let desc = decode_accept(
             &c.private_data,
             &hello,
