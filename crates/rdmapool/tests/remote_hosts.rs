@@ -308,8 +308,10 @@ fn three_servers_and_three_clients_on_four_hosts() {
     // into it across the restart, and none of them may reach the new memory.
     let (ns1, ip1) = &lan.hosts[0];
     let port = addrs[0].rsplit(':').next().unwrap().to_string();
-    drop(std::mem::replace(
-        &mut servers[0],
+    // Killed and reaped before its successor starts, which binds the same port.
+    drop(servers.remove(0));
+    servers.insert(
+        0,
         Proc::spawn_in(
             Some(ns1),
             "pool-server",
@@ -320,7 +322,7 @@ fn three_servers_and_three_clients_on_four_hosts() {
                 ("RDMAPOOL_SOFT_BIND", &format!("{ip1}:0")),
             ],
         ),
-    ));
+    );
     assert_eq!(
         servers[0].line(),
         addrs[0],
