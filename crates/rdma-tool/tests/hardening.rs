@@ -21,16 +21,26 @@ fn too_many_stress_threads_is_a_clear_error_not_a_panic() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
-#[test]
-fn a_peer_survives_requests_without_its_secret_and_serves_its_parent() {
+/// The secret `rdma-tool peer` expects from its parent, in these tests.
+const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+/// Starts `rdma-tool peer` with `args` and [`SECRET`]; the child and its stdout.
+fn spawn_peer(args: &[&str]) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
     let mut child = Command::new(EXE)
-        .args(["peer", "--size", "4096"])
-        .env("RDMA_TOOL_PEER_SECRET", "0123456789abcdef0123456789abcdef")
+        .arg("peer")
+        .args(args)
+        .env("RDMA_TOOL_PEER_SECRET", SECRET)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let out = BufReader::new(child.stdout.take().unwrap());
+    (child, out)
+}
+
+#[test]
+fn a_peer_survives_requests_without_its_secret_and_serves_its_parent() {
+    let (mut child, mut out) = spawn_peer(&["--size", "4096"]);
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     let addr = line
@@ -56,7 +66,7 @@ fn a_peer_survives_requests_without_its_secret_and_serves_its_parent() {
         &cq,
         &cq,
         &cfg,
-        b"0123456789abcdef0123456789abcdef",
+        SECRET.as_bytes(),
         t,
     )
     .expect("the parent, with the secret, is served");
@@ -112,14 +122,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 #[test]
 fn idle_echo_connections_do_not_spin() {
     use std::io::{Read, Write};
-    let mut child = Command::new(EXE)
-        .args(["peer", "--size", "4096", "--echo"])
-        .env("RDMA_TOOL_PEER_SECRET", "0123456789abcdef0123456789abcdef")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut child, mut out) = spawn_peer(&["--size", "4096", "--echo"]);
     let echo_addr = loop {
         let mut line = String::new();
         assert!(out.read_line(&mut line).unwrap() > 0, "the peer ended");

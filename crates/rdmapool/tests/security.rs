@@ -543,7 +543,7 @@ fn a_pool_client_with_the_cluster_key_refuses_servers_that_cannot_prove_it() {
 
 /// Issue #22, finding 4: idle connections from one address evict no request from another.
 /// A real requester on a slow link connects, 200 idle connections from 127.0.0.2 follow,
-/// then its REQ arrives (docs/PROTOCOL.md section 4, written here byte by byte). Before: the
+/// then its REQ arrives (docs/PROTOCOL.md section 4, written byte by byte). Before: the
 /// 64 handshakes in progress were one table whose oldest went first, so the flood closed the
 /// real connection before its request came.
 #[test]
@@ -571,16 +571,8 @@ fn an_idle_flood_from_one_address_evicts_no_one_elses_request() {
         .collect();
     std::thread::sleep(Duration::from_millis(300)); // the port has taken them all in
     let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
-    let ep = qp.endpoint().to_bytes();
     let private = b"slow but real";
-    let body = 2 + ep.len() + 2 + private.len();
-    let mut req = b"RDCM\x01\x01".to_vec(); // magic, version 1, kind REQ
-    req.extend_from_slice(&(body as u16).to_le_bytes());
-    req.extend_from_slice(&(ep.len() as u16).to_le_bytes());
-    req.extend_from_slice(&ep);
-    req.extend_from_slice(&(private.len() as u16).to_le_bytes());
-    req.extend_from_slice(private);
-    slow.write_all(&req).unwrap();
+    slow.write_all(&raw_req(&qp.endpoint(), private)).unwrap();
     let (got, _listener) = waiting.join().unwrap();
     assert_eq!(
         got.expect("the real request was evicted by the flood"),
@@ -887,6 +879,20 @@ fn auto_falls_back_to_tcp_when_the_local_socket_refuses() {
     }
 }
 
+/// Asserts that `r` is `Error::Unprotected` and that its message says each of `says`.
+fn refused_unprotected<T>(r: rdmapool::Result<T>, says: &[&str]) {
+    match r {
+        Err(e @ rdmapool::Error::Unprotected { .. }) => {
+            let text = e.to_string();
+            for s in says {
+                assert!(text.contains(s), "should say {s:?}: {text}");
+            }
+        }
+        Err(e) => panic!("expected Unprotected, got {e}"),
+        Ok(_) => panic!("started beyond loopback without a key"),
+    }
+}
+
 /// Issue #22, secure by default: a soft NIC or a pool server that would listen beyond
 /// loopback without a key refuses to start, saying how to set one and how to opt out; with
 /// a key, or the operator's explicit opt-in, it starts. (Before: it started, with a warning
@@ -911,21 +917,15 @@ fn listeners_beyond_loopback_need_a_key_or_an_explicit_opt_in() {
         Context::open_with(cfg)
     };
     let key = || Some(PreSharedKey::new(&[7; 32]).unwrap());
-    match soft(None, false) {
-        Err(e @ rdmapool::Error::Unprotected { .. }) => {
-            let text = e.to_string();
-            for says in [
-                "soft NIC",
-                "RDMAPOOL_SOFT_PSK_FILE",
-                "chmod 600",
-                "RDMAPOOL_ALLOW_UNAUTHENTICATED=1",
-            ] {
-                assert!(text.contains(says), "should say {says:?}: {text}");
-            }
-        }
-        Err(e) => panic!("expected Unprotected, got {e}"),
-        Ok(_) => panic!("a soft NIC on 0.0.0.0 without a key started"),
-    }
+    refused_unprotected(
+        soft(None, false),
+        &[
+            "soft NIC",
+            "RDMAPOOL_SOFT_PSK_FILE",
+            "chmod 600",
+            "RDMAPOOL_ALLOW_UNAUTHENTICATED=1",
+        ],
+    );
     soft(key(), false).expect("with a key");
     let ctx = soft(None, true).expect("opted in");
     let server = |cluster_key: Option<PreSharedKey>, allow: bool| {
@@ -942,20 +942,14 @@ fn listeners_beyond_loopback_need_a_key_or_an_explicit_opt_in() {
             },
         )
     };
-    match server(None, false) {
-        Err(e @ rdmapool::Error::Unprotected { .. }) => {
-            let text = e.to_string();
-            for says in [
-                "pool server",
-                "cluster_key",
-                "RDMAPOOL_ALLOW_UNAUTHENTICATED=1",
-            ] {
-                assert!(text.contains(says), "should say {says:?}: {text}");
-            }
-        }
-        Err(e) => panic!("expected Unprotected, got {e}"),
-        Ok(_) => panic!("a pool server on 0.0.0.0 without a key started"),
-    }
+    refused_unprotected(
+        server(None, false),
+        &[
+            "pool server",
+            "cluster_key",
+            "RDMAPOOL_ALLOW_UNAUTHENTICATED=1",
+        ],
+    );
     server(key(), false).expect("with a key");
     server(None, true).expect("opted in");
     // Loopback needs neither.
