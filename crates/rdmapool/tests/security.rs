@@ -961,7 +961,8 @@ fn listeners_beyond_loopback_need_a_key_or_an_explicit_opt_in() {
 /// though a server runs only a few handshakes per address at once: a client told `busy`
 /// asks again after a pause, within its connect timeout. 100 clients start together.
 /// (Before the concurrent handshakes, `bench pool --clients=100` lost 25; with them and no
-/// retry, a burst from one address got `busy`.)
+/// retry, a burst from one address got `busy`. On rxe, RDMA CM's listen backlog of 16 lost
+/// 35 of the 100 REQs.)
 #[test]
 fn a_burst_of_clients_from_one_host_all_join() {
     use rdmapool::remote::*;
@@ -984,8 +985,11 @@ fn a_burst_of_clients_from_one_host_all_join() {
             let (n, members, start) = (n.clone(), members.clone(), start.clone());
             std::thread::spawn(move || {
                 start.wait();
-                PoolClient::connect(&n.ctx, &n.pd, &*members, ClientConfig::new(id))
-                    .map(|c| c.nodes().len())
+                // Generous: this asserts that all join, not how fast (the SoftRoCE guest
+                // runs under TCG).
+                let mut cfg = ClientConfig::new(id);
+                cfg.connect_timeout = WAIT;
+                PoolClient::connect(&n.ctx, &n.pd, &*members, cfg).map(|c| c.nodes().len())
             })
         })
         .collect();

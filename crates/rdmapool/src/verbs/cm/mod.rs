@@ -81,6 +81,11 @@ pub(crate) struct CmListener {
     addr: SocketAddr,
 }
 
+/// Connection requests RDMA CM queues for a listener before it drops more (the kernel
+/// caps it at its `max_backlog`, 1024 by default): a burst of clients must not lose REQs
+/// to a short queue (16 lost a third of a burst of 100 on rxe).
+const LISTEN_BACKLOG: i32 = 1024;
+
 impl CmListener {
     pub(crate) fn bind(addr: SocketAddr) -> Result<Self> {
         let cm = CmId::new()?;
@@ -92,7 +97,7 @@ impl CmListener {
             return Err(cm_err("rdma_bind_addr"));
         }
         // SAFETY: a bound id.
-        if unsafe { (cm.rc.rdma_listen)(cm.id, 16) } != 0 {
+        if unsafe { (cm.rc.rdma_listen)(cm.id, LISTEN_BACKLOG) } != 0 {
             return Err(cm_err("rdma_listen"));
         }
         // SAFETY: a bound id; the port is in network order.
