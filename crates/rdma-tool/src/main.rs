@@ -7,6 +7,7 @@ mod cli_spec;
 mod demo;
 mod device_args;
 mod devices;
+mod etcd_args;
 mod monitor;
 mod peer;
 mod plot;

@@ -40,13 +40,10 @@ pub struct Args {
     listen: String,
     #[command(flatten)]
     device: DeviceArgs,
-    /// Register with etcd at this URL (built in by default), under `--etcd-prefix`, for
+    /// Register with etcd at `--etcd` (built in by default), under `--etcd-prefix`, for
     /// clients that follow it.
-    #[arg(long)]
-    etcd: Option<String>,
-    /// The etcd key prefix of this pool's servers.
-    #[arg(long, default_value = "/rdmapool/pool")]
-    etcd_prefix: String,
+    #[command(flatten)]
+    etcd: crate::etcd_args::EtcdArgs,
     /// On shutdown, how long to wait for clients to release their chunks (`2s`, `500ms`).
     #[arg(long, default_value = "2s", value_parser = duration_arg)]
     drain: Duration,
@@ -175,7 +172,7 @@ fn drain(args: &Args) -> Duration {
 /// Runs the server; prints `listening <addr> node <id> ...` once it accepts clients.
 pub fn run(args: Args) -> Result<()> {
     #[cfg(not(feature = "etcd"))]
-    if let Some(url) = &args.etcd {
+    if let Some(url) = &args.etcd.etcd {
         return Err(no_etcd(url));
     }
     let cfg = config(&args)?;
@@ -205,15 +202,12 @@ pub fn run(args: Args) -> Result<()> {
     let d = server.descriptor();
     // Registered in etcd while it serves; dropping it (on the way out) revokes the key.
     #[cfg(feature = "etcd")]
-    let _registration = match &args.etcd {
-        Some(url) => {
-            let cfg = rdmapool::remote::EtcdConfig::new(vec![url.clone()], &args.etcd_prefix);
-            Some(rdmapool::remote::EtcdRegistration::register(
-                &cfg,
-                d.node,
-                server.addr(),
-            )?)
-        }
+    let _registration = match args.etcd.config()? {
+        Some(cfg) => Some(rdmapool::remote::EtcdRegistration::register(
+            &cfg,
+            d.node,
+            server.addr(),
+        )?),
         None => None,
     };
     let l = d.layout;

@@ -251,6 +251,44 @@ fn a_servers_file_is_read_up_to_a_bound() {
     );
 }
 
+/// etcd secrets: an etcd user without a password, and a TLS key or password file others
+/// can read, are refused before anything is sent, saying what to do.
+#[test]
+fn etcd_secrets_that_are_missing_or_readable_by_others_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let run = |extra: &[&str]| {
+        let out = Command::new(EXE)
+            .args(["pool", "--etcd=https://127.0.0.1:9"])
+            .args(extra)
+            .arg("stats")
+            .env_remove("RDMAPOOL_ETCD_PASSWORD")
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+        err
+    };
+    let err = run(&["--etcd-user=root"]);
+    assert!(
+        err.contains("--etcd-password-file") && err.contains("RDMAPOOL_ETCD_PASSWORD"),
+        "{err}"
+    );
+    let dir = std::env::temp_dir().join(format!("rdma-tool-etcd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let open = dir.join("open");
+    std::fs::write(&open, "secret\n").unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let open = open.to_str().unwrap();
+    let err = run(&["--etcd-user=root", &format!("--etcd-password-file={open}")]);
+    assert!(err.contains("chmod 600"), "{err}");
+    let err = run(&[
+        &format!("--etcd-cert={open}"),
+        &format!("--etcd-key={open}"),
+    ]);
+    assert!(err.contains("chmod 600"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn a_full_disk_on_stdout_is_an_error_exit_1_not_a_panic() {
     for args in [&["devices"][..], &["completions", "bash"], &["man"]] {

@@ -20,6 +20,80 @@ struct Etcd {
     child: Child,
     dir: PathBuf,
     url: String,
+    /// How to reach it when it serves TLS (the CA and a client certificate it accepts).
+    tls: Option<EtcdTls>,
+}
+
+/// Certificates for an etcd on TLS, made by the test: a CA, a server certificate for
+/// 127.0.0.1 and a client certificate, both signed by the CA; and a second CA etcd does not
+/// know. Subjects carry no common name (etcd 3.4's gateway refuses a client certificate with
+/// one when authentication is on).
+struct Pki {
+    ca: PathBuf,
+    other_ca: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    client_cert: PathBuf,
+    client_key: PathBuf,
+}
+
+impl Pki {
+    fn new(dir: &std::path::Path) -> Pki {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyPair,
+        };
+        use std::os::unix::fs::PermissionsExt;
+        let ca_params = |name: &str| {
+            let mut p = CertificateParams::default();
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            p.distinguished_name = DistinguishedName::new();
+            p.distinguished_name.push(DnType::CommonName, name);
+            p
+        };
+        let write = |name: &str, pem: String, private: bool| {
+            let path = dir.join(name);
+            std::fs::write(&path, pem).unwrap();
+            if private {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            }
+            path
+        };
+        let ca_key = KeyPair::generate().unwrap();
+        let ca = ca_params("rdmapool test CA").self_signed(&ca_key).unwrap();
+        let other_key = KeyPair::generate().unwrap();
+        let other = ca_params("another CA").self_signed(&other_key).unwrap();
+        let leaf = |ip: bool| {
+            let key = KeyPair::generate().unwrap();
+            let mut p = CertificateParams::default();
+            p.distinguished_name = DistinguishedName::new();
+            if ip {
+                p.subject_alt_names = vec![rcgen::SanType::IpAddress(Ipv4Addr::LOCALHOST.into())];
+            }
+            (
+                p.signed_by(&key, &ca, &ca_key).unwrap().pem(),
+                key.serialize_pem(),
+            )
+        };
+        let (server_cert, server_key) = leaf(true);
+        let (client_cert, client_key) = leaf(false);
+        Pki {
+            ca: write("ca.pem", ca.pem(), false),
+            other_ca: write("other-ca.pem", other.pem(), false),
+            server_cert: write("server.pem", server_cert, false),
+            server_key: write("server.key", server_key, true),
+            client_cert: write("client.pem", client_cert, false),
+            client_key: write("client.key", client_key, true),
+        }
+    }
+
+    /// TLS settings of a client etcd accepts.
+    fn client(&self) -> EtcdTls {
+        EtcdTls {
+            ca_file: Some(self.ca.clone()),
+            cert_file: Some(self.client_cert.clone()),
+            key_file: Some(self.client_key.clone()),
+        }
+    }
 }
 
 fn free_port() -> u16 {
@@ -32,6 +106,33 @@ fn free_port() -> u16 {
 impl Etcd {
     /// Starts etcd, or says why it cannot (the caller skips, or fails when required).
     fn start(name: &str) -> Option<Etcd> {
+        Self::launch(name, |_| (vec![], None))
+    }
+
+    /// Starts etcd serving TLS only (its client port on https, client certificates
+    /// required), with simple tokens that expire after `token_ttl_s` of disuse; returns it
+    /// with its certificates.
+    fn start_tls(name: &str, token_ttl_s: u32) -> Option<(Etcd, Pki)> {
+        let mut pki = None;
+        let etcd = Self::launch(name, |dir| {
+            let p = pki.get_or_insert_with(|| Pki::new(dir));
+            let args = vec![
+                format!("--cert-file={}", p.server_cert.display()),
+                format!("--key-file={}", p.server_key.display()),
+                format!("--trusted-ca-file={}", p.ca.display()),
+                "--client-cert-auth".into(),
+                format!("--auth-token-ttl={token_ttl_s}"),
+            ];
+            (args, Some(p.client()))
+        })?;
+        Some((etcd, pki.expect("made at launch")))
+    }
+
+    /// Starts etcd with the extra arguments and client TLS `setup` gives for its dir.
+    fn launch(
+        name: &str,
+        mut setup: impl FnMut(&std::path::Path) -> (Vec<String>, Option<EtcdTls>),
+    ) -> Option<Etcd> {
         let bin = std::env::var("ETCD_BIN").unwrap_or_else(|_| "etcd".into());
         let dir = std::env::temp_dir().join(format!(
             "rdmapool-etcd-{}-{name}-{}",
@@ -40,9 +141,11 @@ impl Etcd {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
+        let (extra, tls) = setup(&dir);
+        let scheme = if tls.is_some() { "https" } else { "http" };
         for attempt in 0..3 {
             let (client, peer) = (free_port(), free_port());
-            let url = format!("http://127.0.0.1:{client}");
+            let url = format!("{scheme}://127.0.0.1:{client}");
             let peer_url = format!("http://127.0.0.1:{peer}");
             let log = std::fs::File::create(dir.join("etcd.log")).expect("log file");
             let spawned = Command::new(&bin)
@@ -54,6 +157,7 @@ impl Etcd {
                 .arg(format!("--initial-advertise-peer-urls={peer_url}"))
                 .arg(format!("--initial-cluster=test={peer_url}"))
                 .arg("--log-level=error")
+                .args(&extra)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::from(log))
@@ -69,6 +173,7 @@ impl Etcd {
                 child,
                 dir: dir.clone(),
                 url,
+                tls: tls.clone(),
             };
             let until = Instant::now() + Duration::from_secs(15);
             let probe = EtcdMembership::new(&etcd.config("/probe")).expect("config");
@@ -98,7 +203,43 @@ impl Etcd {
         let mut cfg = EtcdConfig::new(vec![self.url.clone()], prefix);
         cfg.ttl = Duration::from_secs(2);
         cfg.watch_idle = Duration::from_millis(250);
+        cfg.tls = self.tls.clone();
         cfg
+    }
+
+    /// Turns etcd's authentication on, with user `root` (password `root_password`), as
+    /// `etcdctl user add`, `user grant-role` and `auth enable` do, on the JSON gateway.
+    fn enable_auth(&self, root_password: &str) {
+        let tls = self.tls.as_ref().expect("auth is tested over TLS");
+        let pem = |p: &PathBuf| std::fs::read(p).unwrap();
+        let ca = ureq::tls::Certificate::from_pem(&pem(tls.ca_file.as_ref().unwrap())).unwrap();
+        let cert = ureq::tls::Certificate::from_pem(&pem(tls.cert_file.as_ref().unwrap())).unwrap();
+        let key = ureq::tls::PrivateKey::from_pem(&pem(tls.key_file.as_ref().unwrap())).unwrap();
+        let agent = ureq::Agent::config_builder()
+            .tls_config(
+                ureq::tls::TlsConfig::builder()
+                    .root_certs(ureq::tls::RootCerts::new_with_certs(&[ca]))
+                    .client_cert(Some(ureq::tls::ClientCert::new_with_certs(&[cert], key)))
+                    .build(),
+            )
+            .build()
+            .new_agent();
+        for (path, body) in [
+            (
+                "user/add",
+                serde_json::json!({ "name": "root", "password": root_password }),
+            ),
+            (
+                "user/grant",
+                serde_json::json!({ "user": "root", "role": "root" }),
+            ),
+            ("enable", serde_json::json!({})),
+        ] {
+            agent
+                .post(&format!("{}/v3/auth/{path}", self.url))
+                .send_json(&body)
+                .unwrap_or_else(|e| panic!("etcd auth {path}: {e}"));
+        }
     }
 }
 
@@ -496,4 +637,136 @@ fn rogue_and_black_hole_entries_get_nothing_and_delay_no_real_server() {
         );
     }
     assert!(follower.stats().connect_failures >= 11);
+}
+
+/// Issue #22 ("support etcd's own TLS and user/password auth"): against a real etcd that
+/// serves TLS only, asks for client certificates and has authentication on, a server with
+/// the CA, a client certificate and the user's password registers and a follower joins it;
+/// everyone short of one of these is refused with `Unauthenticated` naming etcd, and so
+/// cannot add, rewrite or remove a member. A token etcd forgot (simple tokens expire after
+/// `--auth-token-ttl` of disuse) is renewed without the caller seeing it.
+#[test]
+fn etcd_over_tls_with_authentication_admits_only_holders_of_the_credentials() {
+    let Some((etcd, pki)) = Etcd::start_tls("tls", 1) else {
+        return;
+    };
+    etcd.enable_auth("r00t-pw");
+    let mut cfg = etcd.config("/rdmapool/test-tls");
+    cfg.credentials = Some(EtcdCredentials::new("root", "r00t-pw").unwrap());
+
+    // Everything short of the full set is refused, and says who refused and why.
+    let refused = |what: &str, c: &EtcdConfig| {
+        let r = EtcdRegistration::register(c, 9, "127.0.0.1:1".parse().unwrap());
+        match r {
+            Err(Error::Unauthenticated { peer, reason }) => {
+                assert!(peer.contains(&etcd.url), "{what}: names {peer}");
+                eprintln!("{what}: refused: {reason}");
+                reason
+            }
+            Err(e) => panic!("{what}: {e} (want Unauthenticated)"),
+            Ok(_) => panic!("{what}: registered"),
+        }
+    };
+    let mut no_user = cfg.clone();
+    no_user.credentials = None;
+    assert!(refused("no user", &no_user).contains("user name is empty"));
+    let mut bad_password = cfg.clone();
+    bad_password.credentials = Some(EtcdCredentials::new("root", "guess").unwrap());
+    assert!(refused("a wrong password", &bad_password).contains("authentication failed"));
+    let mut web_roots = cfg.clone();
+    web_roots.tls = Some(EtcdTls {
+        ca_file: None,
+        ..pki.client()
+    });
+    assert!(refused("the web's roots", &web_roots).contains("TLS"));
+    let mut other_ca = cfg.clone();
+    other_ca.tls = Some(EtcdTls {
+        ca_file: Some(pki.other_ca.clone()),
+        ..pki.client()
+    });
+    assert!(refused("another CA", &other_ca).contains("TLS"));
+    let mut no_client_cert = cfg.clone();
+    no_client_cert.tls = Some(EtcdTls {
+        ca_file: Some(pki.ca.clone()),
+        ..EtcdTls::default()
+    });
+    // etcd ends the TLS connection after the handshake (TLS 1.3 sends its alert then), so
+    // this side sees the connection break as it sends: a connection error with a hint.
+    match EtcdRegistration::register(&no_client_cert, 9, "127.0.0.1:1".parse().unwrap()) {
+        Err(Error::Connection { reason, .. }) | Err(Error::Unauthenticated { reason, .. }) => {
+            eprintln!("no client certificate: refused: {reason}");
+            assert!(reason.contains("cert"), "{reason}");
+        }
+        Err(e) => panic!("no client certificate: {e}"),
+        Ok(_) => panic!("no client certificate: registered"),
+    }
+    let mut plain = cfg.clone();
+    plain.tls = None;
+    plain.endpoints = vec![etcd.url.replace("https://", "http://")];
+    assert!(
+        EtcdMembership::new(&plain).unwrap().servers().is_err(),
+        "plain HTTP to a TLS port"
+    );
+    // A client key that others may read is refused before any connection, as ssh does.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let open = pki.client_key.with_extension("open");
+        std::fs::copy(&pki.client_key, &open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut c = cfg.clone();
+        c.tls = Some(EtcdTls {
+            key_file: Some(open),
+            ..pki.client()
+        });
+        match EtcdMembership::new(&c) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("chmod 600"), "{m}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a key file of mode 0644 was taken"),
+        }
+    }
+
+    // A key that is not the certificate's is refused up front (ureq 3.5 would panic on it
+    // at the first connection).
+    let mut mismatched = cfg.clone();
+    mismatched.tls = Some(EtcdTls {
+        key_file: Some(pki.server_key.clone()),
+        ..pki.client()
+    });
+    match EtcdMembership::new(&mismatched) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("KeyMismatch"), "{m}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a key of another certificate was taken"),
+    }
+
+    // With all of it: a server registers, a client finds it and follows the prefix.
+    let (_s1, _r1) = registered(&cfg, 1);
+    let members = EtcdMembership::new(&cfg).unwrap();
+    let c = client(&members, 31, Box::new(RoundRobin::default()));
+    assert_eq!(node_ids(&c), vec![1]);
+    let follower = members.follow(c.clone()).unwrap();
+
+    // Unused for longer than the token's TTL, a gateway logs in again on its own.
+    let idle = EtcdMembership::new(&cfg).unwrap();
+    assert_eq!(idle.servers().unwrap().len(), 1);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        idle.servers().expect("an expired token is renewed").len(),
+        1
+    );
+
+    // A second server registers: the follower (over TLS, as the user) joins it.
+    let (_s2, _r2) = registered(&cfg, 2);
+    wait_until("the follower joins the second server", || {
+        node_ids(&c).contains(&2)
+    });
+    let on: Vec<u32> = (0..8)
+        .map(|_| c.block_on(c.alloc(4096, None)).unwrap().node)
+        .collect();
+    assert!(on.contains(&1) && on.contains(&2), "allocations on {on:?}");
+    assert_eq!(
+        c.block_on(c.fetch_and_add(c.block_on(c.alloc(64, None)).unwrap(), 0, 7))
+            .unwrap(),
+        0
+    );
+    drop(follower);
 }

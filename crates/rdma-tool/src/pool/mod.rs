@@ -21,12 +21,9 @@ pub struct Args {
     /// A file of memory servers, one ip:port per line (`#` starts a comment).
     #[arg(long, conflicts_with = "servers")]
     servers_file: Option<PathBuf>,
-    /// Find the servers in etcd at this URL (built in by default), under `--etcd-prefix`.
-    #[arg(long)]
-    etcd: Option<String>,
-    /// The etcd key prefix of the pool's servers.
-    #[arg(long, default_value = "/rdmapool/pool")]
-    etcd_prefix: String,
+    /// Find the servers in etcd at `--etcd` (built in by default), under `--etcd-prefix`.
+    #[command(flatten)]
+    etcd: crate::etcd_args::EtcdArgs,
     /// This client's id (non-zero); the same id in a later command finds its allocations.
     #[arg(long, default_value_t = 1, value_parser = crate::units::count_arg(u64::MAX))]
     client_id: u64,
@@ -41,12 +38,15 @@ pub struct Args {
 
 /// Connects, runs the operation, exits (the lease stops being renewed).
 pub fn run(args: Args) -> Result<()> {
-    let members: Box<dyn Membership> = match (&args.servers, &args.servers_file, &args.etcd) {
+    let members: Box<dyn Membership> = match (&args.servers, &args.servers_file, &args.etcd.etcd) {
         (Some(list), _, _) => Box::new(StaticMembership::parse(list)?),
         (None, Some(path), _) => Box::new(StaticMembership::parse(&read_servers_file(path)?)?),
         #[cfg(feature = "etcd")]
-        (None, None, Some(url)) => {
-            let cfg = rdmapool::remote::EtcdConfig::new(vec![url.clone()], &args.etcd_prefix);
+        (None, None, Some(_)) => {
+            let cfg = args
+                .etcd
+                .config()?
+                .ok_or_else(|| ToolError::Msg("no --etcd".into()))?;
             Box::new(rdmapool::remote::EtcdMembership::new(&cfg)?)
         }
         #[cfg(not(feature = "etcd"))]

@@ -82,31 +82,39 @@ impl PreSharedKey {
     /// be readable or writable by its group or by others (as ssh requires of its keys): a
     /// key others can read is no secret, and one others can write lets them choose it.
     pub fn from_file(path: &str) -> Result<Self> {
-        use std::io::Read;
-        use std::os::unix::fs::PermissionsExt;
-        let bad =
-            |why: String| Error::InvalidArgument(format!("RDMAPOOL_SOFT_PSK_FILE={path:?}: {why}"));
-        let mut file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
-        // The mode of the file opened, not of whatever the path names a moment later.
-        let mode = file
-            .metadata()
-            .map_err(|e| bad(e.to_string()))?
-            .permissions()
-            .mode();
-        if mode & 0o077 != 0 {
-            return Err(bad(format!(
-                "its mode is {:04o}: a key file must be private to its owner (`chmod 600 {path}`)",
-                mode & 0o7777
-            )));
-        }
-        let mut raw = Vec::new();
-        file.read_to_end(&mut raw).map_err(|e| bad(e.to_string()))?;
+        let raw = read_private_file(std::path::Path::new(path), "key file")?;
         Self::new(raw.trim_ascii())
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.0
     }
+}
+
+/// The bytes of a secret file (a key), which must be private to its owner: a file its group
+/// or others may read or write is refused with an error naming the mode and `chmod 600`, as
+/// ssh refuses such keys. `what` names the file in errors.
+pub(crate) fn read_private_file(path: &std::path::Path, what: &str) -> Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let shown = path.display();
+    let bad = |why: String| Error::InvalidArgument(format!("{what} {shown}: {why}"));
+    let mut file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    // The mode of the file opened, not of whatever the path names a moment later.
+    let mode = file
+        .metadata()
+        .map_err(|e| bad(e.to_string()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(bad(format!(
+            "its mode is {:04o}: a key file must be private to its owner (`chmod 600 {shown}`)",
+            mode & 0o7777
+        )));
+    }
+    let mut raw = Vec::new();
+    file.read_to_end(&mut raw).map_err(|e| bad(e.to_string()))?;
+    Ok(raw)
 }
 
 impl fmt::Debug for PreSharedKey {
@@ -211,7 +219,10 @@ impl Admission {
                 None => AllowUsers::Same,
             },
             psk: var("RDMAPOOL_SOFT_PSK_FILE")
-                .map(|p| PreSharedKey::from_file(p.trim()))
+                .map(|p| {
+                    let raw = read_private_file(p.trim().as_ref(), "RDMAPOOL_SOFT_PSK_FILE")?;
+                    PreSharedKey::new(raw.trim_ascii())
+                })
                 .transpose()?,
             max_connections: count("RDMAPOOL_SOFT_MAX_CONNECTIONS", d.max_connections)?,
             max_connections_per_peer: count(

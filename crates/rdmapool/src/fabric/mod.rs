@@ -17,7 +17,7 @@
 //!   gives an atomic view of one aligned word.
 
 mod access;
-mod admission;
+pub(crate) mod admission;
 mod completion;
 mod device;
 pub(crate) mod events;

@@ -57,7 +57,8 @@ pub use client::{ClientConfig, NodeStats, PoolClient};
 pub use descriptor::{ClientHello, PoolDescriptor, DESCRIPTOR_LEN, HELLO_LEN};
 #[cfg(feature = "etcd")]
 pub use etcd::{
-    EtcdConfig, EtcdFollower, EtcdMember, EtcdMembership, EtcdRegistration, FollowerStats,
+    EtcdConfig, EtcdCredentials, EtcdFollower, EtcdMember, EtcdMembership, EtcdRegistration,
+    EtcdTls, FollowerStats,
 };
 pub use layout::Layout;
 pub use membership::{Membership, StaticMembership};

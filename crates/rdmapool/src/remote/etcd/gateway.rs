@@ -1,9 +1,11 @@
-//! etcd's v3 JSON gateway over HTTP/1.1: leases, puts, ranges and the watch stream.
+//! etcd's v3 JSON gateway over HTTP/1.1 or HTTPS: leases, puts, ranges and the watch
+//! stream, as an etcd user when credentials are given.
 
 use super::*;
 use crate::{Error, Result};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
+use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,6 +20,131 @@ pub(super) struct Gateway {
     pub(super) agent: ureq::Agent,
     /// Watches: no total budget, a per-read one of `watch_idle`.
     pub(super) watcher: ureq::Agent,
+    /// The etcd user to call as, if etcd's authentication is on.
+    credentials: Option<EtcdCredentials>,
+    /// The token etcd gave for `credentials`: none before the first call, and again after
+    /// etcd said it expired (etcd's simple tokens expire after `--auth-token-ttl` of disuse).
+    token: Mutex<Option<String>>,
+    /// Whether this side presents a client certificate (if not, an etcd that wants one
+    /// closes the connection after the handshake, and the error says it might be that).
+    client_cert: bool,
+}
+
+/// How one POST to one endpoint went wrong.
+enum Failure {
+    /// etcd answered with an HTTP error: not retried on another endpoint.
+    Answered {
+        url: String,
+        status: u16,
+        message: String,
+    },
+    /// No endpoint answered; whether one of them failed TLS verification.
+    Unreachable { reasons: Vec<String>, tls: bool },
+}
+
+/// Whether `url` names a loopback host (`http://127.x.y.z:port`, `[::1]`, `localhost`).
+pub(super) fn is_loopback_url(url: &str) -> bool {
+    let host = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let host = host.split(['/', '?']).next().unwrap_or("");
+    let host = match host.rsplit_once(':') {
+        Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
+        _ => host,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The TLS settings of `tls` for ureq: its CA file's certificates as the only roots (else
+/// the web's), its client certificate and key (the key file private to its owner).
+fn tls_config(tls: &EtcdTls) -> Result<ureq::tls::TlsConfig> {
+    use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
+    let read = |path: &std::path::Path, what: &str| {
+        std::fs::read(path)
+            .map_err(|e| Error::InvalidArgument(format!("etcd TLS {what} {}: {e}", path.display())))
+    };
+    let certs = |path: &std::path::Path, what: &str| -> Result<Vec<Certificate<'static>>> {
+        let pem = read(path, what)?;
+        let mut out = Vec::new();
+        for item in ureq::tls::parse_pem(&pem) {
+            match item {
+                Ok(PemItem::Certificate(c)) => out.push(c),
+                Ok(_) => {}
+                Err(e) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "etcd TLS {what} {}: {e}",
+                        path.display()
+                    )))
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "etcd TLS {what} {}: no PEM certificate in it",
+                path.display()
+            )));
+        }
+        Ok(out)
+    };
+    let mut builder = TlsConfig::builder();
+    if let Some(ca) = &tls.ca_file {
+        builder = builder.root_certs(RootCerts::new_with_certs(&certs(ca, "CA file")?));
+    }
+    if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+        // The key first: one that others can read is refused whatever the certificate.
+        let pem = crate::fabric::admission::read_private_file(key, "etcd TLS key file")?;
+        let chain = certs(cert, "certificate file")?;
+        let key = PrivateKey::from_pem(&pem).map_err(|e| {
+            Error::InvalidArgument(format!("etcd TLS key file {}: {e}", key.display()))
+        })?;
+        check_client_cert(&chain, &pem).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "etcd TLS certificate file {} with key file {}: {e}",
+                cert.display(),
+                tls.key_file.as_deref().unwrap_or(cert).display()
+            ))
+        })?;
+        builder = builder.client_cert(Some(ClientCert::new_with_certs(&chain, key)));
+    }
+    Ok(builder.build())
+}
+
+/// Whether rustls takes `chain` and the key in `key_pem` as a client certificate: ureq
+/// builds its rustls configuration when it first connects and panics on a pair rustls
+/// refuses (an X.509 v1 certificate, a key of another certificate), so it is checked first.
+fn check_client_cert(
+    chain: &[ureq::tls::Certificate<'static>],
+    key_pem: &[u8],
+) -> std::result::Result<(), String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain: Vec<CertificateDer<'static>> = chain
+        .iter()
+        .map(|c| CertificateDer::from(c.der().to_vec()))
+        .collect();
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| e.to_string())?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_client_auth_cert(chain, key)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Whether a transport error is TLS refusing the peer (or the peer refusing us), rather than
+/// the network failing.
+fn is_tls_failure(e: &ureq::Error) -> bool {
+    match e {
+        ureq::Error::Rustls(_) | ureq::Error::Tls(_) => true,
+        ureq::Error::Io(io) => io
+            .get_ref()
+            .is_some_and(|inner| inner.to_string().contains("certificate")),
+        _ => false,
+    }
 }
 
 pub(super) fn b64(s: &str) -> String {
@@ -56,19 +183,28 @@ pub(super) fn text(v: &Value, field: &str) -> Result<String> {
 impl Gateway {
     pub(super) fn new(cfg: &EtcdConfig) -> Result<Self> {
         cfg.check()?;
-        let agent = ureq::Agent::config_builder()
-            .timeout_global(Some(cfg.request_timeout))
-            .http_status_as_error(false)
-            .build()
-            .new_agent();
-        let watcher = ureq::Agent::config_builder()
-            .timeout_connect(Some(cfg.request_timeout))
-            .timeout_send_request(Some(cfg.request_timeout))
-            .timeout_recv_response(Some(cfg.request_timeout))
-            .timeout_per_read(Some(cfg.watch_idle))
-            .http_status_as_error(false)
-            .build()
-            .new_agent();
+        let tls = cfg.tls.as_ref().map(tls_config).transpose()?;
+        let with_tls = |b: ureq::config::ConfigBuilder<ureq::typestate::AgentScope>| match &tls {
+            Some(t) => b.tls_config(t.clone()),
+            None => b,
+        };
+        let agent = with_tls(
+            ureq::Agent::config_builder()
+                .timeout_global(Some(cfg.request_timeout))
+                .http_status_as_error(false),
+        )
+        .build()
+        .new_agent();
+        let watcher = with_tls(
+            ureq::Agent::config_builder()
+                .timeout_connect(Some(cfg.request_timeout))
+                .timeout_send_request(Some(cfg.request_timeout))
+                .timeout_recv_response(Some(cfg.request_timeout))
+                .timeout_per_read(Some(cfg.watch_idle))
+                .http_status_as_error(false),
+        )
+        .build()
+        .new_agent();
         Ok(Self {
             endpoints: cfg
                 .endpoints
@@ -78,28 +214,87 @@ impl Gateway {
             current: AtomicUsize::new(0),
             agent,
             watcher,
+            credentials: cfg.credentials.clone(),
+            token: Mutex::new(None),
+            client_cert: cfg.tls.as_ref().is_some_and(|t| t.cert_file.is_some()),
         })
     }
 
     /// POSTs `body` to `path` on the endpoints in turn (from the last one that answered),
-    /// returning the first answer's response; HTTP errors from etcd are not retried.
+    /// as the configured etcd user, returning the first answer's response. HTTP errors from
+    /// etcd are not retried on another endpoint, but an expired token is renewed once.
     pub(super) fn send(
         &self,
         agent: &ureq::Agent,
         path: &str,
         body: &Value,
     ) -> Result<ureq::http::Response<ureq::Body>> {
+        let token = match &self.credentials {
+            None => None,
+            Some(_) => Some(self.token()?),
+        };
+        match self.post(agent, path, body, token.as_deref()) {
+            Err(Failure::Answered { status: 401, .. }) if token.is_some() => {
+                // etcd forgot the token (it expired, or etcd restarted): log in again.
+                self.token.lock().take();
+                let token = self.token()?;
+                self.post(agent, path, body, Some(&token))
+                    .map_err(|f| self.failure(f))
+            }
+            r => r.map_err(|f| self.failure(f)),
+        }
+    }
+
+    /// The current token, logging in as the configured user first if there is none.
+    fn token(&self) -> Result<String> {
+        let mut token = self.token.lock();
+        if let Some(t) = token.as_ref() {
+            return Ok(t.clone());
+        }
+        let Some(c) = &self.credentials else {
+            return Err(Error::InvalidArgument("no etcd credentials".into()));
+        };
+        let body = json!({ "name": c.user, "password": c.password() });
+        let mut resp = self
+            .post(&self.agent, "/v3/auth/authenticate", &body, None)
+            .map_err(|f| self.failure(f))?;
+        let v = resp
+            .body_mut()
+            .read_json::<Value>()
+            .map_err(|e| malformed(format!("authenticate: {e}")))?;
+        let t = v
+            .get("token")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| malformed(format!("authenticate without a token: {v}")))?
+            .to_string();
+        *token = Some(t.clone());
+        Ok(t)
+    }
+
+    /// One POST, on each endpoint in turn until one answers.
+    fn post(
+        &self,
+        agent: &ureq::Agent,
+        path: &str,
+        body: &Value,
+        token: Option<&str>,
+    ) -> std::result::Result<ureq::http::Response<ureq::Body>, Failure> {
         let start = self.current.load(Ordering::Relaxed);
-        let mut errors = Vec::new();
+        let (mut reasons, mut tls) = (Vec::new(), false);
         for k in 0..self.endpoints.len() {
             let i = (start + k) % self.endpoints.len();
             let url = format!("{}{path}", self.endpoints[i]);
-            match agent.post(&url).send_json(body) {
+            let mut request = agent.post(&url);
+            if let Some(t) = token {
+                request = request.header("Authorization", t);
+            }
+            match request.send_json(body) {
                 Ok(mut resp) => {
                     self.current.store(i, Ordering::Relaxed);
                     let status = resp.status();
                     if !status.is_success() {
-                        let msg = resp
+                        let message = resp
                             .body_mut()
                             .read_json::<Value>()
                             .ok()
@@ -107,20 +302,71 @@ impl Gateway {
                                 v.get("message").and_then(Value::as_str).map(String::from)
                             })
                             .unwrap_or_default();
-                        return Err(Error::Connection {
-                            peer: url,
-                            reason: format!("etcd answered {status}: {msg}"),
+                        return Err(Failure::Answered {
+                            url,
+                            status: status.as_u16(),
+                            message,
                         });
                     }
                     return Ok(resp);
                 }
-                Err(e) => errors.push(format!("{url}: {e}")),
+                Err(e) => {
+                    tls |= is_tls_failure(&e);
+                    reasons.push(format!("{url}: {e}"));
+                }
             }
         }
-        Err(Error::Connection {
-            peer: self.endpoints.join(","),
-            reason: format!("no etcd endpoint answered: {}", errors.join("; ")),
-        })
+        Err(Failure::Unreachable { reasons, tls })
+    }
+
+    /// The error a failure is: etcd refusing who we are (a bad password, no user, a user
+    /// without the right, a certificate either side refused) is `Unauthenticated`.
+    fn failure(&self, f: Failure) -> Error {
+        match f {
+            Failure::Answered {
+                url,
+                status,
+                message,
+            } => {
+                let refused = status == 401
+                    || [
+                        "authentication failed",
+                        "user name is empty",
+                        "permission denied",
+                    ]
+                    .iter()
+                    .any(|m| message.contains(m));
+                if refused {
+                    Error::Unauthenticated {
+                        peer: format!("etcd at {url}"),
+                        reason: format!("etcd answered {status}: {message}"),
+                    }
+                } else {
+                    Error::Connection {
+                        peer: url,
+                        reason: format!("etcd answered {status}: {message}"),
+                    }
+                }
+            }
+            Failure::Unreachable { reasons, tls: true } => Error::Unauthenticated {
+                peer: format!("etcd at {}", self.endpoints.join(",")),
+                reason: format!("TLS refused: {}", reasons.join("; ")),
+            },
+            Failure::Unreachable { reasons, .. } => {
+                let tls_without_cert =
+                    !self.client_cert && self.endpoints.iter().any(|e| e.starts_with("https://"));
+                let hint = if tls_without_cert {
+                    " (an etcd run with --client-cert-auth closes the connection of a client \
+                     without a certificate: see EtcdTls::cert_file)"
+                } else {
+                    ""
+                };
+                Error::Connection {
+                    peer: self.endpoints.join(","),
+                    reason: format!("no etcd endpoint answered: {}{hint}", reasons.join("; ")),
+                }
+            }
+        }
     }
 
     /// A unary call: its JSON answer.

@@ -14,7 +14,10 @@
 //!
 //! etcd is reached through its v3 JSON gateway (`/v3/kv/*`, `/v3/lease/*`, `/v3/watch`:
 //! HTTP/1.1, base64 keys and values), which every etcd 3.4+ serves on its client port, over
-//! plain HTTP (no TLS). The watch is a streamed response read line by line; it is reopened
+//! plain HTTP or over TLS ([`EtcdTls`]: etcd's own CA, and a client certificate when etcd
+//! runs with `--client-cert-auth`), as an etcd user when etcd's authentication is on
+//! ([`EtcdCredentials`]: the token etcd gives is renewed whenever etcd says it expired). With
+//! both, only holders of the credentials can add, change or remove a member. The watch is a streamed response read line by line; it is reopened
 //! from the last revision seen whenever it has been quiet for a while (so the thread can
 //! notice it should stop, and retry servers it could not reach), and after a failure the
 //! follower lists the prefix again and reconciles.
@@ -45,6 +48,8 @@ pub use follower::{EtcdFollower, EtcdMember, EtcdMembership, FollowerStats};
 pub use registration::EtcdRegistration;
 
 use crate::{Error, Result};
+use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Where etcd is and which part of its key space a pool uses.
@@ -65,6 +70,78 @@ pub struct EtcdConfig {
     /// (bounds how long dropping an [`EtcdFollower`] takes, and how often it retries servers
     /// it could not connect to; each reopen is one request to etcd per follower).
     pub watch_idle: Duration,
+    /// TLS to etcd: needed for `https://` endpoints, refused with `http://` ones. `None`
+    /// with `https://` endpoints trusts the public web roots (Mozilla's list).
+    pub tls: Option<EtcdTls>,
+    /// An etcd user, when etcd runs with authentication on (`etcdctl auth enable`).
+    pub credentials: Option<EtcdCredentials>,
+}
+
+/// How to reach etcd over TLS: the CA that signed etcd's certificate and, when etcd runs
+/// with `--client-cert-auth`, this side's certificate.
+///
+/// etcd 3.4's JSON gateway refuses requests from a client certificate with a common name
+/// when authentication is on ("CommonName of client sending a request against gateway will
+/// be ignored"): give such an etcd a certificate whose subject has no CN (a SAN suffices).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EtcdTls {
+    /// PEM file with the CA certificate(s) etcd's certificate must chain to (etcd's
+    /// `--trusted-ca-file` side); `None` trusts the public web roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM file with this side's certificate chain, for etcd's `--client-cert-auth`.
+    pub cert_file: Option<PathBuf>,
+    /// PEM file with the private key of `cert_file`. Like every key file of rdmapool's, its
+    /// group and others may neither read nor write it (`chmod 600`).
+    pub key_file: Option<PathBuf>,
+}
+
+/// An etcd user name and password. The password never prints (`Debug` shows `<hidden>`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdCredentials {
+    /// The etcd user.
+    pub user: String,
+    password: String,
+}
+
+impl EtcdCredentials {
+    /// The environment variable `rdma-tool` reads an etcd password from.
+    pub const PASSWORD_ENV: &'static str = "RDMAPOOL_ETCD_PASSWORD";
+
+    /// This user and password (neither may be empty).
+    pub fn new(user: &str, password: &str) -> Result<Self> {
+        if user.is_empty() || password.is_empty() {
+            return Err(Error::InvalidArgument(
+                "etcd credentials need a user name and a password".into(),
+            ));
+        }
+        Ok(Self {
+            user: user.to_string(),
+            password: password.to_string(),
+        })
+    }
+
+    /// This user, with the password in a file (its first line). The file must be private
+    /// to its owner (`chmod 600`), as key files are.
+    pub fn with_password_file(user: &str, path: &std::path::Path) -> Result<Self> {
+        let raw = crate::fabric::admission::read_private_file(path, "etcd password file")?;
+        let text = String::from_utf8(raw).map_err(|_| {
+            Error::InvalidArgument(format!("etcd password file {}: not UTF-8", path.display()))
+        })?;
+        Self::new(user, text.lines().next().unwrap_or("").trim_end())
+    }
+
+    pub(super) fn password(&self) -> &str {
+        &self.password
+    }
+}
+
+impl fmt::Debug for EtcdCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdCredentials")
+            .field("user", &self.user)
+            .field("password", &"<hidden>")
+            .finish()
+    }
 }
 
 impl EtcdConfig {
@@ -77,6 +154,8 @@ impl EtcdConfig {
             ttl: Duration::from_secs(3),
             request_timeout: Duration::from_secs(2),
             watch_idle: Duration::from_secs(1),
+            tls: None,
+            credentials: None,
         }
     }
 
@@ -85,10 +164,36 @@ impl EtcdConfig {
             return Err(Error::InvalidArgument("no etcd endpoints given".into()));
         }
         for e in &self.endpoints {
-            if !e.starts_with("http://") {
-                return Err(Error::InvalidArgument(format!(
-                    "etcd endpoint {e:?}: want http://host:port (the JSON gateway over plain HTTP)"
-                )));
+            match (e.split_once("://").map(|(scheme, _)| scheme), &self.tls) {
+                (Some("https"), _) => {}
+                (Some("http"), None) => {
+                    if self.credentials.is_some() && !gateway::is_loopback_url(e) {
+                        tracing::warn!(
+                            endpoint = %e,
+                            "the etcd password crosses the network in clear text: use https://"
+                        );
+                    }
+                }
+                (Some("http"), Some(_)) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "etcd endpoint {e:?}: TLS is configured, so want https://host:port"
+                    )))
+                }
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "etcd endpoint {e:?}: want http://host:port or https://host:port \
+                         (etcd's JSON gateway)"
+                    )))
+                }
+            }
+        }
+        if let Some(tls) = &self.tls {
+            if tls.cert_file.is_some() != tls.key_file.is_some() {
+                return Err(Error::InvalidArgument(
+                    "etcd TLS: a client certificate needs its key file, and a key its \
+                     certificate"
+                        .into(),
+                ));
             }
         }
         if self.prefix.trim_end_matches('/').is_empty() {
@@ -143,9 +248,30 @@ mod tests {
     fn bad_configs_are_typed_errors() {
         let mut cfg = EtcdConfig::new(vec![], "/p");
         assert!(matches!(cfg.check(), Err(Error::InvalidArgument(_))));
-        cfg.endpoints = vec!["https://x:1".into()];
+        cfg.endpoints = vec!["ftp://x:1".into()];
         assert!(matches!(cfg.check(), Err(Error::InvalidArgument(_))));
+        cfg.endpoints = vec!["https://x:1".into()];
+        assert!(cfg.check().is_ok());
         cfg.endpoints = vec!["http://x:1".into()];
+        cfg.tls = Some(EtcdTls::default());
+        assert!(
+            matches!(cfg.check(), Err(Error::InvalidArgument(m)) if m.contains("https://")),
+            "TLS with a plain-HTTP endpoint is a mistake, not a downgrade"
+        );
+        cfg.tls = Some(EtcdTls {
+            cert_file: Some("c.pem".into()),
+            ..EtcdTls::default()
+        });
+        cfg.endpoints = vec!["https://x:1".into()];
+        assert!(matches!(cfg.check(), Err(Error::InvalidArgument(m)) if m.contains("key")));
+        cfg.tls = None;
+        cfg.endpoints = vec!["http://x:1".into()];
+        assert!(EtcdCredentials::new("", "pw").is_err());
+        let creds = EtcdCredentials::new("root", "s3cret").unwrap();
+        assert!(
+            !format!("{creds:?}").contains("s3cret"),
+            "a password never prints"
+        );
         cfg.ttl = Duration::from_millis(10);
         assert!(matches!(cfg.check(), Err(Error::InvalidArgument(_))));
         cfg.ttl = Duration::from_secs(2);
