@@ -61,6 +61,10 @@ enum Command {
     /// server a longer lease, or run many commands in one process with `pool shell`.
     #[command(verbatim_doc_comment)]
     Pool(pool::Args),
+    /// Makes the key of one client id from the pool's cluster key (RDMAPOOL_POOL_KEY_FILE):
+    /// a client given it (RDMAPOOL_POOL_CLIENT_KEY_FILE) can prove that id to the servers,
+    /// and no other id, without holding the cluster key.
+    ClientKey(pool::ClientKeyArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::Command),
@@ -107,6 +111,7 @@ fn main() {
         Command::Monitor(a) => monitor::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Pool(a) => pool::run(a),
+        Command::ClientKey(a) => pool::client_key_command(a),
         Command::Bench(c) => bench::run(c),
         Command::Peer(a) => peer::run(a),
         Command::Completions { shell } => {

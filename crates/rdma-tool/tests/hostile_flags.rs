@@ -30,6 +30,7 @@ const ACCEPTED: &[(&str, &str, &str)] = &[
     ("pool alloc", "--key", "0"),
     ("pool alloc", "--key", MAX),
     ("pool", "--client-id", MAX),
+    ("client-key", "--client-id", MAX),
     ("monitor", "--count", MAX),
     ("pool write", "OFFSET", "0"),
     ("pool write", "OFFSET", MAX),

@@ -22,10 +22,16 @@ struct Serve {
 impl Serve {
     /// `serve --json` on the soft provider with `extra` flags; reads its `listening` line.
     fn start(extra: &[&str]) -> Serve {
+        Self::start_with(extra, &[])
+    }
+
+    /// The same, with `env` set.
+    fn start_with(extra: &[&str], env: &[(&str, &str)]) -> Serve {
         let mut child = Command::new(EXE)
             .args(["serve", "--json", "--provider", "soft", "--size", "8M"])
             .args(["--chunk-size", "256K", "--node", "6", "--drain", "2s"])
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -312,4 +318,53 @@ fn cross_host_warnings_name_the_variable_and_print_once_without_colour() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("RDMAPOOL_SOFT_BIND"), "{err}");
+}
+
+/// Client authentication from the command line: a `serve` with the cluster key admits a
+/// `pool` command that holds only the key `client-key` made for its id, and refuses the same
+/// key under another id, or no key, naming the refusal (issue #22).
+#[test]
+fn a_client_key_proves_its_own_id_and_no_other() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("rdma-tool-client-key-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cluster = dir.join("cluster.key");
+    std::fs::write(&cluster, [0x5a; 32]).unwrap();
+    std::fs::set_permissions(&cluster, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let cluster = cluster.to_str().unwrap();
+    let tenant = dir.join("tenant5.key");
+    let made = Command::new(EXE)
+        .args([
+            "client-key",
+            "--client-id",
+            "5",
+            "--out",
+            tenant.to_str().unwrap(),
+        ])
+        .env("RDMAPOOL_POOL_KEY_FILE", cluster)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let mode = std::fs::metadata(&tenant).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the key file is its owner's only");
+    assert_eq!(std::fs::read_to_string(&tenant).unwrap().trim().len(), 64);
+    let serve = Serve::start_with(&[], &[("RDMAPOOL_POOL_KEY_FILE", cluster)]);
+    let as_tenant = |id: &str| {
+        Command::new(EXE)
+            .args(["pool", "--servers", &serve.addr, "--client-id", id, "stats"])
+            .env("RDMAPOOL_POOL_CLIENT_KEY_FILE", &tenant)
+            .env_remove("RDMAPOOL_POOL_KEY_FILE")
+            .output()
+            .unwrap()
+    };
+    let ok = as_tenant("5");
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+    for refused in [as_tenant("6"), pool(&serve.addr, "5", &["stats"])] {
+        let err = text(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{err}");
+        assert!(err.contains("not authenticated"), "{err}");
+    }
+    serve.stop();
+    std::fs::remove_dir_all(&dir).unwrap();
 }

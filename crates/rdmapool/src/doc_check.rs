@@ -148,6 +148,25 @@ fn the_pool_messages_have_the_codes_sizes_and_limits() {
         "the pool messages' version",
     );
     all_say(s7, "at most ", MAX_CLIENT_SLOTS, "MAX_CLIENT_SLOTS");
+    use crate::remote::{MAX_CLOCK_SKEW, MAX_REMEMBERED_HELLOS, PROVEN_HELLO_LEN};
+    all_say(
+        s7,
+        "connection request; ",
+        PROVEN_HELLO_LEN as u64,
+        "PROVEN_HELLO_LEN",
+    );
+    all_say(
+        s7,
+        "clock skew allowed, either way: ",
+        MAX_CLOCK_SKEW.as_secs(),
+        "MAX_CLOCK_SKEW",
+    );
+    all_say(
+        s7,
+        "nonces remembered: ",
+        MAX_REMEMBERED_HELLOS as u64,
+        "MAX_REMEMBERED_HELLOS",
+    );
     use crate::remote::{MAX_CONNECTIONS_PER_CLIENT, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER};
     all_say(
         s7,

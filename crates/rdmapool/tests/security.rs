@@ -536,9 +536,109 @@ fn a_pool_client_with_the_cluster_key_refuses_servers_that_cannot_prove_it() {
         c.add_server(other.addr()),
         Err(rdmapool::Error::Unauthenticated { .. })
     ));
-    // Without a key, nothing is checked: all three are joined.
+    // Without a key a client checks nothing, but the servers with a key refuse it (it
+    // cannot prove its id): only the keyless one is joined.
     let plain = PoolClient::connect(&n.ctx, &n.pd, &members, ClientConfig::new(12)).unwrap();
-    assert_eq!(plain.nodes().len(), 3);
+    let joined: Vec<u32> = plain.nodes().iter().map(|l| l.node).collect();
+    assert_eq!(joined, vec![3]);
+}
+
+/// Issue #22 ("client authentication to the pool": ids were claims): a server with the
+/// cluster key admits only clients that prove their id, with the cluster key or with the
+/// client key the operator derived for that id. A tenant holding id 7's key cannot be id 8;
+/// a client of another cluster, or with no key, is refused before its QP is connected; a
+/// recorded hello cannot be played again. Before: every hello was taken at its word, and any
+/// process that reached the port used the whole region.
+#[test]
+fn a_pool_server_with_the_cluster_key_admits_only_clients_that_prove_their_id() {
+    use rdmapool::remote::*;
+    let n = node();
+    let cluster = PreSharedKey::new(&[21; 32]).unwrap();
+    let server = MemoryServer::start(
+        &n.ctx,
+        ServerConfig {
+            size: 4 << 20,
+            chunk_size: 256 << 10,
+            clients: 16,
+            listen: std::net::SocketAddr::new(listen_ip(), 0),
+            cluster_key: Some(cluster.clone()),
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap();
+    let members = StaticMembership::new(vec![server.addr()]);
+    let join = |cfg: ClientConfig| PoolClient::connect(&n.ctx, &n.pd, &members, cfg);
+    let refused = |what: &str, cfg: ClientConfig| match join(cfg) {
+        Ok(c) => {
+            let why = c.unreachable();
+            assert!(c.nodes().is_empty(), "{what}: joined");
+            assert_eq!(why.len(), 1, "{what}: {why:?}");
+            assert!(
+                why[0].1.contains("not authenticated"),
+                "{what}: {}",
+                why[0].1
+            );
+            eprintln!("{what}: {}", why[0].1);
+        }
+        Err(e) => {
+            assert!(e.to_string().contains("not authenticated"), "{what}: {e}");
+            eprintln!("{what}: {e}");
+        }
+    };
+    refused("no key", ClientConfig::new(7));
+    let mut other_cluster = ClientConfig::new(7);
+    other_cluster.cluster_key = Some(PreSharedKey::new(&[22; 32]).unwrap());
+    refused("another cluster's key", other_cluster);
+    let tenant7 = client_key(&cluster, 7);
+    let mut posing = ClientConfig::new(8);
+    posing.client_key = Some(tenant7.clone());
+    refused("id 7's key claiming id 8", posing);
+
+    // The tenant with its own key, and a client with the cluster key, join and work.
+    let mut cfg7 = ClientConfig::new(7);
+    cfg7.client_key = Some(tenant7.clone());
+    let c7 = join(cfg7).unwrap();
+    let mut cfg9 = ClientConfig::new(9);
+    cfg9.cluster_key = Some(cluster.clone());
+    let c9 = join(cfg9).unwrap();
+    for c in [&c7, &c9] {
+        assert_eq!(c.nodes().len(), 1);
+        let p = c.block_on(c.alloc(64, None)).unwrap();
+        assert_eq!(c.block_on(c.fetch_and_add(p, 0, 1)).unwrap(), 0);
+    }
+
+    // A proven hello, recorded and sent again: refused; a fresh one from the same key works.
+    let dial = |hello: &[u8]| {
+        connect(
+            Manager::from(&n.pd),
+            server.addr(),
+            &n.pd,
+            &n.cq,
+            &n.cq,
+            &config(),
+            hello,
+            WAIT,
+        )
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let recorded = ClientHello::new(7).unwrap().encode_proven(&tenant7, now);
+    let first = dial(&recorded).expect("a fresh proven hello is accepted");
+    match dial(&recorded) {
+        Err(rdmapool::Error::Rejected { private_data, .. }) => {
+            assert_eq!(private_data, b"unauthenticated")
+        }
+        Err(e) => panic!("replay: {e}"),
+        Ok(_) => panic!("a replayed hello was accepted"),
+    }
+    // A hello from two clock-skews ago (a recording kept until its nonce is forgotten).
+    let old = ClientHello::new(7)
+        .unwrap()
+        .encode_proven(&tenant7, now - 2 * MAX_CLOCK_SKEW.as_secs() - 1);
+    assert!(matches!(dial(&old), Err(rdmapool::Error::Rejected { .. })));
+    drop(first);
 }
 
 /// Issue #22, finding 4: idle connections from one address evict no request from another.

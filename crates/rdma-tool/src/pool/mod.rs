@@ -72,6 +72,7 @@ pub fn run(args: Args) -> Result<()> {
     let pd = ctx.alloc_pd()?;
     let mut cfg = ClientConfig::new(args.client_id);
     cfg.cluster_key = cluster_key()?;
+    cfg.client_key = client_key_from_env()?;
     let client = PoolClient::connect(&ctx, &pd, &*members, cfg).map_err(|e| {
         // Named when a server off loopback may be unreachable because of it.
         let said = members
@@ -201,4 +202,53 @@ pub(crate) fn cluster_key() -> Result<Option<rdmapool::fabric::PreSharedKey>> {
             .map_err(|e| ToolError::Msg(format!("RDMAPOOL_POOL_KEY_FILE: {e}"))),
         _ => Ok(None),
     }
+}
+
+/// This client id's own key, from the file `RDMAPOOL_POOL_CLIENT_KEY_FILE` names (made by
+/// `rdma-tool client-key`; private to its owner); `None` when the variable is unset.
+fn client_key_from_env() -> Result<Option<rdmapool::fabric::PreSharedKey>> {
+    match std::env::var("RDMAPOOL_POOL_CLIENT_KEY_FILE") {
+        Ok(path) if !path.is_empty() => rdmapool::fabric::PreSharedKey::from_file(&path)
+            .map(Some)
+            .map_err(|e| ToolError::Msg(format!("RDMAPOOL_POOL_CLIENT_KEY_FILE: {e}"))),
+        _ => Ok(None),
+    }
+}
+
+/// Arguments of `client-key`.
+#[derive(clap::Args)]
+pub struct ClientKeyArgs {
+    /// The client id the key is for (non-zero).
+    #[arg(long, value_parser = crate::units::count_arg(u64::MAX))]
+    client_id: u64,
+    /// Write the key to this new file, readable by its owner only (else: to stdout).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// `rdma-tool client-key`: the client id's key (64 hex digits) from the cluster key.
+pub fn client_key_command(args: ClientKeyArgs) -> Result<()> {
+    let Some(cluster) = cluster_key()? else {
+        return Err(ToolError::Msg(
+            "client-key needs the cluster key: set RDMAPOOL_POOL_KEY_FILE to its file".into(),
+        ));
+    };
+    let key = rdmapool::remote::client_key(&cluster, args.client_id);
+    let text = format!("{}\n", rdmapool::remote::client_key_text(&key));
+    match &args.out {
+        None => crate::output::write_all(text.as_bytes()),
+        Some(path) => {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| ToolError::Io(format!("--out {}", path.display()), e))?;
+            f.write_all(text.as_bytes())
+                .map_err(|e| ToolError::Io(format!("--out {}", path.display()), e))?;
+        }
+    }
+    Ok(())
 }

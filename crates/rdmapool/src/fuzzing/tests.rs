@@ -197,3 +197,19 @@ mod chunk_seeds {
         assert!(s.allocated + s.gave_up > 0, "{s:?}");
     }
 }
+
+mod hello_seeds {
+    use super::seed;
+    use crate::remote::hello::HelloGate;
+
+    /// The proven hello seed passes a gate with the fuzzer's cluster key (so the target
+    /// reaches the path after the MAC), once: its replay is refused.
+    #[test]
+    fn the_proven_seed_is_admitted_once() {
+        let b = seed("descriptors", "client-proven");
+        let key = crate::fabric::PreSharedKey::new(&[3; 32]).unwrap();
+        let mut gate = HelloGate::new(Some(key));
+        assert!(gate.admit(&b[1..], 1_800_000_000).is_ok());
+        assert!(gate.admit(&b[1..], 1_800_000_000).is_err());
+    }
+}

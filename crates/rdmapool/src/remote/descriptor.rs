@@ -12,15 +12,15 @@ use std::time::Duration;
 
 /// Bytes of an encoded [`PoolDescriptor`].
 pub const DESCRIPTOR_LEN: usize = 72;
-/// Bytes of an encoded [`ClientHello`].
-pub const HELLO_LEN: usize = 32;
-/// Bytes of a server's proof that it holds the cluster key (an HMAC-SHA256), after the
-/// descriptor in the accept when the server has a key.
+/// Bytes of a server's proof that it holds the cluster key (an HMAC-SHA256 under the
+/// client's key, which only the cluster key derives), after the descriptor in the accept
+/// when the server has a key.
 pub const PROOF_LEN: usize = 32;
 /// Descriptor flag (byte 3): a proof follows the descriptor.
 const FLAG_PROOF: u8 = 1;
-/// What the proof's MAC covers first (then the descriptor, then the client's hello).
-const PROOF_LABEL: &[u8] = b"rdmapool pool server proof v2";
+/// What the proof's MAC covers first (then the descriptor, then the client's hello). v3: the
+/// key is the client's key ([`super::hello::client_key`]), not the cluster key itself.
+const PROOF_LABEL: &[u8] = b"rdmapool pool server proof v3";
 
 fn malformed(what: &'static str, reason: impl Into<String>) -> Error {
     Error::Malformed {
@@ -138,9 +138,10 @@ impl PoolDescriptor {
     }
 }
 
-/// The accept's private data of a server with the cluster key `key`: the descriptor, flagged,
-/// and the proof (an HMAC-SHA256 under the key over a label, the descriptor and the client's
-/// hello, whose nonce makes it fresh). Without a key, the descriptor alone.
+/// The accept's private data of a server with a cluster key, for a client whose key
+/// ([`super::hello::client_key`]) is `key`: the descriptor, flagged, and the proof (an
+/// HMAC-SHA256 under the key over a label, the descriptor and the client's hello, whose nonce
+/// makes it fresh). Without a key, the descriptor alone.
 pub(crate) fn encode_accept(
     desc: &PoolDescriptor,
     hello: &[u8],
@@ -167,9 +168,9 @@ fn proof(key: &PreSharedKey, desc: &[u8], hello: &[u8]) -> [u8; PROOF_LEN] {
     mac(key, desc, hello).finalize().into_bytes().into()
 }
 
-/// Decodes a server's accept (`b`) to the `hello` this client sent. With a cluster key the
-/// server must prove it holds it ([`Error::Unauthenticated`] otherwise, naming `peer`);
-/// without one, a proof is not checked.
+/// Decodes a server's accept (`b`) to the `hello` this client sent. With a client key
+/// (`key`, of the cluster key) the server must prove it holds the cluster key
+/// ([`Error::Unauthenticated`] otherwise, naming `peer`); without one, a proof is not checked.
 pub(crate) fn decode_accept(
     b: &[u8],
     hello: &[u8],
@@ -215,54 +216,6 @@ pub(crate) fn decode_accept(
         .verify_slice(&b[DESCRIPTOR_LEN..])
         .map_err(|_| refuse("its proof does not verify (it holds another key)"))?;
     Ok(desc)
-}
-
-/// A client's connection request: who it is, and a fresh nonce the server's proof covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientHello {
-    /// The client's id (non-zero; the same id after a restart finds its allocations).
-    pub client_id: u64,
-    /// Random for every connection: a server's proof of the cluster key covers it, so a
-    /// recorded proof does not verify for another connection.
-    pub nonce: [u8; 16],
-}
-
-impl ClientHello {
-    /// A hello of `client_id` with a random nonce.
-    pub fn new(client_id: u64) -> Result<Self> {
-        let mut nonce = [0u8; 16];
-        nonce[..8].copy_from_slice(&crate::util::random_nonzero()?.to_le_bytes());
-        nonce[8..].copy_from_slice(&crate::util::random_nonzero()?.to_le_bytes());
-        Ok(Self { client_id, nonce })
-    }
-
-    /// The 32 bytes of the connection request's private data.
-    pub fn encode(&self) -> [u8; HELLO_LEN] {
-        let mut b = [0u8; HELLO_LEN];
-        b[0..2].copy_from_slice(b"RC");
-        b[2] = LAYOUT_VERSION;
-        b[8..16].copy_from_slice(&self.client_id.to_le_bytes());
-        b[16..32].copy_from_slice(&self.nonce);
-        b
-    }
-
-    /// Decodes and checks a hello.
-    pub fn decode(b: &[u8]) -> Result<Self> {
-        const W: &str = "pool client hello";
-        if b.len() != HELLO_LEN || &b[0..2] != b"RC" {
-            return Err(malformed(W, "bad length or magic"));
-        }
-        if b[2] != LAYOUT_VERSION || b[3..8] != [0; 5] {
-            return Err(malformed(W, "bad version or reserved bytes"));
-        }
-        let client_id = u64_at(b, 8);
-        if client_id == 0 {
-            return Err(malformed(W, "client id 0"));
-        }
-        let mut nonce = [0u8; 16];
-        nonce.copy_from_slice(&b[16..32]);
-        Ok(Self { client_id, nonce })
-    }
 }
 
 #[cfg(test)]
@@ -323,7 +276,7 @@ mod tests {
         let d = sample();
         let key = PreSharedKey::new(&[7; 32]).unwrap();
         let other = PreSharedKey::new(&[8; 32]).unwrap();
-        let hello = ClientHello::new(42).unwrap().encode();
+        let hello = super::super::ClientHello::new(42).unwrap().encode();
         let accept = encode_accept(&d, &hello, Some(&key));
         assert_eq!(accept.len(), DESCRIPTOR_LEN + PROOF_LEN);
         assert_eq!(decode_accept(&accept, &hello, Some(&key), "x").unwrap(), d);
@@ -338,7 +291,7 @@ mod tests {
         };
         assert!(refused(&encode_accept(&d, &hello, Some(&other)), &hello));
         assert!(refused(&encode_accept(&d, &hello, None), &hello));
-        let replayed = ClientHello::new(42).unwrap().encode();
+        let replayed = super::super::ClientHello::new(42).unwrap().encode();
         assert!(
             refused(&accept, &replayed),
             "a proof recorded for another hello"
@@ -349,19 +302,5 @@ mod tests {
         assert!(refused(&forged, &hello));
         // A flag that says a proof follows, and none does: malformed.
         assert!(decode_accept(&accept[..DESCRIPTOR_LEN], &hello, None, "x").is_err());
-    }
-
-    #[test]
-    fn hellos_round_trip() {
-        let h = ClientHello::new(42).unwrap();
-        assert_eq!(ClientHello::decode(&h.encode()).unwrap(), h);
-        let zero = ClientHello {
-            client_id: 0,
-            nonce: [0; 16],
-        };
-        assert!(ClientHello::decode(&zero.encode()).is_err());
-        let mut b = h.encode();
-        b[5] = 1;
-        assert!(ClientHello::decode(&b).is_err());
     }
 }

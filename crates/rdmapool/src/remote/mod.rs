@@ -45,6 +45,7 @@ pub(crate) mod client;
 pub(crate) mod descriptor;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+pub(crate) mod hello;
 pub mod layout;
 pub(crate) mod lease;
 mod membership;
@@ -54,11 +55,15 @@ pub(crate) mod sweep;
 
 pub use crate::metrics::ServerStats;
 pub use client::{ClientConfig, NodeStats, PoolClient};
-pub use descriptor::{ClientHello, PoolDescriptor, DESCRIPTOR_LEN, HELLO_LEN};
+pub use descriptor::{PoolDescriptor, DESCRIPTOR_LEN};
 #[cfg(feature = "etcd")]
 pub use etcd::{
     EtcdConfig, EtcdCredentials, EtcdFollower, EtcdMember, EtcdMembership, EtcdRegistration,
     EtcdTls, FollowerStats,
+};
+pub use hello::{
+    client_key, client_key_text, ClientHello, HELLO_LEN, MAX_CLOCK_SKEW, MAX_REMEMBERED_HELLOS,
+    PROVEN_HELLO_LEN,
 };
 pub use layout::Layout;
 pub use membership::{Membership, StaticMembership};

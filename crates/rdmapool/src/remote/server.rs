@@ -2,7 +2,8 @@
 //! client the pool's descriptor when it connects, and reclaims the chunks of clients whose
 //! lease expired. It takes no part in allocation, free, or data access: those are one-sided.
 
-use super::descriptor::{encode_accept, ClientHello, PoolDescriptor};
+use super::descriptor::{encode_accept, PoolDescriptor};
+use super::hello::{client_key, unix_now, HelloGate, Refusal};
 use super::layout::{self, Layout};
 use super::lease::Reaper;
 use super::sweep;
@@ -29,6 +30,9 @@ pub const MAX_HANDSHAKES_PER_PEER: usize = 4;
 /// The reject a server sends when [`MAX_HANDSHAKES`] (or the per-address share) are in
 /// progress; clients ask again after a pause.
 pub(crate) const BUSY: &[u8] = b"busy";
+/// The reject reason for a hello without a valid proof of its client id, when the server
+/// has the cluster key (docs/PROTOCOL.md section 7.1).
+pub(crate) const UNAUTHENTICATED: &[u8] = b"unauthenticated";
 
 /// Connections one client id keeps at a server: a new one beyond this replaces the id's
 /// oldest (a client holds one per server; the rest is room for reconnects the server has
@@ -51,8 +55,10 @@ pub struct ServerConfig {
     /// Where to listen for clients.
     pub listen: SocketAddr,
     /// The cluster key: with one, the server proves it holds it in every accept (clients
-    /// that have the key refuse servers that cannot: docs/PROTOCOL.md §7.2). `None`: no
-    /// proof (clients with a key refuse this server).
+    /// that have the key refuse servers that cannot: docs/PROTOCOL.md §7.2), and admits only
+    /// clients that prove their id with its [`client_key`](crate::remote::client_key) (§7.1;
+    /// others are rejected with `unauthenticated`). `None`: no proof either way (clients with
+    /// a key refuse this server).
     pub cluster_key: Option<PreSharedKey>,
     /// Whether the server may listen beyond loopback without a cluster key (it refuses to
     /// start otherwise: [`Error::Unprotected`]). Also set by
@@ -191,6 +197,7 @@ impl Inner {
     /// beyond that a request is rejected with `busy`.
     fn accept_loop(self: &Arc<Self>, listener: Listener) {
         let in_flight = InFlight::new(MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER);
+        let mut gate = HelloGate::new(self.cluster_key.clone());
         let mut handshakes: Vec<std::thread::JoinHandle<()>> = Vec::new();
         while !self.stop.load(Ordering::Acquire) {
             handshakes.retain(|h| !h.is_finished());
@@ -207,11 +214,20 @@ impl Inner {
                 continue;
             }
             let hello = req.private_data().to_vec();
-            let client = match ClientHello::decode(&hello) {
+            let client = match gate.admit(&hello, unix_now()) {
                 Ok(h) => h.client_id,
-                Err(e) => {
+                Err(Refusal::Malformed(e)) => {
                     tracing::warn!(node = self.node, "refusing a client: {e}");
                     let _ = req.reject(b"bad client hello");
+                    continue;
+                }
+                Err(Refusal::Unauthenticated(why)) => {
+                    tracing::warn!(node = self.node, peer = ?req.peer_addr(), "refusing a client: {why}");
+                    let _ = req.reject(UNAUTHENTICATED);
+                    continue;
+                }
+                Err(Refusal::Busy) => {
+                    let _ = req.reject(BUSY);
                     continue;
                 }
             };
@@ -241,7 +257,8 @@ impl Inner {
     /// one replaces its oldest (a client that restarted, or a CLI run again, reconnects
     /// before the server sees the old connection end).
     fn handshake(&self, req: crate::conn::ConnRequest, client: u64, hello: &[u8]) {
-        let desc = encode_accept(&self.descriptor(), hello, self.cluster_key.as_ref());
+        let key = self.cluster_key.as_ref().map(|k| client_key(k, client));
+        let desc = encode_accept(&self.descriptor(), hello, key.as_ref());
         let qp = match req.accept(&self.pd, &self.cq, &self.cq, &QpConfig::default(), &desc) {
             Ok(qp) => qp,
             Err(e) => return tracing::debug!(node = self.node, "accept failed: {e}"),

@@ -175,6 +175,23 @@ fn descriptors() -> Vec<(&'static str, Vec<u8>)> {
                 .encode(),
             ),
         ),
+        (
+            "client-proven",
+            with_mode(
+                1,
+                &ClientHello {
+                    client_id: 42,
+                    nonce: [9; 16],
+                }
+                .encode_proven(
+                    &crate::remote::client_key(
+                        &crate::fabric::PreSharedKey::new(&[3; 32]).expect("a key"),
+                        42,
+                    ),
+                    1_800_000_000,
+                ),
+            ),
+        ),
         ("pointer", with_mode(2, b"3:0x100000:64")),
         (
             "pointer-incarnation",

@@ -51,8 +51,15 @@ pub struct ClientConfig {
     /// ([`Error::Unauthenticated`] otherwise; the server is listed by
     /// [`PoolClient::unreachable`] and never used), so a server that is not the cluster's
     /// (a rogue membership entry, a key rewritten to point elsewhere) gets no allocation.
-    /// `None`: servers are not checked.
+    /// `None`: servers are not checked. With the cluster key this client also proves its
+    /// id to servers (which require it when they have the key): it derives its
+    /// [`client_key`](crate::remote::client_key) from it.
     pub cluster_key: Option<crate::fabric::PreSharedKey>,
+    /// This client id's own key ([`client_key`](crate::remote::client_key) of the cluster
+    /// key and this id), for a client that is not given the cluster key itself (a tenant):
+    /// it proves this id, and no other, to servers with the cluster key, and checks their
+    /// proofs as `cluster_key` does. Used instead of `cluster_key` when both are set.
+    pub client_key: Option<crate::fabric::PreSharedKey>,
 }
 
 impl ClientConfig {
@@ -64,6 +71,7 @@ impl ClientConfig {
             progress: Progress::Caller,
             connect_timeout: Duration::from_secs(5),
             cluster_key: None,
+            client_key: None,
         }
     }
 }
@@ -77,7 +85,8 @@ struct Shared {
     scratch: Arc<Scratch>,
     stop: AtomicBool,
     connect_timeout: Duration,
-    cluster_key: Option<crate::fabric::PreSharedKey>,
+    /// This id's key: proves the id in every hello, and checks servers' proofs.
+    client_key: Option<crate::fabric::PreSharedKey>,
     timers: Timers,
     /// What `connect` could not join, and why.
     unreachable: Mutex<Vec<(SocketAddr, String)>>,
@@ -130,7 +139,10 @@ impl PoolClient {
             scratch,
             stop: AtomicBool::new(false),
             connect_timeout: cfg.connect_timeout,
-            cluster_key: cfg.cluster_key,
+            client_key: cfg.client_key.or_else(|| {
+                cfg.cluster_key
+                    .map(|k| crate::remote::client_key(&k, cfg.client_id))
+            }),
             timers: Timers::new(cfg.progress == Progress::Caller),
             unreachable: Mutex::new(Vec::new()),
         });

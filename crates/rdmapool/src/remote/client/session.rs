@@ -7,7 +7,8 @@ use super::takeover::{next_beat, Step, Takeover};
 use super::{Node, Shared};
 use crate::conn::{self, Manager};
 use crate::fabric::QpConfig;
-use crate::remote::descriptor::{decode_accept, ClientHello};
+use crate::remote::descriptor::decode_accept;
+use crate::remote::hello::{unix_now, ClientHello};
 use crate::remote::layout::{self, STATE_DRAINING};
 use crate::remote::lease::Holder;
 use crate::{Error, Result};
@@ -27,12 +28,17 @@ impl Shared {
     /// replaces that node if it no longer answers (it restarted).
     pub(super) fn add_node(&self, addr: SocketAddr) -> Result<u32> {
         let cq = self.engine.cqs()[0].clone();
-        let hello = ClientHello::new(self.id)?.encode();
         // A server busy with other handshakes (a burst of clients from one host) says so:
         // ask again, a little later each time, until the connect timeout.
         let deadline = Instant::now() + self.connect_timeout;
         let mut pause = Duration::from_millis(1);
-        let c = loop {
+        let (c, hello) = loop {
+            // A fresh hello each time: a server accepts a proven hello's nonce once.
+            let h = ClientHello::new(self.id)?;
+            let hello = match &self.client_key {
+                Some(key) => h.encode_proven(key, unix_now()).to_vec(),
+                None => h.encode().to_vec(),
+            };
             let left = deadline.saturating_duration_since(Instant::now());
             let dial = conn::connect(
                 Manager::from(&self.pd),
@@ -53,13 +59,35 @@ impl Shared {
                     std::thread::sleep(pause + jitter);
                     pause = (pause * 2).min(Duration::from_millis(50));
                 }
-                other => break other?,
+                Err(Error::Rejected { private_data, .. })
+                    if private_data == crate::remote::server::UNAUTHENTICATED =>
+                {
+                    return Err(Error::Unauthenticated {
+                        peer: format!("this client (id {}) at the pool server {addr}", self.id),
+                        reason: format!(
+                            "the server refused its proof of id {}: {}",
+                            self.id,
+                            if self.client_key.is_some() {
+                                format!(
+                                    "a key of another cluster or another id, or clocks more \
+                                     than {} s apart",
+                                    crate::remote::MAX_CLOCK_SKEW.as_secs()
+                                )
+                            } else {
+                                "it requires one (give the client the cluster key or its \
+                                 client key)"
+                                    .to_string()
+                            }
+                        ),
+                    })
+                }
+                other => break (other?, hello),
             }
         };
         let desc = decode_accept(
             &c.private_data,
             &hello,
-            self.cluster_key.as_ref(),
+            self.client_key.as_ref(),
             &addr.to_string(),
         )?;
         let known = self.nodes.lock().get(&desc.node).cloned();
