@@ -253,6 +253,21 @@ pub enum Error {
         /// The node where it is held.
         node: u32,
     },
+
+    /// A node isolates its clients (`remote::Isolation::Isolated`) and this access is
+    /// outside what it grants this client: another client's chunk, or a write to the
+    /// header, lease slots or chunk table. Refused before anything is posted.
+    #[error(
+        "node {node} isolates its clients: offset {offset:#x} is not this client's ({reason})"
+    )]
+    Isolated {
+        /// The node.
+        node: u32,
+        /// The offset in its region.
+        offset: u64,
+        /// Whose it is, or why not.
+        reason: String,
+    },
 }
 
 /// Shorthand for `Result<T, rdmapool::Error>`.

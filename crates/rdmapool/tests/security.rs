@@ -489,6 +489,45 @@ fn a_soft_nic_leaves_no_socket_file() {
     assert!(files.is_empty(), "{files:?}");
 }
 
+/// A small memory server (4 MiB in 256 KiB chunks, 16 clients) on the tests' listen address.
+fn small_server(
+    ctx: &Context,
+    node: u32,
+    cluster_key: Option<PreSharedKey>,
+) -> rdmapool::remote::MemoryServer {
+    rdmapool::remote::MemoryServer::start(
+        ctx,
+        rdmapool::remote::ServerConfig {
+            node,
+            size: 4 << 20,
+            chunk_size: 256 << 10,
+            clients: 16,
+            listen: std::net::SocketAddr::new(listen_ip(), 0),
+            cluster_key,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Connects a QP of `n` to the pool server at `addr` with the raw `hello`.
+fn dial_pool(
+    n: &Node,
+    addr: std::net::SocketAddr,
+    hello: &[u8],
+) -> rdmapool::Result<rdmapool::conn::Connection> {
+    connect(
+        Manager::from(&n.pd),
+        addr,
+        &n.pd,
+        &n.cq,
+        &n.cq,
+        &config(),
+        hello,
+        WAIT,
+    )
+}
+
 /// Issue #22, finding 2: a client that holds the cluster key joins only servers that prove
 /// they hold it too; a server without the key, or with another, gets no allocation and is
 /// listed as unreachable with the reason. (A client without a key checks nothing.)
@@ -497,20 +536,7 @@ fn a_pool_client_with_the_cluster_key_refuses_servers_that_cannot_prove_it() {
     use rdmapool::remote::*;
     let key = |b: u8| Some(PreSharedKey::new(&[b; 32]).unwrap());
     let start = |node: u32, cluster_key: Option<PreSharedKey>| {
-        let ctx = node_on(Transport::Auto).ctx;
-        MemoryServer::start(
-            &ctx,
-            ServerConfig {
-                node,
-                size: 4 << 20,
-                chunk_size: 256 << 10,
-                clients: 16,
-                listen: std::net::SocketAddr::new(listen_ip(), 0),
-                cluster_key,
-                ..ServerConfig::default()
-            },
-        )
-        .unwrap()
+        small_server(&node_on(Transport::Auto).ctx, node, cluster_key)
     };
     let (ours, other, keyless) = (start(1, key(1)), start(2, key(2)), start(3, None));
     let members = StaticMembership::new(vec![ours.addr(), other.addr(), keyless.addr()]);
@@ -554,18 +580,7 @@ fn a_pool_server_with_the_cluster_key_admits_only_clients_that_prove_their_id() 
     use rdmapool::remote::*;
     let n = node();
     let cluster = PreSharedKey::new(&[21; 32]).unwrap();
-    let server = MemoryServer::start(
-        &n.ctx,
-        ServerConfig {
-            size: 4 << 20,
-            chunk_size: 256 << 10,
-            clients: 16,
-            listen: std::net::SocketAddr::new(listen_ip(), 0),
-            cluster_key: Some(cluster.clone()),
-            ..ServerConfig::default()
-        },
-    )
-    .unwrap();
+    let server = small_server(&n.ctx, 1, Some(cluster.clone()));
     let members = StaticMembership::new(vec![server.addr()]);
     let join = |cfg: ClientConfig| PoolClient::connect(&n.ctx, &n.pd, &members, cfg);
     let refused = |what: &str, cfg: ClientConfig| match join(cfg) {
@@ -608,18 +623,7 @@ fn a_pool_server_with_the_cluster_key_admits_only_clients_that_prove_their_id() 
     }
 
     // A proven hello, recorded and sent again: refused; a fresh one from the same key works.
-    let dial = |hello: &[u8]| {
-        connect(
-            Manager::from(&n.pd),
-            server.addr(),
-            &n.pd,
-            &n.cq,
-            &n.cq,
-            &config(),
-            hello,
-            WAIT,
-        )
-    };
+    let dial = |hello: &[u8]| dial_pool(&n, server.addr(), hello);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -805,31 +809,9 @@ fn stalled_handshakes_delay_no_pool_client() {
 fn one_client_id_keeps_a_bounded_number_of_connections() {
     use rdmapool::remote::*;
     let n = node();
-    let server = MemoryServer::start(
-        &n.ctx,
-        ServerConfig {
-            size: 4 << 20,
-            chunk_size: 256 << 10,
-            clients: 16,
-            listen: std::net::SocketAddr::new(listen_ip(), 0),
-            ..ServerConfig::default()
-        },
-    )
-    .unwrap();
-    let dial = |id: u64| {
-        let hello = ClientHello::new(id).unwrap().encode();
-        connect(
-            Manager::from(&n.pd),
-            server.addr(),
-            &n.pd,
-            &n.cq,
-            &n.cq,
-            &config(),
-            &hello,
-            WAIT,
-        )
-        .unwrap()
-    };
+    let server = small_server(&n.ctx, 1, None);
+    let dial =
+        |id: u64| dial_pool(&n, server.addr(), &ClientHello::new(id).unwrap().encode()).unwrap();
     let other = dial(78);
     let held: Vec<_> = (0..3 * MAX_CONNECTIONS_PER_CLIENT)
         .map(|_| dial(77))
@@ -1108,3 +1090,6 @@ fn a_burst_of_clients_from_one_host_all_join() {
         &failed[..failed.len().min(3)]
     );
 }
+
+#[path = "security/isolation.rs"]
+mod isolation;

@@ -16,8 +16,10 @@ pub const DESCRIPTOR_LEN: usize = 72;
 /// client's key, which only the cluster key derives), after the descriptor in the accept
 /// when the server has a key.
 pub const PROOF_LEN: usize = 32;
-/// Descriptor flag (byte 3): a proof follows the descriptor.
+/// Accept flag (byte 3): a proof follows the descriptor.
 const FLAG_PROOF: u8 = 1;
+/// Descriptor flag (byte 3): the server isolates its clients.
+const FLAG_ISOLATED: u8 = 2;
 /// What the proof's MAC covers first (then the descriptor, then the client's hello). v3: the
 /// key is the client's key ([`super::hello::client_key`]), not the cluster key itself.
 const PROOF_LABEL: &[u8] = b"rdmapool pool server proof v3";
@@ -55,6 +57,10 @@ pub struct PoolDescriptor {
     /// carries the incarnation it was allocated in, and the client refuses a pointer of
     /// another one ([`crate::Error::StalePointer`]) before any byte moves.
     pub incarnation: u64,
+    /// Whether the server isolates its clients (docs/PROTOCOL.md section 7.6): each reaches
+    /// only its own lease slot and chunks, through windows bound to its connection, and
+    /// claims and releases chunks through the server. `region.rkey` then grants nothing.
+    pub isolated: bool,
 }
 
 impl PoolDescriptor {
@@ -63,6 +69,7 @@ impl PoolDescriptor {
         let mut b = [0u8; DESCRIPTOR_LEN];
         b[0..2].copy_from_slice(b"RP");
         b[2] = LAYOUT_VERSION;
+        b[3] = if self.isolated { FLAG_ISOLATED } else { 0 };
         b[4..8].copy_from_slice(&self.node.to_le_bytes());
         b[8..16].copy_from_slice(&self.region.addr.to_le_bytes());
         b[16..24].copy_from_slice(&self.region.len.to_le_bytes());
@@ -98,8 +105,8 @@ impl PoolDescriptor {
                 format!("version {} (this build speaks {LAYOUT_VERSION})", b[2]),
             ));
         }
-        if b[3] != 0 {
-            return Err(malformed(W, "reserved byte set"));
+        if b[3] & !FLAG_ISOLATED != 0 {
+            return Err(malformed(W, format!("unknown flags {:#04x}", b[3])));
         }
         let region = RemoteRegion {
             addr: u64_at(b, 8),
@@ -134,6 +141,7 @@ impl PoolDescriptor {
             layout,
             lease: Duration::from_millis(lease_ms as u64),
             incarnation,
+            isolated: b[3] & FLAG_ISOLATED != 0,
         })
     }
 }
@@ -180,7 +188,7 @@ pub(crate) fn decode_accept(
     let body = b.get(..DESCRIPTOR_LEN).unwrap_or(b);
     // Byte 3 carries the flags in an accept; the descriptor itself has it zero.
     let flags = body.get(3).copied().unwrap_or(0);
-    if flags & !FLAG_PROOF != 0 {
+    if flags & !(FLAG_PROOF | FLAG_ISOLATED) != 0 {
         return Err(malformed(
             "pool accept",
             format!("unknown flags {flags:#04x}"),
@@ -188,7 +196,7 @@ pub(crate) fn decode_accept(
     }
     let mut plain = body.to_vec();
     if let Some(f) = plain.get_mut(3) {
-        *f = 0;
+        *f &= !FLAG_PROOF;
     }
     let desc = PoolDescriptor::decode(&plain)?;
     let proven = flags & FLAG_PROOF != 0;
@@ -233,6 +241,7 @@ mod tests {
             layout: Layout::new(1 << 30, 2 << 20, 256).unwrap(),
             lease: Duration::from_secs(2),
             incarnation: 0x0123_4567_89ab_cdef,
+            isolated: false,
         }
     }
 
@@ -250,7 +259,13 @@ mod tests {
         };
         bad(&|b| b[2] = 9); // version
         bad(&|b| b[0] = b'X'); // magic
-        bad(&|b| b[3] = 1); // reserved (the accept's flags are not the descriptor's)
+        bad(&|b| b[3] = 1); // the accept's proof flag is not the descriptor's
+        bad(&|b| b[3] = 4); // unknown
+        let iso = PoolDescriptor {
+            isolated: true,
+            ..d
+        };
+        assert_eq!(PoolDescriptor::decode(&iso.encode()).unwrap(), iso);
         bad(&|b| b[48..52].copy_from_slice(&u32::MAX.to_le_bytes())); // chunks past the end
         bad(&|b| b[32..40].copy_from_slice(&(3u64 << 20).to_le_bytes())); // chunk size
         bad(&|b| b[28..32].copy_from_slice(&0u32.to_le_bytes())); // lease

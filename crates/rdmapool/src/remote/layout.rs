@@ -148,22 +148,22 @@ impl Layout {
     }
 
     /// Offset of client slot `i`.
-    pub(crate) fn client_slot(&self, i: u64) -> u64 {
+    pub fn client_slot(&self, i: u64) -> u64 {
         CLIENTS_OFFSET + i * CLIENT_SLOT
     }
 
     /// Offset of chunk-table entry `i`.
-    pub(crate) fn table_entry(&self, i: u64) -> u64 {
+    pub fn table_entry(&self, i: u64) -> u64 {
         self.table_offset + i * TABLE_ENTRY
     }
 
     /// Offset of chunk `i`.
-    pub(crate) fn chunk(&self, i: u64) -> u64 {
+    pub fn chunk(&self, i: u64) -> u64 {
         self.data_offset + i * self.chunk_size
     }
 
     /// The chunk an offset falls in, if it is in the data area.
-    pub(crate) fn chunk_of(&self, offset: u64) -> Option<u64> {
+    pub fn chunk_of(&self, offset: u64) -> Option<u64> {
         let rel = offset.checked_sub(self.data_offset)?;
         let i = rel / self.chunk_size;
         (i < self.chunk_count).then_some(i)

@@ -46,6 +46,7 @@ pub(crate) mod descriptor;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub(crate) mod hello;
+pub mod isolation;
 pub mod layout;
 pub(crate) mod lease;
 mod membership;
@@ -65,6 +66,7 @@ pub use hello::{
     client_key, client_key_text, ClientHello, HELLO_LEN, MAX_CLOCK_SKEW, MAX_REMEMBERED_HELLOS,
     PROVEN_HELLO_LEN,
 };
+pub use isolation::Isolation;
 pub use layout::Layout;
 pub use membership::{Membership, StaticMembership};
 pub use placement::{KeyHash, LeastUsed, NodeLoad, Placement, RoundRobin};

@@ -113,6 +113,7 @@ fn pool_descriptor() -> PoolDescriptor {
         layout: Layout::new(64 << 20, 2 << 20, 64).unwrap(),
         lease: Duration::from_secs(2),
         incarnation: 0x5eed_0000_0000_0001,
+        isolated: false,
     }
 }
 

@@ -124,10 +124,24 @@ impl Shared {
     /// One operation a machine asked for, on `node`'s region.
     async fn perform(&self, node: &Node, io: Io) -> Result<Answer> {
         match io {
-            Io::Cas { at, expected, swap } => self
-                .cas(node, node.remote(at), expected, swap)
-                .await
-                .map(Answer::Word),
+            Io::Cas { at, expected, swap } => {
+                let l = node.desc.layout;
+                let entry = at
+                    .checked_sub(l.table_offset)
+                    .map(|rel| rel / crate::remote::layout::TABLE_ENTRY)
+                    .filter(|&j| j < l.chunk_count && l.table_entry(j) == at);
+                match entry {
+                    // On an isolated node, claims and releases go through the server.
+                    Some(chunk) if node.windows.is_some() => {
+                        self.table_cas(node, chunk, expected, swap).await
+                    }
+                    _ => {
+                        let remote = self.at(node, at, 8, true).await?;
+                        self.cas(node, remote, expected, swap).await
+                    }
+                }
+                .map(Answer::Word)
+            }
             Io::Read { at, words: 1 } => self.read_u64(node, at).await.map(Answer::Word),
             Io::Read { at, words } => self.read_words(node, at, words).await.map(Answer::Words),
             Io::Write { at, bytes } => {
@@ -137,12 +151,10 @@ impl Shared {
                         .alloc_mr(bytes.len().max(64), AccessFlags::LOCAL_WRITE)?,
                 );
                 staging.write_at(0, &bytes)?;
-                let op = node.qp.write(
-                    LocalBuf::Region(staging),
-                    0,
-                    bytes.len() as u32,
-                    node.remote(at),
-                );
+                let remote = self.at(node, at, bytes.len() as u64, true).await?;
+                let op = node
+                    .qp
+                    .write(LocalBuf::Region(staging), 0, bytes.len() as u32, remote);
                 let (r, _) = timed(&self.timers, node, op).await;
                 self.seen(node, r)?;
                 Ok(Answer::Written)

@@ -7,8 +7,10 @@
 
 mod alloc;
 pub(crate) mod chunks;
+mod isolated;
 mod node;
 mod ops;
+pub(crate) use ops::hash64;
 mod session;
 #[cfg(test)]
 mod sim;

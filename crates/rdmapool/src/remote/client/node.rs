@@ -32,6 +32,8 @@ pub(super) struct Node {
     /// The lease heartbeat as this client last left it (only this client adds to it; the
     /// server zeroes it when the lease expires, which the next renewal notices).
     pub(super) beat: AtomicU64,
+    /// On a node that isolates its clients: the windows it granted, and the control channel.
+    pub(super) windows: Option<super::isolated::Windows>,
 }
 
 impl Node {

@@ -111,7 +111,7 @@ impl<F: Future> Future for Timed<'_, F> {
     }
 }
 
-pub(super) fn hash64(mut x: u64) -> u64 {
+pub(crate) fn hash64(mut x: u64) -> u64 {
     // splitmix64: spreads client ids over the tables.
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -188,12 +188,8 @@ impl Shared {
         node.check_up()?;
         let w = self.word()?;
         let buf = LocalBuf::Region(self.scratch.mr.clone());
-        let (r, _) = timed(
-            &self.timers,
-            node,
-            node.qp.read(buf, w.offset, 8, node.remote(offset)),
-        )
-        .await;
+        let remote = self.at(node, offset, 8, false).await?;
+        let (r, _) = timed(&self.timers, node, node.qp.read(buf, w.offset, 8, remote)).await;
         self.seen(node, r)?;
         self.scratch.mr.read_u64(w.offset)
     }
@@ -224,9 +220,8 @@ impl Shared {
                 .alloc_mr(words * 8, crate::fabric::AccessFlags::LOCAL_WRITE)?,
         );
         let local = LocalBuf::Region(mr.clone());
-        let op = node
-            .qp
-            .read(local, 0, (words * 8) as u32, node.remote(base));
+        let remote = self.at(node, base, words as u64 * 8, false).await?;
+        let op = node.qp.read(local, 0, (words * 8) as u32, remote);
         let (r, _) = timed(&self.timers, node, op).await;
         self.seen(node, r)?;
         (0..words).map(|w| mr.read_u64(w * 8)).collect()
@@ -294,7 +289,9 @@ impl Shared {
         }
         let node = self.node_of(ptr)?;
         self.check_object(&node, ptr, false).await?;
-        let remote = node.remote(ptr.offset + offset);
+        let remote = self
+            .at(&node, ptr.offset + offset, len.max(1), true)
+            .await?;
         Ok((node, remote))
     }
 

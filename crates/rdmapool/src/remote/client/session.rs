@@ -127,8 +127,27 @@ impl Shared {
             draining: AtomicBool::new(false),
             lease: Mutex::new(Holder::new(desc.lease, Instant::now())),
             beat: AtomicU64::new(0),
+            windows: if desc.isolated {
+                Some(super::isolated::Windows::new(&self.pd)?)
+            } else {
+                None
+            },
         });
-        let slot = self.engine.run_until(self.take_slot(&node))?;
+        let slot = if desc.isolated {
+            // The server picks the slot and binds the windows. A slot it claimed for us now
+            // comes with a fresh heartbeat; one the id held already is taken over as usual.
+            let asked = Instant::now();
+            let grant = self.engine.run_until(self.setup(&node))?;
+            if grant.beat != 0 {
+                node.lease.lock().renewed(asked);
+                node.beat.store(grant.beat, Ordering::Release);
+                grant.slot
+            } else {
+                self.engine.run_until(self.take_slot(&node))?
+            }
+        } else {
+            self.engine.run_until(self.take_slot(&node))?
+        };
         node.slot.store(slot, Ordering::Release);
         self.engine.run_until(self.recover(&node))?;
         let replaced = self.nodes.lock().insert(desc.node, node);
@@ -259,7 +278,8 @@ impl Shared {
                 }
                 Step::Claim { slot } => {
                     let at = l.client_slot(slot);
-                    let old = self.cas(node, node.remote(at), 0, self.id).await?;
+                    let remote = self.at(node, at, 8, true).await?;
+                    let old = self.cas(node, remote, 0, self.id).await?;
                     t.on_claim(old, Instant::now());
                 }
                 Step::ReadBeat { slot, at } => {
@@ -283,7 +303,8 @@ impl Shared {
                     // thread's first round still leaves a heartbeat the reaper has seen move.
                     let at = l.client_slot(slot);
                     renew_sent = Some(Instant::now());
-                    let old = self.cas(node, node.remote(at + 8), expected, new).await?;
+                    let remote = self.at(node, at + 8, 8, true).await?;
+                    let old = self.cas(node, remote, expected, new).await?;
                     t.on_renewed(old);
                 }
                 Step::Taken { slot, beat } => {
@@ -325,7 +346,8 @@ impl Shared {
         let at = node.slot.load(Ordering::Acquire) + 8;
         let expected = node.beat.load(Ordering::Acquire);
         let next = next_beat(expected);
-        let old = self.cas(node, node.remote(at), expected, next).await?;
+        let remote = self.at(node, at, 8, true).await?;
+        let old = self.cas(node, remote, expected, next).await?;
         if old == expected {
             node.beat.store(next, Ordering::Release);
         } else {

@@ -2,8 +2,11 @@
 //! client the pool's descriptor when it connects, and reclaims the chunks of clients whose
 //! lease expired. It takes no part in allocation, free, or data access: those are one-sided.
 
+mod isolated;
+
 use super::descriptor::{encode_accept, PoolDescriptor};
 use super::hello::{client_key, unix_now, HelloGate, Refusal};
+use super::isolation::Isolation;
 use super::layout::{self, Layout};
 use super::lease::Reaper;
 use super::sweep;
@@ -64,6 +67,9 @@ pub struct ServerConfig {
     /// start otherwise: [`Error::Unprotected`]). Also set by
     /// [`crate::fabric::ENV_ALLOW_UNAUTHENTICATED`]` = 1`.
     pub allow_unauthenticated: bool,
+    /// Whether clients may use the whole region ([`Isolation::Trusted`], the default) or
+    /// only their own lease slot and chunks ([`Isolation::Isolated`], enforced by the NIC).
+    pub isolation: Isolation,
 }
 
 impl Default for ServerConfig {
@@ -77,6 +83,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             cluster_key: None,
             allow_unauthenticated: false,
+            isolation: Isolation::Trusted,
         }
     }
 }
@@ -94,15 +101,29 @@ struct Inner {
     cq: Cq,
     /// Receive buffers for the two-sided messages nobody sends (see `requests_handled`).
     recv_buf: crate::fabric::Mr,
-    /// Connected clients: id, when accepted, QP. Dropped once the id holds no lease slot
-    /// (expired, or never taken) and the connection is older than two leases.
-    conns: Mutex<Vec<(u64, Instant, Qp)>>,
+    /// Whether clients are confined to their own slot and chunks.
+    isolated: bool,
+    /// Connected clients. Dropped once the id holds no lease slot (expired, or never taken)
+    /// and the connection is older than two leases; in isolated mode, also as soon as the
+    /// id's lease expires.
+    conns: Mutex<Vec<Conn>>,
     stop: AtomicBool,
     draining: AtomicBool,
     connections: AtomicU64,
     reclaimed: AtomicU64,
     expired: AtomicU64,
     requests: AtomicU64,
+}
+
+/// One client connection.
+struct Conn {
+    client: u64,
+    /// When it was accepted.
+    at: Instant,
+    /// Isolated mode: its windows and control buffers (declared before `qp`, so dropped
+    /// first: a bound window holds a reference to its QP).
+    tenant: Option<isolated::Tenant>,
+    qp: Qp,
 }
 
 /// A memory server (see the module docs). Dropping it stops it at once (as a crash would,
@@ -144,6 +165,7 @@ impl Inner {
             layout: self.layout,
             lease: self.lease,
             incarnation: self.incarnation,
+            isolated: self.isolated,
         }
     }
 
@@ -263,18 +285,35 @@ impl Inner {
             Ok(qp) => qp,
             Err(e) => return tracing::debug!(node = self.node, "accept failed: {e}"),
         };
-        if let Err(e) = self.post_receives(&qp) {
-            tracing::warn!(node = self.node, "cannot post receives: {e}");
-        }
+        let tenant = if self.isolated {
+            match isolated::Tenant::new(self, &qp) {
+                Ok(t) => Some(t),
+                Err(e) => return tracing::warn!(node = self.node, "cannot set up a client: {e}"),
+            }
+        } else {
+            if let Err(e) = self.post_receives(&qp) {
+                tracing::warn!(node = self.node, "cannot post receives: {e}");
+            }
+            None
+        };
         let replaced = {
             let mut conns = self.conns.lock();
             let mut replaced = Vec::new();
-            while conns.iter().filter(|c| c.0 == client).count() >= MAX_CONNECTIONS_PER_CLIENT {
+            while conns.iter().filter(|c| c.client == client).count() >= MAX_CONNECTIONS_PER_CLIENT
+            {
                 // `conns` is in accept order: the first of this id is its oldest.
-                let oldest = conns.iter().position(|c| c.0 == client).expect("counted");
+                let oldest = conns
+                    .iter()
+                    .position(|c| c.client == client)
+                    .expect("counted");
                 replaced.push(conns.remove(oldest));
             }
-            conns.push((client, Instant::now(), qp));
+            conns.push(Conn {
+                client,
+                at: Instant::now(),
+                tenant,
+                qp,
+            });
             replaced
         };
         self.connections.fetch_add(1, Ordering::Relaxed);
@@ -299,15 +338,31 @@ impl Inner {
                 }
                 std::thread::park_timeout(left); // the server's drop unparks it
             }
-            if let Ok(n) = self.cq.poll(&mut buf) {
-                let handled = buf[..n]
-                    .iter()
-                    .filter(|c| c.is_ok() && c.opcode == WcOpcode::Recv)
-                    .count();
-                self.requests.fetch_add(handled as u64, Ordering::Relaxed);
+            // In isolated mode the control loop polls the CQ (and counts requests).
+            if !self.isolated {
+                if let Ok(n) = self.cq.poll(&mut buf) {
+                    let handled = buf[..n]
+                        .iter()
+                        .filter(|c| c.is_ok() && c.opcode == WcOpcode::Recv)
+                        .count();
+                    self.requests.fetch_add(handled as u64, Ordering::Relaxed);
+                }
             }
             let now = Instant::now();
+            // Isolated: the sweep and the disconnection of the expired run under the
+            // connection lock, so no chunk it frees is claimed (a new window bound over it)
+            // while an expired client's window over it still works.
+            let guard = self.isolated.then(|| self.conns.lock());
             let swept = sweep::sweep(&mut reaper, &self.layout, &**self, now);
+            let mut expired_conns = Vec::new();
+            if let Some(mut conns) = guard {
+                let (gone, keep) = conns
+                    .drain(..)
+                    .partition(|c| swept.expired.contains(&c.client));
+                *conns = keep;
+                expired_conns = gone;
+            }
+            drop(expired_conns); // revokes their windows and disconnects them
             self.reclaimed.fetch_add(swept.reclaimed, Ordering::Relaxed);
             self.expired
                 .fetch_add(swept.expired.len() as u64, Ordering::Relaxed);
@@ -323,16 +378,20 @@ impl Inner {
     /// more than two leases ago: their QPs, sockets and responder threads go (they were
     /// kept for the life of the server before).
     fn drop_stale(&self, owners: &std::collections::HashSet<u64>, now: Instant) {
-        let gone: Vec<(u64, Instant, Qp)> = {
+        let gone: Vec<Conn> = {
             let mut conns = self.conns.lock();
-            let (keep, gone) = conns.drain(..).partition(|(id, at, _)| {
-                owners.contains(id) || now.saturating_duration_since(*at) < 2 * self.lease
+            let (keep, gone) = conns.drain(..).partition(|c| {
+                owners.contains(&c.client) || now.saturating_duration_since(c.at) < 2 * self.lease
             });
             *conns = keep;
             gone
         };
-        for (id, _, _) in &gone {
-            tracing::debug!(node = self.node, client = id, "client gone: disconnected");
+        for c in &gone {
+            tracing::debug!(
+                node = self.node,
+                client = c.client,
+                "client gone: disconnected"
+            );
         }
     }
 }
@@ -361,10 +420,16 @@ impl MemoryServer {
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(4096)?;
         let memory = HugeRegion::alloc(cfg.size, HugeOptions::default())?;
-        let access = AccessFlags::LOCAL_WRITE
-            | AccessFlags::REMOTE_READ
-            | AccessFlags::REMOTE_WRITE
-            | AccessFlags::REMOTE_ATOMIC;
+        let isolated = cfg.isolation == Isolation::Isolated;
+        // Isolated: no remote rights on the region itself; windows grant them per client.
+        let access = if isolated {
+            AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND
+        } else {
+            AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_ATOMIC
+        };
         let region = pd.register(memory, access).map_err(Error::from)?;
         let recv_buf = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
         let listener = Listener::bind(&pd, cfg.listen)?;
@@ -379,6 +444,7 @@ impl MemoryServer {
             pd,
             cq,
             recv_buf,
+            isolated,
             conns: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             draining: AtomicBool::new(false),
@@ -403,6 +469,14 @@ impl MemoryServer {
             crate::util::spawn_named("rdmapool-pool-accept", move || a.accept_loop(listener))?;
         let r = inner.clone();
         let reaper = crate::util::spawn_named("rdmapool-pool-reaper", move || r.reaper_loop())?;
+        let mut threads = vec![accept, reaper];
+        if isolated {
+            let c = inner.clone();
+            threads.push(crate::util::spawn_named(
+                "rdmapool-pool-control",
+                move || c.control_loop(),
+            )?);
+        }
         // Listed in the metrics registry while it lives.
         let weak = Arc::downgrade(&inner);
         crate::metrics::pool_servers::register(Box::new(move || {
@@ -411,7 +485,7 @@ impl MemoryServer {
         Ok(Self {
             inner,
             addr,
-            threads: vec![accept, reaper],
+            threads,
         })
     }
 

@@ -1,0 +1,265 @@
+//! A client of a node that isolates its clients (`remote::isolation`): which window's key
+//! reaches an offset, and the control requests (setup, claim, release, access) that go
+//! through the server. Accesses no window grants are refused here, before anything is
+//! posted (a wrong key would end the connection).
+
+use super::ops::timed;
+use super::{Node, Shared};
+use crate::cq::LocalBuf;
+use crate::fabric::{AccessFlags, Mr, RemoteAddr};
+use crate::remote::isolation::{Control, CONTROL_LEN, NO_SLOT, REFUSED};
+use crate::remote::layout::CLIENT_SLOT;
+use crate::{Error, Result};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+
+/// The windows a node granted this client, and its control channel.
+pub(super) struct Windows {
+    /// Key of the read-only window over the header, slots and chunk table.
+    meta_rkey: AtomicU32,
+    /// Offset of this client's slot, and the key of its window.
+    slot: AtomicU64,
+    slot_rkey: AtomicU32,
+    /// Keys of the windows over this client's chunks.
+    chunks: Mutex<HashMap<u64, u32>>,
+    /// One control request at a time; the last request id.
+    control: tokio::sync::Mutex<u32>,
+    /// The request at 0, the answer at `CONTROL_LEN`.
+    buf: Arc<Mr>,
+}
+
+/// What the server granted at setup.
+pub(super) struct Grant {
+    /// Offset of the slot.
+    pub(super) slot: u64,
+    /// The heartbeat the server gave a slot it claimed now; 0 if the id held it already.
+    pub(super) beat: u64,
+}
+
+impl Windows {
+    pub(super) fn new(pd: &crate::fabric::Pd) -> Result<Self> {
+        Ok(Self {
+            meta_rkey: AtomicU32::new(0),
+            slot: AtomicU64::new(u64::MAX),
+            slot_rkey: AtomicU32::new(0),
+            chunks: Mutex::new(HashMap::new()),
+            control: tokio::sync::Mutex::new(0),
+            buf: Arc::new(pd.alloc_mr(2 * CONTROL_LEN, AccessFlags::LOCAL_WRITE)?),
+        })
+    }
+}
+
+fn refused(node: &Node, offset: u64, reason: impl Into<String>) -> Error {
+    Error::Isolated {
+        node: node.desc.node,
+        offset,
+        reason: reason.into(),
+    }
+}
+
+impl Shared {
+    /// Where `offset` of `node`'s region is, under the key that reaches it: the region's own
+    /// on a trusted node; on an isolated one the window's, asking the server for the window
+    /// over an owned chunk the first time. The operation covers `len` bytes; `write`: it
+    /// writes (or is atomic).
+    pub(super) async fn at(
+        &self,
+        node: &Node,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<RemoteAddr> {
+        let Some(w) = &node.windows else {
+            return Ok(node.remote(offset));
+        };
+        let l = node.desc.layout;
+        let slot = w.slot.load(Ordering::Acquire);
+        let end = offset.saturating_add(len);
+        let rkey = if offset >= slot && end <= slot.saturating_add(CLIENT_SLOT) {
+            w.slot_rkey.load(Ordering::Acquire)
+        } else if end <= l.data_offset {
+            if write {
+                return Err(refused(
+                    node,
+                    offset,
+                    "the header, the other lease slots and the chunk table are read-only",
+                ));
+            }
+            w.meta_rkey.load(Ordering::Acquire)
+        } else if let Some(chunk) = l
+            .chunk_of(offset)
+            .filter(|&c| end <= l.chunk(c) + l.chunk_size)
+        {
+            self.chunk_rkey(node, w, chunk).await?
+        } else {
+            return Err(refused(
+                node,
+                offset,
+                "the access spans windows, or lies past the last chunk",
+            ));
+        };
+        Ok(RemoteAddr {
+            addr: node.desc.region.addr + offset,
+            rkey,
+        })
+    }
+
+    /// The key of the window over `chunk`: known, or asked for (the server grants it only
+    /// if the table says this client owns the chunk).
+    async fn chunk_rkey(&self, node: &Node, w: &Windows, chunk: u64) -> Result<u32> {
+        if let Some(&k) = w.chunks.lock().get(&chunk) {
+            return Ok(k);
+        }
+        match self
+            .control(node, w, |req| Control::Access { req, chunk })
+            .await?
+        {
+            Control::Answer { old, rkey, .. } if old == self.id && rkey != 0 => {
+                w.chunks.lock().insert(chunk, rkey);
+                Ok(rkey)
+            }
+            Control::Answer { old, .. } => Err(refused(
+                node,
+                node.desc.layout.chunk(chunk),
+                match old {
+                    0 => "a free chunk".to_string(),
+                    REFUSED => "refused by the server".to_string(),
+                    owner => format!("chunk {chunk} belongs to client {owner}"),
+                },
+            )),
+            other => Err(self.odd_answer(node, other)),
+        }
+    }
+
+    /// The compare-and-swap of chunk-table entry `chunk` a machine asked for, made by the
+    /// server: a claim (0 to this id; the window comes with it) or a release (this id to 0;
+    /// the window goes first). Its old value, as a CAS would answer.
+    pub(super) async fn table_cas(
+        &self,
+        node: &Node,
+        chunk: u64,
+        expected: u64,
+        swap: u64,
+    ) -> Result<u64> {
+        let Some(w) = &node.windows else {
+            let at = node.desc.layout.table_entry(chunk);
+            return self.cas(node, node.remote(at), expected, swap).await;
+        };
+        let claim = expected == 0 && swap == self.id;
+        let release = expected == self.id && swap == 0;
+        let answer = if claim {
+            self.control(node, w, |req| Control::Claim { req, chunk })
+                .await?
+        } else if release {
+            w.chunks.lock().remove(&chunk);
+            self.control(node, w, |req| Control::Release { req, chunk })
+                .await?
+        } else {
+            return Err(refused(
+                node,
+                node.desc.layout.table_entry(chunk),
+                "the chunk table changes only by claims and releases through the server",
+            ));
+        };
+        match answer {
+            Control::Answer { old: REFUSED, .. } => Err(refused(
+                node,
+                node.desc.layout.table_entry(chunk),
+                "the server refused the request",
+            )),
+            Control::Answer { old, rkey, .. } => {
+                if claim && old == 0 {
+                    w.chunks.lock().insert(chunk, rkey);
+                }
+                Ok(old)
+            }
+            other => Err(self.odd_answer(node, other)),
+        }
+    }
+
+    /// Asks the node for this client's lease slot and windows (once, after connecting).
+    pub(super) async fn setup(&self, node: &Node) -> Result<Grant> {
+        let w = node.windows.as_ref().expect("an isolated node");
+        match self.control(node, w, |req| Control::Setup { req }).await? {
+            Control::Granted { slot: NO_SLOT, .. } => Err(Error::InvalidArgument(format!(
+                "node {}: all {} client slots are taken",
+                node.desc.node, node.desc.layout.client_count
+            ))),
+            Control::Granted {
+                slot,
+                meta_rkey,
+                slot_rkey,
+                beat,
+                ..
+            } if slot < node.desc.layout.client_count && meta_rkey != 0 && slot_rkey != 0 => {
+                let at = node.desc.layout.client_slot(slot);
+                w.meta_rkey.store(meta_rkey, Ordering::Release);
+                w.slot_rkey.store(slot_rkey, Ordering::Release);
+                w.slot.store(at, Ordering::Release);
+                Ok(Grant { slot: at, beat })
+            }
+            other => Err(self.odd_answer(node, other)),
+        }
+    }
+
+    fn odd_answer(&self, node: &Node, answer: Control) -> Error {
+        Error::Malformed {
+            what: "pool control answer",
+            reason: format!("node {}: {answer:?}", node.desc.node),
+        }
+    }
+
+    /// One request and its answer, on the node's connection (one at a time per node, so
+    /// answers come back in order; the request id is checked anyway).
+    async fn control(
+        &self,
+        node: &Node,
+        w: &Windows,
+        request: impl FnOnce(u32) -> Control,
+    ) -> Result<Control> {
+        node.check_up()?;
+        let mut last = w.control.lock().await;
+        *last = last.wrapping_add(1);
+        let req = *last;
+        w.buf.write_at(0, &request(req).encode())?;
+        let recv = node.qp.recv(
+            LocalBuf::Region(w.buf.clone()),
+            CONTROL_LEN,
+            CONTROL_LEN as u32,
+        );
+        let mut recv = std::pin::pin!(timed(&self.timers, node, recv));
+        // Posted at its first poll: before the request goes, so the answer finds it.
+        let mut early = None;
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = recv.as_mut().poll(cx) {
+                early = Some(r);
+            }
+            Poll::Ready(())
+        })
+        .await;
+        let send = node
+            .qp
+            .send(LocalBuf::Region(w.buf.clone()), 0, CONTROL_LEN as u32);
+        let (sent, _) = timed(&self.timers, node, send).await;
+        self.seen(node, sent)?;
+        let (got, _) = match early {
+            Some(r) => r,
+            None => recv.await,
+        };
+        self.seen(node, got)?;
+        let mut answer = [0u8; CONTROL_LEN];
+        w.buf.read_at(CONTROL_LEN, &mut answer)?;
+        let answer = Control::decode(&answer)?;
+        if answer.req() != req {
+            return Err(Error::Malformed {
+                what: "pool control answer",
+                reason: format!("answer to request {}, want {req}", answer.req()),
+            });
+        }
+        Ok(answer)
+    }
+}

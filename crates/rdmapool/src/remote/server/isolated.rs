@@ -1,0 +1,372 @@
+//! The server's side of isolated mode (see `remote::isolation`): each connection's windows
+//! and control buffers, and the control loop that answers setup, claim, release and access
+//! requests. The only server CPU work a client can cause; it is counted in
+//! `requests_handled`.
+
+use super::super::isolation::{Control, CONTROL_LEN, NO_SLOT, REFUSED};
+use super::super::layout::CLIENT_SLOT;
+use super::Inner;
+use crate::fabric::{
+    AccessFlags, Completion, Mr, Mw, Qp, RecvWr, RegisteredMemory, SendWr, WcOpcode, WrOp,
+};
+use crate::Result;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Receives posted per connection (a client has at most this many requests outstanding:
+/// its requests are one at a time per node, so this is room to spare).
+const RECV_DEPTH: usize = 4;
+/// Answers in flight per connection.
+const SEND_DEPTH: usize = 4;
+/// Work request ids: receives are `RECV_TAG | i`, sends `SEND_TAG | i`.
+const RECV_TAG: u64 = 1 << 32;
+const SEND_TAG: u64 = 2 << 32;
+
+/// What an isolated connection holds besides its QP: dropped before the QP (a bound window
+/// holds a reference to it), and dropping a window revokes its key.
+pub(super) struct Tenant {
+    /// The lease slot this connection was given, once set up.
+    slot: Option<u64>,
+    /// Windows: the read-only one over the header, slots and table; the slot's.
+    meta: Option<Mw>,
+    slot_window: Option<Mw>,
+    /// One window per chunk this connection was given access to.
+    chunks: HashMap<u64, Mw>,
+    /// `RECV_DEPTH` receive buffers, then `SEND_DEPTH` send buffers, 32 bytes each.
+    bufs: Mr,
+    send_busy: [bool; SEND_DEPTH],
+    /// Answers waiting for a free send buffer.
+    backlog: VecDeque<[u8; CONTROL_LEN]>,
+}
+
+impl Tenant {
+    /// The state of a new connection, with its receives posted.
+    pub(super) fn new(inner: &Inner, qp: &Qp) -> Result<Self> {
+        let bufs = inner.pd.alloc_mr(
+            (RECV_DEPTH + SEND_DEPTH) * CONTROL_LEN,
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        let t = Self {
+            slot: None,
+            meta: None,
+            slot_window: None,
+            chunks: HashMap::new(),
+            bufs,
+            send_busy: [false; SEND_DEPTH],
+            backlog: VecDeque::new(),
+        };
+        for i in 0..RECV_DEPTH {
+            t.post_recv(qp, i)?;
+        }
+        Ok(t)
+    }
+
+    fn post_recv(&self, qp: &Qp, i: usize) -> Result<()> {
+        let sge = self.bufs.sge(i * CONTROL_LEN, CONTROL_LEN as u32)?;
+        qp.post_recv(&[RecvWr {
+            wr_id: RECV_TAG | i as u64,
+            sg_list: &[sge],
+        }])
+    }
+
+    /// Sends `msg` now if a send buffer is free, else after one frees.
+    fn answer(&mut self, qp: &Qp, msg: Control) -> Result<()> {
+        self.backlog.push_back(msg.encode());
+        self.flush(qp)
+    }
+
+    fn flush(&mut self, qp: &Qp) -> Result<()> {
+        while let Some(i) = self.send_busy.iter().position(|b| !b) {
+            let Some(bytes) = self.backlog.pop_front() else {
+                break;
+            };
+            let at = (RECV_DEPTH + i) * CONTROL_LEN;
+            self.bufs.write_at(at, &bytes)?;
+            let sge = self.bufs.sge(at, CONTROL_LEN as u32)?;
+            qp.post_send(&[SendWr {
+                wr_id: SEND_TAG | i as u64,
+                op: WrOp::Send { imm: None },
+                sg_list: &[sge],
+                signaled: true,
+            }])?;
+            self.send_busy[i] = true;
+        }
+        Ok(())
+    }
+
+    /// Revokes this connection's window over `chunk`, if it has one.
+    pub(super) fn revoke(&mut self, chunk: u64) {
+        self.chunks.remove(&chunk);
+    }
+}
+
+impl Inner {
+    /// Answers control messages until the server stops: waits on the CQ's event channel
+    /// (no spinning while idle), then handles every completion.
+    pub(super) fn control_loop(&self) {
+        let mut buf = [Completion::EMPTY; 16];
+        while !self.stop.load(Ordering::Acquire) {
+            let n = match self.cq.poll(&mut buf) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(node = self.node, "polling the control CQ: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            };
+            for c in &buf[..n] {
+                self.on_completion(c);
+            }
+            if n == 0 {
+                self.wait_for_completions(Duration::from_millis(100));
+            }
+        }
+    }
+
+    /// Sleeps until the CQ signals a completion or `timeout` passes.
+    fn wait_for_completions(&self, timeout: Duration) {
+        if self.cq.req_notify().is_err() {
+            std::thread::sleep(Duration::from_millis(1));
+            return;
+        }
+        let mut fds = [libc::pollfd {
+            fd: self.cq.event_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: `fds` is a valid array of one pollfd for the duration of the call.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout.as_millis() as i32) };
+        if ready > 0 {
+            let _ = self.cq.ack_events();
+        }
+    }
+
+    fn on_completion(&self, c: &Completion) {
+        let mut conns = self.conns.lock();
+        let Some(pos) = conns.iter().position(|k| k.qp.qpn() == c.qp_num) else {
+            return; // a connection already dropped
+        };
+        let conn = &mut conns[pos];
+        let (id, qp) = (conn.client, &conn.qp);
+        let Some(t) = conn.tenant.as_mut() else {
+            return;
+        };
+        let slot = (c.wr_id & 0xffff_ffff) as usize;
+        if !c.is_ok() {
+            // A failed receive or send: the connection is broken (flushed, or the peer
+            // misbehaved); drop it.
+            tracing::debug!(node = self.node, client = id, status = %c.status, "control completion failed: disconnecting");
+            conns.remove(pos);
+            return;
+        }
+        match c.opcode {
+            WcOpcode::Send => {
+                if let Some(b) = t.send_busy.get_mut(slot) {
+                    *b = false;
+                }
+                if let Err(e) = t.flush(qp) {
+                    tracing::debug!(node = self.node, client = id, "answering: {e}");
+                }
+            }
+            WcOpcode::Recv => {
+                self.requests.fetch_add(1, Ordering::Relaxed);
+                let mut msg = [0u8; CONTROL_LEN];
+                let read = t.bufs.read_at(slot * CONTROL_LEN, &mut msg);
+                let request = read.ok().and_then(|()| {
+                    (c.byte_len as usize == CONTROL_LEN)
+                        .then(|| Control::decode(&msg).ok())
+                        .flatten()
+                });
+                let Some(request) = request else {
+                    tracing::warn!(
+                        node = self.node,
+                        client = id,
+                        "malformed control message: disconnecting"
+                    );
+                    conns.remove(pos);
+                    return;
+                };
+                let answer = self.handle(id, qp, t, request);
+                let posted = t.post_recv(qp, slot).and_then(|()| match answer {
+                    Some(a) => t.answer(qp, a),
+                    None => Ok(()),
+                });
+                if let Err(e) = posted {
+                    tracing::debug!(node = self.node, client = id, "control: {e}: disconnecting");
+                    conns.remove(pos);
+                }
+                // A release revokes the chunk's windows on the id's other connections too.
+                if let Control::Release { chunk, .. } = request {
+                    for k in conns.iter_mut().filter(|k| k.client == id) {
+                        if let Some(t) = k.tenant.as_mut() {
+                            t.revoke(chunk);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// One request of client `id` on `qp`: its answer (`None` for messages a client may not
+    /// send, which are ignored).
+    fn handle(&self, id: u64, qp: &Qp, t: &mut Tenant, request: Control) -> Option<Control> {
+        let l = self.layout;
+        let in_range = |chunk: u64| chunk < l.chunk_count && t.slot.is_some();
+        Some(match request {
+            Control::Setup { req } => {
+                let (slot, beat) = match t.slot {
+                    Some(s) => (s, 0),
+                    None => self.assign_slot(id),
+                };
+                let granted = |meta_rkey, slot_rkey| Control::Granted {
+                    req,
+                    slot,
+                    meta_rkey,
+                    slot_rkey,
+                    beat,
+                };
+                if slot == NO_SLOT {
+                    return Some(granted(0, 0));
+                }
+                t.slot = Some(slot);
+                let meta = self.bind(qp, 0, l.data_offset, AccessFlags::REMOTE_READ);
+                let own = self.bind(qp, l.client_slot(slot), CLIENT_SLOT, full_rights());
+                match (meta, own) {
+                    (Ok(m), Ok(s)) => {
+                        let g = granted(m.rkey(), s.rkey());
+                        t.meta = Some(m);
+                        t.slot_window = Some(s);
+                        g
+                    }
+                    (Err(e), _) | (_, Err(e)) => {
+                        tracing::warn!(node = self.node, client = id, "binding windows: {e}");
+                        granted(0, 0)
+                    }
+                }
+            }
+            Control::Claim { req, chunk } if in_range(chunk) => {
+                let entry = l.table_entry(chunk);
+                let old = match self.compare_exchange_entry(entry, 0, id) {
+                    Err(old) => return Some(Control::Answer { req, old, rkey: 0 }),
+                    Ok(()) => 0,
+                };
+                match self.chunk_window(qp, t, chunk) {
+                    Ok(rkey) => Control::Answer { req, old, rkey },
+                    Err(e) => {
+                        tracing::warn!(
+                            node = self.node,
+                            client = id,
+                            "binding a chunk window: {e}"
+                        );
+                        let _ = self.compare_exchange_entry(entry, id, 0);
+                        Control::Answer {
+                            req,
+                            old: REFUSED,
+                            rkey: 0,
+                        }
+                    }
+                }
+            }
+            Control::Release { req, chunk } if in_range(chunk) => {
+                // Revoke first (here; the caller does the id's other connections before
+                // anyone can claim the chunk: the table entry clears under the same lock).
+                t.revoke(chunk);
+                let old = match self.compare_exchange_entry(l.table_entry(chunk), id, 0) {
+                    Ok(()) => id,
+                    Err(old) => old,
+                };
+                Control::Answer { req, old, rkey: 0 }
+            }
+            Control::Access { req, chunk } if in_range(chunk) => {
+                let old = self.word(l.table_entry(chunk)).load(Ordering::Acquire);
+                if old != id {
+                    return Some(Control::Answer { req, old, rkey: 0 });
+                }
+                match self.chunk_window(qp, t, chunk) {
+                    Ok(rkey) => Control::Answer { req, old, rkey },
+                    Err(_) => Control::Answer {
+                        req,
+                        old: REFUSED,
+                        rkey: 0,
+                    },
+                }
+            }
+            Control::Claim { req, .. }
+            | Control::Release { req, .. }
+            | Control::Access { req, .. } => Control::Answer {
+                req,
+                old: REFUSED,
+                rkey: 0,
+            },
+            Control::Granted { .. } | Control::Answer { .. } => return None,
+        })
+    }
+
+    /// The slot of `id`: the one that holds it already (heartbeat 0 in the answer: the
+    /// client takes it over), else a free one claimed for it with a fresh random heartbeat.
+    fn assign_slot(&self, id: u64) -> (u64, u64) {
+        let l = self.layout;
+        if let Some(s) =
+            (0..l.client_count).find(|&s| self.word(l.client_slot(s)).load(Ordering::Acquire) == id)
+        {
+            return (s, 0);
+        }
+        let start = super::super::client::hash64(id) % l.client_count.max(1);
+        for k in 0..l.client_count {
+            let s = (start + k) % l.client_count;
+            if self.compare_exchange_entry(l.client_slot(s), 0, id).is_ok() {
+                let beat = crate::util::random_nonzero().unwrap_or(1);
+                self.word(l.client_slot(s) + 8)
+                    .store(beat, Ordering::Release);
+                return (s, beat);
+            }
+        }
+        (NO_SLOT, 0)
+    }
+
+    fn compare_exchange_entry(
+        &self,
+        at: u64,
+        current: u64,
+        new: u64,
+    ) -> std::result::Result<(), u64> {
+        self.word(at)
+            .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
+            .map(drop)
+    }
+
+    /// A window over `chunk` for this connection (bound now, or the one it has).
+    fn chunk_window(&self, qp: &Qp, t: &mut Tenant, chunk: u64) -> Result<u32> {
+        if let Some(w) = t.chunks.get(&chunk) {
+            return Ok(w.rkey());
+        }
+        let l = self.layout;
+        let w = self.bind(qp, l.chunk(chunk), l.chunk_size, full_rights())?;
+        let rkey = w.rkey();
+        t.chunks.insert(chunk, w);
+        Ok(rkey)
+    }
+
+    /// Binds a new window over `len` bytes at `offset` of the region through `qp`. Not
+    /// signaled: an answer sent after it on the same QP executes after it, so the key works
+    /// by the time the client has it.
+    fn bind(&self, qp: &Qp, offset: u64, len: u64, access: AccessFlags) -> Result<Mw> {
+        let mw = self.pd.alloc_mw()?;
+        qp.post_bind_mw(
+            0,
+            &mw,
+            &self.region,
+            offset as usize,
+            len as usize,
+            access,
+            false,
+        )?;
+        Ok(mw)
+    }
+}
+
+fn full_rights() -> AccessFlags {
+    AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC
+}
