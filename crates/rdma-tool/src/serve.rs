@@ -69,6 +69,11 @@ pub struct Args {
     /// RDMAPOOL_ALLOW_UNAUTHENTICATED=1 does the same.
     #[arg(long)]
     allow_unauthenticated: bool,
+    /// Isolate the clients: each reaches only its own lease slot and chunks, enforced by
+    /// the NIC (memory windows bound to its connection); chunk claims and releases go
+    /// through the server. Without it every connected client may use the whole region.
+    #[arg(long)]
+    isolated: bool,
     /// Keep running when stdin closes (for a server started with stdin at /dev/null);
     /// only SIGINT or SIGTERM stop it then.
     #[arg(long)]
@@ -106,6 +111,11 @@ fn config(args: &Args) -> Result<ServerConfig> {
         listen,
         cluster_key: crate::pool::cluster_key()?,
         allow_unauthenticated: args.allow_unauthenticated,
+        isolation: if args.isolated {
+            rdmapool::remote::Isolation::Isolated
+        } else {
+            rdmapool::remote::Isolation::Trusted
+        },
     })
 }
 

@@ -148,6 +148,12 @@ fn the_pool_messages_have_the_codes_sizes_and_limits() {
         "the pool messages' version",
     );
     all_say(s7, "at most ", MAX_CLIENT_SLOTS, "MAX_CLIENT_SLOTS");
+    all_say(
+        s7,
+        "**Control messages**: ",
+        crate::remote::isolation::CONTROL_LEN as u64,
+        "CONTROL_LEN",
+    );
     use crate::remote::{MAX_CLOCK_SKEW, MAX_REMEMBERED_HELLOS, PROVEN_HELLO_LEN};
     all_say(
         s7,

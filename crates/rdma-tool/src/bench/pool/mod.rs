@@ -70,6 +70,10 @@ pub struct Args {
     /// Skip the alloc+free part.
     #[arg(long)]
     no_alloc: bool,
+    /// Also run alloc+free against an isolated server (`serve --isolated`), each row
+    /// compared with the trusted server's one-sided rate of the same run.
+    #[arg(long)]
+    isolated: bool,
     /// Skip the READ/WRITE part.
     #[arg(long)]
     no_data: bool,
@@ -146,10 +150,20 @@ pub fn run(args: Args) -> Result<()> {
     let most = args.clients.iter().copied().max().unwrap_or(1);
     let size = ((most + 2) << 21).max(32 << 20);
     let server = MemoryServer::start(&ctx, server_config(SocketAddr::new(args.ip, 0), size))?;
+    let isolated = match args.isolated && !args.no_alloc {
+        true => Some(MemoryServer::start(
+            &ctx,
+            ServerConfig {
+                isolation: rdmapool::remote::Isolation::Isolated,
+                ..server_config(SocketAddr::new(args.ip, 0), size)
+            },
+        )?),
+        false => None,
+    };
     let steps = if args.no_alloc {
         0
     } else {
-        args.clients.len() * 2
+        args.clients.len() * if isolated.is_some() { 3 } else { 2 }
     } + if args.no_data {
         0
     } else {
@@ -183,10 +197,32 @@ pub fn run(args: Args) -> Result<()> {
                 reference_value: base.mops(),
                 ratio: ours.mops() / base.mops(),
             });
+            if let Some(iso) = &isolated {
+                bar.set_message(format!("alloc+free, {n} clients, isolated"));
+                let handled = iso.stats().requests_handled;
+                let mine = one_sided(device, iso, n, next_id, object, args.live, secs)?;
+                next_id += n as u64;
+                let requests = iso.stats().requests_handled - handled;
+                rows.push(Row {
+                    provider: provider.name().into(),
+                    transport: path(provider),
+                    op: format!("alloc+free x{n} isolated ({requests} server requests)"),
+                    metric: "rate".into(),
+                    size: object as usize,
+                    iters: mine.pairs,
+                    median_ns: mine.pair.median_ns,
+                    p99_ns: mine.pair.p99_ns,
+                    gbps: 0.0,
+                    mops: mine.mops(),
+                    reference: format!("trusted one-sided x{n} ({})", fmt_pair(&ours.pair)),
+                    reference_value: ours.mops(),
+                    ratio: mine.mops() / ours.mops(),
+                });
+            }
         }
         baseline.stop();
     }
-    drop(server);
+    drop((server, isolated));
     if !args.no_data {
         // A server of their own, with a lease longer than any run: the raw reference QP
         // takes no lease slot, and a server disconnects lease-less connections after two
