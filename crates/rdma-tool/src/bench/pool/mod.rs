@@ -182,42 +182,26 @@ pub fn run(args: Args) -> Result<()> {
             bar.set_message(format!("alloc+free, {n} clients, two-sided"));
             let base = two_sided(device, &baseline, n, object, args.live, secs)?;
             bar.inc();
-            rows.push(Row {
-                provider: provider.name().into(),
-                transport: path(provider),
-                op: format!("alloc+free x{n}"),
-                metric: "rate".into(),
-                size: object as usize,
-                iters: ours.pairs,
-                median_ns: ours.pair.median_ns,
-                p99_ns: ours.pair.p99_ns,
-                gbps: 0.0,
-                mops: ours.mops(),
-                reference: format!("two-sided SEND/RECV x{n} ({})", fmt_pair(&base.pair)),
-                reference_value: base.mops(),
-                ratio: ours.mops() / base.mops(),
-            });
+            rows.push(ours.row(
+                provider,
+                format!("alloc+free x{n}"),
+                object,
+                format!("two-sided SEND/RECV x{n}"),
+                &base,
+            ));
             if let Some(iso) = &isolated {
                 bar.set_message(format!("alloc+free, {n} clients, isolated"));
                 let handled = iso.stats().requests_handled;
                 let mine = one_sided(device, iso, n, next_id, object, args.live, secs)?;
                 next_id += n as u64;
                 let requests = iso.stats().requests_handled - handled;
-                rows.push(Row {
-                    provider: provider.name().into(),
-                    transport: path(provider),
-                    op: format!("alloc+free x{n} isolated ({requests} server requests)"),
-                    metric: "rate".into(),
-                    size: object as usize,
-                    iters: mine.pairs,
-                    median_ns: mine.pair.median_ns,
-                    p99_ns: mine.pair.p99_ns,
-                    gbps: 0.0,
-                    mops: mine.mops(),
-                    reference: format!("trusted one-sided x{n} ({})", fmt_pair(&ours.pair)),
-                    reference_value: ours.mops(),
-                    ratio: mine.mops() / ours.mops(),
-                });
+                rows.push(mine.row(
+                    provider,
+                    format!("alloc+free x{n} isolated ({requests} server requests)"),
+                    object,
+                    format!("trusted one-sided x{n}"),
+                    &ours,
+                ));
             }
         }
         baseline.stop();
@@ -325,6 +309,32 @@ struct Rate {
 impl Rate {
     fn mops(&self) -> f64 {
         self.pairs as f64 / self.secs / 1e6
+    }
+
+    /// Its row in the table, against `reference` (named `name`).
+    fn row(
+        &self,
+        provider: ProviderKind,
+        op: String,
+        size: u64,
+        name: String,
+        reference: &Rate,
+    ) -> Row {
+        Row {
+            provider: provider.name().into(),
+            transport: path(provider),
+            op,
+            metric: "rate".into(),
+            size: size as usize,
+            iters: self.pairs,
+            median_ns: self.pair.median_ns,
+            p99_ns: self.pair.p99_ns,
+            gbps: 0.0,
+            mops: self.mops(),
+            reference: format!("{name} ({})", fmt_pair(&reference.pair)),
+            reference_value: reference.mops(),
+            ratio: self.mops() / reference.mops(),
+        }
     }
 }
 
