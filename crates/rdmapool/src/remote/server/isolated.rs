@@ -143,22 +143,34 @@ impl Inner {
     }
 
     fn on_completion(&self, c: &Completion) {
+        if let Some(gone) = self.complete(c) {
+            // Closed off this thread: destroying a QP can block (rxe 6.1 waits up to
+            // about 50 s for its windows' references), and the control loop answers
+            // everyone else.
+            let spawned = crate::util::spawn_named("rdmapool-pool-disconnect", move || drop(gone));
+            if let Err(e) = spawned {
+                tracing::warn!(node = self.node, "no thread to disconnect a client: {e}");
+            }
+        }
+    }
+
+    /// Handles one completion; returns the connection to close, if it must go.
+    fn complete(&self, c: &Completion) -> Option<super::Conn> {
         let mut conns = self.conns.lock();
         let Some(pos) = conns.iter().position(|k| k.qp.qpn() == c.qp_num) else {
-            return; // a connection already dropped
+            return None; // a connection already dropped
         };
         let conn = &mut conns[pos];
         let (id, qp) = (conn.client, &conn.qp);
         let Some(t) = conn.tenant.as_mut() else {
-            return;
+            return None;
         };
         let slot = (c.wr_id & 0xffff_ffff) as usize;
         if !c.is_ok() {
             // A failed receive or send: the connection is broken (flushed, or the peer
             // misbehaved); drop it.
             tracing::debug!(node = self.node, client = id, status = %c.status, "control completion failed: disconnecting");
-            conns.remove(pos);
-            return;
+            return Some(conns.remove(pos));
         }
         match c.opcode {
             WcOpcode::Send => {
@@ -184,17 +196,17 @@ impl Inner {
                         client = id,
                         "malformed control message: disconnecting"
                     );
-                    conns.remove(pos);
-                    return;
+                    return Some(conns.remove(pos));
                 };
                 let answer = self.handle(id, qp, t, request);
                 let posted = t.post_recv(qp, slot).and_then(|()| match answer {
                     Some(a) => t.answer(qp, a),
                     None => Ok(()),
                 });
+                let mut gone = None;
                 if let Err(e) = posted {
                     tracing::debug!(node = self.node, client = id, "control: {e}: disconnecting");
-                    conns.remove(pos);
+                    gone = Some(conns.remove(pos));
                 }
                 // A release revokes the chunk's windows on the id's other connections too.
                 if let Control::Release { chunk, .. } = request {
@@ -204,9 +216,11 @@ impl Inner {
                         }
                     }
                 }
+                return gone;
             }
             _ => {}
         }
+        None
     }
 
     /// One request of client `id` on `qp`: its answer (`None` for messages a client may not

@@ -116,7 +116,7 @@ struct Inner {
 }
 
 /// One client connection.
-struct Conn {
+pub(super) struct Conn {
     client: u64,
     /// When it was accepted.
     at: Instant,
@@ -285,19 +285,23 @@ impl Inner {
             Ok(qp) => qp,
             Err(e) => return tracing::debug!(node = self.node, "accept failed: {e}"),
         };
-        let tenant = if self.isolated {
-            match isolated::Tenant::new(self, &qp) {
-                Ok(t) => Some(t),
-                Err(e) => return tracing::warn!(node = self.node, "cannot set up a client: {e}"),
-            }
-        } else {
-            if let Err(e) = self.post_receives(&qp) {
-                tracing::warn!(node = self.node, "cannot post receives: {e}");
-            }
-            None
-        };
         let replaced = {
+            // Listed before its receives are posted: the control loop finds the connection
+            // of every message that arrives (it holds this lock while it looks).
             let mut conns = self.conns.lock();
+            let tenant = if self.isolated {
+                match isolated::Tenant::new(self, &qp) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        return tracing::warn!(node = self.node, "cannot set up a client: {e}")
+                    }
+                }
+            } else {
+                if let Err(e) = self.post_receives(&qp) {
+                    tracing::warn!(node = self.node, "cannot post receives: {e}");
+                }
+                None
+            };
             let mut replaced = Vec::new();
             while conns.iter().filter(|c| c.client == client).count() >= MAX_CONNECTIONS_PER_CLIENT
             {
