@@ -162,9 +162,7 @@ impl Inner {
         };
         let conn = &mut conns[pos];
         let (id, qp) = (conn.client, &conn.qp);
-        let Some(t) = conn.tenant.as_mut() else {
-            return None;
-        };
+        let t = conn.tenant.as_mut()?;
         let slot = (c.wr_id & 0xffff_ffff) as usize;
         if !c.is_ok() {
             // A failed receive or send: the connection is broken (flushed, or the peer
