@@ -719,10 +719,6 @@ fn raw_req(ep: &Endpoint, private: &[u8]) -> Vec<u8> {
 #[test]
 fn stalled_handshakes_delay_no_pool_client() {
     use rdmapool::remote::*;
-    use socket2::{Domain, Socket, Type};
-    use std::net::SocketAddr;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::sync::Arc;
     if soft_only("crafted soft endpoints") {
         return;
     }
@@ -738,53 +734,8 @@ fn stalled_handshakes_delay_no_pool_client() {
     )
     .unwrap();
     let cm = server.addr();
-    // Where the crafted endpoints lead: takes connections, never says a word.
-    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let SocketAddr::V4(silent_addr) = silent.local_addr().unwrap() else {
-        unreachable!()
-    };
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for s in silent.incoming() {
-            held.push(s);
-        }
-    });
-    let stop = Arc::new(AtomicBool::new(false));
-    let sent = Arc::new(AtomicUsize::new(0));
-    let attack = {
-        let (stop, sent) = (stop.clone(), sent.clone());
-        std::thread::spawn(move || {
-            let me = node_on(Transport::Tcp);
-            let from: SocketAddr = "127.0.0.2:0".parse().unwrap();
-            let mut held = Vec::new();
-            let mut qps = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let qp = me.pd.create_qp(&me.cq, &me.cq, &config()).unwrap();
-                qp.modify_to_init().unwrap();
-                let ep = if sent.load(Ordering::Relaxed) % 2 == 0 {
-                    endpoint_leading_to(&qp.endpoint(), silent_addr)
-                } else {
-                    qp.endpoint() // real: the server connects, then waits for an RTU
-                };
-                let hello = ClientHello::new(900 + sent.load(Ordering::Relaxed) as u64)
-                    .unwrap()
-                    .encode();
-                let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
-                s.bind(&from.into()).unwrap();
-                if s.connect(&cm.into()).is_ok() {
-                    let mut t: TcpStream = s.into();
-                    let _ = t.write_all(&raw_req(&ep, &hello));
-                    held.push(t);
-                    qps.push(qp);
-                    sent.fetch_add(1, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-    };
-    while sent.load(Ordering::Relaxed) < 20 {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let attack = StallAttack::start(cm, &["127.0.0.2"], Duration::from_millis(50));
+    attack.wait_for(20);
     let members = StaticMembership::new(vec![cm]);
     let n = node();
     for id in 1..=5u64 {
@@ -796,9 +747,123 @@ fn stalled_handshakes_delay_no_pool_client() {
         assert_eq!(c.nodes().len(), 1, "client {id}: {:?}", c.unreachable());
         eprintln!("client {id} joined in {:?} under attack", t0.elapsed());
     }
-    stop.store(true, Ordering::Relaxed);
-    attack.join().unwrap();
-    eprintln!("{} stalled requests sent", sent.load(Ordering::Relaxed));
+    eprintln!("{} stalled requests sent", attack.stop());
+}
+
+/// Requests that stall their handshake at a pool server, sent from `addrs` in turn every
+/// `period`: half carry an endpoint that leads to a listener that never sends the
+/// challenge, half a real QP whose requester never sends the RTU. Hellos carry no proof.
+struct StallAttack {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sent: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl StallAttack {
+    fn start(cm: std::net::SocketAddr, addrs: &[&str], period: Duration) -> StallAttack {
+        use rdmapool::remote::ClientHello;
+        use socket2::{Domain, Socket, Type};
+        use std::net::SocketAddr;
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+        // Where the crafted endpoints lead: takes connections, never says a word.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let SocketAddr::V4(silent_addr) = silent.local_addr().unwrap() else {
+            unreachable!()
+        };
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in silent.incoming() {
+                held.push(s);
+            }
+        });
+        let froms: Vec<SocketAddr> = addrs
+            .iter()
+            .map(|a| format!("{a}:0").parse().unwrap())
+            .collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicUsize::new(0));
+        let thread = {
+            let (stop, sent) = (stop.clone(), sent.clone());
+            std::thread::spawn(move || {
+                let me = node_on(Transport::Tcp);
+                let mut held = Vec::new();
+                let mut qps = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let k = sent.load(Ordering::Relaxed);
+                    let qp = me.pd.create_qp(&me.cq, &me.cq, &config()).unwrap();
+                    qp.modify_to_init().unwrap();
+                    let ep = if k % 2 == 0 {
+                        endpoint_leading_to(&qp.endpoint(), silent_addr)
+                    } else {
+                        qp.endpoint() // real: the server connects, then waits for an RTU
+                    };
+                    let hello = ClientHello::new(900 + k as u64).unwrap().encode();
+                    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+                    s.bind(&froms[k % froms.len()].into()).unwrap();
+                    if s.connect(&cm.into()).is_ok() {
+                        let mut t: TcpStream = s.into();
+                        let _ = t.write_all(&raw_req(&ep, &hello));
+                        held.push(t);
+                        qps.push(qp);
+                        sent.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(period);
+                }
+            })
+        };
+        StallAttack { stop, sent, thread }
+    }
+
+    /// Waits until `n` requests went out.
+    fn wait_for(&self, n: usize) {
+        while self.sent.load(std::sync::atomic::Ordering::Relaxed) < n {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Stops it; how many requests it sent.
+    fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap();
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Issue #22, finding 4 (left open by the per-address bounds: "a remote host with many
+/// addresses can take all 32 handshakes in progress"): with a cluster key, a request must
+/// prove a client key before it gets a handshake thread, so stalled requests from twelve
+/// addresses (enough for 48 handshakes, past the 32 a server runs at once) hold none, and
+/// real clients with the key join as before.
+#[test]
+fn with_a_cluster_key_no_unproven_request_holds_a_handshake() {
+    use rdmapool::remote::*;
+    if soft_only("crafted soft endpoints") {
+        return;
+    }
+    let ctx = node_on(Transport::Auto).ctx;
+    let key = PreSharedKey::new(&[31; 32]).unwrap();
+    let server = small_server(&ctx, 1, Some(key.clone()));
+    let addrs: Vec<String> = (2..14).map(|i| format!("127.0.0.{i}")).collect();
+    let addrs: Vec<&str> = addrs.iter().map(String::as_str).collect();
+    let attack = StallAttack::start(server.addr(), &addrs, Duration::from_millis(5));
+    attack.wait_for(100);
+    let members = StaticMembership::new(vec![server.addr()]);
+    let n = node();
+    for id in 1..=5u64 {
+        let mut cfg = ClientConfig::new(id);
+        cfg.cluster_key = Some(key.clone());
+        cfg.connect_timeout = Duration::from_secs(2);
+        let t0 = std::time::Instant::now();
+        let c = PoolClient::connect(&n.ctx, &n.pd, &members, cfg)
+            .unwrap_or_else(|e| panic!("client {id} under attack: {e}"));
+        assert_eq!(c.nodes().len(), 1, "client {id}: {:?}", c.unreachable());
+        eprintln!(
+            "client {id} joined in {:?} under attack from 12 addresses",
+            t0.elapsed()
+        );
+    }
+    eprintln!("{} stalled requests sent", attack.stop());
 }
 
 /// Issue #22, finding 3 (its last line): one client id keeps at most
