@@ -110,7 +110,7 @@ impl ClientHello {
     }
 
     /// Decodes and checks a hello, with or without a proof (which is not verified here:
-    /// [`HelloGate`] does).
+    /// a server with the cluster key does).
     pub fn decode(b: &[u8]) -> Result<Self> {
         decode(b).map(|(h, _)| h)
     }

@@ -4,7 +4,7 @@
 //! The region is registered without remote rights; each connection gets type-2 memory
 //! windows bound through its own QP: one read-only over the header, the lease slots and the
 //! chunk table, one over its lease slot, and one per chunk it owns. Chunks are claimed and
-//! released through the server with two-sided control messages ([`Control`]); allocation,
+//! released through the server with two-sided control messages (docs/PROTOCOL.md section 7.6); allocation,
 //! free, reads and writes inside an owned chunk stay one-sided.
 
 mod wire;
