@@ -74,6 +74,9 @@ pub struct Args {
     /// through the server. Without it every connected client may use the whole region.
     #[arg(long)]
     isolated: bool,
+    /// With --isolated: the most chunks one client id may own at once (default: no limit).
+    #[arg(long, requires = "isolated", value_parser = crate::units::count_arg(1 << 24))]
+    max_chunks_per_client: Option<u64>,
     /// Keep running when stdin closes (for a server started with stdin at /dev/null);
     /// only SIGINT or SIGTERM stop it then.
     #[arg(long)]
@@ -116,6 +119,7 @@ fn config(args: &Args) -> Result<ServerConfig> {
         } else {
             rdmapool::remote::Isolation::Trusted
         },
+        max_chunks_per_client: args.max_chunks_per_client.unwrap_or(0),
     })
 }
 

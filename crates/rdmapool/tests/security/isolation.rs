@@ -484,3 +484,41 @@ fn a_restarted_isolated_client_gets_its_slot_and_chunks_back() {
     assert!(mine.contains(&p), "{mine:?}");
     again.block_on(again.free(p)).unwrap();
 }
+
+/// One id cannot take every chunk of an isolated server that bounds them per id: beyond its
+/// quota its allocations find the node full, while another id still allocates.
+#[test]
+fn an_isolated_server_bounds_the_chunks_of_one_id() {
+    let n = node();
+    let server = MemoryServer::start(
+        &n.ctx,
+        ServerConfig {
+            node: 4,
+            size: 4 << 20,
+            chunk_size: 256 << 10,
+            clients: 64,
+            listen: std::net::SocketAddr::new(listen_ip(), 0),
+            isolation: Isolation::Isolated,
+            max_chunks_per_client: 2,
+            lease: Duration::from_secs(4),
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap();
+    let greedy = client(&n, &server, 8);
+    // Whole-chunk objects: each takes a chunk of its own.
+    let big = 200_000;
+    let held: Vec<RemotePtr> = (0..2)
+        .map(|_| greedy.block_on(greedy.alloc(big, None)).unwrap())
+        .collect();
+    match greedy.block_on(greedy.alloc(big, None)) {
+        Err(rdmapool::Error::RemoteExhausted { .. }) => {}
+        other => panic!("a third chunk for one id: {other:?}"),
+    }
+    assert_eq!(server.stats().chunks_owned, 2);
+    let other = client(&n, &server, 9);
+    other.block_on(other.alloc(big, None)).unwrap();
+    // Freeing one gives the id room again.
+    greedy.block_on(greedy.free(held[0])).unwrap();
+    greedy.block_on(greedy.alloc(big, None)).unwrap();
+}

@@ -49,7 +49,8 @@ impl Shared {
             };
             match self.alloc_on(node, class, size).await {
                 Ok(Some(p)) => return Ok(p),
-                Ok(None) => full = true,
+                // An isolated node whose quota of chunks for this id is used up is full too.
+                Ok(None) | Err(Error::RemoteExhausted { .. }) => full = true,
                 Err(e @ Error::NodeDown { .. }) => down = Some(e),
                 Err(e) => return Err(e),
             }

@@ -7,7 +7,7 @@ use super::ops::timed;
 use super::{Node, Shared};
 use crate::cq::LocalBuf;
 use crate::fabric::{AccessFlags, Mr, RemoteAddr};
-use crate::remote::isolation::{Control, CONTROL_LEN, NO_SLOT, REFUSED};
+use crate::remote::isolation::{Control, CONTROL_LEN, NO_SLOT, QUOTA_REACHED, REFUSED};
 use crate::remote::layout::CLIENT_SLOT;
 use crate::{Error, Result};
 use parking_lot::Mutex;
@@ -166,6 +166,10 @@ impl Shared {
             ));
         };
         match answer {
+            // This id owns all the chunks the node allows one id: the node is full for it.
+            Control::Answer {
+                old: QUOTA_REACHED, ..
+            } => Err(Error::RemoteExhausted { size: 0 }),
             Control::Answer { old: REFUSED, .. } => Err(refused(
                 node,
                 node.desc.layout.table_entry(chunk),

@@ -9,7 +9,7 @@
 
 mod wire;
 
-pub(crate) use wire::{Control, CONTROL_LEN, NO_SLOT, REFUSED};
+pub(crate) use wire::{Control, CONTROL_LEN, NO_SLOT, QUOTA_REACHED, REFUSED};
 
 /// Whether a memory server trusts its clients with its whole region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

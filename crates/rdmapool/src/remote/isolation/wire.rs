@@ -10,6 +10,9 @@ const VERSION: u8 = 1;
 /// An [`Control::Answer`]'s `old` when the server refused the request outright (the chunk
 /// index is out of range, or the connection holds no lease slot).
 pub(crate) const REFUSED: u64 = u64::MAX;
+/// A claim's [`Control::Answer`] `old` when the client id already owns as many chunks as
+/// the server allows one id (`ServerConfig::max_chunks_per_client`).
+pub(crate) const QUOTA_REACHED: u64 = u64::MAX - 1;
 /// A [`Control::Granted`]'s slot when every lease slot is held by another client.
 pub(crate) const NO_SLOT: u64 = u64::MAX;
 

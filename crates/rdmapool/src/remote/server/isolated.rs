@@ -3,7 +3,7 @@
 //! requests. The only server CPU work a client can cause; it is counted in
 //! `requests_handled`.
 
-use super::super::isolation::{Control, CONTROL_LEN, NO_SLOT, REFUSED};
+use super::super::isolation::{Control, CONTROL_LEN, NO_SLOT, QUOTA_REACHED, REFUSED};
 use super::super::layout::CLIENT_SLOT;
 use super::Inner;
 use crate::fabric::{
@@ -259,6 +259,15 @@ impl Inner {
                 }
             }
             Control::Claim { req, chunk } if in_range(chunk) => {
+                if self.max_chunks_per_client > 0
+                    && self.chunks_of(id) >= self.max_chunks_per_client
+                {
+                    return Some(Control::Answer {
+                        req,
+                        old: QUOTA_REACHED,
+                        rkey: 0,
+                    });
+                }
                 let entry = l.table_entry(chunk);
                 let old = match self.compare_exchange_entry(entry, 0, id) {
                     Err(old) => return Some(Control::Answer { req, old, rkey: 0 }),
@@ -336,6 +345,17 @@ impl Inner {
             }
         }
         (NO_SLOT, 0)
+    }
+
+    /// How many chunks the table says `id` owns (claims are rare: a scan is cheap enough).
+    fn chunks_of(&self, id: u64) -> u64 {
+        (0..self.layout.chunk_count)
+            .filter(|&j| {
+                self.word(self.layout.table_entry(j))
+                    .load(Ordering::Acquire)
+                    == id
+            })
+            .count() as u64
     }
 
     fn compare_exchange_entry(

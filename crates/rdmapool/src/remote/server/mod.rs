@@ -70,6 +70,9 @@ pub struct ServerConfig {
     /// Whether clients may use the whole region ([`Isolation::Trusted`], the default) or
     /// only their own lease slot and chunks ([`Isolation::Isolated`], enforced by the NIC).
     pub isolation: Isolation,
+    /// Isolated mode: the most chunks one client id may own at once (0: no limit). A claim
+    /// beyond it is refused, and the client's allocation reports the node full.
+    pub max_chunks_per_client: u64,
 }
 
 impl Default for ServerConfig {
@@ -84,6 +87,7 @@ impl Default for ServerConfig {
             cluster_key: None,
             allow_unauthenticated: false,
             isolation: Isolation::Trusted,
+            max_chunks_per_client: 0,
         }
     }
 }
@@ -103,6 +107,8 @@ struct Inner {
     recv_buf: crate::fabric::Mr,
     /// Whether clients are confined to their own slot and chunks.
     isolated: bool,
+    /// Isolated mode: chunks one id may own (0: no limit).
+    max_chunks_per_client: u64,
     /// Connected clients. Dropped once the id holds no lease slot (expired, or never taken)
     /// and the connection is older than two leases; in isolated mode, also as soon as the
     /// id's lease expires.
@@ -449,6 +455,7 @@ impl MemoryServer {
             cq,
             recv_buf,
             isolated,
+            max_chunks_per_client: cfg.max_chunks_per_client,
             conns: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             draining: AtomicBool::new(false),
