@@ -70,6 +70,20 @@ fn next_json(r: &mut impl BufRead) -> Value {
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"))
 }
 
+/// `serve --size 4M` with `args`, `set` and `unset` in its environment, stdin at /dev/null
+/// (it stops at once when it starts): what it printed and how it ended.
+fn serve_once(args: &[&str], set: &[(&str, &str)], unset: &[&str]) -> Output {
+    let mut cmd = Command::new(EXE);
+    cmd.args(["serve", "--size", "4M"]).args(args);
+    for (k, v) in set {
+        cmd.env(k, v);
+    }
+    for k in unset {
+        cmd.env_remove(k);
+    }
+    cmd.stdin(Stdio::null()).output().unwrap()
+}
+
 fn pool(servers: &str, id: &str, args: &[&str]) -> Output {
     Command::new(EXE)
         .args(["pool", "--servers", servers, "--client-id", id])
@@ -235,14 +249,15 @@ fn dropped_connections_are_logged_at_a_bounded_rate() {
 fn cross_host_warnings_name_the_variable_and_print_once_without_colour() {
     // Listening beyond loopback without a cluster key: refused, saying how to set one and
     // how to opt out (issue #22, secure by default).
-    let out = Command::new(EXE)
-        .args(["serve", "--listen", "0.0.0.0:0", "--size", "4M"])
-        .env_remove("RDMAPOOL_SOFT_BIND")
-        .env_remove("RDMAPOOL_POOL_KEY_FILE")
-        .env_remove("RDMAPOOL_ALLOW_UNAUTHENTICATED")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = serve_once(
+        &["--listen", "0.0.0.0:0"],
+        &[],
+        &[
+            "RDMAPOOL_SOFT_BIND",
+            "RDMAPOOL_POOL_KEY_FILE",
+            "RDMAPOOL_ALLOW_UNAUTHENTICATED",
+        ],
+    );
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     for says in [
@@ -255,19 +270,11 @@ fn cross_host_warnings_name_the_variable_and_print_once_without_colour() {
     }
     // Opted in, and listening beyond loopback while the soft NIC is on loopback: clients of
     // other hosts would connect and then fail: serve says why and names RDMAPOOL_SOFT_BIND.
-    let out = Command::new(EXE)
-        .args([
-            "serve",
-            "--listen",
-            "0.0.0.0:0",
-            "--size",
-            "4M",
-            "--allow-unauthenticated",
-        ])
-        .env_remove("RDMAPOOL_SOFT_BIND")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = serve_once(
+        &["--listen", "0.0.0.0:0", "--allow-unauthenticated"],
+        &[],
+        &["RDMAPOOL_SOFT_BIND"],
+    );
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
@@ -276,14 +283,11 @@ fn cross_host_warnings_name_the_variable_and_print_once_without_colour() {
     );
 
     // The soft NIC beyond loopback without a key: refused unless opted in.
-    let out = Command::new(EXE)
-        .args(["serve", "--size", "4M"])
-        .env("RDMAPOOL_SOFT_BIND", "0.0.0.0:0")
-        .env_remove("RDMAPOOL_SOFT_PSK_FILE")
-        .env_remove("RDMAPOOL_ALLOW_UNAUTHENTICATED")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = serve_once(
+        &[],
+        &[("RDMAPOOL_SOFT_BIND", "0.0.0.0:0")],
+        &["RDMAPOOL_SOFT_PSK_FILE", "RDMAPOOL_ALLOW_UNAUTHENTICATED"],
+    );
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
@@ -293,15 +297,15 @@ fn cross_host_warnings_name_the_variable_and_print_once_without_colour() {
     // Opted in (the variable): the exposure warning, once, plain, with the default log
     // filter and with RDMAPOOL_LOG asking for warnings.
     for log in ["", "warn"] {
-        let out = Command::new(EXE)
-            .args(["serve", "--size", "4M"])
-            .env("RDMAPOOL_ALLOW_UNAUTHENTICATED", "1")
-            .env("RDMAPOOL_SOFT_BIND", "0.0.0.0:0")
-            .env("RDMAPOOL_LOG", log)
-            .env_remove("RDMAPOOL_SOFT_PSK_FILE")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let out = serve_once(
+            &[],
+            &[
+                ("RDMAPOOL_ALLOW_UNAUTHENTICATED", "1"),
+                ("RDMAPOOL_SOFT_BIND", "0.0.0.0:0"),
+                ("RDMAPOOL_LOG", log),
+            ],
+            &["RDMAPOOL_SOFT_PSK_FILE"],
+        );
         let err = text(&out.stderr);
         assert!(out.status.success(), "{err}");
         assert_eq!(

@@ -11,6 +11,11 @@ use rdmapool::remote::*;
 /// An isolated server (4 MiB in 256 KiB chunks, 64 slots, a 4 s lease: a takeover watches
 /// for half of it, and the guest's emulated rxe is slow) on the tests' listen address.
 fn isolated_server(ctx: &Context) -> MemoryServer {
+    isolated_server_with(ctx, 0)
+}
+
+/// The same, allowing one id `max_chunks_per_client` chunks (0: no limit).
+fn isolated_server_with(ctx: &Context, max_chunks_per_client: u64) -> MemoryServer {
     MemoryServer::start(
         ctx,
         ServerConfig {
@@ -21,6 +26,7 @@ fn isolated_server(ctx: &Context) -> MemoryServer {
             listen: std::net::SocketAddr::new(listen_ip(), 0),
             isolation: Isolation::Isolated,
             lease: Duration::from_secs(4),
+            max_chunks_per_client,
             ..ServerConfig::default()
         },
     )
@@ -490,21 +496,7 @@ fn a_restarted_isolated_client_gets_its_slot_and_chunks_back() {
 #[test]
 fn an_isolated_server_bounds_the_chunks_of_one_id() {
     let n = node();
-    let server = MemoryServer::start(
-        &n.ctx,
-        ServerConfig {
-            node: 4,
-            size: 4 << 20,
-            chunk_size: 256 << 10,
-            clients: 64,
-            listen: std::net::SocketAddr::new(listen_ip(), 0),
-            isolation: Isolation::Isolated,
-            max_chunks_per_client: 2,
-            lease: Duration::from_secs(4),
-            ..ServerConfig::default()
-        },
-    )
-    .unwrap();
+    let server = isolated_server_with(&n.ctx, 2);
     let greedy = client(&n, &server, 8);
     // Whole-chunk objects: each takes a chunk of its own.
     let big = 200_000;

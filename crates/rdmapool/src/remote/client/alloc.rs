@@ -131,11 +131,9 @@ impl Shared {
                     .checked_sub(l.table_offset)
                     .map(|rel| rel / crate::remote::layout::TABLE_ENTRY)
                     .filter(|&j| j < l.chunk_count && l.table_entry(j) == at);
-                match entry {
+                match (entry, &node.windows) {
                     // On an isolated node, claims and releases go through the server.
-                    Some(chunk) if node.windows.is_some() => {
-                        self.table_cas(node, chunk, expected, swap).await
-                    }
+                    (Some(chunk), Some(w)) => self.table_cas(node, w, chunk, expected, swap).await,
                     _ => {
                         let remote = self.at(node, at, 8, true).await?;
                         self.cas(node, remote, expected, swap).await

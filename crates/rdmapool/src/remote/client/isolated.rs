@@ -141,14 +141,11 @@ impl Shared {
     pub(super) async fn table_cas(
         &self,
         node: &Node,
+        w: &Windows,
         chunk: u64,
         expected: u64,
         swap: u64,
     ) -> Result<u64> {
-        let Some(w) = &node.windows else {
-            let at = node.desc.layout.table_entry(chunk);
-            return self.cas(node, node.remote(at), expected, swap).await;
-        };
         let claim = expected == 0 && swap == self.id;
         let release = expected == self.id && swap == 0;
         let answer = if claim {
@@ -187,7 +184,10 @@ impl Shared {
 
     /// Asks the node for this client's lease slot and windows (once, after connecting).
     pub(super) async fn setup(&self, node: &Node) -> Result<Grant> {
-        let w = node.windows.as_ref().expect("an isolated node");
+        let w = node.windows.as_ref().ok_or_else(|| Error::Malformed {
+            what: "pool descriptor",
+            reason: format!("node {} is not isolated", node.desc.node),
+        })?;
         match self.control(node, w, |req| Control::Setup { req }).await? {
             Control::Granted { slot: NO_SLOT, .. } => Err(Error::InvalidArgument(format!(
                 "node {}: all {} client slots are taken",
