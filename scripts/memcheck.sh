@@ -10,7 +10,8 @@
 # --message-format=json) with one test thread, from the package directory as cargo does.
 #
 # Environment:
-#   MEMCHECK_TESTS  integration tests of rdmapool to run (default below)
+#   MEMCHECK_TESTS  areas (modules of tests/it) of rdmapool's integration tests to run
+#                   (default below)
 #   MEMCHECK_LIB    0 to skip the library's unit tests and the fuzz corpus
 # A suppression file scripts/valgrind.supp is used if present (none is needed today).
 set -euo pipefail
@@ -41,8 +42,13 @@ if [ "${MEMCHECK_LIB:-1}" != 0 ]; then
   runs+=("lib:$(executable --lib)")
   runs+=("fuzz-corpus:$(executable --lib --features fuzzing) fuzzing")
 fi
+# The integration tests are one binary (tests/it), run once per area with the area's module as
+# the filter; libtest filters match substrings, so `ops::` skips `async_ops::`.
+it=$(executable --test it)
 for t in $tests; do
-  runs+=("$t:$(executable --test "$t")")
+  skip=""
+  [ "$t" = ops ] && skip=" --skip async_ops::"
+  runs+=("$t:$it $t::$skip")
 done
 
 failed=()

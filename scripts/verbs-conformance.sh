@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 timeout_secs=${VERBS_CONFORMANCE_TIMEOUT:-900}
 
-# The C peer (tests/interop.rs): rdma-core's librdmacm/libibverbs headers and gcc.
+# The C peer (tests/it/interop.rs): rdma-core's librdmacm/libibverbs headers and gcc.
 need=()
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
 [ -f /usr/include/rdma/rdma_verbs.h ] || need+=(librdmacm-dev)
@@ -69,7 +69,7 @@ INNER
 chmod +x "$runner"
 
 # The guest's root file system is its initramfs, in its RAM (2 GiB): copies without debug
-# info (a test binary goes from ~33 MB to a few), or 22 test binaries no longer unpack
+# info (a test binary goes from ~33 MB to a few), or many test binaries no longer unpack
 # ("Initramfs unpacking failed: write error", a kernel panic). Backtraces keep their symbols.
 stage=$PWD/target/verbs-conformance
 rm -rf "$stage"

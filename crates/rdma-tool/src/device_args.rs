@@ -2,6 +2,7 @@
 //! and the one function that opens the context they select.
 
 use crate::{Result, ToolError};
+use rdmapool::fabric::ProviderOptions;
 use rdmapool::fabric::{devices, Context, ProviderKind, SoftConfig, Transport};
 
 /// A provider as the command line names it.
@@ -117,9 +118,9 @@ impl DeviceArgs {
             ProviderKind::Soft => {
                 let mut cfg = SoftConfig::from_env()?.with_transport(transport);
                 cfg.admission.allow_unauthenticated |= allow_unauthenticated;
-                Context::open_with(cfg)?
+                Context::open(cfg)?
             }
-            p => Context::open_provider(p, self.device.as_deref())?,
+            p => Context::open(ProviderOptions::from_env(p, self.device.as_deref())?)?,
         })
     }
 }

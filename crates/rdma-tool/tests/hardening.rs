@@ -2,6 +2,7 @@
 //! error that names the fix, never a panic, and nothing stops a running peer.
 
 use rdmapool::conn::{connect, Manager};
+use rdmapool::fabric::SoftConfig;
 use rdmapool::fabric::{Context, QpConfig, RemoteRegion};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -49,7 +50,7 @@ fn a_peer_survives_requests_without_its_secret_and_serves_its_parent() {
         .unwrap()
         .parse()
         .unwrap();
-    let ctx = Context::open_soft().unwrap();
+    let ctx = Context::open(SoftConfig::from_env().unwrap()).unwrap();
     let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(16).unwrap());
     let cfg = QpConfig::default();
     let t = Duration::from_secs(20);

@@ -14,7 +14,10 @@ use std::sync::Arc;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> rdmapool::Result<()> {
-    let (here, there) = (Context::open_soft()?, Context::open_soft()?);
+    let (here, there) = (
+        Context::open(SoftConfig::from_env()?)?,
+        Context::open(SoftConfig::from_env()?)?,
+    );
     let (pd, remote_pd) = (here.alloc_pd()?, there.alloc_pd()?);
     // Two CQs; the engine waits on their completion channels through tokio.
     let pool = CqPool::new(&here, 2, 1024)?;

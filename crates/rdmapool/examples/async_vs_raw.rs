@@ -27,7 +27,7 @@ fn main() -> rdmapool::Result<()> {
         rdmapool::metrics::track_objects(true);
     }
     let local_path = || -> rdmapool::Result<Context> {
-        Context::open_with(SoftConfig::from_env()?.with_transport(Transport::Local))
+        Context::open(SoftConfig::from_env()?.with_transport(Transport::Local))
     };
     let (a, b) = (local_path()?, local_path()?);
     let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);

@@ -5,6 +5,7 @@
 //! cargo run --release -p rdmapool --example devices
 //! ```
 
+use rdmapool::fabric::SoftConfig;
 use rdmapool::fabric::{devices, Context};
 
 fn main() -> rdmapool::Result<()> {
@@ -39,7 +40,7 @@ fn main() -> rdmapool::Result<()> {
         }
     }
     // Opening is what every other command does first; the soft provider is always there.
-    let ctx = Context::open_soft()?;
+    let ctx = Context::open(SoftConfig::from_env()?)?;
     let pd = ctx.alloc_pd()?;
     println!(
         "opened {} ({}) and allocated a protection domain",

@@ -4,6 +4,7 @@
 //!
 //! `cargo run --release -p rdmapool --example idle_probe -- 2000`
 
+use rdmapool::fabric::SoftConfig;
 use rdmapool::fabric::{Context, QpConfig};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -36,7 +37,10 @@ fn main() -> rdmapool::Result<()> {
         .nth(2)
         .and_then(|a| a.parse().ok())
         .unwrap_or(200);
-    let (a, b) = (Context::open_soft()?, Context::open_soft()?);
+    let (a, b) = (
+        Context::open(SoftConfig::from_env()?)?,
+        Context::open(SoftConfig::from_env()?)?,
+    );
     let (pa, ca) = (a.alloc_pd()?, a.create_cq(4096)?);
     let (pb, cb) = (b.alloc_pd()?, b.create_cq(4096)?);
     let qp = pb.create_qp(&cb, &cb, &QpConfig::default())?;

@@ -24,7 +24,7 @@ const SECRET: &[u8] = b"exported through a window, nothing else";
 
 /// One side: a context, a PD, and an engine driven by the caller (`run_until`).
 fn side(provider: ProviderKind) -> rdmapool::Result<(Context, Pd, Engine)> {
-    let ctx = Context::open_provider(provider, None)?;
+    let ctx = Context::open(ProviderOptions::from_env(provider, None)?)?;
     let pd = ctx.alloc_pd()?;
     let caller = EngineConfig {
         progress: Progress::Caller,

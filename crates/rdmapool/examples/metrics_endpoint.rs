@@ -25,7 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("serving on {name} and http://{http}/metrics");
 
     // Work to measure: registrations, and WRITE/FAA between two QPs of one soft NIC.
-    let ctx = Context::open_soft()?;
+    let ctx = Context::open(SoftConfig::from_env()?)?;
     let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16)?);
     let (a, b) = (
         pd.create_qp(&cq, &cq, &QpConfig::default())?,

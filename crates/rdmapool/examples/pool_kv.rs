@@ -87,7 +87,7 @@ impl Kv {
 }
 
 fn main() -> rdmapool::Result<()> {
-    let ctx = Context::open_soft()?;
+    let ctx = Context::open(SoftConfig::from_env()?)?;
     let servers: Vec<MemoryServer> = (1..=3)
         .map(|node| {
             MemoryServer::start(

@@ -10,6 +10,7 @@
 //! ```
 
 use rdmapool::buf::{BufferPool, PoolConfig};
+use rdmapool::fabric::SoftConfig;
 use rdmapool::fabric::{AccessFlags, Context};
 use rdmapool::mr::{CacheConfig, RegCache, Registrar, RegistrarConfig};
 
@@ -20,7 +21,7 @@ const REGION: usize = 1 << 20;
 const IN_FLIGHT: usize = 6;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let pd = Context::open_soft()?.alloc_pd()?;
+    let pd = Context::open(SoftConfig::from_env()?)?.alloc_pd()?;
     let start = rdmapool::metrics::snapshot();
 
     // 1. Pooled memory: allocated once, registered and deregistered every round, as a

@@ -103,7 +103,7 @@ fn main() -> rdmapool::Result<()> {
     let local = "127.0.0.1:0".parse().unwrap();
 
     // The target side: a region behind a CM listener, and a memory server.
-    let sctx = Context::open_soft()?;
+    let sctx = Context::open(SoftConfig::from_env()?)?;
     let spd = sctx.alloc_pd()?;
     let scq = sctx.create_cq(1024)?;
     let region = spd.alloc_mr(REGION, ALL)?;
@@ -144,7 +144,7 @@ fn main() -> rdmapool::Result<()> {
     };
 
     // The client side.
-    let cctx = Context::open_soft()?;
+    let cctx = Context::open(SoftConfig::from_env()?)?;
     let cpd = cctx.alloc_pd()?;
     let src = Arc::new(cpd.alloc_mr(64 << 10, ALL)?);
     let dst = Arc::new(cpd.alloc_mr(64 << 10, ALL)?);

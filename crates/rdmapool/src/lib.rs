@@ -6,7 +6,7 @@
 //! ```
 //! use rdmapool::fabric::*;
 //! # fn main() -> rdmapool::Result<()> {
-//! let ctx = Context::open_soft()?;
+//! let ctx = Context::open(SoftConfig::default())?;
 //! let pd = ctx.alloc_pd()?;
 //! let cq = ctx.create_cq(64)?;
 //! let target = pd.alloc_mr(4096, AccessFlags::all_remote())?;

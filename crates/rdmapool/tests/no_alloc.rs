@@ -2,11 +2,12 @@
 //! one-sided operations allocates nothing on the calling thread (both paths), raw or through
 //! the async engine (post, dispatch by wr_id, resolve).
 
-mod common;
-use common::*;
+#[path = "it/support/mod.rs"]
+mod support;
 use rdmapool::fabric::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use support::*;
 
 struct Counting;
 

@@ -4,7 +4,8 @@
 //! nothing is counted while tracking is off. One test in its own binary: the switch is
 //! process-global.
 
-mod common;
+#[path = "it/support/mod.rs"]
+mod support;
 
 use rdmapool::fabric::*;
 use rdmapool::metrics::{snapshot, track_objects, ObjectCompletions};
@@ -17,14 +18,14 @@ fn find(list: &[ObjectCompletions], device: &str, id: u64) -> Option<Vec<(WcStat
 
 #[test]
 fn completions_are_counted_on_their_qp_and_cq() {
-    let common::Node { ctx, pd, cq: _ } = common::node();
+    let support::Node { ctx, pd, cq: _ } = support::node();
     let device = ctx.device().name.clone();
     let (cq_good, cq_bad, cq_target) = (
         ctx.create_cq(64).unwrap(),
         ctx.create_cq(64).unwrap(),
         ctx.create_cq(64).unwrap(),
     );
-    let cfg = common::config();
+    let cfg = support::config();
     let pair = |cq: &Cq| {
         let a = pd.create_qp(cq, cq, &cfg).unwrap();
         let b = pd.create_qp(&cq_target, &cq_target, &cfg).unwrap();
@@ -45,7 +46,7 @@ fn completions_are_counted_on_their_qp_and_cq() {
             signaled: true,
         }])
         .unwrap();
-        common::one(cq).status
+        support::one(cq).status
     };
 
     track_objects(true);

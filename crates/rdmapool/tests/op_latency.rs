@@ -16,7 +16,7 @@ fn count(op: WcOpcode) -> u64 {
 
 #[test]
 fn each_opcode_is_timed_when_sampled_and_not_otherwise() {
-    let ctx = Context::open_soft().unwrap();
+    let ctx = Context::open(SoftConfig::from_env().unwrap()).unwrap();
     let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(64).unwrap());
     let cfg = QpConfig::default();
     let (a, b) = (

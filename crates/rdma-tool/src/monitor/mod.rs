@@ -202,7 +202,9 @@ mod tests {
 
     #[test]
     fn op_latency_reads_the_same_from_json_and_prometheus() {
-        let ctx = rdmapool::fabric::Context::open_soft().unwrap();
+        let ctx =
+            rdmapool::fabric::Context::open(rdmapool::fabric::SoftConfig::from_env().unwrap())
+                .unwrap();
         let ops = probe::Ops::new(&ctx, &ctx.alloc_pd().unwrap()).unwrap();
         rdmapool::metrics::sample_op_latency(1);
         // Each round is one WRITE, READ, CAS and FAA.
@@ -224,7 +226,9 @@ mod tests {
     #[test]
     fn qp_errors_read_the_same_from_json_and_prometheus() {
         rdmapool::metrics::track_objects(true);
-        let ctx = rdmapool::fabric::Context::open_soft().unwrap();
+        let ctx =
+            rdmapool::fabric::Context::open(rdmapool::fabric::SoftConfig::from_env().unwrap())
+                .unwrap();
         let ops = probe::Ops::new(&ctx, &ctx.alloc_pd().unwrap()).unwrap();
         let done = ops.wrong_rkey_write();
         assert_eq!(done.status, rdmapool::fabric::WcStatus::RemAccessErr);

@@ -133,9 +133,10 @@ thread_local! {
 ///
 /// ```
 /// use rdmapool::buf::{BufferPool, PoolConfig};
-/// use rdmapool::fabric::{Context, RegisteredMemory};
+/// use rdmapool::fabric::{Context, RegisteredMemory, SoftConfig};
 /// # fn main() -> rdmapool::Result<()> {
-/// let pool = BufferPool::new(Context::open_soft()?.alloc_pd()?, PoolConfig::default())?;
+/// let pd = Context::open(SoftConfig::default())?.alloc_pd()?;
+/// let pool = BufferPool::new(pd, PoolConfig::default())?;
 /// let small = pool.alloc(200)?;          // every class has memory from `new`: no registration
 /// let buf = pool.alloc(4096)?;
 /// buf.write_at(0, b"ready for RDMA")?;

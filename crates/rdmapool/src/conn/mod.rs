@@ -35,7 +35,8 @@
 //! use rdmapool::fabric::*;
 //! use std::time::Duration;
 //! # fn main() -> rdmapool::Result<()> {
-//! let (server, client) = (Context::open_soft()?, Context::open_soft()?);
+//! let server = Context::open(SoftConfig::default())?;
+//! let client = Context::open(SoftConfig::default())?;
 //! let (spd, scq) = (server.alloc_pd()?, server.create_cq(16)?);
 //! let region = spd.alloc_mr(4096, AccessFlags::all_remote())?;
 //! let listener = Listener::bind(&spd, "127.0.0.1:0".parse().unwrap())?;

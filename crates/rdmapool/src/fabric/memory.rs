@@ -19,7 +19,7 @@ use std::sync::Arc;
 /// ```
 /// use rdmapool::fabric::*;
 /// # fn main() -> rdmapool::Result<()> {
-/// let pd = Context::open_soft()?.alloc_pd()?;
+/// let pd = Context::open(SoftConfig::default())?.alloc_pd()?;
 /// let mr = pd.alloc_mr(4096, AccessFlags::all_remote())?;
 /// let sge = mr.sge(64, 32)?;                      // bounds-checked
 /// assert_eq!(sge.addr, mr.addr() + 64);
@@ -164,7 +164,7 @@ unsafe impl StableBuf for crate::mr::HugeRegion {
 /// ```
 /// use rdmapool::fabric::*;
 /// # fn main() -> rdmapool::Result<()> {
-/// let pd = Context::open_soft()?.alloc_pd()?;
+/// let pd = Context::open(SoftConfig::default())?.alloc_pd()?;
 /// let reg = pd.register(vec![7u8; 4096], AccessFlags::all_remote())?;
 /// reg.write_at(0, b"hi")?;
 /// let _sge = reg.sge(0, 2)?;

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 /// An open device: the root of every other object.
 ///
 /// ```
-/// let ctx = rdmapool::fabric::Context::open_soft().unwrap();
+/// use rdmapool::fabric::{Context, SoftConfig};
+/// let ctx = Context::open(SoftConfig::default()).unwrap();
 /// assert_eq!(ctx.device().name, "soft0");
 /// ```
 #[derive(Clone)]
@@ -23,50 +24,41 @@ pub struct Context {
 }
 
 impl Context {
-    /// Opens the device described by `device` (from [`super::devices`]), with options from
-    /// the environment ([`ProviderOptions::from_env`]).
-    pub fn open(device: &DeviceInfo) -> Result<Self> {
-        Self::open_provider(device.provider, Some(&device.name))
-    }
-
-    /// Opens a device of `provider`, by name or else the first one, with options from the
-    /// environment (for verbs, a name in `RDMAPOOL_DEVICE` is used when `name` is None).
-    pub fn open_provider(provider: ProviderKind, name: Option<&str>) -> Result<Self> {
-        let options = ProviderOptions::from_env(provider, name)?;
-        let name = match &options {
-            ProviderOptions::Verbs(v) => v.device.clone(),
-            ProviderOptions::Soft(_) => name.map(str::to_string),
+    /// Opens a device: the provider and device the options name, with those options. This is
+    /// the one way to open a context; the options come from a provider's own type
+    /// ([`super::SoftConfig`], [`super::VerbsConfig`]) or from the environment
+    /// ([`ProviderOptions::from_env`]), and [`super::devices`] lists what can be opened.
+    ///
+    /// Fails with [`Error::ProviderUnavailable`] when the provider cannot be used here and
+    /// [`Error::InvalidArgument`] (naming the devices there are) for a device that does not
+    /// exist.
+    pub fn open(options: impl Into<ProviderOptions>) -> Result<Self> {
+        let options = options.into();
+        let provider = super::provider::find(options.provider());
+        let device = match &options {
+            ProviderOptions::Verbs(v) => v.device.as_deref(),
+            ProviderOptions::Soft(_) => None,
         };
-        let status = super::provider::find(provider).status();
+        let status = provider.status();
         if let Some(reason) = status.unavailable {
             return Err(Error::ProviderUnavailable {
-                provider: provider.name().into(),
+                provider: options.provider().name().into(),
                 reason,
             });
         }
-        if let Some(n) = &name {
-            if !status.devices.iter().any(|d| &d.name == n) {
+        if let Some(name) = device {
+            if !status.devices.iter().any(|d| d.name == name) {
                 let known: Vec<_> = status.devices.iter().map(|d| d.name.as_str()).collect();
                 return Err(Error::InvalidArgument(format!(
-                    "no {provider} device {n:?} (devices: {})",
+                    "no {} device {name:?} (devices: {})",
+                    options.provider(),
                     known.join(", ")
                 )));
             }
         }
-        Self::open_with(options)
-    }
-
-    /// Opens a context of the provider the options are for, with those options.
-    pub fn open_with(options: impl Into<ProviderOptions>) -> Result<Self> {
-        let options = options.into();
         Ok(Self {
-            inner: super::provider::find(options.provider()).open(&options)?,
+            inner: provider.open(&options)?,
         })
-    }
-
-    /// Opens a new soft context (one emulated NIC) configured from the environment.
-    pub fn open_soft() -> Result<Self> {
-        Self::open_with(super::SoftConfig::from_env()?)
     }
 
     /// The device's description and limits.
@@ -150,7 +142,7 @@ impl Pd {
     /// ```
     /// use rdmapool::fabric::*;
     /// # fn main() -> rdmapool::Result<()> {
-    /// let pd = Context::open_soft()?.alloc_pd()?;
+    /// let pd = Context::open(SoftConfig::default())?.alloc_pd()?;
     /// let reg = pd.register(vec![0u8; 8192], AccessFlags::LOCAL_WRITE)?;
     /// assert_eq!(reg.len(), 8192);
     /// let err = pd.register(Vec::new(), AccessFlags::LOCAL_WRITE).unwrap_err();
@@ -382,7 +374,7 @@ impl Qp {
     /// ```
     /// use rdmapool::fabric::*;
     /// # fn main() -> rdmapool::Result<()> {
-    /// let ctx = Context::open_soft()?;
+    /// let ctx = Context::open(SoftConfig::default())?;
     /// let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16)?);
     /// let cfg = QpConfig { max_send_wr: 4, max_recv_wr: 3, ..QpConfig::default() };
     /// let qp = pd.create_qp(&cq, &cq, &cfg)?;
@@ -489,7 +481,7 @@ impl Qp {
     /// ```
     /// use rdmapool::fabric::*;
     /// # fn main() -> rdmapool::Result<()> {
-    /// let ctx = Context::open_soft()?;
+    /// let ctx = Context::open(SoftConfig::default())?;
     /// let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16)?);
     /// let region = pd.alloc_mr(1 << 16, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
     /// let (a, b) = (pd.create_qp(&cq, &cq, &QpConfig::default())?, pd.create_qp(&cq, &cq, &QpConfig::default())?);

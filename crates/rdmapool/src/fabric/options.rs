@@ -15,7 +15,7 @@ use std::time::Duration;
 /// ```
 /// use rdmapool::fabric::{Context, SoftConfig};
 /// let cfg = SoftConfig { spin: std::time::Duration::ZERO, ..SoftConfig::from_env().unwrap() };
-/// let ctx = Context::open_with(cfg).unwrap();
+/// let ctx = Context::open(cfg).unwrap();
 /// assert_eq!(ctx.device().name, "soft0");
 /// ```
 #[derive(Debug, Clone)]
@@ -35,10 +35,32 @@ impl ProviderOptions {
         }
     }
 
-    /// The options from the environment for `provider`, on device `device` (or the first).
+    /// The options from the environment for `provider`, on device `device` (or the first;
+    /// for verbs, the one `RDMAPOOL_DEVICE` names when `device` is `None`). A soft device
+    /// name other than the soft provider's one is an error.
+    ///
+    /// ```
+    /// use rdmapool::fabric::{Context, ProviderKind, ProviderOptions};
+    /// let ctx = Context::open(ProviderOptions::from_env(ProviderKind::Soft, None)?)?;
+    /// assert_eq!(ctx.device().name, "soft0");
+    /// # Ok::<(), rdmapool::Error>(())
+    /// ```
     pub fn from_env(provider: ProviderKind, device: Option<&str>) -> Result<Self> {
         Ok(match provider {
-            ProviderKind::Soft => Self::Soft(SoftConfig::from_env()?),
+            ProviderKind::Soft => {
+                if let Some(d) = device {
+                    let status = super::provider::find(provider).status();
+                    if !status.devices.iter().any(|x| x.name == d) {
+                        let known: Vec<_> =
+                            status.devices.iter().map(|x| x.name.as_str()).collect();
+                        return Err(Error::InvalidArgument(format!(
+                            "no soft device {d:?} (devices: {})",
+                            known.join(", ")
+                        )));
+                    }
+                }
+                Self::Soft(SoftConfig::from_env()?)
+            }
             ProviderKind::Verbs => {
                 let mut v = VerbsConfig::from_env()?;
                 if let Some(d) = device {
@@ -101,8 +123,28 @@ pub struct SoftConfig {
     pub admission: Admission,
 }
 
+/// Loopback on a port the system picks, 50 µs of spin, [`Transport::Auto`] and
+/// [`Admission::default`]: what [`SoftConfig::from_env`] gives with none of its variables set.
+///
+/// ```
+/// use rdmapool::fabric::{Context, SoftConfig};
+/// let ctx = Context::open(SoftConfig::default())?;
+/// assert_eq!(ctx.device().name, "soft0");
+/// # Ok::<(), rdmapool::Error>(())
+/// ```
+impl Default for SoftConfig {
+    fn default() -> Self {
+        Self {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            spin: Duration::from_micros(50),
+            transport: Transport::Auto,
+            admission: Admission::default(),
+        }
+    }
+}
+
 impl SoftConfig {
-    /// Defaults, overridden by `RDMAPOOL_SOFT_BIND`, `RDMAPOOL_SOFT_SPIN_US`,
+    /// [`SoftConfig::default`], overridden by `RDMAPOOL_SOFT_BIND`, `RDMAPOOL_SOFT_SPIN_US`,
     /// `RDMAPOOL_SOFT_TRANSPORT` (auto, tcp or local) and the variables of
     /// [`Admission::from_env`].
     pub fn from_env() -> Result<Self> {
@@ -110,13 +152,13 @@ impl SoftConfig {
             Ok(s) => s.parse().map_err(|e| {
                 Error::InvalidArgument(format!("RDMAPOOL_SOFT_BIND={s:?}: {e} (want ip:port)"))
             })?,
-            Err(_) => SocketAddr::from(([127, 0, 0, 1], 0)),
+            Err(_) => Self::default().bind,
         };
         let spin = match std::env::var("RDMAPOOL_SOFT_SPIN_US") {
             Ok(s) => Duration::from_micros(s.parse().map_err(|e| {
                 Error::InvalidArgument(format!("RDMAPOOL_SOFT_SPIN_US={s:?}: {e}"))
             })?),
-            Err(_) => Duration::from_micros(50),
+            Err(_) => Self::default().spin,
         };
         let transport = match std::env::var("RDMAPOOL_SOFT_TRANSPORT") {
             Ok(s) if !s.trim().is_empty() => Transport::parse(s.trim())

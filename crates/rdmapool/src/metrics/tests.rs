@@ -201,7 +201,7 @@ fn untracked_objects_have_no_series() {
 
 #[test]
 fn live_registry_counts_registrations() {
-    let pd = crate::fabric::Context::open_soft()
+    let pd = crate::fabric::Context::open(crate::fabric::SoftConfig::default())
         .unwrap()
         .alloc_pd()
         .unwrap();

@@ -151,10 +151,10 @@ fn drop_overlapping(state: &Mutex<State>, counters: &Counters, start: usize, len
 /// A registration cache for one PD.
 ///
 /// ```
-/// use rdmapool::fabric::{Context, RegisteredMemory};
+/// use rdmapool::fabric::{Context, RegisteredMemory, SoftConfig};
 /// use rdmapool::mr::{CacheConfig, RegCache};
 /// # fn main() -> rdmapool::Result<()> {
-/// let pd = Context::open_soft()?.alloc_pd()?;
+/// let pd = Context::open(SoftConfig::default())?.alloc_pd()?;
 /// let cache = RegCache::new(pd, CacheConfig::default())?;
 /// let buf = vec![0u8; 1 << 16];
 /// // SAFETY: `buf` outlives every use of the handles below.

@@ -19,7 +19,7 @@
 //! use rdmapool::fabric::*;
 //! use rdmapool::remote::*;
 //! # fn main() -> rdmapool::Result<()> {
-//! let ctx = Context::open_soft()?;
+//! let ctx = Context::open(SoftConfig::default())?;
 //! let server = MemoryServer::start(&ctx, ServerConfig { size: 8 << 20, chunk_size: 1 << 20,
 //!     ..ServerConfig::default() })?;
 //! let members = StaticMembership::new(vec![server.addr()]);

@@ -214,7 +214,7 @@ impl Engine {
     /// # use rdmapool::fabric::*;
     /// # use std::sync::Arc;
     /// # fn main() -> rdmapool::Result<()> {
-    /// let ctx = Context::open_soft()?;
+    /// let ctx = Context::open(SoftConfig::default())?;
     /// let pd = ctx.alloc_pd()?;
     /// let cfg = EngineConfig { progress: Progress::Caller, ..EngineConfig::default() };
     /// let engine = Engine::new(vec![ctx.create_cq(1024)?], cfg)?;

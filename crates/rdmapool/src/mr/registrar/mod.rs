@@ -77,10 +77,10 @@ struct Shared {
 /// Registers memory on worker threads so callers never block on pinning.
 ///
 /// ```
-/// use rdmapool::fabric::{AccessFlags, Context, RegisteredMemory};
+/// use rdmapool::fabric::{AccessFlags, Context, RegisteredMemory, SoftConfig};
 /// use rdmapool::mr::{Registrar, RegistrarConfig, RegState};
 /// # fn main() -> rdmapool::Result<()> {
-/// let pd = Context::open_soft()?.alloc_pd()?;
+/// let pd = Context::open(SoftConfig::default())?.alloc_pd()?;
 /// let reg = Registrar::new(pd, RegistrarConfig::default())?;
 /// let handle = reg.submit(1 << 20, AccessFlags::all_remote());   // returns at once
 /// let mr = handle.wait()?;                                       // or `.await`
@@ -186,10 +186,11 @@ impl Registrar {
     /// early cancels the request; the buffer is freed only after the worker is done with it.
     ///
     /// ```
-    /// use rdmapool::fabric::{AccessFlags, Context};
+    /// use rdmapool::fabric::{AccessFlags, Context, SoftConfig};
     /// use rdmapool::mr::{Registrar, RegistrarConfig};
     /// # fn main() -> rdmapool::Result<()> {
-    /// let registrar = Registrar::new(Context::open_soft()?.alloc_pd()?, RegistrarConfig::default())?;
+    /// let pd = Context::open(SoftConfig::default())?.alloc_pd()?;
+    /// let registrar = Registrar::new(pd, RegistrarConfig::default())?;
     /// let handle = registrar.submit_owned(vec![0u8; 1 << 16], AccessFlags::LOCAL_WRITE);
     /// let reg = handle.wait()?;                  // or `.await`
     /// let buf: Vec<u8> = reg.into_inner();

@@ -29,7 +29,7 @@
 //! # fn main() -> rdmapool::Result<()> {
 //! let etcd = EtcdConfig::new(vec!["http://127.0.0.1:2379".into()], "/rdmapool/pool-a");
 //! // A server: serve, then say so in etcd.
-//! let ctx = Context::open_soft()?;
+//! let ctx = Context::open(SoftConfig::default())?;
 //! let server = MemoryServer::start(&ctx, ServerConfig::default())?;
 //! let reg = EtcdRegistration::register(&etcd, server.descriptor().node, server.addr())?;
 //! // A client: connect to whoever is registered, then follow the prefix.

@@ -39,7 +39,7 @@ fn ip() -> std::net::IpAddr {
 /// `gone SECS` (waits up to SECS for every accepted QP's `PeerDisconnected` event; says how
 /// many came and when).
 pub fn target() {
-    let ctx = Context::open_soft().unwrap();
+    let ctx = Context::open(SoftConfig::from_env().unwrap()).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(4096).unwrap();
     let region = pd.alloc_mr(REGION, ALL).unwrap();
@@ -55,7 +55,7 @@ pub fn target() {
                 clients: 64,
                 lease: Duration::from_secs(2),
                 listen: SocketAddr::new(ip(), 0),
-                cluster_key: crate::common::pool_key_from_env(),
+                cluster_key: crate::support::pool_key_from_env(),
                 ..ServerConfig::default()
             },
         )
@@ -218,7 +218,7 @@ struct Conn {
 }
 
 pub fn workload() {
-    let ctx = Context::open_soft().unwrap();
+    let ctx = Context::open(SoftConfig::from_env().unwrap()).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let block_len: usize = env("BLOCK").parse().unwrap_or(16 << 10);
     let slots: u64 = env("SLOTS").parse().unwrap_or(16);
@@ -283,7 +283,7 @@ pub fn workload() {
                     next_id += 1;
                     let members = StaticMembership::new(vec![addr]);
                     let mut cfg = ClientConfig::new(next_id);
-                    cfg.cluster_key = crate::common::pool_key_from_env();
+                    cfg.cluster_key = crate::support::pool_key_from_env();
                     let r = PoolClient::connect(&ctx, &pd, &members, cfg);
                     client = t.ok("pool-connect", r);
                 }

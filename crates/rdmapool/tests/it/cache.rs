@@ -1,8 +1,7 @@
 //! The registration cache: sub-range hits, LRU eviction under caps, counters, explicit
 //! invalidation, and never a stale registration after munmap + mmap at the same address.
 
-mod common;
-use common::*;
+use crate::support::*;
 use rdmapool::fabric::RegisteredMemory;
 use rdmapool::mr::{CacheConfig, RegCache};
 

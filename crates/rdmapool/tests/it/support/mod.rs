@@ -3,10 +3,21 @@
 #![allow(dead_code)]
 
 pub mod child;
+pub mod faultnet;
 pub mod rawpeer;
 
 use rdmapool::fabric::*;
 use std::time::Duration;
+
+/// The name libtest gives test `test` of the module at `module` (a `module_path!()`, whose
+/// first segment is this binary's crate): what `--exact` takes to run just that test in a
+/// child process.
+pub fn test_name(module: &str, test: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{test}"),
+        None => test.to_string(),
+    }
+}
 
 /// Generous: only bounds a hang, never asserts speed.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -51,9 +62,11 @@ pub fn node_on(transport: Transport) -> Node {
             let cfg = SoftConfig::from_env()
                 .expect("soft settings")
                 .with_transport(transport);
-            Context::open_with(cfg).expect("open soft context")
+            Context::open(cfg).expect("open soft context")
         }
-        p => Context::open_provider(p, None).expect("open the provider under test"),
+        p => ProviderOptions::from_env(p, None)
+            .and_then(Context::open)
+            .expect("open the provider under test"),
     };
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(4096).unwrap();

@@ -1,7 +1,6 @@
 //! Connection setup with private data: accept, reject, limits, and garbage on the CM port.
 
-mod common;
-use common::*;
+use crate::support::*;
 use rdmapool::conn::{
     connect, Listener, Manager, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA,
     MAX_REJECT_PRIVATE_DATA,

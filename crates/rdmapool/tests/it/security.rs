@@ -2,9 +2,8 @@
 //! host would (docs/SECURITY.md lists them with their outcome). Each test failed before the
 //! fix it names.
 
-mod common;
-use common::rawpeer::{status, Raw, SoftTarget};
-use common::*;
+use crate::support::rawpeer::{status, Raw, SoftTarget};
+use crate::support::*;
 use rdmapool::conn::{connect, Listener, Manager};
 use rdmapool::fabric::*;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -21,7 +20,7 @@ fn soft_node(admission: Admission) -> Node {
         admission,
         ..SoftConfig::from_env().unwrap()
     };
-    let ctx = Context::open_with(cfg).unwrap();
+    let ctx = Context::open(cfg).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256).unwrap();
     Node { ctx, pd, cq }
@@ -172,7 +171,7 @@ fn hello_as_nobody(path: &str, ep: &Endpoint, src: u32) -> String {
     let out = Command::new(exe)
         .args([
             "--exact",
-            "child_says_hello",
+            &test_name(module_path!(), "child_says_hello"),
             "--nocapture",
             "--test-threads=1",
         ])
@@ -226,7 +225,7 @@ fn another_user_dialling_this_hosts_own_address_is_refused_too() {
     };
     // The user check is what this test is about: no key, by the operator's choice.
     cfg.admission.allow_unauthenticated = true;
-    let ctx = Context::open_with(cfg).unwrap();
+    let ctx = Context::open(cfg).unwrap();
     let b = Node {
         pd: ctx.alloc_pd().unwrap(),
         cq: ctx.create_cq(256).unwrap(),
@@ -419,7 +418,11 @@ fn the_passive_side_learns_that_its_peer_died() {
     let fds_before = open_fds();
     let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_connects_and_waits", "--nocapture"])
+        .args([
+            "--exact",
+            &test_name(module_path!(), "child_connects_and_waits"),
+        ])
+        .args(["--nocapture"])
         .args(["--test-threads=1"])
         .env("RDMAPOOL_SECURITY_PEER", "1")
         .stdin(Stdio::piped())
@@ -950,7 +953,11 @@ fn another_user_holding_the_local_socket_keeps_no_one_out() {
     let marker = std::env::temp_dir().join(format!("rdmapool-hold-{}", std::process::id()));
     let _ = std::fs::remove_file(&marker);
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_holds_connections", "--test-threads=1"])
+        .args([
+            "--exact",
+            &test_name(module_path!(), "child_holds_connections"),
+        ])
+        .args(["--test-threads=1"])
         .env(
             "RDMAPOOL_SECURITY_HOLD",
             format!("{} {share} {}", qb.endpoint().to_hex(), marker.display()),
@@ -1061,7 +1068,7 @@ fn listeners_beyond_loopback_need_a_key_or_an_explicit_opt_in() {
         };
         cfg.admission.psk = psk;
         cfg.admission.allow_unauthenticated = allow;
-        Context::open_with(cfg)
+        Context::open(cfg)
     };
     let key = || Some(PreSharedKey::new(&[7; 32]).unwrap());
     refused_unprotected(
@@ -1156,5 +1163,4 @@ fn a_burst_of_clients_from_one_host_all_join() {
     );
 }
 
-#[path = "security/isolation.rs"]
 mod isolation;

@@ -1,15 +1,15 @@
 //! The parent's side: starting targets and workloads in the namespaces, running rounds,
 //! comparing what initiators wrote with what targets hold, resource levels, summaries.
 
-use crate::faultnet::{FaultNet, Faults, ADDR_A, ADDR_B};
-use crate::procs::*;
+use super::procs::*;
+use crate::support::faultnet::{FaultNet, Faults, ADDR_A, ADDR_B};
 use std::collections::BTreeMap;
 
 pub const BLOCK: usize = 16 << 10;
 
 /// The relay between fresh namespaces, or None (with the reason) where this cannot run.
 pub fn net(tag: &str, seed: u64) -> Option<FaultNet> {
-    if crate::common::soft_only("the soft TCP path across a faulty link") {
+    if crate::support::soft_only("the soft TCP path across a faulty link") {
         return None;
     }
     match FaultNet::new(tag, seed) {

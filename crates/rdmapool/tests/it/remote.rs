@@ -1,8 +1,7 @@
 //! The cross-node memory pool on real servers and clients (soft by default; the verbs suite
 //! runs it in the SoftRoCE guest with RDMA CM on the guest's RDMA netdev).
 
-mod common;
-use common::*;
+use crate::support::*;
 use rdmapool::fabric::*;
 use rdmapool::remote::*;
 use rdmapool::Error;

@@ -13,13 +13,14 @@ pub struct Child {
 }
 
 impl Child {
-    /// Starts this test binary's `child_entry` with `role` and extra environment.
-    pub fn spawn(role: &str, env: &[(&str, &str)]) -> Child {
-        Self::spawn_in(None, role, env)
+    /// Starts the `child_entry` test of the test module `module` (pass `module_path!()`) in
+    /// this test binary, with `role` and extra environment.
+    pub fn spawn(module: &str, role: &str, env: &[(&str, &str)]) -> Child {
+        Self::spawn_in(None, module, role, env)
     }
 
     /// Like [`Child::spawn`], inside network namespace `ns` (via `ip netns exec`) if given.
-    pub fn spawn_in(ns: Option<&str>, role: &str, env: &[(&str, &str)]) -> Child {
+    pub fn spawn_in(ns: Option<&str>, module: &str, role: &str, env: &[(&str, &str)]) -> Child {
         let exe = std::env::current_exe().unwrap();
         let mut cmd = match ns {
             Some(ns) => {
@@ -31,7 +32,8 @@ impl Child {
             }
             None => Command::new(exe),
         };
-        cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        cmd.args(["--exact", &super::test_name(module, "child_entry")])
+            .args(["--nocapture", "--test-threads=1"])
             .env("RDMAPOOL_TEST_CHILD", role)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());

@@ -4,9 +4,8 @@
 //! renewed. (They were renewed one node after another, so a healthy node's lease ran out
 //! while a renewal on the silent node waited, and the client lost that node too.)
 
-mod common;
-use common::child::{parent_line, Child};
-use common::*;
+use crate::support::child::{parent_line, Child};
+use crate::support::*;
 use rdmapool::fabric::Transport;
 use rdmapool::remote::*;
 use rdmapool::Error;
@@ -47,7 +46,7 @@ fn a_silent_server_costs_the_client_that_node_only() {
     if soft_only("a stopped server process on loopback") {
         return;
     }
-    let mut silent = Child::spawn("server", &[]);
+    let mut silent = Child::spawn(module_path!(), "server", &[]);
     let silent_addr: SocketAddr = silent.line().parse().unwrap();
     let healthy = server(2);
     let members = StaticMembership::new(vec![silent_addr, healthy.addr()]);

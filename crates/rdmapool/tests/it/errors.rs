@@ -1,8 +1,7 @@
 //! Every bad access gets the status an HCA gives, leaves target memory unchanged, and moves
 //! the QPs to the error state as RC requires.
 
-mod common;
-use common::*;
+use crate::support::*;
 use rdmapool::fabric::*;
 use rdmapool::Error;
 
@@ -685,7 +684,7 @@ fn on_demand_paging_works_where_the_device_has_it_and_says_so_where_not() {
 
 #[test]
 fn unknown_device_names_are_refused_with_the_list() {
-    let r = Context::open_provider(provider(), Some("no-such-device"));
+    let r = ProviderOptions::from_env(provider(), Some("no-such-device")).and_then(Context::open);
     match r {
         Err(Error::InvalidArgument(msg)) => assert!(msg.contains("no-such-device"), "{msg}"),
         Err(e) => panic!("expected InvalidArgument, got {e}"),
@@ -1119,7 +1118,7 @@ fn error_completions_report_the_posted_operation() {
 fn the_verbs_device_is_chosen_by_rdmapool_device() {
     if let Ok(expect) = std::env::var("RDMAPOOL_TEST_EXPECT_DEVICE") {
         // The child: RDMAPOOL_DEVICE is set for it.
-        match Context::open_provider(ProviderKind::Verbs, None) {
+        match ProviderOptions::from_env(ProviderKind::Verbs, None).and_then(Context::open) {
             Ok(ctx) => assert_eq!(ctx.device().name, expect),
             Err(Error::InvalidArgument(why)) => {
                 assert!(expect.is_empty(), "{why}");
@@ -1141,7 +1140,10 @@ fn the_verbs_device_is_chosen_by_rdmapool_device() {
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "the_verbs_device_is_chosen_by_rdmapool_device",
+                &test_name(
+                    module_path!(),
+                    "the_verbs_device_is_chosen_by_rdmapool_device",
+                ),
                 "--test-threads=1",
             ])
             .env("RDMAPOOL_DEVICE", env)

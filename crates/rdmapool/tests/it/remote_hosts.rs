@@ -3,9 +3,8 @@
 //! provider's TCP path. Needs root and iproute2 (CI has both); elsewhere it says why it
 //! skips.
 
-mod common;
-use common::child::{parent_line as stdin_line, Child as Proc};
-use common::*;
+use crate::support::child::{parent_line as stdin_line, Child as Proc};
+use crate::support::*;
 use rdmapool::fabric::*;
 use rdmapool::remote::*;
 use std::collections::BTreeMap;
@@ -102,7 +101,7 @@ fn child_entry() {
         return;
     };
     let env = |k: &str| std::env::var(k).unwrap();
-    let ctx = Context::open_soft().unwrap(); // binds RDMAPOOL_SOFT_BIND, this host's address
+    let ctx = Context::open(SoftConfig::from_env().unwrap()).unwrap(); // binds RDMAPOOL_SOFT_BIND, this host's address
     match role.as_str() {
         "pool-server" => {
             let s = MemoryServer::start(
@@ -255,6 +254,7 @@ fn three_servers_and_three_clients_on_four_hosts() {
             let (node, bind) = ((i + 1).to_string(), format!("{ip}:0"));
             Proc::spawn_in(
                 Some(ns),
+                module_path!(),
                 "pool-server",
                 &[("NODE", &node), ("IP", ip), ("RDMAPOOL_SOFT_BIND", &bind)],
             )
@@ -273,6 +273,7 @@ fn three_servers_and_three_clients_on_four_hosts() {
             let (id, servers, bind) = (id.to_string(), addrs.join(","), format!("{client_ip}:0"));
             Proc::spawn_in(
                 Some(client_ns),
+                module_path!(),
                 "pool-client",
                 &[
                     ("ID", &id),
@@ -314,6 +315,7 @@ fn three_servers_and_three_clients_on_four_hosts() {
         0,
         Proc::spawn_in(
             Some(ns1),
+            module_path!(),
             "pool-server",
             &[
                 ("NODE", "1"),

@@ -1,9 +1,9 @@
 //! Misbehaving peers on raw TCP sockets. The soft data connection's handshake is built in
-//! one place, [`soft_hello`] (docs/PROTOCOL.md section 5.2, with `common::rawpeer`), so a change to it is a change
+//! one place, [`soft_hello`] (docs/PROTOCOL.md section 5.2, with `crate::support::rawpeer`), so a change to it is a change
 //! here only; requests follow section 5.3.
 
-use crate::faultnet::FaultNet;
-use crate::procs::WATCHDOG;
+use super::procs::WATCHDOG;
+use crate::support::faultnet::FaultNet;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
@@ -12,11 +12,11 @@ use std::time::Duration;
 /// endpoint is `ep_hex`, as that QP's bound peer (itself); Err if the target refused.
 pub fn soft_hello(s: &mut TcpStream, ep_hex: &str) -> std::io::Result<()> {
     let ep = rdmapool::fabric::Endpoint::from_hex(ep_hex).unwrap();
-    let t = crate::common::rawpeer::SoftTarget::of(&ep);
+    let t = crate::support::rawpeer::SoftTarget::of(&ep);
     s.set_read_timeout(Some(WATCHDOG))?;
-    let mut raw = crate::common::rawpeer::Raw::Tcp(s.try_clone()?);
+    let mut raw = crate::support::rawpeer::Raw::Tcp(s.try_clone()?);
     // The children's NICs hold the test's pre-shared key (they listen beyond loopback).
-    let psk = crate::common::test_key_bytes();
+    let psk = crate::support::test_key_bytes();
     match raw.hello(t.qpn, t.qpn, &t.token, Some(&psk))? {
         0 => Ok(()),
         st => Err(std::io::Error::other(format!("hello refused: status {st}"))),

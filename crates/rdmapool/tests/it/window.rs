@@ -1,8 +1,7 @@
 //! Memory windows (type 2): a key that covers exactly the bound range with the bound rights,
 //! only through the QP it was bound on, and nothing once invalidated; on every provider.
 
-mod common;
-use common::*;
+use crate::support::*;
 use rdmapool::buf::{BufferPool, PoolConfig};
 use rdmapool::fabric::*;
 use rdmapool::Error;

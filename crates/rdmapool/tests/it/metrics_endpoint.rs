@@ -1,12 +1,16 @@
 //! The metrics endpoint, served for real: Prometheus text over loopback HTTP and a JSON
 //! snapshot on an abstract Unix socket, after registrations in this process.
 
+use rdmapool::fabric::SoftConfig;
 use rdmapool::fabric::{AccessFlags, Context};
 use rdmapool::metrics::{Endpoint, EndpointConfig, UnixName};
 use std::io::{Read, Write};
 
 fn register_some() {
-    let pd = Context::open_soft().unwrap().alloc_pd().unwrap();
+    let pd = Context::open(SoftConfig::from_env().unwrap())
+        .unwrap()
+        .alloc_pd()
+        .unwrap();
     for len in [4096, 1 << 20] {
         drop(pd.alloc_mr(len, AccessFlags::LOCAL_WRITE).unwrap());
     }
@@ -97,7 +101,7 @@ fn path_socket_is_removed_on_drop() {
 #[test]
 fn completions_are_counted_by_status() {
     use rdmapool::fabric::{QpConfig, RegisteredMemory, SendWr, WrOp};
-    let ctx = Context::open_soft().unwrap();
+    let ctx = Context::open(SoftConfig::from_env().unwrap()).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64).unwrap();
     let target = pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();

@@ -1,5 +1,5 @@
 //! Real faults between real hosts: two network namespaces joined by a user-space relay that
-//! loses, delays, reorders and duplicates IP packets or cuts the link (tests/faultnet), with
+//! loses, delays, reorders and duplicates IP packets or cuts the link (support/faultnet.rs), with
 //! target and initiator processes on either side using the soft provider over TCP. Every
 //! operation completes or fails with a typed error; nothing hangs (each child is read under a
 //! watchdog); data is checked by checksums, and the targets' own view of their memory is
@@ -9,19 +9,13 @@
 //! Needs root and iproute2 (CI has both); elsewhere it says why it skips. Run with
 //! `--nocapture` to see the summary line of each scenario.
 
-mod common;
-mod faultnet;
-#[path = "faults/procs.rs"]
 mod procs;
-#[path = "faults/raw.rs"]
 mod raw;
-#[path = "faults/roles.rs"]
 mod roles;
 
-#[path = "faults/harness.rs"]
 mod harness;
 
-use faultnet::Faults;
+use crate::support::faultnet::Faults;
 use harness::*;
 use procs::*;
 use rdmapool::fabric::Endpoint;
@@ -124,7 +118,7 @@ fn a_frozen_target_times_out_typed_and_a_peer_that_never_reads_is_cut_off() {
     let peer = t.p.expect("peer");
     let p: Vec<&str> = peer.split_whitespace().collect();
     let ep = p[0].to_string();
-    let addr = common::rawpeer::SoftTarget::of(&Endpoint::from_hex(&ep).unwrap()).tcp;
+    let addr = crate::support::rawpeer::SoftTarget::of(&Endpoint::from_hex(&ep).unwrap()).tcp;
     let (base, rkey) = (
         u64::from_str_radix(p[1], 16).unwrap(),
         p[2].parse().unwrap(),
@@ -174,7 +168,7 @@ fn garbage_after_a_valid_handshake_closes_that_connection_only() {
     let peer = t.p.expect("peer");
     let p: Vec<&str> = peer.split_whitespace().collect();
     let eps: Vec<String> = p[0].split(',').map(String::from).collect();
-    let addr = common::rawpeer::SoftTarget::of(&Endpoint::from_hex(&eps[0]).unwrap()).tcp;
+    let addr = crate::support::rawpeer::SoftTarget::of(&Endpoint::from_hex(&eps[0]).unwrap()).tcp;
     let (base, rkey) = (
         u64::from_str_radix(p[1], 16).unwrap(),
         p[2].parse().unwrap(),

@@ -1,8 +1,7 @@
 //! Every opcode between two emulated NICs (two threads of one process), over TCP and over
 //! the local path, with the data verified.
 
-mod common;
-use common::*;
+use crate::support::*;
 use rdmapool::fabric::*;
 
 const ALL: AccessFlags = AccessFlags::all_remote();

@@ -4,8 +4,7 @@
 //! sides. Runs in the SoftRoCE guest (scripts/verbs-conformance.sh builds the peer and sets
 //! RDMAPOOL_C_PEER); elsewhere it says why it does not run.
 
-mod common;
-use common::*;
+use crate::support::*;
 use rdmapool::conn::{connect, Listener, Manager};
 use rdmapool::fabric::*;
 use rdmapool::Error;

@@ -28,13 +28,15 @@ impl Proc {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", ns])
             .arg(std::env::current_exe().unwrap())
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+            // faults.rs's child_entry, as libtest names it in this binary.
+            .args(["--exact", "faults::child_entry"])
+            .args(["--nocapture", "--test-threads=1"])
             .env("RDMAPOOL_TEST_CHILD", role)
             .env("NAME", format!("{name} in {ns}"))
             .env("IP", ip)
             .env("RDMAPOOL_SOFT_BIND", format!("{ip}:0"))
             .env("RDMAPOOL_SOFT_TRANSPORT", "tcp")
-            .envs(crate::common::key_env()) // beyond loopback: keys
+            .envs(crate::support::key_env()) // beyond loopback: keys
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         for (k, v) in env {

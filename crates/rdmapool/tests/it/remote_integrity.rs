@@ -2,8 +2,7 @@
 //! restarted client's id, automatic rejoin of a restarted server, exact errors, and pointers
 //! checked against the objects they name (issue #20's findings, each reproduced here).
 
-mod common;
-use common::*;
+use crate::support::*;
 use rdmapool::fabric::*;
 use rdmapool::remote::*;
 use rdmapool::Error;
@@ -297,7 +296,7 @@ fn child_entry() {
     if std::env::var("RDMAPOOL_TEST_CHILD").as_deref() != Ok("frozen-client") {
         return; // an ordinary test run: nothing to do
     }
-    use common::child::parent_line;
+    use crate::support::child::parent_line;
     let addr: SocketAddr = std::env::var("RDMAPOOL_TEST_POOL")
         .unwrap()
         .parse()
@@ -349,8 +348,11 @@ fn a_client_frozen_past_its_lease_never_writes_into_a_chunk_taken_back() {
     )
     .unwrap();
     let addr = s.addr().to_string();
-    let mut frozen =
-        common::child::Child::spawn("frozen-client", &[("RDMAPOOL_TEST_POOL", addr.as_str())]);
+    let mut frozen = crate::support::child::Child::spawn(
+        module_path!(),
+        "frozen-client",
+        &[("RDMAPOOL_TEST_POOL", addr.as_str())],
+    );
     let theirs: RemotePtr = frozen.line().parse().unwrap();
     frozen.say("go");
     assert_eq!(frozen.line(), "ok", "a live client writes");

@@ -1,8 +1,7 @@
 //! Pre-registered buffer pools: classes, real registrations, no registration on the
 //! allocation path, exhaustion and growth, concurrency, bad input, no leaks.
 
-mod common;
-use common::*;
+use crate::support::*;
 use rdmapool::buf::{BufferPool, PoolConfig, CLASSES};
 use rdmapool::fabric::*;
 use rdmapool::Error;

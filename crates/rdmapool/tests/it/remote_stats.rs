@@ -2,8 +2,7 @@
 //! server's region), `PoolClient::unreachable`, and the memory servers in the metrics
 //! registry, each checked against the server's own counters.
 
-mod common;
-use common::*;
+use crate::support::*;
 use rdmapool::fabric::*;
 use rdmapool::remote::*;
 use std::net::SocketAddr;

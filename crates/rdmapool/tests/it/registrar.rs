@@ -1,8 +1,7 @@
 //! The asynchronous registrar: futures on tokio, blocking waits, callbacks, cancellation in
 //! every state, no leaks, fast failure on bad input.
 
-mod common;
-use common::*;
+use crate::support::*;
 use rdmapool::fabric::AccessFlags;
 use rdmapool::fabric::RegisteredMemory;
 use rdmapool::mr::{RegState, Registrar, RegistrarConfig};

@@ -5,9 +5,8 @@
 //! The child side is this same test binary, re-run with `RDMAPOOL_TEST_CHILD` set so that
 //! only `child_entry` does anything. Lines starting with `@` are the protocol between them.
 
-mod common;
-use common::child::{parent_line as stdin_line, Child as Peer};
-use common::*;
+use crate::support::child::{parent_line as stdin_line, Child as Peer};
+use crate::support::*;
 use rdmapool::fabric::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -127,10 +126,12 @@ fn child_entry() {
             }
             println!("@done");
         }
-        "open-verbs" => match Context::open_provider(ProviderKind::Verbs, None) {
-            Ok(_) => println!("@ok"),
-            Err(e) => println!("@err {e}"),
-        },
+        "open-verbs" => {
+            match ProviderOptions::from_env(ProviderKind::Verbs, None).and_then(Context::open) {
+                Ok(_) => println!("@ok"),
+                Err(e) => println!("@err {e}"),
+            }
+        }
         "registrar-memlock" => {
             let lim = libc::rlimit {
                 rlim_cur: 1 << 20,
@@ -355,6 +356,7 @@ fn child_entry() {
 /// Parent initiator against a child target: every opcode, verified.
 fn connect_to_target(t: Transport) -> (Peer, Node, Qp, RemoteRegion) {
     let mut peer = Peer::spawn(
+        module_path!(),
         "target",
         &[("T", if t == Transport::Tcp { "tcp" } else { "local" })],
     );
@@ -540,7 +542,7 @@ fn killed_target_fails_outstanding_requests_and_others_keep_working() {
 /// socket stays open and nothing answers. Returns the child (continue it when done), the QP
 /// and the region.
 fn frozen_target(n: &Node, timeout: Duration) -> (Peer, Qp, RemoteRegion) {
-    let mut peer = Peer::spawn("target", &[("T", "tcp")]);
+    let mut peer = Peer::spawn(module_path!(), "target", &[("T", "tcp")]);
     let first = peer.line();
     let (ep, region) = first.split_once(' ').unwrap();
     let region = RemoteRegion::from_hex(region).unwrap();
@@ -637,6 +639,7 @@ fn killed_initiator_leaves_the_target_serving() {
         let mr = n.pd.alloc_mr(REGION, ALL).unwrap();
         let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
         let mut peer = Peer::spawn(
+            module_path!(),
             "writer",
             &[("T", if t == Transport::Tcp { "tcp" } else { "local" })],
         );
@@ -817,7 +820,7 @@ fn exceeding_the_memlock_limit_is_a_clear_error() {
     if soft_only("mlock accounting in an unprivileged child") {
         return;
     }
-    let mut peer = Peer::spawn("memlock", &[]);
+    let mut peer = Peer::spawn(module_path!(), "memlock", &[]);
     assert_eq!(peer.line(), "small None", "64 KiB fits under a 1 MiB limit");
     let big = peer.line();
     assert!(
@@ -844,7 +847,7 @@ fn a_default_pool_fits_an_ordinary_accounts_memlock_limit() {
     if soft_only("mlock accounting in an unprivileged child") {
         return;
     }
-    let mut peer = Peer::spawn("ordinary-account", &[]);
+    let mut peer = Peer::spawn(module_path!(), "ordinary-account", &[]);
     let default = peer.line();
     let Some(counts) = default.strip_prefix("default ok ") else {
         panic!("the default pool under an 8 MiB limit: {default}");
@@ -936,7 +939,7 @@ fn atomics_from_several_processes_and_paths_are_atomic_together() {
     let mut children = Vec::new();
     let mut qps = Vec::new();
     for t in ["local", "tcp"] {
-        let mut peer = Peer::spawn("adder", &[("T", t), ("N", &N.to_string())]);
+        let mut peer = Peer::spawn(module_path!(), "adder", &[("T", t), ("N", &N.to_string())]);
         let ep = Endpoint::from_hex(&peer.line()).unwrap();
         // The child's path is its own (T); ours only carries its connection's requests.
         let qp = n.pd.create_qp(&n.cq, &n.cq, &config()).unwrap();
@@ -1075,11 +1078,13 @@ fn tcp_between_two_hosts_in_network_namespaces() {
     let bind_b = format!("{}:0", hosts.addr_b);
     let mut target = Peer::spawn_in(
         Some(&hosts.a),
+        module_path!(),
         "target",
         &[("T", "tcp"), ("RDMAPOOL_SOFT_BIND", &bind_a)],
     );
     let mut adder = Peer::spawn_in(
         Some(&hosts.b),
+        module_path!(),
         "adder",
         &[
             ("T", "tcp"),
@@ -1111,14 +1116,18 @@ fn verbs_gid_index_out_of_range_is_a_typed_error() {
         eprintln!("verbs only; not run on {}", provider());
         return;
     }
-    let mut peer = Peer::spawn("open-verbs", &[("RDMAPOOL_GID_INDEX", "250")]);
+    let mut peer = Peer::spawn(
+        module_path!(),
+        "open-verbs",
+        &[("RDMAPOOL_GID_INDEX", "250")],
+    );
     let line = peer.line();
     assert!(
         line.starts_with("err ") && line.contains("out of range"),
         "{line}"
     );
     for bad in ["5000", "not-a-number"] {
-        let mut peer = Peer::spawn("open-verbs", &[("RDMAPOOL_GID_INDEX", bad)]);
+        let mut peer = Peer::spawn(module_path!(), "open-verbs", &[("RDMAPOOL_GID_INDEX", bad)]);
         let line = peer.line();
         assert!(line.contains("out of range"), "{bad}: {line}");
     }
@@ -1129,7 +1138,7 @@ fn registrar_retries_enomem_fails_an_impossible_region_at_once_and_honours_its_t
     if soft_only("mlock accounting in an unprivileged child") {
         return;
     }
-    let mut peer = Peer::spawn("registrar-memlock", &[]);
+    let mut peer = Peer::spawn(module_path!(), "registrar-memlock", &[]);
     // 8 MiB can never fit under a 1 MiB limit: failing at once beats retrying an error
     // that cannot change.
     let oversize = peer.line();
@@ -1161,7 +1170,7 @@ fn every_registration_path_returns_pinned_bytes_and_regions_to_zero() {
     if soft_only("the soft provider's pinned-bytes accounting") {
         return;
     }
-    let mut peer = Peer::spawn("leak-check", &[]);
+    let mut peer = Peer::spawn(module_path!(), "leak-check", &[]);
     for what in ["registrar", "cache", "pool"] {
         assert_eq!(
             peer.line(),

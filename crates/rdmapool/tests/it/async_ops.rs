@@ -3,8 +3,7 @@
 //! buffers until completion (cancellation storms), a QP forced into ERR while futures wait,
 //! CQ sizing and overrun, in all three progress modes.
 
-mod common;
-use common::*;
+use crate::support::*;
 use rdmapool::cq::{CqPool, Engine, EngineConfig, LocalBuf, OpCompletion, Progress};
 use rdmapool::fabric::*;
 use std::future::Future;

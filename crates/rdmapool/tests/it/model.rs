@@ -1,8 +1,7 @@
 //! Property test: random sequences of one-sided operations (some out of bounds), posted in
 //! random batches, against a shadow model of the target's memory.
 
-mod common;
-use common::*;
+use crate::support::*;
 use proptest::prelude::*;
 use rdmapool::fabric::*;
 

@@ -1,8 +1,7 @@
 //! One memory model: every handle is `RegisteredMemory`; caller-owned buffers register
 //! safely (`Pd::register`, `Registrar::submit_owned`) and come back after deregistration.
 
-mod common;
-use common::*;
+use crate::support::*;
 use rdmapool::buf::{BufferPool, PoolConfig};
 use rdmapool::fabric::*;
 use rdmapool::mr::{CacheConfig, HugeOptions, HugeRegion, RegCache, Registrar, RegistrarConfig};

@@ -2,10 +2,8 @@
 //! with a temporary data dir and stops it. Servers and clients are real (soft provider over
 //! loopback). Without an `etcd` binary the tests say so and pass, unless
 //! `RDMAPOOL_TEST_ETCD_REQUIRED` is set (CI sets it, and installs Debian's `etcd-server`).
-#![cfg(feature = "etcd")]
 
-mod common;
-use common::*;
+use crate::support::*;
 use rdmapool::fabric::*;
 use rdmapool::remote::*;
 use rdmapool::Error;

@@ -1,0 +1,35 @@
+//! rdmapool's integration tests, one binary: each module is one area (its doc comment says
+//! what it covers), and `support/` holds what they share (nodes and QP pairs on the provider
+//! under test, child processes, raw wire peers, network namespaces and the fault relay).
+//!
+//! Run one area with a filter, e.g. `cargo test -p rdmapool --test it remote::`. Tests that
+//! start child processes re-run this binary with `--exact <module>::child_entry`.
+//!
+//! Three tests keep binaries of their own, because they need a process to themselves:
+//! `tests/no_alloc.rs` (a counting global allocator), `tests/object_metrics.rs` and
+//! `tests/op_latency.rs` (process-global metrics switches).
+
+mod support;
+
+mod async_ops;
+mod cache;
+mod conn;
+mod errors;
+mod faults;
+mod interop;
+mod memory;
+mod metrics_endpoint;
+mod model;
+mod multiprocess;
+mod ops;
+mod pool;
+mod registrar;
+mod remote;
+#[cfg(feature = "etcd")]
+mod remote_etcd;
+mod remote_frozen;
+mod remote_hosts;
+mod remote_integrity;
+mod remote_stats;
+mod security;
+mod window;
