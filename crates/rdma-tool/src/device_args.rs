@@ -2,8 +2,8 @@
 //! and the one function that opens the context they select.
 
 use crate::{Result, ToolError};
-use rdmapool::fabric::ProviderOptions;
-use rdmapool::fabric::{devices, Context, ProviderKind, SoftConfig, Transport};
+use rdmapool::devices;
+use rdmapool::fabric::{Context, ProviderKind, ProviderOptions, SoftConfig, Transport};
 
 /// A provider as the command line names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -3,7 +3,8 @@
 use crate::device_args::DeviceArgs;
 use crate::units::human;
 use crate::{Result, ToolError};
-use rdmapool::fabric::{devices, AtomicCap};
+use rdmapool::devices;
+use rdmapool::fabric::AtomicCap;
 use serde_json::json;
 
 /// Arguments of `devices`.

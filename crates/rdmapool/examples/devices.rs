@@ -5,8 +5,8 @@
 //! cargo run --release -p rdmapool --example devices
 //! ```
 
-use rdmapool::fabric::SoftConfig;
-use rdmapool::fabric::{devices, Context};
+use rdmapool::devices;
+use rdmapool::fabric::{Context, SoftConfig};
 
 fn main() -> rdmapool::Result<()> {
     for p in devices() {

@@ -1,7 +1,8 @@
 //! rdmapool: safe, fast RDMA memory.
 //!
 //! The [`fabric`] module is the provider-independent object model; the `soft` provider runs
-//! it on any Linux machine (no NIC), and the verbs provider drives real hardware.
+//! it on any Linux machine (no NIC), and the verbs provider drives real hardware. [`devices`]
+//! lists the providers and their devices, and [`fabric::Context::open`] opens one.
 //!
 //! ```
 //! use rdmapool::fabric::*;
@@ -40,6 +41,7 @@ pub mod fuzzing;
 pub mod metrics;
 pub mod mr;
 mod os;
+mod providers;
 #[cfg(not(loom))]
 pub mod remote;
 pub mod soft;
@@ -47,6 +49,7 @@ mod util;
 mod verbs;
 
 pub use error::{Error, Result};
+pub use providers::devices;
 
 /// The README's Rust snippet, compiled as a doc test so it stays true.
 #[cfg(doctest)]

@@ -56,18 +56,18 @@
 //! ```
 
 pub(crate) mod inflight;
+mod message;
 mod pending;
-mod private;
 mod tcp;
 
-pub use private::{
+pub use crate::fabric::private_data::{
     decode_private_data, encode_private_data, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA,
     MAX_REJECT_PRIVATE_DATA,
 };
 
+use crate::fabric::private_data::check_private;
 use crate::fabric::{Cq, Pd, ProviderKind, Qp, QpConfig};
 use crate::Result;
-use private::check_private;
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -8,7 +8,7 @@
 //! oldest): a flood from a few addresses evicts only its own connections, never a request
 //! from an address that has few.
 
-use super::tcp::{io_err, Message, HEADER_LEN, REQ};
+use super::message::{io_err, Message, HEADER_LEN, REQ};
 use crate::fabric::Endpoint;
 use crate::{Error, Result};
 use parking_lot::Mutex;

@@ -136,16 +136,3 @@ pub struct ProviderStatus {
     /// Why it cannot be used, when it cannot.
     pub unavailable: Option<String>,
 }
-
-/// Lists every provider with its devices, or the reason it is unavailable.
-///
-/// ```
-/// let providers = rdmapool::fabric::devices();
-/// assert!(providers.iter().any(|p| p.provider == rdmapool::fabric::ProviderKind::Soft));
-/// ```
-pub fn devices() -> Vec<ProviderStatus> {
-    super::provider::table()
-        .into_iter()
-        .map(|p| p.status())
-        .collect()
-}

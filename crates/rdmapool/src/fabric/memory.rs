@@ -146,16 +146,6 @@ unsafe impl StableBuf for Box<[u8]> {
     }
 }
 
-// SAFETY: a huge-page region is a mapping owned by the value, unmapped only on drop.
-unsafe impl StableBuf for crate::mr::HugeRegion {
-    fn stable_ptr(&mut self) -> *mut u8 {
-        self.as_ptr()
-    }
-    fn stable_len(&self) -> usize {
-        self.len()
-    }
-}
-
 /// A caller-owned buffer registered with a PD. The device and peers (as the access flags
 /// allow) may write it at any time, so it is read and written by copies
 /// ([`Registered::read_at`], [`Registered::write_at`]); [`Registered::into_inner`]

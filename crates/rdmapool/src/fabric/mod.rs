@@ -1,7 +1,7 @@
 //! The provider-independent RDMA object model.
 //!
 //! One set of types — [`Context`], [`Pd`], [`Mr`], [`Cq`], [`Qp`], work requests and
-//! [`Completion`]s — drives every provider. Pick a device from [`devices`], open it, and the
+//! [`Completion`]s — drives every provider. Pick a device from [`crate::devices`], open it, and the
 //! same code runs on the `soft` provider (no NIC needed) or real verbs.
 //!
 //! # Memory safety
@@ -26,6 +26,7 @@ mod mr;
 mod mw;
 mod objects;
 mod options;
+pub(crate) mod private_data;
 pub(crate) use memory::check_range;
 pub(crate) mod provider;
 mod qp;
@@ -37,7 +38,7 @@ pub use admission::{
     unauthenticated_allowed_by_env, Admission, AllowUsers, PreSharedKey, ENV_ALLOW_UNAUTHENTICATED,
 };
 pub use completion::{Completion, WcOpcode, WcStatus};
-pub use device::{devices, AtomicCap, DeviceInfo, PortInfo, ProviderKind, ProviderStatus};
+pub use device::{AtomicCap, DeviceInfo, PortInfo, ProviderKind, ProviderStatus};
 pub use events::QpEvent;
 pub use memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
 pub use mr::Mr;

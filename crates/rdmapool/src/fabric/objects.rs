@@ -3,9 +3,8 @@
 use super::memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
 use super::provider::{BindSpec, ContextOps, CqOps, PdOps, QpOps};
 use super::{
-    AccessFlags, BoundWindow, Completion, DeviceInfo, Endpoint, Mr, Mw, ProviderKind,
-    ProviderOptions, QpCapacity, QpConfig, QpState, RecvWr, RemoteRegion, SendWr, WindowError,
-    WindowTable, WrOp,
+    AccessFlags, BoundWindow, Completion, DeviceInfo, Endpoint, Mr, Mw, ProviderKind, QpCapacity,
+    QpConfig, QpState, RecvWr, RemoteRegion, SendWr, WindowError, WindowTable, WrOp,
 };
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -24,41 +23,9 @@ pub struct Context {
 }
 
 impl Context {
-    /// Opens a device: the provider and device the options name, with those options. This is
-    /// the one way to open a context; the options come from a provider's own type
-    /// ([`super::SoftConfig`], [`super::VerbsConfig`]) or from the environment
-    /// ([`ProviderOptions::from_env`]), and [`super::devices`] lists what can be opened.
-    ///
-    /// Fails with [`Error::ProviderUnavailable`] when the provider cannot be used here and
-    /// [`Error::InvalidArgument`] (naming the devices there are) for a device that does not
-    /// exist.
-    pub fn open(options: impl Into<ProviderOptions>) -> Result<Self> {
-        let options = options.into();
-        let provider = super::provider::find(options.provider());
-        let device = match &options {
-            ProviderOptions::Verbs(v) => v.device.as_deref(),
-            ProviderOptions::Soft(_) => None,
-        };
-        let status = provider.status();
-        if let Some(reason) = status.unavailable {
-            return Err(Error::ProviderUnavailable {
-                provider: options.provider().name().into(),
-                reason,
-            });
-        }
-        if let Some(name) = device {
-            if !status.devices.iter().any(|d| d.name == name) {
-                let known: Vec<_> = status.devices.iter().map(|d| d.name.as_str()).collect();
-                return Err(Error::InvalidArgument(format!(
-                    "no {} device {name:?} (devices: {})",
-                    options.provider(),
-                    known.join(", ")
-                )));
-            }
-        }
-        Ok(Self {
-            inner: provider.open(&options)?,
-        })
+    /// A context on an opened provider context (`crate::providers` opens them).
+    pub(crate) fn from_ops(inner: Arc<dyn ContextOps>) -> Self {
+        Self { inner }
     }
 
     /// The device's description and limits.

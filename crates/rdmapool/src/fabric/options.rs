@@ -34,42 +34,6 @@ impl ProviderOptions {
             Self::Verbs(_) => ProviderKind::Verbs,
         }
     }
-
-    /// The options from the environment for `provider`, on device `device` (or the first;
-    /// for verbs, the one `RDMAPOOL_DEVICE` names when `device` is `None`). A soft device
-    /// name other than the soft provider's one is an error.
-    ///
-    /// ```
-    /// use rdmapool::fabric::{Context, ProviderKind, ProviderOptions};
-    /// let ctx = Context::open(ProviderOptions::from_env(ProviderKind::Soft, None)?)?;
-    /// assert_eq!(ctx.device().name, "soft0");
-    /// # Ok::<(), rdmapool::Error>(())
-    /// ```
-    pub fn from_env(provider: ProviderKind, device: Option<&str>) -> Result<Self> {
-        Ok(match provider {
-            ProviderKind::Soft => {
-                if let Some(d) = device {
-                    let status = super::provider::find(provider).status();
-                    if !status.devices.iter().any(|x| x.name == d) {
-                        let known: Vec<_> =
-                            status.devices.iter().map(|x| x.name.as_str()).collect();
-                        return Err(Error::InvalidArgument(format!(
-                            "no soft device {d:?} (devices: {})",
-                            known.join(", ")
-                        )));
-                    }
-                }
-                Self::Soft(SoftConfig::from_env()?)
-            }
-            ProviderKind::Verbs => {
-                let mut v = VerbsConfig::from_env()?;
-                if let Some(d) = device {
-                    v.device = Some(d.to_string());
-                }
-                Self::Verbs(v)
-            }
-        })
-    }
 }
 
 impl From<SoftConfig> for ProviderOptions {

@@ -8,8 +8,8 @@ use crate::Result;
 use std::any::Any;
 use std::sync::Arc;
 
-/// One provider: its devices, and how to open one. [`table`] lists them all; nothing outside
-/// `fabric` names a provider's module.
+/// One provider: its devices, and how to open one. `crate::providers` lists them all, above
+/// fabric and the providers; nothing in `fabric` names a provider's module.
 pub(crate) trait Provider: Sync {
     /// Which provider this is.
     fn kind(&self) -> ProviderKind;
@@ -17,19 +17,6 @@ pub(crate) trait Provider: Sync {
     fn status(&self) -> ProviderStatus;
     /// Opens a context with these options (the provider's own variant).
     fn open(&self, options: &ProviderOptions) -> Result<Arc<dyn ContextOps>>;
-}
-
-/// Every provider, in the order `devices()` lists them.
-pub(crate) fn table() -> [&'static dyn Provider; 2] {
-    [&crate::soft::PROVIDER, &crate::verbs::PROVIDER]
-}
-
-/// The provider of `kind`.
-pub(crate) fn find(kind: ProviderKind) -> &'static dyn Provider {
-    table()
-        .into_iter()
-        .find(|p| p.kind() == kind)
-        .expect("every ProviderKind is in the table")
 }
 
 /// The error for options of another provider.

@@ -23,6 +23,7 @@
 mod collect;
 mod endpoint;
 mod json;
+mod latency;
 pub(crate) mod objects;
 pub(crate) mod ops;
 mod opt_in;
@@ -36,11 +37,12 @@ pub use endpoint::{
     Endpoint, EndpointConfig, EndpointError, UnixName, ENV_HTTP, ENV_OP_SAMPLE, ENV_PER_OBJECT,
     ENV_SOCKET,
 };
+pub use latency::{LatencySummary, BUCKETS_SECONDS, PERCENTILES};
 pub use objects::{objects_tracked, track_objects, ObjectCompletions, MAX_LISTED};
 pub use ops::{op_sample_every, opcode_label, sample_op_latency, DEFAULT_OP_SAMPLE_EVERY};
 pub use pool_servers::ServerStats;
 pub use prometheus::status_label;
-pub use registry::{snapshot, LatencySummary, Snapshot, BUCKETS_SECONDS, PERCENTILES};
+pub use registry::{snapshot, Snapshot};
 
 #[cfg(test)]
 mod tests;

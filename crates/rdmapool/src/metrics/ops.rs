@@ -10,8 +10,8 @@
 //! engine's are); a caller reusing one id for many outstanding requests gets the latency to
 //! the first of them to complete.
 
+use super::latency::{latency, Latency, LatencySummary};
 use super::opt_in::OptIn;
-use super::registry::{latency, Latency, LatencySummary};
 use crate::fabric::{Completion, SendWr, WcOpcode, WcStatus, WrOp};
 use parking_lot::Mutex;
 use std::cell::Cell;

@@ -1,9 +1,10 @@
 //! [`Snapshot`] as Prometheus text exposition (format 0.0.4). Every name is documented in
 //! `docs/METRICS.md`.
 
+use super::latency::{LatencySummary, BUCKETS_SECONDS};
 use super::objects::ObjectCompletions;
 use super::ops::opcode_label;
-use super::registry::{LatencySummary, Snapshot, BUCKETS_SECONDS};
+use super::registry::Snapshot;
 use crate::fabric::WcStatus;
 use std::fmt::Write;
 

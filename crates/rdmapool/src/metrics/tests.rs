@@ -1,6 +1,7 @@
 //! Rendering of a known snapshot: Prometheus text and JSON.
 
-use super::registry::{LatencySummary, Snapshot, BUCKETS_SECONDS, PERCENTILES};
+use super::latency::{LatencySummary, BUCKETS_SECONDS, PERCENTILES};
+use super::registry::Snapshot;
 use super::ObjectCompletions;
 use crate::fabric::{WcOpcode, WcStatus};
 

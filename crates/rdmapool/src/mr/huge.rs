@@ -176,6 +176,16 @@ impl HugeRegion {
     }
 }
 
+// SAFETY: a huge-page region is a mapping owned by the value, unmapped only on drop.
+unsafe impl crate::fabric::StableBuf for HugeRegion {
+    fn stable_ptr(&mut self) -> *mut u8 {
+        self.as_ptr()
+    }
+    fn stable_len(&self) -> usize {
+        self.len()
+    }
+}
+
 impl Drop for HugeRegion {
     fn drop(&mut self) {
         // SAFETY: exactly the mapping we own; registrations on it must be dropped first

@@ -6,7 +6,6 @@ mod cache;
 mod chunked;
 mod huge;
 mod monitor;
-mod owned;
 mod registrar;
 mod state;
 
@@ -14,9 +13,8 @@ pub use batch::{PreRegRing, SharedMr};
 pub use cache::{CacheConfig, CacheStats, CachedMr, RegCache};
 pub use chunked::ChunkedMr;
 pub use huge::{HugeBacking, HugeOptions, HugeRegion, HUGE_PAGE};
-pub use owned::OwnedRegHandle;
 pub use registrar::{
-    LatencyClass, RegHandle, Registrar, RegistrarConfig, RegistrarStats, RetryPolicy,
-    LATENCY_CLASSES,
+    LatencyClass, OwnedRegHandle, RegHandle, Registrar, RegistrarConfig, RegistrarStats,
+    RetryPolicy, LATENCY_CLASSES,
 };
 pub use state::RegState;

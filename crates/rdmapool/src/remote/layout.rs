@@ -230,6 +230,15 @@ pub fn size_class(size: u64, chunk_size: u64) -> Option<u64> {
     (size <= whole).then_some(whole)
 }
 
+/// splitmix64: where client and server start scanning a table for an id, so that ids
+/// spread over it.
+pub(crate) fn hash64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

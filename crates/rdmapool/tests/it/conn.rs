@@ -264,7 +264,7 @@ fn rdma_cm_connects_with_private_data_both_ways_and_rejects() {
 
 #[test]
 fn rdma_cm_reports_what_is_missing_instead_of_panicking() {
-    let verbs = rdmapool::fabric::devices()
+    let verbs = rdmapool::devices()
         .into_iter()
         .find(|p| p.provider == ProviderKind::Verbs)
         .unwrap();

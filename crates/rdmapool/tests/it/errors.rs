@@ -714,7 +714,7 @@ impl Drop for LinkDown {
             .status();
         // Wait for the RDMA port to come back so later tests find it ACTIVE.
         for _ in 0..500 {
-            let ports = rdmapool::fabric::devices();
+            let ports = rdmapool::devices();
             let up = ports
                 .iter()
                 .flat_map(|p| &p.devices)
@@ -741,7 +741,7 @@ fn a_port_that_is_down_is_named_in_the_error() {
     let qp = n.pd.create_qp(&n.cq, &n.cq, &QpConfig::default()).unwrap();
     let _down = LinkDown::new(&netdev);
     let port_down = || {
-        let providers = rdmapool::fabric::devices();
+        let providers = rdmapool::devices();
         let state = providers
             .iter()
             .filter(|p| p.provider == ProviderKind::Verbs)

@@ -3,13 +3,13 @@
 
 use super::drivers::Progressors;
 use super::future::{OpFuture, Spec};
-use super::slots::{Holder, ANY_SOURCE};
+use super::qp_shared::QpShared;
+use super::slots::ANY_SOURCE;
 use super::Shared;
 use crate::buf::Buffer;
 use crate::fabric::provider::BindSpec;
 use crate::fabric::{AccessFlags, Mr, Mw, Qp, RegisteredMemory, RemoteAddr, RemoteRegion, WrOp};
 use crate::{Error, Result};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// Either of the two common kinds of registered memory, for a batch that mixes them (every
@@ -71,84 +71,6 @@ impl WindowBinding {
     }
 }
 
-/// A QP's share of the engine: its queues' free entries and the CQ it is bound to.
-pub(super) struct QpShared {
-    pub(super) qp: Qp,
-    /// Free send-queue entries; a post takes as many as it has work requests and the
-    /// completion gives them back, so posting never overflows the queue.
-    send_credits: AtomicU32,
-    send_depth: u32,
-    recv_credits: AtomicU32,
-    recv_depth: u32,
-    /// Index of the CQ in the engine, or `ANY_SOURCE` for a wrapped QP.
-    pub(super) cq: usize,
-    /// Entries this QP reserved in its CQ (released on drop).
-    reserved: u64,
-    pub(super) engine: Arc<Shared>,
-    _progressors: Arc<Progressors>,
-}
-
-/// The queue entries one operation holds.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Credits {
-    /// On the receive queue (else the send queue).
-    pub(super) recv: bool,
-    /// How many.
-    pub(super) n: u32,
-}
-
-impl QpShared {
-    #[inline]
-    fn credits(&self, recv: bool) -> &AtomicU32 {
-        if recv {
-            &self.recv_credits
-        } else {
-            &self.send_credits
-        }
-    }
-
-    /// The depth of the receive or the send queue.
-    #[inline]
-    pub(super) fn depth(&self, recv: bool) -> u32 {
-        if recv {
-            self.recv_depth
-        } else {
-            self.send_depth
-        }
-    }
-
-    /// Takes `n` free entries of a queue, if it has them.
-    #[inline]
-    pub(super) fn take(&self, recv: bool, n: u32) -> bool {
-        self.credits(recv)
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(n))
-            .is_ok()
-    }
-
-    /// Gives `n` entries back to a queue.
-    #[inline]
-    pub(super) fn give(&self, recv: bool, n: u32) {
-        self.credits(recv).fetch_add(n, Ordering::AcqRel);
-    }
-}
-
-impl Holder for QpShared {
-    type Lease = Credits;
-
-    #[inline]
-    fn give_back(&self, c: Credits) {
-        self.give(c.recv, c.n);
-    }
-}
-
-impl Drop for QpShared {
-    fn drop(&mut self) {
-        if self.cq != ANY_SOURCE {
-            self.engine.pool.unreserve(self.cq, self.reserved);
-        }
-    }
-}
-
 /// A QP with async one-sided and two-sided operations.
 pub struct AsyncQp {
     pub(super) inner: Arc<QpShared>,
@@ -162,19 +84,8 @@ impl AsyncQp {
         engine: Arc<Shared>,
         progressors: Arc<Progressors>,
     ) -> Self {
-        let capacity = qp.capacity();
         AsyncQp {
-            inner: Arc::new(QpShared {
-                qp,
-                send_credits: AtomicU32::new(capacity.send),
-                send_depth: capacity.send,
-                recv_credits: AtomicU32::new(capacity.recv),
-                recv_depth: capacity.recv,
-                cq,
-                reserved,
-                engine,
-                _progressors: progressors,
-            }),
+            inner: Arc::new(QpShared::new(qp, cq, reserved, engine, progressors)),
         }
     }
 
@@ -201,8 +112,8 @@ impl AsyncQp {
         len: u32,
     ) -> OpFuture<'_, B> {
         match local.sge(offset, len) {
-            Ok(sge) => OpFuture::to_post(self, Spec::One { op, sge }, local),
-            Err(e) => OpFuture::failed(self, e, local),
+            Ok(sge) => OpFuture::to_post(&self.inner, Spec::One { op, sge }, local),
+            Err(e) => OpFuture::failed(&self.inner, e, local),
         }
     }
 
@@ -279,8 +190,8 @@ impl AsyncQp {
         len: u32,
     ) -> OpFuture<'_, B> {
         match local.sge(offset, len) {
-            Ok(sge) => OpFuture::to_post(self, Spec::Recv { sge }, local),
-            Err(e) => OpFuture::failed(self, e, local),
+            Ok(sge) => OpFuture::to_post(&self.inner, Spec::Recv { sge }, local),
+            Err(e) => OpFuture::failed(&self.inner, e, local),
         }
     }
 
@@ -304,7 +215,7 @@ impl AsyncQp {
                     len: bind.len,
                     access,
                 };
-                OpFuture::to_post(self, Spec::Bind { mw, bind }, binding)
+                OpFuture::to_post(&self.inner, Spec::Bind { mw, bind }, binding)
             }
             Err(e) => {
                 let binding = WindowBinding {
@@ -313,7 +224,7 @@ impl AsyncQp {
                     len: 0,
                     access,
                 };
-                OpFuture::failed(self, e, binding)
+                OpFuture::failed(&self.inner, e, binding)
             }
         }
     }
@@ -322,7 +233,7 @@ impl AsyncQp {
     /// queue, in order with what was posted before); peers using it fail from then on.
     pub fn invalidate(&self, rkey: u32) -> OpFuture<'_, ()> {
         OpFuture::to_post(
-            self,
+            &self.inner,
             Spec::Local {
                 op: WrOp::LocalInvalidate { rkey },
             },
@@ -352,8 +263,8 @@ impl AsyncQp {
             refused = Some(Error::InvalidArgument("an empty batch".into()));
         }
         match refused {
-            Some(e) => OpFuture::failed(self, e, keep),
-            None => OpFuture::to_post(self, Spec::Batch(list), keep),
+            Some(e) => OpFuture::failed(&self.inner, e, keep),
+            None => OpFuture::to_post(&self.inner, Spec::Batch(list), keep),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The future of one operation (or one batch): waits for room, posts, then waits in its slot.
 
-use super::async_qp::{AsyncQp, Credits};
+use super::qp_shared::{Credits, QpShared};
 use super::slots::ANY_SOURCE;
 use crate::fabric::provider::BindSpec;
 use crate::fabric::{Completion, Mw, Qp, RecvWr, SendWr, Sge, WcOpcode, WrOp};
@@ -140,7 +140,7 @@ enum Stage {
 /// completion arrives, then drops it. Like every future, it must not be polled again after
 /// it resolved.
 pub struct OpFuture<'q, B: Send + 'static> {
-    qp: &'q AsyncQp,
+    qp: &'q Arc<QpShared>,
     stage: Stage,
     buf: Option<B>,
 }
@@ -150,8 +150,8 @@ impl<B: Send + 'static> Unpin for OpFuture<'_, B> {}
 
 impl<'q, B: Send + 'static> OpFuture<'q, B> {
     #[inline]
-    pub(super) fn to_post(qp: &'q AsyncQp, spec: Spec, buf: B) -> Self {
-        let depth = qp.inner.depth(spec.is_recv());
+    pub(super) fn to_post(qp: &'q Arc<QpShared>, spec: Spec, buf: B) -> Self {
+        let depth = qp.depth(spec.is_recv());
         if spec.entries() > depth {
             return Self::failed(
                 qp,
@@ -170,7 +170,7 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
     }
 
     #[inline]
-    pub(super) fn failed(qp: &'q AsyncQp, e: Error, buf: B) -> Self {
+    pub(super) fn failed(qp: &'q Arc<QpShared>, e: Error, buf: B) -> Self {
         OpFuture {
             qp,
             stage: Stage::Failed(e),
@@ -180,7 +180,7 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
 
     /// Takes `n` queue entries and a slot, or registers to be woken when they free up.
     fn reserve(&self, recv: bool, n: u32, cx: &mut Context<'_>) -> Option<u32> {
-        let q = &self.qp.inner;
+        let q = self.qp;
         let table = &q.engine.table;
         for attempt in 0..2 {
             if q.take(recv, n) {
@@ -200,7 +200,7 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
     /// Posts, or waits for room. Ready(Ok) means posted (the future is now `Posted`).
     fn try_post(&mut self, spec: Spec, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let qp = self.qp;
-        let q = &qp.inner;
+        let q = qp;
         let s = &q.engine;
         if q.cq != ANY_SOURCE && s.broken[q.cq].load(Ordering::Acquire) {
             return Poll::Ready(Err(Error::CqOverrun {
@@ -253,7 +253,7 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
                         // join of several), and spinning now would hold them back. Asking
                         // to be polled again costs a re-poll, not a park; the next poll
                         // spins if this is still the only operation in flight.
-                        if !self.qp.inner.engine.spin.is_zero() {
+                        if !self.qp.engine.spin.is_zero() {
                             cx.waker().wake_by_ref();
                         }
                         Poll::Pending
@@ -266,7 +266,7 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
             Stage::Finished => panic!("OpFuture polled after it resolved"),
         };
         let qp = self.qp;
-        let q = &qp.inner;
+        let q = qp;
         match q.engine.table.poll_op(idx, q, cx.waker()) {
             Poll::Ready(outcome) => self.resolve(outcome.into_result().map(OpCompletion::from)),
             Poll::Pending => {
@@ -284,7 +284,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
     /// more than the round trip itself.
     fn spin_then_park(&mut self, idx: u32, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
         let qp = self.qp;
-        let q = &qp.inner;
+        let q = qp;
         let s = &q.engine;
         if s.spin.is_zero() || s.table.in_flight() > 1 {
             return Poll::Pending;
@@ -318,9 +318,9 @@ impl<B: Send + 'static> Drop for OpFuture<'_, B> {
             let (qp, buf) = (self.qp, &mut self.buf);
             // The engine releases slot, entries and buffer on completion; until then the
             // slot keeps the QP and the buffer alive (the one allocation on this path).
-            qp.inner.engine.table.abandon(idx, &qp.inner, || {
-                buf.take().map(|b| Box::new(b) as Box<dyn Send>)
-            });
+            qp.engine
+                .table
+                .abandon(idx, qp, || buf.take().map(|b| Box::new(b) as Box<dyn Send>));
         }
     }
 }

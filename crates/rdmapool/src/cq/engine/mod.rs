@@ -5,6 +5,7 @@
 mod async_qp;
 mod drivers;
 mod future;
+mod qp_shared;
 pub(crate) mod slots;
 
 pub use async_qp::{AsyncQp, LocalBuf, WindowBinding};
@@ -13,8 +14,8 @@ pub use future::{OpCompletion, OpFuture};
 use super::placement::{Assignment, CqPool};
 use crate::fabric::{Completion, Cq, Pd, Qp, QpConfig};
 use crate::{Error, Result};
-use async_qp::QpShared;
 use drivers::Progressors;
+use qp_shared::QpShared;
 use slots::{SlotTable, ANY_SOURCE};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

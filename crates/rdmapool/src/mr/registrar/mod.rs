@@ -2,20 +2,20 @@
 //! [`RegHandle`]; worker threads do the pinning; the result arrives as a future (any
 //! executor), a blocking [`RegHandle::wait`], and/or a callback.
 
+mod owned;
 mod request;
 mod stats;
 mod worker;
 
-pub use request::RegHandle;
-pub use stats::{LatencyClass, RegistrarStats, LATENCY_CLASSES};
-
-use super::owned::OwnedRegHandle;
 use super::state::StateCell;
 use crate::fabric::{AccessFlags, Mr, Pd, StableBuf};
 use crate::{Error, Result};
+pub use owned::OwnedRegHandle;
 use parking_lot::{Condvar, Mutex};
+pub use request::RegHandle;
 use request::{Callback, Outcome, RegionSpec, Request};
 use stats::{inc, Counters};
+pub use stats::{LatencyClass, RegistrarStats, LATENCY_CLASSES};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

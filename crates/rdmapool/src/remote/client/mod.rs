@@ -10,7 +10,6 @@ pub(crate) mod chunks;
 mod isolated;
 mod node;
 mod ops;
-pub(crate) use ops::hash64;
 mod session;
 #[cfg(test)]
 mod sim;

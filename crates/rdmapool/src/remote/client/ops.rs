@@ -111,14 +111,6 @@ impl<F: Future> Future for Timed<'_, F> {
     }
 }
 
-pub(crate) fn hash64(mut x: u64) -> u64 {
-    // splitmix64: spreads client ids over the tables.
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
 impl Shared {
     pub(super) fn word(&self) -> Result<Word> {
         let offset = self.scratch.free.lock().pop().ok_or_else(|| {

@@ -2,13 +2,13 @@
 //! the leases alive.
 
 use super::chunks::{Book, Recover};
-use super::ops::hash64;
 use super::takeover::{next_beat, Step, Takeover};
 use super::{Node, Shared};
 use crate::conn::{self, Manager};
 use crate::fabric::QpConfig;
 use crate::remote::descriptor::decode_accept;
 use crate::remote::hello::{unix_now, ClientHello};
+use crate::remote::layout::hash64;
 use crate::remote::layout::{self, STATE_DRAINING};
 use crate::remote::lease::Holder;
 use crate::{Error, Result};

@@ -334,7 +334,7 @@ impl Inner {
         {
             return (s, 0);
         }
-        let start = super::super::client::hash64(id) % l.client_count.max(1);
+        let start = crate::remote::layout::hash64(id) % l.client_count.max(1);
         for k in 0..l.client_count {
             let s = (start + k) % l.client_count;
             if self.compare_exchange_entry(l.client_slot(s), 0, id).is_ok() {

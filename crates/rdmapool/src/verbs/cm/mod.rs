@@ -121,7 +121,7 @@ impl CmListener {
                 continue;
             }
             let cm = CmId::adopt(self.cm.rc, ev.new_id)?;
-            match crate::conn::decode_private_data(&ev.private) {
+            match crate::fabric::private_data::decode_private_data(&ev.private) {
                 Ok(private) => {
                     return Ok(CmRequest {
                         private: private.to_vec(),
@@ -133,7 +133,9 @@ impl CmListener {
                 }
                 Err(e) => {
                     tracing::warn!("rejecting a connection request: {e}");
-                    let why = crate::conn::encode_private_data(b"malformed private data")?;
+                    let why = crate::fabric::private_data::encode_private_data(
+                        b"malformed private data",
+                    )?;
                     // SAFETY: a live id from the request; the reason lives for the call.
                     unsafe { (cm.rc.rdma_reject)(cm.id, why.as_ptr().cast(), why.len() as u8) };
                     return Err(e);
@@ -183,7 +185,7 @@ impl CmRequest {
         let responder = self.initiator_depth.min(ours);
         let initiator = self.responder_resources.min(ours);
         let depths = (initiator, responder);
-        let framed = crate::conn::encode_private_data(private)?;
+        let framed = crate::fabric::private_data::encode_private_data(private)?;
         let mut param = conn_param(&framed, qp.qpn(), initiator, responder);
         self.cm.transition(vq, sys::IBV_QPS_INIT, depths)?;
         self.cm.transition(vq, sys::IBV_QPS_RTR, depths)?;
@@ -212,7 +214,7 @@ impl CmRequest {
     }
 
     pub(crate) fn reject(self, private: &[u8]) -> Result<()> {
-        let framed = crate::conn::encode_private_data(private)?;
+        let framed = crate::fabric::private_data::encode_private_data(private)?;
         // SAFETY: a live id from the request; the data lives for the call.
         if unsafe {
             (self.cm.rc.rdma_reject)(self.cm.id, framed.as_ptr().cast(), framed.len() as u8)
@@ -272,7 +274,7 @@ pub(crate) fn connect(
     let vq = verbs_qp(&qp)?;
     let depth = vq.rd_atomic();
     cm.transition(vq, sys::IBV_QPS_INIT, (depth, depth))?;
-    let framed = crate::conn::encode_private_data(private)?;
+    let framed = crate::fabric::private_data::encode_private_data(private)?;
     let mut param = conn_param(&framed, qp.qpn(), depth, depth);
     // SAFETY: a routed id; the parameters point into `framed`, alive here.
     if unsafe { (cm.rc.rdma_connect)(cm.id, &mut param) } != 0 {
@@ -298,7 +300,7 @@ pub(crate) fn connect(
         }
         sys::RDMA_CM_EVENT_REJECTED => Err(Error::Rejected {
             peer: addr.to_string(),
-            private_data: crate::conn::decode_private_data(&ev.private)
+            private_data: crate::fabric::private_data::decode_private_data(&ev.private)
                 .map(<[u8]>::to_vec)
                 .unwrap_or(ev.private),
         }),

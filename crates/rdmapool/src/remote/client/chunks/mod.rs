@@ -13,7 +13,7 @@
 
 use super::super::layout::{self, is_class, ChunkShape, Layout};
 use super::super::RemotePtr;
-use super::ops::hash64;
+use crate::remote::layout::hash64;
 use crate::{Error, Result};
 use std::collections::HashMap;
 

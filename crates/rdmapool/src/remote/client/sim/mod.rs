@@ -14,8 +14,8 @@
 //! server's old memory is refused as stale.
 
 use super::chunks::{Alloc, Answer, Book, Checked, Free, Io, Machine, Next, Recover};
-use super::ops::hash64;
 use super::takeover::{next_beat, Step, Takeover};
+use crate::remote::layout::hash64;
 use crate::remote::layout::{self, size_class, ChunkShape, Layout};
 use crate::remote::lease::{Holder, Reaper};
 use crate::remote::sweep::{self, Words};

@@ -1,5 +1,6 @@
-//! Private data: the limits per message, and the two-byte frame (`0xA7`, length) that says
-//! where the data ends when RDMA CM delivers it padded (docs/PROTOCOL.md).
+//! Private data, as every connection manager and provider frames it: the limits per
+//! message, and the two-byte frame (`0xA7`, length) that says where the data ends when RDMA
+//! CM delivers it padded (docs/PROTOCOL.md). Public as `rdmapool::conn::*_private_data`.
 
 use crate::{Error, Result};
 
@@ -79,7 +80,7 @@ pub fn decode_private_data(raw: &[u8]) -> Result<&[u8]> {
 }
 
 /// Refuses private data longer than `max` bytes for a `what` (request, accept, reject).
-pub(super) fn check_private(data: &[u8], max: usize, what: &str) -> Result<()> {
+pub(crate) fn check_private(data: &[u8], max: usize, what: &str) -> Result<()> {
     if data.len() > max {
         return Err(Error::InvalidArgument(format!(
             "{} bytes of private data in a {what}: at most {max} fit",

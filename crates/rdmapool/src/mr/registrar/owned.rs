@@ -1,9 +1,9 @@
 //! Registration of buffers the caller owns, off the caller's thread
 //! ([`crate::mr::Registrar::submit_owned`]).
 
-use super::registrar::RegHandle;
-use super::state::RegState;
+use super::RegHandle;
 use crate::fabric::{Mr, RegisterError, Registered, StableBuf};
+use crate::mr::state::RegState;
 use crate::Result;
 use std::future::Future;
 use std::pin::Pin;
