@@ -201,8 +201,8 @@ pub fn run(args: Args) -> Result<()> {
         .open_allowing(Transport::Auto, args.allow_unauthenticated)?;
     crate::signals::install()?;
     let server = MemoryServer::start(&ctx, cfg.clone())?;
-    // Started once the server is listed in the metrics registry; stops when dropped.
-    let _metrics = match &args.metrics_socket {
+    // Serves the server's context (where the server is listed); stops when dropped.
+    let metrics = match &args.metrics_socket {
         Some(s) => Some(
             rdmapool::metrics::Endpoint::start(rdmapool::metrics::EndpointConfig {
                 unix: Some(rdmapool::metrics::UnixName::parse(s)),
@@ -213,6 +213,9 @@ pub fn run(args: Args) -> Result<()> {
         None => rdmapool::metrics::Endpoint::from_env()
             .map_err(|e| ToolError::Msg(format!("metrics endpoint: {e}")))?,
     };
+    if let Some(ep) = &metrics {
+        ep.watch(ctx.metrics());
+    }
     let d = server.descriptor();
     // Registered in etcd while it serves; dropping it (on the way out) revokes the key.
     #[cfg(feature = "etcd")]

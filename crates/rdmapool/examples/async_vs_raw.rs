@@ -19,15 +19,16 @@ fn main() -> rdmapool::Result<()> {
     let mode = args.next().unwrap_or_else(|| "async".into());
     let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
     // OP_SAMPLE=N: time one work request in N (the metrics' op latency), to count its cost.
-    if let Some(every) = std::env::var("OP_SAMPLE").ok().and_then(|v| v.parse().ok()) {
-        rdmapool::metrics::sample_op_latency(every);
-    }
+    let op_sample: Option<u32> = std::env::var("OP_SAMPLE").ok().and_then(|v| v.parse().ok());
     // PER_OBJECT=1: count completions per CQ and per QP, to count its cost.
-    if std::env::var("PER_OBJECT").is_ok_and(|v| v == "1") {
-        rdmapool::metrics::track_objects(true);
-    }
+    let per_object = std::env::var("PER_OBJECT").is_ok_and(|v| v == "1");
     let local_path = || -> rdmapool::Result<Context> {
-        Context::open(SoftConfig::from_env()?.with_transport(Transport::Local))
+        let ctx = Context::open(SoftConfig::from_env()?.with_transport(Transport::Local))?;
+        if let Some(every) = op_sample {
+            ctx.metrics().sample_op_latency(every);
+        }
+        ctx.metrics().track_objects(per_object);
+        Ok(ctx)
     };
     let (a, b) = (local_path()?, local_path()?);
     let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);

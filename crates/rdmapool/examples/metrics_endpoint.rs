@@ -20,12 +20,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         unix: Some(UnixName::parse(&name)),
         http: Some("127.0.0.1:0".parse()?),
     })?;
-    rdmapool::metrics::sample_op_latency(1); // time every work request (the default is 1 in 64)
     let http = endpoint.http_addr().expect("HTTP was asked for");
     println!("serving on {name} and http://{http}/metrics");
 
-    // Work to measure: registrations, and WRITE/FAA between two QPs of one soft NIC.
+    // Work to measure: registrations, and WRITE/FAA between two QPs of one soft NIC. The
+    // endpoint serves the contexts it watches.
     let ctx = Context::open(SoftConfig::from_env()?)?;
+    endpoint.watch(ctx.metrics());
+    ctx.metrics().sample_op_latency(1); // time every work request (the default is 1 in 64)
     let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(16)?);
     let (a, b) = (
         pd.create_qp(&cq, &cq, &QpConfig::default())?,

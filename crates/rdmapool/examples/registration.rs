@@ -21,8 +21,9 @@ const REGION: usize = 1 << 20;
 const IN_FLIGHT: usize = 6;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let pd = Context::open(SoftConfig::from_env()?)?.alloc_pd()?;
-    let start = rdmapool::metrics::snapshot();
+    let ctx = Context::open(SoftConfig::from_env()?)?;
+    let pd = ctx.alloc_pd()?;
+    let metrics = ctx.metrics(); // what this context's registrations did
 
     // 1. Pooled memory: allocated once, registered and deregistered every round, as a
     //    service that keeps its buffers does (what `stress` measures by default).
@@ -61,38 +62,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // 4. The pool: chunks registered up front, buffers handed out without a registration.
     let pool = BufferPool::new(pd, PoolConfig::default())?;
-    let before = rdmapool::metrics::snapshot().registrations;
+    let before = metrics.snapshot().registrations;
     for _ in 0..ROUNDS {
         let b = pool.alloc(4096)?;
         drop(b);
     }
-    let during = rdmapool::metrics::snapshot().registrations - before;
+    let during = metrics.snapshot().registrations - before;
 
-    let s = rdmapool::metrics::snapshot();
+    let s = metrics.snapshot();
     let reg = &s.registration_latency;
     let dereg = &s.deregistration_latency;
     println!(
         "registrations: {} ({} errors), latency p50 {:.1} us, p99 {:.1} us, max {:.1} us",
-        s.registrations - start.registrations,
-        s.registration_errors - start.registration_errors,
+        s.registrations,
+        s.registration_errors,
         reg.percentile_us(50.0).unwrap_or(0.0),
         reg.percentile_us(99.0).unwrap_or(0.0),
         reg.percentile_us(100.0).unwrap_or(0.0),
     );
     println!(
         "deregistrations: {}, latency p50 {:.1} us, p99 {:.1} us",
-        s.deregistrations - start.deregistrations,
+        s.deregistrations,
         dereg.percentile_us(50.0).unwrap_or(0.0),
         dereg.percentile_us(99.0).unwrap_or(0.0),
     );
     println!(
         "cache: {} hits, {} misses; pool: {} buffers handed out, {} registrations meanwhile",
-        s.cache_hits - start.cache_hits,
-        s.cache_misses - start.cache_misses,
-        s.pool_allocations - start.pool_allocations,
-        during
+        s.cache_hits, s.cache_misses, s.pool_allocations, during
     );
-    let hits = s.cache_hits - start.cache_hits;
+    let hits = s.cache_hits;
     if hits != ROUNDS as u64 - 1 || during != 0 {
         return Err(format!(
             "expected {} cache hits and no pool registration",

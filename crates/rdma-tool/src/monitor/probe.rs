@@ -8,6 +8,7 @@ use crate::device_args::DeviceArgs;
 use crate::Result;
 use rdmapool::buf::{BufferPool, PoolConfig};
 use rdmapool::fabric::*;
+use rdmapool::metrics::ContextMetrics;
 use rdmapool::mr::{CacheConfig, RegCache, Registrar, RegistrarConfig};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,6 +16,8 @@ use std::time::Duration;
 
 /// The running probe; dropping it stops the thread.
 pub struct Probe {
+    /// The probe context's metrics (what monitor shows).
+    metrics: ContextMetrics,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -25,7 +28,8 @@ impl Probe {
         let ctx = device.open(Transport::Auto)?;
         let pd = ctx.alloc_pd()?;
         let ops = Ops::new(&ctx, &pd)?;
-        rdmapool::metrics::sample_op_latency(1);
+        let metrics = ctx.metrics();
+        metrics.sample_op_latency(1);
         let reg = Registrar::new(pd.clone(), RegistrarConfig::default())?;
         let cache = RegCache::new(pd.clone(), CacheConfig::default())?;
         let pool = BufferPool::new(pd, PoolConfig::default())?;
@@ -36,9 +40,15 @@ impl Probe {
             .spawn(move || work(&reg, cache, &pool, &ops, &s))
             .map_err(|e| crate::ToolError::Io("starting the probe thread".into(), e))?;
         Ok(Self {
+            metrics,
             stop,
             thread: Some(thread),
         })
+    }
+
+    /// What the probe's context records.
+    pub fn metrics(&self) -> ContextMetrics {
+        self.metrics.clone()
     }
 }
 

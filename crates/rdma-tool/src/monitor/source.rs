@@ -3,7 +3,7 @@
 //! process's own registry (the probe). All three become a [`Sample`].
 
 use crate::{Result, ToolError};
-use rdmapool::metrics::UnixName;
+use rdmapool::metrics::{ContextMetrics, UnixName};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -16,8 +16,8 @@ pub enum Source {
     Unix(UnixName),
     /// An HTTP endpoint: address, Host header, path.
     Http(SocketAddr, String, String),
-    /// This process's registry (fed by the probe workload).
-    Local,
+    /// The probe workload's context in this process (its metrics once the probe runs).
+    Local(Option<ContextMetrics>),
 }
 
 /// One latency histogram as read: the count and the asked percentiles (µs).
@@ -112,7 +112,7 @@ impl Source {
     /// `http://host:port[/path]`, `@abstract`, or a socket path; `None`: the probe.
     pub fn parse(target: Option<&str>) -> Result<Self> {
         let Some(t) = target else {
-            return Ok(Self::Local);
+            return Ok(Self::Local(None));
         };
         if t.starts_with("https://") {
             return Err(ToolError::Msg(format!(
@@ -154,7 +154,7 @@ impl Source {
     /// Reads one sample, with the percentiles `ps` of both latency histograms.
     pub fn read(&self, ps: &[f64]) -> Result<Sample> {
         match self {
-            Self::Local => from_json(&rdmapool::metrics::snapshot().to_json(), ps),
+            Self::Local(m) => from_json(&rdmapool::metrics::snapshot_of(m).to_json(), ps),
             Self::Unix(name) => {
                 let io = |e| ToolError::Io(format!("metrics socket {name}"), e);
                 let mut c =

@@ -121,7 +121,7 @@ pub fn run(args: Args) -> Result<()> {
     // rounds done (installed before the metrics endpoint: once it answers, a signal is
     // caught).
     crate::signals::install()?;
-    let _metrics = match &args.metrics_socket {
+    let metrics = match &args.metrics_socket {
         Some(s) => Some(
             rdmapool::metrics::Endpoint::start(rdmapool::metrics::EndpointConfig {
                 unix: Some(rdmapool::metrics::UnixName::parse(s)),
@@ -137,6 +137,9 @@ pub fn run(args: Args) -> Result<()> {
         .then(|| mix_plan(&args, per_region))
         .transpose()?;
     let ctx = args.device.open(rdmapool::fabric::Transport::Auto)?;
+    if let Some(ep) = &metrics {
+        ep.watch(ctx.metrics());
+    }
     if let Some(plan) = plan {
         return run_mix(&args, &plan, &ctx);
     }

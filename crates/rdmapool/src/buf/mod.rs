@@ -5,6 +5,7 @@
 //! another chunk in the background; [`BufferPool::alloc`] never waits for it, and
 //! [`BufferPool::alloc_wait`] waits up to a timeout.
 
+use crate::fabric::recorder::{MemEvent, Recorder};
 use crate::fabric::{AccessFlags, Mr, Pd, RegisteredMemory};
 use crate::mr::{HugeOptions, HugeRegion, RegHandle, Registrar, RegistrarConfig, HUGE_PAGE};
 use crate::{Error, Result};
@@ -113,6 +114,8 @@ struct Shared {
     /// The first failed chunk registration (reported by `new`).
     first_error: Mutex<Option<Error>>,
     registrar: Registrar,
+    /// The context's recorder (pool events).
+    recorder: Arc<Recorder>,
     /// Classes `0..served` are served.
     served: usize,
     allocations: AtomicU64,
@@ -201,6 +204,7 @@ impl BufferPool {
                 cfg.chunks_per_class, cfg.max_chunks
             )));
         }
+        let recorder = pd.recorder().clone();
         let registrar = Registrar::new(
             pd,
             RegistrarConfig {
@@ -218,6 +222,7 @@ impl BufferPool {
             growing: Mutex::new(Vec::new()),
             first_error: Mutex::new(None),
             registrar,
+            recorder,
             served,
             allocations: AtomicU64::new(0),
             in_use: AtomicU64::new(0),
@@ -303,9 +308,7 @@ impl BufferPool {
                         s.free[class].lock().extend(slots);
                         at += bytes;
                     }
-                    crate::metrics::registry::mem_event(
-                        crate::metrics::registry::MemEvent::PoolChunk,
-                    );
+                    s.recorder.mem_event(MemEvent::PoolChunk);
                     s.chunks.lock().push(Chunk {
                         _mr: mr,
                         _memory: memory,
@@ -349,7 +352,7 @@ impl BufferPool {
         let Some(slot) = slot else {
             if count_empty {
                 s.empty.fetch_add(1, Ordering::Relaxed);
-                crate::metrics::registry::mem_event(crate::metrics::registry::MemEvent::PoolEmpty);
+                s.recorder.mem_event(MemEvent::PoolEmpty);
             }
             self.collect(None);
             if !growing(&s.growing.lock(), class) {
@@ -363,7 +366,7 @@ impl BufferPool {
         };
         s.allocations.fetch_add(1, Ordering::Relaxed);
         s.in_use.fetch_add(1, Ordering::Relaxed);
-        crate::metrics::registry::mem_event(crate::metrics::registry::MemEvent::PoolAlloc);
+        s.recorder.mem_event(MemEvent::PoolAlloc);
         Ok(Buffer {
             slot,
             len,
@@ -518,7 +521,7 @@ impl Drop for Buffer {
     fn drop(&mut self) {
         let s = &self.pool;
         s.in_use.fetch_sub(1, Ordering::Relaxed);
-        crate::metrics::registry::mem_event(crate::metrics::registry::MemEvent::PoolFree);
+        s.recorder.mem_event(MemEvent::PoolFree);
         let spill = CACHE
             .try_with(|c| {
                 let mut c = c.borrow_mut();

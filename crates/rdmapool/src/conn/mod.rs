@@ -55,7 +55,6 @@
 //! # Ok(()) }
 //! ```
 
-pub(crate) mod inflight;
 mod message;
 mod pending;
 mod tcp;
@@ -232,7 +231,7 @@ impl ConnRequest {
             RequestKind::RdmaCm(r) => r.accept(pd, send_cq, recv_cq, cfg, private_data, timeout),
             RequestKind::Tcp(r) => r.accept(pd, send_cq, recv_cq, cfg, private_data, timeout),
         };
-        crate::metrics::registry::record_connection(false, r.is_ok());
+        pd.recorder().record_connection(false, r.is_ok());
         r
     }
 
@@ -292,7 +291,7 @@ pub fn connect(
         private_data,
         timeout,
     );
-    crate::metrics::registry::record_connection(true, r.is_ok());
+    pd.recorder().record_connection(true, r.is_ok());
     r
 }
 

@@ -30,6 +30,7 @@ pub(crate) mod private_data;
 pub(crate) use memory::check_range;
 pub(crate) mod provider;
 mod qp;
+pub(crate) mod recorder;
 mod wr;
 
 pub use access::AccessFlags;

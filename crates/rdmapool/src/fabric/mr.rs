@@ -2,15 +2,19 @@
 
 use super::memory::RegisteredMemory;
 use super::provider::MrOps;
+use super::recorder::Recorder;
 use super::AccessFlags;
 use crate::{Error, Result};
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 /// A registered memory region. Dropping it deregisters (and frees memory it owns); work
 /// requests that still name it complete with an error instead of touching freed memory.
 pub struct Mr {
     /// Dropped only in `Drop`, where the deregistration is timed.
     inner: std::mem::ManuallyDrop<Box<dyn MrOps>>,
+    /// Its context's recorder (registered bytes, deregistrations).
+    recorder: Arc<Recorder>,
 }
 
 impl Drop for Mr {
@@ -19,7 +23,7 @@ impl Drop for Mr {
         let t = std::time::Instant::now();
         // SAFETY: `inner` is dropped exactly once, here, and not touched afterwards.
         unsafe { std::mem::ManuallyDrop::drop(&mut self.inner) };
-        crate::metrics::registry::record_deregistration(len, t.elapsed());
+        self.recorder.record_deregistration(len, t.elapsed());
     }
 }
 
@@ -51,10 +55,11 @@ impl RegisteredMemory for Mr {
 }
 
 impl Mr {
-    pub(crate) fn from_ops(inner: Box<dyn MrOps>) -> Self {
-        crate::metrics::registry::region_added(inner.len());
+    pub(crate) fn from_ops(inner: Box<dyn MrOps>, recorder: &Arc<Recorder>) -> Self {
+        recorder.region_added(inner.len());
         Self {
             inner: std::mem::ManuallyDrop::new(inner),
+            recorder: recorder.clone(),
         }
     }
 

@@ -2,6 +2,8 @@
 
 use super::memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
 use super::provider::{BindSpec, ContextOps, CqOps, PdOps, QpOps};
+use super::recorder::objects::{CqTag, QpTag};
+use super::recorder::{ContextMetrics, Recorder};
 use super::{
     AccessFlags, BoundWindow, Completion, DeviceInfo, Endpoint, Mr, Mw, ProviderKind, QpCapacity,
     QpConfig, QpState, RecvWr, RemoteRegion, SendWr, WindowError, WindowTable, WrOp,
@@ -20,12 +22,25 @@ use std::time::{Duration, Instant};
 #[derive(Clone)]
 pub struct Context {
     inner: Arc<dyn ContextOps>,
+    /// What this context's objects did (`Context::metrics`).
+    recorder: Arc<Recorder>,
 }
 
 impl Context {
-    /// A context on an opened provider context (`crate::providers` opens them).
+    /// A context on an opened provider context (`crate::providers` opens them), with a
+    /// recorder of its own.
     pub(crate) fn from_ops(inner: Arc<dyn ContextOps>) -> Self {
-        Self { inner }
+        Self {
+            inner,
+            recorder: Recorder::new(),
+        }
+    }
+
+    /// What this context's objects did, and the opt-in metrics settings: every PD, region,
+    /// CQ and QP opened here, and the registrars, caches, pools, connections and memory
+    /// servers built on them, record into it (docs/METRICS.md).
+    pub fn metrics(&self) -> ContextMetrics {
+        ContextMetrics(self.recorder.clone())
     }
 
     /// The device's description and limits.
@@ -39,6 +54,7 @@ impl Context {
             inner: self.inner.alloc_pd()?,
             device: Arc::new(self.device().clone()),
             windows: Arc::default(),
+            recorder: self.recorder.clone(),
         })
     }
 
@@ -47,7 +63,7 @@ impl Context {
         Ok(Cq {
             inner: self.inner.create_cq(depth)?,
             provider: self.device().provider,
-            listing: crate::metrics::objects::CqTag::new(&self.device().name),
+            listing: CqTag::new(&self.recorder, &self.device().name),
         })
     }
 
@@ -70,16 +86,23 @@ pub struct Pd {
     device: Arc<DeviceInfo>,
     /// Its memory windows' bind state, kept here for every provider.
     windows: Arc<WindowTable>,
+    /// Its context's recorder.
+    recorder: Arc<Recorder>,
 }
 
 impl Pd {
+    /// The recorder of the context this PD belongs to.
+    pub(crate) fn recorder(&self) -> &Arc<Recorder> {
+        &self.recorder
+    }
+
     /// Allocates `len` zeroed, page-aligned bytes owned by the returned region and registers
     /// them. The memory lives exactly as long as the region.
     pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
         let t = std::time::Instant::now();
         let r = self.inner.alloc_mr(len, access);
-        crate::metrics::registry::record_registration(r.is_ok(), t.elapsed());
-        Ok(Mr::from_ops(r?))
+        self.recorder.record_registration(r.is_ok(), t.elapsed());
+        Ok(Mr::from_ops(r?, &self.recorder))
     }
 
     /// Registers caller-owned memory.
@@ -98,8 +121,8 @@ impl Pd {
         let t = std::time::Instant::now();
         // SAFETY: forwarded from the caller's contract.
         let r = unsafe { self.inner.register_raw(addr, len, access) };
-        crate::metrics::registry::record_registration(r.is_ok(), t.elapsed());
-        Ok(Mr::from_ops(r?))
+        self.recorder.record_registration(r.is_ok(), t.elapsed());
+        Ok(Mr::from_ops(r?, &self.recorder))
     }
 
     /// Registers a buffer the caller owns, safely: the registration takes the buffer and
@@ -170,7 +193,7 @@ impl Pd {
             windows: self.windows.clone(),
             _connection: None,
             max_sge: cfg.max_sge as usize,
-            _listing: crate::metrics::objects::QpTag::new(&self.device.name, inner.qpn()),
+            listing: QpTag::new(&self.recorder, &self.device.name, inner.qpn()),
             inner,
         })
     }
@@ -183,7 +206,7 @@ pub struct Cq {
     /// Objects of different providers never mix; fabric tells them apart by this.
     provider: ProviderKind,
     /// This CQ's entry in the per-object metrics (shared by its clones).
-    listing: Arc<crate::metrics::objects::CqTag>,
+    listing: Arc<CqTag>,
 }
 
 impl Cq {
@@ -195,15 +218,16 @@ impl Cq {
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         let n = self.inner.poll(out)?;
         let done = &out[..n.min(out.len())];
-        crate::metrics::registry::record_completions(done);
-        crate::metrics::ops::completed(done);
+        let recorder = self.listing.recorder();
+        recorder.record_completions(done);
+        recorder.ops.completed(done);
         self.listing.polled(done);
         Ok(n)
     }
 
     /// The number this CQ is listed under in the per-object metrics (the `cq` label of
-    /// `rdmapool_cq_completions_total`; see [`crate::metrics::track_objects`]): unique in
-    /// the process, from 1.
+    /// `rdmapool_cq_completions_total`; see
+    /// [`crate::metrics::ContextMetrics::track_objects`]): unique in the process, from 1.
     pub fn metrics_id(&self) -> u64 {
         self.listing.id()
     }
@@ -275,7 +299,8 @@ pub struct Qp {
     windows: Arc<WindowTable>,
     /// This QP's entry in the per-object metrics; declared before `inner` so that it leaves
     /// the listing before the QP number is given back (and perhaps reused).
-    _listing: crate::metrics::objects::QpTag,
+    /// Its entry in the per-object metrics, with its context's recorder.
+    listing: QpTag,
     inner: Box<dyn QpOps>,
 }
 
@@ -431,10 +456,11 @@ impl Qp {
     }
 
     fn post_send_checked(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        let sampled = crate::metrics::ops::before_post(|| self.inner.qpn(), wrs);
+        let ops = &self.listing.recorder().ops;
+        let sampled = ops.before_post(|| self.inner.qpn(), wrs);
         let r = self.inner.post_send(wrs);
         if let (Some(key), Err(_)) = (sampled, &r) {
-            crate::metrics::ops::post_failed(key);
+            ops.post_failed(key);
         }
         r
     }

@@ -1,9 +1,11 @@
-//! Serving the registry: one JSON snapshot per connection on a local Unix socket, and
-//! Prometheus text at `GET /metrics` over HTTP on loopback. Nothing starts unless
-//! [`Endpoint::start`] or [`Endpoint::from_env`] is called.
+//! Serving the metrics of the contexts an endpoint watches: one JSON snapshot per connection
+//! on a local Unix socket, and Prometheus text at `GET /metrics` over HTTP on loopback.
+//! Nothing starts unless [`Endpoint::start`] or [`Endpoint::from_env`] is called, and an
+//! endpoint serves the contexts given to [`Endpoint::watch`], together.
 
-use super::registry::snapshot;
-use crate::conn::inflight::InFlight;
+use super::{snapshot_of, ContextMetrics, Snapshot};
+use crate::util::inflight::InFlight;
+use parking_lot::Mutex;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::linux::net::SocketAddrExt;
@@ -22,7 +24,7 @@ pub const ENV_HTTP: &str = "RDMAPOOL_METRICS_HTTP";
 /// many (`0` turns op latency off; unset: [`super::DEFAULT_OP_SAMPLE_EVERY`]).
 pub const ENV_OP_SAMPLE: &str = "RDMAPOOL_METRICS_OP_SAMPLE";
 /// Environment variable for [`Endpoint::from_env`]: `0` turns per-CQ and per-QP completion
-/// counts off, `1` on (unset: on; see [`super::track_objects`]).
+/// counts off, `1` on (unset: on; see [`ContextMetrics::track_objects`]).
 pub const ENV_PER_OBJECT: &str = "RDMAPOOL_METRICS_PER_OBJECT";
 
 /// Why an endpoint could not start.
@@ -102,9 +104,18 @@ pub struct EndpointConfig {
     pub http: Option<SocketAddr>,
 }
 
-/// A running metrics endpoint; dropping it stops the serving threads.
+/// The contexts an endpoint serves.
+type Watched = Arc<Mutex<Vec<ContextMetrics>>>;
+
+/// A running metrics endpoint serving the contexts it [watches](Endpoint::watch); dropping
+/// it stops the serving threads.
 #[derive(Debug)]
 pub struct Endpoint {
+    watched: Watched,
+    /// The rates from the environment ([`Endpoint::from_env`]) given to each watched context;
+    /// `None`: the defaults, unless the program chose.
+    op_sample: Option<u32>,
+    per_object: Option<bool>,
     stop: Arc<AtomicBool>,
     unix: Option<(UnixName, JoinHandle<()>)>,
     http: Option<(SocketAddr, JoinHandle<()>)>,
@@ -118,23 +129,23 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>
 }
 
 impl Endpoint {
-    /// Binds what `cfg` names and serves it on background threads. Op latency sampling
-    /// ([`super::sample_op_latency`]) is turned on at [`super::DEFAULT_OP_SAMPLE_EVERY`]
-    /// unless a rate was chosen before, and so are per-CQ and per-QP completion counts
-    /// ([`super::track_objects`]) unless they were turned off before.
+    /// Binds what `cfg` names and serves, on background threads, the contexts given to
+    /// [`Endpoint::watch`] (none yet: the snapshot of no context).
     pub fn start(cfg: EndpointConfig) -> Result<Self, EndpointError> {
         if cfg.unix.is_none() && cfg.http.is_none() {
             return Err(EndpointError::NothingConfigured);
         }
-        super::ops::default_on();
-        super::objects::default_on();
         if let Some(a) = cfg.http {
             if !a.ip().is_loopback() {
                 return Err(EndpointError::NotLoopback(a));
             }
         }
         let stop = Arc::new(AtomicBool::new(false));
+        let watched = Watched::default();
         let mut ep = Self {
+            watched: watched.clone(),
+            op_sample: None,
+            per_object: None,
             stop: stop.clone(),
             unix: None,
             http: None,
@@ -145,8 +156,8 @@ impl Endpoint {
                 source: e,
             };
             let l = UnixListener::bind_addr(&name.to_addr().map_err(bind)?).map_err(bind)?;
-            let s = stop.clone();
-            let h = spawn("rdmapool-metrics-unix", move || serve_unix(l, s));
+            let (s, w) = (stop.clone(), watched.clone());
+            let h = spawn("rdmapool-metrics-unix", move || serve_unix(l, s, w));
             // On a failed spawn the listener is gone; a path socket must not stay behind.
             if h.is_err() {
                 remove_path(&name);
@@ -160,10 +171,10 @@ impl Endpoint {
             };
             let l = TcpListener::bind(a).map_err(bind)?;
             let local = l.local_addr().map_err(bind)?;
-            let s = stop.clone();
+            let (s, w) = (stop.clone(), watched.clone());
             ep.http = Some((
                 local,
-                spawn("rdmapool-metrics-http", move || serve_http(l, s))?,
+                spawn("rdmapool-metrics-http", move || serve_http(l, s, w))?,
             ));
         }
         Ok(ep)
@@ -171,7 +182,8 @@ impl Endpoint {
 
     /// Starts an endpoint from [`ENV_SOCKET`] and/or [`ENV_HTTP`]; `Ok(None)` when neither
     /// is set (or both are empty). [`ENV_OP_SAMPLE`] sets the op latency sampling rate and
-    /// [`ENV_PER_OBJECT`] whether completions are counted per CQ and per QP.
+    /// [`ENV_PER_OBJECT`] whether completions are counted per CQ and per QP, of each context
+    /// it watches.
     pub fn from_env() -> Result<Option<Self>, EndpointError> {
         let var = |k| std::env::var(k).ok().filter(|v: &String| !v.is_empty());
         let unix = var(ENV_SOCKET).map(|v| UnixName::parse(&v));
@@ -186,18 +198,19 @@ impl Endpoint {
         if unix.is_none() && http.is_none() {
             return Ok(None);
         }
-        if let Some(v) = var(ENV_OP_SAMPLE) {
-            let every = v.trim().parse::<u32>().map_err(|e| EndpointError::BadEnv {
+        let op_sample = match var(ENV_OP_SAMPLE) {
+            None => None,
+            Some(v) => Some(v.trim().parse::<u32>().map_err(|e| EndpointError::BadEnv {
                 var: ENV_OP_SAMPLE,
                 value: v.clone(),
                 reason: format!("want a whole number, 0 for off ({e})"),
-            })?;
-            super::sample_op_latency(every);
-        }
-        if let Some(v) = var(ENV_PER_OBJECT) {
-            match v.trim() {
-                "0" => super::track_objects(false),
-                "1" => super::track_objects(true),
+            })?),
+        };
+        let per_object = match var(ENV_PER_OBJECT) {
+            None => None,
+            Some(v) => match v.trim() {
+                "0" => Some(false),
+                "1" => Some(true),
                 _ => {
                     return Err(EndpointError::BadEnv {
                         var: ENV_PER_OBJECT,
@@ -205,9 +218,34 @@ impl Endpoint {
                         reason: "want 0 (off) or 1 (on)".into(),
                     })
                 }
-            }
+            },
+        };
+        let mut ep = Self::start(EndpointConfig { unix, http })?;
+        ep.op_sample = op_sample;
+        ep.per_object = per_object;
+        Ok(Some(ep))
+    }
+
+    /// Serves `context`'s metrics too (from [`crate::fabric::Context::metrics`]; its objects,
+    /// and the registrars, caches, pools, connections and memory servers built on it). Op
+    /// latency sampling is turned on for it at [`super::DEFAULT_OP_SAMPLE_EVERY`] unless a
+    /// rate was chosen ([`ContextMetrics::sample_op_latency`], or [`ENV_OP_SAMPLE`] for
+    /// [`Endpoint::from_env`]), and so are per-CQ and per-QP completion counts unless they
+    /// were turned off.
+    pub fn watch(&self, context: ContextMetrics) {
+        context.default_on();
+        if let Some(every) = self.op_sample {
+            context.sample_op_latency(every);
         }
-        Self::start(EndpointConfig { unix, http }).map(Some)
+        if let Some(on) = self.per_object {
+            context.track_objects(on);
+        }
+        self.watched.lock().push(context);
+    }
+
+    /// What this endpoint serves, now: the watched contexts together.
+    pub fn snapshot(&self) -> Snapshot {
+        watched_snapshot(&self.watched)
     }
 
     /// The address HTTP is served on (with the port chosen, when 0 was asked for).
@@ -257,7 +295,8 @@ pub(crate) const ANSWER_DEADLINE: Duration = Duration::from_secs(2);
 fn serve<C: Send + 'static>(
     incoming: impl Iterator<Item = std::io::Result<C>>,
     stop: Arc<AtomicBool>,
-    answer: fn(C),
+    watched: Watched,
+    answer: fn(C, &Watched),
 ) {
     let answering = InFlight::new(MAX_ANSWERING, MAX_ANSWERING);
     let mut threads: Vec<JoinHandle<()>> = Vec::new();
@@ -270,8 +309,9 @@ fn serve<C: Send + 'static>(
         let Some(ticket) = answering.try_begin(None) else {
             continue; // dropped: closed unanswered
         };
+        let w = watched.clone();
         let run = move || {
-            answer(c);
+            answer(c, &w);
             drop(ticket);
         };
         if let Ok(h) = spawn("rdmapool-metrics-answer", run) {
@@ -283,25 +323,30 @@ fn serve<C: Send + 'static>(
     }
 }
 
-fn serve_unix(l: UnixListener, stop: Arc<AtomicBool>) {
-    serve(l.incoming(), stop, |mut c| {
+fn watched_snapshot(watched: &Watched) -> Snapshot {
+    let contexts = watched.lock().clone();
+    snapshot_of(&contexts)
+}
+
+fn serve_unix(l: UnixListener, stop: Arc<AtomicBool>, watched: Watched) {
+    serve(l.incoming(), stop, watched, |mut c, w| {
         let _ = c.set_write_timeout(Some(ANSWER_DEADLINE));
-        let mut body = snapshot().to_json();
+        let mut body = watched_snapshot(w).to_json();
         body.push('\n');
         let _ = c.write_all(body.as_bytes());
     });
 }
 
-fn serve_http(l: TcpListener, stop: Arc<AtomicBool>) {
-    serve(l.incoming(), stop, |c| {
-        let _ = answer_http(c);
+fn serve_http(l: TcpListener, stop: Arc<AtomicBool>, watched: Watched) {
+    serve(l.incoming(), stop, watched, |c, w| {
+        let _ = answer_http(c, w);
     });
 }
 
 /// Reads one request head and answers it; `GET /metrics` is the only thing served.
 /// The head must arrive within [`ANSWER_DEADLINE`] of the connection, however it trickles
 /// in.
-fn answer_http(mut c: TcpStream) -> std::io::Result<()> {
+fn answer_http(mut c: TcpStream, watched: &Watched) -> std::io::Result<()> {
     let deadline = Instant::now() + ANSWER_DEADLINE;
     let left = || {
         let d = deadline.saturating_duration_since(Instant::now());
@@ -329,7 +374,7 @@ fn answer_http(mut c: TcpStream) -> std::io::Result<()> {
         ("GET", "/metrics") => (
             "200 OK",
             "text/plain; version=0.0.4; charset=utf-8",
-            snapshot().to_prometheus(),
+            watched_snapshot(watched).to_prometheus(),
         ),
         ("GET", _) => (
             "404 Not Found",

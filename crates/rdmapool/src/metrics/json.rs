@@ -1,13 +1,9 @@
 //! [`Snapshot`] as one JSON object (what the Unix-socket endpoint sends). The schema is
 //! documented in `docs/METRICS.md`; `"schema": 1` names this version of it.
 
-use super::latency::{LatencySummary, PERCENTILES};
-use super::objects::ObjectCompletions;
-use super::ops::opcode_label;
 use super::prometheus::status_label;
-use super::registry::Snapshot;
+use super::{opcode_label, LatencySummary, ObjectCompletions, ServerStats, Snapshot, PERCENTILES};
 use crate::fabric::WcStatus;
-use crate::metrics::ServerStats;
 use std::fmt::Write;
 
 /// A finite number as JSON (non-finite values, which never occur here, become 0).

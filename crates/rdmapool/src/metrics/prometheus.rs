@@ -1,10 +1,7 @@
 //! [`Snapshot`] as Prometheus text exposition (format 0.0.4). Every name is documented in
 //! `docs/METRICS.md`.
 
-use super::latency::{LatencySummary, BUCKETS_SECONDS};
-use super::objects::ObjectCompletions;
-use super::ops::opcode_label;
-use super::registry::Snapshot;
+use super::{opcode_label, LatencySummary, ObjectCompletions, Snapshot, BUCKETS_SECONDS};
 use crate::fabric::WcStatus;
 use std::fmt::Write;
 

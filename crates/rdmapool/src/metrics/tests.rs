@@ -1,8 +1,7 @@
 //! Rendering of a known snapshot: Prometheus text and JSON.
 
-use super::latency::{LatencySummary, BUCKETS_SECONDS, PERCENTILES};
-use super::registry::Snapshot;
 use super::ObjectCompletions;
+use super::{LatencySummary, Snapshot, BUCKETS_SECONDS, PERCENTILES};
 use crate::fabric::{WcOpcode, WcStatus};
 
 fn known() -> Snapshot {
@@ -201,22 +200,31 @@ fn untracked_objects_have_no_series() {
 }
 
 #[test]
-fn live_registry_counts_registrations() {
-    let pd = crate::fabric::Context::open(crate::fabric::SoftConfig::default())
-        .unwrap()
-        .alloc_pd()
-        .unwrap();
-    let before = super::snapshot();
-    let mr = pd
-        .alloc_mr(1 << 16, crate::fabric::AccessFlags::LOCAL_WRITE)
-        .unwrap();
-    drop(mr);
-    let after = super::snapshot();
-    assert!(after.registrations > before.registrations);
-    assert!(after.deregistrations > before.deregistrations);
-    assert!(after.registration_latency.count >= after.registration_latency.buckets[0]);
-    let j: serde_json::Value = serde_json::from_str(&after.to_json()).unwrap();
-    assert!(j["registration"]["latency"]["count"].as_u64().unwrap() > 0);
+fn each_context_counts_its_own_registrations_and_several_add_up() {
+    use crate::fabric::{AccessFlags, Context, SoftConfig};
+    let (a, b) = (
+        Context::open(SoftConfig::default()).unwrap(),
+        Context::open(SoftConfig::default()).unwrap(),
+    );
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    for _ in 0..3 {
+        drop(pa.alloc_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap());
+    }
+    let kept = pb.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let (sa, sb) = (a.metrics().snapshot(), b.metrics().snapshot());
+    assert_eq!((sa.registrations, sa.deregistrations), (3, 3));
+    assert_eq!(sa.registered_bytes, 0);
+    assert_eq!((sb.registrations, sb.deregistrations), (1, 0));
+    assert_eq!(sb.registered_bytes, 4096);
+    assert_eq!(sa.registration_latency.count, 3);
+    let both = super::snapshot_of([&a.metrics(), &b.metrics()]);
+    assert_eq!(both.registrations, 4);
+    assert_eq!(both.registration_latency.count, 4);
+    assert_eq!(both.registered_bytes, 4096);
+    let j: serde_json::Value = serde_json::from_str(&both.to_json()).unwrap();
+    assert_eq!(j["registration"]["latency"]["count"].as_u64(), Some(4));
+    drop(kept);
+    assert_eq!(b.metrics().snapshot().registered_bytes, 0);
 }
 
 #[test]

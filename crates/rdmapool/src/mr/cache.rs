@@ -6,6 +6,7 @@
 //! cannot watch a range, the registration is handed out uncached instead.
 
 use super::monitor::Shared as SharedMonitor;
+use crate::fabric::recorder::{MemEvent, Recorder};
 use crate::fabric::{AccessFlags, Mr, Pd, RegisteredMemory, RemoteAddr, Sge};
 use crate::util::page_size;
 use crate::{Error, Result};
@@ -118,8 +119,9 @@ struct State {
     next_id: u64,
 }
 
-#[derive(Default)]
 struct Counters {
+    /// The context's recorder, which the cache's events are added to as well.
+    recorder: Arc<Recorder>,
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
@@ -141,9 +143,7 @@ fn drop_overlapping(state: &Mutex<State>, counters: &Counters, start: usize, len
         if let Some(e) = s.entries.remove(&k) {
             s.bytes -= e.end - e.start;
             counters.invalidations.fetch_add(1, Ordering::Relaxed);
-            crate::metrics::registry::mem_event(
-                crate::metrics::registry::MemEvent::CacheInvalidation,
-            );
+            counters.recorder.mem_event(MemEvent::CacheInvalidation);
         }
     }
 }
@@ -182,7 +182,15 @@ impl RegCache {
             return Err(Error::InvalidArgument("cache caps must be positive".into()));
         }
         let state = Arc::new(Mutex::new(State::default()));
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(Counters {
+            recorder: pd.recorder().clone(),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            invalidations: AtomicU64::new(0),
+            uncached: AtomicU64::new(0),
+            tick: AtomicU64::new(0),
+        });
         let (st, co) = (state.clone(), counters.clone());
         let monitor = SharedMonitor::get().map(|m| {
             let id = m.subscribe(Arc::new(move |start, len| {
@@ -235,7 +243,7 @@ impl RegCache {
             {
                 e.last_use.store(tick, Ordering::Relaxed);
                 self.counters.hits.fetch_add(1, Ordering::Relaxed);
-                crate::metrics::registry::mem_event(crate::metrics::registry::MemEvent::CacheHit);
+                self.counters.recorder.mem_event(MemEvent::CacheHit);
                 return Ok(CachedMr {
                     entry: e.clone(),
                     addr: a,
@@ -244,7 +252,7 @@ impl RegCache {
             }
         }
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
-        crate::metrics::registry::mem_event(crate::metrics::registry::MemEvent::CacheMiss);
+        self.counters.recorder.mem_event(MemEvent::CacheMiss);
         let page = page_size();
         let start = a & !(page - 1);
         let end = want_end.div_ceil(page) * page;
@@ -288,9 +296,7 @@ impl RegCache {
             if let Some(e) = s.entries.remove(&k) {
                 s.bytes -= e.end - e.start;
                 self.counters.evictions.fetch_add(1, Ordering::Relaxed);
-                crate::metrics::registry::mem_event(
-                    crate::metrics::registry::MemEvent::CacheEviction,
-                );
+                self.counters.recorder.mem_event(MemEvent::CacheEviction);
             }
         }
         Ok(CachedMr {

@@ -5,9 +5,8 @@
 //! Run one area with a filter, e.g. `cargo test -p rdmapool --test it remote::`. Tests that
 //! start child processes re-run this binary with `--exact <module>::child_entry`.
 //!
-//! Three tests keep binaries of their own, because they need a process to themselves:
-//! `tests/no_alloc.rs` (a counting global allocator), `tests/object_metrics.rs` and
-//! `tests/op_latency.rs` (process-global metrics switches).
+//! One test keeps a binary of its own, because it needs a process to itself:
+//! `tests/no_alloc.rs` (a counting global allocator).
 
 mod support;
 
@@ -21,6 +20,8 @@ mod memory;
 mod metrics_endpoint;
 mod model;
 mod multiprocess;
+mod object_metrics;
+mod op_latency;
 mod ops;
 mod pool;
 mod registrar;

@@ -6,14 +6,16 @@ use rdmapool::fabric::{AccessFlags, Context};
 use rdmapool::metrics::{Endpoint, EndpointConfig, UnixName};
 use std::io::{Read, Write};
 
-fn register_some() {
-    let pd = Context::open(SoftConfig::from_env().unwrap())
-        .unwrap()
-        .alloc_pd()
-        .unwrap();
+/// Two registrations and deregistrations on `ctx`.
+fn register_some(ctx: &Context) {
+    let pd = ctx.alloc_pd().unwrap();
     for len in [4096, 1 << 20] {
         drop(pd.alloc_mr(len, AccessFlags::LOCAL_WRITE).unwrap());
     }
+}
+
+fn soft() -> Context {
+    Context::open(SoftConfig::from_env().unwrap()).unwrap()
 }
 
 fn get(addr: std::net::SocketAddr, path: &str) -> String {
@@ -34,12 +36,16 @@ fn sample(text: &str, name: &str) -> f64 {
 
 #[test]
 fn http_metrics_after_registrations() {
-    register_some();
+    let (ctx, other) = (soft(), soft());
+    register_some(&ctx);
+    register_some(&other);
     let ep = Endpoint::start(EndpointConfig {
         unix: None,
         http: Some("127.0.0.1:0".parse().unwrap()),
     })
     .unwrap();
+    ep.watch(ctx.metrics());
+    register_some(&soft()); // a context nobody watches: not served
     let addr = ep.http_addr().unwrap();
     let resp = get(addr, "/metrics");
     let (head, body) = resp.split_once("\r\n\r\n").unwrap();
@@ -49,9 +55,21 @@ fn http_metrics_after_registrations() {
         body.contains("# TYPE rdmapool_registration_duration_seconds histogram\n"),
         "{body}"
     );
-    assert!(sample(body, "rdmapool_registration_duration_seconds_count") >= 2.0);
-    assert!(sample(body, "rdmapool_deregistration_duration_seconds_count") >= 2.0);
-    assert!(sample(body, "rdmapool_registrations_total") >= 2.0);
+    // Exactly the watched context's two.
+    assert_eq!(
+        sample(body, "rdmapool_registration_duration_seconds_count"),
+        2.0
+    );
+    assert_eq!(
+        sample(body, "rdmapool_deregistration_duration_seconds_count"),
+        2.0
+    );
+    assert_eq!(sample(body, "rdmapool_registrations_total"), 2.0);
+    // Watching a second context serves both together.
+    ep.watch(other.metrics());
+    let resp = get(addr, "/metrics");
+    let body = resp.split_once("\r\n\r\n").unwrap().1;
+    assert_eq!(sample(body, "rdmapool_registrations_total"), 4.0);
     assert!(get(addr, "/other").starts_with("HTTP/1.1 404"));
     drop(ep);
     // Stopped: nothing listens there any more.
@@ -60,13 +78,15 @@ fn http_metrics_after_registrations() {
 
 #[test]
 fn unix_socket_sends_one_json_snapshot() {
-    register_some();
+    let ctx = soft();
+    register_some(&ctx);
     let name = UnixName::Abstract(format!("rdmapool-test-{}", std::process::id()));
     let ep = Endpoint::start(EndpointConfig {
         unix: Some(name.clone()),
         http: None,
     })
     .unwrap();
+    ep.watch(ctx.metrics());
     let mut counts = Vec::new();
     for _ in 0..2 {
         let mut c = std::os::unix::net::UnixStream::connect_addr(&name.to_addr().unwrap()).unwrap();
@@ -76,9 +96,9 @@ fn unix_socket_sends_one_json_snapshot() {
         let v: serde_json::Value = serde_json::from_str(&s).unwrap();
         assert_eq!(v["pid"], std::process::id());
         counts.push(v["registration"]["count"].as_u64().unwrap());
-        register_some();
+        register_some(&ctx);
     }
-    assert!(counts[0] >= 2 && counts[1] > counts[0], "{counts:?}");
+    assert_eq!(counts, [2, 4]);
     assert_eq!(ep.unix_name(), Some(&name));
 }
 
@@ -116,7 +136,8 @@ fn completions_are_counted_by_status() {
             .find(|(st, _)| *st == rdmapool::fabric::WcStatus::Success)
             .map_or(0, |&(_, n)| n)
     };
-    let before = success(&rdmapool::metrics::snapshot());
+    let m = ctx.metrics();
+    assert_eq!(success(&m.snapshot()), 0);
     let sge = [local.sge(0, 8).unwrap()];
     let wr = SendWr {
         wr_id: 1,
@@ -130,10 +151,10 @@ fn completions_are_counted_by_status() {
     a.post_send(&[wr]).unwrap();
     let done = cq.wait(1, std::time::Duration::from_secs(10)).unwrap();
     assert!(done[0].is_ok());
-    assert!(success(&rdmapool::metrics::snapshot()) > before);
-    let text = rdmapool::metrics::snapshot().to_prometheus();
+    assert_eq!(success(&m.snapshot()), 1);
+    let text = m.snapshot().to_prometheus();
     assert!(
-        text.contains("rdmapool_completions_total{status=\"success\"} "),
+        text.contains("rdmapool_completions_total{status=\"success\"} 1\n"),
         "{text}"
     );
 }

@@ -8,8 +8,9 @@ use rdmapool::remote::*;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-fn listed(node: u32) -> Option<ServerStats> {
-    rdmapool::metrics::snapshot()
+fn listed(ctx: &Context, node: u32) -> Option<ServerStats> {
+    ctx.metrics()
+        .snapshot()
         .pool_servers
         .into_iter()
         .find(|&(n, _)| n == node)
@@ -59,12 +60,16 @@ fn node_stats_unreachable_servers_and_metrics_agree_with_the_server() {
     assert_eq!(own.connected, 1);
     assert_eq!(own.requests_handled, 0);
 
-    // The metrics registry lists the server with the same counters while it lives.
-    let m = listed(71).expect("the server is in the metrics snapshot");
+    // Its context's metrics list the server with the same counters while it lives.
+    let m = listed(&ctx, 71).expect("the server is in its context's metrics");
+    assert!(
+        listed(&n.ctx, 71).is_none(),
+        "the client's context runs no server"
+    );
     assert_eq!((m.clients, m.chunks_owned, m.connected), (1, 1, 1), "{m:?}");
-    let json = rdmapool::metrics::snapshot().to_json();
+    let json = ctx.metrics().snapshot().to_json();
     assert!(json.contains("\"node\":71,\"leases\":1,"), "{json}");
-    let text = rdmapool::metrics::snapshot().to_prometheus();
+    let text = ctx.metrics().snapshot().to_prometheus();
     assert!(
         text.contains("rdmapool_pool_server_chunks_owned{node=\"71\"} 1\n"),
         "{text}"
@@ -78,5 +83,5 @@ fn node_stats_unreachable_servers_and_metrics_agree_with_the_server() {
     });
     stopping.join().unwrap();
     // Dropped, the server leaves the listing.
-    assert!(listed(71).is_none());
+    assert!(listed(&ctx, 71).is_none());
 }

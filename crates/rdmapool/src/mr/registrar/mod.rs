@@ -260,9 +260,10 @@ impl Drop for Registrar {
         for r in left {
             if r.state.cancel() {
                 inc(&self.shared.counters.cancelled);
-                crate::metrics::registry::registrar_event(
-                    crate::metrics::registry::RegistrarEvent::Cancelled,
-                );
+                self.shared
+                    .pd
+                    .recorder()
+                    .registrar_event(crate::fabric::recorder::RegistrarEvent::Cancelled);
                 r.finish(Err(Error::Cancelled));
             }
         }

@@ -93,9 +93,8 @@ impl RegHandle {
         }
         if let Some(s) = self.shared.upgrade() {
             inc(&s.counters.cancelled);
-            crate::metrics::registry::registrar_event(
-                crate::metrics::registry::RegistrarEvent::Cancelled,
-            );
+            s.pd.recorder()
+                .registrar_event(crate::fabric::recorder::RegistrarEvent::Cancelled);
         }
         self.req.finish(Err(Error::Cancelled));
         true

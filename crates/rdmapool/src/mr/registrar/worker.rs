@@ -6,8 +6,8 @@
 use super::request::{spec_len, RegionSpec, Request};
 use super::stats::{inc, LATENCY_CLASSES};
 use super::Shared;
+use crate::fabric::recorder::RegistrarEvent;
 use crate::fabric::{Mr, Pd};
-use crate::metrics::registry::{registrar_event, RegistrarEvent};
 use crate::mr::state::RegState;
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -112,7 +112,7 @@ fn attempt(s: &Shared, req: &Request) -> Result<Mr> {
         }
         if req.deadline.is_some_and(|d| Instant::now() >= d) {
             inc(&s.counters.timed_out);
-            registrar_event(RegistrarEvent::TimedOut);
+            s.pd.recorder().registrar_event(RegistrarEvent::TimedOut);
             return Err(Error::TimedOut("registration".into()));
         }
         let e = match register(&s.pd, req.spec) {
@@ -131,7 +131,7 @@ fn attempt(s: &Shared, req: &Request) -> Result<Mr> {
             Class::Retry => {
                 retries += 1;
                 inc(&s.counters.retries);
-                registrar_event(RegistrarEvent::Retry);
+                s.pd.recorder().registrar_event(RegistrarEvent::Retry);
                 let mut wait = delay;
                 if let Some(d) = req.deadline {
                     wait = wait.min(d.saturating_duration_since(Instant::now()));

@@ -5,9 +5,9 @@
 use super::super::descriptor::encode_accept;
 use super::super::hello::{client_key, unix_now, HelloGate, Refusal};
 use super::{isolated, Conn, Inner};
-use crate::conn::inflight::InFlight;
 use crate::conn::Listener;
 use crate::fabric::{Qp, QpConfig, RecvWr, RegisteredMemory};
+use crate::util::inflight::InFlight;
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

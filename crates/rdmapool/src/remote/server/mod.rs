@@ -346,9 +346,9 @@ impl MemoryServer {
                 move || c.control_loop(),
             )?);
         }
-        // Listed in the metrics registry while it lives.
+        // Listed in its context's metrics while it lives.
         let weak = Arc::downgrade(&inner);
-        crate::metrics::pool_servers::register(Box::new(move || {
+        ctx.metrics().0.servers.register(Box::new(move || {
             weak.upgrade().map(|i| (i.node, i.stats()))
         }));
         Ok(Self {

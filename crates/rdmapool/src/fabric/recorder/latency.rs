@@ -13,12 +13,19 @@ pub const BUCKETS_SECONDS: [f64; 20] = [
     100e-3, 250e-3, 500e-3, 1.0, 2.5, 5.0, 10.0,
 ];
 
+#[derive(Clone)]
 pub(crate) struct Latency {
     hist: hdrhistogram::Histogram<u64>,
     sum_ns: u128,
 }
 
 impl Latency {
+    /// Adds what `other` recorded (both have the same bounds, so nothing is lost).
+    pub(crate) fn add(&mut self, other: &Latency) {
+        let _ = self.hist.add(&other.hist);
+        self.sum_ns += other.sum_ns;
+    }
+
     pub(crate) fn record(&mut self, d: Duration) {
         let ns = d.as_nanos().max(1);
         self.hist.saturating_record(ns.min(u64::MAX as u128) as u64);
@@ -52,12 +59,25 @@ impl Latency {
     }
 }
 
-pub(crate) fn latency() -> Mutex<Latency> {
-    Mutex::new(Latency {
+/// The summary of several histograms together (empty when there are none).
+pub(crate) fn merged<'a>(parts: impl IntoIterator<Item = &'a Mutex<Latency>>) -> LatencySummary {
+    let mut all = empty();
+    for p in parts {
+        all.add(&p.lock());
+    }
+    all.summary()
+}
+
+fn empty() -> Latency {
+    Latency {
         hist: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
             .expect("valid bounds"),
         sum_ns: 0,
-    })
+    }
+}
+
+pub(crate) fn latency() -> Mutex<Latency> {
+    Mutex::new(empty())
 }
 
 /// Count, sum and percentiles of one latency histogram.

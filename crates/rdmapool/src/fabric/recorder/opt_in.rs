@@ -1,5 +1,5 @@
 //! An opt-in setting of the data-path metrics: off until the program chooses a value or a
-//! started [`super::Endpoint`] sets its default (which never overrides a choice).
+//! started [`crate::metrics::Endpoint`] sets its default (which never overrides a choice).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
@@ -33,5 +33,11 @@ impl OptIn {
     #[inline]
     pub(crate) fn get(&self) -> u32 {
         self.value.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for OptIn {
+    fn default() -> Self {
+        Self::off()
     }
 }

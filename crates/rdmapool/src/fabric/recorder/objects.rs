@@ -1,15 +1,17 @@
 //! Completions per CQ and per QP, by status: which queue pair went wrong, not only that
 //! something did.
 //!
-//! Off by default, so the poll path pays one relaxed atomic load. [`track_objects`]`(true)`
-//! (or a started [`super::Endpoint`]) turns it on: every CQ then counts the statuses it
+//! Off by default, so the poll path pays one relaxed atomic load.
+//! [`ContextMetrics::track_objects`](super::ContextMetrics::track_objects)`(true)` (or an
+//! [`crate::metrics::Endpoint`] watching the context) turns it on: every CQ then counts the statuses it
 //! returns, and each poll that returned work takes one lock to add them to the counters of
 //! the QPs they came from. Objects are listed while they live: a CQ or QP that is destroyed
-//! leaves the listing (its completions stay in the process-wide `completions`), so the number
+//! leaves the listing (its completions stay in the context's `completions`), so the number
 //! of series follows the number of live objects, which Prometheus exports cap at
 //! [`MAX_LISTED`] per kind.
 
 use super::opt_in::OptIn;
+use super::Recorder;
 use crate::fabric::{Completion, WcStatus};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -22,38 +24,40 @@ pub const MAX_LISTED: usize = 1024;
 
 const STATUSES: usize = WcStatus::ALL.len();
 
-/// 1: counting.
-static TRACKING: OptIn = OptIn::off();
+/// CQ numbers: unique in the process, so that the listings of several contexts served
+/// together never share one.
 static NEXT_CQ: AtomicU64 = AtomicU64::new(1);
 
-/// Live CQs, by id.
-static CQS: Mutex<BTreeMap<u64, Arc<CqCounts>>> = Mutex::new(BTreeMap::new());
 /// Completions per status of one QP.
 type QpCounts = [u64; STATUSES];
 
-/// Live QPs, by device, then QP number.
-static QPS: Mutex<BTreeMap<Arc<str>, BTreeMap<u32, QpCounts>>> = Mutex::new(BTreeMap::new());
-
-/// Counts completions per CQ and per QP from now on (`true`), or stops counting (`false`;
-/// what was counted stays listed).
-///
-/// ```
-/// rdmapool::metrics::track_objects(true);
-/// assert!(rdmapool::metrics::objects_tracked());
-/// rdmapool::metrics::track_objects(false);
-/// ```
-pub fn track_objects(on: bool) {
-    TRACKING.choose(u32::from(on));
+/// One context's listing: its live CQs and QPs, and whether they count.
+#[derive(Default)]
+pub(crate) struct Objects {
+    /// 1: counting.
+    tracking: OptIn,
+    /// Live CQs, by id.
+    cqs: Mutex<BTreeMap<u64, Arc<CqCounts>>>,
+    /// Live QPs, by device, then QP number.
+    qps: Mutex<BTreeMap<Arc<str>, BTreeMap<u32, QpCounts>>>,
 }
 
-/// What a started endpoint does: tracking on, unless [`track_objects`] chose otherwise.
-pub(crate) fn default_on() {
-    TRACKING.default_to(1);
-}
+impl Objects {
+    /// Counts completions per CQ and per QP from now on (`true`), or stops (`false`; what
+    /// was counted stays listed).
+    pub(crate) fn track(&self, on: bool) {
+        self.tracking.choose(u32::from(on));
+    }
 
-/// Whether completions are counted per CQ and per QP.
-pub fn objects_tracked() -> bool {
-    TRACKING.get() != 0
+    /// What a watching endpoint does: tracking on, unless [`Objects::track`] chose.
+    pub(crate) fn default_on(&self) {
+        self.tracking.default_to(1);
+    }
+
+    /// Whether completions are counted per CQ and per QP.
+    pub(crate) fn tracked(&self) -> bool {
+        self.tracking.get() != 0
+    }
 }
 
 struct CqCounts {
@@ -64,18 +68,18 @@ struct CqCounts {
 
 /// A CQ's entry in the listing; every clone of the [`crate::fabric::Cq`] holds the same
 /// one, and the last to go takes the CQ off the listing.
-pub(crate) struct CqTag(Arc<CqCounts>);
+pub(crate) struct CqTag(Arc<CqCounts>, Arc<Recorder>);
 
 impl CqTag {
-    /// Lists a new CQ of `device`.
-    pub(crate) fn new(device: &str) -> Arc<CqTag> {
+    /// Lists a new CQ of `device` with `recorder`.
+    pub(crate) fn new(recorder: &Arc<Recorder>, device: &str) -> Arc<CqTag> {
         let c = Arc::new(CqCounts {
             id: NEXT_CQ.fetch_add(1, Ordering::Relaxed),
             device: device.into(),
             counts: [const { AtomicU64::new(0) }; STATUSES],
         });
-        CQS.lock().insert(c.id, c.clone());
-        Arc::new(CqTag(c))
+        recorder.objects.cqs.lock().insert(c.id, c.clone());
+        Arc::new(CqTag(c, recorder.clone()))
     }
 
     /// This CQ's number in the listing (process-wide, from 1, never reused).
@@ -83,11 +87,16 @@ impl CqTag {
         self.0.id
     }
 
+    /// The recorder this CQ's polls record into.
+    pub(crate) fn recorder(&self) -> &Recorder {
+        &self.1
+    }
+
     /// Counts what one poll of this CQ returned, when tracking is on (inlined: off, it is
     /// one relaxed load and a branch).
     #[inline]
     pub(crate) fn polled(&self, done: &[Completion]) {
-        if TRACKING.get() != 0 && !done.is_empty() {
+        if self.1.objects.tracked() && !done.is_empty() {
             self.count(done);
         }
     }
@@ -96,7 +105,7 @@ impl CqTag {
         for d in done {
             self.0.counts[d.status as usize].fetch_add(1, Ordering::Relaxed);
         }
-        let mut qps = QPS.lock();
+        let mut qps = self.1.objects.qps.lock();
         let Some(on_device) = qps.get_mut(&*self.0.device) else {
             return;
         };
@@ -112,7 +121,7 @@ impl CqTag {
 
 impl Drop for CqTag {
     fn drop(&mut self) {
-        CQS.lock().remove(&self.0.id);
+        self.1.objects.cqs.lock().remove(&self.0.id);
     }
 }
 
@@ -121,23 +130,37 @@ impl Drop for CqTag {
 pub(crate) struct QpTag {
     device: Arc<str>,
     qp_num: u32,
+    recorder: Arc<Recorder>,
 }
 
 impl QpTag {
-    /// Lists QP `qp_num` of `device` (a QP number a destroyed QP had starts from zero).
-    pub(crate) fn new(device: &str, qp_num: u32) -> QpTag {
+    /// Lists QP `qp_num` of `device` with `recorder` (a QP number a destroyed QP had starts
+    /// from zero).
+    pub(crate) fn new(recorder: &Arc<Recorder>, device: &str, qp_num: u32) -> QpTag {
         let device: Arc<str> = device.into();
-        QPS.lock()
+        recorder
+            .objects
+            .qps
+            .lock()
             .entry(device.clone())
             .or_default()
             .insert(qp_num, [0; STATUSES]);
-        QpTag { device, qp_num }
+        QpTag {
+            device,
+            qp_num,
+            recorder: recorder.clone(),
+        }
+    }
+
+    /// The recorder this QP's posts record into.
+    pub(crate) fn recorder(&self) -> &Recorder {
+        &self.recorder
     }
 }
 
 impl Drop for QpTag {
     fn drop(&mut self) {
-        let mut qps = QPS.lock();
+        let mut qps = self.recorder.objects.qps.lock();
         if let Some(on_device) = qps.get_mut(&*self.device) {
             on_device.remove(&self.qp_num);
             if on_device.is_empty() {
@@ -167,10 +190,16 @@ fn by_status(counts: impl Fn(usize) -> u64) -> Vec<(WcStatus, u64)> {
         .collect()
 }
 
-/// The live CQs (at most [`MAX_LISTED`], lowest ids first) and how many live.
-pub(crate) fn cqs() -> (Vec<ObjectCompletions>, usize) {
-    let cqs = CQS.lock();
-    let listed = cqs
+/// The live CQs of these listings (at most [`MAX_LISTED`], lowest ids first) and how many
+/// live.
+pub(crate) fn cqs<'a>(
+    listings: impl Iterator<Item = &'a Objects>,
+) -> (Vec<ObjectCompletions>, usize) {
+    let mut all: BTreeMap<u64, Arc<CqCounts>> = BTreeMap::new();
+    for l in listings {
+        all.extend(l.cqs.lock().iter().map(|(&id, c)| (id, c.clone())));
+    }
+    let listed = all
         .values()
         .take(MAX_LISTED)
         .map(|c| ObjectCompletions {
@@ -179,14 +208,24 @@ pub(crate) fn cqs() -> (Vec<ObjectCompletions>, usize) {
             completions: by_status(|i| c.counts[i].load(Ordering::Relaxed)),
         })
         .collect();
-    (listed, cqs.len())
+    (listed, all.len())
 }
 
-/// The live QPs (at most [`MAX_LISTED`], by device then QP number) and how many live.
-pub(crate) fn qps() -> (Vec<ObjectCompletions>, usize) {
-    let qps = QPS.lock();
-    let live = qps.values().map(BTreeMap::len).sum();
-    let listed = qps
+/// The live QPs of these listings (at most [`MAX_LISTED`], by device then QP number) and
+/// how many live.
+pub(crate) fn qps<'a>(
+    listings: impl Iterator<Item = &'a Objects>,
+) -> (Vec<ObjectCompletions>, usize) {
+    let mut all: BTreeMap<Arc<str>, BTreeMap<u32, QpCounts>> = BTreeMap::new();
+    for l in listings {
+        for (device, on_device) in l.qps.lock().iter() {
+            all.entry(device.clone())
+                .or_default()
+                .extend(on_device.iter().map(|(&n, c)| (n, *c)));
+        }
+    }
+    let live = all.values().map(BTreeMap::len).sum();
+    let listed = all
         .iter()
         .flat_map(|(device, on_device)| {
             on_device

@@ -1,5 +1,5 @@
-//! The memory servers (`remote::MemoryServer`) alive in the process: each registers a probe
-//! when it starts, and a snapshot reads their counters then. A server that was dropped
+//! The memory servers (`remote::MemoryServer`) alive on a context: each registers a probe
+//! with the context's recorder when it starts, and a snapshot reads their counters then. A server that was dropped
 //! leaves the listing at the next snapshot.
 
 use std::sync::Mutex;
@@ -33,30 +33,37 @@ pub struct ServerStats {
 /// Reads one server's node id and counters; `None` once the server is gone.
 pub(crate) type Probe = Box<dyn Fn() -> Option<(u32, ServerStats)> + Send + Sync>;
 
-static SERVERS: Mutex<Vec<Probe>> = Mutex::new(Vec::new());
+/// The memory servers started on one context.
+#[derive(Default)]
+pub(crate) struct Servers(Mutex<Vec<Probe>>);
 
-/// Lists a server (called by `MemoryServer::start`).
-#[cfg_attr(loom, allow(dead_code))] // the pool is not built under loom
-pub(crate) fn register(probe: Probe) {
-    SERVERS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push(probe);
+impl Servers {
+    /// Lists a server (called by `MemoryServer::start`).
+    #[cfg_attr(loom, allow(dead_code))] // the pool is not built under loom
+    pub(crate) fn register(&self, probe: Probe) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(probe);
+    }
 }
 
-/// The live servers' node ids and counters, by node id; forgets the servers that are gone.
-pub(crate) fn snapshot() -> Vec<(u32, ServerStats)> {
-    let mut probes = SERVERS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+/// The live servers of these listings: node ids and counters, by node id; forgets the
+/// servers that are gone.
+pub(crate) fn snapshot<'a>(listings: impl Iterator<Item = &'a Servers>) -> Vec<(u32, ServerStats)> {
     let mut out = Vec::new();
-    probes.retain(|p| match p() {
-        Some(s) => {
-            out.push(s);
-            true
-        }
-        None => false,
-    });
+    for l in listings {
+        let mut probes =
+            l.0.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        probes.retain(|p| match p() {
+            Some(s) => {
+                out.push(s);
+                true
+            }
+            None => false,
+        });
+    }
     out.sort_by_key(|&(node, _)| node);
     out
 }

@@ -1,14 +1,11 @@
-//! Completions per CQ and per QP (`rdmapool::metrics::track_objects`): real WRITEs on the
-//! provider under test (soft, or verbs in the SoftRoCE guest), one of them with a wrong rkey, are counted on the QP and CQ they belong
-//! to, in the snapshot and in the Prometheus text; destroyed objects leave the listing; and
-//! nothing is counted while tracking is off. One test in its own binary: the switch is
-//! process-global.
-
-#[path = "it/support/mod.rs"]
-mod support;
+//! Completions per CQ and per QP (`ContextMetrics::track_objects`): real WRITEs on the
+//! provider under test (soft, or verbs in the SoftRoCE guest), one of them with a wrong rkey,
+//! are counted on the QP and CQ they belong to, in the context's snapshot and in the
+//! Prometheus text; destroyed objects leave the listing; and nothing is counted while
+//! tracking is off (a switch of the context's own).
 
 use rdmapool::fabric::*;
-use rdmapool::metrics::{snapshot, track_objects, ObjectCompletions};
+use rdmapool::metrics::ObjectCompletions;
 
 fn find(list: &[ObjectCompletions], device: &str, id: u64) -> Option<Vec<(WcStatus, u64)>> {
     list.iter()
@@ -18,14 +15,14 @@ fn find(list: &[ObjectCompletions], device: &str, id: u64) -> Option<Vec<(WcStat
 
 #[test]
 fn completions_are_counted_on_their_qp_and_cq() {
-    let support::Node { ctx, pd, cq: _ } = support::node();
+    let crate::support::Node { ctx, pd, cq: _ } = crate::support::node();
     let device = ctx.device().name.clone();
     let (cq_good, cq_bad, cq_target) = (
         ctx.create_cq(64).unwrap(),
         ctx.create_cq(64).unwrap(),
         ctx.create_cq(64).unwrap(),
     );
-    let cfg = support::config();
+    let cfg = crate::support::config();
     let pair = |cq: &Cq| {
         let a = pd.create_qp(cq, cq, &cfg).unwrap();
         let b = pd.create_qp(&cq_target, &cq_target, &cfg).unwrap();
@@ -46,16 +43,16 @@ fn completions_are_counted_on_their_qp_and_cq() {
             signaled: true,
         }])
         .unwrap();
-        support::one(cq).status
+        crate::support::one(cq).status
     };
 
-    track_objects(true);
+    ctx.metrics().track_objects(true);
     for _ in 0..5 {
         assert_eq!(write(&good, &cq_good, 0), WcStatus::Success);
     }
     assert_eq!(write(&bad, &cq_bad, 0x5a5a), WcStatus::RemAccessErr);
 
-    let s = snapshot();
+    let s = ctx.metrics().snapshot();
     assert!(s.objects_tracked);
     let good_id = u64::from(good.qpn());
     let bad_id = u64::from(bad.qpn());
@@ -75,12 +72,9 @@ fn completions_are_counted_on_their_qp_and_cq() {
         find(&s.cqs, &device, cq_bad.metrics_id()),
         Some(vec![(WcStatus::Success, 0), (WcStatus::RemAccessErr, 1)])
     );
-    assert!(
-        s.qps_live >= 4 && s.cqs_live >= 3,
-        "{} {}",
-        s.qps_live,
-        s.cqs_live
-    );
+    // Exactly this context's objects: three CQs (the node's own was dropped with the
+    // pattern that ignored it) and two pairs of QPs.
+    assert_eq!((s.qps_live, s.cqs_live), (4, 3));
     let text = s.to_prometheus();
     for line in [
         format!("rdmapool_qp_completions_total{{device=\"{device}\",qp=\"{good_id}\",status=\"success\"}} 5"),
@@ -98,15 +92,15 @@ fn completions_are_counted_on_their_qp_and_cq() {
     drop(bad);
     let bad_cq_id = cq_bad.metrics_id();
     drop(cq_bad);
-    let s = snapshot();
+    let s = ctx.metrics().snapshot();
     assert_eq!(find(&s.qps, &device, bad_id), None);
     assert_eq!(find(&s.cqs, &device, bad_cq_id), None);
     assert_eq!(s.qps_live, live - 1);
 
     // Off: nothing more is counted.
-    track_objects(false);
+    ctx.metrics().track_objects(false);
     assert_eq!(write(&good, &cq_good, 0), WcStatus::Success);
-    let s = snapshot();
+    let s = ctx.metrics().snapshot();
     assert!(!s.objects_tracked);
     assert_eq!(
         find(&s.qps, &device, good_id),

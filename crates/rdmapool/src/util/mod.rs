@@ -2,6 +2,8 @@
 
 use crate::{Error, Result};
 
+pub(crate) mod inflight;
+
 /// Starts a thread named `name` running `f`; a failed spawn is `Error::Sys`.
 #[cfg_attr(loom, allow(dead_code))] // the pool is not built under loom
 pub(crate) fn spawn_named(

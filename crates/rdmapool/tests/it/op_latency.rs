@@ -1,13 +1,13 @@
-//! Sampled per-opcode latency (`rdmapool::metrics::sample_op_latency`): real WRITE, READ,
+//! Sampled per-opcode latency (`ContextMetrics::sample_op_latency`): real WRITE, READ,
 //! CAS and FAA on the soft provider land in the histogram of their opcode, and nothing is
-//! timed while sampling is off. One test in its own binary: the rate is process-global.
+//! timed while sampling is off (a rate of the context's own).
 
 use rdmapool::fabric::*;
-use rdmapool::metrics::{opcode_label, sample_op_latency, snapshot};
+use rdmapool::metrics::{opcode_label, ContextMetrics};
 use std::time::Duration;
 
-fn count(op: WcOpcode) -> u64 {
-    snapshot()
+fn count(m: &ContextMetrics, op: WcOpcode) -> u64 {
+    m.snapshot()
         .op_latency
         .iter()
         .find(|(o, _)| *o == op)
@@ -17,6 +17,7 @@ fn count(op: WcOpcode) -> u64 {
 #[test]
 fn each_opcode_is_timed_when_sampled_and_not_otherwise() {
     let ctx = Context::open(SoftConfig::from_env().unwrap()).unwrap();
+    let m = ctx.metrics();
     let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(64).unwrap());
     let cfg = QpConfig::default();
     let (a, b) = (
@@ -59,18 +60,23 @@ fn each_opcode_is_timed_when_sampled_and_not_otherwise() {
         }
     };
 
-    sample_op_latency(0);
+    m.sample_op_latency(0);
     run(5);
     for (code, _, _) in &ops {
-        assert_eq!(count(*code), 0, "{} timed while off", opcode_label(*code));
+        assert_eq!(
+            count(&m, *code),
+            0,
+            "{} timed while off",
+            opcode_label(*code)
+        );
     }
 
-    sample_op_latency(1);
+    m.sample_op_latency(1);
     run(20);
     for (code, _, _) in &ops {
-        assert_eq!(count(*code), 20, "{}", opcode_label(*code));
+        assert_eq!(count(&m, *code), 20, "{}", opcode_label(*code));
     }
-    let s = snapshot();
+    let s = m.snapshot();
     assert_eq!(s.op_sample_every, 1);
     let (_, write) = s
         .op_latency
@@ -86,9 +92,9 @@ fn each_opcode_is_timed_when_sampled_and_not_otherwise() {
 
     // One in four: 5 of 20 per opcode (this thread's counter is shared across opcodes, so
     // 80 posts give 20 samples in all).
-    sample_op_latency(4);
+    m.sample_op_latency(4);
     run(20);
-    let total: u64 = ops.iter().map(|(c, _, _)| count(*c)).sum();
+    let total: u64 = ops.iter().map(|(c, _, _)| count(&m, *c)).sum();
     assert_eq!(total, 80 + 20);
-    sample_op_latency(0);
+    m.sample_op_latency(0);
 }
