@@ -42,7 +42,7 @@ enum Command {
     /// Register and deregister memory from many threads through the asynchronous
     /// registrar; report throughput, latency percentiles, failures and retries.
     Stress(stress::Args),
-    /// Shows a running process's metrics live (its `rdmapool::metrics::Endpoint`: a Unix
+    /// Shows a running process's metrics live (its `rdmapool_exporter::Endpoint`: a Unix
     /// socket or http://127.0.0.1:PORT), or, with no --target, those of a probe workload
     /// run here (on --provider/--device, soft by default).
     Monitor(monitor::Args),

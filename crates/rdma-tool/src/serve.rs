@@ -204,13 +204,13 @@ pub fn run(args: Args) -> Result<()> {
     // Serves the server's context (where the server is listed); stops when dropped.
     let metrics = match &args.metrics_socket {
         Some(s) => Some(
-            rdmapool::metrics::Endpoint::start(rdmapool::metrics::EndpointConfig {
-                unix: Some(rdmapool::metrics::UnixName::parse(s)),
+            rdmapool_exporter::Endpoint::start(rdmapool_exporter::EndpointConfig {
+                unix: Some(rdmapool_exporter::UnixName::parse(s)),
                 http: None,
             })
             .map_err(|e| ToolError::Msg(format!("--metrics-socket: {e}")))?,
         ),
-        None => rdmapool::metrics::Endpoint::from_env()
+        None => rdmapool_exporter::Endpoint::from_env()
             .map_err(|e| ToolError::Msg(format!("metrics endpoint: {e}")))?,
     };
     if let Some(ep) = &metrics {

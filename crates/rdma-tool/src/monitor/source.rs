@@ -3,7 +3,8 @@
 //! process's own registry (the probe). All three become a [`Sample`].
 
 use crate::{Result, ToolError};
-use rdmapool::metrics::{ContextMetrics, UnixName};
+use rdmapool::metrics::ContextMetrics;
+use rdmapool_exporter::UnixName;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

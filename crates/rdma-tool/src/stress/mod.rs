@@ -123,14 +123,14 @@ pub fn run(args: Args) -> Result<()> {
     crate::signals::install()?;
     let metrics = match &args.metrics_socket {
         Some(s) => Some(
-            rdmapool::metrics::Endpoint::start(rdmapool::metrics::EndpointConfig {
-                unix: Some(rdmapool::metrics::UnixName::parse(s)),
+            rdmapool_exporter::Endpoint::start(rdmapool_exporter::EndpointConfig {
+                unix: Some(rdmapool_exporter::UnixName::parse(s)),
                 http: None,
             })
             .map_err(|e| ToolError::Msg(format!("--metrics-socket: {e}")))?,
         ),
         // Otherwise RDMAPOOL_METRICS_SOCKET / RDMAPOOL_METRICS_HTTP, if set.
-        None => rdmapool::metrics::Endpoint::from_env()
+        None => rdmapool_exporter::Endpoint::from_env()
             .map_err(|e| ToolError::Msg(format!("metrics endpoint: {e}")))?,
     };
     let plan = (!args.mix.is_empty())

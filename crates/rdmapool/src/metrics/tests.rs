@@ -226,26 +226,3 @@ fn each_context_counts_its_own_registrations_and_several_add_up() {
     drop(kept);
     assert_eq!(b.metrics().snapshot().registered_bytes, 0);
 }
-
-#[test]
-fn http_refuses_non_loopback() {
-    let e = super::Endpoint::start(super::EndpointConfig {
-        unix: None,
-        http: Some("0.0.0.0:0".parse().unwrap()),
-    })
-    .unwrap_err();
-    assert!(matches!(e, super::EndpointError::NotLoopback(_)), "{e}");
-}
-
-/// docs/METRICS.md states the endpoint's bounds as the code has them.
-#[test]
-fn metrics_md_states_the_endpoints_bounds() {
-    let doc = include_str!("../../../../docs/METRICS.md");
-    let want = format!("{} at once at most", super::endpoint::MAX_ANSWERING);
-    assert!(doc.contains(&want), "METRICS.md should say: {want}");
-    let want = format!(
-        "each has {} s for its request",
-        super::endpoint::ANSWER_DEADLINE.as_secs()
-    );
-    assert!(doc.contains(&want), "METRICS.md should say: {want}");
-}

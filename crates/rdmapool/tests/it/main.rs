@@ -17,7 +17,6 @@ mod errors;
 mod faults;
 mod interop;
 mod memory;
-mod metrics_endpoint;
 mod model;
 mod multiprocess;
 mod object_metrics;

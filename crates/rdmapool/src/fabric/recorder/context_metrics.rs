@@ -35,7 +35,7 @@ impl ContextMetrics {
 
     /// Counts completions per CQ and per QP of this context from now on (`true`), or stops
     /// counting (`false`; what was counted stays listed). Off until chosen or until an
-    /// [`crate::metrics::Endpoint`] watches the context.
+    /// exporter (`rdmapool_exporter::Endpoint`) watches the context.
     pub fn track_objects(&self, on: bool) {
         self.0.objects.track(on);
     }
@@ -46,8 +46,9 @@ impl ContextMetrics {
     }
 
     /// Times one signalled work request in `every` (per thread) on this context's QPs from
-    /// now on; 0 turns timing off. Off until chosen or until an [`crate::metrics::Endpoint`] watches
-    /// the context (which sets [`super::DEFAULT_OP_SAMPLE_EVERY`]).
+    /// now on; 0 turns timing off. Off until chosen or until an exporter
+    /// (`rdmapool_exporter::Endpoint`) watches the context (which sets
+    /// [`super::DEFAULT_OP_SAMPLE_EVERY`]).
     pub fn sample_op_latency(&self, every: u32) {
         self.0.ops.sample(every);
     }
@@ -57,17 +58,18 @@ impl ContextMetrics {
         self.0.ops.every()
     }
 
-    /// What an endpoint starting to watch the context does: per-object counts on, and op
-    /// latency at [`super::DEFAULT_OP_SAMPLE_EVERY`], except where the program chose.
-    pub(crate) fn default_on(&self) {
+    /// Turns on per-object counts, and op latency sampling at
+    /// [`super::DEFAULT_OP_SAMPLE_EVERY`], each unless the program chose a value for this
+    /// context: what an exporter does when it starts serving the context.
+    pub fn turn_on_defaults(&self) {
         self.0.objects.default_on();
         self.0.ops.default_on();
     }
 }
 
 /// What several contexts recorded, together: counters summed, latency histograms merged,
-/// objects and memory servers listed side by side (what an [`crate::metrics::Endpoint`] watching
-/// them serves).
+/// objects and memory servers listed side by side (what an exporter (`rdmapool_exporter::Endpoint`)
+/// watching them serves).
 pub fn snapshot_of<'a>(contexts: impl IntoIterator<Item = &'a ContextMetrics>) -> Snapshot {
     let recorders: Vec<&Recorder> = contexts.into_iter().map(|c| &*c.0).collect();
     snapshot_of_recorders(&recorders)

@@ -3,11 +3,11 @@
 //!
 //! Off by default, so the poll path pays one relaxed atomic load.
 //! [`ContextMetrics::track_objects`](super::ContextMetrics::track_objects)`(true)` (or an
-//! [`crate::metrics::Endpoint`] watching the context) turns it on: every CQ then counts the statuses it
-//! returns, and each poll that returned work takes one lock to add them to the counters of
-//! the QPs they came from. Objects are listed while they live: a CQ or QP that is destroyed
-//! leaves the listing (its completions stay in the context's `completions`), so the number
-//! of series follows the number of live objects, which Prometheus exports cap at
+//! exporter (`rdmapool_exporter::Endpoint`) watching the context) turns it on: every CQ then counts
+//! the statuses it returns, and each poll that returned work takes one lock to add them to the
+//! counters of the QPs they came from. Objects are listed while they live: a CQ or QP that is
+//! destroyed leaves the listing (its completions stay in the context's `completions`), so the
+//! number of series follows the number of live objects, which Prometheus exports cap at
 //! [`MAX_LISTED`] per kind.
 
 use super::opt_in::OptIn;

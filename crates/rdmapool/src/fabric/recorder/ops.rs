@@ -3,7 +3,7 @@
 //!
 //! Off by default, so the data path pays one relaxed atomic load per post and per poll.
 //! [`ContextMetrics::sample_op_latency`](super::ContextMetrics::sample_op_latency)`(n)` (or
-//! an [`crate::metrics::Endpoint`] watching the context) turns it on: one signalled
+//! an exporter (`rdmapool_exporter::Endpoint`) watching the context) turns it on: one signalled
 //! work request in `n` per thread has its post time kept under `(qp_num, wr_id)` in a small
 //! table, and the poll that returns a completion with that key records the difference in the
 //! histogram of the completion's opcode. A work request is matched by its `wr_id`, so the
@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-/// The sampling rate a watching [`crate::metrics::Endpoint`] sets when none was chosen: one signalled
-/// work request in 64 per thread.
+/// The sampling rate a watching exporter (`rdmapool_exporter::Endpoint`) sets when none was chosen:
+/// one signalled work request in 64 per thread.
 pub const DEFAULT_OP_SAMPLE_EVERY: u32 = 64;
 
 /// Requests waiting for their completion, at most this many (a sample finding the table full

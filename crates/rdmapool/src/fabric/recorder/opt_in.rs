@@ -1,5 +1,6 @@
 //! An opt-in setting of the data-path metrics: off until the program chooses a value or a
-//! started [`crate::metrics::Endpoint`] sets its default (which never overrides a choice).
+//! started exporter (`rdmapool_exporter::Endpoint`) sets its default (which never overrides a
+//! choice).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 

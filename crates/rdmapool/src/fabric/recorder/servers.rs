@@ -1,6 +1,6 @@
 //! The memory servers (`remote::MemoryServer`) alive on a context: each registers a probe
-//! with the context's recorder when it starts, and a snapshot reads their counters then. A server that was dropped
-//! leaves the listing at the next snapshot.
+//! with the context's recorder when it starts, and a snapshot reads their counters then. A
+//! server that was dropped leaves the listing at the next snapshot.
 
 use std::sync::Mutex;
 

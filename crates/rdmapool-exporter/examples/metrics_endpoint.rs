@@ -10,7 +10,7 @@
 //! ```
 
 use rdmapool::fabric::*;
-use rdmapool::metrics::{Endpoint, EndpointConfig, UnixName};
+use rdmapool_exporter::{Endpoint, EndpointConfig, UnixName};
 use std::io::{Read, Write};
 use std::time::Duration;
 

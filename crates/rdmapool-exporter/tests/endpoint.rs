@@ -3,7 +3,7 @@
 
 use rdmapool::fabric::SoftConfig;
 use rdmapool::fabric::{AccessFlags, Context};
-use rdmapool::metrics::{Endpoint, EndpointConfig, UnixName};
+use rdmapool_exporter::{Endpoint, EndpointConfig, UnixName};
 use std::io::{Read, Write};
 
 /// Two registrations and deregistrations on `ctx`.

@@ -1,17 +1,36 @@
-//! Serving the metrics of the contexts an endpoint watches: one JSON snapshot per connection
-//! on a local Unix socket, and Prometheus text at `GET /metrics` over HTTP on loopback.
-//! Nothing starts unless [`Endpoint::start`] or [`Endpoint::from_env`] is called, and an
-//! endpoint serves the contexts given to [`Endpoint::watch`], together.
+//! rdmapool-exporter: serves the metrics of rdmapool contexts, one JSON snapshot per
+//! connection on a local Unix socket and Prometheus text at `GET /metrics` over HTTP on
+//! loopback (the names are in rdmapool's docs/METRICS.md). The library records (each
+//! context owns its recorder, read with `ctx.metrics()`); this crate serves what it is given
+//! to [watch](Endpoint::watch), together. Nothing starts unless [`Endpoint::start`] or
+//! [`Endpoint::from_env`] is called.
+//!
+//! ```
+//! use rdmapool::fabric::{AccessFlags, Context, SoftConfig};
+//! use rdmapool_exporter::{Endpoint, EndpointConfig};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ctx = Context::open(SoftConfig::default())?;
+//! let ep = Endpoint::start(EndpointConfig {
+//!     unix: None,
+//!     http: Some("127.0.0.1:0".parse()?),
+//! })?;
+//! ep.watch(ctx.metrics());
+//! println!("curl http://{}/metrics", ep.http_addr().unwrap());
+//! drop(ctx.alloc_pd()?.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?);
+//! assert_eq!(ep.snapshot().registrations, 1);   // the same numbers, in process
+//! # Ok(()) }
+//! ```
 
-use super::{snapshot_of, ContextMetrics, Snapshot};
-use crate::util::inflight::InFlight;
+#![warn(missing_docs)]
+
 use parking_lot::Mutex;
+use rdmapool::metrics::{snapshot_of, ContextMetrics, Snapshot};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -21,7 +40,7 @@ pub const ENV_SOCKET: &str = "RDMAPOOL_METRICS_SOCKET";
 /// Environment variable with the loopback `ip:port` to serve HTTP on.
 pub const ENV_HTTP: &str = "RDMAPOOL_METRICS_HTTP";
 /// Environment variable for [`Endpoint::from_env`]: time one signalled work request in this
-/// many (`0` turns op latency off; unset: [`super::DEFAULT_OP_SAMPLE_EVERY`]).
+/// many (`0` turns op latency off; unset: [`rdmapool::metrics::DEFAULT_OP_SAMPLE_EVERY`]).
 pub const ENV_OP_SAMPLE: &str = "RDMAPOOL_METRICS_OP_SAMPLE";
 /// Environment variable for [`Endpoint::from_env`]: `0` turns per-CQ and per-QP completion
 /// counts off, `1` on (unset: on; see [`ContextMetrics::track_objects`]).
@@ -226,14 +245,15 @@ impl Endpoint {
         Ok(Some(ep))
     }
 
-    /// Serves `context`'s metrics too (from [`crate::fabric::Context::metrics`]; its objects,
-    /// and the registrars, caches, pools, connections and memory servers built on it). Op
-    /// latency sampling is turned on for it at [`super::DEFAULT_OP_SAMPLE_EVERY`] unless a
-    /// rate was chosen ([`ContextMetrics::sample_op_latency`], or [`ENV_OP_SAMPLE`] for
+    /// Serves `context`'s metrics too (from [`rdmapool::fabric::Context::metrics`]: its
+    /// objects, and the registrars, caches, pools, connections and memory servers built on
+    /// it). Op latency sampling is turned on for it at
+    /// [`rdmapool::metrics::DEFAULT_OP_SAMPLE_EVERY`] unless a rate was chosen
+    /// ([`ContextMetrics::sample_op_latency`], or [`ENV_OP_SAMPLE`] for
     /// [`Endpoint::from_env`]), and so are per-CQ and per-QP completion counts unless they
     /// were turned off.
     pub fn watch(&self, context: ContextMetrics) {
-        context.default_on();
+        context.turn_on_defaults();
         if let Some(every) = self.op_sample {
             context.sample_op_latency(every);
         }
@@ -285,9 +305,9 @@ impl Drop for Endpoint {
 
 /// Connections answered at once, at most; beyond that a new connection is closed
 /// unanswered (a scraper retries at its next interval).
-pub(crate) const MAX_ANSWERING: usize = 16;
+pub const MAX_ANSWERING: usize = 16;
 /// How long one connection may take, request and answer together.
-pub(crate) const ANSWER_DEADLINE: Duration = Duration::from_secs(2);
+pub const ANSWER_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Accepts connections and answers each on a thread of its own, at most
 /// [`MAX_ANSWERING`] at once: a slow or idle client holds its own thread for at most
@@ -298,7 +318,7 @@ fn serve<C: Send + 'static>(
     watched: Watched,
     answer: fn(C, &Watched),
 ) {
-    let answering = InFlight::new(MAX_ANSWERING, MAX_ANSWERING);
+    let answering = Arc::new(AtomicUsize::new(0));
     let mut threads: Vec<JoinHandle<()>> = Vec::new();
     for conn in incoming {
         if stop.load(Ordering::Acquire) {
@@ -306,7 +326,7 @@ fn serve<C: Send + 'static>(
         }
         threads.retain(|h| !h.is_finished());
         let Ok(c) = conn else { continue };
-        let Some(ticket) = answering.try_begin(None) else {
+        let Some(ticket) = Answering::try_begin(&answering) else {
             continue; // dropped: closed unanswered
         };
         let w = watched.clone();
@@ -394,4 +414,62 @@ fn answer_http(mut c: TcpStream, watched: &Watched) -> std::io::Result<()> {
         body.len()
     )?;
     c.flush()
+}
+
+/// One connection being answered: at most [`MAX_ANSWERING`] exist at once.
+struct Answering(Arc<AtomicUsize>);
+
+impl Answering {
+    /// A place among the connections answered, if there is one.
+    fn try_begin(count: &Arc<AtomicUsize>) -> Option<Answering> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_ANSWERING).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Answering(count.clone()))
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_refuses_non_loopback() {
+        let e = Endpoint::start(EndpointConfig {
+            unix: None,
+            http: Some("0.0.0.0:0".parse().unwrap()),
+        })
+        .unwrap_err();
+        assert!(matches!(e, EndpointError::NotLoopback(_)), "{e}");
+    }
+
+    /// docs/METRICS.md states the endpoint's bounds as the code has them.
+    #[test]
+    fn metrics_md_states_the_endpoints_bounds() {
+        let doc = include_str!("../../../docs/METRICS.md");
+        let want = format!("{MAX_ANSWERING} at once at most");
+        assert!(doc.contains(&want), "METRICS.md should say: {want}");
+        let want = format!("each has {} s for its request", ANSWER_DEADLINE.as_secs());
+        assert!(doc.contains(&want), "METRICS.md should say: {want}");
+    }
+
+    #[test]
+    fn at_most_max_answering_connections_are_answered_at_once() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let held: Vec<_> = (0..MAX_ANSWERING)
+            .map(|_| Answering::try_begin(&count).expect("room"))
+            .collect();
+        assert!(Answering::try_begin(&count).is_none());
+        drop(held);
+        assert_eq!(count.load(Ordering::Acquire), 0);
+        assert!(Answering::try_begin(&count).is_some());
+    }
 }
