@@ -30,6 +30,7 @@ pub(crate) mod private_data;
 pub(crate) use memory::check_range;
 pub(crate) mod provider;
 mod qp;
+mod queue_pair;
 pub(crate) mod recorder;
 mod wr;
 
@@ -45,10 +46,11 @@ pub use memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
 pub use mr::Mr;
 pub(crate) use mw::WindowTable;
 pub use mw::{BoundWindow, Mw, WindowError};
-pub(crate) use objects::ConnectionState;
-pub use objects::{Context, Cq, Pd, Qp};
+pub use objects::{Context, Cq, Pd};
 pub use options::{ProviderOptions, SoftConfig, Transport, VerbsConfig};
 pub use qp::{Endpoint, QpCapacity, QpConfig, QpState};
+pub(crate) use queue_pair::ConnectionState;
+pub use queue_pair::Qp;
 pub use wr::{RecvWr, RemoteAddr, RemoteRegion, SendWr, Sge, WrOp};
 
 /// Most SGEs one work request may have in this library, on any provider (a device may
