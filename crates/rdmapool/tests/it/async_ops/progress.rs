@@ -1,0 +1,197 @@
+//! Progress modes: event-driven on a current-thread runtime, the completion channel,
+//! caller-driven without threads, event mode outside a runtime, parking with one operation.
+
+use super::*;
+
+#[tokio::test(flavor = "current_thread")]
+async fn event_driven_progress_on_a_single_threaded_runtime() {
+    // The event task and the futures share one thread: nothing may block it. Every
+    // completion must arrive through the completion channel.
+    for t in transports() {
+        let s = setup_with(
+            2,
+            t,
+            config(),
+            EngineConfig {
+                progress: Progress::Event,
+                // No spinning: every completion must come through the channel.
+                spin: std::time::Duration::ZERO,
+                ..EngineConfig::default()
+            },
+        );
+        let local = Arc::new(
+            s._a.pd
+                .alloc_mr(1 << 16, AccessFlags::all_remote())
+                .unwrap(),
+        );
+        local.write_at(0, &pattern(1 << 16, 7)).unwrap();
+        for round in 0..50usize {
+            let futs: Vec<_> = (0..8)
+                .map(|i| {
+                    s.qps[i % 2].write(
+                        LocalBuf::Region(local.clone()),
+                        i * 4096,
+                        4096,
+                        s.target.remote_at(i * 4096).unwrap(),
+                    )
+                })
+                .collect();
+            let done = tokio::time::timeout(WAIT, join_all(futs))
+                .await
+                .unwrap_or_else(|_| panic!("{t:?} round {round}: no wake-up within {WAIT:?}"));
+            for (r, _) in done {
+                r.unwrap_or_else(|e| panic!("{t:?} round {round}: {e}"));
+            }
+        }
+        let mut got = vec![0u8; 8 * 4096];
+        s.target.read_at(0, &mut got).unwrap();
+        assert!(got[..] == pattern(1 << 16, 7)[..8 * 4096], "{t:?}");
+        assert!(s.engine.stats().wakeups > 0, "{t:?}");
+    }
+}
+
+#[test]
+fn the_completion_channel_wakes_for_every_kind_of_progress() {
+    // Fabric level, as a user without the engine would use it: arm, wait on the fd,
+    // acknowledge, re-arm, drain. On the soft provider a response arriving on the socket
+    // must wake the channel too (the requester half runs when the CQ is polled).
+    for t in transports() {
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, _qb) = pair(&a, &b, &config());
+        let target = b.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap();
+        let local = a.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap();
+        for round in 0..20u64 {
+            a.cq.req_notify().unwrap();
+            let op = if round % 2 == 0 {
+                WrOp::Read {
+                    remote: target.remote_at(0).unwrap(),
+                }
+            } else {
+                WrOp::Write {
+                    remote: target.remote_at(0).unwrap(),
+                    imm: None,
+                }
+            };
+            qa.post_send(&[SendWr {
+                wr_id: round,
+                op,
+                sg_list: &[local.sge(0, 1 << 16).unwrap()],
+                signaled: true,
+            }])
+            .unwrap();
+            let mut got = 0;
+            let mut out = [Completion::EMPTY; 4];
+            let until = std::time::Instant::now() + WAIT;
+            while got == 0 {
+                let remaining = until.saturating_duration_since(std::time::Instant::now());
+                assert!(!remaining.is_zero(), "{t:?} round {round}: no event");
+                if !wait_readable(a.cq.event_fd(), remaining) {
+                    continue;
+                }
+                a.cq.ack_events().unwrap();
+                a.cq.req_notify().unwrap();
+                got = a.cq.poll(&mut out).unwrap();
+            }
+            assert_eq!(got, 1, "{t:?}");
+            assert!(
+                out[0].is_ok() && out[0].wr_id == round,
+                "{t:?}: {:?}",
+                out[0]
+            );
+        }
+    }
+}
+
+#[test]
+fn caller_driven_progress_without_threads() {
+    let s = setup(1, Transport::Auto, config(), Progress::Caller);
+    let local = Arc::new(s._a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
+    local.write_at(0, b"polled by me").unwrap();
+    let mut f = Box::pin(s.qps[0].write(
+        LocalBuf::Region(local.clone()),
+        0,
+        12,
+        s.target.remote_at(0).unwrap(),
+    ));
+    let waker = std::task::Waker::noop();
+    let mut cx = Context::from_waker(waker);
+    let until = std::time::Instant::now() + WAIT;
+    let done = loop {
+        if let Poll::Ready(r) = f.as_mut().poll(&mut cx) {
+            break r;
+        }
+        s.engine.progress();
+        assert!(std::time::Instant::now() < until, "no progress");
+    };
+    done.0.unwrap();
+    let mut got = [0u8; 12];
+    s.target.read_at(0, &mut got).unwrap();
+    assert_eq!(&got, b"polled by me");
+}
+
+#[test]
+fn event_mode_outside_a_runtime_is_a_clear_error() {
+    let a = node();
+    let err = Engine::new(
+        vec![a.cq.clone()],
+        EngineConfig {
+            progress: Progress::Event,
+            ..EngineConfig::default()
+        },
+    )
+    .err()
+    .expect("no runtime");
+    assert!(err.to_string().contains("tokio runtime"), "{err}");
+}
+
+#[test]
+fn the_only_operation_in_flight_waits_for_its_completion_before_parking() {
+    // Nothing polls the CQ (caller-driven, and nobody calls progress). A single WRITE posts
+    // in its first poll and asks to be polled again (so that a task posting several
+    // operations in one poll posts them all first); in its second poll, still the only
+    // operation in flight, it waits for its own completion. With the spin off, it asks for
+    // nothing and stays pending until someone polls the CQ.
+    struct Count(std::sync::atomic::AtomicUsize);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let spins = [
+        (std::time::Duration::from_secs(5), true),
+        (std::time::Duration::ZERO, false),
+    ];
+    for (spin, ready) in spins {
+        let (a, b) = (node_on(Transport::Tcp), node_on(Transport::Tcp));
+        let (qa, _qb) = pair(&a, &b, &config());
+        let engine = Engine::new(
+            vec![a.cq.clone()],
+            EngineConfig {
+                progress: Progress::Caller,
+                spin,
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap();
+        let q = engine.wrap(qa);
+        let target = b.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
+        let local = Arc::new(a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
+        let count = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+        let waker = std::task::Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut f = Box::pin(q.write(LocalBuf::Region(local), 0, 8, target.remote_at(0).unwrap()));
+        assert!(
+            f.as_mut().poll(&mut cx).is_pending(),
+            "the first poll posts"
+        );
+        let asked = count.0.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(asked > 0, ready, "spin {spin:?}: asked to be polled again");
+        let second = f.as_mut().poll(&mut cx);
+        assert_eq!(second.is_ready(), ready, "spin {spin:?}");
+        if let std::task::Poll::Ready((r, _)) = second {
+            r.unwrap();
+        } else {
+            engine.run_until(f).0.unwrap();
+        }
+    }
+}

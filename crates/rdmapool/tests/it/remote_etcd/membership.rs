@@ -1,0 +1,323 @@
+//! Servers that register, crash, restart, leave, or were never real, as followers see them.
+
+use super::*;
+
+#[test]
+fn a_following_client_connects_to_servers_that_register_later_and_allocates_there() {
+    let Some(etcd) = Etcd::start("join") else {
+        return;
+    };
+    let cfg = etcd.config("/rdmapool/test-join");
+    let (s1, _r1) = registered(&cfg, 1);
+    let members = EtcdMembership::new(&cfg).unwrap();
+    assert_eq!(
+        members
+            .members()
+            .unwrap()
+            .iter()
+            .map(|m| m.node)
+            .collect::<Vec<_>>(),
+        vec![1]
+    );
+    // Least-used placement: a server that joins (nothing used) takes the next allocation.
+    let c = client(&members, 11, Box::new(LeastUsed));
+    let follower = members.follow(c.clone()).unwrap();
+    assert_eq!(follower.nodes(), vec![1]);
+    let first = c.block_on(c.alloc(64, None)).unwrap();
+    assert_eq!(first.node, 1);
+
+    // A second client that is told of each server directly: what connecting costs without
+    // etcd in the way.
+    let direct = {
+        let n = node();
+        let first = StaticMembership::new(vec![s1.addr()]);
+        PoolClient::connect(&n.ctx, &n.pd, &first, ClientConfig::new(12)).unwrap()
+    };
+    let buf = Arc::new(c.pd().alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap());
+    let mut servers = Vec::new();
+    let mut growth = Vec::new();
+    for node in 2..=6u32 {
+        let t0 = Instant::now();
+        let s = server(node);
+        let started = t0.elapsed();
+        let r = EtcdRegistration::register(&cfg, node, s.addr()).unwrap();
+        let registered = t0.elapsed();
+        wait_until("the client connects to the new server", || {
+            node_ids(&c).contains(&node) && follower.nodes().contains(&node)
+        });
+        let connected = t0.elapsed();
+        let p = c.block_on(c.alloc(64, None)).unwrap();
+        let allocated = t0.elapsed();
+        assert_eq!(
+            p.node, node,
+            "least-used placement picks the empty newcomer"
+        );
+        let t1 = Instant::now();
+        direct.add_server(s.addr()).unwrap();
+        let add_server = t1.elapsed();
+        eprintln!(
+            "growth, node {node}: server up {:.1} ms, registered {:.1} ms, client connected \
+             {:.1} ms, first allocation on it {:.1} ms (from the server's start); a direct \
+             add_server takes {:.1} ms",
+            ms(started),
+            ms(registered),
+            ms(connected),
+            ms(allocated),
+            ms(add_server)
+        );
+        growth.push((allocated, allocated - registered));
+        // The memory is real: write and read it back.
+        buf.write_at(0, &node.to_le_bytes()).unwrap();
+        let (w, b) = c.block_on(c.write(p, 0, buf.clone(), 0, 4));
+        w.unwrap();
+        let (rd, b) = c.block_on(c.read(p, 0, b, 8, 4));
+        rd.unwrap();
+        let mut got = [0u8; 4];
+        b.read_at(8, &mut got).unwrap();
+        assert_eq!(u32::from_le_bytes(got), node);
+        servers.push((s, r));
+    }
+    growth.sort();
+    let (total, after_reg) = growth[growth.len() / 2];
+    eprintln!(
+        "growth (median of {}): {:.1} ms from server start to first allocation on it, {:.1} ms \
+         of it after the registration was in etcd",
+        growth.len(),
+        ms(total),
+        ms(after_reg)
+    );
+    assert_eq!(follower.nodes(), vec![1, 2, 3, 4, 5, 6]);
+    let st = follower.stats();
+    assert_eq!((st.joined, st.left), (5, 0));
+    assert!(st.watches >= 1);
+    drop(follower);
+    drop(c);
+    drop(direct);
+    // Dropping a registration revokes its lease: the key goes at once.
+    let (_s6, r6) = servers.pop().unwrap();
+    drop(r6);
+    let ids: Vec<u32> = members.members().unwrap().iter().map(|m| m.node).collect();
+    assert_eq!(ids, vec![1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn a_crashed_servers_key_expires_and_clients_stop_trying_it() {
+    let Some(etcd) = Etcd::start("crash") else {
+        return;
+    };
+    let cfg = etcd.config("/rdmapool/test-crash");
+    let (_s1, _r1) = registered(&cfg, 1);
+    let (s2, r2) = registered(&cfg, 2);
+    let (_s3, _r3) = registered(&cfg, 3);
+    let members = EtcdMembership::new(&cfg).unwrap();
+    let c = client(&members, 21, Box::new(RoundRobin::default()));
+    let follower = members.follow(c.clone()).unwrap();
+    assert_eq!(follower.nodes(), vec![1, 2, 3]);
+    let ptrs: Vec<RemotePtr> = (0..30)
+        .map(|_| c.block_on(c.alloc(128, None)).unwrap())
+        .collect();
+    let on2: Vec<RemotePtr> = ptrs.iter().filter(|p| p.node == 2).copied().collect();
+    assert!(!on2.is_empty());
+
+    // Crash server 2: it stops renewing its lease without revoking it, and goes away.
+    let t0 = Instant::now();
+    r2.abandon();
+    drop(s2);
+    assert!(
+        members.members().unwrap().iter().any(|m| m.node == 2),
+        "a crash does not remove the key at once"
+    );
+    let gone_from_etcd = wait_until("the dead server's key expires", || {
+        !members.members().unwrap().iter().any(|m| m.node == 2)
+    });
+    wait_until("the client drops the dead server", || {
+        !follower.nodes().contains(&2) && !node_ids(&c).contains(&2)
+    });
+    let dropped = t0.elapsed();
+    eprintln!(
+        "crash: key gone from etcd {:.0} ms after the crash (TTL {:?}), client dropped the \
+         server at {:.0} ms",
+        ms(gone_from_etcd),
+        cfg.ttl,
+        ms(dropped)
+    );
+    assert!(
+        gone_from_etcd >= cfg.ttl / 3,
+        "the key went by lease expiry, not at once"
+    );
+    assert_eq!(follower.stats().left, 1);
+
+    // Its pointers fail with NodeDown; new allocations go to the others.
+    let buf = Arc::new(c.pd().alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap());
+    for p in &on2 {
+        let (r, _) = c.block_on(c.read(*p, 0, buf.clone(), 0, 8));
+        assert!(matches!(r, Err(Error::NodeDown { node: 2, .. })), "{r:?}");
+    }
+    for _ in 0..30 {
+        let p = c.block_on(c.alloc(128, None)).unwrap();
+        assert_ne!(p.node, 2);
+    }
+    for p in ptrs.iter().filter(|p| p.node != 2) {
+        c.block_on(c.free(*p)).unwrap();
+    }
+
+    // A replacement registering as node 2 is picked up again.
+    let (_s2b, _r2b) = registered(&cfg, 2);
+    wait_until(
+        "the replacement joins (the client, then the follower says so)",
+        || node_ids(&c).contains(&2) && follower.nodes().contains(&2),
+    );
+    assert_eq!(follower.nodes(), vec![1, 2, 3]);
+    assert_eq!(follower.stats().joined, 1);
+}
+
+#[test]
+fn a_server_restarted_at_the_same_address_within_its_ttl_is_reconnected() {
+    let Some(etcd) = Etcd::start("restart") else {
+        return;
+    };
+    let mut cfg = etcd.config("/rdmapool/test-restart");
+    cfg.ttl = Duration::from_secs(10); // the old key outlives the restart
+    let (_s1, _r1) = registered(&cfg, 1);
+    let (s2, r2) = registered(&cfg, 2);
+    let addr = s2.addr();
+    let members = EtcdMembership::new(&cfg).unwrap();
+    let c = client(&members, 41, Box::new(RoundRobin::default()));
+    let follower = members.follow(c.clone()).unwrap();
+    assert_eq!(follower.nodes(), vec![1, 2]);
+    let before: Vec<RemotePtr> = (0..4)
+        .map(|_| c.block_on(c.alloc(64, None)).unwrap())
+        .filter(|p| p.node == 2)
+        .collect();
+    assert!(!before.is_empty());
+    r2.abandon();
+    drop(s2);
+    // The client finds it down (its lease renewals fail) while the key stays.
+    wait_until("the client sees node 2 down", || !node_ids(&c).contains(&2));
+    assert_eq!(
+        follower.nodes(),
+        vec![1, 2],
+        "the key stays: not removed yet"
+    );
+    let (_s2b, _r2b) = {
+        let s = server_at(2, addr);
+        let r = EtcdRegistration::register(&cfg, 2, s.addr()).unwrap();
+        (s, r)
+    };
+    let t = wait_until("the restarted server is reconnected", || {
+        node_ids(&c).contains(&2)
+    });
+    eprintln!(
+        "restart at {addr}: reconnected {:.1} ms after it registered",
+        ms(t)
+    );
+    let st = follower.stats();
+    // The follower replaces it, unless the client rejoined the new incarnation by itself
+    // first (it dials a down node again): either way it is connected once.
+    assert!(st.replaced <= 1 && (st.left, st.joined) == (0, 1), "{st:?}");
+    // Pointers into the old incarnation are refused before any byte moves: an idle holder
+    // never reads the new server's memory through them.
+    for p in &before {
+        match c.block_on(c.fetch_and_add(*p, 0, 1)) {
+            Err(Error::StalePointer { node: 2, .. }) => {}
+            other => panic!("{p}: a pointer into the restarted server: {other:?}"),
+        }
+    }
+    let p = (0..4)
+        .map(|_| c.block_on(c.alloc(64, None)).unwrap())
+        .find(|p| p.node == 2);
+    assert!(p.is_some(), "allocations reach the restarted server");
+}
+
+#[test]
+fn a_server_that_drops_its_registration_leaves_at_once() {
+    let Some(etcd) = Etcd::start("leave") else {
+        return;
+    };
+    let cfg = etcd.config("/rdmapool/test-leave");
+    let (_s1, _r1) = registered(&cfg, 1);
+    let (_s2, r2) = registered(&cfg, 2);
+    let members = EtcdMembership::new(&cfg).unwrap();
+    let c = client(&members, 31, Box::new(RoundRobin::default()));
+    let follower = members.follow(c.clone()).unwrap();
+    assert_eq!(follower.nodes(), vec![1, 2]);
+    // The lease is renewed while the registration lives (well past its TTL).
+    std::thread::sleep(cfg.ttl + Duration::from_millis(500));
+    assert!(r2.renewals() >= 2);
+    assert_eq!(members.members().unwrap().len(), 2);
+    let t0 = Instant::now();
+    drop(r2); // revokes
+    let left = wait_until("the client drops the server", || !node_ids(&c).contains(&2));
+    eprintln!(
+        "graceful leave: client dropped the server {:.1} ms after the revoke",
+        ms(t0.elapsed())
+    );
+    assert!(
+        left < cfg.ttl,
+        "a revoke is seen before any lease would expire"
+    );
+    // An etcd that goes away is a typed error, not a panic.
+    drop(follower);
+    drop(etcd);
+    assert!(matches!(members.members(), Err(Error::Connection { .. })));
+}
+
+/// Issue #22, finding 2: anyone who can write under the membership prefix could add a server
+/// of their own (which got a share of the allocations, and read them) and black holes (which
+/// kept the follower from joining a real new server for minutes: it dialled them one after
+/// another, a connect timeout each). With the cluster key, a server that cannot prove it gets
+/// nothing; joins run at once, so the holes cost one timeout per round, not ten.
+#[test]
+fn rogue_and_black_hole_entries_get_nothing_and_delay_no_real_server() {
+    let Some(etcd) = Etcd::start("rogue") else {
+        return;
+    };
+    let cfg = etcd.config("/rdmapool/test-rogue");
+    let key = PreSharedKey::new(&[5; 32]).unwrap();
+    let keyed = |node: u32| {
+        let s = server_with(
+            node,
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            Some(key.clone()),
+        );
+        let r = EtcdRegistration::register(&cfg, node, s.addr()).expect("registers");
+        (s, r)
+    };
+    let _real = keyed(1);
+    let (_rogue, _rogue_key) = registered(&cfg, 66);
+    // Listening sockets that never answer: a connect waits out its timeout on each.
+    let holes: Vec<TcpListener> = (0..10)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
+        .collect();
+    let _hole_keys: Vec<EtcdRegistration> = holes
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            EtcdRegistration::register(&cfg, 10 + i as u32, h.local_addr().unwrap()).unwrap()
+        })
+        .collect();
+    let members = EtcdMembership::new(&cfg).unwrap();
+    let n = node();
+    let mut ccfg = ClientConfig::new(21);
+    ccfg.cluster_key = Some(key.clone());
+    let c = Arc::new(PoolClient::connect(&n.ctx, &n.pd, &members, ccfg).expect("connects"));
+    assert_eq!(node_ids(&c), vec![1], "only the server that proved the key");
+    let follower = members.follow(c.clone()).unwrap();
+    // A real server registers later, after the holes in the follower's order (nodes 10 to
+    // 19): joined although they are retried every round (one after another they held a
+    // round for ten connect timeouts, 50 s).
+    let _second = keyed(50);
+    let waited = wait_until("the follower joins the real new server", || {
+        node_ids(&c).contains(&50)
+    });
+    eprintln!("joined a real server {:.0} ms after it registered, next to 10 black holes and a rogue server", ms(waited));
+    for _ in 0..40 {
+        let p = c.block_on(c.alloc(4096, None)).unwrap();
+        assert!(
+            p.node == 1 || p.node == 50,
+            "an allocation on node {}",
+            p.node
+        );
+    }
+    assert!(follower.stats().connect_failures >= 11);
+}
