@@ -223,13 +223,12 @@ fn the_context_metrics_agree_with_the_registrar_cache_and_pool() {
     assert_eq!((s.cache_hits, s.cache_misses), (c.hits, c.misses));
     assert_eq!((s.pool_allocations, s.pool_in_use), (1, 1));
     assert_eq!(s.pool_chunks, p.chunks);
-    // Every registration on the context: the registrar's two, the cache's misses (or its
-    // uncached lookups, without a memory monitor), and the pool's chunks.
-    assert_eq!(
-        s.registrations,
-        2 + c.misses + c.uncached + p.chunks,
-        "{s:?}"
-    );
+    // Every registration on the context: the registrar's two, one per cache miss (a miss
+    // registers whether or not its range can be watched: `uncached` counts the misses that
+    // could not, as under valgrind, where userfaultfd is not available), and the pool's
+    // chunks.
+    assert!(c.uncached <= c.misses, "{c:?}");
+    assert_eq!(s.registrations, 2 + c.misses + p.chunks, "{s:?}");
     let text = s.to_prometheus();
     for needle in [
         format!("rdmapool_registrations_total {}\n", s.registrations),
