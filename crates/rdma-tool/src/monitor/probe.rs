@@ -2,7 +2,7 @@
 //! `--provider`/`--device`, a background thread registers and deregisters regions of a few sizes through a registrar, looks
 //! buffers up in a registration cache, takes buffers from a pool and runs WRITE, READ, CAS
 //! and FAA between two connected QPs (every one timed: the probe samples 1 in 1), so every
-//! metric the monitor shows has real numbers behind it (from this process's registry).
+//! metric the monitor shows has real numbers behind it (from the probe context's metrics).
 
 use crate::device_args::DeviceArgs;
 use crate::Result;

@@ -1,6 +1,6 @@
 //! Where `monitor` reads from: a Unix socket (one JSON snapshot per connection), an HTTP
 //! URL (Prometheus text, percentiles estimated from the histogram buckets), or this
-//! process's own registry (the probe). All three become a [`Sample`].
+//! probe's own context (its `ctx.metrics()`). All three become a [`Sample`].
 
 use crate::{Result, ToolError};
 use rdmapool::metrics::ContextMetrics;

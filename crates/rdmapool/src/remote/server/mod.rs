@@ -170,7 +170,7 @@ impl Inner {
             .count() as u64
     }
 
-    /// The counters ([`MemoryServer::stats`], and the metrics registry's listing).
+    /// The counters ([`MemoryServer::stats`], and its context's metrics).
     fn stats(&self) -> ServerStats {
         ServerStats {
             chunks: self.layout.chunk_count,
