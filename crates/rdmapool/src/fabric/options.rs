@@ -79,7 +79,8 @@ impl Transport {
 pub struct SoftConfig {
     /// TCP listen address; loopback by default so nothing is reachable from outside.
     pub bind: SocketAddr,
-    /// How long responder threads spin for the next request before sleeping.
+    /// How long the NIC's serving loop spins for the next request, right after traffic,
+    /// before it sleeps.
     pub spin: Duration,
     /// The path this NIC's QPs take to their peers.
     pub transport: Transport,

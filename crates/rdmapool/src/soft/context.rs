@@ -5,6 +5,7 @@ use super::driver::Driver;
 use super::keys::KeyTable;
 use super::proto::handshake::TOKEN_LEN;
 use super::proto::target::TargetQp;
+use super::waker::Waker;
 use super::SoftConfig;
 use super::{device_info, MAX_MSG};
 use crate::fabric::Admission;
@@ -21,13 +22,15 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-/// State shared by a context's objects and its responder threads.
+/// State shared by a context's objects and its serving loop.
 pub(crate) struct CtxShared {
     pub(crate) keys: KeyTable,
     /// The context's QPs by number, as the responder sees them.
     pub(crate) qps: RwLock<HashMap<u32, Weak<dyn TargetQp>>>,
-    /// The NIC's own thread.
+    /// The NIC's own thread for its requesters.
     pub(crate) driver: Arc<Driver>,
+    /// Wakes the thread that serves its listeners and incoming connections.
+    pub(crate) serving: Waker,
     pub(crate) address: SoftAddress,
     pub(crate) max_msg: u32,
     pub(crate) spin: Duration,
@@ -151,7 +154,7 @@ pub(crate) struct SoftContext {
 }
 
 impl SoftContext {
-    /// Opens the NIC: its listeners are returned for the caller to serve (`serve::accept`).
+    /// Opens the NIC: its listeners are returned for the caller to serve (`serve::start`).
     pub(crate) fn open(cfg: SoftConfig) -> Result<(Self, TcpListener, UnixListener)> {
         crate::fabric::check_exposure(
             "soft NIC",
@@ -201,6 +204,7 @@ impl SoftContext {
             admission: cfg.admission,
             connections: Mutex::new(Connections::default()),
             driver: Driver::start()?,
+            serving: Waker::new()?,
             next_pd: AtomicU32::new(1),
             closing: AtomicBool::new(false),
         });
@@ -231,9 +235,10 @@ impl Drop for SoftContext {
     fn drop(&mut self) {
         self.shared.closing.store(true, Ordering::Relaxed);
         self.shared.driver.stop();
+        self.shared.serving.wake();
         for l in &self.listeners {
-            // SAFETY: shutdown on a listening descriptor we own wakes its accept loop, which
-            // then exits; the descriptor itself is closed when `listeners` drops.
+            // SAFETY: shutdown on a listening descriptor we own ends its accepting (the
+            // serving loop drops it); the descriptor itself is closed when `listeners` drops.
             unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
         }
     }

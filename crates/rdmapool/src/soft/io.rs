@@ -33,11 +33,13 @@ impl IoVecs {
         }
     }
 
-    fn is_done(&self) -> bool {
+    /// Whether every piece has been transferred.
+    pub(crate) fn is_done(&self) -> bool {
         self.first >= self.iov.len()
     }
 
-    fn advance(&mut self, mut n: usize) {
+    /// Skips the first `n` bytes (they were transferred).
+    pub(crate) fn advance(&mut self, mut n: usize) {
         while n > 0 && !self.is_done() {
             let v = &mut self.iov[self.first];
             if n >= v.iov_len {
@@ -262,48 +264,37 @@ pub(crate) unsafe fn send_all(
     Ok(())
 }
 
+/// One send of what `iov` holds, without waiting: the bytes the socket took (0 when it is
+/// full). The pieces are not advanced.
+///
+/// # Safety
+/// Every piece must be readable memory that stays valid for the call.
+pub(crate) unsafe fn send_nowait(fd: RawFd, iov: &mut IoVecs) -> io::Result<usize> {
+    if iov.is_done() {
+        return Ok(0);
+    }
+    loop {
+        let m = iov.msghdr();
+        // SAFETY: the caller guarantees the iovecs point at readable memory.
+        let n = unsafe { libc::sendmsg(fd, &m, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock => return Ok(0),
+            io::ErrorKind::Interrupted => {}
+            _ => return Err(e),
+        }
+    }
+}
+
 /// Sends a local buffer completely (no interleaved reading).
 pub(crate) fn send_buf(fd: RawFd, buf: &[u8], deadline: Instant) -> io::Result<()> {
     let mut iov = IoVecs::new();
     iov.push(buf.as_ptr(), buf.len());
     // SAFETY: the piece is the caller's buffer, borrowed for the call.
     unsafe { send_all(fd, &mut iov, deadline, false, || true) }
-}
-
-/// Waits for `fd` to become readable: spins for `spin` first (cheap wake-up while traffic
-/// flows), then sleeps in poll. Returns false on timeout.
-pub(crate) fn wait_readable(
-    fd: RawFd,
-    spin: Duration,
-    deadline: Option<Instant>,
-) -> io::Result<bool> {
-    if !spin.is_zero() {
-        let until = Instant::now() + spin;
-        let mut probe = [0u8; 1];
-        loop {
-            // SAFETY: a one-byte local buffer; MSG_PEEK leaves the data queued.
-            let n = unsafe {
-                libc::recv(
-                    fd,
-                    probe.as_mut_ptr().cast(),
-                    1,
-                    libc::MSG_DONTWAIT | libc::MSG_PEEK,
-                )
-            };
-            if n >= 0 {
-                return Ok(true); // data, or EOF which the reader will see
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
-                return Ok(true); // let the reader see the error
-            }
-            if Instant::now() >= until {
-                break;
-            }
-            std::hint::spin_loop();
-        }
-    }
-    wait_fd(fd, libc::POLLIN, deadline)
 }
 
 /// Bytes read from a socket ahead of the frame being parsed. One `recv` takes every frame

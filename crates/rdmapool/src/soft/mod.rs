@@ -7,7 +7,7 @@
 //! application posts and polls (module `qp`).
 //!
 //! Environment: `RDMAPOOL_SOFT_BIND` (TCP listen address, default `127.0.0.1:0`),
-//! `RDMAPOOL_SOFT_SPIN_US` (how long responder threads spin before sleeping, default 50).
+//! `RDMAPOOL_SOFT_SPIN_US` (how long the serving loop spins after traffic before sleeping, default 50).
 
 mod access;
 // `addr`, `keys` and `proto` are crate-visible for `crate::fuzzing` (feature `fuzzing`).
@@ -19,10 +19,12 @@ mod driver;
 mod io;
 pub(crate) mod keys;
 mod peer;
+mod peer_diag;
 pub(crate) mod proto;
 mod qp;
 mod serve;
 mod shm;
+mod waker;
 
 use crate::fabric::provider::{
     provider_cq, wrong_options, ContextOps, CqOps, MrOps, PdOps, Provider, QpOps,
@@ -396,7 +398,7 @@ impl Provider for SoftProvider {
         match options {
             ProviderOptions::Soft(cfg) => {
                 let (ctx, tcp, unix) = SoftContext::open(cfg.clone())?;
-                serve::accept(tcp, unix, Arc::downgrade(&ctx.shared));
+                serve::start(tcp, unix, &ctx.shared)?;
                 Ok(Arc::new(Arc::new(ctx)))
             }
             other => Err(wrong_options(ProviderKind::Soft, other)),

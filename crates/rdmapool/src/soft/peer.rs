@@ -105,9 +105,19 @@ fn is_own_address(ip: IpAddr) -> bool {
     found
 }
 
-/// The user owning the TCP socket bound at `local_of_peer` and connected to `remote_of_peer`
-/// (read from /proc/net/tcp and tcp6, the table of this network namespace).
+/// The user owning the TCP socket bound at `local_of_peer` and connected to `remote_of_peer`:
+/// asked of the kernel by the socket's addresses ([`super::peer_diag`]), or, where it cannot
+/// be asked or does not know it, read from /proc/net/tcp and tcp6 (the table of this network
+/// namespace, a line per socket).
 fn tcp_owner(local_of_peer: SocketAddr, remote_of_peer: SocketAddr) -> Option<u32> {
+    match super::peer_diag::tcp_owner(local_of_peer, remote_of_peer) {
+        Ok(Some(uid)) => Some(uid),
+        _ => tcp_owner_from_proc(local_of_peer, remote_of_peer),
+    }
+}
+
+/// [`tcp_owner`] from /proc/net/tcp and tcp6.
+fn tcp_owner_from_proc(local_of_peer: SocketAddr, remote_of_peer: SocketAddr) -> Option<u32> {
     let (want_local, want_remote) = (proc_net_addr(local_of_peer), proc_net_addr(remote_of_peer));
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         let Ok(text) = std::fs::read_to_string(table) else {

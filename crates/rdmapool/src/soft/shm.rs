@@ -146,8 +146,9 @@ fn copy(remote: *mut u8, op: &FastOp, local: &LocalList) -> WcStatus {
     WcStatus::Success
 }
 
-/// Sends `data` with descriptors attached (SCM_RIGHTS).
-pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+/// Sends `data` with descriptors attached (SCM_RIGHTS), without waiting: the bytes sent
+/// (the descriptors go with the first), 0 when the socket is full and nothing was sent.
+pub(crate) fn send_with_fds_nowait(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
@@ -172,20 +173,19 @@ pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Resu
         std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg) as *mut RawFd, fds.len());
     }
     // SAFETY: every pointer in msg refers to live local buffers.
-    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
     if n < 0 {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(0)
+        } else {
+            Err(e)
+        };
     }
-    if n as usize != data.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::WriteZero,
-            "short send with descriptors",
-        ));
-    }
-    Ok(())
+    Ok(n as usize)
 }
 
-/// Receives exactly `buf.len()` bytes sent by [`send_with_fds`] and the descriptors with them.
+/// Receives exactly `buf.len()` bytes sent by [`send_with_fds_nowait`] and the descriptors with them.
 pub(crate) fn recv_with_fds(
     sock: RawFd,
     buf: &mut [u8],
@@ -259,7 +259,7 @@ impl RemoteQpState {
     }
 }
 
-/// Keeps `fd`'s raw number for passing to [`send_with_fds`].
+/// Keeps `fd`'s raw number for passing to [`send_with_fds_nowait`].
 pub(crate) fn raw(m: &Mapping) -> RawFd {
     m.fd().as_raw_fd()
 }

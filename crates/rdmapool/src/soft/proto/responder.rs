@@ -114,6 +114,12 @@ impl Responder {
         self.failed.take()
     }
 
+    /// The next thing to send back, left queued: a driver that cannot send a READ or map
+    /// answer now leaves it here, and later requests keep waiting behind it.
+    pub(crate) fn peek_output(&self) -> Option<&Output> {
+        self.out.front()
+    }
+
     /// The next thing to send back.
     pub(crate) fn poll_output(&mut self) -> Option<Output> {
         let o = self.out.pop_front()?;

@@ -450,6 +450,8 @@ impl Drop for SoftQp {
         self.state_word()
             .store(QpState::Error as u64, Ordering::Release);
         self.ctx.qps.write().remove(&self.qpn);
+        // Its incoming connection closes now, and its peer learns so.
+        self.ctx.serving.qp_gone(self.qpn);
         if let Some(c) = &self.sq.get_mut().conn {
             self.ctx.driver.unwatch(c.as_raw_fd());
         }

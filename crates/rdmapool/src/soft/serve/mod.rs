@@ -1,0 +1,408 @@
+//! The responder's driver: one thread per NIC owns its listeners and every incoming
+//! connection, in one epoll loop (tokio's driver/registration split: the loop owns the
+//! sockets, each connection is a state machine it steps when its socket or timer is ready).
+//! A connection never blocks the loop: sockets are non-blocking, answers that do not fit
+//! wait in their connection, and a peer that stops reading or writing is given up on its
+//! own deadline. So the thread count stays one whatever the number of connections, and an
+//! idle connection costs nothing but its socket.
+//!
+//! What a connection does is the sans-IO [`Responder`](super::proto::responder::Responder)'s;
+//! this module only moves its bytes ([`conn`]), runs the handshake ([`hello`]) and takes
+//! connections off the listeners ([`accept`]).
+
+mod accept;
+mod conn;
+mod hello;
+
+use super::context::{ConnSlot, CtxShared};
+use super::peer::{own_uid, PeerInfo};
+use crate::{Error, Result};
+use accept::{AcceptOutcome, Accepted};
+use conn::{End, Serving, Wait};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::net::TcpListener;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Epoll data of the waker and the listeners; connections count up from `FIRST_CONN`.
+const WAKE: u64 = 0;
+const TCP: u64 = 1;
+const UNIX: u64 = 2;
+const FIRST_CONN: u64 = 16;
+/// How long after the last traffic the loop still spins before it sleeps.
+const IDLE_SPIN_WINDOW: Duration = Duration::from_millis(1);
+/// Connections taken off one listener in a row before the others get a turn.
+const ACCEPT_BURST: usize = 64;
+/// How long accepting pauses when the process is out of descriptors.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(10);
+
+/// Serves the context's listeners and every connection they bring, on one thread of its
+/// own, until the context closes.
+pub(crate) fn start(tcp: TcpListener, unix: UnixListener, ctx: &Arc<CtxShared>) -> Result<()> {
+    let nonblocking = |r: std::io::Result<()>| {
+        r.map_err(|e| Error::Sys {
+            call: "fcntl",
+            source: e,
+        })
+    };
+    nonblocking(tcp.set_nonblocking(true))?;
+    nonblocking(unix.set_nonblocking(true))?;
+    // SAFETY: epoll_create1 with a valid flag; the descriptor is owned below.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        return Err(Error::last_os("epoll_create1"));
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+    let lp = Loop {
+        ctx: ctx.clone(),
+        epoll,
+        tcp: Some(tcp),
+        unix: Some(unix),
+        conns: HashMap::new(),
+        next_token: FIRST_CONN,
+        timers: BinaryHeap::new(),
+        last_traffic: Instant::now(),
+        accept_paused_until: None,
+        by_qpn: HashMap::new(),
+    };
+    let all_in = lp.ctl(libc::EPOLL_CTL_ADD, ctx.serving.as_raw_fd(), IN, WAKE)
+        && lp.listeners(libc::EPOLL_CTL_ADD, IN);
+    if !all_in {
+        return Err(Error::last_os("epoll_ctl"));
+    }
+    std::thread::Builder::new()
+        .name("rdmapool-soft-serve".into())
+        .spawn(move || lp.run())
+        .map_err(|e| Error::Sys {
+            call: "spawn",
+            source: e,
+        })?;
+    Ok(())
+}
+
+const IN: u32 = libc::EPOLLIN as u32;
+
+/// One connection the loop owns.
+struct Entry {
+    fd: OwnedFd,
+    local: bool,
+    peer: PeerInfo,
+    _slot: ConnSlot,
+    phase: Phase,
+    /// The epoll events it is registered for now.
+    events: u32,
+    /// Its earliest timer in the heap, if any.
+    timer: Option<Instant>,
+}
+
+enum Phase {
+    /// Challenged, its hello not yet whole.
+    Hello(hello::Pending),
+    /// Serving its QP.
+    Serving(Box<Serving>),
+}
+
+/// The loop's state; only its thread touches it.
+struct Loop {
+    ctx: Arc<CtxShared>,
+    epoll: OwnedFd,
+    tcp: Option<TcpListener>,
+    unix: Option<UnixListener>,
+    conns: HashMap<u64, Entry>,
+    next_token: u64,
+    /// Connection timers, earliest first; an entry whose connection has since moved its
+    /// timer is skipped when it comes up.
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    last_traffic: Instant,
+    accept_paused_until: Option<Instant>,
+    /// The connection serving each QP.
+    by_qpn: HashMap<u32, u64>,
+}
+
+impl Loop {
+    fn ctl(&self, op: libc::c_int, fd: RawFd, events: u32, data: u64) -> bool {
+        let mut ev = libc::epoll_event { events, u64: data };
+        // SAFETY: our epoll descriptor, a descriptor we own, and a local event.
+        unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev) == 0 }
+    }
+
+    /// Registers or re-registers both listeners (those still open) for `events`.
+    fn listeners(&self, op: libc::c_int, events: u32) -> bool {
+        let tcp = self.tcp.as_ref().map(|l| (l.as_raw_fd(), TCP));
+        let unix = self.unix.as_ref().map(|l| (l.as_raw_fd(), UNIX));
+        [tcp, unix]
+            .into_iter()
+            .flatten()
+            .all(|(fd, token)| self.ctl(op, fd, events, token))
+    }
+
+    fn run(mut self) {
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+        while !self.ctx.is_closing() {
+            let n = self.wait(&mut events);
+            let now = Instant::now();
+            for ev in &events[..n] {
+                match ev.u64 {
+                    WAKE => {
+                        for qpn in self.ctx.serving.take() {
+                            if let Some(token) = self.by_qpn.get(&qpn).copied() {
+                                self.close(token, End::Clean);
+                            }
+                        }
+                    }
+                    TCP | UNIX => self.accept(ev.u64, now),
+                    token => self.step(token, now),
+                }
+            }
+            self.fire_timers(now);
+            if self.accept_paused_until.is_some_and(|t| now >= t) {
+                self.accept_paused_until = None;
+                self.listeners(libc::EPOLL_CTL_MOD, IN);
+            }
+        }
+        // Closing: the connections and listeners close as the loop's state drops; their QPs
+        // are being destroyed with the context, so no peer-lost events.
+    }
+
+    /// When the loop must wake up on its own. Timers that no longer apply are dropped first,
+    /// so that none of them wakes the loop.
+    fn next_deadline(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((at, token))) = self.timers.peek() {
+            if self.conns.get(&token).is_some_and(|e| e.timer == Some(at)) {
+                break;
+            }
+            self.timers.pop();
+        }
+        let timer = self.timers.peek().map(|Reverse((t, _))| *t);
+        [timer, self.accept_paused_until]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Waits for events: spinning right after traffic (a request usually follows its
+    /// predecessor within microseconds, and a sleep/wake-up pair costs more), then sleeping
+    /// until the next deadline.
+    fn wait(&mut self, events: &mut [libc::epoll_event]) -> usize {
+        let now = Instant::now();
+        let deadline = self.next_deadline();
+        let spin = self.ctx.spin;
+        if !spin.is_zero() && now.saturating_duration_since(self.last_traffic) < IDLE_SPIN_WINDOW {
+            let until = deadline.map_or(now + spin, |d| d.min(now + spin));
+            loop {
+                let n = epoll_wait(&self.epoll, events, Some(Duration::ZERO));
+                if n > 0 || Instant::now() >= until {
+                    return n;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        epoll_wait(&self.epoll, events, timeout)
+    }
+
+    /// Takes what is waiting on a listener.
+    fn accept(&mut self, which: u64, now: Instant) {
+        for _ in 0..ACCEPT_BURST {
+            let outcome = match which {
+                TCP => self.tcp.as_ref().map(|l| accept::tcp(l, &self.ctx)),
+                _ => self.unix.as_ref().map(|l| accept::unix(l, &self.ctx)),
+            };
+            match outcome.unwrap_or(AcceptOutcome::Closed) {
+                AcceptOutcome::Admitted(a) => self.challenge(a, now),
+                AcceptOutcome::Refused => {}
+                AcceptOutcome::Empty => return,
+                AcceptOutcome::OutOfDescriptors => {
+                    self.listeners(libc::EPOLL_CTL_MOD, 0);
+                    self.accept_paused_until = Some(now + ACCEPT_PAUSE);
+                    return;
+                }
+                AcceptOutcome::Closed => {
+                    // Shut down (the context closes) or broken: stop listening on it.
+                    let l: Option<OwnedFd> = match which {
+                        TCP => self.tcp.take().map(Into::into),
+                        _ => self.unix.take().map(Into::into),
+                    };
+                    if let Some(l) = l {
+                        self.ctl(libc::EPOLL_CTL_DEL, l.as_raw_fd(), 0, 0);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Challenges a new connection and starts watching it.
+    fn challenge(&mut self, a: Accepted, now: Instant) {
+        let Some(pending) = hello::challenge(a.fd.as_raw_fd(), now) else {
+            return;
+        };
+        let token = self.next_token;
+        self.next_token += 1;
+        if !self.ctl(libc::EPOLL_CTL_ADD, a.fd.as_raw_fd(), IN, token) {
+            return;
+        }
+        let deadline = pending.deadline;
+        self.conns.insert(
+            token,
+            Entry {
+                fd: a.fd,
+                local: a.local,
+                peer: a.peer,
+                _slot: a.slot,
+                phase: Phase::Hello(pending),
+                events: IN,
+                timer: None,
+            },
+        );
+        self.schedule(token, deadline);
+    }
+
+    /// Steps one connection: its socket is ready, or its timer came up.
+    fn step(&mut self, token: u64, now: Instant) {
+        let ctx = &*self.ctx;
+        let Some(e) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let fd = e.fd.as_raw_fd();
+        if let Phase::Hello(p) = &mut e.phase {
+            match p.advance(ctx, fd, e.local, &e.peer) {
+                hello::Step::Waiting if now < p.deadline => return,
+                hello::Step::Waiting | hello::Step::Refused => {
+                    self.conns.remove(&token);
+                    return; // closing the socket also takes it out of the epoll set
+                }
+                hello::Step::Accepted(qp) => {
+                    let mappable =
+                        e.local && ctx.admission.local_mappings && e.peer.uid == Some(own_uid());
+                    e.phase = Phase::Serving(Box::new(Serving::new(ctx, &qp, mappable)));
+                    self.by_qpn.insert(qp.qpn(), token);
+                    e.timer = None; // the hello deadline no longer applies
+                }
+            }
+        }
+        let Phase::Serving(s) = &mut e.phase else {
+            return;
+        };
+        let outcome = s.step(ctx, fd, now);
+        self.last_traffic = self.last_traffic.max(s.last_progress);
+        match outcome {
+            Ok(wait) => self.rearm(token, wait),
+            Err(end) => self.close(token, end),
+        }
+    }
+
+    /// Watches a connection for what it waits for.
+    fn rearm(&mut self, token: u64, wait: Wait) {
+        let Some(e) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if e.events != wait.events {
+            e.events = wait.events;
+            let fd = e.fd.as_raw_fd();
+            self.ctl(libc::EPOLL_CTL_MOD, fd, wait.events, token);
+        }
+        if let Some(t) = wait.until {
+            self.schedule(token, t);
+        }
+    }
+
+    /// Steps `token` at `at` at the latest. A connection keeps one timer: a later one is set
+    /// when the earlier comes up (a connection stepped early only does nothing).
+    fn schedule(&mut self, token: u64, at: Instant) {
+        let Some(e) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if e.timer.is_none_or(|t| at < t) {
+            e.timer = Some(at);
+            self.timers.push(Reverse((at, token)));
+        }
+    }
+
+    fn fire_timers(&mut self, now: Instant) {
+        while let Some(&Reverse((at, token))) = self.timers.peek() {
+            if at > now {
+                return;
+            }
+            self.timers.pop();
+            let current = self.conns.get_mut(&token).filter(|e| e.timer == Some(at));
+            if let Some(e) = current {
+                e.timer = None;
+                self.step(token, now);
+            }
+        }
+    }
+
+    /// Ends a served connection. When it ends while its QP lives, the QP learns that its
+    /// peer is gone (ERR and an event).
+    fn close(&mut self, token: u64, end: End) {
+        let Some(mut e) = self.conns.remove(&token) else {
+            return;
+        };
+        let fd = e.fd.as_raw_fd();
+        self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0);
+        let Phase::Serving(s) = &mut e.phase else {
+            return;
+        };
+        self.by_qpn.remove(&s.qpn);
+        s.finish(fd);
+        if let End::Failed(reason) = &end {
+            tracing::debug!(qpn = s.qpn, "connection ended: {reason}");
+            accept::reset_if_unsent(fd);
+        }
+        if !self.ctx.is_closing() {
+            if let Some(qp) = s.qp() {
+                qp.peer_lost();
+            }
+        }
+    }
+}
+
+/// Waits for events on `epoll` for at most `timeout` (forever: `None`), to the microsecond
+/// where the kernel has `epoll_pwait2`. Returns how many arrived (0 on timeout or signal).
+fn epoll_wait(
+    epoll: &OwnedFd,
+    events: &mut [libc::epoll_event],
+    timeout: Option<Duration>,
+) -> usize {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static NO_PWAIT2: AtomicBool = AtomicBool::new(false);
+    let max = events.len() as libc::c_int;
+    if !NO_PWAIT2.load(Ordering::Relaxed) {
+        let ts = timeout.map(|t| libc::timespec {
+            tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: t.subsec_nanos() as libc::c_long,
+        });
+        let tsp = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: our epoll descriptor, a local array of the length given, a local timespec
+        // (or null: wait forever) and no signal mask.
+        let n = unsafe {
+            libc::epoll_pwait2(
+                epoll.as_raw_fd(),
+                events.as_mut_ptr(),
+                max,
+                tsp,
+                std::ptr::null(),
+            )
+        };
+        if n >= 0 {
+            return n as usize;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS) {
+            return 0;
+        }
+        NO_PWAIT2.store(true, Ordering::Relaxed);
+    }
+    let ms = timeout.map_or(-1, |t| {
+        t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+    });
+    // SAFETY: our epoll descriptor and a local array of the length given.
+    let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), events.as_mut_ptr(), max, ms) };
+    n.max(0) as usize
+}
