@@ -32,4 +32,5 @@ mod remote_hosts;
 mod remote_integrity;
 mod remote_stats;
 mod security;
+mod soft_driver;
 mod window;

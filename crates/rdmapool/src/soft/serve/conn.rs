@@ -152,10 +152,14 @@ impl Serving {
         }
     }
 
-    /// One last try at sending what was answered, before the connection closes.
+    /// One last try at sending what was answered, before the connection closes: the
+    /// replies queued go out even when the QP is gone (a NAK that moved it to ERR, whose
+    /// owner then destroyed it at once, must still reach the requester).
     pub(super) fn finish(&mut self, fd: RawFd) {
-        if let Some(qp) = self.qp.upgrade() {
-            let _ = self.send_pending(&*qp, fd);
+        if let Ok(true) = self.flush(fd) {
+            if let Some(qp) = self.qp.upgrade() {
+                let _ = self.continue_read(&*qp, fd);
+            }
         }
     }
 

@@ -1,0 +1,161 @@
+//! The soft NIC's serving loop: one thread whatever the number of connections, and no peer
+//! that stops reading stalls anyone else; READ data that leaves over many writes arrives
+//! whole.
+//!
+//! The thread count is taken in a child process (this binary, re-run with
+//! `RDMAPOOL_TEST_CHILD=threads`): other tests' threads would blur it here.
+
+use crate::support::child::Child;
+use crate::support::rawpeer::{status, Raw, SoftTarget};
+use crate::support::*;
+use rdmapool::fabric::*;
+use std::time::Duration;
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+/// The child's side: `threads` connects QP pairs on both paths and reports the thread
+/// count of its process before and after.
+#[test]
+fn child_entry() {
+    if std::env::var("RDMAPOOL_TEST_CHILD").as_deref() != Ok("threads") {
+        return; // an ordinary test run: nothing to do
+    }
+    let nodes = [
+        (node_on(Transport::Tcp), node_on(Transport::Tcp)),
+        (node_on(Transport::Local), node_on(Transport::Local)),
+    ];
+    // One pair on each path first: every thread a NIC starts is running by then.
+    let mut pairs: Vec<(Qp, Qp)> = nodes.iter().map(|(a, b)| pair(a, b, &config())).collect();
+    let before = threads();
+    for (a, b) in &nodes {
+        for _ in 0..100 {
+            pairs.push(pair(a, b, &config()));
+        }
+    }
+    // Every connection works (one WRITE on each pair), then count.
+    for (i, (qa, qb)) in pairs.iter().enumerate() {
+        let (a, b) = &nodes[if i < 2 { i } else { (i - 2) / 100 }];
+        let dst = b.pd.alloc_mr(64, AccessFlags::all_remote()).unwrap();
+        let src = a.pd.alloc_mr(64, AccessFlags::all_remote()).unwrap();
+        src.write_at(0, &(i as u64).to_le_bytes()).unwrap();
+        let sg = [src.sge(0, 8).unwrap()];
+        qa.post_send(&[write_wr(i as u64, dst.remote_at(0).unwrap(), &sg)])
+            .unwrap();
+        assert!(one(&a.cq).is_ok(), "pair {i}");
+        assert_eq!(contents(&dst)[..8], (i as u64).to_le_bytes(), "pair {i}");
+        let _ = qb;
+    }
+    let after = threads();
+    println!("@{before} {after} {}", 2 * pairs.len());
+}
+
+#[test]
+fn threads_stay_flat_from_two_connections_to_four_hundred() {
+    if soft_only("the soft NIC's serving loop") {
+        return;
+    }
+    let mut child = Child::spawn(module_path!(), "threads", &[]);
+    let line = child.line();
+    let n: Vec<usize> = line
+        .split(' ')
+        .map(|w| w.parse().expect("three numbers"))
+        .collect();
+    let (before, after, connections) = (n[0], n[1], n[2]);
+    assert_eq!(connections, 404, "{line}");
+    // Before: a thread per incoming connection (404 more).
+    assert_eq!(
+        after, before,
+        "threads {before} with 4 connections, {after} with {connections}"
+    );
+}
+
+/// A READ request frame (docs/PROTOCOL.md, section 5.3).
+fn read_request(seq: u64, addr: u64, rkey: u32, len: u32) -> [u8; 56] {
+    let mut r = [0u8; 56];
+    r[0..4].copy_from_slice(b"RDRQ");
+    r[4] = 2;
+    r[5] = 3;
+    r[8..16].copy_from_slice(&seq.to_le_bytes());
+    r[16..24].copy_from_slice(&addr.to_le_bytes());
+    r[24..28].copy_from_slice(&rkey.to_le_bytes());
+    r[28..32].copy_from_slice(&len.to_le_bytes());
+    r
+}
+
+#[test]
+fn a_peer_that_stops_reading_stalls_no_one_else_and_its_reads_arrive_whole() {
+    if soft_only("the soft NIC's serving loop") {
+        return;
+    }
+    const LEN: usize = 1 << 20;
+    const READS: u64 = 48;
+    let (a, b) = (node_on(Transport::Tcp), node_on(Transport::Tcp));
+    let region = b.pd.alloc_mr(LEN, AccessFlags::all_remote()).unwrap();
+    let data = pattern(LEN, 7);
+    region.write_at(0, &data).unwrap();
+    // The stuck peer's QP waits two minutes for it to take its answers: a loop that waited
+    // on that one socket would starve every other connection of the NIC for that long.
+    let patient = QpConfig {
+        timeout: Duration::from_secs(120),
+        ..config()
+    };
+    let bound_to = a.pd.create_qp(&a.cq, &a.cq, &config()).unwrap();
+    let stuck_qp = b.pd.create_qp(&b.cq, &b.cq, &patient).unwrap();
+    stuck_qp.connect(&bound_to.endpoint()).unwrap();
+    let target = SoftTarget::of(&stuck_qp.endpoint());
+    let mut raw = Raw::tcp(&target);
+    let st = raw
+        .hello(bound_to.qpn(), target.qpn, &target.token, None)
+        .unwrap();
+    assert_eq!(st, status::OK);
+    // 48 MiB of READs asked for at once, and not one byte read back yet: far more than the
+    // socket buffers hold.
+    let remote = region.remote_at(0).unwrap();
+    let mut asks = Vec::new();
+    for seq in 0..READS {
+        asks.extend_from_slice(&read_request(seq, remote.addr, remote.rkey, LEN as u32));
+    }
+    raw.send(&asks).unwrap();
+    std::thread::sleep(Duration::from_millis(300)); // let its answers fill the socket
+
+    // Meanwhile, new connections to the same NIC are taken and served.
+    for round in 0..3u8 {
+        let (qa, _qb) = pair(&a, &b, &config());
+        let dst = b.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
+        let src = a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
+        src.write_at(0, &pattern(4096, round)).unwrap();
+        let sg = [src.sge(0, 4096).unwrap()];
+        qa.post_send(&[write_wr(1, dst.remote_at(0).unwrap(), &sg)])
+            .unwrap();
+        assert!(
+            one(&a.cq).is_ok(),
+            "round {round}: a WRITE beside the stuck peer"
+        );
+        let back = a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
+        let sg = [back.sge(0, 4096).unwrap()];
+        qa.post_send(&[read_wr(2, dst.remote_at(0).unwrap(), &sg)])
+            .unwrap();
+        assert!(
+            one(&a.cq).is_ok(),
+            "round {round}: a READ beside the stuck peer"
+        );
+        assert_eq!(contents(&back), pattern(4096, round));
+    }
+    // The stuck peer starts reading: every answer is there, in order, whole, though each
+    // left in many pieces as the socket took them.
+    for seq in 0..READS {
+        let hdr = raw.recv(32).unwrap();
+        assert_eq!(&hdr[0..4], b"RDRS");
+        assert_eq!(hdr[5], 2, "READ {seq}: a data response");
+        assert_eq!(u64::from_le_bytes(hdr[8..16].try_into().unwrap()), seq);
+        assert_eq!(
+            u32::from_le_bytes(hdr[16..20].try_into().unwrap()),
+            LEN as u32
+        );
+        let got = raw.recv(LEN).unwrap();
+        assert!(got == data, "READ {seq}: the data differs");
+    }
+    assert_eq!(stuck_qp.state(), QpState::Rts);
+}
