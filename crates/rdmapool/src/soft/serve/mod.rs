@@ -68,6 +68,7 @@ pub(crate) fn start(tcp: TcpListener, unix: UnixListener, ctx: &Arc<CtxShared>) 
         last_traffic: Instant::now(),
         accept_paused_until: None,
         by_qpn: HashMap::new(),
+        spun_after: None,
     };
     let all_in = lp.ctl(libc::EPOLL_CTL_ADD, ctx.serving.as_raw_fd(), IN, WAKE)
         && lp.listeners(libc::EPOLL_CTL_ADD, IN);
@@ -121,6 +122,8 @@ struct Loop {
     accept_paused_until: Option<Instant>,
     /// The connection serving each QP.
     by_qpn: HashMap<u32, u64>,
+    /// The traffic after which the loop last spun in vain (it spins once per burst).
+    spun_after: Option<Instant>,
 }
 
 impl Loop {
@@ -191,15 +194,22 @@ impl Loop {
         let now = Instant::now();
         let deadline = self.next_deadline();
         let spin = self.ctx.spin;
-        if !spin.is_zero() && now.saturating_duration_since(self.last_traffic) < IDLE_SPIN_WINDOW {
+        let recent = now.saturating_duration_since(self.last_traffic) < IDLE_SPIN_WINDOW;
+        // One spin per burst of traffic: once it found nothing, the loop sleeps until the
+        // next event, as it would after any spin.
+        if !spin.is_zero() && recent && self.spun_after != Some(self.last_traffic) {
             let until = deadline.map_or(now + spin, |d| d.min(now + spin));
             loop {
                 let n = epoll_wait(&self.epoll, events, Some(Duration::ZERO));
-                if n > 0 || Instant::now() >= until {
+                if n > 0 {
                     return n;
+                }
+                if Instant::now() >= until {
+                    break;
                 }
                 std::hint::spin_loop();
             }
+            self.spun_after = Some(self.last_traffic);
         }
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         epoll_wait(&self.epoll, events, timeout)
