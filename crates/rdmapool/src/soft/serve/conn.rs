@@ -21,7 +21,7 @@ const STALL_RETRY: Duration = Duration::from_micros(50);
 
 /// What a connection waits for before it is stepped again.
 pub(super) struct Wait {
-    /// The epoll events it watches (none while it only waits for its timer).
+    /// The epoll events it watches (none, edge-triggered, while it only waits for its timer).
     pub(super) events: u32,
     /// When it is stepped again whatever happens.
     pub(super) until: Option<Instant>,
@@ -134,7 +134,10 @@ impl Serving {
                 // Waiting for a receive or for the QP: answer what is done, retry shortly.
                 let retry = now + STALL_RETRY;
                 let until = self.resp.poll_timeout().map_or(retry, |t| t.min(retry));
-                return self.wait(&*qp, fd, now, 0, Some(until));
+                // No interest in the socket meanwhile; edge-triggered, so that an error or a
+                // hang-up (which epoll reports whatever the interest) wakes the loop once, not
+                // on every turn until the retry.
+                return self.wait(&*qp, fd, now, libc::EPOLLET as u32, Some(until));
             }
             match self.rx.fill_nowait(fd) {
                 Ok(0) => {}
