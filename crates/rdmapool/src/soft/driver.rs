@@ -10,10 +10,11 @@
 //! Applications that poll do the same work themselves, without waiting (`Cq::poll`); the QP
 //! lock makes sure only one of them does it at a time.
 
+use super::waker::{epoll, EventFd};
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -36,8 +37,8 @@ const FOREVER: u64 = u64::MAX;
 /// The context's driver thread and what it watches.
 pub(crate) struct Driver {
     epoll: OwnedFd,
-    /// Written to wake the thread (a new deadline, or shutdown).
-    wake: OwnedFd,
+    /// Signalled to wake the thread (a new deadline, or shutdown).
+    wake: EventFd,
     /// Every QP with a connection, by its socket descriptor.
     qps: Mutex<HashMap<RawFd, Weak<dyn Drive>>>,
     /// When the thread will next wake on its own (nanoseconds since `epoch`), SCANNING while
@@ -53,20 +54,8 @@ const WAKE: u64 = u64::MAX;
 impl Driver {
     /// Starts the thread.
     pub(crate) fn start() -> Result<Arc<Self>> {
-        // SAFETY: epoll_create1 with a valid flag; the descriptor is owned below.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if ep < 0 {
-            return Err(Error::last_os("epoll_create1"));
-        }
-        // SAFETY: a fresh descriptor nobody else owns.
-        let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
-        // SAFETY: eventfd with valid flags; the descriptor is owned below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(Error::last_os("eventfd"));
-        }
-        // SAFETY: a fresh descriptor nobody else owns.
-        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let epoll = epoll()?;
+        let wake = EventFd::new()?;
         let d = Arc::new(Self {
             epoll,
             wake,
@@ -138,9 +127,7 @@ impl Driver {
     }
 
     fn poke(&self) {
-        let one = 1u64;
-        // SAFETY: writing 8 bytes from a local to our eventfd.
-        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        self.wake.signal();
     }
 
     /// Ends the thread.
@@ -185,11 +172,7 @@ impl Driver {
             let mut scan = n == 0 || next.is_some_and(|d| now >= d);
             for ev in events.iter().take(n.max(0) as usize) {
                 if ev.u64 == WAKE {
-                    let mut drained = 0u64;
-                    // SAFETY: reading 8 bytes into a local from our non-blocking eventfd.
-                    unsafe {
-                        libc::read(self.wake.as_raw_fd(), (&mut drained as *mut u64).cast(), 8)
-                    };
+                    self.wake.drain();
                     scan = true;
                 } else if let Some(d) = self.drive_one(ev.u64 as RawFd, now) {
                     next = Some(next.map_or(d, |n| n.min(d)));

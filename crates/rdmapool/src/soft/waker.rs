@@ -1,29 +1,71 @@
-//! How the rest of a soft NIC reaches its serving loop (`serve`): an eventfd the loop
-//! watches, and the QPs destroyed since it last looked.
+//! Waking a soft NIC's threads: an eventfd each thread watches in its epoll set
+//! ([`EventFd`], [`epoll`]), and for the serving loop the QPs destroyed since it last looked
+//! ([`Waker`]).
 
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-/// How the rest of the NIC reaches its serving loop: a QP was destroyed (its connection
-/// closes now), or the NIC is closing.
-pub(crate) struct Waker {
-    fd: OwnedFd,
-    /// The QPs destroyed since the loop last looked.
-    gone: Mutex<Vec<u32>>,
+/// A new epoll set (close-on-exec).
+pub(crate) fn epoll() -> Result<OwnedFd> {
+    // SAFETY: epoll_create1 with a valid flag; the descriptor is owned below.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        return Err(Error::last_os("epoll_create1"));
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(ep) })
 }
 
-impl Waker {
-    /// A new eventfd to wake a loop with.
+/// A non-blocking eventfd: one side signals, the thread that watches it drains it.
+pub(crate) struct EventFd(OwnedFd);
+
+impl EventFd {
+    /// A new eventfd, not signalled.
     pub(crate) fn new() -> Result<Self> {
         // SAFETY: eventfd with valid flags; the descriptor is owned below.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
             return Err(Error::last_os("eventfd"));
         }
+        // SAFETY: a fresh descriptor nobody else owns.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Makes it readable (wakes the thread watching it).
+    pub(crate) fn signal(&self) {
+        let one = 1u64;
+        // SAFETY: writing 8 bytes from a local to our eventfd.
+        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Takes the signals so far (it is no longer readable).
+    pub(crate) fn drain(&self) {
+        let mut n = 0u64;
+        // SAFETY: reading 8 bytes into a local from our non-blocking eventfd.
+        unsafe { libc::read(self.0.as_raw_fd(), (&mut n as *mut u64).cast(), 8) };
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// How the rest of the NIC reaches its serving loop: a QP was destroyed (its connection
+/// closes now), or the NIC is closing.
+pub(crate) struct Waker {
+    fd: EventFd,
+    /// The QPs destroyed since the loop last looked.
+    gone: Mutex<Vec<u32>>,
+}
+
+impl Waker {
+    /// A new waker, for a loop that watches it.
+    pub(crate) fn new() -> Result<Self> {
         Ok(Self {
-            // SAFETY: a fresh descriptor nobody else owns.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd: EventFd::new()?,
             gone: Mutex::new(Vec::new()),
         })
     }
@@ -36,16 +78,12 @@ impl Waker {
 
     /// Wakes the loop (it then checks whether the NIC closes).
     pub(crate) fn wake(&self) {
-        let one = 1u64;
-        // SAFETY: writing 8 bytes from a local to our eventfd.
-        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        self.fd.signal();
     }
 
     /// Takes the wake-up and the QPs destroyed since the last.
     pub(crate) fn take(&self) -> Vec<u32> {
-        let mut n = 0u64;
-        // SAFETY: reading 8 bytes into a local from our non-blocking eventfd.
-        unsafe { libc::read(self.fd.as_raw_fd(), (&mut n as *mut u64).cast(), 8) };
+        self.fd.drain();
         std::mem::take(&mut *self.gone.lock())
     }
 }

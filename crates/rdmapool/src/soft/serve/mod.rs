@@ -16,13 +16,14 @@ mod hello;
 
 use super::context::{ConnSlot, CtxShared};
 use super::peer::{own_uid, PeerInfo};
+use super::waker::epoll;
 use crate::{Error, Result};
 use accept::{AcceptOutcome, Accepted};
 use conn::{End, Serving, Wait};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::TcpListener;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,13 +51,7 @@ pub(crate) fn start(tcp: TcpListener, unix: UnixListener, ctx: &Arc<CtxShared>) 
     };
     nonblocking(tcp.set_nonblocking(true))?;
     nonblocking(unix.set_nonblocking(true))?;
-    // SAFETY: epoll_create1 with a valid flag; the descriptor is owned below.
-    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if ep < 0 {
-        return Err(Error::last_os("epoll_create1"));
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+    let epoll = epoll()?;
     let lp = Loop {
         ctx: ctx.clone(),
         epoll,
