@@ -31,14 +31,18 @@ fi
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
-# The test executable cargo builds for these arguments.
+# The test executable cargo builds for these arguments (package rdmapool unless PACKAGE says).
 executable() {
-  cargo test -p rdmapool --no-run --message-format=json "$@" 2>/dev/null |
+  cargo test -p "${PACKAGE:-rdmapool}" --no-run --message-format=json "$@" 2>/dev/null |
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1
 }
 
 runs=()
 if [ "${MEMCHECK_LIB:-1}" != 0 ]; then
+  # The soft protocol and its access check are rdmapool-soft's; the object model's helpers
+  # rdmapool-core's; the engine, registration and pool rdmapool's.
+  runs+=("lib-core:$(PACKAGE=rdmapool-core executable --lib)")
+  runs+=("lib-soft:$(PACKAGE=rdmapool-soft executable --lib)")
   runs+=("lib:$(executable --lib)")
   runs+=("fuzz-corpus:$(executable --lib --features fuzzing) fuzzing")
 fi

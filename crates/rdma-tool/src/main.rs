@@ -92,7 +92,7 @@ fn main() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RDMAPOOL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"))
         .add_directive(
-            "rdmapool::soft::context=error"
+            "rdmapool_soft::context=error"
                 .parse()
                 .expect("a valid directive"),
         );

@@ -1,8 +1,11 @@
 //! rdmapool: safe, fast RDMA memory.
 //!
-//! The [`fabric`] module is the provider-independent object model; the `soft` provider runs
-//! it on any Linux machine (no NIC), and the verbs provider drives real hardware. [`devices`]
-//! lists the providers and their devices, and [`fabric::Context::open`] opens one.
+//! The [`fabric`] module is the provider-independent object model (crate `rdmapool-core`);
+//! the `soft` provider (crate `rdmapool-soft`, here as [`soft`]) runs it on any Linux machine
+//! (no NIC), and the verbs provider (crate `rdmapool-verbs`) drives real hardware. [`devices`]
+//! lists the providers and their devices, and [`fabric::Context::open`] opens one. This crate
+//! builds registration, buffer pools, the progress engine, connections and the remote pool on
+//! them.
 //!
 //! ```
 //! use rdmapool::fabric::*;
@@ -33,23 +36,25 @@ pub mod conn;
 pub mod cq;
 #[cfg(test)]
 mod doc_check;
-mod error;
 pub mod fabric;
 #[cfg(all(feature = "fuzzing", not(loom)))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod metrics;
 pub mod mr;
-mod os;
 mod providers;
 #[cfg(not(loom))]
 pub mod remote;
-pub mod soft;
-mod util;
-mod verbs;
 
-pub use error::{Error, Result};
 pub use providers::devices;
+pub use rdmapool_core::{Error, Result};
+/// The soft provider (crate `rdmapool-soft`): its options, and [`soft::tcp_addr`].
+pub use rdmapool_soft as soft;
+
+// The core crate's shared helpers, under the names this crate's files use.
+use rdmapool_core::{os, util};
+// The verbs provider, for RDMA CM (`conn`).
+use rdmapool_verbs as verbs;
 
 /// The README's Rust snippet, compiled as a doc test so it stays true.
 #[cfg(doctest)]

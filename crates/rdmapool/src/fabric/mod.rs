@@ -1,8 +1,11 @@
-//! The provider-independent RDMA object model.
+//! The provider-independent RDMA object model (crate `rdmapool-core`), with each provider's
+//! options (`SoftConfig` from `rdmapool-soft`, `VerbsConfig` from `rdmapool-verbs`) and the
+//! run-time choice between them ([`ProviderOptions`]).
 //!
 //! One set of types — [`Context`], [`Pd`], [`Mr`], [`Cq`], [`Qp`], work requests and
-//! [`Completion`]s — drives every provider. Pick a device from [`crate::devices`], open it, and the
-//! same code runs on the `soft` provider (no NIC needed) or real verbs.
+//! [`Completion`]s — drives every provider. Pick a device from [`crate::devices`], open it
+//! with [`Context::open`], and the same code runs on the `soft` provider (no NIC needed) or
+//! real verbs.
 //!
 //! # Memory safety
 //! * Memory reachable by the device is always owned by an [`Mr`] ([`Pd::alloc_mr`]) or lent to
@@ -16,43 +19,9 @@
 //!   [`Mr::write_at`] and [`Mr::read_at`] copy through raw pointers, and [`Mr::atomic_u64`]
 //!   gives an atomic view of one aligned word.
 
-mod access;
-pub(crate) mod admission;
-mod completion;
-mod device;
-pub(crate) mod events;
-mod memory;
-mod mr;
-mod mw;
-mod objects;
 mod options;
-pub(crate) mod private_data;
-pub(crate) use memory::check_range;
-pub(crate) mod provider;
-mod qp;
-mod queue_pair;
-pub(crate) mod recorder;
-mod wr;
 
-pub use access::AccessFlags;
-pub(crate) use admission::check_exposure;
-pub use admission::{
-    unauthenticated_allowed_by_env, Admission, AllowUsers, PreSharedKey, ENV_ALLOW_UNAUTHENTICATED,
-};
-pub use completion::{Completion, WcOpcode, WcStatus};
-pub use device::{AtomicCap, DeviceInfo, PortInfo, ProviderKind, ProviderStatus};
-pub use events::QpEvent;
-pub use memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
-pub use mr::Mr;
-pub(crate) use mw::WindowTable;
-pub use mw::{BoundWindow, Mw, WindowError};
-pub use objects::{Context, Cq, Pd};
-pub use options::{ProviderOptions, SoftConfig, Transport, VerbsConfig};
-pub use qp::{Endpoint, QpCapacity, QpConfig, QpState};
-pub(crate) use queue_pair::ConnectionState;
-pub use queue_pair::Qp;
-pub use wr::{RecvWr, RemoteAddr, RemoteRegion, SendWr, Sge, WrOp};
-
-/// Most SGEs one work request may have in this library, on any provider (a device may
-/// allow fewer: [`DeviceInfo::max_sge`]).
-pub const MAX_SGE: usize = 16;
+pub use options::ProviderOptions;
+pub use rdmapool_core::fabric::*;
+pub use rdmapool_soft::{Admission, AllowUsers, SoftConfig, Transport};
+pub use rdmapool_verbs::VerbsConfig;

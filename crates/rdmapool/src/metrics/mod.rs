@@ -2,9 +2,9 @@
 //! regions, CQs, QPs) and everything built on them (registrars, caches, buffer pools,
 //! connections, memory servers) record into; [`crate::fabric::Context::metrics`] reads it
 //! ([`ContextMetrics`]). Nothing in the library writes to a process-global registry. The
-//! recorder itself lives with the object model (`fabric`, which every layer above reports
-//! through); this module is what reads it: the data types and their two text forms,
-//! [`Snapshot::to_prometheus`] and [`Snapshot::to_json`]. Serving them (HTTP, Unix socket)
+//! recorder itself lives with the object model (`fabric` in `rdmapool-core`, which every
+//! layer above reports through), with the data types and their two text forms,
+//! [`Snapshot::to_prometheus`] and [`Snapshot::to_json`]; this module gathers what reads it. Serving them (HTTP, Unix socket)
 //! is the `rdmapool-exporter` crate's job. A registrar, cache or pool also has statistics of
 //! its own (`stats()`), which say the same things about that one object.
 //!
@@ -21,15 +21,11 @@
 //!
 //! Every metric is described in `docs/METRICS.md`.
 
-mod json;
-mod prometheus;
-
 pub use crate::fabric::recorder::{
-    opcode_label, snapshot_of, ContextMetrics, LatencySummary, ObjectCompletions, ServerStats,
-    Snapshot, BUCKETS_SECONDS, DEFAULT_OP_SAMPLE_EVERY, MAX_LISTED, PERCENTILES,
+    opcode_label, snapshot_of, status_label, ContextMetrics, LatencySummary, ObjectCompletions,
+    ServerStats, Snapshot, BUCKETS_SECONDS, DEFAULT_OP_SAMPLE_EVERY, MAX_LISTED, PERCENTILES,
 };
 pub use crate::os::pinned_bytes;
-pub use prometheus::status_label;
 
 #[cfg(test)]
 mod tests;

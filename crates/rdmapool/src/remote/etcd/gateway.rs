@@ -94,7 +94,7 @@ fn tls_config(tls: &EtcdTls) -> Result<ureq::tls::TlsConfig> {
     }
     if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
         // The key first: one that others can read is refused whatever the certificate.
-        let pem = crate::fabric::admission::read_private_file(key, "etcd TLS key file")?;
+        let pem = crate::fabric::read_private_file(key, "etcd TLS key file")?;
         let chain = certs(cert, "certificate file")?;
         let key = PrivateKey::from_pem(&pem).map_err(|e| {
             Error::InvalidArgument(format!("etcd TLS key file {}: {e}", key.display()))

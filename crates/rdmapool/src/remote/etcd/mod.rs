@@ -123,7 +123,7 @@ impl EtcdCredentials {
     /// This user, with the password in a file (its first line). The file must be private
     /// to its owner (`chmod 600`), as key files are.
     pub fn with_password_file(user: &str, path: &std::path::Path) -> Result<Self> {
-        let raw = crate::fabric::admission::read_private_file(path, "etcd password file")?;
+        let raw = crate::fabric::read_private_file(path, "etcd password file")?;
         let text = String::from_utf8(raw).map_err(|_| {
             Error::InvalidArgument(format!("etcd password file {}: not UTF-8", path.display()))
         })?;

@@ -1,0 +1,285 @@
+//! The library's typed errors.
+
+use std::io;
+
+/// Every fallible call in rdmapool returns this error type.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument was out of range or inconsistent; the message says which and why.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// Pinning memory failed because the locked-memory limit would be exceeded.
+    #[error(
+        "cannot pin {requested} bytes: RLIMIT_MEMLOCK is {limit} (errno {errno}); raise it with \
+         `ulimit -l unlimited` (or a memlock line in /etc/security/limits.conf, or \
+         LimitMEMLOCK= for a systemd service), or run with CAP_IPC_LOCK"
+    )]
+    MemlockLimit {
+        /// Bytes the call tried to pin.
+        requested: usize,
+        /// The soft limit in force, as text ("8388608 bytes" or "unlimited").
+        limit: String,
+        /// The errno the kernel returned (ENOMEM or EAGAIN).
+        errno: i32,
+    },
+
+    /// A system call failed.
+    #[error("{call} failed: {source}")]
+    Sys {
+        /// The call that failed.
+        call: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The send or receive queue already holds its maximum number of work requests.
+    #[error("{queue} queue full: {depth} work requests outstanding")]
+    QueueFull {
+        /// "send" or "receive".
+        queue: &'static str,
+        /// The configured depth.
+        depth: u32,
+    },
+
+    /// A buffer pool has no free buffer of the class asked for right now.
+    #[error(
+        "buffer pool: no free {class}-byte buffer ({chunks} of at most {max_chunks} chunks \
+         registered; below the limit more is being registered, so retry or use alloc_wait)"
+    )]
+    PoolExhausted {
+        /// The size class (bytes) that ran out.
+        class: usize,
+        /// Chunks the pool has registered or is registering.
+        chunks: usize,
+        /// The pool's chunk limit.
+        max_chunks: usize,
+    },
+
+    /// The queue pair is not in a state that allows the operation.
+    #[error("QP {qpn} is in state {state}; {needed}")]
+    InvalidQpState {
+        /// The QP number.
+        qpn: u32,
+        /// Its current state.
+        state: crate::fabric::QpState,
+        /// What the operation needs.
+        needed: &'static str,
+    },
+
+    /// Connecting to a peer failed or the peer refused.
+    #[error("connection to {peer} failed: {reason}")]
+    Connection {
+        /// The peer's address.
+        peer: String,
+        /// Why.
+        reason: String,
+    },
+
+    /// The peer refused the connection; it may have said why in `private_data`.
+    #[error("connection to {peer} rejected ({} bytes of private data)", private_data.len())]
+    Rejected {
+        /// The peer's address.
+        peer: String,
+        /// What the peer sent with the reject.
+        private_data: Vec<u8>,
+    },
+
+    /// Private data from a connection peer was not framed as rdmapool frames it
+    /// (`rdmapool::conn::decode_private_data`); `raw` is what arrived.
+    #[error("bad private data from the peer: {reason} ({} bytes arrived)", raw.len())]
+    BadPrivateData {
+        /// What was wrong.
+        reason: String,
+        /// The bytes as they arrived.
+        raw: Vec<u8>,
+    },
+
+    /// Bytes received from a peer or a caller did not decode.
+    #[error("malformed {what}: {reason}")]
+    Malformed {
+        /// What was being decoded.
+        what: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// The completion queue overflowed; completions were lost and the CQ is unusable.
+    #[error("completion queue overrun: more than {depth} completions were pending")]
+    CqOverrun {
+        /// The CQ depth.
+        depth: u32,
+    },
+
+    /// The requested provider cannot be used on this machine.
+    #[error("provider {provider} not available: {reason}")]
+    ProviderUnavailable {
+        /// The provider's name.
+        provider: String,
+        /// Why, and what to do.
+        reason: String,
+    },
+
+    /// An operation of the progress engine completed with an error status.
+    #[error("{opcode:?} work request completed with {status}")]
+    Completion {
+        /// The status (as `ibv_wc_status`).
+        status: crate::fabric::WcStatus,
+        /// What completed (the posted request's opcode; for a batch, the one that failed).
+        opcode: crate::fabric::WcOpcode,
+    },
+
+    /// A memory-window bind or invalidate the window's state does not allow, refused before
+    /// anything was posted (see [`crate::fabric::Mw`]).
+    #[error("memory window: {0}")]
+    Window(#[from] crate::fabric::WindowError),
+
+    /// The request was cancelled before it completed.
+    #[error("cancelled")]
+    Cancelled,
+
+    /// An operation did not finish in the time allowed.
+    #[error("{0} timed out (ETIMEDOUT)")]
+    TimedOut(String),
+
+    /// The device failed (EIO/ENODEV) and refuses further work.
+    #[error("device broken: {0}")]
+    DeviceBroken(String),
+
+    /// The device or provider does not support what was asked (the message says what).
+    #[error("not supported: {0}")]
+    Unsupported(String),
+
+    /// Objects from different contexts or providers were mixed.
+    #[error("object mismatch: {0}")]
+    Mismatch(String),
+
+    /// A memory server of the remote pool cannot be reached (it left, died, or is draining
+    /// and refuses new allocations); pointers into it fail with this until it is back.
+    #[error("pool node {node} is down: {reason}")]
+    NodeDown {
+        /// The node's id.
+        node: u32,
+        /// What was seen.
+        reason: String,
+    },
+
+    /// An access through a remote pointer reaches past the allocation it names.
+    #[error("access of {len} bytes at offset {offset} of a {limit}-byte remote allocation")]
+    OutOfBounds {
+        /// Offset of the access inside the allocation.
+        offset: u64,
+        /// Bytes accessed.
+        len: u64,
+        /// The allocation's length.
+        limit: u64,
+    },
+
+    /// A peer did not prove it holds the cluster key this side was given (a pool server
+    /// without the key, with another key, or answering for another connection).
+    #[error("{peer} is not authenticated: {reason}")]
+    Unauthenticated {
+        /// Who (a pool node and its address).
+        peer: String,
+        /// What was missing or wrong.
+        reason: String,
+    },
+
+    /// A listener beyond loopback was to start without a key (secure by default, as Redis's
+    /// protected mode): anyone who can reach it could use it.
+    #[error(
+        "refusing to listen on {addr} for the {what} without a key: anyone who can reach it \
+         could use it. {fix} To run without authentication anyway (a private network), set \
+         RDMAPOOL_ALLOW_UNAUTHENTICATED=1 or the configuration's allow_unauthenticated"
+    )]
+    Unprotected {
+        /// What would have listened.
+        what: &'static str,
+        /// Where.
+        addr: std::net::SocketAddr,
+        /// How to give it a key.
+        fix: &'static str,
+    },
+
+    /// A remote pointer does not name a live allocation (never allocated, or freed already).
+    #[error("not a live allocation: {0}")]
+    NotAllocated(String),
+
+    /// A remote pointer names an incarnation of its node that is not the one this client is
+    /// connected to: the server restarted (its memory is new; the allocation is gone), or the
+    /// pointer carries no incarnation (0, an old text form). Refused before any byte moves.
+    #[error(
+        "stale pointer: node {node} is incarnation {current:#x} now, the pointer names {}",
+        if *incarnation == 0 { "no incarnation (an old node:offset:len form)".to_string() } else { format!("{incarnation:#x} (the server restarted since; the allocation is gone)") }
+    )]
+    StalePointer {
+        /// The node.
+        node: u32,
+        /// The incarnation the pointer names (0: none).
+        incarnation: u64,
+        /// The node's incarnation as this client knows it.
+        current: u64,
+    },
+
+    /// No memory server of the pool is reachable (none answered, or all are down).
+    #[error("no memory server is reachable: {reason}")]
+    NoServer {
+        /// What was tried and seen.
+        reason: String,
+    },
+
+    /// Every server that could take the allocation is draining (shutting down): it accepts
+    /// no new allocations; existing ones stay usable until it stops.
+    #[error("pool node {node} is draining: it takes no new allocations")]
+    Draining {
+        /// A draining node.
+        node: u32,
+    },
+
+    /// No memory server has room for an allocation of this size.
+    #[error("remote pool exhausted: no node has room for {size} bytes")]
+    RemoteExhausted {
+        /// The size asked for.
+        size: u64,
+    },
+
+    /// Another live client holds this client id on a node.
+    #[error("client id {id} is held by a live client on node {node}")]
+    ClientIdInUse {
+        /// The id.
+        id: u64,
+        /// The node where it is held.
+        node: u32,
+    },
+
+    /// A node isolates its clients (`remote::Isolation::Isolated`) and this access is
+    /// outside what it grants this client: another client's chunk, or a write to the
+    /// header, lease slots or chunk table. Refused before anything is posted.
+    #[error(
+        "node {node} isolates its clients: offset {offset:#x} is not this client's ({reason})"
+    )]
+    Isolated {
+        /// The node.
+        node: u32,
+        /// The offset in its region.
+        offset: u64,
+        /// Whose it is, or why not.
+        reason: String,
+    },
+}
+
+/// Shorthand for `Result<T, rdmapool::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Wraps the calling thread's last OS error for the named call.
+    #[doc(hidden)]
+    pub fn last_os(call: &'static str) -> Self {
+        Error::Sys {
+            call,
+            source: io::Error::last_os_error(),
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! The requester half's driver: posting (local checks, the intra-host path, putting frames on
+//! the wire) and feeding responses to the [`Requester`] without ever waiting for them.
+
+use super::{SendSide, SoftQp};
+use crate::cq::Release;
+use crate::fabric::provider::BindSpec;
+use crate::fabric::{
+    AccessFlags, Completion, QpState, SendWr, WcOpcode, WcStatus, WindowError, WrOp,
+};
+use crate::io::{self, IoVecs};
+use crate::keys::Window;
+use crate::proto::requester::Entry;
+use crate::proto::wire::{ReqOp, Request, Response, RESP_LEN};
+use crate::shm::{self, FastOp, RemoteMr};
+use crate::MAX_SGE;
+use crate::{Error, Result};
+use arrayvec::ArrayVec;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often the zero-copy path checks that the peer process is still there.
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(1);
+
+impl SoftQp {
+    fn queue_full(&self) -> Error {
+        Error::QueueFull {
+            queue: "send",
+            depth: self.cfg.max_send_wr,
+        }
+    }
+
+    /// Send-queue entries free now: as on mlx5 and rxe, an entry frees when the completion
+    /// that retires it is polled (its own, or for an unsignaled request a later signaled
+    /// one's), not when the request finishes. So a list longer than the free entries fails
+    /// at the first one that does not fit, and unsignaled requests with no signaled one
+    /// after them hold their entries for good.
+    fn send_room(&self, sq: &SendSide) -> usize {
+        let unpolled = sq.retired.saturating_sub(self.sq_slots.polled()) as usize;
+        sq.req.room().saturating_sub(unpolled)
+    }
+
+    /// Posts send work requests in order. Errors in the request itself (wrong state, too
+    /// many SGEs, full queue) are returned; everything the HCA would detect while executing
+    /// it becomes an error completion.
+    pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let mut sq = self.sq.lock();
+        let now = Instant::now();
+        let mut result = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(e) = self.post_one(&mut sq, wr, i + 1 < wrs.len(), now) {
+                result = Err(e);
+                break;
+            }
+        }
+        self.drain_done(&mut sq);
+        result
+    }
+
+    /// Posts a bind of `mw` (see `Qp::post_bind_mw`): checked and done here, completed in
+    /// order with the requests before it. Returns the window's key once bound.
+    pub(crate) fn post_bind(&self, mw: &crate::SoftMw, b: &BindSpec) -> Result<u32> {
+        let mut sq = self.sq.lock();
+        let now = Instant::now();
+        let state = self.state();
+        if !matches!(state, QpState::Rts | QpState::Error) {
+            return Err(self.bad_state("posting sends needs RTS"));
+        }
+        // What the library knows before posting, refused on every provider: a region that
+        // is gone or of another PD, a window of another PD or already bound (a window is
+        // also checked at the fabric layer; this keeps the provider exact on its own).
+        let keys = &self.ctx.keys;
+        let mr = keys
+            .by_lkey(b.lkey)
+            .ok_or(WindowError::RegionGone { lkey: b.lkey })?;
+        if mr.pd_id != self.pd_id {
+            return Err(WindowError::RegionOfAnotherPd { lkey: b.lkey }.into());
+        }
+        if mw.pd_id != self.pd_id {
+            return Err(WindowError::WindowOfAnotherPd.into());
+        }
+        if keys.is_window(mw.rkey()) {
+            return Err(WindowError::AlreadyBound { rkey: mw.rkey() }.into());
+        }
+        if self.send_room(&sq) == 0 {
+            return Err(self.queue_full());
+        }
+        let e = sq
+            .req
+            .entry(b.wr_id, WcOpcode::BindMw, b.signaled, now)
+            .ok_or_else(|| self.queue_full())?;
+        let mut rkey = mw.rkey();
+        if state == QpState::Error || !sq.req.accepts_work() {
+            sq.req.flush(e);
+        } else {
+            // What rxe checks as it executes the bind: the region allows binding, the range
+            // is inside it, write/atomic rights need a locally writable region.
+            let writes = b
+                .access
+                .intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+            let allowed = mr.access.contains(AccessFlags::MW_BIND)
+                && (!writes || mr.access.contains(AccessFlags::LOCAL_WRITE))
+                && mr.contains(b.addr, b.len);
+            let status = if allowed {
+                rkey = keys.bind_window(Window {
+                    mr,
+                    addr: b.addr,
+                    len: b.len,
+                    access: b.access,
+                    qpn: self.qpn,
+                })?;
+                mw.set_rkey(rkey);
+                WcStatus::Success
+            } else {
+                WcStatus::MwBindErr
+            };
+            sq.req.finish(e, status);
+        }
+        self.drain_done(&mut sq);
+        Ok(rkey)
+    }
+
+    fn post_one(&self, sq: &mut SendSide, wr: &SendWr<'_>, more: bool, now: Instant) -> Result<()> {
+        let state = self.state();
+        if !matches!(state, QpState::Rts | QpState::Error) {
+            return Err(self.bad_state("posting sends needs RTS"));
+        }
+        let opcode = wr.op.completion_opcode();
+        if self.send_room(sq) == 0 {
+            return Err(self.queue_full());
+        }
+        let mut e = sq
+            .req
+            .entry(wr.wr_id, opcode, wr.signaled, now)
+            .ok_or_else(|| self.queue_full())?;
+        if state == QpState::Error || !sq.req.accepts_work() {
+            sq.req.flush(e);
+            return Ok(());
+        }
+        if let WrOp::LocalInvalidate { rkey } = wr.op {
+            // A local operation: done here, completed in order with the rest.
+            // The fabric layer lets through only keys of windows bound through this QP (and
+            // refuses the rest before posting, on every provider). One that names no window
+            // any more was revoked with its region: invalidating it changes nothing.
+            self.ctx.keys.invalidate_window(rkey, self.pd_id);
+            sq.req.finish(e, WcStatus::Success);
+            return Ok(());
+        }
+        let (need, atomic) = match wr.op {
+            WrOp::Send { .. } | WrOp::Write { .. } | WrOp::LocalInvalidate { .. } => {
+                (AccessFlags::empty(), false)
+            }
+            WrOp::Read { .. } => (AccessFlags::LOCAL_WRITE, false),
+            WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => (AccessFlags::LOCAL_WRITE, true),
+        };
+        match self.resolve(wr.sg_list, need, &mut e.local) {
+            // Atomic shapes are validated before posting (SendWr::validate); a zero-length
+            // SGE could still leave the list empty here.
+            Ok(total) if atomic && total != 8 => {
+                sq.req.finish(e, WcStatus::LocLenErr);
+                return Ok(());
+            }
+            Ok(total) => {
+                e.byte_len = total as u32;
+            }
+            Err(status) => {
+                sq.req.finish(e, status);
+                return Ok(());
+            }
+        }
+        if let Some(status) = self.try_zero_copy(sq, &wr.op, &e, now) {
+            sq.req.finish(e, status);
+            return Ok(());
+        }
+        let frame = sq.req.frame(&e, &wr.op);
+        self.transmit(sq, &frame, e, more, now);
+        Ok(())
+    }
+
+    /// The intra-host zero-copy path: executes a one-sided operation directly on the peer's
+    /// mapped region. Returns None when the operation must go through the socket instead
+    /// (not a local peer, socket requests still in flight — RC order —, a region the peer
+    /// cannot share, or an operation that needs the peer's receive queue).
+    fn try_zero_copy(
+        &self,
+        sq: &mut SendSide,
+        op: &WrOp,
+        e: &Entry,
+        now: Instant,
+    ) -> Option<WcStatus> {
+        if !sq.req.is_quiet() || sq.rx.len() != 0 || e.byte_len == 0 {
+            return None;
+        }
+        let (remote, fop) = match *op {
+            WrOp::Write { remote, imm: None } => (remote, FastOp::Write),
+            WrOp::Read { remote } => (remote, FastOp::Read),
+            WrOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => (remote, FastOp::CompareSwap { compare, swap }),
+            WrOp::FetchAdd { remote, add } => (remote, FastOp::FetchAdd { add }),
+            _ => return None,
+        };
+        let fd = sq.conn.as_ref()?.as_raw_fd();
+        let lp = sq.local.as_mut()?;
+        if now.saturating_duration_since(lp.last_liveness_check) > LIVENESS_INTERVAL {
+            lp.last_liveness_check = now;
+            let mut probe = [0u8; 1];
+            // SAFETY: a one-byte local buffer; MSG_PEEK leaves any data queued.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    probe.as_mut_ptr().cast(),
+                    1,
+                    libc::MSG_DONTWAIT | libc::MSG_PEEK,
+                )
+            };
+            let gone = n == 0
+                || (n < 0
+                    && std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock);
+            if gone {
+                self.lose_connection(sq, WcStatus::RetryExcErr);
+                return Some(WcStatus::RetryExcErr);
+            }
+        }
+        let rm = match lp.maps.get(&remote.rkey) {
+            Some(Some(rm)) if rm.is_valid() => rm.clone(),
+            Some(None) => return None,
+            _ => match self.map_remote(fd, remote.rkey) {
+                Ok(m) => {
+                    lp.maps
+                        .retain(|_, v| v.as_ref().is_none_or(|r| r.is_valid()));
+                    lp.maps.insert(remote.rkey, m.clone());
+                    m?
+                }
+                Err(status) => {
+                    self.lose_connection(sq, status);
+                    return Some(status);
+                }
+            },
+        };
+        let lp = sq.local.as_ref()?;
+        // Like the wire path, give a peer that is still connecting until the timeout.
+        let until = now + self.cfg.timeout;
+        loop {
+            match lp.target_state.get() {
+                QpState::Rtr | QpState::Rts => break,
+                QpState::Error => return Some(WcStatus::RetryExcErr),
+                _ if Instant::now() >= until => return Some(WcStatus::RetryExcErr),
+                _ => std::thread::sleep(Duration::from_micros(100)),
+            }
+        }
+        let status = shm::execute(
+            &rm,
+            lp.target_pd,
+            remote.rkey,
+            remote.addr,
+            e.byte_len as u64,
+            &fop,
+            &e.local,
+        );
+        if matches!(status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr) {
+            lp.target_state.set_error(); // the responder's QP goes to ERR, as on the wire
+        }
+        Some(status)
+    }
+
+    /// Asks the local peer for the region behind `rkey` (only with nothing else in flight).
+    fn map_remote(
+        &self,
+        fd: RawFd,
+        rkey: u32,
+    ) -> std::result::Result<Option<Arc<RemoteMr>>, WcStatus> {
+        let req = Request {
+            op: ReqOp::Map,
+            seq: u64::MAX,
+            remote_addr: 0,
+            rkey,
+            len: 0,
+            compare_add: 0,
+            swap: 0,
+            imm: None,
+        };
+        let deadline = Instant::now() + self.cfg.timeout;
+        io::send_buf(fd, &req.encode(), deadline).map_err(|_| WcStatus::RetryExcErr)?;
+        let mut hdr = [0u8; RESP_LEN];
+        let fds = shm::recv_with_fds(fd, &mut hdr, deadline).map_err(|_| WcStatus::RetryExcErr)?;
+        match Response::decode(&hdr, self.ctx.max_msg).map_err(|_| WcStatus::BadRespErr)? {
+            Response::Map { mappable: true, .. } => {
+                let memfd = fds.into_iter().next().ok_or(WcStatus::BadRespErr)?;
+                Ok(Some(Arc::new(
+                    RemoteMr::new(memfd).map_err(|_| WcStatus::BadRespErr)?,
+                )))
+            }
+            Response::Map {
+                mappable: false, ..
+            } => Ok(None),
+            Response::Nak { status, .. } => Err(status),
+            _ => Err(WcStatus::BadRespErr),
+        }
+    }
+
+    /// Puts one request on the wire (header plus gathered payload) and hands it back to the
+    /// requester. While the socket is full, responses are applied (never waited for), so
+    /// neither side can wait on the other forever.
+    fn transmit(&self, sq: &mut SendSide, req: &Request, e: Entry, more: bool, now: Instant) {
+        let hdr = req.encode();
+        let fd = sq
+            .conn
+            .as_ref()
+            .map(|c| c.as_raw_fd())
+            .expect("RTS has a connection");
+        let mut iov = IoVecs::new();
+        iov.push(hdr.as_ptr(), hdr.len());
+        let payload = req.payload_len() > 0;
+        let sent = {
+            let held: Option<ArrayVec<_, MAX_SGE>> = if payload {
+                e.local.iter().map(|r| r.mr.hold()).collect()
+            } else {
+                Some(ArrayVec::new())
+            };
+            match held {
+                // Deregistered between the check and now.
+                None => None,
+                Some(_held) => {
+                    if payload {
+                        for r in &e.local {
+                            iov.push(r.addr as *const u8, r.len as usize);
+                        }
+                    }
+                    let deadline = now + self.cfg.timeout;
+                    // SAFETY: the header is on our stack and each payload piece lies inside
+                    // a region whose registration `_held` keeps for the whole send.
+                    Some(unsafe {
+                        io::send_all(fd, &mut iov, deadline, more, || {
+                            self.receive(sq, fd);
+                            !sq.req.is_broken()
+                        })
+                    })
+                }
+            }
+        };
+        let Some(sent) = sent else {
+            return sq.req.finish(e, WcStatus::LocProtErr);
+        };
+        if sq.req.sent(e, now) {
+            if self.send_cq.is_armed() {
+                // The CQ was armed while nothing awaited a response, so the NIC's thread does
+                // not watch this connection yet: without this, the response would wake nobody.
+                self.ctx.driver.arm(fd);
+            }
+            if let Some(d) = sq.req.poll_timeout() {
+                self.ctx.driver.deadline(d);
+            }
+        }
+        if let Err(err) = sent {
+            tracing::debug!(qpn = self.qpn, "send failed: {err}");
+            self.lose_connection(sq, WcStatus::RetryExcErr);
+        }
+    }
+
+    /// The connection is dead: the requester completes what was on it, and it is closed.
+    fn lose_connection(&self, sq: &mut SendSide, status: WcStatus) {
+        sq.req.lose_connection(status);
+        self.close_if_told(sq);
+    }
+
+    /// Closes the connection once the requester says it is dead.
+    fn close_if_told(&self, sq: &mut SendSide) {
+        if sq.req.take_close() {
+            if let Some(c) = &sq.conn {
+                // A shut-down socket is readable forever: the NIC's thread stops watching.
+                self.ctx.driver.unwatch(c.as_raw_fd());
+                // SAFETY: shutdown on a descriptor we own; it stays open (closed on drop) so
+                // the number cannot be reused under us.
+                unsafe { libc::shutdown(c.as_raw_fd(), libc::SHUT_RDWR) };
+            }
+        }
+    }
+
+    /// Applies every response that has arrived, without waiting: bytes already read first,
+    /// READ payloads straight into local memory, then one read of whatever is there.
+    fn receive(&self, sq: &mut SendSide, fd: RawFd) {
+        let SendSide { req, rx, .. } = sq;
+        loop {
+            if rx.len() > 0 {
+                let n = req.handle_input(rx.data());
+                rx.consume(n);
+                if n > 0 {
+                    continue;
+                }
+            }
+            if req.in_flight() == 0 || req.is_broken() {
+                break;
+            }
+            if rx.len() == 0 {
+                // SAFETY: the pieces are the READ's local ranges, writable (checked for
+                // LOCAL_WRITE when posted) and kept registered by `receive_payload`.
+                match req.receive_payload(|p| unsafe { io::recv_into_nowait(fd, p) }) {
+                    Some(Ok(0)) => break,
+                    Some(Ok(_)) => continue,
+                    Some(Err(_)) => {
+                        req.lose_connection(WcStatus::RetryExcErr);
+                        break;
+                    }
+                    None => {}
+                }
+            }
+            match rx.fill_nowait(fd) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(_) => {
+                    req.lose_connection(WcStatus::RetryExcErr);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Progress without waiting: responses that arrived, timeouts at `now`, completions.
+    pub(super) fn progress(&self, sq: &mut SendSide, now: Instant) {
+        if let Some(fd) = sq.conn.as_ref().map(|c| c.as_raw_fd()) {
+            if self.state() == QpState::Error && sq.req.in_flight() > 0 {
+                sq.req.lose_connection(WcStatus::WrFlushErr);
+            } else {
+                self.receive(sq, fd);
+                sq.req.handle_timeout(now);
+            }
+            self.close_if_told(sq);
+        }
+        self.drain_done(sq);
+    }
+
+    /// Completes finished requests from the head of the queue, in posting order.
+    fn drain_done(&self, sq: &mut SendSide) {
+        drain(sq, self);
+    }
+}
+
+fn drain(sq: &mut SendSide, qp: &SoftQp) {
+    while let Some(f) = sq.req.poll_done() {
+        sq.retired += 1;
+        sq.unreported += 1;
+        let status = if qp.state() == QpState::Error {
+            WcStatus::WrFlushErr
+        } else {
+            f.status
+        };
+        if status != WcStatus::Success {
+            qp.enter_error();
+        }
+        if status != WcStatus::Success || f.signaled {
+            let c = Completion {
+                wr_id: f.wr_id,
+                status,
+                opcode: f.opcode,
+                byte_len: if status == WcStatus::Success {
+                    f.byte_len
+                } else {
+                    0
+                },
+                imm: None,
+                qp_num: qp.qpn,
+            };
+            let release = Release {
+                slots: qp.sq_slots.clone(),
+                entries: std::mem::take(&mut sq.unreported),
+            };
+            qp.send_cq.push(c, Some(release));
+        }
+    }
+}

@@ -1,7 +1,0 @@
-//! Operating-system helpers shared by the providers and the registration layer: page pinning
-//! and its accounting, the memlock limit, memfd-backed shared mappings.
-
-pub(crate) mod mapping;
-pub(crate) mod pin;
-
-pub use pin::pinned_bytes;
