@@ -10,6 +10,111 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// A size, depth or count is outside what the device or the library allows.
+    #[error("{what} is {value}: it must be {min}..={max}")]
+    OutOfLimits {
+        /// What was sized ("send queue depth", "region length", "SGEs in a work request").
+        what: &'static str,
+        /// The value asked for.
+        value: u64,
+        /// The least allowed.
+        min: u64,
+        /// The most allowed (the device's limit, or the library's).
+        max: u64,
+    },
+
+    /// An offset and length reach past the memory they are in (a registration, a remote
+    /// region); nothing was read or written.
+    #[error("{len} bytes at offset {offset} reach past the {limit} bytes of the {what}")]
+    OutOfRange {
+        /// What the range is in ("registered memory", "remote region").
+        what: &'static str,
+        /// Offset of the range.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The length of what it is in.
+        limit: u64,
+    },
+
+    /// A null pointer where memory was expected.
+    #[error("{what}: a null address")]
+    NullAddress {
+        /// What the address was for.
+        what: &'static str,
+    },
+
+    /// An address that must be 8-byte aligned (an atomic's target or result) is not.
+    #[error("{what} address {addr:#x} is not 8-byte aligned")]
+    Misaligned {
+        /// Which address.
+        what: &'static str,
+        /// The address.
+        addr: u64,
+    },
+
+    /// Access flags that cannot go together, or that the place they are used does not take.
+    #[error("access {access:?}: {reason}")]
+    BadAccess {
+        /// The flags asked for.
+        access: crate::fabric::AccessFlags,
+        /// What is wrong with them.
+        reason: &'static str,
+    },
+
+    /// A work request whose shape its opcode does not allow.
+    #[error("work request {wr_id}: {reason}")]
+    BadWorkRequest {
+        /// Its id.
+        wr_id: u64,
+        /// What is wrong.
+        reason: &'static str,
+    },
+
+    /// No device of that name on the provider.
+    #[error("no {provider} device {name:?} (devices: {})", known.join(", "))]
+    NoSuchDevice {
+        /// The provider asked.
+        provider: crate::fabric::ProviderKind,
+        /// The name asked for.
+        name: String,
+        /// The devices it has.
+        known: Vec<String>,
+    },
+
+    /// A setting (an environment variable, or a value parsed from text) is not one the
+    /// library takes.
+    #[error("{name}={value:?}: {reason}")]
+    BadSetting {
+        /// The variable or setting.
+        name: String,
+        /// The value given.
+        value: String,
+        /// What is wanted.
+        reason: String,
+    },
+
+    /// The device's port cannot carry traffic (its link is down, or it cannot be queried).
+    #[error("port {port} of {device} is {state}: bring its link up (ip link set <netdev> up, or check the cable and subnet manager)")]
+    PortDown {
+        /// The device.
+        device: String,
+        /// The port number.
+        port: u8,
+        /// Its state ("DOWN", "INIT", "not queryable").
+        state: String,
+    },
+
+    /// A key (pre-shared, cluster, client) or the file it is read from is refused: too short,
+    /// unreadable, or readable by others.
+    #[error("{what}: {reason}")]
+    BadKey {
+        /// The key or its file.
+        what: String,
+        /// Why.
+        reason: String,
+    },
+
     /// Pinning memory failed because the locked-memory limit would be exceeded.
     #[error(
         "cannot pin {requested} bytes: RLIMIT_MEMLOCK is {limit} (errno {errno}); raise it with \

@@ -32,11 +32,12 @@ impl AllowUsers {
             list => list
                 .split(',')
                 .map(|u| {
-                    u.trim().parse::<u32>().map_err(|_| {
-                        Error::InvalidArgument(format!(
-                            "RDMAPOOL_SOFT_ALLOW_UIDS: {u:?} is not a uid (want same, any or \
-                             a list like 1000,1001)"
-                        ))
+                    u.trim().parse::<u32>().map_err(|_| Error::BadSetting {
+                        name: "RDMAPOOL_SOFT_ALLOW_UIDS".into(),
+                        value: s.into(),
+                        reason: format!(
+                            "{u:?} is not a uid (want same, any or a list like 1000,1001)"
+                        ),
                     })
                 })
                 .collect::<Result<Vec<_>>>()
@@ -102,9 +103,11 @@ impl Admission {
                 None => Ok(default),
                 Some(v) => match v.trim().parse::<usize>() {
                     Ok(n) if n > 0 => Ok(n),
-                    _ => Err(Error::InvalidArgument(format!(
-                        "{k}={v:?}: want a positive count"
-                    ))),
+                    _ => Err(Error::BadSetting {
+                        name: k.into(),
+                        value: v.clone(),
+                        reason: "want a positive count".into(),
+                    }),
                 },
             }
         };
@@ -116,9 +119,11 @@ impl Admission {
             None | Some("on") => true,
             Some("off") => false,
             Some(v) => {
-                return Err(Error::InvalidArgument(format!(
-                    "RDMAPOOL_SOFT_LOCAL_MAPPINGS={v:?}: want on or off"
-                )))
+                return Err(Error::BadSetting {
+                    name: "RDMAPOOL_SOFT_LOCAL_MAPPINGS".into(),
+                    value: v.into(),
+                    reason: "want on or off".into(),
+                })
             }
         };
         Ok(Self {

@@ -25,9 +25,11 @@ impl Transport {
             "auto" => Ok(Self::Auto),
             "tcp" => Ok(Self::Tcp),
             "local" => Ok(Self::Local),
-            _ => Err(Error::InvalidArgument(format!(
-                "unknown transport {s:?}: expected auto, tcp or local"
-            ))),
+            _ => Err(Error::BadSetting {
+                name: "transport".into(),
+                value: s.into(),
+                reason: "expected auto, tcp or local".into(),
+            }),
         }
     }
 }
@@ -73,20 +75,29 @@ impl SoftConfig {
     /// [`Admission::from_env`].
     pub fn from_env() -> Result<Self> {
         let bind = match std::env::var("RDMAPOOL_SOFT_BIND") {
-            Ok(s) => s.parse().map_err(|e| {
-                Error::InvalidArgument(format!("RDMAPOOL_SOFT_BIND={s:?}: {e} (want ip:port)"))
+            Ok(s) => s.parse().map_err(|e| Error::BadSetting {
+                name: "RDMAPOOL_SOFT_BIND".into(),
+                value: s.clone(),
+                reason: format!("{e} (want ip:port)"),
             })?,
             Err(_) => Self::default().bind,
         };
         let spin = match std::env::var("RDMAPOOL_SOFT_SPIN_US") {
-            Ok(s) => Duration::from_micros(s.parse().map_err(|e| {
-                Error::InvalidArgument(format!("RDMAPOOL_SOFT_SPIN_US={s:?}: {e}"))
+            Ok(s) => Duration::from_micros(s.parse().map_err(|e| Error::BadSetting {
+                name: "RDMAPOOL_SOFT_SPIN_US".into(),
+                value: s.clone(),
+                reason: format!("{e} (want microseconds)"),
             })?),
             Err(_) => Self::default().spin,
         };
         let transport = match std::env::var("RDMAPOOL_SOFT_TRANSPORT") {
-            Ok(s) if !s.trim().is_empty() => Transport::parse(s.trim())
-                .map_err(|e| Error::InvalidArgument(format!("RDMAPOOL_SOFT_TRANSPORT: {e}")))?,
+            Ok(s) if !s.trim().is_empty() => {
+                Transport::parse(s.trim()).map_err(|_| Error::BadSetting {
+                    name: "RDMAPOOL_SOFT_TRANSPORT".into(),
+                    value: s.clone(),
+                    reason: "expected auto, tcp or local".into(),
+                })?
+            }
             _ => Transport::Auto,
         };
         Ok(Self {

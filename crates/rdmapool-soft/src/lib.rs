@@ -146,9 +146,12 @@ impl ContextOps for OpenedContext {
 
     fn create_cq(&self, depth: u32) -> Result<Arc<dyn CqOps>> {
         if depth == 0 || depth > MAX_CQE {
-            return Err(Error::InvalidArgument(format!(
-                "CQ depth {depth}: must be 1..={MAX_CQE}"
-            )));
+            return Err(Error::OutOfLimits {
+                what: "CQ depth",
+                value: depth.into(),
+                min: 1,
+                max: MAX_CQE.into(),
+            });
         }
         Ok(Arc::new(SoftCqHandle(Arc::new(SoftCq::new(depth)?))))
     }
@@ -280,7 +283,9 @@ impl PdOps for SoftPd {
     ) -> Result<Box<dyn MrOps>> {
         self.ctx.device.check_registration(len, access)?;
         if addr.is_null() {
-            return Err(Error::InvalidArgument("null address".into()));
+            return Err(Error::NullAddress {
+                what: "memory to register",
+            });
         }
         // SAFETY: the caller promises the range is mapped for the region's lifetime.
         let pin = unsafe { pin_unless_on_demand(access, addr, len)? };

@@ -17,10 +17,10 @@ impl VerbsConfig {
     pub fn from_env() -> Result<Self> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let gid_index = match var("RDMAPOOL_GID_INDEX") {
-            Some(t) => Some(t.trim().parse::<u8>().map_err(|_| {
-                Error::InvalidArgument(format!(
-                    "RDMAPOOL_GID_INDEX={t:?} is out of range: want a GID table index, 0..=255"
-                ))
+            Some(t) => Some(t.trim().parse::<u8>().map_err(|_| Error::BadSetting {
+                name: "RDMAPOOL_GID_INDEX".into(),
+                value: t.clone(),
+                reason: "want a GID table index, 0..=255".into(),
             })?),
             None => None,
         };

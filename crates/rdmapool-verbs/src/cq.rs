@@ -12,10 +12,12 @@ use std::sync::Arc;
 /// Creates a CQ of `depth` entries with a non-blocking completion channel of its own.
 pub(super) fn create(ctx: &Arc<VerbsContext>, depth: u32) -> Result<Arc<dyn CqOps>> {
     if depth == 0 || depth > ctx.info.max_cqe {
-        return Err(Error::InvalidArgument(format!(
-            "CQ depth {depth}: must be 1..={}",
-            ctx.info.max_cqe
-        )));
+        return Err(Error::OutOfLimits {
+            what: "CQ depth",
+            value: depth.into(),
+            min: 1,
+            max: ctx.info.max_cqe.into(),
+        });
     }
     // SAFETY: a live context.
     let channel = unsafe { (ctx.v.ibv_create_comp_channel)(ctx.ctx) };

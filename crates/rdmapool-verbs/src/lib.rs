@@ -2,8 +2,8 @@
 //!
 //! It implements the provider interface of `rdmapool-core`
 //! ([`rdmapool_core::fabric::provider`]); [`VerbsConfig`] opens a device with
-//! [`Context::open`](rdmapool_core::fabric::Context::open), and [`cm`] is RDMA CM, the
-//! connection manager `rdmapool::conn` uses on verbs.
+//! [`Context::open`](rdmapool_core::fabric::Context::open), and RDMA CM is its connection
+//! manager ([`Provider::connection_manager`]), which `rdmapool::conn` uses on verbs.
 //!
 //! rdma-core is opened at run time (`rdmapool-sys`): on a machine without it, or without
 //! RDMA devices, the provider reports "not available" with the reason and the rest of the
@@ -13,7 +13,7 @@
 #![warn(missing_docs)]
 
 mod addr;
-pub mod cm;
+mod cm;
 mod config;
 mod cq;
 mod events;
@@ -30,7 +30,9 @@ use rdmapool_core::{fabric, os, Error, Result};
 
 pub use config::VerbsConfig;
 
-use crate::fabric::provider::{ContextOps, ContextOptions, CqOps, PdOps, Provider};
+use crate::fabric::provider::{
+    ConnectionManager, ContextOps, ContextOptions, CqOps, PdOps, Provider,
+};
 use crate::fabric::{AtomicCap, DeviceInfo, ProviderKind, ProviderStatus};
 use rdmapool_sys as sys;
 use std::ffi::CStr;
@@ -124,10 +126,14 @@ fn pick_gid_index(dev: &str, port: u8, gid_tbl_len: i32, wanted: Option<u8>) -> 
         return if (i as i32) < gid_tbl_len {
             Ok(i)
         } else {
-            Err(Error::InvalidArgument(format!(
-                "GID index {i} (RDMAPOOL_GID_INDEX) is out of range: port {port} of {dev} has \
-                 {gid_tbl_len} GIDs (see /sys/class/infiniband/{dev}/ports/{port}/gids)"
-            )))
+            Err(Error::BadSetting {
+                name: "RDMAPOOL_GID_INDEX".into(),
+                value: i.to_string(),
+                reason: format!(
+                    "port {port} of {dev} has {gid_tbl_len} GIDs (see \
+                     /sys/class/infiniband/{dev}/ports/{port}/gids)"
+                ),
+            })
         };
     }
     let base = format!("/sys/class/infiniband/{dev}/ports/{port}");
@@ -258,8 +264,11 @@ fn open_device(
             }
         }
     }
-    let (num, pa) = chosen
-        .ok_or_else(|| Error::InvalidArgument(format!("device {name} has no queryable port")))?;
+    let (num, pa) = chosen.ok_or_else(|| Error::PortDown {
+        device: name.clone(),
+        port: 1,
+        state: "not queryable".into(),
+    })?;
     c.info.max_msg_size = pa.max_msg_sz;
     let gid_index = pick_gid_index(&name, num, pa.gid_tbl_len, cfg.gid_index)?;
     let mut gid: sys::ibv_gid = unsafe_zeroed_gid();
@@ -269,9 +278,11 @@ fn open_device(
     }
     let gid_bytes = gid_raw(&gid);
     if gid_bytes == [0; 16] && cfg.gid_index.is_some() {
-        return Err(Error::InvalidArgument(format!(
-            "GID index {gid_index} (RDMAPOOL_GID_INDEX) is out of range: that entry of port {num} of {name} is empty"
-        )));
+        return Err(Error::BadSetting {
+            name: "RDMAPOOL_GID_INDEX".into(),
+            value: gid_index.to_string(),
+            reason: format!("that entry of port {num} of {name} is empty"),
+        });
     }
     c.info.ports.push(crate::fabric::PortInfo {
         num,
@@ -335,12 +346,11 @@ impl VerbsContext {
             return Err(errno_err("ibv_query_port", rc));
         }
         if pa.state != sys::IBV_PORT_ACTIVE {
-            return Err(Error::InvalidArgument(format!(
-                "port {} of {} is {}: bring its link up (ip link set <netdev> up, or check the cable and subnet manager)",
-                self.port.num,
-                self.info.name,
-                port_state_name(pa.state)
-            )));
+            return Err(Error::PortDown {
+                device: self.info.name.clone(),
+                port: self.port.num,
+                state: port_state_name(pa.state).to_string(),
+            });
         }
         Ok(())
     }
@@ -404,6 +414,9 @@ impl Provider for VerbsProvider {
     fn status(&self) -> ProviderStatus {
         status()
     }
+    fn connection_manager(&self) -> Option<&'static dyn ConnectionManager> {
+        Some(&cm::RDMA_CM)
+    }
 }
 
 impl ContextOptions for VerbsConfig {
@@ -434,10 +447,11 @@ fn open(cfg: &VerbsConfig) -> Result<Arc<dyn ContextOps>> {
         names.push(n);
     }
     Err(match name {
-        Some(n) => Error::InvalidArgument(format!(
-            "no verbs device {n:?} (devices: {})",
-            names.join(", ")
-        )),
+        Some(n) => Error::NoSuchDevice {
+            provider: ProviderKind::Verbs,
+            name: n.into(),
+            known: names,
+        },
         None => unavailable("no RDMA devices".into()),
     })
 }

@@ -63,9 +63,6 @@ impl VerbsPd {
                     limit: crate::os::pin::memlock_limit_text(),
                     errno,
                 },
-                Some(libc::EINVAL) => Error::InvalidArgument(format!(
-                    "ibv_reg_mr refused {len} bytes at {addr:p} with {access:?} (EINVAL)"
-                )),
                 _ => Error::Sys {
                     call: "ibv_reg_mr",
                     source: e,
@@ -157,7 +154,9 @@ impl PdOps for PdHandle {
         access: AccessFlags,
     ) -> Result<Box<dyn MrOps>> {
         if addr.is_null() {
-            return Err(Error::InvalidArgument("null address".into()));
+            return Err(Error::NullAddress {
+                what: "memory to register",
+            });
         }
         self.0.register(addr, len, access, false)
     }

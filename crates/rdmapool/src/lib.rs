@@ -53,8 +53,6 @@ pub use rdmapool_soft as soft;
 
 // The core crate's shared helpers, under the names this crate's files use.
 use rdmapool_core::{os, util};
-// The verbs provider, for RDMA CM (`conn`).
-use rdmapool_verbs as verbs;
 
 /// The README's Rust snippet, compiled as a doc test so it stays true.
 #[cfg(doctest)]

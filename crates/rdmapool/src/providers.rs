@@ -4,11 +4,19 @@
 //! time for [`Context::open`](crate::fabric::Context::open).
 
 use crate::fabric::provider::Provider;
-use crate::fabric::ProviderStatus;
+use crate::fabric::{ProviderKind, ProviderStatus};
 
 /// Every provider, in the order [`devices`] lists them.
 fn table() -> [&'static dyn Provider; 2] {
-    [&rdmapool_soft::PROVIDER, &rdmapool_verbs::PROVIDER]
+    [find(ProviderKind::Soft), find(ProviderKind::Verbs)]
+}
+
+/// The provider of `kind`.
+pub(crate) fn find(kind: ProviderKind) -> &'static dyn Provider {
+    match kind {
+        ProviderKind::Soft => &rdmapool_soft::PROVIDER,
+        ProviderKind::Verbs => &rdmapool_verbs::PROVIDER,
+    }
 }
 
 /// Lists every provider with its devices, or the reason it is unavailable.

@@ -35,9 +35,10 @@ impl AccessFlags {
         if self.intersects(Self::REMOTE_WRITE | Self::REMOTE_ATOMIC)
             && !self.contains(Self::LOCAL_WRITE)
         {
-            return Err(crate::Error::InvalidArgument(format!(
-                "access {self:?}: REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE"
-            )));
+            return Err(crate::Error::BadAccess {
+                access: self,
+                reason: "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE",
+            });
         }
         Ok(())
     }

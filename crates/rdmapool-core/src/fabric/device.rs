@@ -25,9 +25,11 @@ impl ProviderKind {
         match s {
             "soft" => Ok(Self::Soft),
             "verbs" => Ok(Self::Verbs),
-            _ => Err(crate::Error::InvalidArgument(format!(
-                "unknown provider {s:?}: expected \"soft\" or \"verbs\""
-            ))),
+            _ => Err(crate::Error::BadSetting {
+                name: "provider".into(),
+                value: s.into(),
+                reason: "expected soft or verbs".into(),
+            }),
         }
     }
 }
@@ -108,17 +110,16 @@ impl DeviceInfo {
     ) -> crate::Result<()> {
         use crate::Error;
         access.validate()?;
-        if len == 0 {
-            return Err(Error::InvalidArgument("zero-length memory region".into()));
-        }
-        if len as u64 > self.max_mr_size {
-            return Err(Error::InvalidArgument(format!(
-                "region of {len} bytes exceeds the device's max_mr_size {}",
-                self.max_mr_size
-            )));
+        if len == 0 || len as u64 > self.max_mr_size {
+            return Err(Error::OutOfLimits {
+                what: "region length (max_mr_size)",
+                value: len as u64,
+                min: 1,
+                max: self.max_mr_size,
+            });
         }
         if access.contains(crate::fabric::AccessFlags::ON_DEMAND) && !self.on_demand_paging {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Unsupported(format!(
                 "device {} does not support on-demand paging (IBV_ACCESS_ON_DEMAND) for RC",
                 self.name
             )));

@@ -18,12 +18,15 @@ impl PreSharedKey {
     /// A key from bytes (at least [`Self::MIN_LEN`]).
     pub fn new(bytes: &[u8]) -> Result<Self> {
         if bytes.len() < Self::MIN_LEN {
-            return Err(Error::InvalidArgument(format!(
-                "a pre-shared key needs at least {} bytes, got {} (make one with `head -c 32 \
-                 /dev/urandom > key`)",
-                Self::MIN_LEN,
-                bytes.len()
-            )));
+            return Err(Error::BadKey {
+                what: "a pre-shared key".into(),
+                reason: format!(
+                    "it needs at least {} bytes, got {} (make one with `head -c 32 \
+                     /dev/urandom > key`)",
+                    Self::MIN_LEN,
+                    bytes.len()
+                ),
+            });
         }
         Ok(Self(bytes.into()))
     }
@@ -49,7 +52,10 @@ pub fn read_private_file(path: &std::path::Path, what: &str) -> Result<Vec<u8>> 
     use std::io::Read;
     use std::os::unix::fs::PermissionsExt;
     let shown = path.display();
-    let bad = |why: String| Error::InvalidArgument(format!("{what} {shown}: {why}"));
+    let bad = |why: String| Error::BadKey {
+        what: format!("{what} {shown}"),
+        reason: why,
+    };
     let mut file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
     // The mode of the file opened, not of whatever the path names a moment later.
     let mode = file

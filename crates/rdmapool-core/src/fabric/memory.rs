@@ -77,9 +77,12 @@ pub trait RegisteredMemory {
 pub fn check_range(total: usize, offset: usize, len: usize) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= total => Ok(()),
-        _ => Err(Error::InvalidArgument(format!(
-            "range {offset}+{len} outside registered memory of {total} bytes"
-        ))),
+        _ => Err(Error::OutOfRange {
+            what: "registered memory",
+            offset: offset as u64,
+            len: len as u64,
+            limit: total as u64,
+        }),
     }
 }
 

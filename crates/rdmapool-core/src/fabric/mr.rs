@@ -114,9 +114,10 @@ impl Mr {
         self.check_range(offset, 8)?;
         let addr = self.addr() + offset as u64;
         if !addr.is_multiple_of(8) {
-            return Err(Error::InvalidArgument(format!(
-                "address {addr:#x} is not 8-byte aligned"
-            )));
+            return Err(Error::Misaligned {
+                what: "atomic word",
+                addr,
+            });
         }
         // SAFETY: aligned, in bounds, and mapped for as long as the borrow of `self`.
         Ok(unsafe { &*(addr as *const AtomicU64) })

@@ -33,7 +33,7 @@ impl Context {
     /// `rdmapool::devices()` lists what can be opened.
     ///
     /// Fails with [`Error::ProviderUnavailable`](crate::Error::ProviderUnavailable) when the
-    /// provider cannot be used here and [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+    /// provider cannot be used here and [`Error::NoSuchDevice`](crate::Error::NoSuchDevice)
     /// (naming the devices there are) for a device that does not exist.
     ///
     /// ```
@@ -53,12 +53,11 @@ impl Context {
         }
         if let Some(name) = options.device() {
             if !status.devices.iter().any(|d| d.name == name) {
-                let known: Vec<_> = status.devices.iter().map(|d| d.name.as_str()).collect();
-                return Err(crate::Error::InvalidArgument(format!(
-                    "no {} device {name:?} (devices: {})",
-                    provider.kind(),
-                    known.join(", ")
-                )));
+                return Err(Error::NoSuchDevice {
+                    provider: provider.kind(),
+                    name: name.into(),
+                    known: status.devices.into_iter().map(|d| d.name).collect(),
+                });
             }
         }
         Ok(Self::from_ops(options.open_context()?))

@@ -31,10 +31,12 @@ const FRAME_MAGIC: u8 = 0xA7;
 /// ```
 pub fn encode_private_data(data: &[u8]) -> Result<Vec<u8>> {
     if data.len() > MAX_ACCEPT_PRIVATE_DATA {
-        return Err(Error::InvalidArgument(format!(
-            "{} bytes of private data: at most {MAX_ACCEPT_PRIVATE_DATA} fit",
-            data.len()
-        )));
+        return Err(Error::OutOfLimits {
+            what: "bytes of private data",
+            value: data.len() as u64,
+            min: 0,
+            max: MAX_ACCEPT_PRIVATE_DATA as u64,
+        });
     }
     let mut v = Vec::with_capacity(data.len() + 2);
     v.push(FRAME_MAGIC);
@@ -79,14 +81,17 @@ pub fn decode_private_data(raw: &[u8]) -> Result<&[u8]> {
     }
 }
 
-/// Refuses private data longer than `max` bytes for a `what` (request, accept, reject).
+/// Refuses private data longer than `max` bytes; `what` names it ("bytes of private data in
+/// an accept").
 #[doc(hidden)]
-pub fn check_private(data: &[u8], max: usize, what: &str) -> Result<()> {
+pub fn check_private(data: &[u8], max: usize, what: &'static str) -> Result<()> {
     if data.len() > max {
-        return Err(Error::InvalidArgument(format!(
-            "{} bytes of private data in a {what}: at most {max} fit",
-            data.len()
-        )));
+        return Err(Error::OutOfLimits {
+            what,
+            value: data.len() as u64,
+            min: 0,
+            max: max as u64,
+        });
     }
     Ok(())
 }

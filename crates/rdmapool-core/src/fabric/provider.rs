@@ -1,5 +1,5 @@
 //! The provider interface: what a provider implements so that the public objects
-//! ([`Context`](super::Context), [`Pd`](super::Pd), [`Cq`](super::Cq), [`Qp`](super::Qp),
+//! ([`Context`](super::Context), [`Pd`], [`Cq`], [`Qp`],
 //! [`Mr`](super::Mr), [`Mw`](super::Mw)) run on it. The `soft` and `verbs` providers live in
 //! crates of their own (`rdmapool-soft`, `rdmapool-verbs`) and implement these traits; the
 //! public objects wrap them and do every check that all providers share (limits, SGE counts,
@@ -10,12 +10,14 @@
 //! takes any such options. Everything a provider opens then hangs off its [`ContextOps`].
 
 use super::{
-    AccessFlags, Completion, DeviceInfo, Endpoint, ProviderKind, ProviderStatus, QpCapacity,
-    QpConfig, QpState, RecvWr, SendWr,
+    AccessFlags, Completion, Cq, DeviceInfo, Endpoint, Pd, ProviderKind, ProviderStatus, Qp,
+    QpCapacity, QpConfig, QpState, RecvWr, SendWr,
 };
 use crate::Result;
 use std::any::Any;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// One provider: which it is, and its devices (or why it cannot be used here).
 pub trait Provider: Sync {
@@ -23,6 +25,65 @@ pub trait Provider: Sync {
     fn kind(&self) -> ProviderKind;
     /// Whether it can be used here: its devices, or why not.
     fn status(&self) -> ProviderStatus;
+    /// The provider's own connection manager, if it has one (RDMA CM on verbs). rdmapool's
+    /// TCP CM port (`rdmapool::conn`) works with every provider; this is the native one.
+    fn connection_manager(&self) -> Option<&'static dyn ConnectionManager> {
+        None
+    }
+}
+
+/// A provider's own connection manager (on verbs, RDMA CM): listen, take a request with its
+/// private data, accept or reject it, connect. The QPs are the caller's, made on the given PD
+/// and CQs; the manager moves them to RTS. Private data crosses this interface unframed on
+/// the way in and, from `connect` and `raw_private_data`, as it arrived (framed and padded).
+pub trait ConnectionManager: Sync {
+    /// Listens for connection requests on `addr` (port 0 picks one).
+    fn listen(&self, addr: SocketAddr) -> Result<Box<dyn CmListenerOps>>;
+    /// Connects to a listener at `addr`, sending `private_data`, with a QP on `pd` and these
+    /// CQs; returns the QP (in RTS) and the acceptor's private data as it arrived.
+    #[allow(clippy::too_many_arguments)]
+    fn connect(
+        &self,
+        addr: SocketAddr,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        cfg: &QpConfig,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<(Qp, Vec<u8>)>;
+}
+
+/// A listener of a provider's connection manager.
+pub trait CmListenerOps: Send + Sync {
+    /// The address it listens on (the port chosen when 0 was asked).
+    fn local_addr(&self) -> SocketAddr;
+    /// The next connection request, waiting up to `timeout`. A request whose private data
+    /// is not framed is rejected and reported as `Error::BadPrivateData`.
+    fn get_request(&self, timeout: Duration) -> Result<Box<dyn CmRequestOps>>;
+}
+
+/// A connection request of a provider's connection manager, waiting for an answer.
+pub trait CmRequestOps: Send + Sync {
+    /// The requester's private data, unframed.
+    fn private_data(&self) -> &[u8];
+    /// The private data as it arrived (framed and padded).
+    fn raw_private_data(&self) -> &[u8];
+    /// The requester's address, if the manager knows it.
+    fn peer_addr(&self) -> Option<SocketAddr>;
+    /// Accepts: a QP on `pd` and these CQs, moved to RTS once the requester is ready, with
+    /// `private_data` sent back; waits up to `timeout`.
+    fn accept(
+        self: Box<Self>,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        cfg: &QpConfig,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<Qp>;
+    /// Rejects, with `private_data` sent back.
+    fn reject(self: Box<Self>, private_data: &[u8]) -> Result<()>;
 }
 
 /// A provider's own options for opening a context (`SoftConfig`, `VerbsConfig`, or the
@@ -134,9 +195,10 @@ impl BindSpec {
         let remote =
             AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
         if !remote.contains(access) {
-            return Err(crate::Error::InvalidArgument(format!(
-                "a window grants remote rights only, not {access:?}"
-            )));
+            return Err(crate::Error::BadAccess {
+                access,
+                reason: "a window grants remote rights only",
+            });
         }
         super::check_range(mem.len(), offset, len)?;
         let sge = mem.sge(offset, 0)?;

@@ -88,17 +88,20 @@ impl QpConfig {
     #[doc(hidden)]
     pub fn check(&self, dev: &super::DeviceInfo) -> crate::Result<()> {
         let max = dev.max_qp_wr;
-        if self.max_send_wr == 0 || self.max_send_wr > max || self.max_recv_wr > max {
-            return Err(crate::Error::InvalidArgument(format!(
-                "queue depths {}/{}: send must be 1..={max}, receive 0..={max}",
-                self.max_send_wr, self.max_recv_wr
-            )));
+        let limit = |what, value: u32, min, max: u32| crate::Error::OutOfLimits {
+            what,
+            value: value.into(),
+            min,
+            max: max.into(),
+        };
+        if self.max_send_wr == 0 || self.max_send_wr > max {
+            return Err(limit("send queue depth", self.max_send_wr, 1, max));
+        }
+        if self.max_recv_wr > max {
+            return Err(limit("receive queue depth", self.max_recv_wr, 0, max));
         }
         if self.max_sge == 0 || self.max_sge > dev.max_sge {
-            return Err(crate::Error::InvalidArgument(format!(
-                "max_sge {}: must be 1..={}",
-                self.max_sge, dev.max_sge
-            )));
+            return Err(limit("max_sge", self.max_sge, 1, dev.max_sge));
         }
         Ok(())
     }

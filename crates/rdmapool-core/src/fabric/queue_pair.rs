@@ -302,10 +302,12 @@ impl Qp {
 
     fn check_sges(&self, n: usize) -> Result<()> {
         if n > self.max_sge {
-            return Err(Error::InvalidArgument(format!(
-                "{n} SGEs, the QP allows {}",
-                self.max_sge
-            )));
+            return Err(Error::OutOfLimits {
+                what: "SGEs in a work request",
+                value: n as u64,
+                min: 0,
+                max: self.max_sge as u64,
+            });
         }
         Ok(())
     }

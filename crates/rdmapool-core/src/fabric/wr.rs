@@ -47,10 +47,12 @@ impl RemoteRegion {
     /// The address `offset` bytes into the region, checked against its length.
     pub fn at(&self, offset: u64) -> Result<RemoteAddr> {
         if offset > self.len {
-            return Err(Error::InvalidArgument(format!(
-                "offset {offset} beyond remote region of {} bytes",
-                self.len
-            )));
+            return Err(Error::OutOfRange {
+                what: "remote region",
+                offset,
+                len: 0,
+                limit: self.len,
+            });
         }
         Ok(RemoteAddr {
             addr: self.addr + offset,
@@ -217,24 +219,24 @@ impl SendWr<'_> {
     pub fn validate(&self) -> Result<()> {
         if let WrOp::LocalInvalidate { .. } = self.op {
             if !self.sg_list.is_empty() {
-                return Err(Error::InvalidArgument(format!(
-                    "work request {}: a local invalidate takes no SGEs",
-                    self.wr_id
-                )));
+                return Err(Error::BadWorkRequest {
+                    wr_id: self.wr_id,
+                    reason: "a local invalidate takes no SGEs",
+                });
             }
         }
         if let WrOp::CompareSwap { remote, .. } | WrOp::FetchAdd { remote, .. } = self.op {
             if !remote.addr.is_multiple_of(8) {
-                return Err(Error::InvalidArgument(format!(
-                    "work request {}: atomic target {:#x} is not 8-byte aligned",
-                    self.wr_id, remote.addr
-                )));
+                return Err(Error::Misaligned {
+                    what: "atomic target",
+                    addr: remote.addr,
+                });
             }
             if self.sg_list.len() != 1 || self.sg_list[0].length != 8 {
-                return Err(Error::InvalidArgument(format!(
-                    "work request {}: an atomic needs one 8-byte local SGE for the old value",
-                    self.wr_id
-                )));
+                return Err(Error::BadWorkRequest {
+                    wr_id: self.wr_id,
+                    reason: "an atomic needs one 8-byte local SGE for the old value",
+                });
             }
         }
         Ok(())

@@ -30,10 +30,12 @@ impl Mapping {
     #[doc(hidden)]
     pub fn new(len: usize) -> Result<Self> {
         let page = page_size();
-        let len = len
-            .checked_add(page - 1)
-            .ok_or_else(|| Error::InvalidArgument(format!("length {len} too large")))?
-            & !(page - 1);
+        let len = len.checked_add(page - 1).ok_or(Error::OutOfLimits {
+            what: "mapping length",
+            value: len as u64,
+            min: 1,
+            max: (usize::MAX - (page - 1)) as u64,
+        })? & !(page - 1);
         // SAFETY: the name is a valid NUL-terminated string; flags are valid.
         let raw = unsafe { libc::memfd_create(c"rdmapool-mr".as_ptr(), libc::MFD_CLOEXEC) };
         if raw < 0 {

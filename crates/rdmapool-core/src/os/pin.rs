@@ -37,7 +37,12 @@ fn page_bounds(addr: usize, len: usize) -> Result<(usize, usize)> {
     let end = addr
         .checked_add(len)
         .and_then(|e| e.checked_add(page - 1))
-        .ok_or_else(|| Error::InvalidArgument(format!("range {addr:#x}+{len} overflows")))?;
+        .ok_or(Error::OutOfLimits {
+            what: "start address of the range to pin",
+            value: addr as u64,
+            min: 0,
+            max: usize::MAX.saturating_sub(len).saturating_sub(page - 1) as u64,
+        })?;
     Ok((addr & !(page - 1), end & !(page - 1)))
 }
 

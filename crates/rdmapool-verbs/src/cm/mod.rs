@@ -7,6 +7,7 @@
 mod id;
 
 use super::qp::VerbsQp;
+use crate::fabric::provider::{CmListenerOps, CmRequestOps, ConnectionManager};
 use crate::fabric::{Cq, Pd, Qp, QpConfig};
 use crate::{Error, Result};
 use id::{cm_err, sockaddr_of, CmId, Event};
@@ -75,8 +76,33 @@ fn check_device(id: &CmId, pd: &Pd) -> Result<()> {
     Ok(())
 }
 
+/// RDMA CM as the verbs provider's connection manager.
+pub(crate) struct RdmaCm;
+
+/// The verbs provider's connection manager.
+pub(crate) static RDMA_CM: RdmaCm = RdmaCm;
+
+impl ConnectionManager for RdmaCm {
+    fn listen(&self, addr: SocketAddr) -> Result<Box<dyn CmListenerOps>> {
+        Ok(Box::new(CmListener::bind(addr)?))
+    }
+
+    fn connect(
+        &self,
+        addr: SocketAddr,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        cfg: &QpConfig,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<(Qp, Vec<u8>)> {
+        connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout)
+    }
+}
+
 /// A listening RDMA CM id.
-pub struct CmListener {
+struct CmListener {
     cm: CmId,
     addr: SocketAddr,
 }
@@ -88,7 +114,7 @@ const LISTEN_BACKLOG: i32 = 1024;
 
 impl CmListener {
     /// Listens on `addr` (an address of an RDMA device's netdev, or 0.0.0.0).
-    pub fn bind(addr: SocketAddr) -> Result<Self> {
+    fn bind(addr: SocketAddr) -> Result<Self> {
         let cm = CmId::new()?;
         let (mut ss, _) = sockaddr_of(addr);
         // SAFETY: a live id and a sockaddr of the right family.
@@ -108,14 +134,14 @@ impl CmListener {
             addr: SocketAddr::new(addr.ip(), port),
         })
     }
+}
 
-    /// The address it listens on (the port chosen when 0 was asked).
-    pub fn local_addr(&self) -> SocketAddr {
+impl CmListenerOps for CmListener {
+    fn local_addr(&self) -> SocketAddr {
         self.addr
     }
 
-    /// The next connection request, waiting up to `timeout`.
-    pub fn get_request(&self, timeout: Duration) -> Result<CmRequest> {
+    fn get_request(&self, timeout: Duration) -> Result<Box<dyn CmRequestOps>> {
         let deadline = Instant::now() + timeout;
         loop {
             let ev = self.cm.next_event(deadline, "a connection request")?;
@@ -126,13 +152,13 @@ impl CmListener {
             let cm = CmId::adopt(self.cm.rc, ev.new_id)?;
             match crate::fabric::private_data::decode_private_data(&ev.private) {
                 Ok(private) => {
-                    return Ok(CmRequest {
+                    return Ok(Box::new(CmRequest {
                         private: private.to_vec(),
                         raw: ev.private,
                         initiator_depth: ev.initiator_depth,
                         responder_resources: ev.responder_resources,
                         cm,
-                    })
+                    }))
                 }
                 Err(e) => {
                     tracing::warn!("rejecting a connection request: {e}");
@@ -149,7 +175,7 @@ impl CmListener {
 }
 
 /// A connection request waiting for an answer.
-pub struct CmRequest {
+struct CmRequest {
     cm: CmId,
     private: Vec<u8>,
     raw: Vec<u8>,
@@ -157,25 +183,21 @@ pub struct CmRequest {
     responder_resources: u8,
 }
 
-impl CmRequest {
-    /// The requester's private data, unframed.
-    pub fn private_data(&self) -> &[u8] {
+impl CmRequestOps for CmRequest {
+    fn private_data(&self) -> &[u8] {
         &self.private
     }
 
-    /// The private data as it arrived (framed and padded).
-    pub fn raw_private_data(&self) -> &[u8] {
+    fn raw_private_data(&self) -> &[u8] {
         &self.raw
     }
 
-    /// The requester's address, if RDMA CM knows it.
-    pub fn peer_addr(&self) -> Option<SocketAddr> {
+    fn peer_addr(&self) -> Option<SocketAddr> {
         self.cm.peer_addr()
     }
 
-    /// Accepts: a QP on `pd` and these CQs, moved to RTS, with `private` sent back.
-    pub fn accept(
-        self,
+    fn accept(
+        self: Box<Self>,
         pd: &Pd,
         send_cq: &Cq,
         recv_cq: &Cq,
@@ -220,8 +242,7 @@ impl CmRequest {
         Ok(qp.with_connection(Box::new(Established(self.cm))))
     }
 
-    /// Rejects, with `private` sent back.
-    pub fn reject(self, private: &[u8]) -> Result<()> {
+    fn reject(self: Box<Self>, private: &[u8]) -> Result<()> {
         let framed = crate::fabric::private_data::encode_private_data(private)?;
         // SAFETY: a live id from the request; the data lives for the call.
         if unsafe {
@@ -236,7 +257,7 @@ impl CmRequest {
 
 /// Connects to an RDMA CM listener; returns the QP (RTS) and the acceptor's private data as
 /// it arrived (framed and padded).
-pub fn connect(
+fn connect(
     addr: SocketAddr,
     pd: &Pd,
     send_cq: &Cq,

@@ -9,7 +9,7 @@
 //! frame that says where the data ends (RDMA CM pads what it delivers; docs/PROTOCOL.md has
 //! the bytes, and [`encode_private_data`]/[`decode_private_data`] implement them for any
 //! transport). Both managers check the same limits, the TCP one included; longer private
-//! data is [`Error::InvalidArgument`](crate::Error::InvalidArgument), never cut.
+//! data is [`Error::OutOfLimits`], never cut.
 //!
 //! ```
 //! use rdmapool::conn::*;
@@ -65,8 +65,9 @@ pub use crate::fabric::private_data::{
 };
 
 use crate::fabric::private_data::check_private;
+use crate::fabric::provider::{CmListenerOps, CmRequestOps, ConnectionManager};
 use crate::fabric::{Cq, Pd, ProviderKind, Qp, QpConfig};
-use crate::Result;
+use crate::{Error, Result};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -77,6 +78,21 @@ pub enum Manager {
     Tcp,
     /// librdmacm (verbs provider); interoperates with C peers on rdma-core.
     RdmaCm,
+}
+
+impl Manager {
+    /// The provider connection manager behind a native manager (RDMA CM: the verbs
+    /// provider's), reached through the provider interface; `None` for the TCP CM port.
+    fn native(self) -> Result<Option<&'static dyn ConnectionManager>> {
+        let kind = match self {
+            Manager::Tcp => return Ok(None),
+            Manager::RdmaCm => ProviderKind::Verbs,
+        };
+        crate::providers::find(kind)
+            .connection_manager()
+            .map(Some)
+            .ok_or_else(|| Error::Unsupported(format!("the {kind} provider has no {self:?}")))
+    }
 }
 
 impl From<ProviderKind> for Manager {
@@ -104,7 +120,7 @@ pub struct Listener {
 
 enum ListenerKind {
     Tcp(pending::CmPort),
-    RdmaCm(crate::verbs::cm::CmListener),
+    Native(Manager, Box<dyn CmListenerOps>),
 }
 
 impl Listener {
@@ -113,19 +129,20 @@ impl Listener {
     /// RDMA CM id to an address of an RDMA device's netdev (it needs rdma-core and a device:
     /// otherwise a typed error says what is missing).
     pub fn bind(manager: impl Into<Manager>, addr: SocketAddr) -> Result<Self> {
-        match manager.into() {
-            Manager::Tcp => {
+        let manager = manager.into();
+        match manager.native()? {
+            None => {
                 let (listener, addr) = tcp::listen(addr)?;
                 Ok(Self {
                     kind: ListenerKind::Tcp(listener),
                     addr,
                 })
             }
-            Manager::RdmaCm => {
-                let l = crate::verbs::cm::CmListener::bind(addr)?;
+            Some(native) => {
+                let l = native.listen(addr)?;
                 let addr = l.local_addr();
                 Ok(Self {
-                    kind: ListenerKind::RdmaCm(l),
+                    kind: ListenerKind::Native(manager, l),
                     addr,
                 })
             }
@@ -136,7 +153,7 @@ impl Listener {
     pub fn manager(&self) -> Manager {
         match self.kind {
             ListenerKind::Tcp(_) => Manager::Tcp,
-            ListenerKind::RdmaCm(_) => Manager::RdmaCm,
+            ListenerKind::Native(m, _) => m,
         }
     }
 
@@ -156,9 +173,9 @@ impl Listener {
     pub fn get_request(&self, timeout: Duration) -> Result<ConnRequest> {
         let port = match &self.kind {
             ListenerKind::Tcp(p) => p,
-            ListenerKind::RdmaCm(l) => {
+            ListenerKind::Native(_, l) => {
                 return Ok(ConnRequest {
-                    kind: RequestKind::RdmaCm(l.get_request(timeout)?),
+                    kind: RequestKind::Native(l.get_request(timeout)?),
                     timeout,
                 })
             }
@@ -178,7 +195,7 @@ pub struct ConnRequest {
 
 enum RequestKind {
     Tcp(tcp::TcpRequest),
-    RdmaCm(crate::verbs::cm::CmRequest),
+    Native(Box<dyn CmRequestOps>),
 }
 
 impl ConnRequest {
@@ -186,7 +203,7 @@ impl ConnRequest {
     pub fn private_data(&self) -> &[u8] {
         match &self.kind {
             RequestKind::Tcp(r) => r.private_data(),
-            RequestKind::RdmaCm(r) => r.private_data(),
+            RequestKind::Native(r) => r.private_data(),
         }
     }
 
@@ -196,7 +213,7 @@ impl ConnRequest {
     pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
         match &self.kind {
             RequestKind::Tcp(r) => Some(r.peer()),
-            RequestKind::RdmaCm(r) => r.peer_addr(),
+            RequestKind::Native(r) => r.peer_addr(),
         }
     }
 
@@ -205,7 +222,7 @@ impl ConnRequest {
     pub fn raw_private_data(&self) -> &[u8] {
         match &self.kind {
             RequestKind::Tcp(r) => r.private_data(),
-            RequestKind::RdmaCm(r) => r.raw_private_data(),
+            RequestKind::Native(r) => r.raw_private_data(),
         }
     }
 
@@ -223,12 +240,16 @@ impl ConnRequest {
         cfg: &QpConfig,
         private_data: &[u8],
     ) -> Result<Qp> {
-        check_private(private_data, MAX_ACCEPT_PRIVATE_DATA, "accept")?;
+        check_private(
+            private_data,
+            MAX_ACCEPT_PRIVATE_DATA,
+            "bytes of private data in an accept",
+        )?;
         // The requester's last message comes a round trip or two after ours (more on a lossy
         // link): not bounded by how often the caller polls for requests.
         let timeout = self.timeout.max(cfg.timeout);
         let r = match self.kind {
-            RequestKind::RdmaCm(r) => r.accept(pd, send_cq, recv_cq, cfg, private_data, timeout),
+            RequestKind::Native(r) => r.accept(pd, send_cq, recv_cq, cfg, private_data, timeout),
             RequestKind::Tcp(r) => r.accept(pd, send_cq, recv_cq, cfg, private_data, timeout),
         };
         pd.recorder().record_connection(false, r.is_ok());
@@ -240,9 +261,13 @@ impl ConnRequest {
     ///
     /// [`Error::Rejected`]: crate::Error::Rejected
     pub fn reject(self, private_data: &[u8]) -> Result<()> {
-        check_private(private_data, MAX_REJECT_PRIVATE_DATA, "reject")?;
+        check_private(
+            private_data,
+            MAX_REJECT_PRIVATE_DATA,
+            "bytes of private data in a reject",
+        )?;
         match self.kind {
-            RequestKind::RdmaCm(r) => r.reject(private_data),
+            RequestKind::Native(r) => r.reject(private_data),
             RequestKind::Tcp(r) => r.reject(private_data),
         }
     }
@@ -280,7 +305,11 @@ pub fn connect(
     private_data: &[u8],
     timeout: Duration,
 ) -> Result<Connection> {
-    check_private(private_data, MAX_CONNECT_PRIVATE_DATA, "connection request")?;
+    check_private(
+        private_data,
+        MAX_CONNECT_PRIVATE_DATA,
+        "bytes of private data in a connection request",
+    )?;
     let r = connect_with(
         manager.into(),
         addr,
@@ -306,11 +335,11 @@ fn connect_with(
     private_data: &[u8],
     timeout: Duration,
 ) -> Result<Connection> {
-    match manager {
-        Manager::Tcp => tcp::connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout),
-        Manager::RdmaCm => {
+    match manager.native()? {
+        None => tcp::connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout),
+        Some(native) => {
             let (qp, raw) =
-                crate::verbs::cm::connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout)?;
+                native.connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout)?;
             // On a bad frame the QP (and with it the connection) is dropped here.
             let private = decode_private_data(&raw)?.to_vec();
             Ok(Connection {

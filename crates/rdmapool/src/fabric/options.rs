@@ -49,12 +49,11 @@ impl ProviderOptions {
                 if let Some(d) = device {
                     let status = rdmapool_soft::PROVIDER.status();
                     if !status.devices.iter().any(|x| x.name == d) {
-                        let known: Vec<_> =
-                            status.devices.iter().map(|x| x.name.as_str()).collect();
-                        return Err(Error::InvalidArgument(format!(
-                            "no soft device {d:?} (devices: {})",
-                            known.join(", ")
-                        )));
+                        return Err(Error::NoSuchDevice {
+                            provider,
+                            name: d.into(),
+                            known: status.devices.into_iter().map(|x| x.name).collect(),
+                        });
                     }
                 }
                 Self::Soft(SoftConfig::from_env()?)

@@ -101,7 +101,10 @@ fn oversized_private_data_is_refused_on_both_sides() {
         &too_long,
         T,
     );
-    assert!(matches!(r, Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        r,
+        Err(Error::OutOfLimits { max, .. }) if max == MAX_CONNECT_PRIVATE_DATA as u64
+    ));
     let l = listener();
     let addr = l.local_addr();
     std::thread::scope(|s| {
@@ -115,7 +118,10 @@ fn oversized_private_data_is_refused_on_both_sides() {
                 &QpConfig::default(),
                 &big,
             );
-            assert!(matches!(r, Err(Error::InvalidArgument(_))));
+            assert!(matches!(
+                r,
+                Err(Error::OutOfLimits { max, .. }) if max == MAX_ACCEPT_PRIVATE_DATA as u64
+            ));
         });
         // The request is dropped unanswered: the requester sees a closed connection.
         let r = connect(
@@ -325,7 +331,7 @@ fn private_data_frames_are_exact_and_bad_ones_are_typed_errors() {
     assert!(encode_private_data(&[0; MAX_ACCEPT_PRIVATE_DATA]).is_ok());
     assert!(matches!(
         encode_private_data(&[0; MAX_ACCEPT_PRIVATE_DATA + 1]),
-        Err(Error::InvalidArgument(_))
+        Err(Error::OutOfLimits { .. })
     ));
 }
 
@@ -355,7 +361,10 @@ fn the_natural_manager_follows_the_provider_and_a_reject_fits_a_rej() {
             // A reason longer than an InfiniBand REJ carries is refused, not cut.
             let long = vec![b'x'; MAX_REJECT_PRIVATE_DATA + 1];
             let req = l.get_request(T).unwrap();
-            assert!(matches!(req.reject(&long), Err(Error::InvalidArgument(_))));
+            assert!(matches!(
+                req.reject(&long),
+                Err(Error::OutOfLimits { max, .. }) if max == MAX_REJECT_PRIVATE_DATA as u64
+            ));
             l.get_request(T)
                 .unwrap()
                 .reject(&long[..MAX_REJECT_PRIVATE_DATA])

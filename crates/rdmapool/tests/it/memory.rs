@@ -134,7 +134,7 @@ fn a_failed_registration_gives_the_buffer_back() {
         a.pd.register(Vec::new(), AccessFlags::LOCAL_WRITE)
             .unwrap_err();
     assert!(
-        matches!(err.error, rdmapool::Error::InvalidArgument(_)),
+        matches!(err.error, rdmapool::Error::OutOfLimits { value: 0, .. }),
         "{err}"
     );
     // REMOTE_WRITE without LOCAL_WRITE is invalid in verbs: refused, buffer returned intact.

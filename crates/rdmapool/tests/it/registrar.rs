@@ -70,16 +70,19 @@ fn callbacks_see_the_outcome_and_the_handle_still_delivers_it() {
 fn bad_requests_fail_fast_without_retries() {
     let (n, reg) = registrar(1);
     let zero = reg.submit(0, ALL);
-    assert!(matches!(zero.wait(), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        zero.wait(),
+        Err(Error::OutOfLimits { value: 0, .. })
+    ));
     assert_eq!(zero.state(), RegState::Failed);
     let no_local_write = reg.submit(4096, AccessFlags::REMOTE_WRITE);
     assert!(matches!(
         no_local_write.wait(),
-        Err(Error::InvalidArgument(_))
+        Err(Error::BadAccess { .. })
     ));
     // SAFETY: a null address is refused before anything touches it.
     let null = unsafe { reg.submit_raw(std::ptr::null_mut(), 64, ALL) };
-    assert!(matches!(null.wait(), Err(Error::InvalidArgument(_))));
+    assert!(matches!(null.wait(), Err(Error::NullAddress { .. })));
     let s = reg.stats();
     assert_eq!((s.failed, s.retries), (3, 0));
     assert_eq!(n.ctx.live_regions(), 0);

@@ -388,7 +388,15 @@ async fn async_operations_give_the_buffer_back_with_the_outcome() {
             .write(buf, 4000, 200, s.target.remote_at(0).unwrap())
             .await;
         assert!(
-            matches!(r, Err(rdmapool::Error::InvalidArgument(_))),
+            matches!(
+                r,
+                Err(rdmapool::Error::OutOfRange {
+                    offset: 4000,
+                    len: 200,
+                    limit: 4096,
+                    ..
+                })
+            ),
             "{r:?}"
         );
         assert_eq!(buf.len(), 4096);

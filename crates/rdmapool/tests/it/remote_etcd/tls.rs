@@ -82,7 +82,7 @@ fn etcd_over_tls_with_authentication_admits_only_holders_of_the_credentials() {
             ..pki.client()
         });
         match EtcdMembership::new(&c) {
-            Err(Error::InvalidArgument(m)) => assert!(m.contains("chmod 600"), "{m}"),
+            Err(Error::BadKey { reason, .. }) => assert!(reason.contains("chmod 600"), "{reason}"),
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("a key file of mode 0644 was taken"),
         }
