@@ -187,12 +187,11 @@ impl BufferPool {
     /// refuses is [`Error::MemlockLimit`], whose message says how to raise the limit.
     pub fn new(pd: Pd, cfg: PoolConfig) -> Result<Self> {
         cfg.access.validate()?;
-        let served = class_of(cfg.largest.max(1)).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "pool: largest buffer {} is over {} bytes",
-                cfg.largest,
-                CLASSES[CLASSES.len() - 1]
-            ))
+        let served = class_of(cfg.largest.max(1)).ok_or(Error::OutOfLimits {
+            what: "PoolConfig::largest (bytes)",
+            value: cfg.largest as u64,
+            min: 1,
+            max: CLASSES[CLASSES.len() - 1] as u64,
         })? + 1;
         // The first round: one chunk shared by the classes below 2 MiB, one for 2 MiB.
         let first = 1 + usize::from(served == CLASSES.len());
@@ -201,11 +200,13 @@ impl BufferPool {
             n => (n - 1).saturating_mul(served).saturating_add(first),
         };
         if cfg.max_chunks == 0 || initial > cfg.max_chunks {
-            return Err(Error::InvalidArgument(format!(
-                "pool: {} chunks per class for {served} classes need {initial} chunks, more \
-                 than max_chunks {} (which must be positive)",
-                cfg.chunks_per_class, cfg.max_chunks
-            )));
+            // max_chunks must be positive and hold the chunks_per_class the classes start with.
+            return Err(Error::OutOfLimits {
+                what: "PoolConfig::max_chunks (chunks_per_class x classes served)",
+                value: cfg.max_chunks as u64,
+                min: initial.max(1) as u64,
+                max: usize::MAX as u64,
+            });
         }
         let recorder = pd.recorder().clone();
         let registrar = Registrar::new(
@@ -267,10 +268,12 @@ impl BufferPool {
         let s = &self.shared;
         if s.chunk_count.fetch_add(1, Ordering::AcqRel) >= s.cfg.max_chunks {
             s.chunk_count.fetch_sub(1, Ordering::AcqRel);
-            return Err(Error::InvalidArgument(format!(
-                "pool is at its {} chunk limit",
-                s.cfg.max_chunks
-            )));
+            return Err(Error::OutOfLimits {
+                what: "chunks of the pool",
+                value: s.cfg.max_chunks as u64 + 1,
+                min: 1,
+                max: s.cfg.max_chunks as u64,
+            });
         }
         let memory = HugeRegion::alloc(HUGE_PAGE, HugeOptions::default())?;
         // SAFETY: `memory` is kept with the handle and then with the chunk, so it outlives
@@ -342,11 +345,11 @@ impl BufferPool {
         let served = self.shared.served;
         let class = class_of(len)
             .filter(|&c| len > 0 && c < served)
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "this pool's buffers are 1..={} bytes, not {len}",
-                    CLASSES[served - 1]
-                ))
+            .ok_or(Error::OutOfLimits {
+                what: "buffer length",
+                value: len as u64,
+                min: 1,
+                max: CLASSES[served - 1] as u64,
             })?;
         let s = &self.shared;
         let slot = CACHE

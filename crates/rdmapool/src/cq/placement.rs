@@ -33,9 +33,12 @@ impl CqPool {
     /// Creates `count` CQs of `depth` entries on `ctx`.
     pub fn new(ctx: &Context, count: usize, depth: u32) -> Result<Self> {
         if count == 0 {
-            return Err(Error::InvalidArgument(
-                "a CQ pool needs at least one CQ".into(),
-            ));
+            return Err(Error::OutOfLimits {
+                what: "CQs in a CQ pool",
+                value: 0,
+                min: 1,
+                max: u32::MAX.into(),
+            });
         }
         let cqs = (0..count)
             .map(|_| ctx.create_cq(depth))
@@ -46,9 +49,12 @@ impl CqPool {
     /// A pool of CQs made elsewhere (at least one).
     pub fn from_cqs(cqs: Vec<Cq>) -> Result<Self> {
         if cqs.is_empty() {
-            return Err(Error::InvalidArgument(
-                "a CQ pool needs at least one CQ".into(),
-            ));
+            return Err(Error::OutOfLimits {
+                what: "CQs in a CQ pool",
+                value: 0,
+                min: 1,
+                max: u32::MAX.into(),
+            });
         }
         Ok(Self {
             reserved: cqs.iter().map(|_| AtomicU64::new(0)).collect(),

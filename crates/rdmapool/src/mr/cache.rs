@@ -85,7 +85,12 @@ impl CachedMr {
     pub fn sge_at_ptr(&self, addr: *const u8, len: u32) -> Result<Sge> {
         let off = (addr as usize)
             .checked_sub(self.addr)
-            .ok_or_else(|| Error::InvalidArgument("address before the cached range".into()))?;
+            .ok_or(Error::OutOfRange {
+                what: "cached range (an address before it)",
+                offset: 0,
+                len: len.into(),
+                limit: self.len as u64,
+            })?;
         self.sge(off, len)
     }
     /// The remote address of `addr` for a peer.
@@ -219,15 +224,26 @@ impl RegCache {
     /// The range must be mapped memory of this process while the returned handle is used
     /// (the [`Pd::register_raw`] contract); unmapping it later is fine — the cache notices.
     pub unsafe fn get(&self, addr: *const u8, len: usize) -> Result<CachedMr> {
-        if addr.is_null() || len == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "cannot cache {len} bytes at {addr:p}"
-            )));
+        if addr.is_null() {
+            return Err(Error::NullAddress {
+                what: "memory to cache",
+            });
+        }
+        if len == 0 {
+            return Err(Error::OutOfLimits {
+                what: "bytes to cache",
+                value: 0,
+                min: 1,
+                max: usize::MAX as u64,
+            });
         }
         let a = addr as usize;
-        let want_end = a
-            .checked_add(len)
-            .ok_or_else(|| Error::InvalidArgument("range overflows".into()))?;
+        let want_end = a.checked_add(len).ok_or(Error::OutOfLimits {
+            what: "bytes to cache at this address",
+            value: len as u64,
+            min: 1,
+            max: (usize::MAX - a) as u64,
+        })?;
         let tick = self.counters.tick.fetch_add(1, Ordering::Relaxed);
         // No lookup while the monitor applies an unmap it has just read (see monitor::gate).
         let _gate = self.monitor.is_ok().then(super::monitor::gate);

@@ -27,22 +27,27 @@ impl ChunkedMr {
     /// The registration covering `[addr, addr+len)`; an error if the range leaves the
     /// region or straddles two chunks (an object must live inside one registration).
     pub fn region_for(&self, addr: *const u8, len: usize) -> Result<&Mr> {
+        let total = self.mrs.iter().map(|m| m.len() as u64).sum();
+        let outside = |offset: usize| Error::OutOfRange {
+            what: "chunked region",
+            offset: offset as u64,
+            len: len as u64,
+            limit: total,
+        };
         let off = (addr as usize)
             .checked_sub(self.start)
-            .ok_or_else(|| Error::InvalidArgument("address before the region".into()))?;
+            .ok_or_else(|| outside(0))?;
         let i = off / self.chunk;
-        let mr = self
-            .mrs
-            .get(i)
-            .ok_or_else(|| Error::InvalidArgument("address past the region".into()))?;
-        let end = off
-            .checked_add(len)
-            .ok_or_else(|| Error::InvalidArgument("range overflows".into()))?;
+        let mr = self.mrs.get(i).ok_or_else(|| outside(off))?;
+        let end = off.checked_add(len).ok_or_else(|| outside(off))?;
         if len > 0 && (end - 1) / self.chunk != i || end > i * self.chunk + mr.len() {
-            return Err(Error::InvalidArgument(format!(
-                "range {off}+{len} straddles two registrations of {} bytes",
-                self.chunk
-            )));
+            // Inside the region but across two registrations: one work request cannot name it.
+            return Err(Error::OutOfRange {
+                what: "registration of the chunked region it starts in",
+                offset: (off - i * self.chunk) as u64,
+                len: len as u64,
+                limit: mr.len() as u64,
+            });
         }
         Ok(mr)
     }

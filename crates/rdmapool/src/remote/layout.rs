@@ -82,12 +82,19 @@ impl Layout {
     /// client slots.
     pub fn new(len: u64, chunk_size: u64, clients: u64) -> Result<Self> {
         if !chunk_size.is_power_of_two() || chunk_size < 64 * 1024 {
-            return Err(Error::InvalidArgument(format!(
-                "chunk size {chunk_size}: a power of two of at least 64 KiB"
-            )));
+            return Err(Error::BadSetting {
+                name: "chunk size".into(),
+                value: chunk_size.to_string(),
+                reason: "a power of two of at least 64 KiB".into(),
+            });
         }
         if clients == 0 {
-            return Err(Error::InvalidArgument("a pool needs client slots".into()));
+            return Err(Error::OutOfLimits {
+                what: "client slots of a pool",
+                value: 0,
+                min: 1,
+                max: MAX_CLIENT_SLOTS,
+            });
         }
         let chunk_count = (len / chunk_size).saturating_sub(1);
         let table_offset = (CLIENTS_OFFSET + clients * CLIENT_SLOT).next_multiple_of(4096);

@@ -30,13 +30,19 @@ impl StaticMembership {
         for line in text.lines() {
             let line = line.split('#').next().unwrap_or("");
             for item in line.split([',', ' ', '\t']).filter(|s| !s.is_empty()) {
-                servers.push(item.parse().map_err(|e| {
-                    Error::InvalidArgument(format!("server address {item:?}: {e} (want ip:port)"))
+                servers.push(item.parse().map_err(|e| Error::BadSetting {
+                    name: "server address".into(),
+                    value: item.into(),
+                    reason: format!("{e} (want ip:port)"),
                 })?);
             }
         }
         if servers.is_empty() {
-            return Err(Error::InvalidArgument("no server addresses given".into()));
+            return Err(Error::BadSetting {
+                name: "server addresses".into(),
+                value: text.into(),
+                reason: "no server address given".into(),
+            });
         }
         Ok(Self { servers })
     }
@@ -68,7 +74,7 @@ mod tests {
         assert_eq!(m.servers().unwrap().len(), 3);
         assert!(matches!(
             StaticMembership::parse("10.0.0.1"),
-            Err(Error::InvalidArgument(_))
+            Err(Error::BadSetting { .. })
         ));
         assert!(StaticMembership::parse("# nothing").is_err());
     }

@@ -158,7 +158,7 @@ fn huge_page_regions_are_aligned_report_their_backing_and_register() {
         assert!(
             matches!(
                 HugeRegion::alloc(bad, HugeOptions::default()),
-                Err(Error::InvalidArgument(_))
+                Err(Error::BadSetting { .. })
             ),
             "{bad}"
         );

@@ -260,7 +260,12 @@ impl AsyncQp {
             keep.push(local);
         }
         if keep.is_empty() {
-            refused = Some(Error::InvalidArgument("an empty batch".into()));
+            refused = Some(Error::OutOfLimits {
+                what: "work requests in a batch",
+                value: 0,
+                min: 1,
+                max: self.inner.depth(false) as u64,
+            });
         }
         match refused {
             Some(e) => OpFuture::failed(&self.inner, e, keep),

@@ -47,12 +47,12 @@ impl Progressors {
             }
             #[cfg(not(loom))]
             Progress::Event => {
-                let rt = tokio::runtime::Handle::try_current().map_err(|_| {
-                    Error::InvalidArgument(
-                        "event-driven progress needs a tokio runtime (create the engine \
-                         inside one)"
-                            .into(),
-                    )
+                let rt = tokio::runtime::Handle::try_current().map_err(|_| Error::BadSetting {
+                    name: "EngineConfig::progress".into(),
+                    value: "Event".into(),
+                    reason: "event-driven progress needs a tokio runtime (create the engine \
+                             inside one)"
+                        .into(),
                 })?;
                 let _in_runtime = rt.enter();
                 for i in 0..n {
@@ -75,7 +75,7 @@ impl Progressors {
             }
             #[cfg(loom)]
             Progress::Event => {
-                return Err(Error::InvalidArgument(
+                return Err(Error::Unsupported(
                     "event-driven progress is not built under loom".into(),
                 ))
             }

@@ -155,10 +155,12 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
         if spec.entries() > depth {
             return Self::failed(
                 qp,
-                Error::InvalidArgument(format!(
-                    "{} work requests at once, the queue holds {depth}",
-                    spec.entries()
-                )),
+                Error::OutOfLimits {
+                    what: "work requests posted at once",
+                    value: spec.entries() as u64,
+                    min: 1,
+                    max: depth as u64,
+                },
                 buf,
             );
         }

@@ -150,9 +150,12 @@ impl Engine {
     /// created inside a tokio runtime.
     pub fn new(cqs: Vec<Cq>, cfg: EngineConfig) -> Result<Self> {
         if cqs.is_empty() {
-            return Err(Error::InvalidArgument(
-                "an engine needs CQs and 1..=2^32-1 slots".into(),
-            ));
+            return Err(Error::OutOfLimits {
+                what: "CQs of an engine",
+                value: 0,
+                min: 1,
+                max: u32::MAX.into(),
+            });
         }
         Self::with_pool(CqPool::from_cqs(cqs)?, cfg)
     }
@@ -162,9 +165,12 @@ impl Engine {
     /// must be created inside a tokio runtime.
     pub fn with_pool(pool: CqPool, cfg: EngineConfig) -> Result<Self> {
         if cfg.slots == 0 || cfg.slots > u32::MAX as usize {
-            return Err(Error::InvalidArgument(
-                "an engine needs CQs and 1..=2^32-1 slots".into(),
-            ));
+            return Err(Error::OutOfLimits {
+                what: "EngineConfig::slots",
+                value: cfg.slots as u64,
+                min: 1,
+                max: u32::MAX.into(),
+            });
         }
         let n = pool.cqs().len();
         let shared = Arc::new(Shared {

@@ -100,11 +100,12 @@ impl Registrar {
     /// Starts `cfg.workers` worker threads registering on `pd` (1..=[`Self::MAX_WORKERS`]).
     pub fn new(pd: Pd, cfg: RegistrarConfig) -> Result<Self> {
         if cfg.workers == 0 || cfg.workers > Self::MAX_WORKERS {
-            return Err(Error::InvalidArgument(format!(
-                "a registrar takes 1 to {} workers, not {}",
-                Self::MAX_WORKERS,
-                cfg.workers
-            )));
+            return Err(Error::OutOfLimits {
+                what: "registrar workers",
+                value: cfg.workers as u64,
+                min: 1,
+                max: Self::MAX_WORKERS as u64,
+            });
         }
         let shared = Arc::new(Shared {
             latency: Mutex::new(stats::latency_histograms()),

@@ -115,7 +115,12 @@ impl PoolClient {
         cfg: ClientConfig,
     ) -> Result<Self> {
         if cfg.client_id == 0 {
-            return Err(Error::InvalidArgument("client id 0".into()));
+            return Err(Error::OutOfLimits {
+                what: "client id",
+                value: 0,
+                min: 1,
+                max: u64::MAX,
+            });
         }
         let pd = pd.clone();
         let cq = ctx.create_cq(8192)?;

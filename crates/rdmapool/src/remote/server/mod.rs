@@ -279,11 +279,12 @@ impl MemoryServer {
         )?;
         let layout = Layout::new(cfg.size as u64, cfg.chunk_size, cfg.clients)?;
         if cfg.lease < Duration::from_millis(10) || cfg.lease > layout::MAX_LEASE {
-            return Err(Error::InvalidArgument(format!(
-                "lease of {:?}: from 10 ms to {:?}",
-                cfg.lease,
-                layout::MAX_LEASE
-            )));
+            return Err(Error::OutOfLimits {
+                what: "lease (ms)",
+                value: cfg.lease.as_millis() as u64,
+                min: 10,
+                max: layout::MAX_LEASE.as_millis() as u64,
+            });
         }
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(4096)?;

@@ -137,7 +137,7 @@ async fn mixed_batches_post_once_and_signal_once() {
             .collect();
         assert!(matches!(
             s.qps[0].batch(too_many).await.0,
-            Err(rdmapool::Error::InvalidArgument(_))
+            Err(rdmapool::Error::OutOfLimits { min: 1, .. })
         ));
         // A batch with a bad request fails with its status (the QP then goes to ERR).
         let good = s.target.remote_at(0).unwrap();
