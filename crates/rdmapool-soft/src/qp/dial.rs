@@ -7,6 +7,7 @@ use crate::io;
 use crate::proto::handshake::{
     decode_hello_ack, Challenge, Hello, HelloStatus, CHALLENGE_LEN, HELLO_ACK_LEN,
 };
+use crate::proto::local::LocalPath;
 use crate::shm::{self, RemoteMr, RemoteQpState};
 use crate::Transport;
 use crate::{Error, Result};
@@ -24,7 +25,8 @@ pub(crate) struct LocalPeer {
     pub(crate) target_pd: u32,
     /// rkey -> the peer's mapped region, or None when it must go through the socket.
     pub(crate) maps: HashMap<u32, Option<Arc<RemoteMr>>>,
-    pub(crate) last_liveness_check: Instant,
+    /// When the peer's liveness is probed (the decisions, without I/O).
+    pub(crate) path: LocalPath,
 }
 
 /// Connects to the local socket `name` (`@name`: the abstract namespace; else a path).
@@ -172,7 +174,7 @@ fn handshake_after_challenge(
                 target_state: RemoteQpState::new(state_fd)?,
                 target_pd: u32::from_le_bytes([info[0], info[1], info[2], info[3]]),
                 maps: HashMap::default(),
-                last_liveness_check: Instant::now(),
+                path: LocalPath::new(Instant::now()),
             };
             Ok((fd, Some(local)))
         }

@@ -9,6 +9,7 @@ use crate::fabric::{
 };
 use crate::io::{self, IoVecs};
 use crate::keys::Window;
+use crate::proto::local::{LocalPath, Route};
 use crate::proto::requester::Entry;
 use crate::proto::wire::{ReqOp, Request, Response, RESP_LEN};
 use crate::shm::{self, FastOp, RemoteMr};
@@ -17,10 +18,7 @@ use crate::{Error, Result};
 use arrayvec::ArrayVec;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// How often the zero-copy path checks that the peer process is still there.
-const LIVENESS_INTERVAL: Duration = Duration::from_millis(1);
+use std::time::Instant;
 
 impl SoftQp {
     fn queue_full(&self) -> Error {
@@ -179,8 +177,10 @@ impl SoftQp {
 
     /// The intra-host zero-copy path: executes a one-sided operation directly on the peer's
     /// mapped region. Returns None when the operation must go through the socket instead
-    /// (not a local peer, socket requests still in flight — RC order —, a region the peer
-    /// cannot share, or an operation that needs the peer's receive queue).
+    /// (not a local peer, socket requests still in flight — RC order —, a target QP not
+    /// ready yet, a region the peer cannot share, or an operation that needs the peer's
+    /// receive queue). What to do is decided by `proto::local` ([`LocalPath`]); this does the
+    /// I/O it asks for, and never waits for the target.
     fn try_zero_copy(
         &self,
         sq: &mut SendSide,
@@ -188,24 +188,25 @@ impl SoftQp {
         e: &Entry,
         now: Instant,
     ) -> Option<WcStatus> {
-        if !sq.req.is_quiet() || sq.rx.len() != 0 || e.byte_len == 0 {
-            return None;
-        }
-        let (remote, fop) = match *op {
-            WrOp::Write { remote, imm: None } => (remote, FastOp::Write),
-            WrOp::Read { remote } => (remote, FastOp::Read),
+        let direct = match *op {
+            WrOp::Write { remote, imm: None } => Some((remote, FastOp::Write)),
+            WrOp::Read { remote } => Some((remote, FastOp::Read)),
             WrOp::CompareSwap {
                 remote,
                 compare,
                 swap,
-            } => (remote, FastOp::CompareSwap { compare, swap }),
-            WrOp::FetchAdd { remote, add } => (remote, FastOp::FetchAdd { add }),
-            _ => return None,
+            } => Some((remote, FastOp::CompareSwap { compare, swap })),
+            WrOp::FetchAdd { remote, add } => Some((remote, FastOp::FetchAdd { add })),
+            _ => None,
         };
+        let quiet = sq.req.is_quiet() && sq.rx.len() == 0;
+        if !LocalPath::may_go_direct(quiet, direct.is_some() && e.byte_len != 0) {
+            return None;
+        }
+        let (remote, fop) = direct?;
         let fd = sq.conn.as_ref()?.as_raw_fd();
         let lp = sq.local.as_mut()?;
-        if now.saturating_duration_since(lp.last_liveness_check) > LIVENESS_INTERVAL {
-            lp.last_liveness_check = now;
+        if lp.path.probe_due(now) {
             let mut probe = [0u8; 1];
             // SAFETY: a one-byte local buffer; MSG_PEEK leaves any data queued.
             let n = unsafe {
@@ -224,6 +225,12 @@ impl SoftQp {
                 return Some(WcStatus::RetryExcErr);
             }
         }
+        // The target's state before mapping: a target not ready yet would stall the MAP too.
+        match LocalPath::route(lp.target_state.get()) {
+            Route::Direct => {}
+            Route::Socket => return None,
+            Route::Fail(status) => return Some(status),
+        }
         let rm = match lp.maps.get(&remote.rkey) {
             Some(Some(rm)) if rm.is_valid() => rm.clone(),
             Some(None) => return None,
@@ -241,16 +248,6 @@ impl SoftQp {
             },
         };
         let lp = sq.local.as_ref()?;
-        // Like the wire path, give a peer that is still connecting until the timeout.
-        let until = now + self.cfg.timeout;
-        loop {
-            match lp.target_state.get() {
-                QpState::Rtr | QpState::Rts => break,
-                QpState::Error => return Some(WcStatus::RetryExcErr),
-                _ if Instant::now() >= until => return Some(WcStatus::RetryExcErr),
-                _ => std::thread::sleep(Duration::from_micros(100)),
-            }
-        }
         let status = shm::execute(
             &rm,
             lp.target_pd,

@@ -16,6 +16,7 @@ mod conn;
 mod errors;
 mod faults;
 mod interop;
+mod local_path;
 mod memory;
 mod model;
 mod multiprocess;
