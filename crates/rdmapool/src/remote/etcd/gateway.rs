@@ -62,8 +62,10 @@ pub(super) fn is_loopback_url(url: &str) -> bool {
 fn tls_config(tls: &EtcdTls) -> Result<ureq::tls::TlsConfig> {
     use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
     let read = |path: &std::path::Path, what: &str| {
-        std::fs::read(path)
-            .map_err(|e| Error::InvalidArgument(format!("etcd TLS {what} {}: {e}", path.display())))
+        std::fs::read(path).map_err(|e| Error::BadKey {
+            what: format!("etcd TLS {what} {}", path.display()),
+            reason: e.to_string(),
+        })
     };
     let certs = |path: &std::path::Path, what: &str| -> Result<Vec<Certificate<'static>>> {
         let pem = read(path, what)?;
@@ -73,18 +75,18 @@ fn tls_config(tls: &EtcdTls) -> Result<ureq::tls::TlsConfig> {
                 Ok(PemItem::Certificate(c)) => out.push(c),
                 Ok(_) => {}
                 Err(e) => {
-                    return Err(Error::InvalidArgument(format!(
-                        "etcd TLS {what} {}: {e}",
-                        path.display()
-                    )))
+                    return Err(Error::BadKey {
+                        what: format!("etcd TLS {what} {}", path.display()),
+                        reason: e.to_string(),
+                    })
                 }
             }
         }
         if out.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "etcd TLS {what} {}: no PEM certificate in it",
-                path.display()
-            )));
+            return Err(Error::BadKey {
+                what: format!("etcd TLS {what} {}", path.display()),
+                reason: "no PEM certificate in it".into(),
+            });
         }
         Ok(out)
     };
@@ -96,15 +98,17 @@ fn tls_config(tls: &EtcdTls) -> Result<ureq::tls::TlsConfig> {
         // The key first: one that others can read is refused whatever the certificate.
         let pem = crate::fabric::read_private_file(key, "etcd TLS key file")?;
         let chain = certs(cert, "certificate file")?;
-        let key = PrivateKey::from_pem(&pem).map_err(|e| {
-            Error::InvalidArgument(format!("etcd TLS key file {}: {e}", key.display()))
+        let key = PrivateKey::from_pem(&pem).map_err(|e| Error::BadKey {
+            what: format!("etcd TLS key file {}", key.display()),
+            reason: e.to_string(),
         })?;
-        check_client_cert(&chain, &pem).map_err(|e| {
-            Error::InvalidArgument(format!(
-                "etcd TLS certificate file {} with key file {}: {e}",
+        check_client_cert(&chain, &pem).map_err(|e| Error::BadKey {
+            what: format!(
+                "etcd TLS certificate file {} with key file {}",
                 cert.display(),
                 tls.key_file.as_deref().unwrap_or(cert).display()
-            ))
+            ),
+            reason: e.to_string(),
         })?;
         builder = builder.client_cert(Some(ClientCert::new_with_certs(&chain, key)));
     }

@@ -28,9 +28,11 @@ impl EtcdRegistration {
     /// routable address, not `0.0.0.0`.
     pub fn register(cfg: &EtcdConfig, node: u32, addr: SocketAddr) -> Result<Self> {
         if addr.ip().is_unspecified() || addr.port() == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "registering {addr}: clients need a routable ip and a port"
-            )));
+            return Err(Error::BadSetting {
+                name: "address registered in etcd".into(),
+                value: addr.to_string(),
+                reason: "clients need a routable ip and a port".into(),
+            });
         }
         let gateway = Arc::new(Gateway::new(cfg)?);
         let key = cfg.key(node);

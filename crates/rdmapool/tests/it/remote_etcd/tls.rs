@@ -96,7 +96,7 @@ fn etcd_over_tls_with_authentication_admits_only_holders_of_the_credentials() {
         ..pki.client()
     });
     match EtcdMembership::new(&mismatched) {
-        Err(Error::InvalidArgument(m)) => assert!(m.contains("KeyMismatch"), "{m}"),
+        Err(Error::BadKey { reason, .. }) => assert!(reason.contains("KeyMismatch"), "{reason}"),
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("a key of another certificate was taken"),
     }
