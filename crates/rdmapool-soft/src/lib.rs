@@ -282,11 +282,6 @@ impl PdOps for SoftPd {
         access: AccessFlags,
     ) -> Result<Box<dyn MrOps>> {
         self.ctx.device.check_registration(len, access)?;
-        if addr.is_null() {
-            return Err(Error::NullAddress {
-                what: "memory to register",
-            });
-        }
         // SAFETY: the caller promises the range is mapped for the region's lifetime.
         let pin = unsafe { pin_unless_on_demand(access, addr, len)? };
         let inner = self.ctx.shared.keys.insert(NewRegion {

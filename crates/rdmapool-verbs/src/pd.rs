@@ -153,11 +153,6 @@ impl PdOps for PdHandle {
         len: usize,
         access: AccessFlags,
     ) -> Result<Box<dyn MrOps>> {
-        if addr.is_null() {
-            return Err(Error::NullAddress {
-                what: "memory to register",
-            });
-        }
         self.0.register(addr, len, access, false)
     }
 

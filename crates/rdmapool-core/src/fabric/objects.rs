@@ -155,8 +155,15 @@ impl Pd {
         access: AccessFlags,
     ) -> Result<Mr> {
         let t = std::time::Instant::now();
-        // SAFETY: forwarded from the caller's contract.
-        let r = unsafe { self.inner.register_raw(addr, len, access) };
+        let r = if addr.is_null() {
+            // Checked here once for every provider; a failed registration all the same.
+            Err(Error::NullAddress {
+                what: "memory to register",
+            })
+        } else {
+            // SAFETY: forwarded from the caller's contract.
+            unsafe { self.inner.register_raw(addr, len, access) }
+        };
         self.recorder.record_registration(r.is_ok(), t.elapsed());
         Ok(Mr::from_ops(r?, &self.recorder))
     }

@@ -131,7 +131,7 @@ pub trait ContextOps: Send + Sync {
 pub trait PdOps: Send + Sync {
     /// Allocates `len` bytes of memory the provider owns and registers them.
     fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Box<dyn MrOps>>;
-    /// Registers `[addr, addr+len)` of the caller's memory.
+    /// Registers `[addr, addr+len)` of the caller's memory (`addr` is not null: `Pd` checked).
     ///
     /// # Safety
     /// `[addr, addr+len)` must stay mapped, and not be unmapped or reused for anything else,
