@@ -23,7 +23,7 @@ if ! command -v valgrind >/dev/null 2>&1; then
 fi
 valgrind --version
 
-tests=${MEMCHECK_TESTS:-ops memory window errors conn registrar cache async_ops pool}
+tests=${MEMCHECK_TESTS:-ops memory window errors conn registrar cache async_ops pool local_path}
 supp=()
 if [ -f scripts/valgrind.supp ]; then
   supp=(--suppressions="$PWD/scripts/valgrind.supp")
