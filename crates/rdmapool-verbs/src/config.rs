@@ -20,7 +20,7 @@ impl VerbsConfig {
             Some(t) => Some(t.trim().parse::<u8>().map_err(|_| Error::BadSetting {
                 name: "RDMAPOOL_GID_INDEX".into(),
                 value: t.clone(),
-                reason: "want a GID table index, 0..=255".into(),
+                reason: "out of range: want a GID table index, 0..=255".into(),
             })?),
             None => None,
         };

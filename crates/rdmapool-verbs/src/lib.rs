@@ -130,7 +130,7 @@ fn pick_gid_index(dev: &str, port: u8, gid_tbl_len: i32, wanted: Option<u8>) -> 
                 name: "RDMAPOOL_GID_INDEX".into(),
                 value: i.to_string(),
                 reason: format!(
-                    "port {port} of {dev} has {gid_tbl_len} GIDs (see \
+                    "out of range: port {port} of {dev} has {gid_tbl_len} GIDs (see \
                      /sys/class/infiniband/{dev}/ports/{port}/gids)"
                 ),
             })
@@ -281,7 +281,7 @@ fn open_device(
         return Err(Error::BadSetting {
             name: "RDMAPOOL_GID_INDEX".into(),
             value: gid_index.to_string(),
-            reason: format!("that entry of port {num} of {name} is empty"),
+            reason: format!("out of range: that entry of port {num} of {name} is empty"),
         });
     }
     c.info.ports.push(crate::fabric::PortInfo {
