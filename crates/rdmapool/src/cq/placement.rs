@@ -107,11 +107,18 @@ impl CqPool {
                     })
                     .is_ok()
             })
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "no CQ has room for a QP of {need} entries (send + receive depth); \
-                     use deeper or more CQs"
-                ))
+            .ok_or_else(|| Error::OutOfLimits {
+                what: "CQ entries a QP needs, send + receive depth (use deeper or more CQs)",
+                value: need,
+                min: 0,
+                // The most room any CQ has left now.
+                max: (0..n)
+                    .map(|i| {
+                        let depth = self.cqs[i].depth() as u64;
+                        depth.saturating_sub(self.reserved[i].load(Ordering::Acquire))
+                    })
+                    .max()
+                    .unwrap_or(0),
             })
     }
 

@@ -56,10 +56,18 @@ impl Registrar {
         let page = crate::util::page_size();
         let mut order: Vec<usize> = (0..ranges.len()).collect();
         for &(p, len) in ranges {
-            if p.is_null() || len == 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "batch range of {len} bytes at {p:p}"
-                )));
+            if p.is_null() {
+                return Err(Error::NullAddress {
+                    what: "a range of a registration batch",
+                });
+            }
+            if len == 0 {
+                return Err(Error::OutOfLimits {
+                    what: "bytes of a range of a registration batch",
+                    value: 0,
+                    min: 1,
+                    max: usize::MAX as u64,
+                });
             }
         }
         order.sort_by_key(|&i| ranges[i].0 as usize);
@@ -117,9 +125,16 @@ impl<'r> PreRegRing<'r> {
         access: AccessFlags,
     ) -> Result<Self> {
         if depth == 0 || len == 0 {
-            return Err(Error::InvalidArgument(
-                "a pre-registration ring needs depth and length".into(),
-            ));
+            return Err(Error::OutOfLimits {
+                what: if depth == 0 {
+                    "depth of a pre-registration ring"
+                } else {
+                    "buffer length of a pre-registration ring"
+                },
+                value: 0,
+                min: 1,
+                max: usize::MAX as u64,
+            });
         }
         let ring = (0..depth).map(|_| registrar.submit(len, access)).collect();
         Ok(Self {

@@ -184,7 +184,16 @@ impl RegCache {
     pub fn new(pd: Pd, cfg: CacheConfig) -> Result<Self> {
         cfg.access.validate()?;
         if cfg.max_entries == 0 || cfg.max_bytes == 0 {
-            return Err(Error::InvalidArgument("cache caps must be positive".into()));
+            return Err(Error::OutOfLimits {
+                what: if cfg.max_entries == 0 {
+                    "CacheConfig::max_entries"
+                } else {
+                    "CacheConfig::max_bytes"
+                },
+                value: 0,
+                min: 1,
+                max: usize::MAX as u64,
+            });
         }
         let state = Arc::new(Mutex::new(State::default()));
         let counters = Arc::new(Counters {

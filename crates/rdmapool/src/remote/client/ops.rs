@@ -113,10 +113,11 @@ impl<F: Future> Future for Timed<'_, F> {
 
 impl Shared {
     pub(super) fn word(&self) -> Result<Word> {
-        let offset = self.scratch.free.lock().pop().ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "more than {SCRATCH_WORDS} remote atomics in flight at once"
-            ))
+        let offset = self.scratch.free.lock().pop().ok_or(Error::OutOfLimits {
+            what: "remote atomics in flight at once",
+            value: SCRATCH_WORDS as u64 + 1,
+            min: 1,
+            max: SCRATCH_WORDS as u64,
         })?;
         Ok(Word {
             scratch: self.scratch.clone(),
