@@ -171,7 +171,11 @@ fn qps_are_never_promised_more_cq_entries_than_there_are() {
         .create_qp(&a.pd, &cfg)
         .err()
         .expect("the pool is full");
-    assert!(err.to_string().contains("no CQ has room"), "{err}");
+    assert!(
+        // Room left is what the CQs' real depths leave (a device may round a CQ up).
+        matches!(err, rdmapool::Error::OutOfLimits { value, max, .. } if value == 512 && max < value),
+        "{err}"
+    );
     drop(qps.into_iter().next());
     engine
         .create_qp(&a.pd, &cfg)
