@@ -56,19 +56,12 @@ impl Registrar {
         let page = crate::util::page_size();
         let mut order: Vec<usize> = (0..ranges.len()).collect();
         for &(p, len) in ranges {
-            if p.is_null() {
-                return Err(Error::NullAddress {
-                    what: "a range of a registration batch",
-                });
-            }
-            if len == 0 {
-                return Err(Error::OutOfLimits {
-                    what: "bytes of a range of a registration batch",
-                    value: 0,
-                    min: 1,
-                    max: usize::MAX as u64,
-                });
-            }
+            super::check_raw(
+                p,
+                len,
+                "a range of a registration batch",
+                "bytes of a range of a registration batch",
+            )?;
         }
         order.sort_by_key(|&i| ranges[i].0 as usize);
         // Merge into page-rounded runs: (start, end, members).

@@ -233,19 +233,7 @@ impl RegCache {
     /// The range must be mapped memory of this process while the returned handle is used
     /// (the [`Pd::register_raw`] contract); unmapping it later is fine — the cache notices.
     pub unsafe fn get(&self, addr: *const u8, len: usize) -> Result<CachedMr> {
-        if addr.is_null() {
-            return Err(Error::NullAddress {
-                what: "memory to cache",
-            });
-        }
-        if len == 0 {
-            return Err(Error::OutOfLimits {
-                what: "bytes to cache",
-                value: 0,
-                min: 1,
-                max: usize::MAX as u64,
-            });
-        }
+        super::check_raw(addr, len, "memory to cache", "bytes to cache")?;
         let a = addr as usize;
         let want_end = a.checked_add(len).ok_or(Error::OutOfLimits {
             what: "bytes to cache at this address",

@@ -101,19 +101,16 @@ impl Registrar {
     ) -> Result<ChunkedMr> {
         let page = crate::util::page_size();
         let chunk = (chunk.min(max_mr_size.min(usize::MAX as u64) as usize) / page) * page;
-        if addr.is_null() {
-            return Err(Error::NullAddress {
-                what: "memory of a chunked registration",
-            });
-        }
-        if chunk == 0 || len == 0 {
+        super::check_raw(
+            addr,
+            len,
+            "memory of a chunked registration",
+            "bytes of a chunked registration",
+        )?;
+        if chunk == 0 {
             // A chunk is at least a page, at most the device's max_mr_size.
             return Err(Error::OutOfLimits {
-                what: if len == 0 {
-                    "bytes of a chunked registration"
-                } else {
-                    "chunk of a chunked registration (pages, at most max_mr_size)"
-                },
+                what: "chunk of a chunked registration (pages, at most max_mr_size)",
                 value: 0,
                 min: 1,
                 max: usize::MAX as u64,

@@ -18,3 +18,26 @@ pub use registrar::{
     RetryPolicy, LATENCY_CLASSES,
 };
 pub use state::RegState;
+
+/// Refuses the raw range a registration would start from: a null address
+/// ([`crate::Error::NullAddress`] naming `what`) or no bytes ([`crate::Error::OutOfLimits`]
+/// naming `bytes`).
+fn check_raw(
+    addr: *const u8,
+    len: usize,
+    what: &'static str,
+    bytes: &'static str,
+) -> crate::Result<()> {
+    if addr.is_null() {
+        return Err(crate::Error::NullAddress { what });
+    }
+    if len == 0 {
+        return Err(crate::Error::OutOfLimits {
+            what: bytes,
+            value: 0,
+            min: 1,
+            max: usize::MAX as u64,
+        });
+    }
+    Ok(())
+}
