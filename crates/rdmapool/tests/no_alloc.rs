@@ -92,7 +92,7 @@ fn posting_and_polling_allocate_nothing() {
 
 #[test]
 fn async_operations_allocate_nothing() {
-    use rdmapool::cq::{Engine, EngineConfig, LocalBuf, Progress};
+    use rdmapool::cq::{Engine, EngineConfig, Progress};
     use std::future::Future;
     use std::sync::Arc;
     use std::task::{Context, Poll};
@@ -118,10 +118,10 @@ fn async_operations_allocate_nothing() {
         let mut run = |rounds: u64| {
             for _ in 0..rounds {
                 let ops = [
-                    qa.write(LocalBuf::Region(local.clone()), 0, 4096, remote),
-                    qa.read(LocalBuf::Region(local.clone()), 0, 4096, remote),
-                    qa.fetch_and_add(LocalBuf::Region(local.clone()), 8192, remote, 1),
-                    qa.compare_and_swap(LocalBuf::Region(local.clone()), 8192, remote, 0, 1),
+                    qa.write(Mr::share(&local), 0, 4096, remote),
+                    qa.read(Mr::share(&local), 0, 4096, remote),
+                    qa.fetch_and_add(Mr::share(&local), 8192, remote, 1),
+                    qa.compare_and_swap(Mr::share(&local), 8192, remote, 0, 1),
                 ];
                 for f in ops {
                     let mut f = std::pin::pin!(f);

@@ -1,16 +1,14 @@
-//! One memory model: the [`RegisteredMemory`] trait every registered-memory handle implements,
-//! and safe registration of buffers the caller owns ([`StableBuf`], [`Registered`]).
+//! The [`RegisteredMemory`] trait (a range and the keys that name it), and the error of a
+//! failed registration of an owned buffer ([`RegisterError`]).
 
-use super::{Mr, RemoteAddr, RemoteRegion, Sge};
+use super::{RemoteAddr, RemoteRegion, Sge};
 use crate::{Error, Result};
 use std::sync::Arc;
 
 /// Memory a device can reach: a range with the keys that name it.
 ///
-/// Every handle to registered memory implements it: [`Mr`], [`Registered`],
-/// `rdmapool::buf::Buffer`, `rdmapool::mr::SharedMr`, `rdmapool::mr::CachedMr`,
-/// `rdmapool::mr::ChunkedMr` and `rdmapool::cq::LocalBuf`; the async API
-/// (`rdmapool::cq::AsyncQp`) accepts any of them.
+/// Every [`Mr`](super::Mr) implements it, whatever its owner, and so do `Arc`s and `Box`es of one; the
+/// async API (`rdmapool::cq::AsyncQp`) accepts any of them.
 ///
 /// Offsets are relative to [`RegisteredMemory::addr`]. Implementing the trait is safe: a
 /// wrong key or range can only make a work request complete with a protection error, because
@@ -34,8 +32,8 @@ pub trait RegisteredMemory {
     fn len(&self) -> usize;
     /// The local key of the registration at offset 0.
     fn lkey(&self) -> u32;
-    /// The remote key a peer uses for offset 0 (memory made of several registrations, such
-    /// as `rdmapool::mr::ChunkedMr`, answers per range through `sge` and `remote_at`).
+    /// The remote key a peer uses for offset 0 (an implementation made of several
+    /// registrations answers per range through `sge` and `remote_at`).
     fn rkey(&self) -> u32;
 
     /// True for a zero-length range (never the case for a registration).
@@ -113,116 +111,6 @@ macro_rules! forward_registered_memory {
 }
 
 forward_registered_memory!(Arc, Box);
-
-/// A buffer whose bytes stay at one address while the value is moved, so it can be
-/// registered and handed around by value ([`super::Pd::register`]).
-///
-/// # Safety
-/// Implementors promise that `stable_ptr` and `stable_len` describe memory owned by the
-/// value, valid for reads and writes, that neither moves nor is freed nor changes size while
-/// the value lives and is not accessed through `&mut` (moving the value does not move the
-/// bytes), and that both return the same answer every time they are called on it.
-pub unsafe trait StableBuf: Send + 'static {
-    /// Start of the bytes.
-    fn stable_ptr(&mut self) -> *mut u8;
-    /// Number of bytes.
-    fn stable_len(&self) -> usize;
-}
-
-// SAFETY: a Vec's heap buffer does not move when the Vec does; `Registered` never hands out
-// `&mut Vec` (which could push and reallocate) while the registration lives.
-unsafe impl StableBuf for Vec<u8> {
-    fn stable_ptr(&mut self) -> *mut u8 {
-        self.as_mut_ptr()
-    }
-    fn stable_len(&self) -> usize {
-        self.len()
-    }
-}
-
-// SAFETY: a boxed slice's heap bytes do not move when the box does, and cannot change size.
-unsafe impl StableBuf for Box<[u8]> {
-    fn stable_ptr(&mut self) -> *mut u8 {
-        self.as_mut_ptr()
-    }
-    fn stable_len(&self) -> usize {
-        self.len()
-    }
-}
-
-/// A caller-owned buffer registered with a PD. The device and peers (as the access flags
-/// allow) may write it at any time, so it is read and written by copies
-/// ([`Registered::read_at`], [`Registered::write_at`]); [`Registered::into_inner`]
-/// deregisters and gives the buffer back.
-///
-/// ```
-/// use rdmapool::fabric::*;
-/// # fn main() -> rdmapool::Result<()> {
-/// let pd = Context::open(SoftConfig::default())?.alloc_pd()?;
-/// let reg = pd.register(vec![7u8; 4096], AccessFlags::all_remote())?;
-/// reg.write_at(0, b"hi")?;
-/// let _sge = reg.sge(0, 2)?;
-/// let back: Vec<u8> = reg.into_inner();      // deregistered: plain memory again
-/// assert_eq!(&back[..3], b"hi\x07");
-/// # Ok(()) }
-/// ```
-pub struct Registered<B: StableBuf> {
-    // Field order matters: the registration is dropped before the buffer.
-    mr: Mr,
-    buf: B,
-}
-
-impl<B: StableBuf> std::fmt::Debug for Registered<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registered").field("mr", &self.mr).finish()
-    }
-}
-
-impl<B: StableBuf> Registered<B> {
-    /// Pairs a registration with the buffer it covers (the caller checked they match).
-    #[doc(hidden)]
-    pub fn from_parts(mr: Mr, buf: B) -> Self {
-        Self { mr, buf }
-    }
-
-    /// The registration.
-    pub fn mr(&self) -> &Mr {
-        &self.mr
-    }
-
-    /// Deregisters (waiting for operations that use the memory, as dropping an [`Mr`] does)
-    /// and returns the buffer with whatever the device and peers wrote into it.
-    pub fn into_inner(self) -> B {
-        let Registered { mr, buf } = self;
-        drop(mr);
-        buf
-    }
-
-    /// Copies `data` into the buffer at `offset`.
-    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.mr.write_at(offset, data)
-    }
-
-    /// Copies `out.len()` bytes at `offset` out of the buffer.
-    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.mr.read_at(offset, out)
-    }
-}
-
-impl<B: StableBuf> RegisteredMemory for Registered<B> {
-    fn addr(&self) -> u64 {
-        self.mr.addr()
-    }
-    fn len(&self) -> usize {
-        self.mr.len()
-    }
-    fn lkey(&self) -> u32 {
-        self.mr.lkey()
-    }
-    fn rkey(&self) -> u32 {
-        self.mr.rkey()
-    }
-}
 
 /// A registration of an owned buffer failed: the error, and the buffer back, untouched.
 pub struct RegisterError<B> {

@@ -45,8 +45,8 @@ pub use events::QpEvent;
 #[doc(hidden)]
 pub use exposure::{check_exposure, read_private_file};
 pub use exposure::{unauthenticated_allowed_by_env, PreSharedKey, ENV_ALLOW_UNAUTHENTICATED};
-pub use memory::{RegisterError, Registered, RegisteredMemory, StableBuf};
-pub use mr::Mr;
+pub use memory::{RegisterError, RegisteredMemory};
+pub use mr::{Alloc, Mr, Raw, Shared, StableBuf, ViewOwner};
 #[doc(hidden)]
 pub use mw::WindowTable;
 pub use mw::{BoundWindow, Mw, WindowError};

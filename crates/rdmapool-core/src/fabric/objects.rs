@@ -1,7 +1,8 @@
 //! The public objects: thin, provider-independent handles (`Context`, `Pd`, `Cq`; `Qp` is in
 //! queue_pair.rs).
 
-use super::memory::{RegisterError, Registered, StableBuf};
+use super::memory::RegisterError;
+use super::mr::{Alloc, Raw, StableBuf};
 use super::provider::{ContextOps, ContextOptions, CqOps, PdOps};
 use super::queue_pair::Qp;
 use super::recorder::objects::{CqTag, QpTag};
@@ -134,11 +135,11 @@ impl Pd {
 
     /// Allocates `len` zeroed, page-aligned bytes owned by the returned region and registers
     /// them. The memory lives exactly as long as the region.
-    pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
+    pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr<Alloc>> {
         let t = std::time::Instant::now();
         let r = self.inner.alloc_mr(len, access);
         self.recorder.record_registration(r.is_ok(), t.elapsed());
-        Ok(Mr::from_ops(r?, &self.recorder))
+        Ok(Mr::registered(r?, &self.recorder, Alloc))
     }
 
     /// Registers caller-owned memory.
@@ -153,7 +154,7 @@ impl Pd {
         addr: *mut u8,
         len: usize,
         access: AccessFlags,
-    ) -> Result<Mr> {
+    ) -> Result<Mr<Raw>> {
         let t = std::time::Instant::now();
         let r = if addr.is_null() {
             // Checked here once for every provider; a failed registration all the same.
@@ -165,11 +166,11 @@ impl Pd {
             unsafe { self.inner.register_raw(addr, len, access) }
         };
         self.recorder.record_registration(r.is_ok(), t.elapsed());
-        Ok(Mr::from_ops(r?, &self.recorder))
+        Ok(Mr::registered(r?, &self.recorder, Raw))
     }
 
-    /// Registers a buffer the caller owns, safely: the registration takes the buffer and
-    /// [`Registered::into_inner`] gives it back after deregistering. On failure the buffer
+    /// Registers a buffer the caller owns, safely: the region takes the buffer and
+    /// [`Mr::into_inner`] gives it back after deregistering. On failure the buffer
     /// comes back inside the error.
     ///
     /// ```
@@ -186,13 +187,13 @@ impl Pd {
         &self,
         mut buf: B,
         access: AccessFlags,
-    ) -> std::result::Result<Registered<B>, RegisterError<B>> {
+    ) -> std::result::Result<Mr<B>, RegisterError<B>> {
         let (ptr, len) = (buf.stable_ptr(), buf.stable_len());
         // SAFETY: `StableBuf` promises the bytes stay put and owned while `buf` lives and is
-        // not mutably accessed; `Registered` owns `buf`, never lends it mutably, and drops the
+        // not mutably accessed; `Mr<B>` owns `buf`, never lends it, and drops the
         // registration before the buffer.
         match unsafe { self.register_raw(ptr, len, access) } {
-            Ok(mr) => Ok(Registered::from_parts(mr, buf)),
+            Ok(mr) => Ok(mr.into_owned(buf)),
             Err(e) => Err(RegisterError::new(e, buf)),
         }
     }

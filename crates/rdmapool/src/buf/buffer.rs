@@ -1,80 +1,53 @@
-//! [`Buffer`]: one pre-registered buffer of a pool, and how it goes back (to this thread's
-//! cache first, to the pool when the cache is full).
+//! [`Pooled`]: the owner of one pre-registered buffer of a pool, and how it goes back (to this
+//! thread's cache first, to the pool when the cache is full).
 
 use super::{Shared, Slot, CACHE, CLASSES, THREAD_CACHE};
 use crate::fabric::recorder::MemEvent;
-use crate::fabric::RegisteredMemory;
-use crate::Result;
+use crate::fabric::{Mr, ViewOwner};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// A pre-registered buffer; returns to its pool when dropped.
-pub struct Buffer {
-    pub(super) slot: Slot,
-    pub(super) len: usize,
-    pub(super) class: usize,
-    pub(super) pool: Arc<Shared>,
+/// The owner of a pooled buffer ([`super::BufferPool::alloc`] gives `Mr<Pooled>`): its slot
+/// of a registered pool chunk, which goes back to the pool when the buffer drops.
+pub struct Pooled {
+    slot: Slot,
+    class: usize,
+    pool: Arc<Shared>,
 }
 
-impl std::fmt::Debug for Buffer {
+// SAFETY: a `Pooled` shows nothing of the slot's bytes (only its size class).
+unsafe impl ViewOwner for Pooled {}
+
+impl std::fmt::Debug for Pooled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Buffer")
-            .field("addr", &format_args!("{:#x}", self.slot.addr))
-            .field("len", &self.len)
-            .field("class", &CLASSES[self.class])
+        f.debug_struct("Pooled")
+            .field("class", &self.class_len())
             .finish()
     }
 }
 
-impl RegisteredMemory for Buffer {
-    fn addr(&self) -> u64 {
-        self.slot.addr as u64
+impl Pooled {
+    /// The buffer of `len` bytes in `slot` (of size class `class`) of `pool`.
+    pub(super) fn buffer(slot: Slot, len: usize, class: usize, pool: &Arc<Shared>) -> Mr<Pooled> {
+        let access = pool.cfg.access;
+        let owner = Pooled {
+            slot,
+            class,
+            pool: pool.clone(),
+        };
+        // SAFETY: the slot is `CLASSES[class] >= len` bytes of a chunk the pool keeps
+        // registered under these keys (and mapped) while any owner holds the pool; the slot
+        // is this owner's alone until it drops.
+        unsafe { Mr::view(slot.addr as u64, len, slot.lkey, slot.rkey, access, owner) }
     }
-    /// Usable length (what was asked for).
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn lkey(&self) -> u32 {
-        self.slot.lkey
-    }
-    fn rkey(&self) -> u32 {
-        self.slot.rkey
+
+    /// Bytes of the slot (its size class; the buffer uses the length asked for).
+    pub fn class_len(&self) -> usize {
+        CLASSES[self.class]
     }
 }
 
-impl Buffer {
-    fn check(&self, offset: usize, len: usize) -> Result<()> {
-        crate::fabric::check_range(self.len, offset, len)
-    }
-    /// Copies `data` in at `offset`.
-    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.check(offset, data.len())?;
-        // SAFETY: inside this buffer's slot of a registered chunk the pool keeps mapped.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                (self.slot.addr + offset) as *mut u8,
-                data.len(),
-            )
-        };
-        Ok(())
-    }
-    /// Copies `out.len()` bytes out from `offset`.
-    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.check(offset, out.len())?;
-        // SAFETY: as in write_at.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (self.slot.addr + offset) as *const u8,
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
-        Ok(())
-    }
-}
-
-impl Drop for Buffer {
+impl Drop for Pooled {
     fn drop(&mut self) {
         let s = &self.pool;
         s.in_use.fetch_sub(1, Ordering::Relaxed);

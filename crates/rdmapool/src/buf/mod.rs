@@ -9,9 +9,9 @@ mod buffer;
 
 use crate::fabric::recorder::{MemEvent, Recorder};
 use crate::fabric::{AccessFlags, Mr, Pd, RegisteredMemory};
-use crate::mr::{HugeOptions, HugeRegion, RegHandle, Registrar, RegistrarConfig, HUGE_PAGE};
+use crate::mr::{HugeOptions, HugeRegion, OwnedRegHandle, Registrar, RegistrarConfig, HUGE_PAGE};
 use crate::{Error, Result};
-pub use buffer::Buffer;
+pub use buffer::Pooled;
 use parking_lot::{Condvar, Mutex};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -93,11 +93,8 @@ pub struct PoolStats {
     pub growths: u64,
 }
 
-/// One registered chunk: the memory and its registration (dropped in that order reversed).
-struct Chunk {
-    _mr: Mr,
-    _memory: HugeRegion,
-}
+/// A chunk being registered, and how it is to be carved.
+type Growing = (Carve, OwnedRegHandle<HugeRegion>);
 
 #[derive(Debug, Clone, Copy)]
 struct Slot {
@@ -112,8 +109,9 @@ struct Shared {
     free: [Mutex<Vec<Slot>>; CLASSES.len()],
     arrived: Condvar,
     arrived_lock: Mutex<()>,
-    chunks: Mutex<Vec<Chunk>>,
-    growing: Mutex<Vec<(Carve, RegHandle, HugeRegion)>>,
+    /// The registered chunks (each registration drops before its memory).
+    chunks: Mutex<Vec<Mr<HugeRegion>>>,
+    growing: Mutex<Vec<Growing>>,
     /// The first failed chunk registration (reported by `new`).
     first_error: Mutex<Option<Error>>,
     registrar: Registrar,
@@ -276,16 +274,11 @@ impl BufferPool {
             });
         }
         let memory = HugeRegion::alloc(HUGE_PAGE, HugeOptions::default())?;
-        // SAFETY: `memory` is kept with the handle and then with the chunk, so it outlives
-        // the registration (a chunk drops its Mr before its memory).
-        let handle = unsafe {
-            s.registrar
-                .submit_raw(memory.as_ptr(), memory.len(), s.cfg.access)
-        };
+        let handle = s.registrar.submit_owned(memory, s.cfg.access);
         if growth {
             s.growths.fetch_add(1, Ordering::Relaxed);
         }
-        s.growing.lock().push((carve, handle, memory));
+        s.growing.lock().push((carve, handle));
         Ok(())
     }
 
@@ -295,15 +288,15 @@ impl BufferPool {
         let s = &self.shared;
         let pending: Vec<_> = std::mem::take(&mut *s.growing.lock());
         let mut still = Vec::new();
-        for (carve, handle, memory) in pending {
+        for (carve, handle) in pending {
             let done = deadline.is_some() || handle.state().is_final();
             if !done {
-                still.push((carve, handle, memory));
+                still.push((carve, handle));
                 continue;
             }
             match handle.wait() {
                 Ok(mr) => {
-                    let mut at = memory.as_ptr() as usize;
+                    let mut at = mr.addr() as usize;
                     for (class, bytes) in carve {
                         let size = CLASSES[class];
                         let slots = (0..bytes / size).map(|i| Slot {
@@ -315,15 +308,12 @@ impl BufferPool {
                         at += bytes;
                     }
                     s.recorder.mem_event(MemEvent::PoolChunk);
-                    s.chunks.lock().push(Chunk {
-                        _mr: mr,
-                        _memory: memory,
-                    });
+                    s.chunks.lock().push(mr);
                 }
                 Err(e) => {
                     tracing::warn!("pool growth failed: {e}");
                     s.chunk_count.fetch_sub(1, Ordering::AcqRel);
-                    s.first_error.lock().get_or_insert(e);
+                    s.first_error.lock().get_or_insert(e.error);
                 }
             }
         }
@@ -335,13 +325,13 @@ impl BufferPool {
     /// [`Error::PoolExhausted`] when its class has no free slot right now (more is
     /// registered in the background unless the pool is at `max_chunks`). Never registers
     /// memory.
-    pub fn alloc(&self, len: usize) -> Result<Buffer> {
+    pub fn alloc(&self, len: usize) -> Result<Mr<Pooled>> {
         self.take(len, true)
     }
 
     /// [`BufferPool::alloc`]; `count_empty`: whether finding no slot counts in the pool's
     /// and the registry's `empty` counters (once per allocation, not per retry).
-    fn take(&self, len: usize, count_empty: bool) -> Result<Buffer> {
+    fn take(&self, len: usize, count_empty: bool) -> Result<Mr<Pooled>> {
         let served = self.shared.served;
         let class = class_of(len)
             .filter(|&c| len > 0 && c < served)
@@ -373,16 +363,11 @@ impl BufferPool {
         s.allocations.fetch_add(1, Ordering::Relaxed);
         s.in_use.fetch_add(1, Ordering::Relaxed);
         s.recorder.mem_event(MemEvent::PoolAlloc);
-        Ok(Buffer {
-            slot,
-            len,
-            class,
-            pool: self.shared.clone(),
-        })
+        Ok(Pooled::buffer(slot, len, class, &self.shared))
     }
 
     /// Like [`BufferPool::alloc`], waiting up to `timeout` for a chunk being registered.
-    pub fn alloc_wait(&self, len: usize, timeout: Duration) -> Result<Buffer> {
+    pub fn alloc_wait(&self, len: usize, timeout: Duration) -> Result<Mr<Pooled>> {
         let deadline = Instant::now() + timeout;
         let mut first = true;
         loop {
@@ -451,7 +436,7 @@ impl BufferPool {
 }
 
 /// Whether a chunk with slots of `class` is being registered.
-fn growing(pending: &[(Carve, RegHandle, HugeRegion)], class: usize) -> bool {
+fn growing(pending: &[Growing], class: usize) -> bool {
     pending
         .iter()
         .any(|(carve, ..)| carve.iter().any(|&(c, _)| c == class))

@@ -14,7 +14,6 @@ mod event;
 mod placement;
 
 pub use engine::{
-    AsyncQp, Engine, EngineConfig, EngineStats, LocalBuf, OpCompletion, OpFuture, Progress,
-    WindowBinding,
+    AsyncQp, Engine, EngineConfig, EngineStats, OpCompletion, OpFuture, Progress, WindowBinding,
 };
 pub use placement::{Assignment, CqPool};

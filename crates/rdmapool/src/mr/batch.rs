@@ -1,48 +1,19 @@
 //! Two registration modes from the seeds on top of the [`Registrar`]:
 //! * batched: many small or adjacent ranges coalesced into fewer registrations, each caller
-//!   still getting a handle of its own ([`Registrar::register_batch`]);
+//!   still getting a handle of its own, a [`Shared`] view ([`Registrar::register_batch`]);
 //! * pre-registration: a ring of buffers registered ahead of use, refilled in the background
 //!   ([`PreRegRing`]).
 
 use super::registrar::{RegHandle, Registrar};
-use crate::fabric::{AccessFlags, Mr, RegisteredMemory};
+use crate::fabric::{AccessFlags, Mr, Raw, RegisteredMemory, Shared};
 use crate::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-/// One caller's range inside a (possibly shared) registration.
-#[derive(Debug, Clone)]
-pub struct SharedMr {
-    mr: Arc<Mr>,
-    addr: u64,
-    len: usize,
-}
-
-impl SharedMr {
-    /// The registration (shared with the other ranges coalesced into it).
-    pub fn mr(&self) -> &Mr {
-        &self.mr
-    }
-}
-
-impl RegisteredMemory for SharedMr {
-    fn addr(&self) -> u64 {
-        self.addr
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn lkey(&self) -> u32 {
-        self.mr.lkey()
-    }
-    fn rkey(&self) -> u32 {
-        self.mr.rkey()
-    }
-}
-
 impl Registrar {
     /// Registers many ranges, coalescing those that overlap or touch (after rounding to
-    /// pages) into one registration each; returns one [`SharedMr`] per input, in input order.
+    /// pages) into one registration each; returns one view per input, in input order (the
+    /// views of one registration share it: [`Shared::region`]).
     /// Fails as a whole if any registration fails.
     ///
     /// # Safety
@@ -52,7 +23,7 @@ impl Registrar {
         &self,
         ranges: &[(*const u8, usize)],
         access: AccessFlags,
-    ) -> Result<Vec<SharedMr>> {
+    ) -> Result<Vec<Mr<Shared>>> {
         let page = crate::util::page_size();
         let mut order: Vec<usize> = (0..ranges.len()).collect();
         for &(p, len) in ranges {
@@ -78,19 +49,16 @@ impl Registrar {
             }
         }
         // SAFETY: each run covers only pages of the caller's ranges (contract above).
-        let handles: Vec<RegHandle> = runs
+        let handles: Vec<RegHandle<Raw>> = runs
             .iter()
             .map(|r| unsafe { self.submit_raw(r.0 as *mut u8, r.1 - r.0, access) })
             .collect();
-        let mut out: Vec<Option<SharedMr>> = vec![None; ranges.len()];
+        let mut out: Vec<Option<Mr<Shared>>> = vec![None; ranges.len()];
         for (run, h) in runs.iter().zip(handles) {
             let mr = Arc::new(h.wait()?);
             for &i in &run.2 {
-                out[i] = Some(SharedMr {
-                    mr: mr.clone(),
-                    addr: ranges[i].0 as u64,
-                    len: ranges[i].1,
-                });
+                let offset = ranges[i].0 as usize - mr.addr() as usize;
+                out[i] = Some(Mr::share_range(&mr, offset, ranges[i].1)?);
             }
         }
         Ok(out

@@ -7,7 +7,7 @@
 
 use super::monitor::Shared as SharedMonitor;
 use crate::fabric::recorder::{MemEvent, Recorder};
-use crate::fabric::{AccessFlags, Mr, Pd, RegisteredMemory, RemoteAddr, Sge};
+use crate::fabric::{AccessFlags, Mr, Pd, Raw, RegisteredMemory, ViewOwner};
 use crate::util::page_size;
 use crate::{Error, Result};
 use parking_lot::Mutex;
@@ -59,62 +59,45 @@ pub struct CacheStats {
 struct Entry {
     start: usize,
     end: usize,
-    mr: Mr,
+    mr: Mr<Raw>,
     last_use: AtomicU64,
 }
 
-/// A cached registration covering at least the range asked for. Keeps it registered while
-/// any handle lives, even after eviction or invalidation.
+/// The owner of a cached registration's handle ([`RegCache::get`] gives `Mr<Cached>`):
+/// keeps the registration alive while any handle lives, even after eviction or invalidation.
 ///
-/// As [`RegisteredMemory`], it is the range asked for: offset 0 is the address passed to
-/// [`RegCache::get`]. [`CachedMr::mr`] is the whole registration (pages rounded out, maybe
-/// shared with other ranges).
+/// As registered memory the handle is the range asked for: offset 0 is the address passed
+/// to [`RegCache::get`]. [`Cached::registration`] is the whole registration (pages rounded
+/// out, maybe shared with other ranges).
 #[derive(Debug, Clone)]
-pub struct CachedMr {
+pub struct Cached {
     entry: Arc<Entry>,
-    addr: usize,
-    len: usize,
 }
 
-impl CachedMr {
-    /// The registration.
-    pub fn mr(&self) -> &Mr {
+impl Cached {
+    /// The whole registration.
+    pub fn registration(&self) -> &Mr<Raw> {
         &self.entry.mr
     }
-    /// An SGE for `len` bytes at address `addr`, checked against the range asked for.
-    pub fn sge_at_ptr(&self, addr: *const u8, len: u32) -> Result<Sge> {
-        let off = (addr as usize)
-            .checked_sub(self.addr)
-            .ok_or(Error::OutOfRange {
-                what: "cached range (an address before it)",
-                offset: 0,
-                len: len.into(),
-                limit: self.len as u64,
-            })?;
-        self.sge(off, len)
-    }
-    /// The remote address of `addr` for a peer.
-    pub fn remote_addr(&self, addr: *const u8) -> RemoteAddr {
-        RemoteAddr {
-            addr: addr as u64,
-            rkey: self.rkey(),
-        }
-    }
 }
 
-impl RegisteredMemory for CachedMr {
-    fn addr(&self) -> u64 {
-        self.addr as u64
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn lkey(&self) -> u32 {
-        self.entry.mr.lkey()
-    }
-    fn rkey(&self) -> u32 {
-        self.entry.mr.rkey()
-    }
+// SAFETY: a `Cached` shows only its registration's handle, which gives no Rust reference to
+// the bytes.
+unsafe impl ViewOwner for Cached {}
+
+/// A handle to `[a, a+len)` inside `entry`'s registration.
+///
+/// # Safety
+/// `[a, a+len)` lies inside the entry's range, and is mapped while the handle lives (the
+/// [`RegCache::get`] contract).
+unsafe fn handle(entry: &Arc<Entry>, a: usize, len: usize) -> Mr<Cached> {
+    let mr = &entry.mr;
+    let owner = Cached {
+        entry: entry.clone(),
+    };
+    // SAFETY: the entry's registration covers the range and lives as long as the owner
+    // (contract above).
+    unsafe { Mr::view(a as u64, len, mr.lkey(), mr.rkey(), mr.access(), owner) }
 }
 
 #[derive(Default)]
@@ -230,9 +213,10 @@ impl RegCache {
     /// out) and cached.
     ///
     /// # Safety
-    /// The range must be mapped memory of this process while the returned handle is used
-    /// (the [`Pd::register_raw`] contract); unmapping it later is fine — the cache notices.
-    pub unsafe fn get(&self, addr: *const u8, len: usize) -> Result<CachedMr> {
+    /// The range must be mapped memory of this process while the returned handle lives
+    /// (the [`Pd::register_raw`] contract); unmapping it after that is fine — the cache
+    /// notices and never hands the stale registration out again.
+    pub unsafe fn get(&self, addr: *const u8, len: usize) -> Result<Mr<Cached>> {
         super::check_raw(addr, len, "memory to cache", "bytes to cache")?;
         let a = addr as usize;
         let want_end = a.checked_add(len).ok_or(Error::OutOfLimits {
@@ -257,11 +241,8 @@ impl RegCache {
                 e.last_use.store(tick, Ordering::Relaxed);
                 self.counters.hits.fetch_add(1, Ordering::Relaxed);
                 self.counters.recorder.mem_event(MemEvent::CacheHit);
-                return Ok(CachedMr {
-                    entry: e.clone(),
-                    addr: a,
-                    len,
-                });
+                // SAFETY: the entry covers [a, want_end); the caller keeps it mapped.
+                return Ok(unsafe { handle(e, a, len) });
             }
         }
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
@@ -287,11 +268,8 @@ impl RegCache {
             .is_ok_and(|(m, _)| m.watch(start, end - start).is_ok());
         if !watched {
             self.counters.uncached.fetch_add(1, Ordering::Relaxed);
-            return Ok(CachedMr {
-                entry,
-                addr: a,
-                len,
-            });
+            // SAFETY: the entry was made for [a, want_end); the caller keeps it mapped.
+            return Ok(unsafe { handle(&entry, a, len) });
         }
         let mut s = self.state.lock();
         let id = s.next_id;
@@ -312,11 +290,8 @@ impl RegCache {
                 self.counters.recorder.mem_event(MemEvent::CacheEviction);
             }
         }
-        Ok(CachedMr {
-            entry,
-            addr: a,
-            len,
-        })
+        // SAFETY: as above.
+        Ok(unsafe { handle(&entry, a, len) })
     }
 
     /// Drops every cached registration overlapping `[addr, addr+len)` (handles still in use

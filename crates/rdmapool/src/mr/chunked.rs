@@ -1,94 +1,63 @@
 //! Large regions registered as several registrations in parallel
-//! ([`Registrar::register_chunked`]).
+//! ([`Registrar::register_chunked`]): a list of [`Mr`]s, and [`region_for`], which finds the
+//! one a range lies in.
 
 use super::registrar::{RegHandle, Registrar};
-use crate::fabric::{AccessFlags, Mr, RegisteredMemory, RemoteAddr, Sge};
+use crate::fabric::{AccessFlags, Mr, Raw, RegisteredMemory};
 use crate::{Error, Result};
 
-/// A large region registered as several regions of at most one chunk each, in parallel.
-#[derive(Debug)]
-pub struct ChunkedMr {
-    start: usize,
-    chunk: usize,
-    mrs: Vec<Mr>,
-}
-
-impl ChunkedMr {
-    /// The registrations, in address order.
-    pub fn regions(&self) -> &[Mr] {
-        &self.mrs
+/// The region of `regions` (sorted by address, not overlapping) that holds all of
+/// `[addr, addr+len)`: an object must live inside one registration, so a range that
+/// straddles two regions is refused, as is one outside them all.
+///
+/// ```
+/// use rdmapool::fabric::{AccessFlags, Context, RegisteredMemory, SoftConfig};
+/// use rdmapool::mr::region_for;
+/// # fn main() -> rdmapool::Result<()> {
+/// let pd = Context::open(SoftConfig::default())?.alloc_pd()?;
+/// let mut regions = vec![pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?,
+///                        pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?];
+/// regions.sort_by_key(|m| m.addr());
+/// let second = regions[1].addr() as *const u8;
+/// assert_eq!(region_for(&regions, second.wrapping_add(8), 64)?.lkey(), regions[1].lkey());
+/// assert!(region_for(&regions, second.wrapping_sub(8), 64).is_err());   // starts outside it
+/// # Ok(()) }
+/// ```
+pub fn region_for<O>(regions: &[Mr<O>], addr: *const u8, len: usize) -> Result<&Mr<O>> {
+    let addr = addr as u64;
+    let start = regions.first().map_or(0, |m| m.addr());
+    let end = regions.last().map_or(0, |m| m.addr() + m.len() as u64);
+    let outside = || Error::OutOfRange {
+        what: "registered regions",
+        offset: addr.wrapping_sub(start),
+        len: len as u64,
+        limit: end.saturating_sub(start),
+    };
+    // The last region starting at or before `addr`.
+    let i = regions.partition_point(|m| m.addr() <= addr);
+    let mr = i.checked_sub(1).map(|i| &regions[i]).ok_or_else(outside)?;
+    let off = addr - mr.addr();
+    let range_end = off.checked_add(len as u64).ok_or_else(outside)?;
+    if off >= mr.len() as u64 && !(len == 0 && off == mr.len() as u64) {
+        return Err(outside());
     }
-
-    /// Bytes per chunk (the last may be shorter).
-    pub fn chunk_len(&self) -> usize {
-        self.chunk
-    }
-
-    /// The registration covering `[addr, addr+len)`; an error if the range leaves the
-    /// region or straddles two chunks (an object must live inside one registration).
-    pub fn region_for(&self, addr: *const u8, len: usize) -> Result<&Mr> {
-        let total = self.mrs.iter().map(|m| m.len() as u64).sum();
-        let outside = |offset: usize| Error::OutOfRange {
-            what: "chunked region",
-            offset: offset as u64,
+    if range_end > mr.len() as u64 {
+        // Inside the regions but across two registrations: one work request cannot name it.
+        return Err(Error::OutOfRange {
+            what: "registration the range starts in",
+            offset: off,
             len: len as u64,
-            limit: total,
-        };
-        let off = (addr as usize)
-            .checked_sub(self.start)
-            .ok_or_else(|| outside(0))?;
-        let i = off / self.chunk;
-        let mr = self.mrs.get(i).ok_or_else(|| outside(off))?;
-        let end = off.checked_add(len).ok_or_else(|| outside(off))?;
-        if len > 0 && (end - 1) / self.chunk != i || end > i * self.chunk + mr.len() {
-            // Inside the region but across two registrations: one work request cannot name it.
-            return Err(Error::OutOfRange {
-                what: "registration of the chunked region it starts in",
-                offset: (off - i * self.chunk) as u64,
-                len: len as u64,
-                limit: mr.len() as u64,
-            });
-        }
-        Ok(mr)
+            limit: mr.len() as u64,
+        });
     }
-}
-
-impl RegisteredMemory for ChunkedMr {
-    fn addr(&self) -> u64 {
-        self.start as u64
-    }
-    fn len(&self) -> usize {
-        self.mrs.iter().map(Mr::len).sum()
-    }
-    /// The first chunk's key; [`RegisteredMemory::sge`] picks the right one per range.
-    fn lkey(&self) -> u32 {
-        self.mrs[0].lkey()
-    }
-    /// The first chunk's key; [`RegisteredMemory::remote_at`] picks the right one.
-    fn rkey(&self) -> u32 {
-        self.mrs[0].rkey()
-    }
-    /// An SGE inside the one chunk holding `[offset, offset+len)`; an error if the range
-    /// straddles two chunks.
-    fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
-        let addr = self.start.wrapping_add(offset) as *const u8;
-        let mr = self.region_for(addr, len as usize)?;
-        mr.sge(self.start + offset - mr.addr() as usize, len)
-    }
-    fn remote_at(&self, offset: usize) -> Result<RemoteAddr> {
-        crate::fabric::check_range(self.len(), offset, 0)?;
-        let i = (offset / self.chunk).min(self.mrs.len() - 1);
-        Ok(RemoteAddr {
-            addr: (self.start + offset) as u64,
-            rkey: self.mrs[i].rkey(),
-        })
-    }
+    Ok(mr)
 }
 
 impl Registrar {
     /// Registers `[addr, addr+len)` as chunks of `chunk` bytes (capped at the device's
     /// `max_mr_size` and rounded down to whole pages), all submitted at once so the workers
-    /// register them in parallel; waits for all of them.
+    /// register them in parallel; waits for all of them. The regions come back in address
+    /// order ([`region_for`] finds the one holding a range).
     ///
     /// # Safety
     /// As [`Registrar::submit_raw`], for the whole range, until the returned value drops.
@@ -98,7 +67,7 @@ impl Registrar {
         len: usize,
         chunk: usize,
         max_mr_size: u64,
-    ) -> Result<ChunkedMr> {
+    ) -> Result<Vec<Mr<Raw>>> {
         let page = crate::util::page_size();
         let chunk = (chunk.min(max_mr_size.min(usize::MAX as u64) as usize) / page) * page;
         super::check_raw(
@@ -116,21 +85,13 @@ impl Registrar {
                 max: usize::MAX as u64,
             });
         }
-        let handles: Vec<RegHandle> = (0..len.div_ceil(chunk))
+        let handles: Vec<RegHandle<Raw>> = (0..len.div_ceil(chunk))
             .map(|i| {
                 let n = chunk.min(len - i * chunk);
                 // SAFETY: each chunk lies inside the caller's range (contract above).
                 unsafe { self.submit_raw(addr.add(i * chunk), n, AccessFlags::all_remote()) }
             })
             .collect();
-        let mrs = handles
-            .iter()
-            .map(RegHandle::wait)
-            .collect::<Result<Vec<_>>>()?;
-        Ok(ChunkedMr {
-            start: addr as usize,
-            chunk,
-            mrs,
-        })
+        handles.iter().map(RegHandle::wait).collect()
     }
 }

@@ -9,12 +9,12 @@ mod monitor;
 mod registrar;
 mod state;
 
-pub use batch::{PreRegRing, SharedMr};
-pub use cache::{CacheConfig, CacheStats, CachedMr, RegCache};
-pub use chunked::ChunkedMr;
+pub use batch::PreRegRing;
+pub use cache::{CacheConfig, CacheStats, Cached, RegCache};
+pub use chunked::region_for;
 pub use huge::{HugeBacking, HugeOptions, HugeRegion, HUGE_PAGE};
 pub use registrar::{
-    LatencyClass, OwnedRegHandle, RegHandle, Registrar, RegistrarConfig, RegistrarStats,
+    LatencyClass, OwnedRegHandle, RegHandle, RegOwner, Registrar, RegistrarConfig, RegistrarStats,
     RetryPolicy, LATENCY_CLASSES,
 };
 pub use state::RegState;

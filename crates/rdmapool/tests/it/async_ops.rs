@@ -4,7 +4,7 @@
 //! CQ sizing and overrun, in all three progress modes.
 
 use crate::support::*;
-use rdmapool::cq::{CqPool, Engine, EngineConfig, LocalBuf, OpCompletion, Progress};
+use rdmapool::cq::{CqPool, Engine, EngineConfig, OpCompletion, Progress};
 use rdmapool::fabric::*;
 use std::future::Future;
 use std::pin::Pin;
@@ -211,14 +211,7 @@ fn a_cq_overrun_is_detected_and_reported() {
     let waker = std::task::Waker::noop();
     let mut cx = Context::from_waker(waker);
     let mut futs: Vec<_> = (0..32)
-        .map(|_| {
-            Box::pin(q.write(
-                LocalBuf::Region(local.clone()),
-                0,
-                8,
-                target.remote_at(0).unwrap(),
-            ))
-        })
+        .map(|_| Box::pin(q.write(Mr::share(&local), 0, 8, target.remote_at(0).unwrap())))
         .collect();
     for f in &mut futs {
         assert!(f.as_mut().poll(&mut cx).is_pending());

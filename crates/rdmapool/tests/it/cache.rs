@@ -86,7 +86,7 @@ fn a_remapped_address_never_gets_the_old_registration() {
         "the stale registration was handed back"
     );
     // The new registration really is the new memory: write through it and read it back.
-    fresh.mr().write_at(0, b"new pages").unwrap();
+    fresh.write_at(0, b"new pages").unwrap();
     let mut seen = [0u8; 9];
     // SAFETY: reading our own live mapping.
     unsafe { std::ptr::copy_nonoverlapping(q, seen.as_mut_ptr(), 9) };
@@ -174,7 +174,7 @@ fn explicit_invalidation_and_bad_input() {
     // SAFETY: as above.
     let b = unsafe { cache.get(p, PAGE) }.unwrap();
     assert_ne!(a.lkey(), b.lkey(), "an invalidated entry is not reused");
-    a.mr().write_at(0, b"still valid while held").unwrap();
+    a.write_at(0, b"still valid while held").unwrap();
     // SAFETY: a null range is refused before anything is touched.
     assert!(unsafe { cache.get(std::ptr::null(), 8) }.is_err());
     // SAFETY: an empty range is refused before anything is touched.

@@ -75,22 +75,21 @@ fn every_handle_is_registered_memory() {
             .register_chunked(region.as_ptr(), region.len(), 2 << 20, u64::MAX)
             .unwrap()
     };
-    assert_eq!(chunked.len(), 4 << 20);
-    let second = chunked.sge((2 << 20) + 8, 64).unwrap();
+    assert_eq!(chunked.iter().map(|m| m.len()).sum::<usize>(), 4 << 20);
+    let at = |offset: usize| region.as_ptr().wrapping_add(offset);
+    let second = rdmapool::mr::region_for(&chunked, at((2 << 20) + 8), 64).unwrap();
+    assert_eq!(second.lkey(), chunked[1].lkey(), "the chunk's own key");
     assert_eq!(
-        second.lkey,
-        chunked.regions()[1].lkey(),
-        "the chunk's own key"
-    );
-    assert_eq!(
-        chunked.remote_at(3 << 20).unwrap().rkey,
-        chunked.regions()[1].rkey()
+        rdmapool::mr::region_for(&chunked, at(3 << 20), 0)
+            .unwrap()
+            .rkey(),
+        chunked[1].rkey()
     );
     assert!(
-        chunked.sge((2 << 20) - 8, 64).is_err(),
+        rdmapool::mr::region_for(&chunked, at((2 << 20) - 8), 64).is_err(),
         "straddles two registrations"
     );
-    write_through(&a, &qa, &chunked, &target, 7);
+    write_through(&a, &qa, second, &target, 7);
     drop(chunked);
 }
 
@@ -174,4 +173,88 @@ fn the_registrar_registers_owned_buffers_and_survives_early_drops() {
         0,
         "every owned registration was undone"
     );
+}
+
+#[test]
+fn views_of_every_origin_share_one_type_and_keep_their_region_alive() {
+    let a = node_on(Transport::Auto);
+    let base = a.ctx.live_regions();
+    let region = Arc::new(a.pd.alloc_mr(8192, AccessFlags::all_remote()).unwrap());
+    region.write_at(100, b"viewed").unwrap();
+    let view: Mr<Shared> = Mr::share_range(&region, 100, 6).unwrap();
+    assert_eq!((view.addr(), view.len()), (region.addr() + 100, 6));
+    assert_eq!((view.lkey(), view.rkey()), (region.lkey(), region.rkey()));
+    assert_eq!(
+        view.owner().region().len(),
+        8192,
+        "the whole region it views"
+    );
+    assert!(Mr::share_range(&region, 8190, 4).is_err(), "past the end");
+    assert!(
+        view.write_at(4, b"xyz").is_err(),
+        "a view is bounded by its own range"
+    );
+    let mut got = [0u8; 6];
+    view.clone().read_at(0, &mut got).unwrap();
+    assert_eq!(&got, b"viewed");
+    // The view keeps the registration after the last other handle drops.
+    drop(region);
+    assert_eq!(a.ctx.live_regions(), base + 1);
+    view.write_at(0, b"VIEWED").unwrap();
+    drop(view);
+    assert_eq!(
+        a.ctx.live_regions(),
+        base,
+        "deregistered with the last view"
+    );
+
+    // A pooled buffer as a view: its slot goes back when the view drops.
+    let pool = BufferPool::new(a.pd.clone(), PoolConfig::default()).unwrap();
+    let buf = pool.alloc(1000).unwrap();
+    assert_eq!(buf.owner().class_len(), 1024);
+    assert!(format!("{buf:?}").contains("Pooled"), "{buf:?}");
+    let mixed: Vec<Mr<Shared>> = vec![
+        buf.into_shared(),
+        a.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE)
+            .unwrap()
+            .into_shared(),
+    ];
+    assert_eq!(pool.stats().in_use, 1);
+    drop(mixed);
+    assert_eq!(pool.stats().in_use, 0, "the slot went back");
+
+    // A cached range: offsets are relative to the address asked for.
+    let cache = RegCache::new(a.pd.clone(), CacheConfig::default()).unwrap();
+    let mem = vec![0u8; 3 * 4096];
+    // SAFETY: `mem` outlives the handles.
+    let cached = unsafe { cache.get(mem[10..].as_ptr(), 100) }.unwrap();
+    let whole = cached.owner().registration();
+    assert!(whole.addr() <= cached.addr() && whole.len() >= 100);
+    assert_eq!(cached.offset_of(mem[60..].as_ptr()).unwrap(), 50);
+    assert!(
+        cached.offset_of(mem[9..].as_ptr()).is_err(),
+        "before the range"
+    );
+    assert!(
+        cached.offset_of(mem[111..].as_ptr()).is_err(),
+        "past its end"
+    );
+    let again = cached.clone();
+    drop(cached);
+    again.write_at(0, b"cached").unwrap();
+    let mut seen = [0u8; 6];
+    again.read_at(0, &mut seen).unwrap();
+    assert_eq!(&seen, b"cached");
+    assert_eq!(&mem[10..16], b"cached", "the bytes are the Vec's own");
+
+    // A list of regions: the one holding a range, or a typed refusal.
+    let none: Vec<Mr> = Vec::new();
+    assert!(rdmapool::mr::region_for(&none, mem.as_ptr(), 1).is_err());
+    let one = vec![a.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap()];
+    let end = (one[0].addr() + 4096) as *const u8;
+    assert!(
+        rdmapool::mr::region_for(&one, end, 0).is_ok(),
+        "the end is a valid address"
+    );
+    assert!(rdmapool::mr::region_for(&one, end, 1).is_err());
 }

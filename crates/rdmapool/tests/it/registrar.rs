@@ -255,20 +255,19 @@ fn a_large_region_registers_in_chunks_and_no_object_straddles_two() {
     let chunked =
         unsafe { reg.register_chunked(region.as_ptr(), region.len(), 3 * HUGE_PAGE, max_mr) }
             .unwrap();
-    assert_eq!(chunked.regions().len(), 3, "8 huge pages in chunks of 3");
-    assert_eq!(chunked.regions()[2].len(), 2 * HUGE_PAGE);
-    let inside = chunked
-        .region_for(region.as_ptr().wrapping_add(HUGE_PAGE), 4096)
-        .unwrap();
+    assert_eq!(chunked.len(), 3, "8 huge pages in chunks of 3");
+    assert_eq!(chunked[2].len(), 2 * HUGE_PAGE);
+    let inside =
+        rdmapool::mr::region_for(&chunked, region.as_ptr().wrapping_add(HUGE_PAGE), 4096).unwrap();
     assert_eq!(inside.addr(), region.as_ptr() as u64);
     let across = region.as_ptr().wrapping_add(3 * HUGE_PAGE - 8);
     assert!(
-        chunked.region_for(across, 16).is_err(),
+        rdmapool::mr::region_for(&chunked, across, 16).is_err(),
         "a range across two registrations is refused"
     );
-    assert!(chunked
-        .region_for(region.as_ptr().wrapping_add(8 * HUGE_PAGE), 1)
-        .is_err());
+    assert!(
+        rdmapool::mr::region_for(&chunked, region.as_ptr().wrapping_add(8 * HUGE_PAGE), 1).is_err()
+    );
     // A device limit smaller than the chunk wins.
     // SAFETY: as above.
     let capped = unsafe {
@@ -280,7 +279,7 @@ fn a_large_region_registers_in_chunks_and_no_object_straddles_two() {
         )
     }
     .unwrap();
-    assert_eq!(capped.regions().len(), 4);
+    assert_eq!(capped.len(), 4);
     drop((chunked, capped));
     assert_eq!(n.ctx.live_regions(), 0);
 }

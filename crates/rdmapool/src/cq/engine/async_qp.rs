@@ -6,48 +6,10 @@ use super::future::{OpFuture, Spec};
 use super::qp_shared::QpShared;
 use super::slots::ANY_SOURCE;
 use super::Shared;
-use crate::buf::Buffer;
 use crate::fabric::provider::BindSpec;
-use crate::fabric::{AccessFlags, Mr, Mw, Qp, RegisteredMemory, RemoteAddr, RemoteRegion, WrOp};
+use crate::fabric::{AccessFlags, Mw, Qp, RegisteredMemory, RemoteAddr, RemoteRegion, WrOp};
 use crate::{Error, Result};
 use std::sync::Arc;
-
-/// Either of the two common kinds of registered memory, for a batch that mixes them (every
-/// operation of a batch takes the same buffer type).
-#[derive(Debug)]
-pub enum LocalBuf {
-    /// A registered region (shared).
-    Region(Arc<Mr>),
-    /// A pooled, pre-registered buffer.
-    Pooled(Buffer),
-}
-
-impl RegisteredMemory for LocalBuf {
-    fn addr(&self) -> u64 {
-        match self {
-            LocalBuf::Region(m) => m.addr(),
-            LocalBuf::Pooled(b) => b.addr(),
-        }
-    }
-    fn len(&self) -> usize {
-        match self {
-            LocalBuf::Region(m) => m.len(),
-            LocalBuf::Pooled(b) => b.len(),
-        }
-    }
-    fn lkey(&self) -> u32 {
-        match self {
-            LocalBuf::Region(m) => m.lkey(),
-            LocalBuf::Pooled(b) => b.lkey(),
-        }
-    }
-    fn rkey(&self) -> u32 {
-        match self {
-            LocalBuf::Region(m) => m.rkey(),
-            LocalBuf::Pooled(b) => b.rkey(),
-        }
-    }
-}
 
 /// A memory window bound by [`AsyncQp::bind_window`].
 #[derive(Debug, Clone)]
@@ -244,7 +206,7 @@ impl AsyncQp {
     /// Posts `ops` (operation, buffer, offset, length) as one list with one doorbell, only
     /// the last signalled; resolves when the last completes (RC order: all are done), or
     /// with the first error completion, and gives every buffer back in order. At most the
-    /// send-queue depth of them. ([`LocalBuf`] mixes regions and pooled buffers.)
+    /// send-queue depth of them. (Views, [`Mr<Shared>`](crate::fabric::Shared), mix regions of every origin.)
     pub fn batch<B: RegisteredMemory + Send + 'static>(
         &self,
         ops: Vec<(WrOp, B, usize, u32)>,

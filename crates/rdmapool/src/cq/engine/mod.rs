@@ -8,7 +8,7 @@ mod future;
 mod qp_shared;
 pub(crate) mod slots;
 
-pub use async_qp::{AsyncQp, LocalBuf, WindowBinding};
+pub use async_qp::{AsyncQp, WindowBinding};
 pub use future::{OpCompletion, OpFuture};
 
 use super::placement::{Assignment, CqPool};

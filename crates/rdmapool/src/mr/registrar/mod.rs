@@ -8,12 +8,12 @@ mod stats;
 mod worker;
 
 use super::state::StateCell;
-use crate::fabric::{AccessFlags, Mr, Pd, StableBuf};
+use crate::fabric::{AccessFlags, Alloc, Mr, Pd, Raw, StableBuf};
 use crate::{Error, Result};
 pub use owned::OwnedRegHandle;
 use parking_lot::{Condvar, Mutex};
-pub use request::RegHandle;
-use request::{Callback, Outcome, RegionSpec, Request};
+use request::{Callback, Job, Outcome, RegionSpec, Request};
+pub use request::{RegHandle, RegOwner};
 use stats::{inc, Counters};
 pub use stats::{LatencyClass, RegistrarStats, LATENCY_CLASSES};
 use std::collections::VecDeque;
@@ -67,7 +67,7 @@ struct Shared {
     latency: Mutex<Vec<hdrhistogram::Histogram<u64>>>,
     pd: Pd,
     cfg: RegistrarConfig,
-    queue: Mutex<VecDeque<Arc<Request>>>,
+    queue: Mutex<VecDeque<Arc<dyn Job>>>,
     work: Condvar,
     shutdown: AtomicBool,
     broken: Mutex<Option<String>>,
@@ -152,7 +152,14 @@ impl Registrar {
     /// Submits a registration of `len` bytes that the region allocates (page aligned) and
     /// owns. Returns at once.
     pub fn submit(&self, len: usize, access: AccessFlags) -> RegHandle {
-        self.enqueue(RegionSpec::Alloc { len, access }, None)
+        self.enqueue(
+            RegionSpec {
+                addr: 0,
+                len,
+                access,
+            },
+            None,
+        )
     }
 
     /// Like [`Registrar::submit`], and calls `callback` (on a worker thread, or on the
@@ -161,9 +168,16 @@ impl Registrar {
         &self,
         len: usize,
         access: AccessFlags,
-        callback: impl FnOnce(&Result<Mr>) + Send + 'static,
+        callback: impl FnOnce(&Result<Mr<Alloc>>) + Send + 'static,
     ) -> RegHandle {
-        self.enqueue(RegionSpec::Alloc { len, access }, Some(Box::new(callback)))
+        self.enqueue(
+            RegionSpec {
+                addr: 0,
+                len,
+                access,
+            },
+            Some(Box::new(callback)),
+        )
     }
 
     /// Submits a registration of caller memory.
@@ -171,9 +185,14 @@ impl Registrar {
     /// # Safety
     /// `[addr, addr+len)` must stay mapped, unmoved and unreused until the handle and any
     /// [`Mr`] obtained from it are dropped (the [`Pd::register_raw`] contract).
-    pub unsafe fn submit_raw(&self, addr: *mut u8, len: usize, access: AccessFlags) -> RegHandle {
+    pub unsafe fn submit_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> RegHandle<Raw> {
         self.enqueue(
-            RegionSpec::Raw {
+            RegionSpec {
                 addr: addr as usize,
                 len,
                 access,
@@ -182,8 +201,8 @@ impl Registrar {
         )
     }
 
-    /// Submits a registration of a buffer the caller owns, safely: the handle resolves to a
-    /// [`crate::fabric::Registered`] buffer, or to the error with the buffer back. Dropping the handle
+    /// Submits a registration of a buffer the caller owns, safely: the handle resolves to the
+    /// registered buffer (an [`Mr<B>`](Mr)), or to the error with the buffer back. Dropping the handle
     /// early cancels the request; the buffer is freed only after the worker is done with it.
     ///
     /// ```
@@ -199,7 +218,7 @@ impl Registrar {
     /// # Ok(()) }
     /// ```
     pub fn submit_owned<B: StableBuf>(&self, mut buf: B, access: AccessFlags) -> OwnedRegHandle<B> {
-        let spec = RegionSpec::Raw {
+        let spec = RegionSpec {
             addr: buf.stable_ptr() as usize,
             len: buf.stable_len(),
             access,
@@ -207,16 +226,17 @@ impl Registrar {
         OwnedRegHandle::new(self.enqueue(spec, None), buf)
     }
 
-    fn enqueue(&self, spec: RegionSpec, callback: Option<Callback>) -> RegHandle {
+    fn enqueue<O: RegOwner>(
+        &self,
+        spec: RegionSpec,
+        callback: Option<Callback<O>>,
+    ) -> RegHandle<O> {
         let req = Arc::new(Request {
             state: StateCell::new(),
             spec,
             submitted: Instant::now(),
             deadline: self.shared.cfg.timeout.map(|t| Instant::now() + t),
-            outcome: Mutex::new(Outcome {
-                callback,
-                ..Outcome::default()
-            }),
+            outcome: Mutex::new(Outcome::new(callback)),
             done: Condvar::new(),
             keep: Mutex::new(None),
         });
@@ -228,7 +248,10 @@ impl Registrar {
             req.finish(Err(Error::DeviceBroken(reason)));
         } else {
             req.state.post();
-            self.shared.queue.lock().push_back(req.clone());
+            self.shared
+                .queue
+                .lock()
+                .push_back(req.clone() as Arc<dyn Job>);
             self.shared.work.notify_one();
         }
         RegHandle {
@@ -259,13 +282,13 @@ impl Drop for Registrar {
         // Anything still queued is cancelled (its waiters get Error::Cancelled).
         let left: Vec<_> = self.shared.queue.lock().drain(..).collect();
         for r in left {
-            if r.state.cancel() {
+            if r.state().cancel() {
                 inc(&self.shared.counters.cancelled);
                 self.shared
                     .pd
                     .recorder()
                     .registrar_event(crate::fabric::recorder::RegistrarEvent::Cancelled);
-                r.finish(Err(Error::Cancelled));
+                r.finish_err(Error::Cancelled);
             }
         }
     }

@@ -2,7 +2,7 @@
 //! ([`crate::mr::Registrar::submit_owned`]).
 
 use super::RegHandle;
-use crate::fabric::{Mr, RegisterError, Registered, StableBuf};
+use crate::fabric::{Mr, Raw, RegisterError, StableBuf};
 use crate::mr::state::RegState;
 use crate::Result;
 use std::future::Future;
@@ -12,12 +12,12 @@ use std::task::{Context, Poll};
 /// A submitted registration of an owned buffer ([`super::Registrar::submit_owned`]): a future, or
 /// [`OwnedRegHandle::wait`]. Like every future it must not be polled after it resolved.
 pub struct OwnedRegHandle<B: StableBuf> {
-    handle: RegHandle,
+    handle: RegHandle<Raw>,
     buf: Option<B>,
 }
 
 impl<B: StableBuf> OwnedRegHandle<B> {
-    pub(super) fn new(handle: RegHandle, buf: B) -> Self {
+    pub(super) fn new(handle: RegHandle<Raw>, buf: B) -> Self {
         Self {
             handle,
             buf: Some(buf),
@@ -35,19 +35,19 @@ impl<B: StableBuf> OwnedRegHandle<B> {
         self.handle.cancel()
     }
 
-    fn finish(&mut self, r: Result<Mr>) -> std::result::Result<Registered<B>, RegisterError<B>> {
+    fn finish(&mut self, r: Result<Mr<Raw>>) -> std::result::Result<Mr<B>, RegisterError<B>> {
         let buf = self
             .buf
             .take()
             .expect("OwnedRegHandle polled after it resolved");
         match r {
-            Ok(mr) => Ok(Registered::from_parts(mr, buf)),
+            Ok(mr) => Ok(mr.into_owned(buf)),
             Err(e) => Err(RegisterError::new(e, buf)),
         }
     }
 
     /// Blocks until the request is final; the registered buffer, or the error and the buffer.
-    pub fn wait(mut self) -> std::result::Result<Registered<B>, RegisterError<B>> {
+    pub fn wait(mut self) -> std::result::Result<Mr<B>, RegisterError<B>> {
         let r = self.handle.wait();
         self.finish(r)
     }
@@ -56,7 +56,7 @@ impl<B: StableBuf> OwnedRegHandle<B> {
 impl<B: StableBuf> Unpin for OwnedRegHandle<B> {}
 
 impl<B: StableBuf> Future for OwnedRegHandle<B> {
-    type Output = std::result::Result<Registered<B>, RegisterError<B>>;
+    type Output = std::result::Result<Mr<B>, RegisterError<B>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match Pin::new(&mut self.handle).poll(cx) {

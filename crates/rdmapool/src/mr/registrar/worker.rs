@@ -3,11 +3,11 @@
 //! limit; EIO/ENODEV/ENXIO break the device; the rest fail at once), honour cancellation and
 //! the deadline, record the outcome.
 
-use super::request::{spec_len, RegionSpec, Request};
+use super::request::{RegOwner, Request};
 use super::stats::{inc, LATENCY_CLASSES};
 use super::Shared;
 use crate::fabric::recorder::RegistrarEvent;
-use crate::fabric::{Mr, Pd};
+use crate::fabric::Mr;
 use crate::mr::state::RegState;
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -46,17 +46,6 @@ fn classify(e: &Error) -> Class {
     }
 }
 
-fn register(pd: &Pd, spec: RegionSpec) -> Result<Mr> {
-    match spec {
-        RegionSpec::Alloc { len, access } => pd.alloc_mr(len, access),
-        // SAFETY: the submit_raw caller promised the range stays valid for the request's
-        // lifetime and that of the region it yields.
-        RegionSpec::Raw { addr, len, access } => unsafe {
-            pd.register_raw(addr as *mut u8, len, access)
-        },
-    }
-}
-
 pub(super) fn worker(s: &Shared) {
     loop {
         let req = {
@@ -71,15 +60,22 @@ pub(super) fn worker(s: &Shared) {
                 s.work.wait(&mut q);
             }
         };
-        if req.state.get() != RegState::Posted {
+        if req.state().get() != RegState::Posted {
             continue; // cancelled while queued
         }
-        let result = attempt(s, &req);
+        req.run(s);
+    }
+}
+
+/// Registers one request (with retries) and delivers the outcome.
+pub(super) fn run<O: RegOwner>(s: &Shared, req: &Request<O>) {
+    {
+        let result = attempt(s, req);
         match result {
             Ok(mr) => {
                 if req.state.complete() {
                     inc(&s.counters.completed);
-                    let len = spec_len(req.spec);
+                    let len = req.spec.len as u64;
                     let class = LATENCY_CLASSES
                         .iter()
                         .position(|&c| len <= c)
@@ -103,7 +99,7 @@ pub(super) fn worker(s: &Shared) {
 }
 
 /// Registers with retries by error class, honouring cancellation and the deadline.
-fn attempt(s: &Shared, req: &Request) -> Result<Mr> {
+fn attempt<O: RegOwner>(s: &Shared, req: &Request<O>) -> Result<Mr<O>> {
     let mut delay = s.cfg.retry.initial_delay;
     let mut retries = 0;
     loop {
@@ -115,7 +111,7 @@ fn attempt(s: &Shared, req: &Request) -> Result<Mr> {
             s.pd.recorder().registrar_event(RegistrarEvent::TimedOut);
             return Err(Error::TimedOut("registration".into()));
         }
-        let e = match register(&s.pd, req.spec) {
+        let e = match O::register(&s.pd, req.spec.addr, req.spec.len, req.spec.access) {
             Ok(mr) => return Ok(mr),
             Err(e) => e,
         };
@@ -149,9 +145,9 @@ fn attempt(s: &Shared, req: &Request) -> Result<Mr> {
 fn fail_all_queued(s: &Shared, reason: &str) {
     let left: Vec<_> = s.queue.lock().drain(..).collect();
     for r in left {
-        if r.state.fail() {
+        if r.state().fail() {
             inc(&s.counters.failed);
-            r.finish(Err(Error::DeviceBroken(reason.to_string())));
+            r.finish_err(Error::DeviceBroken(reason.to_string()));
         }
     }
 }

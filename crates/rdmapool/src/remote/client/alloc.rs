@@ -5,8 +5,8 @@
 use super::chunks::{Alloc, Answer, Free, Io, Machine, Next};
 use super::ops::timed;
 use super::{Node, Shared};
-use crate::cq::LocalBuf;
 use crate::fabric::AccessFlags;
+use crate::fabric::Mr;
 use crate::remote::layout::{largest_object, size_class};
 use crate::remote::RemotePtr;
 use crate::{Error, Result};
@@ -158,7 +158,7 @@ impl Shared {
                 let remote = self.at(node, at, bytes.len() as u64, true).await?;
                 let op = node
                     .qp
-                    .write(LocalBuf::Region(staging), 0, bytes.len() as u32, remote);
+                    .write(Mr::share(&staging), 0, bytes.len() as u32, remote);
                 let (r, _) = timed(&self.timers, node, op).await;
                 self.seen(node, r)?;
                 Ok(Answer::Written)

@@ -5,7 +5,6 @@
 
 use super::ops::timed;
 use super::{Node, Shared};
-use crate::cq::LocalBuf;
 use crate::fabric::{AccessFlags, Mr, RemoteAddr};
 use crate::remote::isolation::{Control, CONTROL_LEN, NO_SLOT, QUOTA_REACHED, REFUSED};
 use crate::remote::layout::CLIENT_SLOT;
@@ -230,11 +229,9 @@ impl Shared {
         *last = last.wrapping_add(1);
         let req = *last;
         w.buf.write_at(0, &request(req).encode())?;
-        let recv = node.qp.recv(
-            LocalBuf::Region(w.buf.clone()),
-            CONTROL_LEN,
-            CONTROL_LEN as u32,
-        );
+        let recv = node
+            .qp
+            .recv(Mr::share(&w.buf), CONTROL_LEN, CONTROL_LEN as u32);
         let mut recv = std::pin::pin!(timed(&self.timers, node, recv));
         // Posted at its first poll: before the request goes, so the answer finds it.
         let mut early = None;
@@ -245,9 +242,7 @@ impl Shared {
             Poll::Ready(())
         })
         .await;
-        let send = node
-            .qp
-            .send(LocalBuf::Region(w.buf.clone()), 0, CONTROL_LEN as u32);
+        let send = node.qp.send(Mr::share(&w.buf), 0, CONTROL_LEN as u32);
         let (sent, _) = timed(&self.timers, node, send).await;
         self.seen(node, sent)?;
         let (got, _) = match early {

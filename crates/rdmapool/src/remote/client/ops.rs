@@ -3,7 +3,7 @@
 
 use super::chunks::{Checked, Object};
 use super::{Node, Shared, Word, SCRATCH_WORDS};
-use crate::cq::LocalBuf;
+use crate::fabric::Mr;
 use crate::fabric::RemoteAddr;
 use crate::remote::layout::{self, ChunkShape};
 use crate::remote::placement::NodeLoad;
@@ -154,7 +154,7 @@ impl Shared {
     ) -> Result<u64> {
         node.check_up()?;
         let w = self.word()?;
-        let buf = LocalBuf::Region(self.scratch.mr.clone());
+        let buf = Mr::share(&self.scratch.mr);
         let op = node
             .qp
             .compare_and_swap(buf, w.offset, remote, compare, swap);
@@ -166,7 +166,7 @@ impl Shared {
     pub(super) async fn faa(&self, node: &Node, remote: RemoteAddr, add: u64) -> Result<u64> {
         node.check_up()?;
         let w = self.word()?;
-        let buf = LocalBuf::Region(self.scratch.mr.clone());
+        let buf = Mr::share(&self.scratch.mr);
         let (r, _) = timed(
             &self.timers,
             node,
@@ -180,7 +180,7 @@ impl Shared {
     pub(super) async fn read_u64(&self, node: &Node, offset: u64) -> Result<u64> {
         node.check_up()?;
         let w = self.word()?;
-        let buf = LocalBuf::Region(self.scratch.mr.clone());
+        let buf = Mr::share(&self.scratch.mr);
         let remote = self.at(node, offset, 8, false).await?;
         let (r, _) = timed(&self.timers, node, node.qp.read(buf, w.offset, 8, remote)).await;
         self.seen(node, r)?;
@@ -212,7 +212,7 @@ impl Shared {
             self.pd
                 .alloc_mr(words * 8, crate::fabric::AccessFlags::LOCAL_WRITE)?,
         );
-        let local = LocalBuf::Region(mr.clone());
+        let local = Mr::share(&mr);
         let remote = self.at(node, base, words as u64 * 8, false).await?;
         let op = node.qp.read(local, 0, (words * 8) as u32, remote);
         let (r, _) = timed(&self.timers, node, op).await;

@@ -15,8 +15,7 @@ use super::lease::Reaper;
 use super::sweep;
 use crate::conn::Listener;
 use crate::fabric::{
-    AccessFlags, Completion, Context, Cq, Pd, PreSharedKey, Qp, Registered, RegisteredMemory,
-    WcOpcode,
+    AccessFlags, Completion, Context, Cq, Mr, Pd, PreSharedKey, Qp, RegisteredMemory, WcOpcode,
 };
 use crate::metrics::ServerStats;
 use crate::mr::{HugeOptions, HugeRegion};
@@ -85,7 +84,7 @@ struct Inner {
     incarnation: u64,
     layout: Layout,
     lease: Duration,
-    region: Registered<HugeRegion>,
+    region: Mr<HugeRegion>,
     pd: Pd,
     cq: Cq,
     /// Receive buffers for the two-sided messages nobody sends (see `requests_handled`).
@@ -144,7 +143,6 @@ impl sweep::Words for Inner {
 impl Inner {
     fn word(&self, offset: u64) -> &AtomicU64 {
         self.region
-            .mr()
             .atomic_u64(offset as usize)
             .expect("layout offsets are aligned and inside the region")
     }

@@ -20,7 +20,7 @@ async fn many_concurrent_futures_over_several_qps_and_cqs() {
             let futs: Vec<_> = (0..256)
                 .map(|i| {
                     s.qps[i % 4].write(
-                        LocalBuf::Region(local.clone()),
+                        Mr::share(&local),
                         i * 4096,
                         4096,
                         s.target.remote_at(i * 4096).unwrap(),
@@ -32,9 +32,7 @@ async fn many_concurrent_futures_over_several_qps_and_cqs() {
             // Atomics and reads through the same engine.
             let word = s.target.remote_at(0).unwrap();
             let futs: Vec<_> = (0..64)
-                .map(|i| {
-                    s.qps[i % 4].fetch_and_add(LocalBuf::Region(local.clone()), 8 * i, word, 1)
-                })
+                .map(|i| s.qps[i % 4].fetch_and_add(Mr::share(&local), 8 * i, word, 1))
                 .collect();
             all_ok(futs).await;
             let before = u64::from_ne_bytes(pattern(8, 0).try_into().unwrap());
@@ -51,7 +49,7 @@ async fn many_concurrent_futures_over_several_qps_and_cqs() {
             let futs: Vec<_> = (1..256)
                 .map(|i| {
                     s.qps[i % 4].read(
-                        LocalBuf::Region(back.clone()),
+                        Mr::share(&back),
                         i * 4096,
                         4096,
                         s.target.remote_at(i * 4096).unwrap(),
@@ -86,7 +84,7 @@ async fn mixed_batches_post_once_and_signal_once() {
                     remote: s.target.remote_at(i * 64).unwrap(),
                     imm: None,
                 },
-                LocalBuf::Region(local.clone()),
+                Mr::share(&local),
                 i * 64,
                 64,
             ));
@@ -95,7 +93,7 @@ async fn mixed_batches_post_once_and_signal_once() {
                     remote: counter,
                     add: 1,
                 },
-                LocalBuf::Region(local.clone()),
+                Mr::share(&local),
                 2048 + 8 * i,
                 8,
             ));
@@ -103,7 +101,7 @@ async fn mixed_batches_post_once_and_signal_once() {
                 WrOp::Read {
                     remote: s.target.remote_at(i * 64).unwrap(),
                 },
-                LocalBuf::Region(local.clone()),
+                Mr::share(&local),
                 4096 + i * 64,
                 64,
             ));
@@ -129,7 +127,7 @@ async fn mixed_batches_post_once_and_signal_once() {
                         remote: s.target.remote_at(0).unwrap(),
                         imm: None,
                     },
-                    LocalBuf::Region(local.clone()),
+                    Mr::share(&local),
                     0,
                     8,
                 )
@@ -147,7 +145,7 @@ async fn mixed_batches_post_once_and_signal_once() {
                     remote: good,
                     imm: None,
                 },
-                LocalBuf::Region(local.clone()),
+                Mr::share(&local),
                 0,
                 8,
             ),
@@ -159,7 +157,7 @@ async fn mixed_batches_post_once_and_signal_once() {
                     },
                     imm: None,
                 },
-                LocalBuf::Region(local.clone()),
+                Mr::share(&local),
                 0,
                 8,
             ),
@@ -185,7 +183,7 @@ async fn a_full_send_queue_makes_futures_wait_not_fail() {
         let futs: Vec<_> = (0..200)
             .map(|i| {
                 s.qps[0].write(
-                    LocalBuf::Region(local.clone()),
+                    Mr::share(&local),
                     0,
                     64,
                     s.target.remote_at(64 * (i % 16)).unwrap(),
@@ -212,7 +210,7 @@ async fn cancellation_storms_never_free_a_buffer_early() {
             // posting), or cancelled by a timeout while waiting.
             for i in 0..32 {
                 let mut f = Box::pin(s.qps[i % 2].read(
-                    LocalBuf::Region(local.clone()),
+                    Mr::share(&local),
                     0,
                     1 << 20,
                     s.target.remote_at(0).unwrap(),
@@ -223,7 +221,7 @@ async fn cancellation_storms_never_free_a_buffer_early() {
                 drop(f);
             }
             let f = s.qps[round % 2].read(
-                LocalBuf::Region(local.clone()),
+                Mr::share(&local),
                 0,
                 1 << 20,
                 s.target.remote_at(0).unwrap(),
@@ -244,15 +242,10 @@ async fn cancellation_storms_never_free_a_buffer_early() {
         // Both QPs still work, with verified data.
         for (i, q) in s.qps.iter().enumerate() {
             local.write_at(0, &pattern(4096, i as u8 + 3)).unwrap();
-            q.write(
-                LocalBuf::Region(local.clone()),
-                0,
-                4096,
-                s.target.remote_at(0).unwrap(),
-            )
-            .await
-            .0
-            .unwrap();
+            q.write(Mr::share(&local), 0, 4096, s.target.remote_at(0).unwrap())
+                .await
+                .0
+                .unwrap();
             let mut got = vec![0u8; 4096];
             s.target.read_at(0, &mut got).unwrap();
             assert!(got == pattern(4096, i as u8 + 3), "{mode:?} qp {i}");
@@ -272,7 +265,7 @@ async fn a_qp_forced_into_error_fails_its_pending_futures() {
         let doomed: Vec<_> = (0..16)
             .map(|_| {
                 s.qps[0].read(
-                    LocalBuf::Region(local.clone()),
+                    Mr::share(&local),
                     0,
                     1 << 20,
                     s.target.remote_at(0).unwrap(),
@@ -308,12 +301,7 @@ async fn a_qp_forced_into_error_fails_its_pending_futures() {
         }
         // The other QP on the engine keeps working.
         s.qps[1]
-            .write(
-                LocalBuf::Region(local.clone()),
-                0,
-                8,
-                s.target.remote_at(0).unwrap(),
-            )
+            .write(Mr::share(&local), 0, 8, s.target.remote_at(0).unwrap())
             .await
             .0
             .unwrap();
@@ -337,12 +325,7 @@ async fn a_qp_outliving_its_engine_handle_still_completes() {
         local.write_at(0, b"after the engine").unwrap();
         let done = tokio::time::timeout(
             WAIT,
-            qps[0].write(
-                LocalBuf::Region(local.clone()),
-                0,
-                16,
-                target.remote_at(0).unwrap(),
-            ),
+            qps[0].write(Mr::share(&local), 0, 16, target.remote_at(0).unwrap()),
         )
         .await
         .unwrap_or_else(|_| panic!("{mode:?}: no progress after the Engine handle was dropped"));

@@ -29,7 +29,7 @@ async fn event_driven_progress_on_a_single_threaded_runtime() {
             let futs: Vec<_> = (0..8)
                 .map(|i| {
                     s.qps[i % 2].write(
-                        LocalBuf::Region(local.clone()),
+                        Mr::share(&local),
                         i * 4096,
                         4096,
                         s.target.remote_at(i * 4096).unwrap(),
@@ -107,12 +107,7 @@ fn caller_driven_progress_without_threads() {
     let s = setup(1, Transport::Auto, config(), Progress::Caller);
     let local = Arc::new(s._a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
     local.write_at(0, b"polled by me").unwrap();
-    let mut f = Box::pin(s.qps[0].write(
-        LocalBuf::Region(local.clone()),
-        0,
-        12,
-        s.target.remote_at(0).unwrap(),
-    ));
+    let mut f = Box::pin(s.qps[0].write(Mr::share(&local), 0, 12, s.target.remote_at(0).unwrap()));
     let waker = std::task::Waker::noop();
     let mut cx = Context::from_waker(waker);
     let until = std::time::Instant::now() + WAIT;
@@ -179,7 +174,7 @@ fn the_only_operation_in_flight_waits_for_its_completion_before_parking() {
         let count = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
         let waker = std::task::Waker::from(count.clone());
         let mut cx = Context::from_waker(&waker);
-        let mut f = Box::pin(q.write(LocalBuf::Region(local), 0, 8, target.remote_at(0).unwrap()));
+        let mut f = Box::pin(q.write(Mr::share(&local), 0, 8, target.remote_at(0).unwrap()));
         assert!(
             f.as_mut().poll(&mut cx).is_pending(),
             "the first poll posts"
