@@ -171,5 +171,11 @@ pub enum ToolError {
     Usage(String),
 }
 
+impl From<rdmapool::CoreError> for ToolError {
+    fn from(e: rdmapool::CoreError) -> Self {
+        ToolError::Rdma(e.into())
+    }
+}
+
 /// Result with [`ToolError`].
 pub type Result<T> = std::result::Result<T, ToolError>;

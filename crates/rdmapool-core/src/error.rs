@@ -1,15 +1,15 @@
-//! The library's typed errors.
+//! The errors of the object model and its providers, and the vocabulary every layer shares
+//! (limits, ranges, settings, keys, system calls, connections).
 
 use std::io;
 
-/// Every fallible call in rdmapool returns this error type.
+/// What the object model (`fabric`) and its providers fail with, in words every layer shares:
+/// a size outside its limits, a range past its end, a bad setting or key, a failed system
+/// call, a refused connection. `rdmapool::Error` wraps it (`rdmapool::Error::Core`) beside the
+/// failures of the layers above (registration, buffer pools, the remote pool).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// An argument was out of range or inconsistent; the message says which and why.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
-
     /// A size, depth or count is outside what the device or the library allows.
     #[error("{what} is {value}: it must be {min}..={max}")]
     OutOfLimits {
@@ -149,20 +149,6 @@ pub enum Error {
         depth: u32,
     },
 
-    /// A buffer pool has no free buffer of the class asked for right now.
-    #[error(
-        "buffer pool: no free {class}-byte buffer ({chunks} of at most {max_chunks} chunks \
-         registered; below the limit more is being registered, so retry or use alloc_wait)"
-    )]
-    PoolExhausted {
-        /// The size class (bytes) that ran out.
-        class: usize,
-        /// Chunks the pool has registered or is registering.
-        chunks: usize,
-        /// The pool's chunk limit.
-        max_chunks: usize,
-    },
-
     /// The queue pair is not in a state that allows the operation.
     #[error("QP {qpn} is in state {state}; {needed}")]
     InvalidQpState {
@@ -227,31 +213,10 @@ pub enum Error {
         reason: String,
     },
 
-    /// An operation of the progress engine completed with an error status.
-    #[error("{opcode:?} work request completed with {status}")]
-    Completion {
-        /// The status (as `ibv_wc_status`).
-        status: crate::fabric::WcStatus,
-        /// What completed (the posted request's opcode; for a batch, the one that failed).
-        opcode: crate::fabric::WcOpcode,
-    },
-
     /// A memory-window bind or invalidate the window's state does not allow, refused before
     /// anything was posted (see [`crate::fabric::Mw`]).
     #[error("memory window: {0}")]
     Window(#[from] crate::fabric::WindowError),
-
-    /// The request was cancelled before it completed.
-    #[error("cancelled")]
-    Cancelled,
-
-    /// An operation did not finish in the time allowed.
-    #[error("{0} timed out (ETIMEDOUT)")]
-    TimedOut(String),
-
-    /// The device failed (EIO/ENODEV) and refuses further work.
-    #[error("device broken: {0}")]
-    DeviceBroken(String),
 
     /// The device or provider does not support what was asked (the message says what).
     #[error("not supported: {0}")]
@@ -260,37 +225,6 @@ pub enum Error {
     /// Objects from different contexts or providers were mixed.
     #[error("object mismatch: {0}")]
     Mismatch(String),
-
-    /// A memory server of the remote pool cannot be reached (it left, died, or is draining
-    /// and refuses new allocations); pointers into it fail with this until it is back.
-    #[error("pool node {node} is down: {reason}")]
-    NodeDown {
-        /// The node's id.
-        node: u32,
-        /// What was seen.
-        reason: String,
-    },
-
-    /// An access through a remote pointer reaches past the allocation it names.
-    #[error("access of {len} bytes at offset {offset} of a {limit}-byte remote allocation")]
-    OutOfBounds {
-        /// Offset of the access inside the allocation.
-        offset: u64,
-        /// Bytes accessed.
-        len: u64,
-        /// The allocation's length.
-        limit: u64,
-    },
-
-    /// A peer did not prove it holds the cluster key this side was given (a pool server
-    /// without the key, with another key, or answering for another connection).
-    #[error("{peer} is not authenticated: {reason}")]
-    Unauthenticated {
-        /// Who (a pool node and its address).
-        peer: String,
-        /// What was missing or wrong.
-        reason: String,
-    },
 
     /// A listener beyond loopback was to start without a key (secure by default, as Redis's
     /// protected mode): anyone who can reach it could use it.
@@ -306,72 +240,6 @@ pub enum Error {
         addr: std::net::SocketAddr,
         /// How to give it a key.
         fix: &'static str,
-    },
-
-    /// A remote pointer does not name a live allocation (never allocated, or freed already).
-    #[error("not a live allocation: {0}")]
-    NotAllocated(String),
-
-    /// A remote pointer names an incarnation of its node that is not the one this client is
-    /// connected to: the server restarted (its memory is new; the allocation is gone), or the
-    /// pointer carries no incarnation (0, an old text form). Refused before any byte moves.
-    #[error(
-        "stale pointer: node {node} is incarnation {current:#x} now, the pointer names {}",
-        if *incarnation == 0 { "no incarnation (an old node:offset:len form)".to_string() } else { format!("{incarnation:#x} (the server restarted since; the allocation is gone)") }
-    )]
-    StalePointer {
-        /// The node.
-        node: u32,
-        /// The incarnation the pointer names (0: none).
-        incarnation: u64,
-        /// The node's incarnation as this client knows it.
-        current: u64,
-    },
-
-    /// No memory server of the pool is reachable (none answered, or all are down).
-    #[error("no memory server is reachable: {reason}")]
-    NoServer {
-        /// What was tried and seen.
-        reason: String,
-    },
-
-    /// Every server that could take the allocation is draining (shutting down): it accepts
-    /// no new allocations; existing ones stay usable until it stops.
-    #[error("pool node {node} is draining: it takes no new allocations")]
-    Draining {
-        /// A draining node.
-        node: u32,
-    },
-
-    /// No memory server has room for an allocation of this size.
-    #[error("remote pool exhausted: no node has room for {size} bytes")]
-    RemoteExhausted {
-        /// The size asked for.
-        size: u64,
-    },
-
-    /// Another live client holds this client id on a node.
-    #[error("client id {id} is held by a live client on node {node}")]
-    ClientIdInUse {
-        /// The id.
-        id: u64,
-        /// The node where it is held.
-        node: u32,
-    },
-
-    /// A node isolates its clients (`remote::Isolation::Isolated`) and this access is
-    /// outside what it grants this client: another client's chunk, or a write to the
-    /// header, lease slots or chunk table. Refused before anything is posted.
-    #[error(
-        "node {node} isolates its clients: offset {offset:#x} is not this client's ({reason})"
-    )]
-    Isolated {
-        /// The node.
-        node: u32,
-        /// The offset in its region.
-        offset: u64,
-        /// Whose it is, or why not.
-        reason: String,
     },
 }
 

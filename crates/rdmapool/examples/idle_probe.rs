@@ -65,24 +65,28 @@ fn raise_fd_limit(want: u64) {
 /// A soft NIC whose connection limits take `qps` QPs.
 fn open_roomy(qps: usize) -> rdmapool::Result<Context> {
     let cfg = SoftConfig::from_env()?;
-    Context::open(SoftConfig {
+    Ok(Context::open(SoftConfig {
         admission: Admission {
             max_connections: (2 * qps).max(1024),
             max_connections_per_peer: (2 * qps).max(256),
             ..cfg.admission
         },
         ..cfg
-    })
+    })?)
 }
 
 /// Connects `x` (initialised) to the peer at `peer`.
 fn connect(x: &Qp, peer: &str) -> rdmapool::Result<()> {
     x.modify_to_rtr(&Endpoint::from_hex(peer.trim())?)?;
-    x.modify_to_rts()
+    Ok(x.modify_to_rts()?)
 }
 
 fn bad_peer(what: &str) -> rdmapool::Error {
-    rdmapool::Error::InvalidArgument(format!("idle_probe: the peer process {what}"))
+    rdmapool::CoreError::Connection {
+        peer: "idle_probe's peer process".into(),
+        reason: what.into(),
+    }
+    .into()
 }
 
 /// The child: a NIC whose QPs connect to the parent's. Reads a count, then that many

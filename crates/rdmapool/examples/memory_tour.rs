@@ -115,23 +115,20 @@ fn client(provider: ProviderKind, addr: SocketAddr) -> rdmapool::Result<()> {
     Ok(())
 }
 
-fn main() -> rdmapool::Result<()> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let provider = match args.first() {
         Some(p) => ProviderKind::parse(p)?,
         None => ProviderKind::Soft,
     };
     let ip = args.get(1).map_or("127.0.0.1", String::as_str);
-    let ip = ip
-        .parse()
-        .map_err(|e| rdmapool::Error::InvalidArgument(format!("address {ip:?}: {e}")))?;
+    let ip = ip.parse().map_err(|e| format!("address {ip:?}: {e}"))?;
     let listener = Listener::bind(provider, SocketAddr::new(ip, 0))?;
     let addr = listener.local_addr();
     println!("{provider}: listening on {addr} ({:?})", listener.manager());
     let srv = std::thread::spawn(move || server(provider, listener));
     client(provider, addr)?;
-    srv.join()
-        .map_err(|_| rdmapool::Error::InvalidArgument("the server thread panicked".into()))??;
+    srv.join().map_err(|_| "the server thread panicked")??;
     println!("memory tour: every check passed");
     Ok(())
 }

@@ -162,7 +162,7 @@ fn main() -> rdmapool::Result<()> {
         // Registration churn: owned regions and registered Vecs of 4 KiB..1 MiB.
         for _ in 0..8 {
             let len = 4096 << (rng.next() % 9);
-            iv.control(|| cpd.alloc_mr(len as usize, ALL).map(drop));
+            iv.control(|| Ok(cpd.alloc_mr(len as usize, ALL).map(drop)?));
             iv.control(|| {
                 cpd.register(vec![1u8; len as usize], ALL)
                     .map(drop)

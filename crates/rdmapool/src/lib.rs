@@ -47,7 +47,8 @@ mod providers;
 pub mod remote;
 
 pub use providers::devices;
-pub use rdmapool_core::{Error, Result};
+mod error;
+pub use error::{CoreError, Error, Result};
 /// The soft provider (crate `rdmapool-soft`): its options, and [`soft::tcp_addr`].
 pub use rdmapool_soft as soft;
 

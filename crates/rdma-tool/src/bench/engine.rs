@@ -37,7 +37,7 @@ impl Target<'_> {
     fn rig(&self, cqs: usize, qps: usize, progress: Progress) -> Result<Rig> {
         let cq_list = (0..cqs)
             .map(|_| self.ctx.create_cq(4096))
-            .collect::<rdmapool::Result<Vec<_>>>()?;
+            .collect::<std::result::Result<Vec<_>, rdmapool::CoreError>>()?;
         let engine = Engine::new(
             cq_list.clone(),
             EngineConfig {

@@ -112,16 +112,17 @@ macro_rules! forward_registered_memory {
 
 forward_registered_memory!(Arc, Box);
 
-/// A registration of an owned buffer failed: the error, and the buffer back, untouched.
-pub struct RegisterError<B> {
+/// A registration of an owned buffer failed: the error, and the buffer back, untouched. `E`
+/// is the error type of the layer that registered (`rdmapool::Error` for the registrar).
+pub struct RegisterError<B, E = Error> {
     /// Why registration failed.
-    pub error: Error,
+    pub error: E,
     buf: B,
 }
 
-impl<B> RegisterError<B> {
+impl<B, E> RegisterError<B, E> {
     #[doc(hidden)]
-    pub fn new(error: Error, buf: B) -> Self {
+    pub fn new(error: E, buf: B) -> Self {
         Self { error, buf }
     }
 
@@ -131,7 +132,7 @@ impl<B> RegisterError<B> {
     }
 }
 
-impl<B> std::fmt::Debug for RegisterError<B> {
+impl<B, E: std::fmt::Debug> std::fmt::Debug for RegisterError<B, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RegisterError")
             .field("error", &self.error)
@@ -139,13 +140,13 @@ impl<B> std::fmt::Debug for RegisterError<B> {
     }
 }
 
-impl<B> std::fmt::Display for RegisterError<B> {
+impl<B, E: std::fmt::Display> std::fmt::Display for RegisterError<B, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Display::fmt(&self.error, f)
     }
 }
 
-impl<B> std::error::Error for RegisterError<B> {
+impl<B, E: std::error::Error + 'static> std::error::Error for RegisterError<B, E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&self.error)
     }

@@ -182,15 +182,16 @@ fn shared_chunk(served: usize) -> Carve {
 impl BufferPool {
     /// Registers the chunks [`PoolConfig::chunks_per_class`] asks for (through a registrar of
     /// its own) and returns once they are registered. A registration the locked-memory limit
-    /// refuses is [`Error::MemlockLimit`], whose message says how to raise the limit.
+    /// refuses is [`CoreError::MemlockLimit`](crate::CoreError::MemlockLimit), whose message says how to raise the limit.
     pub fn new(pd: Pd, cfg: PoolConfig) -> Result<Self> {
         cfg.access.validate()?;
-        let served = class_of(cfg.largest.max(1)).ok_or(Error::OutOfLimits {
-            what: "PoolConfig::largest (bytes)",
-            value: cfg.largest as u64,
-            min: 1,
-            max: CLASSES[CLASSES.len() - 1] as u64,
-        })? + 1;
+        let served =
+            class_of(cfg.largest.max(1)).ok_or(Error::Core(crate::CoreError::OutOfLimits {
+                what: "PoolConfig::largest (bytes)",
+                value: cfg.largest as u64,
+                min: 1,
+                max: CLASSES[CLASSES.len() - 1] as u64,
+            }))? + 1;
         // The first round: one chunk shared by the classes below 2 MiB, one for 2 MiB.
         let first = 1 + usize::from(served == CLASSES.len());
         let initial = match cfg.chunks_per_class {
@@ -199,12 +200,12 @@ impl BufferPool {
         };
         if cfg.max_chunks == 0 || initial > cfg.max_chunks {
             // max_chunks must be positive and hold the chunks_per_class the classes start with.
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "PoolConfig::max_chunks (chunks_per_class x classes served)",
                 value: cfg.max_chunks as u64,
                 min: initial.max(1) as u64,
                 max: usize::MAX as u64,
-            });
+            }));
         }
         let recorder = pd.recorder().clone();
         let registrar = Registrar::new(
@@ -251,10 +252,9 @@ impl BufferPool {
             .find(|&c| pool.shared.free[c].lock().is_empty())
         {
             return Err(pool.shared.first_error.lock().take().unwrap_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "pool: the chunk for the {}-byte class could not be registered",
-                    CLASSES[class]
-                ))
+                Error::PoolChunkFailed {
+                    class: CLASSES[class],
+                }
             }));
         }
         Ok(pool)
@@ -266,12 +266,12 @@ impl BufferPool {
         let s = &self.shared;
         if s.chunk_count.fetch_add(1, Ordering::AcqRel) >= s.cfg.max_chunks {
             s.chunk_count.fetch_sub(1, Ordering::AcqRel);
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "chunks of the pool",
                 value: s.cfg.max_chunks as u64 + 1,
                 min: 1,
                 max: s.cfg.max_chunks as u64,
-            });
+            }));
         }
         let memory = HugeRegion::alloc(HUGE_PAGE, HugeOptions::default())?;
         let handle = s.registrar.submit_owned(memory, s.cfg.access);
@@ -335,12 +335,12 @@ impl BufferPool {
         let served = self.shared.served;
         let class = class_of(len)
             .filter(|&c| len > 0 && c < served)
-            .ok_or(Error::OutOfLimits {
+            .ok_or(Error::Core(crate::CoreError::OutOfLimits {
                 what: "buffer length",
                 value: len as u64,
                 min: 1,
                 max: CLASSES[served - 1] as u64,
-            })?;
+            }))?;
         let s = &self.shared;
         let slot = CACHE
             .with(|c| c.borrow_mut().get_mut(&s.id).and_then(|v| v[class].pop()))

@@ -23,9 +23,11 @@ pub(super) const RTU: u8 = 4;
 const MAX_BODY: usize = 2 + Endpoint::MAX_LEN + 2 + MAX_ACCEPT_PRIVATE_DATA;
 
 pub(super) fn io_err(peer: SocketAddr, what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
-    move |e| Error::Connection {
-        peer: peer.to_string(),
-        reason: format!("{what}: {e}"),
+    move |e| {
+        Error::Core(crate::CoreError::Connection {
+            peer: peer.to_string(),
+            reason: format!("{what}: {e}"),
+        })
     }
 }
 
@@ -134,10 +136,10 @@ impl Message {
 }
 
 fn bad(reason: String) -> Error {
-    Error::Malformed {
+    Error::Core(crate::CoreError::Malformed {
         what: "connection-manager message",
         reason,
-    }
+    })
 }
 
 pub(super) fn send(s: &mut TcpStream, peer: SocketAddr, m: &Message) -> Result<()> {

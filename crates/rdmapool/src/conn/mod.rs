@@ -9,7 +9,7 @@
 //! frame that says where the data ends (RDMA CM pads what it delivers; docs/PROTOCOL.md has
 //! the bytes, and [`encode_private_data`]/[`decode_private_data`] implement them for any
 //! transport). Both managers check the same limits, the TCP one included; longer private
-//! data is [`Error::OutOfLimits`], never cut.
+//! data is [`CoreError::OutOfLimits`](crate::CoreError::OutOfLimits), never cut.
 //!
 //! ```
 //! use rdmapool::conn::*;
@@ -91,7 +91,11 @@ impl Manager {
         crate::providers::find(kind)
             .connection_manager()
             .map(Some)
-            .ok_or_else(|| Error::Unsupported(format!("the {kind} provider has no {self:?}")))
+            .ok_or_else(|| {
+                Error::Core(crate::CoreError::Unsupported(format!(
+                    "the {kind} provider has no {self:?}"
+                )))
+            })
     }
 }
 
@@ -165,11 +169,11 @@ impl Listener {
     /// Waits up to `timeout` for the next connection request. On the TCP CM port, peers
     /// that send garbage are dropped and waiting goes on. An RDMA CM request whose private
     /// data is not framed ([`decode_private_data`]) is rejected (the requester gets
-    /// [`Error::Rejected`] saying why) and reported here as [`Error::BadPrivateData`] with
+    /// [`CoreError::Rejected`](crate::CoreError::Rejected) saying why) and reported here as [`CoreError::BadPrivateData`](crate::CoreError::BadPrivateData) with
     /// the raw bytes; call again for the next request.
     ///
-    /// [`Error::Rejected`]: crate::Error::Rejected
-    /// [`Error::BadPrivateData`]: crate::Error::BadPrivateData
+    /// [`CoreError::Rejected`](crate::CoreError::Rejected): crate::CoreError::Rejected
+    /// [`CoreError::BadPrivateData`](crate::CoreError::BadPrivateData): crate::CoreError::BadPrivateData
     pub fn get_request(&self, timeout: Duration) -> Result<ConnRequest> {
         let port = match &self.kind {
             ListenerKind::Tcp(p) => p,
@@ -249,17 +253,19 @@ impl ConnRequest {
         // link): not bounded by how often the caller polls for requests.
         let timeout = self.timeout.max(cfg.timeout);
         let r = match self.kind {
-            RequestKind::Native(r) => r.accept(pd, send_cq, recv_cq, cfg, private_data, timeout),
+            RequestKind::Native(r) => r
+                .accept(pd, send_cq, recv_cq, cfg, private_data, timeout)
+                .map_err(Error::from),
             RequestKind::Tcp(r) => r.accept(pd, send_cq, recv_cq, cfg, private_data, timeout),
         };
         pd.recorder().record_connection(false, r.is_ok());
         r
     }
 
-    /// Refuses the request; the requester gets [`Error::Rejected`] with `private_data`
+    /// Refuses the request; the requester gets [`CoreError::Rejected`](crate::CoreError::Rejected) with `private_data`
     /// (at most [`MAX_REJECT_PRIVATE_DATA`] bytes).
     ///
-    /// [`Error::Rejected`]: crate::Error::Rejected
+    /// [`CoreError::Rejected`](crate::CoreError::Rejected): crate::CoreError::Rejected
     pub fn reject(self, private_data: &[u8]) -> Result<()> {
         check_private(
             private_data,
@@ -267,7 +273,7 @@ impl ConnRequest {
             "bytes of private data in a reject",
         )?;
         match self.kind {
-            RequestKind::Native(r) => r.reject(private_data),
+            RequestKind::Native(r) => Ok(r.reject(private_data)?),
             RequestKind::Tcp(r) => r.reject(private_data),
         }
     }
@@ -287,13 +293,13 @@ pub struct Connection {
 /// [`Listener`] at `addr`, sending `private_data`; returns the QP (on `pd`, in RTS) with the
 /// acceptor's private data. Dropping the QP disconnects.
 ///
-/// Errors: [`Error::Rejected`] with the acceptor's reason; [`Error::BadPrivateData`] (raw
+/// Errors: [`CoreError::Rejected`](crate::CoreError::Rejected) with the acceptor's reason; [`CoreError::BadPrivateData`](crate::CoreError::BadPrivateData) (raw
 /// bytes inside) when an RDMA CM peer accepted with unframed private data, after which the
-/// connection is closed; [`Error::Connection`] when the peer is unreachable or silent.
+/// connection is closed; [`CoreError::Connection`](crate::CoreError::Connection) when the peer is unreachable or silent.
 ///
-/// [`Error::Rejected`]: crate::Error::Rejected
-/// [`Error::BadPrivateData`]: crate::Error::BadPrivateData
-/// [`Error::Connection`]: crate::Error::Connection
+/// [`CoreError::Rejected`](crate::CoreError::Rejected): crate::CoreError::Rejected
+/// [`CoreError::BadPrivateData`](crate::CoreError::BadPrivateData): crate::CoreError::BadPrivateData
+/// [`CoreError::Connection`](crate::CoreError::Connection): crate::CoreError::Connection
 #[allow(clippy::too_many_arguments)]
 pub fn connect(
     manager: impl Into<Manager>,

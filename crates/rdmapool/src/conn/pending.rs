@@ -123,10 +123,10 @@ impl CmPort {
                 }
             }
             if now >= deadline {
-                return Err(Error::Connection {
+                return Err(Error::Core(crate::CoreError::Connection {
                     peer: self.addr.to_string(),
                     reason: format!("no connection request within {timeout:?}"),
-                });
+                }));
             }
             let wake = pending
                 .iter()

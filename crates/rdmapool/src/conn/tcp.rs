@@ -75,10 +75,10 @@ impl TcpRequest {
         send(&mut self.stream, self.peer, &rep)?;
         let rtu = Message::read(&mut self.stream, self.peer, Instant::now() + timeout)?;
         if rtu.kind != RTU {
-            return Err(Error::Connection {
+            return Err(Error::Core(crate::CoreError::Connection {
                 peer: self.peer.to_string(),
                 reason: "the requester did not complete the handshake".into(),
-            });
+            }));
         }
         Ok(qp)
     }
@@ -141,13 +141,13 @@ pub(super) fn connect(
         }
         Message {
             kind: REJ, private, ..
-        } => Err(Error::Rejected {
+        } => Err(Error::Core(crate::CoreError::Rejected {
             peer: addr.to_string(),
             private_data: private,
-        }),
-        _ => Err(Error::Malformed {
+        })),
+        _ => Err(Error::Core(crate::CoreError::Malformed {
             what: "connection-manager message",
             reason: "expected an accept or a reject".into(),
-        }),
+        })),
     }
 }

@@ -33,28 +33,28 @@ impl CqPool {
     /// Creates `count` CQs of `depth` entries on `ctx`.
     pub fn new(ctx: &Context, count: usize, depth: u32) -> Result<Self> {
         if count == 0 {
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "CQs in a CQ pool",
                 value: 0,
                 min: 1,
                 max: u32::MAX.into(),
-            });
+            }));
         }
         let cqs = (0..count)
             .map(|_| ctx.create_cq(depth))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<rdmapool_core::Result<Vec<_>>>()?;
         Self::from_cqs(cqs)
     }
 
     /// A pool of CQs made elsewhere (at least one).
     pub fn from_cqs(cqs: Vec<Cq>) -> Result<Self> {
         if cqs.is_empty() {
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "CQs in a CQ pool",
                 value: 0,
                 min: 1,
                 max: u32::MAX.into(),
-            });
+            }));
         }
         Ok(Self {
             reserved: cqs.iter().map(|_| AtomicU64::new(0)).collect(),
@@ -107,18 +107,20 @@ impl CqPool {
                     })
                     .is_ok()
             })
-            .ok_or_else(|| Error::OutOfLimits {
-                what: "CQ entries a QP needs, send + receive depth (use deeper or more CQs)",
-                value: need,
-                min: 0,
-                // The most room any CQ has left now.
-                max: (0..n)
-                    .map(|i| {
-                        let depth = self.cqs[i].depth() as u64;
-                        depth.saturating_sub(self.reserved[i].load(Ordering::Acquire))
-                    })
-                    .max()
-                    .unwrap_or(0),
+            .ok_or_else(|| {
+                Error::Core(crate::CoreError::OutOfLimits {
+                    what: "CQ entries a QP needs, send + receive depth (use deeper or more CQs)",
+                    value: need,
+                    min: 0,
+                    // The most room any CQ has left now.
+                    max: (0..n)
+                        .map(|i| {
+                            let depth = self.cqs[i].depth() as u64;
+                            depth.saturating_sub(self.reserved[i].load(Ordering::Acquire))
+                        })
+                        .max()
+                        .unwrap_or(0),
+                })
             })
     }
 

@@ -2,7 +2,7 @@
 
 use crate::fabric::provider::{ContextOps, ContextOptions, Provider};
 use crate::fabric::{ProviderKind, SoftConfig, VerbsConfig};
-use crate::{Error, Result};
+use rdmapool_core::{Error, Result};
 use std::sync::Arc;
 
 /// A provider's options for opening a context, chosen at run time; the variant picks the

@@ -86,7 +86,7 @@ impl<'r> PreRegRing<'r> {
         access: AccessFlags,
     ) -> Result<Self> {
         if depth == 0 || len == 0 {
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: if depth == 0 {
                     "depth of a pre-registration ring"
                 } else {
@@ -95,7 +95,7 @@ impl<'r> PreRegRing<'r> {
                 value: 0,
                 min: 1,
                 max: usize::MAX as u64,
-            });
+            }));
         }
         let ring = (0..depth).map(|_| registrar.submit(len, access)).collect();
         Ok(Self {

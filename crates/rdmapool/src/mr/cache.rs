@@ -167,7 +167,7 @@ impl RegCache {
     pub fn new(pd: Pd, cfg: CacheConfig) -> Result<Self> {
         cfg.access.validate()?;
         if cfg.max_entries == 0 || cfg.max_bytes == 0 {
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: if cfg.max_entries == 0 {
                     "CacheConfig::max_entries"
                 } else {
@@ -176,7 +176,7 @@ impl RegCache {
                 value: 0,
                 min: 1,
                 max: usize::MAX as u64,
-            });
+            }));
         }
         let state = Arc::new(Mutex::new(State::default()));
         let counters = Arc::new(Counters {
@@ -219,12 +219,14 @@ impl RegCache {
     pub unsafe fn get(&self, addr: *const u8, len: usize) -> Result<Mr<Cached>> {
         super::check_raw(addr, len, "memory to cache", "bytes to cache")?;
         let a = addr as usize;
-        let want_end = a.checked_add(len).ok_or(Error::OutOfLimits {
-            what: "bytes to cache at this address",
-            value: len as u64,
-            min: 1,
-            max: (usize::MAX - a) as u64,
-        })?;
+        let want_end = a
+            .checked_add(len)
+            .ok_or(Error::Core(crate::CoreError::OutOfLimits {
+                what: "bytes to cache at this address",
+                value: len as u64,
+                min: 1,
+                max: (usize::MAX - a) as u64,
+            }))?;
         let tick = self.counters.tick.fetch_add(1, Ordering::Relaxed);
         // No lookup while the monitor applies an unmap it has just read (see monitor::gate).
         let _gate = self.monitor.is_ok().then(super::monitor::gate);

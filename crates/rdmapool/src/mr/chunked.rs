@@ -27,11 +27,13 @@ pub fn region_for<O>(regions: &[Mr<O>], addr: *const u8, len: usize) -> Result<&
     let addr = addr as u64;
     let start = regions.first().map_or(0, |m| m.addr());
     let end = regions.last().map_or(0, |m| m.addr() + m.len() as u64);
-    let outside = || Error::OutOfRange {
-        what: "registered regions",
-        offset: addr.wrapping_sub(start),
-        len: len as u64,
-        limit: end.saturating_sub(start),
+    let outside = || {
+        Error::Core(crate::CoreError::OutOfRange {
+            what: "registered regions",
+            offset: addr.wrapping_sub(start),
+            len: len as u64,
+            limit: end.saturating_sub(start),
+        })
     };
     // The last region starting at or before `addr`.
     let i = regions.partition_point(|m| m.addr() <= addr);
@@ -43,12 +45,12 @@ pub fn region_for<O>(regions: &[Mr<O>], addr: *const u8, len: usize) -> Result<&
     }
     if range_end > mr.len() as u64 {
         // Inside the regions but across two registrations: one work request cannot name it.
-        return Err(Error::OutOfRange {
+        return Err(Error::Core(crate::CoreError::OutOfRange {
             what: "registration the range starts in",
             offset: off,
             len: len as u64,
             limit: mr.len() as u64,
-        });
+        }));
     }
     Ok(mr)
 }
@@ -78,12 +80,12 @@ impl Registrar {
         )?;
         if chunk == 0 {
             // A chunk is at least a page, at most the device's max_mr_size.
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "chunk of a chunked registration (pages, at most max_mr_size)",
                 value: 0,
                 min: 1,
                 max: usize::MAX as u64,
-            });
+            }));
         }
         let handles: Vec<RegHandle<Raw>> = (0..len.div_ceil(chunk))
             .map(|i| {

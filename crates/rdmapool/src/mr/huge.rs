@@ -52,11 +52,11 @@ impl HugeRegion {
     /// Allocates `len` bytes, which must be a positive multiple of 2 MiB.
     pub fn alloc(len: usize, opts: HugeOptions) -> Result<Self> {
         if len == 0 || !len.is_multiple_of(HUGE_PAGE) {
-            return Err(Error::BadSetting {
+            return Err(Error::Core(crate::CoreError::BadSetting {
                 name: "huge-page region length".into(),
                 value: len.to_string(),
                 reason: "must be a positive multiple of 2 MiB".into(),
-            });
+            }));
         }
         let prot = libc::PROT_READ | libc::PROT_WRITE;
         let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;

@@ -20,7 +20,7 @@ pub use registrar::{
 pub use state::RegState;
 
 /// Refuses the raw range a registration would start from: a null address
-/// ([`crate::Error::NullAddress`] naming `what`) or no bytes ([`crate::Error::OutOfLimits`]
+/// ([`CoreError::NullAddress`](crate::CoreError::NullAddress) naming `what`) or no bytes ([`CoreError::OutOfLimits`](crate::CoreError::OutOfLimits)
 /// naming `bytes`).
 fn check_raw(
     addr: *const u8,
@@ -29,15 +29,15 @@ fn check_raw(
     bytes: &'static str,
 ) -> crate::Result<()> {
     if addr.is_null() {
-        return Err(crate::Error::NullAddress { what });
+        return Err(crate::Error::Core(crate::CoreError::NullAddress { what }));
     }
     if len == 0 {
-        return Err(crate::Error::OutOfLimits {
+        return Err(crate::Error::Core(crate::CoreError::OutOfLimits {
             what: bytes,
             value: 0,
             min: 1,
             max: usize::MAX as u64,
-        });
+        }));
     }
     Ok(())
 }

@@ -88,9 +88,11 @@ impl Monitor {
         let thread = std::thread::Builder::new()
             .name("rdmapool-memmon".into())
             .spawn(move || read_events(&f, &s, &on_invalid))
-            .map_err(|e| Error::Sys {
-                call: "spawn",
-                source: e,
+            .map_err(|e| {
+                Error::Core(crate::CoreError::Sys {
+                    call: "spawn",
+                    source: e,
+                })
             })?;
         Ok(Self {
             fd,

@@ -25,10 +25,10 @@ const FLAG_ISOLATED: u8 = 2;
 const PROOF_LABEL: &[u8] = b"rdmapool pool server proof v3";
 
 fn malformed(what: &'static str, reason: impl Into<String>) -> Error {
-    Error::Malformed {
+    Error::Core(crate::CoreError::Malformed {
         what,
         reason: reason.into(),
-    }
+    })
 }
 
 fn u32_at(b: &[u8], i: usize) -> u32 {
@@ -253,7 +253,7 @@ mod tests {
             let mut b = d.encode();
             f(&mut b);
             match PoolDescriptor::decode(&b) {
-                Err(Error::Malformed { .. }) => {}
+                Err(Error::Core(crate::CoreError::Malformed { .. })) => {}
                 other => panic!("expected Malformed, got {other:?}"),
             }
         };

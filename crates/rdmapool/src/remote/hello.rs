@@ -117,10 +117,10 @@ impl ClientHello {
 }
 
 fn malformed(reason: &str) -> Error {
-    Error::Malformed {
+    Error::Core(crate::CoreError::Malformed {
         what: "pool client hello",
         reason: reason.into(),
-    }
+    })
 }
 
 /// The hello, and its time and proof if it carries one.

@@ -82,19 +82,19 @@ impl Layout {
     /// client slots.
     pub fn new(len: u64, chunk_size: u64, clients: u64) -> Result<Self> {
         if !chunk_size.is_power_of_two() || chunk_size < 64 * 1024 {
-            return Err(Error::BadSetting {
+            return Err(Error::Core(crate::CoreError::BadSetting {
                 name: "chunk size".into(),
                 value: chunk_size.to_string(),
                 reason: "a power of two of at least 64 KiB".into(),
-            });
+            }));
         }
         if clients == 0 {
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "client slots of a pool",
                 value: 0,
                 min: 1,
                 max: MAX_CLIENT_SLOTS,
-            });
+            }));
         }
         let chunk_count = (len / chunk_size).saturating_sub(1);
         let table_offset = (CLIENTS_OFFSET + clients * CLIENT_SLOT).next_multiple_of(4096);
@@ -113,7 +113,7 @@ impl Layout {
     /// Whether the layout is possible: metadata inside the first chunk, chunks inside the
     /// region, at least one chunk. (A descriptor from the wire is checked with this too.)
     pub fn check(&self) -> Result<()> {
-        let bad = |why: String| Err(Error::InvalidArgument(format!("pool layout: {why}")));
+        let bad = |reason: String| Err(Error::BadLayout { reason });
         if !self.chunk_size.is_power_of_two()
             || !(64 * 1024..=MAX_CHUNK_SIZE).contains(&self.chunk_size)
         {

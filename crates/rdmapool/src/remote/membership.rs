@@ -30,28 +30,32 @@ impl StaticMembership {
         for line in text.lines() {
             let line = line.split('#').next().unwrap_or("");
             for item in line.split([',', ' ', '\t']).filter(|s| !s.is_empty()) {
-                servers.push(item.parse().map_err(|e| Error::BadSetting {
-                    name: "server address".into(),
-                    value: item.into(),
-                    reason: format!("{e} (want ip:port)"),
+                servers.push(item.parse().map_err(|e| {
+                    Error::Core(crate::CoreError::BadSetting {
+                        name: "server address".into(),
+                        value: item.into(),
+                        reason: format!("{e} (want ip:port)"),
+                    })
                 })?);
             }
         }
         if servers.is_empty() {
-            return Err(Error::BadSetting {
+            return Err(Error::Core(crate::CoreError::BadSetting {
                 name: "server addresses".into(),
                 value: text.into(),
                 reason: "no server address given".into(),
-            });
+            }));
         }
         Ok(Self { servers })
     }
 
     /// Reads a file of addresses (see [`StaticMembership::parse`]).
     pub fn from_file(path: &std::path::Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Sys {
-            call: "read servers file",
-            source: e,
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::Core(crate::CoreError::Sys {
+                call: "read servers file",
+                source: e,
+            })
         })?;
         Self::parse(&text)
     }
@@ -74,7 +78,7 @@ mod tests {
         assert_eq!(m.servers().unwrap().len(), 3);
         assert!(matches!(
             StaticMembership::parse("10.0.0.1"),
-            Err(Error::BadSetting { .. })
+            Err(Error::Core(crate::CoreError::BadSetting { .. }))
         ));
         assert!(StaticMembership::parse("# nothing").is_err());
     }

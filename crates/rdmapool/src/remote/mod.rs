@@ -120,10 +120,12 @@ impl std::str::FromStr for RemotePtr {
     type Err = crate::Error;
 
     fn from_str(s: &str) -> crate::Result<Self> {
-        let bad = |why: &str| crate::Error::BadSetting {
-            name: "remote pointer".into(),
-            value: s.into(),
-            reason: format!("{why} (want node:offset:len:incarnation)"),
+        let bad = |why: &str| {
+            crate::Error::Core(crate::CoreError::BadSetting {
+                name: "remote pointer".into(),
+                value: s.into(),
+                reason: format!("{why} (want node:offset:len:incarnation)"),
+            })
         };
         let num = |t: &str| {
             let t = t.trim();

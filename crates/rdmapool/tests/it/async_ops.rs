@@ -6,6 +6,7 @@
 use crate::support::*;
 use rdmapool::cq::{CqPool, Engine, EngineConfig, OpCompletion, Progress};
 use rdmapool::fabric::*;
+use rdmapool::CoreError;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -173,7 +174,7 @@ fn qps_are_never_promised_more_cq_entries_than_there_are() {
         .expect("the pool is full");
     assert!(
         // Room left is what the CQs' real depths leave (a device may round a CQ up).
-        matches!(err, rdmapool::Error::OutOfLimits { value, max, .. } if value == 512 && max < value),
+        matches!(err, rdmapool::Error::Core(CoreError::OutOfLimits { value, max, .. }) if value == 512 && max < value),
         "{err}"
     );
     drop(qps.into_iter().next());
@@ -231,7 +232,7 @@ fn a_cq_overrun_is_detected_and_reported() {
         );
         engine.progress();
         pending.retain_mut(|f| match f.as_mut().poll(&mut cx) {
-            Poll::Ready((Err(rdmapool::Error::CqOverrun { depth }), _)) => {
+            Poll::Ready((Err(rdmapool::Error::Core(CoreError::CqOverrun { depth })), _)) => {
                 assert_eq!(depth, 8);
                 overrun += 1;
                 false

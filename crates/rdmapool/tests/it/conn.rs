@@ -6,6 +6,7 @@ use rdmapool::conn::{
     MAX_REJECT_PRIVATE_DATA,
 };
 use rdmapool::fabric::*;
+use rdmapool::CoreError;
 use rdmapool::Error;
 use std::io::Write;
 use std::time::Duration;
@@ -79,7 +80,9 @@ fn reject_reaches_the_requester_with_its_private_data() {
             b"hi",
             T,
         ) {
-            Err(Error::Rejected { private_data, .. }) => assert_eq!(private_data, b"pool full"),
+            Err(Error::Core(CoreError::Rejected { private_data, .. })) => {
+                assert_eq!(private_data, b"pool full")
+            }
             Err(e) => panic!("expected a reject, got {e}"),
             Ok(_) => panic!("expected a reject, got a connection"),
         }
@@ -103,7 +106,7 @@ fn oversized_private_data_is_refused_on_both_sides() {
     );
     assert!(matches!(
         r,
-        Err(Error::OutOfLimits { max, .. }) if max == MAX_CONNECT_PRIVATE_DATA as u64
+        Err(Error::Core(CoreError::OutOfLimits { max, .. })) if max == MAX_CONNECT_PRIVATE_DATA as u64
     ));
     let l = listener();
     let addr = l.local_addr();
@@ -120,7 +123,7 @@ fn oversized_private_data_is_refused_on_both_sides() {
             );
             assert!(matches!(
                 r,
-                Err(Error::OutOfLimits { max, .. }) if max == MAX_ACCEPT_PRIVATE_DATA as u64
+                Err(Error::Core(CoreError::OutOfLimits { max, .. })) if max == MAX_ACCEPT_PRIVATE_DATA as u64
             ));
         });
         // The request is dropped unanswered: the requester sees a closed connection.
@@ -134,7 +137,11 @@ fn oversized_private_data_is_refused_on_both_sides() {
             b"x",
             T,
         );
-        assert!(matches!(r, Err(Error::Connection { .. })), "{:?}", r.err());
+        assert!(
+            matches!(r, Err(Error::Core(CoreError::Connection { .. }))),
+            "{:?}",
+            r.err()
+        );
     });
 }
 
@@ -183,7 +190,7 @@ fn waiting_for_a_request_times_out_with_an_error() {
     let l = listener();
     assert!(matches!(
         l.get_request(Duration::from_millis(50)),
-        Err(Error::Connection { .. })
+        Err(Error::Core(CoreError::Connection { .. }))
     ));
 }
 
@@ -255,7 +262,9 @@ fn rdma_cm_connects_with_private_data_both_ways_and_rejects() {
             &client.pd, // the natural manager of a verbs PD: RDMA CM
             addr, &client.pd, &client.cq, &client.cq, &cfg, b"again", T,
         ) {
-            Err(Error::Rejected { private_data, .. }) => assert_eq!(private_data, b"full"),
+            Err(Error::Core(CoreError::Rejected { private_data, .. })) => {
+                assert_eq!(private_data, b"full")
+            }
             Err(e) => panic!("expected a reject, got {e}"),
             Ok(_) => panic!("expected a reject"),
         }
@@ -324,14 +333,14 @@ fn private_data_frames_are_exact_and_bad_ones_are_typed_errors() {
         &[7][..],
     ] {
         match decode_private_data(raw) {
-            Err(Error::BadPrivateData { raw: got, .. }) => assert_eq!(got, raw),
+            Err(CoreError::BadPrivateData { raw: got, .. }) => assert_eq!(got, raw),
             other => panic!("{raw:?}: {other:?}"),
         }
     }
     assert!(encode_private_data(&[0; MAX_ACCEPT_PRIVATE_DATA]).is_ok());
     assert!(matches!(
         encode_private_data(&[0; MAX_ACCEPT_PRIVATE_DATA + 1]),
-        Err(Error::OutOfLimits { .. })
+        Err(CoreError::OutOfLimits { .. })
     ));
 }
 
@@ -363,7 +372,7 @@ fn the_natural_manager_follows_the_provider_and_a_reject_fits_a_rej() {
             let req = l.get_request(T).unwrap();
             assert!(matches!(
                 req.reject(&long),
-                Err(Error::OutOfLimits { max, .. }) if max == MAX_REJECT_PRIVATE_DATA as u64
+                Err(Error::Core(CoreError::OutOfLimits { max, .. })) if max == MAX_REJECT_PRIVATE_DATA as u64
             ));
             l.get_request(T)
                 .unwrap()
@@ -381,9 +390,12 @@ fn the_natural_manager_follows_the_provider_and_a_reject_fits_a_rej() {
             .unwrap();
         });
         // The refused reject leaves the request unanswered: the requester sees it closed.
-        assert!(matches!(dial(b"1"), Err(Error::Connection { .. })));
+        assert!(matches!(
+            dial(b"1"),
+            Err(Error::Core(CoreError::Connection { .. }))
+        ));
         match dial(b"2") {
-            Err(Error::Rejected { private_data, .. }) => {
+            Err(Error::Core(CoreError::Rejected { private_data, .. })) => {
                 assert_eq!(private_data.len(), MAX_REJECT_PRIVATE_DATA)
             }
             other => panic!("{:?}", other.err()),

@@ -3,7 +3,7 @@
 
 use crate::support::*;
 use rdmapool::fabric::*;
-use rdmapool::Error;
+use rdmapool::CoreError;
 
 mod access;
 mod queues;
@@ -108,14 +108,14 @@ fn invalid_requests_are_typed_errors_not_completions() {
     };
     assert!(matches!(
         qa.post_send(&[wr]),
-        Err(Error::InvalidQpState {
+        Err(CoreError::InvalidQpState {
             state: QpState::Reset,
             ..
         })
     ));
     assert!(matches!(
         qa.modify_to_rts(),
-        Err(Error::InvalidQpState { .. })
+        Err(CoreError::InvalidQpState { .. })
     ));
     let qb = b.pd.create_qp(&b.cq, &b.cq, &cfg).unwrap();
     qa.connect(&qb.endpoint()).unwrap();
@@ -127,7 +127,7 @@ fn invalid_requests_are_typed_errors_not_completions() {
     };
     assert!(matches!(
         qa.post_send(&[wide]),
-        Err(Error::OutOfLimits {
+        Err(CoreError::OutOfLimits {
             what: "SGEs in a work request",
             value: 3,
             ..
@@ -136,7 +136,7 @@ fn invalid_requests_are_typed_errors_not_completions() {
     // Garbage endpoints are refused with a typed error.
     assert!(matches!(
         Endpoint::from_bytes(&[1, 2, 3]),
-        Err(Error::Malformed { .. })
+        Err(CoreError::Malformed { .. })
     ));
     let mut ep = qb.endpoint().to_bytes();
     ep.truncate(ep.len() - 3);
@@ -148,7 +148,7 @@ fn bad_registrations_are_refused() {
     let n = node();
     assert!(matches!(
         n.pd.alloc_mr(0, ALL),
-        Err(Error::OutOfLimits {
+        Err(CoreError::OutOfLimits {
             value: 0,
             min: 1,
             ..
@@ -156,18 +156,21 @@ fn bad_registrations_are_refused() {
     ));
     assert!(matches!(
         n.pd.alloc_mr(64, AccessFlags::REMOTE_WRITE),
-        Err(Error::BadAccess { .. })
+        Err(CoreError::BadAccess { .. })
     ));
     assert!(matches!(
         n.pd.alloc_mr(64, AccessFlags::REMOTE_ATOMIC),
-        Err(Error::BadAccess { .. })
+        Err(CoreError::BadAccess { .. })
     ));
     // SAFETY: a null pointer is refused before anything touches it.
     let null = unsafe { n.pd.register_raw(std::ptr::null_mut(), 64, ALL) };
-    assert!(matches!(null, Err(Error::NullAddress { .. })), "{null:?}");
+    assert!(
+        matches!(null, Err(CoreError::NullAddress { .. })),
+        "{null:?}"
+    );
     assert!(matches!(
         n.ctx.create_cq(0),
-        Err(Error::OutOfLimits {
+        Err(CoreError::OutOfLimits {
             what: "CQ depth",
             value: 0,
             ..
@@ -177,7 +180,7 @@ fn bad_registrations_are_refused() {
     if max < usize::MAX as u64 {
         let too_big = n.pd.alloc_mr(max as usize + 1, ALL);
         assert!(
-            matches!(too_big, Err(Error::OutOfLimits { max: m, .. }) if m == max),
+            matches!(too_big, Err(CoreError::OutOfLimits { max: m, .. }) if m == max),
             "{too_big:?}"
         );
     }
@@ -200,7 +203,7 @@ fn on_demand_paging_works_where_the_device_has_it_and_says_so_where_not() {
             );
             mr.write_at(0, b"odp").unwrap();
         }
-        Err(Error::Unsupported(msg)) => {
+        Err(CoreError::Unsupported(msg)) => {
             assert!(!n.ctx.device().on_demand_paging, "{msg}");
             assert!(msg.contains("on-demand paging"), "{msg}");
         }
@@ -212,7 +215,7 @@ fn on_demand_paging_works_where_the_device_has_it_and_says_so_where_not() {
 fn unknown_device_names_are_refused_with_the_list() {
     let r = ProviderOptions::from_env(provider(), Some("no-such-device")).and_then(Context::open);
     match r {
-        Err(Error::NoSuchDevice { name, known, .. }) => {
+        Err(CoreError::NoSuchDevice { name, known, .. }) => {
             assert_eq!(name, "no-such-device");
             assert!(!known.is_empty() || provider() == ProviderKind::Verbs);
         }
@@ -288,7 +291,7 @@ fn a_port_that_is_down_is_named_in_the_error() {
     }
     assert!(port_down(), "the RDMA port did not follow its link down");
     match qp.modify_to_init() {
-        Err(Error::PortDown { port, state, .. }) => {
+        Err(CoreError::PortDown { port, state, .. }) => {
             assert!(port == 1 && state != "ACTIVE", "port {port} is {state}")
         }
         other => panic!("expected a port error, got {other:?}"),
@@ -296,7 +299,7 @@ fn a_port_that_is_down_is_named_in_the_error() {
 }
 
 /// Posts one 8-byte WRITE per id in `ids`, `signaled` as given, as one list.
-fn post_writes(qp: &Qp, target: &Mr, local: &Mr, ids: &[(u64, bool)]) -> rdmapool::Result<()> {
+fn post_writes(qp: &Qp, target: &Mr, local: &Mr, ids: &[(u64, bool)]) -> Result<(), CoreError> {
     let sg = [local.sge(0, 8).unwrap()];
     let wrs: Vec<_> = ids
         .iter()
@@ -310,8 +313,8 @@ fn post_writes(qp: &Qp, target: &Mr, local: &Mr, ids: &[(u64, bool)]) -> rdmapoo
     qp.post_send(&wrs)
 }
 
-fn is_send_queue_full(r: rdmapool::Result<()>) -> bool {
-    matches!(r, Err(Error::QueueFull { queue: "send", .. }))
+fn is_send_queue_full(r: Result<(), CoreError>) -> bool {
+    matches!(r, Err(CoreError::QueueFull { queue: "send", .. }))
 }
 
 /// Long enough for requests to finish on any provider (it only gives a provider that frees
@@ -335,7 +338,7 @@ fn the_verbs_device_is_chosen_by_rdmapool_device() {
         // The child: RDMAPOOL_DEVICE is set for it.
         match ProviderOptions::from_env(ProviderKind::Verbs, None).and_then(Context::open) {
             Ok(ctx) => assert_eq!(ctx.device().name, expect),
-            Err(Error::NoSuchDevice { name, .. }) => {
+            Err(CoreError::NoSuchDevice { name, .. }) => {
                 assert!(expect.is_empty(), "{name}");
                 assert_eq!(name, "no-such-device");
             }

@@ -7,6 +7,7 @@
 use crate::support::*;
 use rdmapool::conn::{connect, Listener, Manager};
 use rdmapool::fabric::*;
+use rdmapool::CoreError;
 use rdmapool::Error;
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, SocketAddr};
@@ -119,7 +120,7 @@ fn an_unframed_accept_from_a_c_server_is_a_typed_error_with_the_raw_bytes() {
         T,
     );
     match r {
-        Err(Error::BadPrivateData { raw, .. }) => {
+        Err(Error::Core(CoreError::BadPrivateData { raw, .. })) => {
             // The raw region descriptor, then RDMA CM's zero padding.
             assert_eq!(&raw[..3], b"RD\x01", "{raw:?}");
             assert!(raw[24..].iter().all(|&b| b == 0));
@@ -142,7 +143,9 @@ fn a_c_client_is_rejected_for_unframed_data_then_served_when_framed() {
     // Unframed: the listener rejects it with a reason and tells us, with the raw bytes.
     let (child, out) = start(&peer, &["client", &ip.to_string(), &port, "unframed"]);
     match l.get_request(T) {
-        Err(Error::BadPrivateData { raw, .. }) => assert_eq!(&raw[..11], b"RDMA from C"),
+        Err(Error::Core(CoreError::BadPrivateData { raw, .. })) => {
+            assert_eq!(&raw[..11], b"RDMA from C")
+        }
         Err(e) => panic!("expected BadPrivateData, got {e}"),
         Ok(_) => panic!("an unframed request was taken as framed"),
     }

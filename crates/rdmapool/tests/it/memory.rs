@@ -5,6 +5,7 @@ use crate::support::*;
 use rdmapool::buf::{BufferPool, PoolConfig};
 use rdmapool::fabric::*;
 use rdmapool::mr::{CacheConfig, HugeOptions, HugeRegion, RegCache, Registrar, RegistrarConfig};
+use rdmapool::CoreError;
 use std::sync::Arc;
 
 /// The same generic code moves data through every kind of handle.
@@ -133,7 +134,7 @@ fn a_failed_registration_gives_the_buffer_back() {
         a.pd.register(Vec::new(), AccessFlags::LOCAL_WRITE)
             .unwrap_err();
     assert!(
-        matches!(err.error, rdmapool::Error::OutOfLimits { value: 0, .. }),
+        matches!(err.error, CoreError::OutOfLimits { value: 0, .. }),
         "{err}"
     );
     // REMOTE_WRITE without LOCAL_WRITE is invalid in verbs: refused, buffer returned intact.

@@ -4,6 +4,7 @@
 use crate::support::*;
 use rdmapool::buf::{BufferPool, PoolConfig, CLASSES};
 use rdmapool::fabric::*;
+use rdmapool::CoreError;
 use rdmapool::Error;
 use std::collections::HashSet;
 use std::time::Duration;
@@ -261,15 +262,15 @@ fn bad_requests_are_refused() {
     let pool = BufferPool::new(n.pd.clone(), PoolConfig::default()).unwrap();
     assert!(matches!(
         pool.alloc(0),
-        Err(Error::OutOfLimits {
+        Err(Error::Core(CoreError::OutOfLimits {
             value: 0,
             min: 1,
             ..
-        })
+        }))
     ));
     assert!(matches!(
         pool.alloc((2 << 20) + 1),
-        Err(Error::OutOfLimits { min: 1, .. })
+        Err(Error::Core(CoreError::OutOfLimits { min: 1, .. }))
     ));
     let b = pool.alloc(100).unwrap();
     assert!(
@@ -292,7 +293,7 @@ fn bad_requests_are_refused() {
     );
     assert!(matches!(
         small.alloc(4097),
-        Err(Error::OutOfLimits { value: 4097, .. })
+        Err(Error::Core(CoreError::OutOfLimits { value: 4097, .. }))
     ));
     assert!(BufferPool::new(
         n.pd.clone(),

@@ -5,6 +5,7 @@ use crate::support::*;
 use rdmapool::fabric::AccessFlags;
 use rdmapool::fabric::RegisteredMemory;
 use rdmapool::mr::{RegState, Registrar, RegistrarConfig};
+use rdmapool::CoreError;
 use rdmapool::Error;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -61,7 +62,7 @@ fn callbacks_see_the_outcome_and_the_handle_still_delivers_it() {
     assert_eq!(h.state(), RegState::Completed);
     assert!(!h.cancel(), "cancel after completion is refused");
     assert!(
-        matches!(h.wait(), Err(Error::InvalidArgument(_))),
+        matches!(h.wait(), Err(Error::OutcomeTaken)),
         "the outcome is handed out once"
     );
 }
@@ -72,17 +73,20 @@ fn bad_requests_fail_fast_without_retries() {
     let zero = reg.submit(0, ALL);
     assert!(matches!(
         zero.wait(),
-        Err(Error::OutOfLimits { value: 0, .. })
+        Err(Error::Core(CoreError::OutOfLimits { value: 0, .. }))
     ));
     assert_eq!(zero.state(), RegState::Failed);
     let no_local_write = reg.submit(4096, AccessFlags::REMOTE_WRITE);
     assert!(matches!(
         no_local_write.wait(),
-        Err(Error::BadAccess { .. })
+        Err(Error::Core(CoreError::BadAccess { .. }))
     ));
     // SAFETY: a null address is refused before anything touches it.
     let null = unsafe { reg.submit_raw(std::ptr::null_mut(), 64, ALL) };
-    assert!(matches!(null.wait(), Err(Error::NullAddress { .. })));
+    assert!(matches!(
+        null.wait(),
+        Err(Error::Core(CoreError::NullAddress { .. }))
+    ));
     let s = reg.stats();
     assert_eq!((s.failed, s.retries), (3, 0));
     assert_eq!(n.ctx.live_regions(), 0);
@@ -158,7 +162,7 @@ fn huge_page_regions_are_aligned_report_their_backing_and_register() {
         assert!(
             matches!(
                 HugeRegion::alloc(bad, HugeOptions::default()),
-                Err(Error::BadSetting { .. })
+                Err(Error::Core(CoreError::BadSetting { .. }))
             ),
             "{bad}"
         );

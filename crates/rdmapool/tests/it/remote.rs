@@ -4,6 +4,7 @@
 use crate::support::*;
 use rdmapool::fabric::*;
 use rdmapool::remote::*;
+use rdmapool::CoreError;
 use rdmapool::Error;
 use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -223,7 +224,7 @@ fn bad_input_gets_typed_errors_and_damages_nothing() {
     ));
     assert!(matches!(
         c.block_on(c.alloc(1 << 30, None)),
-        Err(Error::OutOfLimits { value, .. }) if value == 1 << 30
+        Err(Error::Core(CoreError::OutOfLimits { value, .. })) if value == 1 << 30
     ));
     // None of that touched the object that stayed.
     assert_eq!(c.block_on(c.fetch_and_add(keep, 8, 0)).unwrap(), 42);
@@ -240,7 +241,7 @@ fn bad_input_gets_typed_errors_and_damages_nothing() {
         Duration::from_secs(5),
     );
     assert!(
-        matches!(r, Err(Error::Rejected { .. })),
+        matches!(r, Err(Error::Core(CoreError::Rejected { .. }))),
         "{:?}",
         r.map(|_| ())
     );

@@ -5,6 +5,7 @@
 use crate::support::*;
 use rdmapool::fabric::*;
 use rdmapool::remote::*;
+use rdmapool::CoreError;
 use rdmapool::Error;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -229,16 +230,16 @@ fn errors_are_the_documented_types() {
     let s = server(3, Duration::from_secs(2));
     let c = client(&[&s], 60).unwrap();
     match c.block_on(c.alloc(0, None)) {
-        Err(Error::OutOfLimits {
+        Err(Error::Core(CoreError::OutOfLimits {
             value: 0, min: 1, ..
-        }) => {}
+        })) => {}
         other => panic!("alloc(0): {other:?}"),
     }
     let largest = layout::largest_object(256 << 10);
     let p = c.block_on(c.alloc(largest, None)).unwrap();
     c.block_on(c.free(p)).unwrap();
     match c.block_on(c.alloc(largest + 1, None)) {
-        Err(Error::OutOfLimits { value, max, .. }) => {
+        Err(Error::Core(CoreError::OutOfLimits { value, max, .. })) => {
             assert_eq!((value, max), (largest + 1, largest))
         }
         other => panic!("alloc(largest + 1): {other:?}"),

@@ -6,6 +6,7 @@ use crate::support::rawpeer::{status, Raw, SoftTarget};
 use crate::support::*;
 use rdmapool::conn::{connect, Listener, Manager};
 use rdmapool::fabric::*;
+use rdmapool::CoreError;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
@@ -379,10 +380,10 @@ fn child_holds_connections() {
     }
 }
 
-/// Asserts that `r` is `Error::Unprotected` and that its message says each of `says`.
-fn refused_unprotected<T>(r: rdmapool::Result<T>, says: &[&str]) {
-    match r {
-        Err(e @ rdmapool::Error::Unprotected { .. }) => {
+/// Asserts that `r` is `CoreError::Unprotected` and that its message says each of `says`.
+fn refused_unprotected<T, E: Into<rdmapool::Error>>(r: Result<T, E>, says: &[&str]) {
+    match r.map_err(Into::into) {
+        Err(e @ rdmapool::Error::Core(CoreError::Unprotected { .. })) => {
             let text = e.to_string();
             for s in says {
                 assert!(text.contains(s), "should say {s:?}: {text}");

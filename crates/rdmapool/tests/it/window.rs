@@ -4,6 +4,7 @@
 use crate::support::*;
 use rdmapool::buf::{BufferPool, PoolConfig};
 use rdmapool::fabric::*;
+use rdmapool::CoreError;
 use rdmapool::Error;
 
 mod lifecycle;
@@ -314,7 +315,10 @@ async fn the_async_api_binds_and_invalidates_windows() {
         let (r, binding) = qb
             .bind_window(mw, &buf, 0, 64, AccessFlags::LOCAL_WRITE)
             .await;
-        assert!(matches!(r, Err(rdmapool::Error::BadAccess { .. })), "{r:?}");
+        assert!(
+            matches!(r, Err(Error::Core(CoreError::BadAccess { .. }))),
+            "{r:?}"
+        );
         assert_eq!(Arc::strong_count(&binding.mw), 1);
     }
 }
@@ -340,7 +344,7 @@ fn deregistering_a_region_revokes_its_windows_on_soft() {
 }
 
 /// A local invalidate of `rkey` on `qp`.
-fn invalidate(qp: &Qp, wr_id: u64, rkey: u32) -> rdmapool::Result<()> {
+fn invalidate(qp: &Qp, wr_id: u64, rkey: u32) -> Result<(), CoreError> {
     qp.post_send(&[SendWr {
         wr_id,
         op: WrOp::LocalInvalidate { rkey },
@@ -349,9 +353,9 @@ fn invalidate(qp: &Qp, wr_id: u64, rkey: u32) -> rdmapool::Result<()> {
     }])
 }
 
-fn window_error(r: rdmapool::Result<impl std::fmt::Debug>) -> WindowError {
+fn window_error(r: Result<impl std::fmt::Debug, CoreError>) -> WindowError {
     match r {
-        Err(Error::Window(e)) => e,
+        Err(CoreError::Window(e)) => e,
         other => panic!("expected a window error, got {other:?}"),
     }
 }

@@ -58,7 +58,7 @@ impl AsyncQp {
 
     /// Connects the QP to a peer's endpoint (RESET to RTS).
     pub fn connect(&self, remote: &crate::fabric::Endpoint) -> Result<()> {
-        self.inner.qp.connect(remote)
+        Ok(self.inner.qp.connect(remote)?)
     }
 
     /// Which of the engine's CQs the QP is bound to (None for a wrapped QP).
@@ -75,7 +75,7 @@ impl AsyncQp {
     ) -> OpFuture<'_, B> {
         match local.sge(offset, len) {
             Ok(sge) => OpFuture::to_post(&self.inner, Spec::One { op, sge }, local),
-            Err(e) => OpFuture::failed(&self.inner, e, local),
+            Err(e) => OpFuture::failed(&self.inner, e.into(), local),
         }
     }
 
@@ -153,7 +153,7 @@ impl AsyncQp {
     ) -> OpFuture<'_, B> {
         match local.sge(offset, len) {
             Ok(sge) => OpFuture::to_post(&self.inner, Spec::Recv { sge }, local),
-            Err(e) => OpFuture::failed(&self.inner, e, local),
+            Err(e) => OpFuture::failed(&self.inner, e.into(), local),
         }
     }
 
@@ -186,7 +186,7 @@ impl AsyncQp {
                     len: 0,
                     access,
                 };
-                OpFuture::failed(&self.inner, e, binding)
+                OpFuture::failed(&self.inner, e.into(), binding)
             }
         }
     }
@@ -217,17 +217,17 @@ impl AsyncQp {
         for (op, local, offset, len) in ops {
             match local.sge(offset, len) {
                 Ok(sge) => list.push((op, sge)),
-                Err(e) => refused = refused.or(Some(e)),
+                Err(e) => refused = refused.or(Some(Error::from(e))),
             }
             keep.push(local);
         }
         if keep.is_empty() {
-            refused = Some(Error::OutOfLimits {
+            refused = Some(Error::Core(crate::CoreError::OutOfLimits {
                 what: "work requests in a batch",
                 value: 0,
                 min: 1,
                 max: self.inner.depth(false) as u64,
-            });
+            }));
         }
         match refused {
             Some(e) => OpFuture::failed(&self.inner, e, keep),

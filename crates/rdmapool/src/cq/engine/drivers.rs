@@ -38,21 +38,25 @@ impl Progressors {
                         std::thread::Builder::new()
                             .name(format!("rdmapool-progress-{i}"))
                             .spawn(move || busy_poll(&s, i))
-                            .map_err(|e| Error::Sys {
-                                call: "spawn",
-                                source: e,
+                            .map_err(|e| {
+                                Error::Core(crate::CoreError::Sys {
+                                    call: "spawn",
+                                    source: e,
+                                })
                             })?,
                     );
                 }
             }
             #[cfg(not(loom))]
             Progress::Event => {
-                let rt = tokio::runtime::Handle::try_current().map_err(|_| Error::BadSetting {
-                    name: "EngineConfig::progress".into(),
-                    value: "Event".into(),
-                    reason: "event-driven progress needs a tokio runtime (create the engine \
+                let rt = tokio::runtime::Handle::try_current().map_err(|_| {
+                    Error::Core(crate::CoreError::BadSetting {
+                        name: "EngineConfig::progress".into(),
+                        value: "Event".into(),
+                        reason: "event-driven progress needs a tokio runtime (create the engine \
                              inside one)"
-                        .into(),
+                            .into(),
+                    })
                 })?;
                 let _in_runtime = rt.enter();
                 for i in 0..n {
@@ -65,9 +69,11 @@ impl Progressors {
                             tokio::io::Interest::READABLE,
                         )
                     }
-                    .map_err(|e| Error::Sys {
-                        call: "AsyncFd::register (completion channel)",
-                        source: e.into_parts().1,
+                    .map_err(|e| {
+                        Error::Core(crate::CoreError::Sys {
+                            call: "AsyncFd::register (completion channel)",
+                            source: e.into_parts().1,
+                        })
                     })?;
                     let s = p.shared.clone();
                     p.tasks.push(rt.spawn(event_loop(s, i, afd)).abort_handle());
@@ -75,9 +81,9 @@ impl Progressors {
             }
             #[cfg(loom)]
             Progress::Event => {
-                return Err(Error::Unsupported(
+                return Err(Error::Core(crate::CoreError::Unsupported(
                     "event-driven progress is not built under loom".into(),
-                ))
+                )))
             }
         }
         Ok(p)

@@ -75,7 +75,7 @@ impl Spec {
     /// Posts with one doorbell; only the last send is signalled. No heap allocation for a
     /// single operation.
     fn post(&self, qp: &Qp, wr_id: u64) -> Result<()> {
-        match self {
+        let posted = match self {
             Spec::One { op, sge } => qp.post_send(&[SendWr {
                 wr_id,
                 op: *op,
@@ -116,7 +116,8 @@ impl Spec {
                     },
                 )
                 .map(|_| ()),
-        }
+        };
+        Ok(posted?)
     }
 }
 
@@ -155,12 +156,12 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
         if spec.entries() > depth {
             return Self::failed(
                 qp,
-                Error::OutOfLimits {
+                Error::Core(crate::CoreError::OutOfLimits {
                     what: "work requests posted at once",
                     value: spec.entries() as u64,
                     min: 1,
                     max: depth as u64,
-                },
+                }),
                 buf,
             );
         }
@@ -205,9 +206,9 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
         let q = qp;
         let s = &q.engine;
         if q.cq != ANY_SOURCE && s.broken[q.cq].load(Ordering::Acquire) {
-            return Poll::Ready(Err(Error::CqOverrun {
+            return Poll::Ready(Err(Error::Core(crate::CoreError::CqOverrun {
                 depth: s.cq(q.cq).depth(),
-            }));
+            })));
         }
         let (recv, n) = (spec.is_recv(), spec.entries());
         let Some(idx) = self.reserve(recv, n, cx) else {
@@ -220,7 +221,7 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
                 self.stage = Stage::Posted(idx);
                 Poll::Ready(Ok(()))
             }
-            Err(Error::QueueFull { .. }) => {
+            Err(Error::Core(crate::CoreError::QueueFull { .. })) => {
                 // Someone posted on the raw QP too: wait for completions to make room.
                 s.table.disarm(idx, q);
                 self.stage = Stage::ToPost(spec);

@@ -71,7 +71,7 @@ pub struct EngineStats {
     pub in_flight: usize,
     /// Completions dispatched.
     pub completions: u64,
-    /// CQs that overran (their QPs' operations failed with [`Error::CqOverrun`]).
+    /// CQs that overran (their QPs' operations failed with [`CoreError::CqOverrun`](crate::CoreError::CqOverrun)).
     pub overruns: u64,
     /// Event-driven mode: wake-ups by the completion channel.
     pub wakeups: u64,
@@ -107,7 +107,7 @@ impl Shared {
                 }
                 n
             }
-            Err(Error::CqOverrun { depth }) => {
+            Err(Error::Core(crate::CoreError::CqOverrun { depth })) => {
                 if !self.broken[cq].swap(true, Ordering::AcqRel) {
                     self.overruns.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(cq, depth, "completion queue overrun: failing its QPs");
@@ -150,12 +150,12 @@ impl Engine {
     /// created inside a tokio runtime.
     pub fn new(cqs: Vec<Cq>, cfg: EngineConfig) -> Result<Self> {
         if cqs.is_empty() {
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "CQs of an engine",
                 value: 0,
                 min: 1,
                 max: u32::MAX.into(),
-            });
+            }));
         }
         Self::with_pool(CqPool::from_cqs(cqs)?, cfg)
     }
@@ -165,12 +165,12 @@ impl Engine {
     /// must be created inside a tokio runtime.
     pub fn with_pool(pool: CqPool, cfg: EngineConfig) -> Result<Self> {
         if cfg.slots == 0 || cfg.slots > u32::MAX as usize {
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "EngineConfig::slots",
                 value: cfg.slots as u64,
                 min: 1,
                 max: u32::MAX.into(),
-            });
+            }));
         }
         let n = pool.cqs().len();
         let shared = Arc::new(Shared {
@@ -277,7 +277,7 @@ impl Engine {
             Ok(qp) => qp,
             Err(e) => {
                 pool.unreserve(cq, need);
-                return Err(e);
+                return Err(e.into());
             }
         };
         Ok(self.async_qp(qp, cq, need))

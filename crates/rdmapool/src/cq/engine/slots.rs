@@ -85,14 +85,14 @@ use sync::{lock, FreeList, Mutex, MutexGuard};
 /// Where completions come from (a CQ, or a fake one in tests).
 pub(crate) trait CompletionSource {
     /// Moves up to `out.len()` completions into `out`; returns how many.
-    /// [`Error::CqOverrun`] means completions may have been lost.
+    /// [`CoreError::CqOverrun`](crate::CoreError::CqOverrun) means completions may have been lost.
     fn poll(&self, out: &mut [Completion]) -> Result<usize>;
 }
 
 impl CompletionSource for crate::fabric::Cq {
     #[inline]
     fn poll(&self, out: &mut [Completion]) -> Result<usize> {
-        crate::fabric::Cq::poll(self, out)
+        Ok(crate::fabric::Cq::poll(self, out)?)
     }
 }
 
@@ -126,7 +126,7 @@ impl Outcome {
                 status: c.status,
                 opcode: c.opcode,
             }),
-            Outcome::Overrun(depth) => Err(Error::CqOverrun { depth }),
+            Outcome::Overrun(depth) => Err(Error::Core(crate::CoreError::CqOverrun { depth })),
         }
     }
 }

@@ -100,12 +100,12 @@ impl Registrar {
     /// Starts `cfg.workers` worker threads registering on `pd` (1..=[`Self::MAX_WORKERS`]).
     pub fn new(pd: Pd, cfg: RegistrarConfig) -> Result<Self> {
         if cfg.workers == 0 || cfg.workers > Self::MAX_WORKERS {
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "registrar workers",
                 value: cfg.workers as u64,
                 min: 1,
                 max: Self::MAX_WORKERS as u64,
-            });
+            }));
         }
         let shared = Arc::new(Shared {
             latency: Mutex::new(stats::latency_histograms()),
@@ -132,9 +132,11 @@ impl Registrar {
                     };
                     worker::worker(&s)
                 })
-                .map_err(|e| Error::Sys {
-                    call: "spawn",
-                    source: e,
+                .map_err(|e| {
+                    Error::Core(crate::CoreError::Sys {
+                        call: "spawn",
+                        source: e,
+                    })
                 });
             match h {
                 Ok(h) => workers.push(h),

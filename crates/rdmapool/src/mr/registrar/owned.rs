@@ -4,7 +4,7 @@
 use super::RegHandle;
 use crate::fabric::{Mr, Raw, RegisterError, StableBuf};
 use crate::mr::state::RegState;
-use crate::Result;
+use crate::{Error, Result};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -35,7 +35,10 @@ impl<B: StableBuf> OwnedRegHandle<B> {
         self.handle.cancel()
     }
 
-    fn finish(&mut self, r: Result<Mr<Raw>>) -> std::result::Result<Mr<B>, RegisterError<B>> {
+    fn finish(
+        &mut self,
+        r: Result<Mr<Raw>>,
+    ) -> std::result::Result<Mr<B>, RegisterError<B, Error>> {
         let buf = self
             .buf
             .take()
@@ -47,7 +50,7 @@ impl<B: StableBuf> OwnedRegHandle<B> {
     }
 
     /// Blocks until the request is final; the registered buffer, or the error and the buffer.
-    pub fn wait(mut self) -> std::result::Result<Mr<B>, RegisterError<B>> {
+    pub fn wait(mut self) -> std::result::Result<Mr<B>, RegisterError<B, Error>> {
         let r = self.handle.wait();
         self.finish(r)
     }
@@ -56,7 +59,7 @@ impl<B: StableBuf> OwnedRegHandle<B> {
 impl<B: StableBuf> Unpin for OwnedRegHandle<B> {}
 
 impl<B: StableBuf> Future for OwnedRegHandle<B> {
-    type Output = std::result::Result<Mr<B>, RegisterError<B>>;
+    type Output = std::result::Result<Mr<B>, RegisterError<B, Error>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match Pin::new(&mut self.handle).poll(cx) {

@@ -42,7 +42,7 @@ mod sealed {
 
 impl sealed::Register for Alloc {
     fn register(pd: &Pd, _addr: usize, len: usize, access: AccessFlags) -> Result<Mr<Alloc>> {
-        pd.alloc_mr(len, access)
+        Ok(pd.alloc_mr(len, access)?)
     }
 }
 
@@ -50,7 +50,7 @@ impl sealed::Register for Raw {
     fn register(pd: &Pd, addr: usize, len: usize, access: AccessFlags) -> Result<Mr<Raw>> {
         // SAFETY: the submit_raw caller promised the range stays valid for the request's
         // lifetime and that of the region it yields.
-        unsafe { pd.register_raw(addr as *mut u8, len, access) }
+        Ok(unsafe { pd.register_raw(addr as *mut u8, len, access) }?)
     }
 }
 
@@ -158,9 +158,7 @@ impl<O: RegOwner> RegHandle<O> {
 
     fn take(o: &mut Outcome<O>) -> Option<Result<Mr<O>>> {
         if o.taken {
-            return Some(Err(Error::InvalidArgument(
-                "the registration's outcome was already taken".into(),
-            )));
+            return Some(Err(Error::OutcomeTaken));
         }
         let r = o.result.take()?;
         o.taken = true;

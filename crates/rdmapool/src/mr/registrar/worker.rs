@@ -22,9 +22,9 @@ enum Class {
 fn classify(e: &Error) -> Class {
     // A region larger than the whole memlock limit can never be pinned: retrying only
     // delays the error.
-    if let Error::MemlockLimit {
+    if let Error::Core(crate::CoreError::MemlockLimit {
         requested, limit, ..
-    } = e
+    }) = e
     {
         let limit = limit
             .split(' ')
@@ -35,8 +35,8 @@ fn classify(e: &Error) -> Class {
         }
     }
     let errno = match e {
-        Error::MemlockLimit { errno, .. } => Some(*errno),
-        Error::Sys { source, .. } => source.raw_os_error(),
+        Error::Core(crate::CoreError::MemlockLimit { errno, .. }) => Some(*errno),
+        Error::Core(crate::CoreError::Sys { source, .. }) => source.raw_os_error(),
         _ => None,
     };
     match errno {

@@ -16,12 +16,12 @@ use std::sync::Arc;
 impl Shared {
     pub(super) async fn alloc(&self, size: u64, key: Option<u64>) -> Result<RemotePtr> {
         if size == 0 {
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "bytes to allocate",
                 value: 0,
                 min: 1,
                 max: u64::MAX,
-            });
+            }));
         }
         let nodes = self.live_nodes();
         if nodes.is_empty() {
@@ -45,12 +45,12 @@ impl Shared {
             let chunk_size = node.desc.layout.chunk_size;
             let Some(class) = size_class(size, chunk_size) else {
                 // The largest object is one per chunk, less the chunk's header.
-                return Err(Error::OutOfLimits {
+                return Err(Error::Core(crate::CoreError::OutOfLimits {
                     what: "bytes to allocate (one object per chunk at most)",
                     value: size,
                     min: 1,
                     max: largest_object(chunk_size),
-                });
+                }));
             };
             match self.alloc_on(node, class, size).await {
                 Ok(Some(p)) => return Ok(p),

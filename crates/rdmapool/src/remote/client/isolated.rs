@@ -183,15 +183,17 @@ impl Shared {
 
     /// Asks the node for this client's lease slot and windows (once, after connecting).
     pub(super) async fn setup(&self, node: &Node) -> Result<Grant> {
-        let w = node.windows.as_ref().ok_or_else(|| Error::Malformed {
-            what: "pool descriptor",
-            reason: format!("node {} is not isolated", node.desc.node),
+        let w = node.windows.as_ref().ok_or_else(|| {
+            Error::Core(crate::CoreError::Malformed {
+                what: "pool descriptor",
+                reason: format!("node {} is not isolated", node.desc.node),
+            })
         })?;
         match self.control(node, w, |req| Control::Setup { req }).await? {
-            Control::Granted { slot: NO_SLOT, .. } => Err(Error::InvalidArgument(format!(
-                "node {}: all {} client slots are taken",
-                node.desc.node, node.desc.layout.client_count
-            ))),
+            Control::Granted { slot: NO_SLOT, .. } => Err(Error::LeasesFull {
+                node: node.desc.node,
+                slots: node.desc.layout.client_count,
+            }),
             Control::Granted {
                 slot,
                 meta_rkey,
@@ -210,10 +212,10 @@ impl Shared {
     }
 
     fn odd_answer(&self, node: &Node, answer: Control) -> Error {
-        Error::Malformed {
+        Error::Core(crate::CoreError::Malformed {
             what: "pool control answer",
             reason: format!("node {}: {answer:?}", node.desc.node),
-        }
+        })
     }
 
     /// One request and its answer, on the node's connection (one at a time per node, so
@@ -254,10 +256,10 @@ impl Shared {
         w.buf.read_at(CONTROL_LEN, &mut answer)?;
         let answer = Control::decode(&answer)?;
         if answer.req() != req {
-            return Err(Error::Malformed {
+            return Err(Error::Core(crate::CoreError::Malformed {
                 what: "pool control answer",
                 reason: format!("answer to request {}, want {req}", answer.req()),
-            });
+            }));
         }
         Ok(answer)
     }

@@ -115,12 +115,12 @@ impl PoolClient {
         cfg: ClientConfig,
     ) -> Result<Self> {
         if cfg.client_id == 0 {
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "client id",
                 value: 0,
                 min: 1,
                 max: u64::MAX,
-            });
+            }));
         }
         let pd = pd.clone();
         let cq = ctx.create_cq(8192)?;
@@ -169,10 +169,10 @@ impl PoolClient {
                 .into_iter()
                 .map(|(addr, j)| {
                     let r = j.join().unwrap_or_else(|_| {
-                        Err(Error::Connection {
+                        Err(Error::Core(crate::CoreError::Connection {
                             peer: addr.to_string(),
                             reason: "joining panicked".into(),
-                        })
+                        }))
                     });
                     (addr, r)
                 })
@@ -275,8 +275,8 @@ impl PoolClient {
     /// Allocates `size` bytes somewhere in the pool. `key` steers hash placement.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for 0 bytes or more than the largest object (the message
-    /// says how many bytes that is), [`Error::NoServer`] when no node is up,
+    /// [`CoreError::OutOfLimits`](crate::CoreError::OutOfLimits) for 0 bytes or more than the
+    /// largest object (it says how many bytes that is), [`Error::NoServer`] when no node is up,
     /// [`Error::Draining`] when the nodes that could take it are draining,
     /// [`Error::RemoteExhausted`] when none has room, [`Error::NodeDown`] when the nodes tried
     /// went down during the call.

@@ -113,12 +113,17 @@ impl<F: Future> Future for Timed<'_, F> {
 
 impl Shared {
     pub(super) fn word(&self) -> Result<Word> {
-        let offset = self.scratch.free.lock().pop().ok_or(Error::OutOfLimits {
-            what: "remote atomics in flight at once",
-            value: SCRATCH_WORDS as u64 + 1,
-            min: 1,
-            max: SCRATCH_WORDS as u64,
-        })?;
+        let offset =
+            self.scratch
+                .free
+                .lock()
+                .pop()
+                .ok_or(Error::Core(crate::CoreError::OutOfLimits {
+                    what: "remote atomics in flight at once",
+                    value: SCRATCH_WORDS as u64 + 1,
+                    min: 1,
+                    max: SCRATCH_WORDS as u64,
+                }))?;
         Ok(Word {
             scratch: self.scratch.clone(),
             offset,
@@ -160,7 +165,7 @@ impl Shared {
             .compare_and_swap(buf, w.offset, remote, compare, swap);
         let (r, _) = timed(&self.timers, node, op).await;
         self.seen(node, r)?;
-        self.scratch.mr.read_u64(w.offset)
+        Ok(self.scratch.mr.read_u64(w.offset)?)
     }
 
     pub(super) async fn faa(&self, node: &Node, remote: RemoteAddr, add: u64) -> Result<u64> {
@@ -174,7 +179,7 @@ impl Shared {
         )
         .await;
         self.seen(node, r)?;
-        self.scratch.mr.read_u64(w.offset)
+        Ok(self.scratch.mr.read_u64(w.offset)?)
     }
 
     pub(super) async fn read_u64(&self, node: &Node, offset: u64) -> Result<u64> {
@@ -184,7 +189,7 @@ impl Shared {
         let remote = self.at(node, offset, 8, false).await?;
         let (r, _) = timed(&self.timers, node, node.qp.read(buf, w.offset, 8, remote)).await;
         self.seen(node, r)?;
-        self.scratch.mr.read_u64(w.offset)
+        Ok(self.scratch.mr.read_u64(w.offset)?)
     }
 
     pub(super) async fn read_bitmap(
@@ -217,7 +222,9 @@ impl Shared {
         let op = node.qp.read(local, 0, (words * 8) as u32, remote);
         let (r, _) = timed(&self.timers, node, op).await;
         self.seen(node, r)?;
-        (0..words).map(|w| mr.read_u64(w * 8)).collect()
+        Ok((0..words)
+            .map(|w| mr.read_u64(w * 8))
+            .collect::<rdmapool_core::Result<_>>()?)
     }
 
     pub(super) fn live_nodes(&self) -> Vec<Arc<Node>> {

@@ -51,7 +51,7 @@ impl Shared {
                 left.max(Duration::from_millis(1)),
             );
             match dial {
-                Err(Error::Rejected { private_data, .. })
+                Err(Error::Core(crate::CoreError::Rejected { private_data, .. }))
                     if private_data == crate::remote::server::BUSY
                         && Instant::now() + pause < deadline =>
                 {
@@ -59,7 +59,7 @@ impl Shared {
                     std::thread::sleep(pause + jitter);
                     pause = (pause * 2).min(Duration::from_millis(50));
                 }
-                Err(Error::Rejected { private_data, .. })
+                Err(Error::Core(crate::CoreError::Rejected { private_data, .. }))
                     if private_data == crate::remote::server::UNAUTHENTICATED =>
                 {
                     return Err(Error::Unauthenticated {
@@ -109,11 +109,13 @@ impl Shared {
                 };
             }
             if old.down.lock().is_none() && self.engine.run_until(self.answers(old)) {
-                return Err(Error::InvalidArgument(format!(
-                    "two servers call themselves node {}: incarnation {:#x} at {} still \
-                     answers, and incarnation {:#x} at {addr}",
-                    desc.node, old.desc.incarnation, old.addr, desc.incarnation
-                )));
+                return Err(Error::NodeIdConflict {
+                    node: desc.node,
+                    first: old.desc.incarnation,
+                    first_addr: old.addr.to_string(),
+                    second: desc.incarnation,
+                    second_addr: addr.to_string(),
+                });
             }
         }
         let node = Arc::new(Node {
@@ -323,10 +325,10 @@ impl Shared {
                     })
                 }
                 Step::Full => {
-                    return Err(Error::InvalidArgument(format!(
-                        "node {}: all {} client slots are taken",
-                        node.desc.node, l.client_count
-                    )))
+                    return Err(Error::LeasesFull {
+                        node: node.desc.node,
+                        slots: l.client_count,
+                    })
                 }
             }
         }

@@ -85,9 +85,11 @@ impl EtcdMembership {
         let thread = std::thread::Builder::new()
             .name("rdmapool-etcd-follow".into())
             .spawn(move || f.run(&s))
-            .map_err(|e| Error::Sys {
-                call: "spawn",
-                source: e,
+            .map_err(|e| {
+                Error::Core(crate::CoreError::Sys {
+                    call: "spawn",
+                    source: e,
+                })
             })?;
         Ok(EtcdFollower {
             state,

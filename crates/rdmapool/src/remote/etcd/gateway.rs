@@ -62,9 +62,11 @@ pub(super) fn is_loopback_url(url: &str) -> bool {
 fn tls_config(tls: &EtcdTls) -> Result<ureq::tls::TlsConfig> {
     use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
     let read = |path: &std::path::Path, what: &str| {
-        std::fs::read(path).map_err(|e| Error::BadKey {
-            what: format!("etcd TLS {what} {}", path.display()),
-            reason: e.to_string(),
+        std::fs::read(path).map_err(|e| {
+            Error::Core(crate::CoreError::BadKey {
+                what: format!("etcd TLS {what} {}", path.display()),
+                reason: e.to_string(),
+            })
         })
     };
     let certs = |path: &std::path::Path, what: &str| -> Result<Vec<Certificate<'static>>> {
@@ -75,18 +77,18 @@ fn tls_config(tls: &EtcdTls) -> Result<ureq::tls::TlsConfig> {
                 Ok(PemItem::Certificate(c)) => out.push(c),
                 Ok(_) => {}
                 Err(e) => {
-                    return Err(Error::BadKey {
+                    return Err(Error::Core(crate::CoreError::BadKey {
                         what: format!("etcd TLS {what} {}", path.display()),
                         reason: e.to_string(),
-                    })
+                    }))
                 }
             }
         }
         if out.is_empty() {
-            return Err(Error::BadKey {
+            return Err(Error::Core(crate::CoreError::BadKey {
                 what: format!("etcd TLS {what} {}", path.display()),
                 reason: "no PEM certificate in it".into(),
-            });
+            }));
         }
         Ok(out)
     };
@@ -98,17 +100,21 @@ fn tls_config(tls: &EtcdTls) -> Result<ureq::tls::TlsConfig> {
         // The key first: one that others can read is refused whatever the certificate.
         let pem = crate::fabric::read_private_file(key, "etcd TLS key file")?;
         let chain = certs(cert, "certificate file")?;
-        let key = PrivateKey::from_pem(&pem).map_err(|e| Error::BadKey {
-            what: format!("etcd TLS key file {}", key.display()),
-            reason: e.to_string(),
+        let key = PrivateKey::from_pem(&pem).map_err(|e| {
+            Error::Core(crate::CoreError::BadKey {
+                what: format!("etcd TLS key file {}", key.display()),
+                reason: e.to_string(),
+            })
         })?;
-        check_client_cert(&chain, &pem).map_err(|e| Error::BadKey {
-            what: format!(
-                "etcd TLS certificate file {} with key file {}",
-                cert.display(),
-                tls.key_file.as_deref().unwrap_or(cert).display()
-            ),
-            reason: e.to_string(),
+        check_client_cert(&chain, &pem).map_err(|e| {
+            Error::Core(crate::CoreError::BadKey {
+                what: format!(
+                    "etcd TLS certificate file {} with key file {}",
+                    cert.display(),
+                    tls.key_file.as_deref().unwrap_or(cert).display()
+                ),
+                reason: e.to_string(),
+            })
         })?;
         builder = builder.client_cert(Some(ClientCert::new_with_certs(&chain, key)));
     }
@@ -156,10 +162,10 @@ pub(super) fn b64(s: &str) -> String {
 }
 
 pub(super) fn malformed(reason: impl Into<String>) -> Error {
-    Error::Malformed {
+    Error::Core(crate::CoreError::Malformed {
         what: "etcd response",
         reason: reason.into(),
-    }
+    })
 }
 
 /// An int64 of the gateway's JSON (a string, or a number; absent is 0).
@@ -256,7 +262,7 @@ impl Gateway {
             return Ok(t.clone());
         }
         let Some(c) = &self.credentials else {
-            return Err(Error::InvalidArgument("no etcd credentials".into()));
+            return Err(Error::NoCredentials { service: "etcd" });
         };
         let body = json!({ "name": c.user, "password": c.password() });
         let mut resp = self
@@ -346,10 +352,10 @@ impl Gateway {
                         reason: format!("etcd answered {status}: {message}"),
                     }
                 } else {
-                    Error::Connection {
+                    Error::Core(crate::CoreError::Connection {
                         peer: url,
                         reason: format!("etcd answered {status}: {message}"),
-                    }
+                    })
                 }
             }
             Failure::Unreachable { reasons, tls: true } => Error::Unauthenticated {
@@ -365,10 +371,10 @@ impl Gateway {
                 } else {
                     ""
                 };
-                Error::Connection {
+                Error::Core(crate::CoreError::Connection {
                     peer: self.endpoints.join(","),
                     reason: format!("no etcd endpoint answered: {}{hint}", reasons.join("; ")),
-                }
+                })
             }
         }
     }
@@ -404,7 +410,11 @@ impl Gateway {
     pub(super) fn revoke(&self, lease: i64) -> Result<()> {
         match self.call("/v3/lease/revoke", &json!({ "ID": lease.to_string() })) {
             // Already gone (expired): what revoking wanted.
-            Err(Error::Connection { reason, .. }) if reason.contains("not found") => Ok(()),
+            Err(Error::Core(crate::CoreError::Connection { reason, .. }))
+                if reason.contains("not found") =>
+            {
+                Ok(())
+            }
             r => r.map(|_| ()),
         }
     }

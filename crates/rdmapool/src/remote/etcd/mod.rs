@@ -110,11 +110,11 @@ impl EtcdCredentials {
     /// This user and password (neither may be empty).
     pub fn new(user: &str, password: &str) -> Result<Self> {
         if user.is_empty() || password.is_empty() {
-            return Err(Error::BadSetting {
+            return Err(Error::Core(crate::CoreError::BadSetting {
                 name: "etcd credentials".into(),
                 value: user.into(),
                 reason: "need a user name and a password".into(),
-            });
+            }));
         }
         Ok(Self {
             user: user.to_string(),
@@ -126,9 +126,11 @@ impl EtcdCredentials {
     /// to its owner (`chmod 600`), as key files are.
     pub fn with_password_file(user: &str, path: &std::path::Path) -> Result<Self> {
         let raw = crate::fabric::read_private_file(path, "etcd password file")?;
-        let text = String::from_utf8(raw).map_err(|_| Error::BadKey {
-            what: format!("etcd password file {}", path.display()),
-            reason: "not UTF-8".into(),
+        let text = String::from_utf8(raw).map_err(|_| {
+            Error::Core(crate::CoreError::BadKey {
+                what: format!("etcd password file {}", path.display()),
+                reason: "not UTF-8".into(),
+            })
         })?;
         Self::new(user, text.lines().next().unwrap_or("").trim_end())
     }
@@ -164,11 +166,11 @@ impl EtcdConfig {
 
     fn check(&self) -> Result<()> {
         if self.endpoints.is_empty() {
-            return Err(Error::BadSetting {
+            return Err(Error::Core(crate::CoreError::BadSetting {
                 name: "etcd endpoints".into(),
                 value: String::new(),
                 reason: "no etcd endpoint given".into(),
-            });
+            }));
         }
         for e in &self.endpoints {
             match (e.split_once("://").map(|(scheme, _)| scheme), &self.tls) {
@@ -182,54 +184,54 @@ impl EtcdConfig {
                     }
                 }
                 (Some("http"), Some(_)) => {
-                    return Err(Error::BadSetting {
+                    return Err(Error::Core(crate::CoreError::BadSetting {
                         name: "etcd endpoint".into(),
                         value: e.clone(),
                         reason: "TLS is configured, so want https://host:port".into(),
-                    })
+                    }))
                 }
                 _ => {
-                    return Err(Error::BadSetting {
+                    return Err(Error::Core(crate::CoreError::BadSetting {
                         name: "etcd endpoint".into(),
                         value: e.clone(),
                         reason: "want http://host:port or https://host:port (etcd's JSON \
                                  gateway)"
                             .into(),
-                    })
+                    }))
                 }
             }
         }
         if let Some(tls) = &self.tls {
             if tls.cert_file.is_some() != tls.key_file.is_some() {
-                return Err(Error::BadSetting {
+                return Err(Error::Core(crate::CoreError::BadSetting {
                     name: "etcd TLS".into(),
                     value: format!("cert_file {:?}, key_file {:?}", tls.cert_file, tls.key_file),
                     reason: "a client certificate needs its key file, and a key its certificate"
                         .into(),
-                });
+                }));
             }
         }
         if self.prefix.trim_end_matches('/').is_empty() {
-            return Err(Error::BadSetting {
+            return Err(Error::Core(crate::CoreError::BadSetting {
                 name: "etcd key prefix".into(),
                 value: self.prefix.clone(),
                 reason: "must not be empty".into(),
-            });
+            }));
         }
         if self.ttl < Duration::from_secs(1) {
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "etcd lease TTL (ms)",
                 value: self.ttl.as_millis() as u64,
                 min: 1000,
                 max: u64::MAX,
-            });
+            }));
         }
         if self.request_timeout.is_zero() || self.watch_idle.is_zero() {
-            return Err(Error::BadSetting {
+            return Err(Error::Core(crate::CoreError::BadSetting {
                 name: "etcd request timeout and watch idle time".into(),
                 value: format!("{:?}, {:?}", self.request_timeout, self.watch_idle),
                 reason: "must be non-zero".into(),
-            });
+            }));
         }
         Ok(())
     }
@@ -268,17 +270,20 @@ mod tests {
     #[test]
     fn bad_configs_are_typed_errors() {
         let mut cfg = EtcdConfig::new(vec![], "/p");
-        assert!(matches!(cfg.check(), Err(Error::BadSetting { .. })));
+        assert!(matches!(
+            cfg.check(),
+            Err(Error::Core(crate::CoreError::BadSetting { .. }))
+        ));
         cfg.endpoints = vec!["ftp://x:1".into()];
         assert!(
-            matches!(cfg.check(), Err(Error::BadSetting { value, .. }) if value == "ftp://x:1")
+            matches!(cfg.check(), Err(Error::Core(crate::CoreError::BadSetting { value, .. })) if value == "ftp://x:1")
         );
         cfg.endpoints = vec!["https://x:1".into()];
         assert!(cfg.check().is_ok());
         cfg.endpoints = vec!["http://x:1".into()];
         cfg.tls = Some(EtcdTls::default());
         assert!(
-            matches!(cfg.check(), Err(Error::BadSetting { reason, .. }) if reason.contains("https://")),
+            matches!(cfg.check(), Err(Error::Core(crate::CoreError::BadSetting { reason, .. })) if reason.contains("https://")),
             "TLS with a plain-HTTP endpoint is a mistake, not a downgrade"
         );
         cfg.tls = Some(EtcdTls {
@@ -287,7 +292,7 @@ mod tests {
         });
         cfg.endpoints = vec!["https://x:1".into()];
         assert!(
-            matches!(cfg.check(), Err(Error::BadSetting { reason, .. }) if reason.contains("key"))
+            matches!(cfg.check(), Err(Error::Core(crate::CoreError::BadSetting { reason, .. })) if reason.contains("key"))
         );
         cfg.tls = None;
         cfg.endpoints = vec!["http://x:1".into()];
@@ -300,15 +305,18 @@ mod tests {
         cfg.ttl = Duration::from_millis(10);
         assert!(matches!(
             cfg.check(),
-            Err(Error::OutOfLimits {
+            Err(Error::Core(crate::CoreError::OutOfLimits {
                 value: 10,
                 min: 1000,
                 ..
-            })
+            }))
         ));
         cfg.ttl = Duration::from_secs(2);
         cfg.prefix = "/".into();
-        assert!(matches!(cfg.check(), Err(Error::BadSetting { .. })));
+        assert!(matches!(
+            cfg.check(),
+            Err(Error::Core(crate::CoreError::BadSetting { .. }))
+        ));
     }
 
     #[test]
@@ -359,7 +367,10 @@ mod tests {
         assert_eq!(int(&v, "a").unwrap(), 12);
         assert_eq!(int(&v, "b").unwrap(), 13);
         assert_eq!(int(&v, "missing").unwrap(), 0);
-        assert!(matches!(int(&v, "c"), Err(Error::Malformed { .. })));
+        assert!(matches!(
+            int(&v, "c"),
+            Err(Error::Core(crate::CoreError::Malformed { .. }))
+        ));
     }
 
     #[test]
@@ -368,6 +379,9 @@ mod tests {
         let mut cfg = EtcdConfig::new(vec!["http://127.0.0.1:9".into()], "/p");
         cfg.request_timeout = Duration::from_millis(500);
         let m = EtcdMembership::new(&cfg).unwrap();
-        assert!(matches!(m.servers(), Err(Error::Connection { .. })));
+        assert!(matches!(
+            m.servers(),
+            Err(Error::Core(crate::CoreError::Connection { .. }))
+        ));
     }
 }

@@ -28,11 +28,11 @@ impl EtcdRegistration {
     /// routable address, not `0.0.0.0`.
     pub fn register(cfg: &EtcdConfig, node: u32, addr: SocketAddr) -> Result<Self> {
         if addr.ip().is_unspecified() || addr.port() == 0 {
-            return Err(Error::BadSetting {
+            return Err(Error::Core(crate::CoreError::BadSetting {
                 name: "address registered in etcd".into(),
                 value: addr.to_string(),
                 reason: "clients need a routable ip and a port".into(),
-            });
+            }));
         }
         let gateway = Arc::new(Gateway::new(cfg)?);
         let key = cfg.key(node);
@@ -56,9 +56,11 @@ impl EtcdRegistration {
         let thread = std::thread::Builder::new()
             .name("rdmapool-etcd-lease".into())
             .spawn(move || keep_alive_loop(&g, &l, &s, &r, &k, &value, ttl))
-            .map_err(|e| Error::Sys {
-                call: "spawn",
-                source: e,
+            .map_err(|e| {
+                Error::Core(crate::CoreError::Sys {
+                    call: "spawn",
+                    source: e,
+                })
             })?;
         tracing::info!(key, %addr, lease = lease.load(Ordering::Relaxed), "registered in etcd");
         Ok(Self {

@@ -93,9 +93,11 @@ impl Control {
 
     /// Decodes and checks a message (reserved bytes zero, fields of other kinds zero).
     pub(crate) fn decode(b: &[u8]) -> Result<Self> {
-        let bad = |why: &str| Error::Malformed {
-            what: "pool control message",
-            reason: why.into(),
+        let bad = |why: &str| {
+            Error::Core(crate::CoreError::Malformed {
+                what: "pool control message",
+                reason: why.into(),
+            })
         };
         if b.len() != CONTROL_LEN || &b[0..2] != MAGIC || b[2] != VERSION {
             return Err(bad("bad length, magic or version"));

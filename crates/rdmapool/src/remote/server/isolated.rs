@@ -64,10 +64,10 @@ impl Tenant {
 
     fn post_recv(&self, qp: &Qp, i: usize) -> Result<()> {
         let sge = self.bufs.sge(i * CONTROL_LEN, CONTROL_LEN as u32)?;
-        qp.post_recv(&[RecvWr {
+        Ok(qp.post_recv(&[RecvWr {
             wr_id: RECV_TAG | i as u64,
             sg_list: &[sge],
-        }])
+        }])?)
     }
 
     /// Sends `msg` now if a send buffer is free, else after one frees.

@@ -48,7 +48,7 @@ pub struct ServerConfig {
     /// a key refuse this server).
     pub cluster_key: Option<PreSharedKey>,
     /// Whether the server may listen beyond loopback without a cluster key (it refuses to
-    /// start otherwise: [`Error::Unprotected`]). Also set by
+    /// start otherwise: [`CoreError::Unprotected`](crate::CoreError::Unprotected)). Also set by
     /// [`crate::fabric::ENV_ALLOW_UNAUTHENTICATED`]` = 1`.
     pub allow_unauthenticated: bool,
     /// Whether clients may use the whole region ([`Isolation::Trusted`], the default) or
@@ -277,12 +277,12 @@ impl MemoryServer {
         )?;
         let layout = Layout::new(cfg.size as u64, cfg.chunk_size, cfg.clients)?;
         if cfg.lease < Duration::from_millis(10) || cfg.lease > layout::MAX_LEASE {
-            return Err(Error::OutOfLimits {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "lease (ms)",
                 value: cfg.lease.as_millis() as u64,
                 min: 10,
                 max: layout::MAX_LEASE.as_millis() as u64,
-            });
+            }));
         }
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(4096)?;

@@ -3,6 +3,7 @@
 //! given back with the outcome.
 
 use super::*;
+use rdmapool::CoreError;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_concurrent_futures_over_several_qps_and_cqs() {
@@ -135,7 +136,7 @@ async fn mixed_batches_post_once_and_signal_once() {
             .collect();
         assert!(matches!(
             s.qps[0].batch(too_many).await.0,
-            Err(rdmapool::Error::OutOfLimits { min: 1, .. })
+            Err(rdmapool::Error::Core(CoreError::OutOfLimits { min: 1, .. }))
         ));
         // A batch with a bad request fails with its status (the QP then goes to ERR).
         let good = s.target.remote_at(0).unwrap();
@@ -373,12 +374,12 @@ async fn async_operations_give_the_buffer_back_with_the_outcome() {
         assert!(
             matches!(
                 r,
-                Err(rdmapool::Error::OutOfRange {
+                Err(rdmapool::Error::Core(CoreError::OutOfRange {
                     offset: 4000,
                     len: 200,
                     limit: 4096,
                     ..
-                })
+                }))
             ),
             "{r:?}"
         );

@@ -2,6 +2,7 @@
 //! deregistered regions and other PDs, local protection errors where data lands.
 
 use super::*;
+use rdmapool::CoreError;
 
 #[test]
 fn wrong_rkey_is_a_remote_access_error() {
@@ -133,7 +134,7 @@ fn misaligned_atomic_is_refused_when_posted() {
                 assert!(
                     matches!(
                         r,
-                        Err(Error::Misaligned {
+                        Err(CoreError::Misaligned {
                             what: "atomic target",
                             ..
                         })
@@ -353,7 +354,7 @@ fn bad_local_sges_get_local_errors() {
             signaled: true,
         }]);
         assert!(
-            matches!(r, Err(Error::BadWorkRequest { wr_id: 1, .. })),
+            matches!(r, Err(CoreError::BadWorkRequest { wr_id: 1, .. })),
             "{t:?} short atomic buffer: {r:?}"
         );
         s.assert_untouched("short atomic buffer");

@@ -2,6 +2,7 @@
 //! free, error completions naming the posted operation, peers that vanish.
 
 use super::*;
+use rdmapool::CoreError;
 
 #[test]
 fn error_flushes_every_later_request_in_order() {
@@ -150,7 +151,7 @@ fn the_send_queue_holds_exactly_its_capacity() {
         // One list longer than the queue: it fills the queue and refuses the rest, saying the
         // real capacity.
         match qa.post_send(&wrs) {
-            Err(Error::QueueFull {
+            Err(CoreError::QueueFull {
                 queue: "send",
                 depth,
             }) => assert_eq!(depth, cap.send, "{t:?}"),
@@ -275,7 +276,7 @@ fn a_receive_queue_entry_frees_when_its_completion_is_polled() {
         assert!(
             matches!(
                 recv(3),
-                Err(Error::QueueFull {
+                Err(CoreError::QueueFull {
                     queue: "receive",
                     depth: 2
                 })
@@ -288,7 +289,7 @@ fn a_receive_queue_entry_frees_when_its_completion_is_polled() {
             (1, WcOpcode::Recv, WcStatus::Success)
         );
         recv(3).unwrap();
-        assert!(matches!(recv(4), Err(Error::QueueFull { .. })), "{t:?}");
+        assert!(matches!(recv(4), Err(CoreError::QueueFull { .. })), "{t:?}");
     }
 }
 
@@ -407,7 +408,7 @@ fn connecting_to_a_vanished_peer_is_a_typed_error() {
         qa.modify_to_init().unwrap();
         qa.modify_to_rtr(&ep).unwrap();
         assert!(
-            matches!(qa.modify_to_rts(), Err(Error::Connection { .. })),
+            matches!(qa.modify_to_rts(), Err(CoreError::Connection { .. })),
             "{t:?}"
         );
         assert_eq!(

@@ -172,13 +172,17 @@ impl Tally {
     fn fail(&mut self, what: &str, e: &Error) {
         self.failed += 1;
         self.node_down |= matches!(e, Error::NodeDown { .. });
-        let kind = match e {
-            Error::Completion { status, .. } => format!("{status:?}"),
-            other => format!("{other:?}")
+        let variant = |debug: String| {
+            debug
                 .split(|c: char| !c.is_alphanumeric())
                 .next()
                 .unwrap_or("?")
-                .to_string(),
+                .to_string()
+        };
+        let kind = match e {
+            Error::Completion { status, .. } => format!("{status:?}"),
+            Error::Core(inner) => variant(format!("{inner:?}")),
+            other => variant(format!("{other:?}")),
         };
         let n = self.errors.entry(format!("{what}.{kind}")).or_default();
         if *n == 0 {
@@ -377,7 +381,7 @@ fn block_round(c: &mut Conn, src: &Arc<Mr>, dst: &Arc<Mr>, len: usize, seed: u64
     c.known[i as usize] = None;
     if let Err(e) = qp.post_send(&wrs) {
         t.attempted += 1;
-        t.fail("post", &e);
+        t.fail("post", &e.into());
         c.qp = None;
         return;
     }

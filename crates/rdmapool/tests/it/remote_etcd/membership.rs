@@ -1,6 +1,7 @@
 //! Servers that register, crash, restart, leave, or were never real, as followers see them.
 
 use super::*;
+use rdmapool::CoreError;
 
 #[test]
 fn a_following_client_connects_to_servers_that_register_later_and_allocates_there() {
@@ -259,7 +260,10 @@ fn a_server_that_drops_its_registration_leaves_at_once() {
     // An etcd that goes away is a typed error, not a panic.
     drop(follower);
     drop(etcd);
-    assert!(matches!(members.members(), Err(Error::Connection { .. })));
+    assert!(matches!(
+        members.members(),
+        Err(Error::Core(CoreError::Connection { .. }))
+    ));
 }
 
 /// Issue #22, finding 2: anyone who can write under the membership prefix could add a server

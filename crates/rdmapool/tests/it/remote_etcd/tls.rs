@@ -1,6 +1,7 @@
 //! etcd over TLS with users: only holders of the credentials get in.
 
 use super::*;
+use rdmapool::CoreError;
 
 /// Issue #22 ("support etcd's own TLS and user/password auth"): against a real etcd that
 /// serves TLS only, asks for client certificates and has authentication on, a server with
@@ -56,7 +57,8 @@ fn etcd_over_tls_with_authentication_admits_only_holders_of_the_credentials() {
     // etcd ends the TLS connection after the handshake (TLS 1.3 sends its alert then), so
     // this side sees the connection break as it sends: a connection error with a hint.
     match EtcdRegistration::register(&no_client_cert, 9, "127.0.0.1:1".parse().unwrap()) {
-        Err(Error::Connection { reason, .. }) | Err(Error::Unauthenticated { reason, .. }) => {
+        Err(Error::Core(CoreError::Connection { reason, .. }))
+        | Err(Error::Unauthenticated { reason, .. }) => {
             eprintln!("no client certificate: refused: {reason}");
             assert!(reason.contains("cert"), "{reason}");
         }
@@ -82,7 +84,9 @@ fn etcd_over_tls_with_authentication_admits_only_holders_of_the_credentials() {
             ..pki.client()
         });
         match EtcdMembership::new(&c) {
-            Err(Error::BadKey { reason, .. }) => assert!(reason.contains("chmod 600"), "{reason}"),
+            Err(Error::Core(CoreError::BadKey { reason, .. })) => {
+                assert!(reason.contains("chmod 600"), "{reason}")
+            }
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("a key file of mode 0644 was taken"),
         }
@@ -96,7 +100,9 @@ fn etcd_over_tls_with_authentication_admits_only_holders_of_the_credentials() {
         ..pki.client()
     });
     match EtcdMembership::new(&mismatched) {
-        Err(Error::BadKey { reason, .. }) => assert!(reason.contains("KeyMismatch"), "{reason}"),
+        Err(Error::Core(CoreError::BadKey { reason, .. })) => {
+            assert!(reason.contains("KeyMismatch"), "{reason}")
+        }
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("a key of another certificate was taken"),
     }

@@ -3,6 +3,7 @@
 //! connections per client id, bursts from one host.
 
 use super::*;
+use rdmapool::CoreError;
 
 /// Issue #22, finding 2: a client that holds the cluster key joins only servers that prove
 /// they hold it too; a server without the key, or with another, gets no allocation and is
@@ -107,7 +108,7 @@ fn a_pool_server_with_the_cluster_key_admits_only_clients_that_prove_their_id() 
     let recorded = ClientHello::new(7).unwrap().encode_proven(&tenant7, now);
     let first = dial(&recorded).expect("a fresh proven hello is accepted");
     match dial(&recorded) {
-        Err(rdmapool::Error::Rejected { private_data, .. }) => {
+        Err(rdmapool::Error::Core(CoreError::Rejected { private_data, .. })) => {
             assert_eq!(private_data, b"unauthenticated")
         }
         Err(e) => panic!("replay: {e}"),
@@ -117,7 +118,10 @@ fn a_pool_server_with_the_cluster_key_admits_only_clients_that_prove_their_id() 
     let old = ClientHello::new(7)
         .unwrap()
         .encode_proven(&tenant7, now - 2 * MAX_CLOCK_SKEW.as_secs() - 1);
-    assert!(matches!(dial(&old), Err(rdmapool::Error::Rejected { .. })));
+    assert!(matches!(
+        dial(&old),
+        Err(rdmapool::Error::Core(CoreError::Rejected { .. }))
+    ));
     drop(first);
 }
 

@@ -28,7 +28,7 @@ impl FakeSource {
 impl CompletionSource for FakeSource {
     fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         if let Some(depth) = self.overrun {
-            return Err(Error::CqOverrun { depth });
+            return Err(Error::Core(crate::CoreError::CqOverrun { depth }));
         }
         let mut q = self.queue.lock();
         let n = out.len().min(q.len());
@@ -241,7 +241,7 @@ fn an_overrun_fails_the_operations_of_that_source_and_unknown_ones() {
     t.abandon(abandoned, &owner, || Some(Box::new(buf)));
     assert!(matches!(
         t.poll_source(&broken, &mut [Completion::EMPTY; 4]),
-        Err(Error::CqOverrun { depth: 16 })
+        Err(Error::Core(crate::CoreError::CqOverrun { depth: 16 }))
     ));
     t.fail_source(0, 16);
     for idx in [on0, unknown] {
@@ -250,7 +250,7 @@ fn an_overrun_fails_the_operations_of_that_source_and_unknown_ones() {
         };
         assert!(matches!(
             o.into_result(),
-            Err(Error::CqOverrun { depth: 16 })
+            Err(Error::Core(crate::CoreError::CqOverrun { depth: 16 }))
         ));
     }
     assert!(t.poll_op(on1, &owner, &w).is_pending(), "another source");

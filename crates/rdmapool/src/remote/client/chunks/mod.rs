@@ -370,13 +370,13 @@ pub(super) fn budget(l: &Layout) -> u64 {
 pub(super) fn over_budget(ops: &mut u64, l: &Layout) -> Result<()> {
     *ops += 1;
     if *ops > budget(l) {
-        return Err(Error::Malformed {
+        return Err(Error::Core(crate::CoreError::Malformed {
             what: "pool node's memory",
             reason: format!(
                 "its answers contradict each other: no decision after {} operations",
                 budget(l)
             ),
-        });
+        }));
     }
     Ok(())
 }
