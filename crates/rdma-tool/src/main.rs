@@ -177,5 +177,17 @@ impl From<rdmapool::CoreError> for ToolError {
     }
 }
 
+impl From<rdmapool::fabric::SoftError> for ToolError {
+    fn from(e: rdmapool::fabric::SoftError) -> Self {
+        ToolError::Rdma(e.into())
+    }
+}
+
+impl From<rdmapool::fabric::VerbsError> for ToolError {
+    fn from(e: rdmapool::fabric::VerbsError) -> Self {
+        ToolError::Rdma(e.into())
+    }
+}
+
 /// Result with [`ToolError`].
 pub type Result<T> = std::result::Result<T, ToolError>;

@@ -7,7 +7,7 @@
 //!   allowed ([`AllowUsers`]: the same user by default);
 //! - connections are capped in total and per peer address.
 
-use crate::{Error, Result};
+use crate::SoftError;
 use rdmapool_core::fabric::{read_private_file, unauthenticated_allowed_by_env, PreSharedKey};
 
 /// Which local users may connect (checked with `SO_PEERCRED` on the Unix socket, and through
@@ -25,14 +25,14 @@ pub enum AllowUsers {
 
 impl AllowUsers {
     /// Parses `same`, `any` or a comma-separated list of uids.
-    pub fn parse(s: &str) -> Result<Self> {
+    pub fn parse(s: &str) -> std::result::Result<Self, SoftError> {
         match s.trim() {
             "" | "same" => Ok(Self::Same),
             "any" => Ok(Self::Any),
             list => list
                 .split(',')
                 .map(|u| {
-                    u.trim().parse::<u32>().map_err(|_| Error::BadSetting {
+                    u.trim().parse::<u32>().map_err(|_| SoftError::Setting {
                         name: "RDMAPOOL_SOFT_ALLOW_UIDS".into(),
                         value: s.into(),
                         reason: format!(
@@ -40,7 +40,7 @@ impl AllowUsers {
                         ),
                     })
                 })
-                .collect::<Result<Vec<_>>>()
+                .collect::<std::result::Result<Vec<_>, SoftError>>()
                 .map(Self::List),
         }
     }
@@ -74,7 +74,7 @@ pub struct Admission {
     /// and write (the zero-copy path). Off: every operation goes through the socket.
     pub local_mappings: bool,
     /// Whether the NIC may listen beyond loopback without a pre-shared key (it refuses to
-    /// start otherwise: [`Error::Unprotected`]). Also set by
+    /// start otherwise: [`Error::Unprotected`](rdmapool_core::Error::Unprotected)). Also set by
     /// [`ENV_ALLOW_UNAUTHENTICATED`](rdmapool_core::fabric::ENV_ALLOW_UNAUTHENTICATED)` = 1`.
     pub allow_unauthenticated: bool,
 }
@@ -96,14 +96,14 @@ impl Admission {
     /// Defaults, overridden by `RDMAPOOL_SOFT_ALLOW_UIDS`, `RDMAPOOL_SOFT_PSK_FILE`,
     /// `RDMAPOOL_SOFT_MAX_CONNECTIONS`, `RDMAPOOL_SOFT_MAX_CONNECTIONS_PER_PEER` and
     /// `RDMAPOOL_SOFT_LOCAL_MAPPINGS` (`on` or `off`), and [`ENV_ALLOW_UNAUTHENTICATED`](rdmapool_core::fabric::ENV_ALLOW_UNAUTHENTICATED).
-    pub fn from_env() -> Result<Self> {
+    pub fn from_env() -> std::result::Result<Self, SoftError> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let count = |k: &str, default: usize| -> Result<usize> {
+        let count = |k: &str, default: usize| -> std::result::Result<usize, SoftError> {
             match var(k) {
                 None => Ok(default),
                 Some(v) => match v.trim().parse::<usize>() {
                     Ok(n) if n > 0 => Ok(n),
-                    _ => Err(Error::BadSetting {
+                    _ => Err(SoftError::Setting {
                         name: k.into(),
                         value: v.clone(),
                         reason: "want a positive count".into(),
@@ -119,7 +119,7 @@ impl Admission {
             None | Some("on") => true,
             Some("off") => false,
             Some(v) => {
-                return Err(Error::BadSetting {
+                return Err(SoftError::Setting {
                     name: "RDMAPOOL_SOFT_LOCAL_MAPPINGS".into(),
                     value: v.into(),
                     reason: "want on or off".into(),
@@ -136,7 +136,8 @@ impl Admission {
                     let raw = read_private_file(p.trim().as_ref(), "RDMAPOOL_SOFT_PSK_FILE")?;
                     PreSharedKey::new(raw.trim_ascii())
                 })
-                .transpose()?,
+                .transpose()
+                .map_err(SoftError::Key)?,
             max_connections: count("RDMAPOOL_SOFT_MAX_CONNECTIONS", d.max_connections)?,
             max_connections_per_peer: count(
                 "RDMAPOOL_SOFT_MAX_CONNECTIONS_PER_PEER",

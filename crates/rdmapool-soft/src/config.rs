@@ -2,7 +2,7 @@
 //! to their peers ([`Transport`]).
 
 use crate::admission::Admission;
-use crate::{Error, Result};
+use crate::SoftError;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -20,12 +20,12 @@ pub enum Transport {
 
 impl Transport {
     /// Parses "auto", "tcp" or "local".
-    pub fn parse(s: &str) -> Result<Self> {
+    pub fn parse(s: &str) -> Result<Self, SoftError> {
         match s {
             "auto" => Ok(Self::Auto),
             "tcp" => Ok(Self::Tcp),
             "local" => Ok(Self::Local),
-            _ => Err(Error::BadSetting {
+            _ => Err(SoftError::Setting {
                 name: "transport".into(),
                 value: s.into(),
                 reason: "expected auto, tcp or local".into(),
@@ -73,9 +73,9 @@ impl SoftConfig {
     /// [`SoftConfig::default`], overridden by `RDMAPOOL_SOFT_BIND`, `RDMAPOOL_SOFT_SPIN_US`,
     /// `RDMAPOOL_SOFT_TRANSPORT` (auto, tcp or local) and the variables of
     /// [`Admission::from_env`].
-    pub fn from_env() -> Result<Self> {
+    pub fn from_env() -> Result<Self, SoftError> {
         let bind = match std::env::var("RDMAPOOL_SOFT_BIND") {
-            Ok(s) => s.parse().map_err(|e| Error::BadSetting {
+            Ok(s) => s.parse().map_err(|e| SoftError::Setting {
                 name: "RDMAPOOL_SOFT_BIND".into(),
                 value: s.clone(),
                 reason: format!("{e} (want ip:port)"),
@@ -83,7 +83,7 @@ impl SoftConfig {
             Err(_) => Self::default().bind,
         };
         let spin = match std::env::var("RDMAPOOL_SOFT_SPIN_US") {
-            Ok(s) => Duration::from_micros(s.parse().map_err(|e| Error::BadSetting {
+            Ok(s) => Duration::from_micros(s.parse().map_err(|e| SoftError::Setting {
                 name: "RDMAPOOL_SOFT_SPIN_US".into(),
                 value: s.clone(),
                 reason: format!("{e} (want microseconds)"),
@@ -92,7 +92,7 @@ impl SoftConfig {
         };
         let transport = match std::env::var("RDMAPOOL_SOFT_TRANSPORT") {
             Ok(s) if !s.trim().is_empty() => {
-                Transport::parse(s.trim()).map_err(|_| Error::BadSetting {
+                Transport::parse(s.trim()).map_err(|_| SoftError::Setting {
                     name: "RDMAPOOL_SOFT_TRANSPORT".into(),
                     value: s.clone(),
                     reason: "expected auto, tcp or local".into(),

@@ -10,6 +10,7 @@ use super::SoftConfig;
 use super::{device_info, MAX_MSG};
 use crate::admission::Admission;
 use crate::fabric::DeviceInfo;
+use crate::SoftError;
 use crate::Transport;
 use crate::{Error, Result};
 use parking_lot::{Mutex, RwLock};
@@ -166,9 +167,9 @@ impl SoftContext {
              chmod 600 /etc/rdmapool.key`, then RDMAPOOL_SOFT_PSK_FILE=/etc/rdmapool.key \
              (Admission::psk).",
         )?;
-        let tcp = TcpListener::bind(cfg.bind).map_err(|e| Error::Connection {
-            peer: cfg.bind.to_string(),
-            reason: format!("cannot listen: {e}"),
+        let tcp = TcpListener::bind(cfg.bind).map_err(|source| SoftError::Listen {
+            addr: cfg.bind.to_string(),
+            source,
         })?;
         let tcp_addr = tcp.local_addr().map_err(|e| Error::Sys {
             call: "getsockname",
@@ -185,9 +186,9 @@ impl SoftContext {
         );
         let unix = SocketAddr::from_abstract_name(name.as_bytes())
             .and_then(|a| UnixListener::bind_addr(&a))
-            .map_err(|e| Error::Connection {
-                peer: format!("@{name}"),
-                reason: format!("cannot listen: {e}"),
+            .map_err(|source| SoftError::Listen {
+                addr: format!("@{name}"),
+                source,
             })?;
         warn_if_exposed(tcp_addr, &cfg.admission);
         let shared = Arc::new(CtxShared {

@@ -34,6 +34,7 @@ mod cq;
 #[cfg(test)]
 mod doc_check;
 mod driver;
+mod error;
 mod io;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
@@ -57,6 +58,7 @@ use rdmapool_core::{fabric, os, util, Error, Result};
 
 pub use admission::{Admission, AllowUsers};
 pub use config::{SoftConfig, Transport};
+pub use error::SoftError;
 
 use crate::fabric::provider::{
     provider_cq, ContextOps, ContextOptions, CqOps, MrOps, PdOps, Provider, QpOps,

@@ -1,6 +1,6 @@
 //! How to open a verbs context: [`VerbsConfig`].
 
-use crate::{Error, Result};
+use crate::VerbsError;
 
 /// How to open a verbs context.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -14,10 +14,10 @@ pub struct VerbsConfig {
 
 impl VerbsConfig {
     /// From `RDMAPOOL_DEVICE` and `RDMAPOOL_GID_INDEX` (unset or empty: the defaults).
-    pub fn from_env() -> Result<Self> {
+    pub fn from_env() -> Result<Self, VerbsError> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let gid_index = match var("RDMAPOOL_GID_INDEX") {
-            Some(t) => Some(t.trim().parse::<u8>().map_err(|_| Error::BadSetting {
+            Some(t) => Some(t.trim().parse::<u8>().map_err(|_| VerbsError::Setting {
                 name: "RDMAPOOL_GID_INDEX".into(),
                 value: t.clone(),
                 reason: "out of range: want a GID table index, 0..=255".into(),

@@ -16,6 +16,7 @@ mod addr;
 mod cm;
 mod config;
 mod cq;
+mod error;
 mod events;
 mod oplog;
 mod pd;
@@ -29,6 +30,7 @@ pub(crate) use pd::{ibv_access, VerbsMw, VerbsPd};
 use rdmapool_core::{fabric, os, Error, Result};
 
 pub use config::VerbsConfig;
+pub use error::VerbsError;
 
 use crate::fabric::provider::{
     ConnectionManager, ContextOps, ContextOptions, CqOps, PdOps, Provider,
@@ -61,15 +63,15 @@ fn errno_err(call: &'static str, errno: i32) -> Error {
     }
 }
 
-fn unavailable(reason: String) -> Error {
-    Error::ProviderUnavailable {
-        provider: "verbs".into(),
+fn unavailable(reason: String) -> VerbsError {
+    VerbsError::Unavailable {
+        what: "verbs",
         reason,
     }
 }
 
 /// Loads libibverbs or explains why it cannot be used.
-fn lib() -> Result<&'static sys::Verbs> {
+fn lib() -> std::result::Result<&'static sys::Verbs, VerbsError> {
     sys::verbs().map_err(|e| unavailable(e.to_string()))
 }
 
@@ -89,7 +91,8 @@ impl DeviceList {
             let e = std::io::Error::last_os_error();
             return Err(unavailable(format!(
                 "no RDMA devices ({e}; without a NIC, load SoftRoCE: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <if>)"
-            )));
+            ))
+            .into());
         }
         Ok(Self {
             v,
@@ -362,7 +365,7 @@ fn unsafe_zeroed_gid() -> sys::ibv_gid {
 
 /// Whether verbs can be used here: its devices, or why not.
 fn status() -> ProviderStatus {
-    let listed = VerbsConfig::from_env().and_then(|cfg| {
+    let listed = VerbsConfig::from_env().map_err(Error::from).and_then(|cfg| {
         let v = lib()?;
         let list = DeviceList::get(v)?;
         let mut infos = Vec::new();
@@ -380,7 +383,7 @@ fn status() -> ProviderStatus {
             (true, Some(e)) => Err(e),
             (true, None) => Err(unavailable(
                 "no RDMA devices (no NIC, or the kernel modules are not loaded; for SoftRoCE: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <if>)".into(),
-            )),
+            ).into()),
         }
     });
     match listed {
@@ -452,7 +455,7 @@ fn open(cfg: &VerbsConfig) -> Result<Arc<dyn ContextOps>> {
             name: n.into(),
             known: names,
         },
-        None => unavailable("no RDMA devices".into()),
+        None => unavailable("no RDMA devices".into()).into(),
     })
 }
 

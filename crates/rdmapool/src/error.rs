@@ -214,6 +214,18 @@ pub enum Error {
     },
 }
 
+impl From<rdmapool_soft::SoftError> for Error {
+    fn from(e: rdmapool_soft::SoftError) -> Self {
+        Error::Core(e.into())
+    }
+}
+
+impl From<rdmapool_verbs::VerbsError> for Error {
+    fn from(e: rdmapool_verbs::VerbsError) -> Self {
+        Error::Core(e.into())
+    }
+}
+
 impl From<rdmapool_core::fabric::WindowError> for Error {
     fn from(e: rdmapool_core::fabric::WindowError) -> Self {
         Error::Core(e.into())

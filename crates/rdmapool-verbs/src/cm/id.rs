@@ -9,9 +9,9 @@ use std::ffi::CStr;
 use std::net::SocketAddr;
 use std::time::Instant;
 
-fn lib() -> Result<&'static sys::Rdmacm> {
-    sys::rdmacm().map_err(|e| Error::ProviderUnavailable {
-        provider: "verbs (RDMA CM)".into(),
+fn lib() -> std::result::Result<&'static sys::Rdmacm, crate::VerbsError> {
+    sys::rdmacm().map_err(|e| crate::VerbsError::Unavailable {
+        what: "verbs (RDMA CM)",
         reason: e.to_string(),
     })
 }

@@ -23,5 +23,5 @@ mod options;
 
 pub use options::ProviderOptions;
 pub use rdmapool_core::fabric::*;
-pub use rdmapool_soft::{Admission, AllowUsers, SoftConfig, Transport};
-pub use rdmapool_verbs::VerbsConfig;
+pub use rdmapool_soft::{Admission, AllowUsers, SoftConfig, SoftError, Transport};
+pub use rdmapool_verbs::{VerbsConfig, VerbsError};
