@@ -66,18 +66,6 @@ pub(super) trait Job: Send + Sync {
     fn finish_err(&self, e: Error);
 }
 
-impl<O: RegOwner> Job for Request<O> {
-    fn state(&self) -> &StateCell {
-        &self.state
-    }
-    fn run(&self, s: &Shared) {
-        super::worker::run(s, self)
-    }
-    fn finish_err(&self, e: Error) {
-        self.finish(Err(e))
-    }
-}
-
 pub(super) struct Request<O> {
     pub(super) state: StateCell,
     pub(super) spec: RegionSpec,

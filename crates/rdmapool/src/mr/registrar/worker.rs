@@ -3,12 +3,13 @@
 //! limit; EIO/ENODEV/ENXIO break the device; the rest fail at once), honour cancellation and
 //! the deadline, record the outcome.
 
-use super::request::{RegOwner, Request};
+use super::request::{Job, RegOwner, Request};
 use super::stats::{inc, LATENCY_CLASSES};
 use super::Shared;
 use crate::fabric::recorder::RegistrarEvent;
 use crate::fabric::Mr;
 use crate::mr::state::RegState;
+use crate::mr::state::StateCell;
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -67,8 +68,20 @@ pub(super) fn worker(s: &Shared) {
     }
 }
 
+impl<O: RegOwner> Job for Request<O> {
+    fn state(&self) -> &StateCell {
+        &self.state
+    }
+    fn run(&self, s: &Shared) {
+        run(s, self)
+    }
+    fn finish_err(&self, e: Error) {
+        self.finish(Err(e))
+    }
+}
+
 /// Registers one request (with retries) and delivers the outcome.
-pub(super) fn run<O: RegOwner>(s: &Shared, req: &Request<O>) {
+fn run<O: RegOwner>(s: &Shared, req: &Request<O>) {
     {
         let result = attempt(s, req);
         match result {
