@@ -45,6 +45,8 @@ pub mod mr;
 mod providers;
 #[cfg(not(loom))]
 pub mod remote;
+#[cfg(not(loom))]
+pub mod store;
 
 pub use providers::devices;
 mod error;

@@ -68,7 +68,8 @@ pub fn client_key_text(key: &PreSharedKey) -> String {
 /// A client's connection request: who it is, and a fresh nonce the server's proof covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientHello {
-    /// The client's id (non-zero; the same id after a restart finds its allocations).
+    /// The client's id (1 to [`MAX_CLIENT_ID`](super::MAX_CLIENT_ID); the same id after a
+    /// restart finds its allocations).
     pub client_id: u64,
     /// Random for every connection: a server's proof of the cluster key covers it, so a
     /// recorded proof does not verify for another connection.
@@ -139,8 +140,8 @@ fn decode(b: &[u8]) -> Result<(ClientHello, Option<u32>)> {
     let mut id = [0u8; 8];
     id.copy_from_slice(&b[8..16]);
     let client_id = u64::from_le_bytes(id);
-    if client_id == 0 {
-        return Err(malformed("client id 0"));
+    if !(1..=super::MAX_CLIENT_ID).contains(&client_id) {
+        return Err(malformed("client id 0, or with bit 63 set"));
     }
     let mut nonce = [0u8; 16];
     nonce.copy_from_slice(&b[16..32]);
@@ -245,6 +246,19 @@ mod tests {
             nonce: [0; 16],
         };
         assert!(ClientHello::decode(&zero.encode()).is_err());
+        let store_tag = ClientHello {
+            client_id: 1 << 63,
+            nonce: [0; 16],
+        };
+        assert!(
+            ClientHello::decode(&store_tag.encode()).is_err(),
+            "ids with bit 63 set name the store's chunks"
+        );
+        let top = ClientHello {
+            client_id: crate::remote::MAX_CLIENT_ID,
+            nonce: [0; 16],
+        };
+        assert_eq!(ClientHello::decode(&top.encode()).unwrap(), top);
         let mut b = h.encode();
         b[5] = 1;
         assert!(

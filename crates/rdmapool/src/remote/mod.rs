@@ -74,6 +74,10 @@ pub use server::{
     MemoryServer, ServerConfig, MAX_CONNECTIONS_PER_CLIENT, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER,
 };
 
+/// The highest client id, `2^63 − 1`: chunk-table entries with bit 63 set belong to the
+/// object store (docs/STORE.md section 2), so no client's lease can ever name them.
+pub const MAX_CLIENT_ID: u64 = (1 << 63) - 1;
+
 /// A remote allocation: the node it lives on, that node's incarnation when it was allocated,
 /// its offset in that node's region, its length.
 ///

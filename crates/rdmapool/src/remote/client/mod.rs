@@ -114,12 +114,12 @@ impl PoolClient {
         membership: &dyn Membership,
         cfg: ClientConfig,
     ) -> Result<Self> {
-        if cfg.client_id == 0 {
+        if !(1..=crate::remote::MAX_CLIENT_ID).contains(&cfg.client_id) {
             return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "client id",
-                value: 0,
+                value: cfg.client_id,
                 min: 1,
-                max: u64::MAX,
+                max: crate::remote::MAX_CLIENT_ID,
             }));
         }
         let pd = pd.clone();

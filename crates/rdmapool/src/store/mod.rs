@@ -1,0 +1,12 @@
+//! The replicated object store (issue #23, docs/STORE.md): keyed objects on the remote
+//! memory pool whose get, put and remove are one-sided RDMA only.
+//!
+//! Built so far: the byte formats ([`format`]: the 8-byte index slot, the block with its
+//! version and checksum) replica placement ([`placement`]) and the decisions from what was read ([`decide`]). The client that moves the
+//! bytes is not built yet; docs/STORE.md says which parts of the design stand.
+
+pub mod decide;
+pub mod format;
+pub mod placement;
+
+pub use format::{KeyHash, Version};
