@@ -212,6 +212,23 @@ pub enum Error {
         /// For what ("etcd").
         service: &'static str,
     },
+
+    /// The store's index bucket of a key on this node has no free slot (docs/STORE.md
+    /// section 2): the key cannot be added there until repair clears obsolete slots.
+    #[error("store index full on node {node}: the key's bucket has no free slot")]
+    IndexFull {
+        /// The node.
+        node: u32,
+    },
+
+    /// An operation kept losing races on the same words and gave up.
+    #[error("{what} lost {rounds} races in a row to concurrent writers")]
+    Contended {
+        /// What gave up ("store put").
+        what: &'static str,
+        /// How many times it started again.
+        rounds: u32,
+    },
 }
 
 impl From<rdmapool_soft::SoftError> for Error {

@@ -161,6 +161,36 @@ pub fn block_len(key: &[u8], value_len: u64) -> u64 {
     HEADER_LEN as u64 + key.len() as u64 + value_len
 }
 
+/// A value's length and CRC state, computed once and used for every replica's header (the
+/// header's CRC covers the header, the key, then the value).
+#[derive(Debug, Clone)]
+pub struct ValueDigest {
+    len: u64,
+    crc: crc32fast::Hasher,
+}
+
+impl ValueDigest {
+    /// The digest of `value`.
+    pub fn of(value: &[u8]) -> Self {
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(value);
+        Self {
+            len: value.len() as u64,
+            crc,
+        }
+    }
+
+    /// The value's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the value is empty (a tombstone's).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// Writes the header of a block into `header` (its first [`HEADER_LEN`] bytes), with the
 /// CRC over the header, `key` and `value`.
 pub fn encode_header(
@@ -170,14 +200,26 @@ pub fn encode_header(
     version: Version,
     tombstone: bool,
 ) -> Result<()> {
+    encode_header_for(header, key, &ValueDigest::of(value), version, tombstone)
+}
+
+/// [`encode_header`] from the value's digest (so a put to several replicas, or a retried
+/// one, reads the value once).
+pub fn encode_header_for(
+    header: &mut [u8; HEADER_LEN],
+    key: &[u8],
+    value: &ValueDigest,
+    version: Version,
+    tombstone: bool,
+) -> Result<()> {
     if !tombstone {
-        check_sizes(key, value.len() as u64)?;
+        check_sizes(key, value.len)?;
     } else {
         check_sizes(key, 1)?;
-        if !value.is_empty() {
+        if value.len != 0 {
             return Err(CoreError::OutOfLimits {
                 what: "tombstone value length",
-                value: value.len() as u64,
+                value: value.len,
                 min: 0,
                 max: 0,
             }
@@ -188,11 +230,14 @@ pub fn encode_header(
     header[..8].copy_from_slice(&BLOCK_MAGIC);
     header[SEQ..SEQ + 8].copy_from_slice(&version.seq.to_le_bytes());
     header[WRITER..WRITER + 8].copy_from_slice(&version.writer.to_le_bytes());
-    header[VALUE_LEN..VALUE_LEN + 8].copy_from_slice(&(value.len() as u64).to_le_bytes());
+    header[VALUE_LEN..VALUE_LEN + 8].copy_from_slice(&value.len.to_le_bytes());
     header[KEY_LEN] = key.len() as u8;
     header[FLAGS] = if tombstone { TOMBSTONE } else { 0 };
-    let crc = block_crc(header, key, value);
-    header[CRC..CRC + 4].copy_from_slice(&crc.to_le_bytes());
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&header[..CRC]);
+    crc.update(key);
+    crc.combine(&value.crc);
+    header[CRC..CRC + 4].copy_from_slice(&crc.finalize().to_le_bytes());
     Ok(())
 }
 

@@ -14,6 +14,12 @@ pub mod placement;
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod get;
 #[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod lookup;
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod put;
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod root;
+#[cfg(test)]
+mod sim;
 
 pub use format::{KeyHash, Version};

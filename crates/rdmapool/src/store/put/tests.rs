@@ -1,0 +1,138 @@
+use super::super::format::{KeyHash, Slot};
+use super::super::sim::{Cluster, Running};
+use super::*;
+use proptest::prelude::*;
+
+#[test]
+fn a_put_lands_on_every_replica_and_a_get_reads_it() {
+    let mut c = Cluster::new(&[1, 2]);
+    let done = Running::put(&c, b"k", b"hello", 7).run(&mut c).unwrap();
+    assert_eq!(done.version, Some(Version { seq: 1, writer: 7 }));
+    assert!(done.replaced.is_empty() && done.unused.is_empty());
+    assert_eq!(c.get(b"k").unwrap().unwrap(), b"hello");
+    for node in [1, 2] {
+        let fp = KeyHash::of(b"k").fingerprint();
+        let held = c
+            .bucket(node, b"k")
+            .iter()
+            .filter(|&&w| Slot::from_word(w).is_some_and(|s| s.fingerprint == fp))
+            .count();
+        assert_eq!(held, 1, "node {node}");
+    }
+    // Each replica answers alone.
+    c.down.insert(1);
+    assert_eq!(c.get(b"k").unwrap().unwrap(), b"hello");
+}
+
+#[test]
+fn an_overwrite_is_a_new_version_and_reports_the_blocks_it_replaced() {
+    let mut c = Cluster::new(&[1, 2]);
+    Running::put(&c, b"k", b"one", 7).run(&mut c).unwrap();
+    let done = Running::put(&c, b"k", b"two", 3).run(&mut c).unwrap();
+    assert_eq!(done.version, Some(Version { seq: 2, writer: 3 }));
+    assert_eq!(done.replaced.len(), 2, "the old block on each replica");
+    assert_eq!(c.get(b"k").unwrap().unwrap(), b"two");
+}
+
+#[test]
+fn a_remove_puts_a_tombstone_and_a_remove_of_nothing_writes_nothing() {
+    let mut c = Cluster::new(&[1, 2]);
+    let nothing = Running::remove(&c, b"k", 7).run(&mut c).unwrap();
+    assert_eq!(nothing.version, None);
+    Running::put(&c, b"k", b"v", 7).run(&mut c).unwrap();
+    let gone = Running::remove(&c, b"k", 7).run(&mut c).unwrap();
+    assert_eq!(gone.version, Some(Version { seq: 2, writer: 7 }));
+    assert_eq!(c.get(b"k").unwrap(), None);
+    let again = Running::remove(&c, b"k", 7).run(&mut c).unwrap();
+    assert_eq!(again.version, None, "already removed");
+    // A put after a remove continues the sequence.
+    let back = Running::put(&c, b"k", b"w", 7).run(&mut c).unwrap();
+    assert_eq!(back.version, Some(Version { seq: 3, writer: 7 }));
+    assert_eq!(c.get(b"k").unwrap().unwrap(), b"w");
+}
+
+#[test]
+fn a_writer_that_dies_before_its_primary_swap_changes_nothing_a_reader_sees() {
+    let mut c = Cluster::new(&[1, 2]);
+    Running::put(&c, b"k", b"old", 7).run(&mut c).unwrap();
+    let mut dying = Running::put(&c, b"k", b"new", 8);
+    while !dying.next_is_swap() {
+        dying.step(&mut c); // blocks written on both replicas, not published
+    }
+    assert!(!dying.put.published());
+    assert_eq!(c.get(b"k").unwrap().unwrap(), b"old");
+    assert_eq!(
+        dying.put.allocated().len(),
+        2,
+        "its blocks, for the caller or repair to free"
+    );
+}
+
+#[test]
+fn a_backup_that_fails_after_the_primary_swap_fails_the_put_as_published() {
+    let mut c = Cluster::new(&[1, 2]);
+    let mut p = Running::put(&c, b"k", b"v", 7);
+    while !p.next_is_swap() {
+        p.step(&mut c);
+    }
+    p.step(&mut c); // the primary's swap
+    assert!(p.put.published());
+    let backup = c.replicas[1].node;
+    c.down.insert(backup);
+    let outcome = p.run(&mut c);
+    assert!(matches!(outcome, Err(Error::NodeDown { node, .. }) if node == backup));
+    c.down.clear();
+    assert_eq!(
+        c.get(b"k").unwrap().unwrap(),
+        b"v",
+        "visible on the primary"
+    );
+}
+
+#[test]
+fn a_full_bucket_is_a_typed_error() {
+    let mut c = Cluster::new(&[1]);
+    let h = KeyHash::of(b"k");
+    let at = c.replicas[0].bucket_at(h) as usize;
+    // Eight slots of other keys' fingerprints.
+    let other = Slot::new(KeyHash(!h.0), 4 << 20, 64).unwrap().word();
+    for i in 0..8 {
+        c.regions.get_mut(&1).unwrap()[at + 8 * i..at + 8 * i + 8]
+            .copy_from_slice(&other.to_le_bytes());
+    }
+    let r = Running::put(&c, b"k", b"v", 7).run(&mut c);
+    assert!(matches!(r, Err(Error::IndexFull { node: 1 })), "{r:?}");
+}
+
+proptest! {
+    /// Two or three puts of one key, their operations interleaved in any order: each ends
+    /// with its own version, every replica ends naming the highest, and a get reads it.
+    #[test]
+    fn racing_puts_end_in_one_winner_everywhere(order in proptest::collection::vec(0usize..3, 1..200), writers in 2usize..4, planted: bool) {
+        let mut c = Cluster::new(&[1, 2, 3]);
+        c.replicas.truncate(2); // r = 2 of the three nodes
+        if planted {
+            Running::put(&c, b"k", b"before", 99).run(&mut c).unwrap();
+        }
+        let values: Vec<Vec<u8>> = (0..writers).map(|w| format!("value of {w}").into_bytes()).collect();
+        let mut puts: Vec<Running> = (0..writers).map(|w| Running::put(&c, b"k", &values[w], w as u64 + 1)).collect();
+        let mut turns = order.into_iter();
+        while puts.iter().any(|p| !p.finished()) {
+            let w = turns.next().unwrap_or(0) % writers;
+            let w = (w..w + writers).map(|k| k % writers).find(|&k| !puts[k].finished()).unwrap();
+            puts[w].step(&mut c);
+        }
+        let versions: Vec<Version> = puts.iter_mut().map(|p| p.outcome.take().unwrap().unwrap().version.unwrap()).collect();
+        let top = *versions.iter().max().unwrap();
+        let winner = versions.iter().position(|&v| v == top).unwrap();
+        let mut distinct = versions.clone();
+        distinct.sort();
+        distinct.dedup();
+        prop_assert_eq!(distinct.len(), versions.len(), "versions {:?}", versions);
+        prop_assert_eq!(c.get(b"k").unwrap().unwrap(), values[winner].clone());
+        for node in [1, 2] {
+            c.down = [3 - node].into();
+            prop_assert_eq!(c.get(b"k").unwrap().unwrap(), values[winner].clone(), "node {} alone", node);
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! A simulated cluster for the store's machines: each node's region as bytes, one
+//! operation at a time, a bump allocator for blocks, and nodes that can be down. The
+//! drivers here perform a machine's steps the way the store client will, and tests
+//! interleave several machines step by step.
+
+use super::format::{block_len, encode_block, KeyHash, Slot, ValueDigest, Version};
+use super::get::{Get, GetStep};
+use super::lookup::{Read, Replica};
+use super::put::{Put, PutDone, PutStep, Reply};
+use super::root::Index;
+use crate::remote::layout::Layout;
+use crate::Result;
+use std::collections::{HashMap, HashSet};
+
+pub(super) fn layout() -> Layout {
+    Layout::new(4 << 20, 1 << 20, 16).unwrap()
+}
+
+/// Nodes' regions as bytes, each with its index in chunk 0 and blocks from chunk 1 on.
+pub(super) struct Cluster {
+    pub(super) regions: HashMap<u32, Vec<u8>>,
+    pub(super) replicas: Vec<Replica>,
+    next_block: HashMap<u32, u64>,
+    pub(super) down: HashSet<u32>,
+}
+
+impl Cluster {
+    pub(super) fn new(nodes: &[u32]) -> Self {
+        let l = layout();
+        let index = Index {
+            chunk: 0,
+            start: l.chunk(0) + 64,
+            buckets: ((1 << 20) - 64) / 64,
+        };
+        Self {
+            regions: nodes
+                .iter()
+                .map(|&n| (n, vec![0; l.len as usize]))
+                .collect(),
+            replicas: nodes
+                .iter()
+                .map(|&node| Replica {
+                    node,
+                    layout: l,
+                    index,
+                })
+                .collect(),
+            next_block: nodes.iter().map(|&n| (n, l.chunk(1))).collect(),
+            down: HashSet::new(),
+        }
+    }
+
+    fn alloc(&mut self, node: u32, len: u64) -> Option<u64> {
+        if self.down.contains(&node) {
+            return None;
+        }
+        let next = self.next_block.get_mut(&node)?;
+        let at = *next;
+        *next += len.next_multiple_of(64);
+        (*next <= layout().len).then_some(at)
+    }
+
+    /// Writes a block for `key` on `node` directly and points a free slot of its bucket at
+    /// it (a put from outside the machines, to set a scene).
+    pub(super) fn plant(&mut self, node: u32, key: &[u8], value: &[u8], version: Version) -> u64 {
+        let block = encode_block(key, value, version, false).unwrap();
+        let at = self.alloc(node, block.len() as u64).unwrap();
+        let r = *self.replicas.iter().find(|r| r.node == node).unwrap();
+        let h = KeyHash::of(key);
+        let bucket = r.bucket_at(h) as usize;
+        let region = self.regions.get_mut(&node).unwrap();
+        region[at as usize..at as usize + block.len()].copy_from_slice(&block);
+        let word = Slot::new(h, at, block_len(key, value.len() as u64))
+            .unwrap()
+            .word();
+        let free = (0..8)
+            .find(|i| region[bucket + i * 8..bucket + i * 8 + 8] == [0; 8])
+            .unwrap();
+        region[bucket + free * 8..bucket + free * 8 + 8].copy_from_slice(&word.to_le_bytes());
+        at
+    }
+
+    fn read(&self, r: &Read) -> Option<Vec<u8>> {
+        if self.down.contains(&r.node) {
+            return None;
+        }
+        Some(self.regions[&r.node][r.at as usize..(r.at + r.len) as usize].to_vec())
+    }
+
+    /// Runs a get; a tombstone is "not found".
+    pub(super) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut g = Get::new(key, &self.replicas);
+        let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+        loop {
+            let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
+            match g.advance(&replies)? {
+                GetStep::Read(reads) => bytes = reads.iter().map(|r| self.read(r)).collect(),
+                GetStep::Done(None) => return Ok(None),
+                GetStep::Done(Some((_, f))) if f.block.tombstone => return Ok(None),
+                GetStep::Done(Some((i, f))) => {
+                    let b = bytes[i].as_ref().unwrap();
+                    return Ok(Some(b[f.block.value].to_vec()));
+                }
+            }
+        }
+    }
+
+    /// Every slot word of `key`'s bucket on `node`.
+    pub(super) fn bucket(&self, node: u32, key: &[u8]) -> Vec<u64> {
+        let r = self.replicas.iter().find(|r| r.node == node).unwrap();
+        let at = r.bucket_at(KeyHash::of(key)) as usize;
+        self.regions[&node][at..at + 64]
+            .chunks(8)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+            .collect()
+    }
+}
+
+/// A put in progress in the simulation: the machine, the value, and its pending step.
+pub(super) struct Running {
+    pub(super) put: Put,
+    value: Vec<u8>,
+    key: Vec<u8>,
+    step: Option<PutStep>,
+    pub(super) outcome: Option<Result<PutDone>>,
+}
+
+impl Running {
+    pub(super) fn put(c: &Cluster, key: &[u8], value: &[u8], writer: u64) -> Self {
+        Self::new(c, key, value, false, writer)
+    }
+
+    pub(super) fn remove(c: &Cluster, key: &[u8], writer: u64) -> Self {
+        Self::new(c, key, b"", true, writer)
+    }
+
+    fn new(c: &Cluster, key: &[u8], value: &[u8], tombstone: bool, writer: u64) -> Self {
+        let mut put = Put::new(key, ValueDigest::of(value), tombstone, writer, &c.replicas)
+            .expect("valid put");
+        let step = put.advance(Reply::Start);
+        let mut r = Self {
+            put,
+            value: value.to_vec(),
+            key: key.to_vec(),
+            step: None,
+            outcome: None,
+        };
+        r.take(step);
+        r
+    }
+
+    fn take(&mut self, step: Result<PutStep>) {
+        match step {
+            Ok(PutStep::Done(d)) => self.outcome = Some(Ok(d)),
+            Ok(s) => self.step = Some(s),
+            Err(e) => self.outcome = Some(Err(e)),
+        }
+    }
+
+    pub(super) fn finished(&self) -> bool {
+        self.outcome.is_some()
+    }
+
+    /// The pending step's kind, for tests that stop a put at a chosen point.
+    pub(super) fn next_is_swap(&self) -> bool {
+        matches!(self.step, Some(PutStep::Swap(_)))
+    }
+
+    /// Performs the pending step on the cluster (every operation of it, one at a time, as
+    /// they would land) and advances the machine.
+    pub(super) fn step(&mut self, c: &mut Cluster) {
+        let Some(step) = self.step.take() else { return };
+        let next = match step {
+            PutStep::Read(reads) => {
+                let bytes: Vec<Option<Vec<u8>>> = reads.iter().map(|r| c.read(r)).collect();
+                let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
+                self.put.advance(Reply::Bytes(&replies))
+            }
+            PutStep::Alloc { nodes, len } => {
+                let offsets: Vec<Option<u64>> = nodes.iter().map(|&n| c.alloc(n, len)).collect();
+                self.put.advance(Reply::Offsets(&offsets))
+            }
+            PutStep::Write(writes) => {
+                let ok: Vec<bool> = writes
+                    .iter()
+                    .map(|w| {
+                        if c.down.contains(&w.node) {
+                            return false;
+                        }
+                        let region = c.regions.get_mut(&w.node).unwrap();
+                        let mut at = w.at as usize;
+                        for part in [&w.header[..], &self.key, &self.value] {
+                            region[at..at + part.len()].copy_from_slice(part);
+                            at += part.len();
+                        }
+                        true
+                    })
+                    .collect();
+                self.put.advance(Reply::Done(&ok))
+            }
+            PutStep::Swap(swaps) => {
+                let old: Vec<Option<u64>> = swaps
+                    .iter()
+                    .map(|s| {
+                        if c.down.contains(&s.node) {
+                            return None;
+                        }
+                        let region = c.regions.get_mut(&s.node).unwrap();
+                        let w = &mut region[s.at as usize..s.at as usize + 8];
+                        let old = u64::from_le_bytes(w.try_into().unwrap());
+                        if old == s.expected {
+                            w.copy_from_slice(&s.swap.to_le_bytes());
+                        }
+                        Some(old)
+                    })
+                    .collect();
+                self.put.advance(Reply::Words(&old))
+            }
+            PutStep::Done(_) => unreachable!("a finished put has no step"),
+        };
+        self.take(next);
+    }
+
+    /// Runs to the end.
+    pub(super) fn run(mut self, c: &mut Cluster) -> Result<PutDone> {
+        while !self.finished() {
+            self.step(c);
+        }
+        self.outcome.take().unwrap()
+    }
+}
