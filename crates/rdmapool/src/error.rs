@@ -221,6 +221,15 @@ pub enum Error {
         node: u32,
     },
 
+    /// A store put needs more live servers than the pool has now (docs/STORE.md section 4).
+    #[error("the store keeps {wanted} replicas of an object; {live} servers are live")]
+    NotEnoughReplicas {
+        /// Servers the store may use now.
+        live: usize,
+        /// Replicas asked for.
+        wanted: usize,
+    },
+
     /// An operation kept losing races on the same words and gave up.
     #[error("{what} lost {rounds} races in a row to concurrent writers")]
     Contended {

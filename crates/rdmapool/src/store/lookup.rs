@@ -11,6 +11,9 @@ use crate::remote::layout::Layout;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Replica {
     pub(crate) node: u32,
+    /// The node's incarnation when the replica was chosen (operations are refused if it
+    /// restarted since).
+    pub(crate) incarnation: u64,
     pub(crate) layout: Layout,
     pub(crate) index: Index,
 }

@@ -1,25 +1,24 @@
 //! The replicated object store (issue #23, docs/STORE.md): keyed objects on the remote
 //! memory pool whose get, put and remove are one-sided RDMA only.
 //!
-//! Built so far, all without I/O: the byte formats ([`format`]: the 8-byte index slot, the
-//! block with its version and checksum), replica placement ([`placement`]), the decisions
-//! from what was read ([`decide`]), and, crate-private, the making of a node's index and
-//! the get as state machines. The client that moves the bytes is not built yet;
-//! docs/STORE.md says which parts of the design stand.
+//! [`Store`] is the client: `put`, `get`, `remove` and `exists` on a
+//! [`PoolClient`](crate::remote::PoolClient)'s servers, `r` replicas per object. Beneath it,
+//! each a piece without I/O: the byte formats ([`format`](mod@self::format): the 8-byte index slot, the block
+//! with its version and checksum), replica placement ([`placement`]), the decisions from
+//! what was read ([`decide`]), and, crate-private, the lookup, the get, the put and the
+//! making of a node's index as state machines (tested in a simulated cluster, `sim`).
+//! docs/STORE.md says which parts of the design are built.
 
+mod client;
 pub mod decide;
 pub mod format;
-pub mod placement;
-// The store client that runs these is the next part of #23; until then only tests do.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod get;
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod lookup;
-#[cfg_attr(not(test), allow(dead_code))]
+pub mod placement;
 pub(crate) mod put;
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod root;
 #[cfg(test)]
 mod sim;
 
+pub use client::{Located, Store, StoreConfig, StoreStats};
 pub use format::{KeyHash, Version};

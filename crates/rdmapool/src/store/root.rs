@@ -18,7 +18,7 @@ use crate::remote::layout::{hash64, Layout};
 use crate::{CoreError, Error, Result};
 
 /// Bit 63 of a chunk-table entry or of the root word: the store's.
-pub(crate) const STORE_TAG: u64 = 1 << 63;
+pub(crate) use crate::remote::STORE_TAG;
 /// The root word's offset in the region.
 pub(crate) const ROOT_WORD: u64 = 24;
 /// The first 8 bytes of an index chunk; its buckets start at [`INDEX_START`].

@@ -41,6 +41,7 @@ impl Cluster {
                 .iter()
                 .map(|&node| Replica {
                     node,
+                    incarnation: 1,
                     layout: l,
                     index,
                 })

@@ -34,4 +34,5 @@ mod remote_integrity;
 mod remote_stats;
 mod security;
 mod soft_driver;
+mod store;
 mod window;

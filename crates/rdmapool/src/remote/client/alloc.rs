@@ -3,6 +3,7 @@
 //! places an allocation on a node and performs the machines' operations.
 
 use super::chunks::{Alloc, Answer, Free, Io, Machine, Next};
+use super::node::Books;
 use super::ops::timed;
 use super::{Node, Shared};
 use crate::fabric::AccessFlags;
@@ -96,8 +97,20 @@ impl Shared {
     /// back. When an operation fails, or this future is dropped before the machine is done,
     /// the machine gives back what it reserved in the book (`Machine::abandon`).
     pub(super) async fn drive<M: Machine>(&self, node: &Node, machine: M) -> Result<M::Output> {
+        self.drive_in(node, Books::Pool, machine).await
+    }
+
+    /// [`Shared::drive`] in the book `which` of `node`.
+    pub(super) async fn drive_in<M: Machine>(
+        &self,
+        node: &Node,
+        which: Books,
+        machine: M,
+    ) -> Result<M::Output> {
+        let (book, notice) = node.book_of(which);
         let mut run = Running {
             node,
+            which,
             machine,
             done: false,
         };
@@ -105,14 +118,14 @@ impl Shared {
         loop {
             // Registered before the book is looked at: a claim released after that look
             // still wakes this task.
-            let claimed = node.claimed.notified();
+            let claimed = notice.notified();
             let mut claimed = std::pin::pin!(claimed);
             claimed.as_mut().enable();
             let next = {
-                let mut book = node.book.lock();
+                let mut book = book.lock();
                 let next = run.machine.advance(&mut book, answer.take());
                 if book.take_released() {
-                    node.claimed.notify_waiters();
+                    notice.notify_waiters();
                 }
                 next?
             };
@@ -128,7 +141,7 @@ impl Shared {
     }
 
     /// One operation a machine asked for, on `node`'s region.
-    async fn perform(&self, node: &Node, io: Io) -> Result<Answer> {
+    pub(super) async fn perform(&self, node: &Node, io: Io) -> Result<Answer> {
         match io {
             Io::Cas { at, expected, swap } => {
                 let l = node.desc.layout;
@@ -193,6 +206,7 @@ impl Shared {
 /// A machine being driven; told to give back what it reserved unless it finished.
 struct Running<'a, M: Machine> {
     node: &'a Node,
+    which: Books,
     machine: M,
     done: bool,
 }
@@ -202,10 +216,11 @@ impl<M: Machine> Drop for Running<'_, M> {
         if self.done {
             return;
         }
-        let mut book = self.node.book.lock();
+        let (book, notice) = self.node.book_of(self.which);
+        let mut book = book.lock();
         self.machine.abandon(&mut book);
         if book.take_released() {
-            self.node.claimed.notify_waiters();
+            notice.notify_waiters();
         }
     }
 }

@@ -14,7 +14,10 @@ mod session;
 #[cfg(test)]
 mod sim;
 mod stats;
+mod store_io;
 pub(crate) mod takeover;
+
+pub(crate) use store_io::StoreNode;
 
 pub use stats::NodeStats;
 

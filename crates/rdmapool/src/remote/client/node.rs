@@ -25,6 +25,10 @@ pub(super) struct Node {
     pub(super) book: Mutex<Book>,
     /// Woken when a chunk claim on this node ends (tasks wait for it: `Next::Wait`).
     pub(super) claimed: tokio::sync::Notify,
+    /// The object store's chunks this client claimed here (table entries `STORE_TAG | id`,
+    /// which no lease expiry takes back), and its own claim notice.
+    pub(super) store_book: Mutex<Book>,
+    pub(super) store_claimed: tokio::sync::Notify,
     pub(super) down: Mutex<Option<String>>,
     pub(super) draining: AtomicBool,
     /// The lease as this client holds it (when it may use the node).
@@ -36,7 +40,24 @@ pub(super) struct Node {
     pub(super) windows: Option<super::isolated::Windows>,
 }
 
+/// Which of a node's books a machine runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Books {
+    /// The pool's chunks, under this client's lease.
+    Pool,
+    /// The object store's chunks.
+    Store,
+}
+
 impl Node {
+    /// The book `which`, and the notice of its claims.
+    pub(super) fn book_of(&self, which: Books) -> (&Mutex<Book>, &tokio::sync::Notify) {
+        match which {
+            Books::Pool => (&self.book, &self.claimed),
+            Books::Store => (&self.store_book, &self.store_claimed),
+        }
+    }
+
     pub(super) fn remote(&self, offset: u64) -> RemoteAddr {
         RemoteAddr {
             addr: self.desc.region.addr + offset,

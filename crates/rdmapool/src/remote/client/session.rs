@@ -125,6 +125,12 @@ impl Shared {
             slot: AtomicU64::new(0),
             book: Mutex::new(Book::new(self.id, desc.incarnation, desc.layout)),
             claimed: tokio::sync::Notify::new(),
+            store_book: Mutex::new(Book::new(
+                crate::remote::STORE_TAG | self.id,
+                desc.incarnation,
+                desc.layout,
+            )),
+            store_claimed: tokio::sync::Notify::new(),
             down: Mutex::new(None),
             draining: AtomicBool::new(false),
             lease: Mutex::new(Holder::new(desc.lease, Instant::now())),

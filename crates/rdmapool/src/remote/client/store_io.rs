@@ -1,0 +1,180 @@
+//! What the object store (`crate::store`) asks of the pool client: the nodes it may use,
+//! and one-sided operations on their regions below the level of [`RemotePtr`]s (the
+//! store's index and blocks are laid out by the store itself, docs/STORE.md), and block
+//! allocation in the store's own chunks (table entries `STORE_TAG | id`).
+//!
+//! Every call names the node's incarnation as the store last learned it, and is refused
+//! with [`Error::StalePointer`] if the node has restarted since: offsets into a
+//! predecessor's memory are never used on its successor.
+
+use super::chunks::{Alloc, Answer, Free, Io};
+use super::node::Books;
+use super::ops::timed;
+use super::{Node, PoolClient};
+use crate::fabric::{AccessFlags, Mr};
+use crate::remote::layout::{largest_object, size_class, Layout};
+use crate::remote::RemotePtr;
+use crate::{Error, Result};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A node as the store sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StoreNode {
+    pub(crate) node: u32,
+    pub(crate) incarnation: u64,
+    pub(crate) layout: Layout,
+    /// Draining: it takes no new blocks.
+    pub(crate) draining: bool,
+}
+
+impl PoolClient {
+    /// The live nodes the store may use (an isolated node is left out: its clients cannot
+    /// reach a shared index).
+    pub(crate) fn store_nodes(&self) -> Vec<StoreNode> {
+        self.shared
+            .live_nodes()
+            .iter()
+            .filter(|n| n.windows.is_none())
+            .map(|n| StoreNode {
+                node: n.desc.node,
+                incarnation: n.desc.incarnation,
+                layout: n.desc.layout,
+                draining: n.draining.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    /// This client's id.
+    pub(crate) fn client_id(&self) -> u64 {
+        self.shared.id
+    }
+
+    fn store_node(&self, node: u32, incarnation: u64) -> Result<Arc<Node>> {
+        let n = self
+            .shared
+            .nodes
+            .lock()
+            .get(&node)
+            .cloned()
+            .ok_or_else(|| Error::NodeDown {
+                node,
+                reason: "not a member of the pool any more".into(),
+            })?;
+        if n.desc.incarnation != incarnation {
+            return Err(Error::StalePointer {
+                node,
+                incarnation,
+                current: n.desc.incarnation,
+            });
+        }
+        n.check_up()?;
+        Ok(n)
+    }
+
+    /// Performs one operation of a word-level machine (the store's index root) on `node`.
+    pub(crate) async fn store_io(&self, node: u32, incarnation: u64, io: Io) -> Result<Answer> {
+        let n = self.store_node(node, incarnation)?;
+        self.shared.perform(&n, io).await
+    }
+
+    /// `len` bytes at `at` of `node`'s region, in one READ.
+    pub(crate) async fn store_read(
+        &self,
+        node: u32,
+        incarnation: u64,
+        at: u64,
+        len: u64,
+    ) -> Result<Vec<u8>> {
+        let n = self.store_node(node, incarnation)?;
+        let s = &self.shared;
+        let size = usize::try_from(len).map_err(|_| Error::OutOfBounds {
+            offset: at,
+            len,
+            limit: n.desc.layout.len,
+        })?;
+        let mr = Arc::new(s.pd.alloc_mr(size.max(8), AccessFlags::LOCAL_WRITE)?);
+        let remote = s.at(&n, at, len, false).await?;
+        let op = n.qp.read(Mr::share(&mr), 0, size as u32, remote);
+        let (r, _) = timed(&s.timers, &n, op).await;
+        s.seen(&n, r)?;
+        let mut out = vec![0; size];
+        mr.read_at(0, &mut out)?;
+        Ok(out)
+    }
+
+    /// Writes `parts`, one after another, at `at` of `node`'s region, in one WRITE.
+    pub(crate) async fn store_write(
+        &self,
+        node: u32,
+        incarnation: u64,
+        at: u64,
+        parts: &[&[u8]],
+    ) -> Result<()> {
+        let n = self.store_node(node, incarnation)?;
+        let s = &self.shared;
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mr = Arc::new(s.pd.alloc_mr(len.max(8), AccessFlags::LOCAL_WRITE)?);
+        let mut off = 0;
+        for p in parts {
+            mr.write_at(off, p)?;
+            off += p.len();
+        }
+        let remote = s.at(&n, at, len as u64, true).await?;
+        let op = n.qp.write(Mr::share(&mr), 0, len as u32, remote);
+        let (r, _) = timed(&s.timers, &n, op).await;
+        s.seen(&n, r)?;
+        Ok(())
+    }
+
+    /// Compare-and-swap of the word at `at` of `node`'s region; the old value.
+    pub(crate) async fn store_cas(
+        &self,
+        node: u32,
+        incarnation: u64,
+        at: u64,
+        expected: u64,
+        swap: u64,
+    ) -> Result<u64> {
+        let n = self.store_node(node, incarnation)?;
+        let s = &self.shared;
+        let remote = s.at(&n, at, 8, true).await?;
+        s.cas(&n, remote, expected, swap).await
+    }
+
+    /// A block of `len` bytes in one of this client's store chunks on `node` (claiming a
+    /// chunk `STORE_TAG | id` when none has room); `None` when the node has no room.
+    pub(crate) async fn store_alloc(
+        &self,
+        node: u32,
+        incarnation: u64,
+        len: u64,
+    ) -> Result<Option<u64>> {
+        let n = self.store_node(node, incarnation)?;
+        let chunk = n.desc.layout.chunk_size;
+        let class = size_class(len, chunk).ok_or(Error::Core(crate::CoreError::OutOfLimits {
+            what: "store block bytes (one object per chunk at most)",
+            value: len,
+            min: 1,
+            max: largest_object(chunk),
+        }))?;
+        self.shared
+            .drive_in(&n, Books::Store, Alloc::new(class))
+            .await
+    }
+
+    /// Frees the block at `offset` of `node` (any client may).
+    pub(crate) async fn store_free(&self, node: u32, incarnation: u64, offset: u64) -> Result<()> {
+        let n = self.store_node(node, incarnation)?;
+        let ptr = RemotePtr {
+            node,
+            offset,
+            len: 1,
+            incarnation,
+        };
+        let object = self.shared.check_object(&n, ptr, true).await?;
+        self.shared
+            .drive_in(&n, Books::Store, Free::new(ptr, object))
+            .await
+    }
+}

@@ -1,0 +1,459 @@
+//! [`Store`]: the store's machines (`lookup`, `get`, `put`, `root`) run on a [`PoolClient`]:
+//! each step's operations are posted at once, on every node they name, and their answers fed
+//! back. The blocks a put replaced are freed once the grace period has passed (docs/STORE.md
+//! section 8), by this client's later calls or [`Store::flush_retired`].
+
+use super::format::{check_sizes, KeyHash, ValueDigest, Version};
+use super::get::{Get, GetStep};
+use super::lookup::{Lookup, Read, Replica};
+use super::placement;
+use super::put::{Put, PutDone, PutStep, Reply};
+use super::root::{FindRoot, Index, RootStep};
+use crate::remote::client::StoreNode;
+use crate::remote::{PoolClient, RemotePtr};
+use crate::{Error, Result};
+use futures_util::future::join_all;
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How a [`Store`] runs.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Replicas of every object, on distinct servers (default 2).
+    pub replicas: usize,
+    /// How long a replaced or removed block stays untouched before its space is reused
+    /// (default 1 s): a get that started before the replacement and reads it within this
+    /// time reads it whole. A slower get detects the reuse by checksum and reads again.
+    pub grace: Duration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            replicas: 2,
+            grace: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What a store client did (counters since it started).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Puts acknowledged.
+    pub puts: u64,
+    /// Gets that found a value.
+    pub hits: u64,
+    /// Gets that found none.
+    pub misses: u64,
+    /// Removes that removed a value.
+    pub removes: u64,
+    /// Blocks waiting for their grace period before they are freed.
+    pub retired: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    puts: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    removes: AtomicU64,
+}
+
+/// Where one replica of a key holds its newest block ([`Store::locate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Located {
+    /// The block, as a pool pointer (its `len` is the block's: header, key and value).
+    pub block: RemotePtr,
+    /// The version the block holds.
+    pub version: Version,
+    /// It is a removal's tombstone.
+    pub tombstone: bool,
+}
+
+/// A keyed object store on a pool (docs/STORE.md): get, put and remove are one-sided
+/// operations on the servers' memory, and every object has [`StoreConfig::replicas`]
+/// copies on distinct servers.
+///
+/// ```
+/// use rdmapool::fabric::*;
+/// use rdmapool::remote::*;
+/// use rdmapool::store::{Store, StoreConfig};
+/// # fn main() -> rdmapool::Result<()> {
+/// let ctx = Context::open(SoftConfig::default())?;
+/// let cfg = || ServerConfig { size: 8 << 20, chunk_size: 1 << 20, ..ServerConfig::default() };
+/// let a = MemoryServer::start(&ctx, ServerConfig { node: 1, ..cfg() })?;
+/// let b = MemoryServer::start(&ctx, ServerConfig { node: 2, ..cfg() })?;
+/// let members = StaticMembership::new(vec![a.addr(), b.addr()]);
+/// let pd = ctx.alloc_pd()?;
+/// let pool = PoolClient::connect(&ctx, &pd, &members, ClientConfig::new(42))?;
+/// let store = Store::new(pool, StoreConfig::default())?;
+/// store.block_on(store.put(b"greeting", b"hello, store"))?;
+/// let got = store.block_on(store.get(b"greeting"))?;
+/// assert_eq!(got.as_deref(), Some(&b"hello, store"[..]));
+/// assert!(store.block_on(store.remove(b"greeting"))?);
+/// assert_eq!(store.block_on(store.get(b"greeting"))?, None);
+/// assert_eq!(a.stats().requests_handled + b.stats().requests_handled, 0); // one-sided
+/// # Ok(()) }
+/// ```
+pub struct Store {
+    pool: PoolClient,
+    cfg: StoreConfig,
+    /// Each node's index, by node id, with the incarnation it was found in.
+    indexes: Mutex<HashMap<u32, (u64, Index)>>,
+    /// Replaced blocks, oldest first, with when they were replaced.
+    retired: Mutex<VecDeque<(Instant, u32, u64, u64)>>,
+    counters: Counters,
+}
+
+impl Store {
+    /// A store on `pool`'s servers.
+    ///
+    /// # Errors
+    /// [`CoreError::OutOfLimits`](crate::CoreError::OutOfLimits) for 0 replicas.
+    pub fn new(pool: PoolClient, cfg: StoreConfig) -> Result<Self> {
+        if cfg.replicas == 0 {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
+                what: "store replicas",
+                value: 0,
+                min: 1,
+                max: u64::MAX,
+            }));
+        }
+        Ok(Self {
+            pool,
+            cfg,
+            indexes: Mutex::new(HashMap::new()),
+            retired: Mutex::new(VecDeque::new()),
+            counters: Counters::default(),
+        })
+    }
+
+    /// The pool client underneath.
+    pub fn pool(&self) -> &PoolClient {
+        &self.pool
+    }
+
+    /// Runs `fut` to completion, driving the pool's completions (as
+    /// [`PoolClient::block_on`]).
+    pub fn block_on<F: std::future::Future>(&self, fut: F) -> F::Output {
+        self.pool.block_on(fut)
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> StoreStats {
+        let c = &self.counters;
+        StoreStats {
+            puts: c.puts.load(Ordering::Relaxed),
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            removes: c.removes.load(Ordering::Relaxed),
+            retired: self.retired.lock().len() as u64,
+        }
+    }
+
+    /// Stores `value` under `key` (a new version; replicas on the key's servers). Returns
+    /// the version written.
+    ///
+    /// # Errors
+    /// [`CoreError::OutOfLimits`](crate::CoreError::OutOfLimits) for an empty or too long
+    /// key or value (nothing is written), [`Error::NotEnoughReplicas`] when fewer servers are
+    /// live than replicas are asked for, [`Error::NodeDown`] when a replica failed (the
+    /// version may then be visible on the key's first replica), [`Error::IndexFull`],
+    /// [`Error::Contended`], [`Error::RemoteExhausted`] when a replica has no room.
+    pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<Version> {
+        check_sizes(key, value.len() as u64)?;
+        let done = self.write(key, value, false).await?;
+        self.counters.puts.fetch_add(1, Ordering::Relaxed);
+        done.version.ok_or_else(|| {
+            Error::Core(crate::CoreError::Malformed {
+                what: "store put",
+                reason: "a put ended without a version".into(),
+            })
+        })
+    }
+
+    /// Removes `key`; `false` if no replica held it.
+    ///
+    /// # Errors
+    /// As [`Store::put`].
+    pub async fn remove(&self, key: &[u8]) -> Result<bool> {
+        check_sizes(key, 1)?;
+        let done = self.write(key, b"", true).await?;
+        let removed = done.version.is_some();
+        if removed {
+            self.counters.removes.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(removed)
+    }
+
+    /// The value stored under `key`, if any.
+    ///
+    /// # Errors
+    /// [`CoreError::OutOfLimits`](crate::CoreError::OutOfLimits) for an empty or too long
+    /// key, [`Error::NodeDown`] when no replica could answer, or the only copy that answered
+    /// was damaged.
+    pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        check_sizes(key, 1)?;
+        let replicas = self.replicas(key, 1).await?;
+        let mut g = Get::new(key, &replicas);
+        let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+        let out = loop {
+            let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
+            match g.advance(&replies)? {
+                GetStep::Read(reads) => bytes = self.reads(&replicas, &reads).await,
+                GetStep::Done(Some((i, f))) if !f.block.tombstone => {
+                    let mut b = bytes.swap_remove(i).unwrap_or_default();
+                    b.truncate(f.block.value.end);
+                    b.drain(..f.block.value.start);
+                    break Some(b);
+                }
+                GetStep::Done(_) => break None,
+            }
+        };
+        let counter = if out.is_some() {
+            &self.counters.hits
+        } else {
+            &self.counters.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    /// Whether `key` holds a value.
+    ///
+    /// # Errors
+    /// As [`Store::get`].
+    pub async fn exists(&self, key: &[u8]) -> Result<bool> {
+        Ok(self.get(key).await?.is_some())
+    }
+
+    /// Where each of `key`'s replicas holds it now: the newest block of the key on each
+    /// replica that has one (for operators and tests; a get reads the newest of these).
+    ///
+    /// # Errors
+    /// As [`Store::get`].
+    pub async fn locate(&self, key: &[u8]) -> Result<Vec<Located>> {
+        check_sizes(key, 1)?;
+        let replicas = self.replicas(key, 1).await?;
+        let mut lookup = Lookup::new(key, &replicas);
+        let buckets = self.reads(&replicas, &lookup.bucket_reads()).await;
+        let replies: Vec<Option<&[u8]>> = buckets.iter().map(Option::as_deref).collect();
+        let reads = lookup.on_buckets(&replies);
+        let blocks = self.reads(&replicas, &reads).await;
+        let replies: Vec<Option<&[u8]>> = blocks.iter().map(Option::as_deref).collect();
+        let looked = lookup.on_blocks(&replies);
+        let mut out = Vec::new();
+        for (r, held) in replicas.iter().zip(&looked.held) {
+            let Some((slot, _, version)) = held.current else {
+                continue;
+            };
+            let Some(f) = looked
+                .found
+                .iter()
+                .find(|f| f.node == r.node && f.slot == slot)
+            else {
+                continue;
+            };
+            let offset = super::format::Slot::from_word(f.word).map_or(0, |s| s.offset);
+            out.push(Located {
+                block: RemotePtr {
+                    node: r.node,
+                    offset,
+                    len: f.block.value.end as u64,
+                    incarnation: r.incarnation,
+                },
+                version,
+                tombstone: f.block.tombstone,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Frees the replaced blocks whose grace period has passed; how many.
+    pub async fn flush_retired(&self) -> usize {
+        let now = Instant::now();
+        let due: Vec<_> = {
+            let mut r = self.retired.lock();
+            let n = r.iter().take_while(|(t, ..)| now >= *t).count();
+            r.drain(..n).collect()
+        };
+        let freed = join_all(
+            due.iter()
+                .map(|&(_, node, inc, at)| self.pool.store_free(node, inc, at)),
+        )
+        .await;
+        // A block that cannot be freed now (its node is down, or restarted and its memory
+        // gone) is left: repair reclaims unnamed blocks (docs/STORE.md section 8).
+        freed.iter().filter(|r| r.is_ok()).count()
+    }
+
+    /// The key's replicas, best first, with their indexes (found or made on first use).
+    async fn replicas(&self, key: &[u8], at_least: usize) -> Result<Vec<Replica>> {
+        let nodes = self.pool.store_nodes();
+        let ids: Vec<u32> = nodes.iter().map(|n| n.node).collect();
+        let chosen = placement::replicas(KeyHash::of(key), &ids, self.cfg.replicas);
+        if chosen.len() < at_least {
+            return Err(Error::NotEnoughReplicas {
+                live: chosen.len(),
+                wanted: at_least,
+            });
+        }
+        let mut out = Vec::with_capacity(chosen.len());
+        for id in chosen {
+            let Some(n) = nodes.iter().find(|n| n.node == id) else {
+                continue;
+            };
+            out.push(Replica {
+                node: n.node,
+                incarnation: n.incarnation,
+                layout: n.layout,
+                index: self.index(n).await?,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn index(&self, n: &StoreNode) -> Result<Index> {
+        if let Some(&(inc, ix)) = self.indexes.lock().get(&n.node) {
+            if inc == n.incarnation {
+                return Ok(ix);
+            }
+        }
+        let mut m = FindRoot::new(n.layout, self.pool.client_id());
+        let mut answer = None;
+        let ix = loop {
+            match m.advance(answer.take())? {
+                RootStep::Io(io) => {
+                    answer = Some(self.pool.store_io(n.node, n.incarnation, io).await?)
+                }
+                RootStep::Done(ix) => break ix,
+            }
+        };
+        self.indexes.lock().insert(n.node, (n.incarnation, ix));
+        Ok(ix)
+    }
+
+    async fn reads(&self, replicas: &[Replica], reads: &[Read]) -> Vec<Option<Vec<u8>>> {
+        join_all(reads.iter().map(|r| async move {
+            let inc = incarnation(replicas, r.node);
+            self.pool.store_read(r.node, inc, r.at, r.len).await.ok()
+        }))
+        .await
+    }
+
+    async fn write(&self, key: &[u8], value: &[u8], tombstone: bool) -> Result<PutDone> {
+        self.flush_retired().await;
+        let replicas = self.replicas(key, self.cfg.replicas).await?;
+        let digest = ValueDigest::of(value);
+        let mut put = Put::new(key, digest, tombstone, self.pool.client_id(), &replicas)?;
+        let result = self.run_put(&mut put, &replicas, key, value).await;
+        match result {
+            Ok(done) => {
+                let due = Instant::now() + self.cfg.grace;
+                self.retired.lock().extend(
+                    done.replaced
+                        .iter()
+                        .map(|&(node, at)| (due, node, incarnation(&replicas, node), at)),
+                );
+                self.free_now(&replicas, &done.unused).await;
+                Ok(done)
+            }
+            Err(e) => {
+                if !put.published() {
+                    self.free_now(&replicas, &put.allocated()).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn free_now(&self, replicas: &[Replica], blocks: &[(u32, u64)]) {
+        join_all(
+            blocks
+                .iter()
+                .map(|&(node, at)| self.pool.store_free(node, incarnation(replicas, node), at)),
+        )
+        .await;
+    }
+
+    async fn run_put(
+        &self,
+        put: &mut Put,
+        replicas: &[Replica],
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<PutDone> {
+        let mut step = put.advance(Reply::Start)?;
+        loop {
+            step = match step {
+                PutStep::Done(done) => return Ok(done),
+                PutStep::Read(reads) => {
+                    let bytes = self.reads(replicas, &reads).await;
+                    let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
+                    put.advance(Reply::Bytes(&replies))?
+                }
+                PutStep::Alloc { nodes, len } => {
+                    let offsets = join_all(nodes.iter().map(|&node| async move {
+                        let inc = incarnation(replicas, node);
+                        match self.pool.store_alloc(node, inc, len).await {
+                            Ok(Some(at)) => Ok(Some(at)),
+                            Ok(None) => Err(Error::RemoteExhausted { size: len }),
+                            Err(Error::NodeDown { .. }) => Ok(None),
+                            Err(e) => Err(e),
+                        }
+                    }))
+                    .await;
+                    if let Some(Err(_)) = offsets.iter().find(|o| o.is_err()) {
+                        // Free what did get allocated, then report the first error.
+                        let got: Vec<(u32, u64)> = nodes
+                            .iter()
+                            .zip(&offsets)
+                            .filter_map(|(&n, o)| {
+                                o.as_ref().ok().copied().flatten().map(|a| (n, a))
+                            })
+                            .collect();
+                        self.free_now(replicas, &got).await;
+                        return Err(offsets
+                            .into_iter()
+                            .find_map(|o| o.err())
+                            .unwrap_or(Error::RemoteExhausted { size: len }));
+                    }
+                    let offsets: Vec<Option<u64>> =
+                        offsets.into_iter().map(|o| o.ok().flatten()).collect();
+                    put.advance(Reply::Offsets(&offsets))?
+                }
+                PutStep::Write(writes) => {
+                    let ok = join_all(writes.iter().map(|w| async move {
+                        let inc = incarnation(replicas, w.node);
+                        self.pool
+                            .store_write(w.node, inc, w.at, &[&w.header, key, value])
+                            .await
+                            .is_ok()
+                    }))
+                    .await;
+                    put.advance(Reply::Done(&ok))?
+                }
+                PutStep::Swap(swaps) => {
+                    let old = join_all(swaps.iter().map(|s| async move {
+                        let inc = incarnation(replicas, s.node);
+                        self.pool
+                            .store_cas(s.node, inc, s.at, s.expected, s.swap)
+                            .await
+                            .ok()
+                    }))
+                    .await;
+                    put.advance(Reply::Words(&old))?
+                }
+            };
+        }
+    }
+}
+
+fn incarnation(replicas: &[Replica], node: u32) -> u64 {
+    replicas
+        .iter()
+        .find(|r| r.node == node)
+        .map_or(0, |r| r.incarnation)
+}

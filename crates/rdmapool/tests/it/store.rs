@@ -1,0 +1,243 @@
+//! The object store on real pool servers (issue #23, docs/STORE.md): put, get and remove
+//! one-sided with `r` replicas; replicas that survive a server's loss, a damaged copy
+//! detected and read around, objects that outlive their writer's lease, typed errors for
+//! bad input.
+
+use crate::support::*;
+use rdmapool::fabric::*;
+use rdmapool::remote::*;
+use rdmapool::store::{Store, StoreConfig};
+use rdmapool::{CoreError, Error};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn server(node: u32, lease: Duration) -> MemoryServer {
+    let ctx = node_on(Transport::Auto).ctx;
+    MemoryServer::start(
+        &ctx,
+        ServerConfig {
+            node,
+            size: 8 << 20,
+            chunk_size: 1 << 20,
+            clients: 64,
+            lease,
+            listen: SocketAddr::new(listen_ip(), 0),
+            ..ServerConfig::default()
+        },
+    )
+    .expect("server starts")
+}
+
+fn pool(servers: &[&MemoryServer], id: u64) -> PoolClient {
+    let n = node();
+    let addrs = servers.iter().map(|s| s.addr()).collect();
+    PoolClient::connect(
+        &n.ctx,
+        &n.pd,
+        &StaticMembership::new(addrs),
+        ClientConfig::new(id),
+    )
+    .expect("client connects")
+}
+
+fn store(servers: &[&MemoryServer], id: u64, replicas: usize) -> Store {
+    let cfg = StoreConfig {
+        replicas,
+        grace: Duration::from_millis(50),
+    };
+    Store::new(pool(servers, id), cfg).expect("store")
+}
+
+fn value(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|k| (i * 31 + k * 7) as u8).collect()
+}
+
+#[test]
+fn puts_gets_and_removes_are_one_sided_and_land_on_r_distinct_servers() {
+    let lease = Duration::from_secs(10);
+    let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
+    let refs: Vec<&MemoryServer> = s.iter().collect();
+    let st = store(&refs, 1, 2);
+    let sizes = [1, 64, 4000, 100_000];
+    for i in 0..40 {
+        let key = format!("key-{i}");
+        st.block_on(st.put(key.as_bytes(), &value(i, sizes[i % 4])))
+            .unwrap();
+    }
+    for i in 0..40 {
+        let key = format!("key-{i}");
+        let got = st.block_on(st.get(key.as_bytes())).unwrap();
+        assert_eq!(got, Some(value(i, sizes[i % 4])), "{key}");
+        let at = st.block_on(st.locate(key.as_bytes())).unwrap();
+        assert_eq!(at.len(), 2, "{key}: {at:?}");
+        assert_ne!(
+            at[0].block.node, at[1].block.node,
+            "{key}: distinct servers"
+        );
+        assert_eq!(at[0].version, at[1].version);
+    }
+    // Overwrite and remove.
+    let v2 = st.block_on(st.put(b"key-0", b"second")).unwrap();
+    assert_eq!(v2.seq, 2);
+    assert_eq!(st.block_on(st.get(b"key-0")).unwrap().unwrap(), b"second");
+    assert!(st.block_on(st.remove(b"key-1")).unwrap());
+    assert!(!st.block_on(st.remove(b"key-1")).unwrap());
+    assert_eq!(st.block_on(st.get(b"key-1")).unwrap(), None);
+    assert!(!st.block_on(st.exists(b"never-put")).unwrap());
+    // A second client sees the same store.
+    let other = store(&refs, 2, 2);
+    assert_eq!(
+        other.block_on(other.get(b"key-3")).unwrap(),
+        Some(value(3, sizes[3]))
+    );
+    let handled: u64 = s.iter().map(|s| s.stats().requests_handled).sum();
+    assert_eq!(handled, 0, "no server CPU on the data path");
+    let stats = st.stats();
+    assert_eq!((stats.puts, stats.removes), (41, 1));
+}
+
+#[test]
+fn every_object_survives_the_loss_of_one_server_with_two_replicas() {
+    let lease = Duration::from_secs(10);
+    let mut s: Vec<Option<MemoryServer>> = (1..=3).map(|n| Some(server(n, lease))).collect();
+    let refs: Vec<&MemoryServer> = s.iter().flatten().collect();
+    let st = store(&refs, 1, 2);
+    for i in 0..60 {
+        st.block_on(st.put(format!("k{i}").as_bytes(), &value(i, 300)))
+            .unwrap();
+    }
+    // Stop server 2 (its memory is gone with it).
+    drop(s[1].take());
+    for i in 0..60 {
+        let key = format!("k{i}");
+        // The first get of a key on the lost server may find it down mid-call; once the
+        // client knows, every get reads from a replica that answers.
+        let until = Instant::now() + WAIT;
+        let got = loop {
+            match st.block_on(st.get(key.as_bytes())) {
+                Ok(v) => break v,
+                Err(Error::NodeDown { .. }) if Instant::now() < until => continue,
+                Err(e) => panic!("{key}: {e}"),
+            }
+        };
+        assert_eq!(got, Some(value(i, 300)), "{key}");
+    }
+    // Puts go on with the two left; with one left, r = 2 cannot be met.
+    st.block_on(st.put(b"after", b"x")).unwrap();
+    drop(s[2].take());
+    let until = Instant::now() + WAIT;
+    loop {
+        match st.block_on(st.put(b"alone", b"y")) {
+            Err(Error::NotEnoughReplicas { live: 1, wanted: 2 }) => break,
+            Err(Error::NodeDown { .. }) if Instant::now() < until => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_damaged_replica_is_detected_by_checksum_and_read_around() {
+    let lease = Duration::from_secs(10);
+    let a = server(1, lease);
+    let b = server(2, lease);
+    let st = store(&[&a, &b], 1, 2);
+    st.block_on(st.put(b"precious", b"the right bytes"))
+        .unwrap();
+    let at = st.block_on(st.locate(b"precious")).unwrap();
+    assert_eq!(at.len(), 2);
+    // Flip a byte of the value in one replica's memory (a fault, or a lie).
+    let damaged = at[0].block;
+    let p = st.pool();
+    let buf = Arc::new(p.pd().alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap());
+    let (r, buf) = p.block_on(p.read(damaged, 0, buf, 0, damaged.len as u32));
+    r.unwrap();
+    let last = damaged.len as usize - 1;
+    let mut byte = [0u8];
+    buf.read_at(last, &mut byte).unwrap();
+    buf.write_at(0, &[byte[0] ^ 0x20]).unwrap();
+    let (r, _) = p.block_on(p.write(damaged, last as u64, buf, 0, 1));
+    r.unwrap();
+    assert_eq!(
+        st.block_on(st.get(b"precious")).unwrap().unwrap(),
+        b"the right bytes"
+    );
+    // With the good copy's server gone, the damaged one is no answer, and not "missing".
+    let good = at[1].block.node;
+    drop(if good == 1 { a } else { b });
+    let until = Instant::now() + WAIT;
+    loop {
+        match st.block_on(st.get(b"precious")) {
+            Err(Error::NodeDown { reason, .. }) if reason.contains("damaged") => break,
+            Err(Error::NodeDown { .. }) if Instant::now() < until => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn objects_outlive_the_lease_of_the_client_that_wrote_them() {
+    let lease = Duration::from_millis(300);
+    let a = server(1, lease);
+    let b = server(2, lease);
+    {
+        let writer = store(&[&a, &b], 7, 2);
+        writer
+            .block_on(writer.put(b"durable", b"kept by the store"))
+            .unwrap();
+        // A plain pool allocation of the same client dies with its lease.
+        writer
+            .pool()
+            .block_on(writer.pool().alloc(100, None))
+            .unwrap();
+    } // the writer goes away without a word; its lease runs out
+    wait_until("the servers expire the writer's lease", || {
+        a.stats().expired_clients + b.stats().expired_clients >= 2
+    });
+    let reclaimed = a.stats().reclaimed_chunks + b.stats().reclaimed_chunks;
+    assert!(reclaimed >= 1, "the plain allocation's chunk is taken back");
+    let reader = store(&[&a, &b], 8, 2);
+    assert_eq!(
+        reader.block_on(reader.get(b"durable")).unwrap().unwrap(),
+        b"kept by the store"
+    );
+    // The reader can overwrite it, and the writer's old block is freed after the grace.
+    reader.block_on(reader.put(b"durable", b"v2")).unwrap();
+    std::thread::sleep(Duration::from_millis(60));
+    assert_eq!(reader.block_on(reader.flush_retired()), 2);
+}
+
+#[test]
+fn bad_input_gets_typed_errors_and_damages_nothing() {
+    let lease = Duration::from_secs(10);
+    let a = server(1, lease);
+    let b = server(2, lease);
+    let st = store(&[&a, &b], 1, 2);
+    st.block_on(st.put(b"ok", b"fine")).unwrap();
+    let long_key = vec![b'k'; 256];
+    for r in [
+        st.block_on(st.put(&long_key, b"v")).map(|_| ()),
+        st.block_on(st.put(b"", b"v")).map(|_| ()),
+        st.block_on(st.put(b"k", b"")).map(|_| ()),
+        st.block_on(st.get(&long_key)).map(|_| ()),
+    ] {
+        assert!(
+            matches!(r, Err(Error::Core(CoreError::OutOfLimits { .. }))),
+            "{r:?}"
+        );
+    }
+    // A value larger than one chunk's largest block (striping is not built yet).
+    let big = vec![1u8; 2 << 20];
+    assert!(matches!(
+        st.block_on(st.put(b"big", &big)),
+        Err(Error::Core(CoreError::OutOfLimits { .. }))
+    ));
+    // Three replicas of two servers.
+    let three = store(&[&a, &b], 2, 3);
+    assert!(matches!(
+        three.block_on(three.put(b"x", b"y")),
+        Err(Error::NotEnoughReplicas { live: 2, wanted: 3 })
+    ));
+    assert_eq!(st.block_on(st.get(b"ok")).unwrap().unwrap(), b"fine");
+    assert_eq!(st.block_on(st.get(b"big")).unwrap(), None);
+}
