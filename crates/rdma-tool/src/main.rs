@@ -15,6 +15,7 @@ mod pool;
 mod progress;
 mod serve;
 mod signals;
+mod store;
 mod stress;
 mod units;
 
@@ -65,6 +66,9 @@ enum Command {
     /// a client given it (RDMAPOOL_POOL_CLIENT_KEY_FILE) can prove that id to the servers,
     /// and no other id, without holding the cluster key.
     ClientKey(pool::ClientKeyArgs),
+    /// A one-shot client of the replicated object store on the pool's servers: put, get,
+    /// rm, ls, stats (docs/STORE.md). Objects belong to the store, not to the client id.
+    Store(store::Args),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::Command),
@@ -112,6 +116,7 @@ fn main() {
         Command::Serve(a) => serve::run(a),
         Command::Pool(a) => pool::run(a),
         Command::ClientKey(a) => pool::client_key_command(a),
+        Command::Store(a) => store::run(a),
         Command::Bench(c) => bench::run(c),
         Command::Peer(a) => peer::run(a),
         Command::Completions { shell } => {

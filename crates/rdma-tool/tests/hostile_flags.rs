@@ -24,13 +24,11 @@ const HOSTILE: &[&str] = &["0", "-1", MAX, "99999999999999999999", "10Q", "10000
 /// The (command, argument, value) triples that are valid at parse time: everything else
 /// in HOSTILE must be refused by the argument's parser, naming it. A placement key, an
 /// atomic operand and an offset may be any u64 (an offset is bounds checked against the
-/// allocation once connected); a client id any non-zero u64; a sample count may be
+/// allocation once connected); a client id is 1 to 2^63 - 1 (so u64::MAX is refused); a sample count may be
 /// "forever"; a read may be 0 bytes long.
 const ACCEPTED: &[(&str, &str, &str)] = &[
     ("pool alloc", "--key", "0"),
     ("pool alloc", "--key", MAX),
-    ("pool", "--client-id", MAX),
-    ("client-key", "--client-id", MAX),
     ("monitor", "--count", MAX),
     ("pool write", "OFFSET", "0"),
     ("pool write", "OFFSET", MAX),

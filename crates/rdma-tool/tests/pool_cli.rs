@@ -14,6 +14,10 @@ struct Server {
 
 impl Server {
     fn start(lease_ms: u64) -> Server {
+        Self::start_node(lease_ms, 4)
+    }
+
+    fn start_node(lease_ms: u64, node: u32) -> Server {
         let mut child = Command::new(EXE)
             .args([
                 "serve",
@@ -23,7 +27,14 @@ impl Server {
                 "8M",
                 "--chunk-size",
             ])
-            .args(["256K", "--node", "4", "--drain", "8s", "--lease"])
+            .args([
+                "256K",
+                "--node",
+                &node.to_string(),
+                "--drain",
+                "8s",
+                "--lease",
+            ])
             .arg(format!("{lease_ms}ms"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -34,7 +45,11 @@ impl Server {
         stdout.read_line(&mut line).unwrap();
         let words: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(words.first(), Some(&"listening"), "first line: {line:?}");
-        assert_eq!(words[2..4], ["node", "4"], "first line: {line:?}");
+        assert_eq!(
+            words[2..4],
+            ["node", &node.to_string()],
+            "first line: {line:?}"
+        );
         Server {
             addr: words[1].to_string(),
             child,
@@ -238,4 +253,66 @@ fn a_one_shot_allocation_whose_lease_ran_out_is_refused_not_used() {
     }
     let bye = server.stop();
     assert!(bye.contains("chunks_still_owned 0"), "{bye}");
+}
+
+fn store(servers: &[&Server], id: u64, args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let list: Vec<&str> = servers.iter().map(|s| s.addr.as_str()).collect();
+    let mut child = Command::new(EXE)
+        .args([
+            "store",
+            "--servers",
+            &list.join(","),
+            "--client-id",
+            &id.to_string(),
+        ])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(bytes) = stdin {
+        input.write_all(bytes).unwrap();
+    }
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn store_objects_outlive_the_processes_that_put_them() {
+    // A short lease: each process's client id expires soon after it exits, and the
+    // objects stay, because they belong to the store.
+    let a = Server::start_node(300, 1);
+    let b = Server::start_node(300, 2);
+    let s = [&a, &b];
+    let out = store(&s, 1, &["put", "greeting", "hello, store"], None);
+    assert!(out.status.success(), "{out:?}");
+    let blob: Vec<u8> = (0..70_000u32).map(|i| (i * 7) as u8).collect();
+    let out = store(&s, 2, &["put", "blob", "--file", "-"], Some(&blob));
+    assert!(out.status.success(), "{out:?}");
+    std::thread::sleep(std::time::Duration::from_millis(900)); // both leases have run out
+    let got = store(&s, 3, &["get", "blob"], None);
+    assert!(got.status.success(), "{got:?}");
+    assert_eq!(got.stdout, blob, "binary value through stdout");
+    let got = store(&s, 3, &["--json", "get", "greeting"], None);
+    let v: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
+    assert_eq!(v["value"], "hello, store");
+    let ls = store(&s, 4, &["ls"], None);
+    assert_eq!(String::from_utf8_lossy(&ls.stdout), "blob\ngreeting\n");
+    let rm = store(&s, 4, &["rm", "greeting"], None);
+    assert!(rm.status.success(), "{rm:?}");
+    let gone = store(&s, 5, &["get", "greeting"], None);
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("no such key"));
+    let stats = store(&s, 5, &["--json", "stats"], None);
+    let v: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(v["keys"], 1);
+    // Bad input: a typed refusal, nothing written.
+    let long = "k".repeat(256);
+    let bad = store(&s, 6, &["put", &long, "v"], None);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("key length is 256"));
+    a.stop();
+    b.stop();
 }

@@ -73,7 +73,11 @@ fn main() -> rdmapool::Result<()> {
     let mut read = 0;
     for i in (0..100).filter(|&i| i != 8) {
         let key = format!("user:{i}");
-        let want = if i == 7 { b"rewritten".to_vec() } else { value_of(i) };
+        let want = if i == 7 {
+            b"rewritten".to_vec()
+        } else {
+            value_of(i)
+        };
         loop {
             // The first call that meets the stopped server learns it is down.
             match reader.block_on(reader.get(key.as_bytes())) {

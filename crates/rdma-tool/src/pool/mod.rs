@@ -12,9 +12,9 @@ use rdmapool::remote::{ClientConfig, Membership, PoolClient, StaticMembership};
 use session::Session;
 use std::path::PathBuf;
 
-/// Arguments of `pool` (the lease rules are in its help, in main.rs).
+/// How a one-shot client finds and joins the pool (shared by `pool` and `store`).
 #[derive(clap::Args)]
-pub struct Args {
+pub struct ConnArgs {
     /// Memory servers, comma-separated ip:port.
     #[arg(long, required_unless_present_any = ["servers_file", "etcd"])]
     servers: Option<String>,
@@ -24,11 +24,19 @@ pub struct Args {
     /// Find the servers in etcd at `--etcd` (built in by default), under `--etcd-prefix`.
     #[command(flatten)]
     etcd: crate::etcd_args::EtcdArgs,
-    /// This client's id (non-zero); the same id in a later command finds its allocations.
-    #[arg(long, default_value_t = 1, value_parser = crate::units::count_arg(u64::MAX))]
+    /// This client's id (1 to 2^63 - 1); the same id in a later command finds its
+    /// allocations.
+    #[arg(long, default_value_t = 1, value_parser = crate::units::count_arg(rdmapool::remote::MAX_CLIENT_ID))]
     client_id: u64,
     #[command(flatten)]
     device: crate::device_args::DeviceArgs,
+}
+
+/// Arguments of `pool` (the lease rules are in its help, in main.rs).
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    conn: ConnArgs,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -38,61 +46,9 @@ pub struct Args {
 
 /// Connects, runs the operation, exits (the lease stops being renewed).
 pub fn run(args: Args) -> Result<()> {
-    let members: Box<dyn Membership> = match (&args.servers, &args.servers_file, &args.etcd.etcd) {
-        (Some(list), _, _) => Box::new(StaticMembership::parse(list)?),
-        (None, Some(path), _) => Box::new(StaticMembership::parse(&read_servers_file(path)?)?),
-        #[cfg(feature = "etcd")]
-        (None, None, Some(_)) => {
-            let cfg = args
-                .etcd
-                .config()?
-                .ok_or_else(|| ToolError::Msg("no --etcd".into()))?;
-            Box::new(rdmapool::remote::EtcdMembership::new(&cfg)?)
-        }
-        #[cfg(not(feature = "etcd"))]
-        (None, None, Some(url)) => return Err(crate::serve::no_etcd(url)),
-        (None, None, None) => {
-            return Err(ToolError::Msg(
-                "no servers: give --servers or --etcd".into(),
-            ))
-        }
-    };
     // Check the operation's arguments before connecting (which may take half a lease).
     check(&args.op)?;
-    let ctx = args.device.open(Transport::Auto)?;
-    // The RDMAPOOL_SOFT_BIND hint is for the soft provider only.
-    let soft = args.device.kind() == rdmapool::fabric::ProviderKind::Soft;
-    let hint = |server: &std::net::SocketAddr| {
-        if soft {
-            bind_hint(server)
-        } else {
-            String::new()
-        }
-    };
-    let pd = ctx.alloc_pd()?;
-    let mut cfg = ClientConfig::new(args.client_id);
-    cfg.cluster_key = cluster_key()?;
-    cfg.client_key = client_key_from_env()?;
-    let client = PoolClient::connect(&ctx, &pd, &*members, cfg).map_err(|e| {
-        // Named when a server off loopback may be unreachable because of it.
-        let said = members
-            .servers()
-            .unwrap_or_default()
-            .iter()
-            .map(hint)
-            .find(|h| !h.is_empty());
-        match said {
-            Some(said) => ToolError::Msg(format!("{e}{said}")),
-            None => e.into(),
-        }
-    })?;
-    for (server, error) in client.unreachable() {
-        crate::errln!(
-            "rdma-tool pool: warning: memory server {server} unreachable, going on without \
-             it: {error}{}",
-            hint(&server)
-        );
-    }
+    let client = connect(&args.conn, "pool")?;
     let session = Session {
         client,
         json: args.json,
@@ -130,10 +86,70 @@ pub fn run(args: Args) -> Result<()> {
              the server frees the allocation one lease later (`serve --lease`, 2s by default) \
              unless a command with the same --client-id runs before then (`pool shell` keeps \
              one lease for many commands)",
-            args.client_id
+            args.conn.client_id
         );
     }
     Ok(())
+}
+
+/// Finds the servers `conn` names and connects to them as its client id (with the cluster
+/// or client key the environment gives), warning of those it cannot reach; `command` names
+/// the subcommand in the warnings.
+pub(crate) fn connect(conn: &ConnArgs, command: &str) -> Result<PoolClient> {
+    let members: Box<dyn Membership> = match (&conn.servers, &conn.servers_file, &conn.etcd.etcd) {
+        (Some(list), _, _) => Box::new(StaticMembership::parse(list)?),
+        (None, Some(path), _) => Box::new(StaticMembership::parse(&read_servers_file(path)?)?),
+        #[cfg(feature = "etcd")]
+        (None, None, Some(_)) => {
+            let cfg = conn
+                .etcd
+                .config()?
+                .ok_or_else(|| ToolError::Msg("no --etcd".into()))?;
+            Box::new(rdmapool::remote::EtcdMembership::new(&cfg)?)
+        }
+        #[cfg(not(feature = "etcd"))]
+        (None, None, Some(url)) => return Err(crate::serve::no_etcd(url)),
+        (None, None, None) => {
+            return Err(ToolError::Msg(
+                "no servers: give --servers or --etcd".into(),
+            ))
+        }
+    };
+    let ctx = conn.device.open(Transport::Auto)?;
+    // The RDMAPOOL_SOFT_BIND hint is for the soft provider only.
+    let soft = conn.device.kind() == rdmapool::fabric::ProviderKind::Soft;
+    let hint = |server: &std::net::SocketAddr| {
+        if soft {
+            bind_hint(server)
+        } else {
+            String::new()
+        }
+    };
+    let pd = ctx.alloc_pd()?;
+    let mut cfg = ClientConfig::new(conn.client_id);
+    cfg.cluster_key = cluster_key()?;
+    cfg.client_key = client_key_from_env()?;
+    let client = PoolClient::connect(&ctx, &pd, &*members, cfg).map_err(|e| {
+        // Named when a server off loopback may be unreachable because of it.
+        let said = members
+            .servers()
+            .unwrap_or_default()
+            .iter()
+            .map(hint)
+            .find(|h| !h.is_empty());
+        match said {
+            Some(said) => ToolError::Msg(format!("{e}{said}")),
+            None => e.into(),
+        }
+    })?;
+    for (server, error) in client.unreachable() {
+        crate::errln!(
+            "rdma-tool {command}: warning: memory server {server} unreachable, going on \
+             without it: {error}{}",
+            hint(&server)
+        );
+    }
+    Ok(client)
 }
 
 /// The most a `--servers-file` may hold: a list of addresses, not a data file.
@@ -218,8 +234,8 @@ fn client_key_from_env() -> Result<Option<rdmapool::fabric::PreSharedKey>> {
 /// Arguments of `client-key`.
 #[derive(clap::Args)]
 pub struct ClientKeyArgs {
-    /// The client id the key is for (non-zero).
-    #[arg(long, value_parser = crate::units::count_arg(u64::MAX))]
+    /// The client id the key is for (1 to 2^63 - 1).
+    #[arg(long, value_parser = crate::units::count_arg(rdmapool::remote::MAX_CLIENT_ID))]
     client_id: u64,
     /// Write the key to this new file, readable by its owner only (else: to stdout).
     #[arg(long)]

@@ -271,6 +271,77 @@ impl Store {
         Ok(out)
     }
 
+    /// The keys that start with `prefix`, sorted, as the servers' indexes hold them now.
+    ///
+    /// Slower than a get, and not a snapshot: it READs every live node's whole index (in
+    /// pieces of 1 MiB), then the header and key of every block the index names (not the
+    /// values, so without their checksums), and keeps for each key the newest version any
+    /// node holds, leaving out removed keys. A key put or removed meanwhile may or may not
+    /// be listed.
+    ///
+    /// # Errors
+    /// [`Error::NodeDown`] when a live node could not be read; the other errors of the
+    /// pool's operations.
+    pub async fn list(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>> {
+        const PIECE: u64 = 1 << 20;
+        let mut newest: HashMap<Vec<u8>, (Version, bool)> = HashMap::new();
+        for n in self.pool.store_nodes() {
+            let ix = self.index(&n).await?;
+            let total = ix.buckets * 64;
+            let mut words = Vec::with_capacity(total as usize / 8);
+            let mut at = 0;
+            while at < total {
+                let len = PIECE.min(total - at);
+                let bytes = self
+                    .pool
+                    .store_read(n.node, n.incarnation, ix.start + at, len)
+                    .await?;
+                words.extend(
+                    bytes
+                        .chunks_exact(8)
+                        .map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))),
+                );
+                at += len;
+            }
+            let slots: Vec<super::format::Slot> = words
+                .iter()
+                .filter_map(|&w| super::format::Slot::from_word(w))
+                .filter(|s| n.layout.chunk_of(s.offset).is_some())
+                .collect();
+            let heads = join_all(slots.iter().map(|s| {
+                let chunk_end = n
+                    .layout
+                    .chunk_of(s.offset)
+                    .map_or(0, |c| n.layout.chunk(c) + n.layout.chunk_size);
+                let len = s
+                    .read_len()
+                    .min(super::format::HEADER_LEN as u64 + super::format::MAX_KEY_LEN as u64)
+                    .min(chunk_end - s.offset);
+                self.pool.store_read(n.node, n.incarnation, s.offset, len)
+            }))
+            .await;
+            for head in heads.into_iter().flatten() {
+                let Some(p) = super::format::peek(&head) else {
+                    continue;
+                };
+                if !p.key.starts_with(prefix) {
+                    continue;
+                }
+                let e = newest.entry(p.key).or_insert((p.version, p.tombstone));
+                if p.version > e.0 {
+                    *e = (p.version, p.tombstone);
+                }
+            }
+        }
+        let mut keys: Vec<Vec<u8>> = newest
+            .into_iter()
+            .filter(|(_, (_, tombstone))| !tombstone)
+            .map(|(k, _)| k)
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
+
     /// Frees the replaced blocks whose grace period has passed; how many.
     pub async fn flush_retired(&self) -> usize {
         let now = Instant::now();

@@ -296,6 +296,46 @@ pub enum Reject {
     Checksum,
 }
 
+/// What a block's header and key say, read without its value (so without the checksum's
+/// verdict): for listing keys, where reading every value would be too much.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peek {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The version the header names.
+    pub version: Version,
+    /// A remove.
+    pub tombstone: bool,
+}
+
+/// The key and version of the block at the start of `bytes`, from its header and key alone
+/// (at least [`HEADER_LEN`] + 255 bytes, or up to the block's end); `None` if the header is
+/// not a block's.
+pub fn peek(bytes: &[u8]) -> Option<Peek> {
+    let header: &[u8; HEADER_LEN] = bytes.get(..HEADER_LEN)?.try_into().ok()?;
+    let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap_or([0; 8]));
+    let key_len = header[KEY_LEN] as usize;
+    let flags = header[FLAGS];
+    let tombstone = flags == TOMBSTONE;
+    if header[..8] != BLOCK_MAGIC
+        || flags & !TOMBSTONE != 0
+        || key_len == 0
+        || word(SEQ) == 0
+        || word(VALUE_LEN) > MAX_VALUE_LEN
+        || (tombstone && word(VALUE_LEN) != 0)
+    {
+        return None;
+    }
+    Some(Peek {
+        key: bytes.get(HEADER_LEN..HEADER_LEN + key_len)?.to_vec(),
+        version: Version {
+            seq: word(SEQ),
+            writer: word(WRITER),
+        },
+        tombstone,
+    })
+}
+
 /// Decodes and verifies the block for `key` at the start of `bytes` (which may run past
 /// the block's end, as a READ of a slot's length bound does).
 pub fn decode_block(bytes: &[u8], key: &[u8]) -> std::result::Result<Block, Reject> {

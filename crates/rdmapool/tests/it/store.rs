@@ -85,6 +85,16 @@ fn puts_gets_and_removes_are_one_sided_and_land_on_r_distinct_servers() {
     assert!(!st.block_on(st.remove(b"key-1")).unwrap());
     assert_eq!(st.block_on(st.get(b"key-1")).unwrap(), None);
     assert!(!st.block_on(st.exists(b"never-put")).unwrap());
+    let listed = st.block_on(st.list(b"key-1")).unwrap();
+    let want: Vec<Vec<u8>> = [
+        "key-10", "key-11", "key-12", "key-13", "key-14", "key-15", "key-16", "key-17", "key-18",
+        "key-19",
+    ]
+    .iter()
+    .map(|k| k.as_bytes().to_vec())
+    .collect();
+    assert_eq!(listed, want, "key-1 itself was removed");
+    assert_eq!(st.block_on(st.list(b"")).unwrap().len(), 39);
     // A second client sees the same store.
     let other = store(&refs, 2, 2);
     assert_eq!(

@@ -159,11 +159,20 @@ impl Inner {
     }
 
     fn chunks_owned(&self) -> u64 {
+        self.chunks_where(|entry| entry != 0)
+    }
+
+    /// Chunks held under a client's lease (not the object store's, which no lease holds).
+    fn leased_chunks(&self) -> u64 {
+        self.chunks_where(|entry| entry != 0 && entry & crate::remote::STORE_TAG == 0)
+    }
+
+    fn chunks_where(&self, f: impl Fn(u64) -> bool) -> u64 {
         (0..self.layout.chunk_count)
             .filter(|&i| {
-                self.word(self.layout.table_entry(i))
-                    .load(Ordering::Acquire)
-                    != 0
+                f(self
+                    .word(self.layout.table_entry(i))
+                    .load(Ordering::Acquire))
             })
             .count() as u64
     }
@@ -379,17 +388,19 @@ impl MemoryServer {
 
     /// Graceful shutdown: new connections are refused, connected clients see the pool
     /// draining (at their next lease renewal) and place no new chunks here; waits up to
-    /// `drain` for every chunk to be released, then stops. Returns the chunks still owned.
+    /// `drain` for every chunk held under a lease to be released, then stops. Returns the
+    /// chunks still held under a lease. (The object store's chunks are not waited for: no
+    /// client gives them back; their objects' other replicas outlive this server.)
     pub fn shutdown(self, drain: Duration) -> u64 {
         self.inner.draining.store(true, Ordering::Release);
         self.inner
             .word(layout::header::STATE)
             .store(layout::STATE_DRAINING, Ordering::Release);
         let until = Instant::now() + drain;
-        let mut left = self.inner.chunks_owned();
+        let mut left = self.inner.leased_chunks();
         while left > 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(10));
-            left = self.inner.chunks_owned();
+            left = self.inner.leased_chunks();
         }
         left
     }

@@ -26,6 +26,20 @@ fn a_block_decodes_to_what_was_encoded_and_a_longer_read_does_not_matter() {
 }
 
 #[test]
+fn a_peek_reads_the_key_and_version_without_the_value() {
+    let block = encode_block(b"user:42", b"hello", v(3, 9), false).unwrap();
+    let p = peek(&block[..HEADER_LEN + 7]).unwrap();
+    assert_eq!(
+        (p.key.as_slice(), p.version, p.tombstone),
+        (&b"user:42"[..], v(3, 9), false)
+    );
+    assert_eq!(peek(&block[..HEADER_LEN + 3]), None, "the key cut short");
+    assert_eq!(peek(&[0; 100]), None);
+    let gone = encode_block(b"k", b"", v(4, 1), true).unwrap();
+    assert!(peek(&gone).unwrap().tombstone);
+}
+
+#[test]
 fn a_tombstone_has_no_value_and_decodes_as_one() {
     let block = encode_block(b"k", b"", v(2, 1), true).unwrap();
     let got = decode_block(&block, b"k").unwrap();

@@ -1,0 +1,200 @@
+//! `rdma-tool store ...`: a one-shot client of the replicated object store on the pool's
+//! servers (docs/STORE.md): put, get, rm, ls, stats. Values come from an argument, a file or
+//! stdin, and go to stdout or a file; `--json` prints one object per command.
+
+use crate::pool::{connect, ConnArgs};
+use crate::{Result, ToolError};
+use rdmapool::store::{Store, StoreConfig};
+use std::io::Read;
+use std::path::PathBuf;
+
+/// Arguments of `store`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// Replicas of every object, on distinct servers.
+    #[arg(long, default_value_t = 2, value_parser = crate::units::usize_arg(16))]
+    replicas: usize,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    op: Op,
+}
+
+/// One store operation.
+#[derive(clap::Subcommand)]
+pub enum Op {
+    /// Stores a value under a key (a new version): the value is VALUE, or the bytes of
+    /// --file (`-` for stdin).
+    Put {
+        /// The key (1 to 255 bytes).
+        key: String,
+        /// The value, as text.
+        #[arg(required_unless_present = "file", conflicts_with = "file")]
+        value: Option<String>,
+        /// Read the value from this file (`-`: stdin).
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
+    /// Prints the value stored under a key (exit status 1 when there is none).
+    Get {
+        /// The key.
+        key: String,
+        /// Write the value to this file instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Removes a key.
+    Rm {
+        /// The key.
+        key: String,
+    },
+    /// Lists the keys that start with PREFIX (all, without one).
+    Ls {
+        /// The prefix.
+        #[arg(default_value = "")]
+        prefix: String,
+    },
+    /// The servers the store uses, the replicas asked for, and the keys held.
+    Stats,
+}
+
+/// The most a value may be (the store's limit).
+const MAX_VALUE: u64 = rdmapool::store::format::MAX_VALUE_LEN;
+
+fn read_value(file: &std::path::Path) -> Result<Vec<u8>> {
+    let shown = file.display().to_string();
+    let mut bytes = Vec::new();
+    let reader: Box<dyn Read> = if shown == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(
+            std::fs::File::open(file).map_err(|e| ToolError::Io(format!("--file {shown}"), e))?,
+        )
+    };
+    reader
+        .take(MAX_VALUE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| ToolError::Io(format!("--file {shown}"), e))?;
+    if bytes.len() as u64 > MAX_VALUE {
+        return Err(ToolError::Msg(format!(
+            "--file {shown}: larger than {}, the largest value",
+            crate::units::show(MAX_VALUE as usize)
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Connects, runs the operation, exits.
+pub fn run(args: Args) -> Result<()> {
+    // Read the value before connecting: a bad file fails fast.
+    let value = match &args.op {
+        Op::Put { value: Some(v), .. } => Some(v.clone().into_bytes()),
+        Op::Put { file: Some(f), .. } => Some(read_value(f)?),
+        _ => None,
+    };
+    let pool = connect(&args.conn, "store")?;
+    let store = Store::new(
+        pool,
+        StoreConfig {
+            replicas: args.replicas,
+            ..StoreConfig::default()
+        },
+    )?;
+    let json = args.json;
+    match args.op {
+        Op::Put { key, .. } => {
+            let value = value.unwrap_or_default();
+            let v = store.block_on(store.put(key.as_bytes(), &value))?;
+            if json {
+                crate::outln!(
+                    "{}",
+                    serde_json::json!({"op": "put", "key": key, "bytes": value.len(),
+                        "seq": v.seq, "writer": v.writer, "replicas": args.replicas})
+                );
+            } else {
+                crate::outln!(
+                    "put {key}: {} bytes, version {} by client {}",
+                    value.len(),
+                    v.seq,
+                    v.writer
+                );
+            }
+        }
+        Op::Get { key, out } => {
+            let Some(value) = store.block_on(store.get(key.as_bytes()))? else {
+                if json {
+                    crate::outln!(
+                        "{}",
+                        serde_json::json!({"op": "get", "key": key, "found": false})
+                    );
+                }
+                return Err(ToolError::Msg(format!("get {key}: no such key")));
+            };
+            match (&out, json) {
+                (Some(path), _) => std::fs::write(path, &value)
+                    .map_err(|e| ToolError::Io(format!("--out {}", path.display()), e))?,
+                (None, true) => {}
+                (None, false) => crate::output::write_all(&value),
+            }
+            if json {
+                crate::outln!(
+                    "{}",
+                    serde_json::json!({"op": "get", "key": key, "found": true,
+                        "bytes": value.len(),
+                        "value": out.is_none().then(|| String::from_utf8_lossy(&value).into_owned())})
+                );
+            }
+        }
+        Op::Rm { key } => {
+            let removed = store.block_on(store.remove(key.as_bytes()))?;
+            if json {
+                crate::outln!(
+                    "{}",
+                    serde_json::json!({"op": "rm", "key": key, "removed": removed})
+                );
+            } else if removed {
+                crate::outln!("removed {key}");
+            } else {
+                crate::outln!("{key}: no such key (nothing removed)");
+            }
+        }
+        Op::Ls { prefix } => {
+            let keys = store.block_on(store.list(prefix.as_bytes()))?;
+            let keys: Vec<String> = keys
+                .iter()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .collect();
+            if json {
+                crate::outln!(
+                    "{}",
+                    serde_json::json!({"op": "ls", "prefix": prefix, "keys": keys})
+                );
+            } else {
+                for k in keys {
+                    crate::outln!("{k}");
+                }
+            }
+        }
+        Op::Stats => {
+            let nodes: Vec<u32> = store.pool().nodes().iter().map(|n| n.node).collect();
+            let keys = store.block_on(store.list(b""))?.len();
+            if json {
+                crate::outln!(
+                    "{}",
+                    serde_json::json!({"op": "stats", "nodes": nodes, "replicas": args.replicas,
+                        "keys": keys})
+                );
+            } else {
+                crate::outln!(
+                    "store: {} server(s) {nodes:?}, {} replicas per object, {keys} key(s)",
+                    nodes.len(),
+                    args.replicas
+                );
+            }
+        }
+    }
+    Ok(())
+}
