@@ -229,6 +229,33 @@ fn bench_data_json_lines_match_their_schema() {
 }
 
 #[test]
+fn bench_store_json_lines_match_their_schema() {
+    let v = json_lines(&[
+        "bench",
+        "store",
+        "--clients",
+        "1",
+        "--size",
+        "64",
+        "--transport",
+        "local",
+        "--keys",
+        "2",
+        "--duration",
+        "100ms",
+        "--json",
+    ]);
+    // put x1, get x1, the get latency, put r=2 vs r=1; then redis-benchmark's SET and GET
+    // when redis-server is installed (CI installs it).
+    assert!(v.len() == 4 || v.len() == 6, "{v:?}");
+    for r in &v {
+        check("bench-store", r);
+    }
+    assert_eq!(v[0]["op"], "put x1");
+    assert_eq!(v[3]["op"], "put r=2 vs r=1");
+}
+
+#[test]
 fn bench_pool_json_lines_match_their_schema() {
     let v = json_lines(&[
         "bench",

@@ -9,6 +9,7 @@ mod pool;
 mod reference;
 mod reg;
 mod report;
+mod store;
 mod ucx;
 mod verbs;
 
@@ -27,6 +28,10 @@ pub enum Command {
     /// two-sided SEND/RECV allocation server, and READ/WRITE latency and bandwidth through
     /// the pool against a raw QP to the same memory, all in one run.
     Pool(pool::Args),
+    /// The replicated object store (put and get, one-sided, two replicas) against a
+    /// redis-server started here, at 1, 2 and 4 clients and 64 B, 4 KiB and 1 MiB values,
+    /// with redis-benchmark's own figures.
+    Store(store::Args),
 }
 
 /// Runs a benchmark.
@@ -35,6 +40,7 @@ pub fn run(c: Command) -> Result<()> {
         Command::Data(a) => data::run(a),
         Command::Reg(a) => reg::run(a),
         Command::Pool(a) => pool::run(a),
+        Command::Store(a) => store::run(a),
     }
 }
 

@@ -163,8 +163,27 @@ impl Store {
     /// version may then be visible on the key's first replica), [`Error::IndexFull`],
     /// [`Error::Contended`], [`Error::RemoteExhausted`] when a replica has no room.
     pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<Version> {
+        self.put_with(key, value, self.cfg.replicas).await
+    }
+
+    /// [`Store::put`] with `replicas` copies of this version instead of the store's
+    /// [`StoreConfig::replicas`] (a get reads as many replicas as the store is configured
+    /// for, so a version put with fewer survives fewer failures).
+    ///
+    /// # Errors
+    /// As [`Store::put`]; [`CoreError::OutOfLimits`](crate::CoreError::OutOfLimits) for 0
+    /// replicas.
+    pub async fn put_with(&self, key: &[u8], value: &[u8], replicas: usize) -> Result<Version> {
         check_sizes(key, value.len() as u64)?;
-        let done = self.write(key, value, false).await?;
+        if replicas == 0 {
+            return Err(Error::Core(crate::CoreError::OutOfLimits {
+                what: "store replicas",
+                value: 0,
+                min: 1,
+                max: u64::MAX,
+            }));
+        }
+        let done = self.write(key, value, false, replicas).await?;
         self.counters.puts.fetch_add(1, Ordering::Relaxed);
         done.version.ok_or_else(|| {
             Error::Core(crate::CoreError::Malformed {
@@ -180,7 +199,7 @@ impl Store {
     /// As [`Store::put`].
     pub async fn remove(&self, key: &[u8]) -> Result<bool> {
         check_sizes(key, 1)?;
-        let done = self.write(key, b"", true).await?;
+        let done = self.write(key, b"", true, self.cfg.replicas).await?;
         let removed = done.version.is_some();
         if removed {
             self.counters.removes.fetch_add(1, Ordering::Relaxed);
@@ -196,7 +215,7 @@ impl Store {
     /// was damaged.
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         check_sizes(key, 1)?;
-        let replicas = self.replicas(key, 1).await?;
+        let replicas = self.replicas(key, self.cfg.replicas, 1).await?;
         let mut g = Get::new(key, &replicas);
         let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
         let out = loop {
@@ -236,7 +255,7 @@ impl Store {
     /// As [`Store::get`].
     pub async fn locate(&self, key: &[u8]) -> Result<Vec<Located>> {
         check_sizes(key, 1)?;
-        let replicas = self.replicas(key, 1).await?;
+        let replicas = self.replicas(key, self.cfg.replicas, 1).await?;
         let mut lookup = Lookup::new(key, &replicas);
         let buckets = self.reads(&replicas, &lookup.bucket_reads()).await;
         let replies: Vec<Option<&[u8]>> = buckets.iter().map(Option::as_deref).collect();
@@ -361,10 +380,10 @@ impl Store {
     }
 
     /// The key's replicas, best first, with their indexes (found or made on first use).
-    async fn replicas(&self, key: &[u8], at_least: usize) -> Result<Vec<Replica>> {
+    async fn replicas(&self, key: &[u8], count: usize, at_least: usize) -> Result<Vec<Replica>> {
         let nodes = self.pool.store_nodes();
         let ids: Vec<u32> = nodes.iter().map(|n| n.node).collect();
-        let chosen = placement::replicas(KeyHash::of(key), &ids, self.cfg.replicas);
+        let chosen = placement::replicas(KeyHash::of(key), &ids, count);
         if chosen.len() < at_least {
             return Err(Error::NotEnoughReplicas {
                 live: chosen.len(),
@@ -414,9 +433,15 @@ impl Store {
         .await
     }
 
-    async fn write(&self, key: &[u8], value: &[u8], tombstone: bool) -> Result<PutDone> {
+    async fn write(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        tombstone: bool,
+        replicas: usize,
+    ) -> Result<PutDone> {
         self.flush_retired().await;
-        let replicas = self.replicas(key, self.cfg.replicas).await?;
+        let replicas = self.replicas(key, replicas, replicas).await?;
         let digest = ValueDigest::of(value);
         let mut put = Put::new(key, digest, tombstone, self.pool.client_id(), &replicas)?;
         let result = self.run_put(&mut put, &replicas, key, value).await;

@@ -298,16 +298,19 @@ fn summary(rows: &[Row]) {
     }
 }
 
-/// What the clients of one alloc+free measurement did together.
-struct Rate {
-    pairs: u64,
-    secs: f64,
-    /// One pair's time, over all clients' pairs.
-    pair: Stats,
+/// What the clients of one measurement did together.
+pub(super) struct Rate {
+    /// Operations (or pairs) done, all clients together.
+    pub(super) pairs: u64,
+    /// The longest client's run.
+    pub(super) secs: f64,
+    /// One operation's (or pair's) time, over all clients'.
+    pub(super) pair: Stats,
 }
 
 impl Rate {
-    fn mops(&self) -> f64 {
+    /// Millions of operations per second, all clients together.
+    pub(super) fn mops(&self) -> f64 {
         self.pairs as f64 / self.secs / 1e6
     }
 
@@ -340,7 +343,7 @@ impl Rate {
 
 /// Runs `n` client threads: each sets itself up with `setup`, then all start together and
 /// do `pair` until `secs` have passed. Returns the total rate.
-fn clients<S, C>(n: usize, secs: f64, setup: S) -> Result<Rate>
+pub(super) fn clients<S, C>(n: usize, secs: f64, setup: S) -> Result<Rate>
 where
     S: Fn(usize) -> Result<C> + Sync,
     C: FnMut() -> Result<()>,

@@ -94,6 +94,9 @@ struct Shared {
     timers: Timers,
     /// What `connect` could not join, and why.
     unreachable: Mutex<Vec<(SocketAddr, String)>>,
+    /// Registered staging buffers for the object store's reads and writes, made on first
+    /// use (the store's hot path never registers memory below 2 MiB).
+    store_buffers: std::sync::OnceLock<crate::buf::BufferPool>,
 }
 
 /// A client of the remote memory pool (see the module docs).
@@ -154,6 +157,7 @@ impl PoolClient {
             }),
             timers: Timers::new(cfg.progress == Progress::Caller),
             unreachable: Mutex::new(Vec::new()),
+            store_buffers: std::sync::OnceLock::new(),
         });
         let members = membership.servers()?;
         // Leases are renewed from the first node joined on (a slow join elsewhere must not

@@ -343,7 +343,11 @@ impl Shared {
     /// Finds the chunks the table says this id owns and rebuilds their views (the
     /// decisions are [`Recover`]'s).
     pub(super) async fn recover(&self, node: &Node) -> Result<()> {
-        self.drive(node, Recover::new()).await
+        self.drive(node, Recover::new()).await?;
+        // The object store's chunks this id claimed before a restart: its objects stay
+        // whatever happens to the id, and the chunks' free room is used again.
+        self.drive_in(node, super::node::Books::Store, Recover::new())
+            .await
     }
 
     /// One lease renewal on `node`: swaps our heartbeat from the value we left to the next

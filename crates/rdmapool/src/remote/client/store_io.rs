@@ -11,7 +11,7 @@ use super::chunks::{Alloc, Answer, Free, Io};
 use super::node::Books;
 use super::ops::timed;
 use super::{Node, PoolClient};
-use crate::fabric::{AccessFlags, Mr};
+use crate::fabric::{AccessFlags, Mr, Shared};
 use crate::remote::layout::{largest_object, size_class, Layout};
 use crate::remote::RemotePtr;
 use crate::{Error, Result};
@@ -48,6 +48,25 @@ impl PoolClient {
     /// This client's id.
     pub(crate) fn client_id(&self) -> u64 {
         self.shared.id
+    }
+
+    /// A registered buffer of at least `len` bytes: from the client's staging pool (made on
+    /// first use; every class up to 2 MiB), or registered now when the pool has none free or
+    /// `len` is larger.
+    fn staging(&self, len: usize) -> Result<Mr<Shared>> {
+        let s = &self.shared;
+        let pool = match s.store_buffers.get() {
+            Some(p) => Some(p),
+            None => crate::buf::BufferPool::new(s.pd.clone(), crate::buf::PoolConfig::default())
+                .ok()
+                .map(|p| s.store_buffers.get_or_init(|| p)),
+        };
+        if let Some(Ok(buf)) = pool.map(|p| p.alloc(len)) {
+            return Ok(buf.into_shared());
+        }
+        Ok(s.pd
+            .alloc_mr(len.max(8), AccessFlags::LOCAL_WRITE)?
+            .into_shared())
     }
 
     fn store_node(&self, node: u32, incarnation: u64) -> Result<Arc<Node>> {
@@ -93,13 +112,13 @@ impl PoolClient {
             len,
             limit: n.desc.layout.len,
         })?;
-        let mr = Arc::new(s.pd.alloc_mr(size.max(8), AccessFlags::LOCAL_WRITE)?);
+        let buf = self.staging(size)?;
         let remote = s.at(&n, at, len, false).await?;
-        let op = n.qp.read(Mr::share(&mr), 0, size as u32, remote);
-        let (r, _) = timed(&s.timers, &n, op).await;
+        let op = n.qp.read(buf, 0, size as u32, remote);
+        let (r, buf) = timed(&s.timers, &n, op).await;
         s.seen(&n, r)?;
         let mut out = vec![0; size];
-        mr.read_at(0, &mut out)?;
+        buf.read_at(0, &mut out)?;
         Ok(out)
     }
 
@@ -114,14 +133,14 @@ impl PoolClient {
         let n = self.store_node(node, incarnation)?;
         let s = &self.shared;
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        let mr = Arc::new(s.pd.alloc_mr(len.max(8), AccessFlags::LOCAL_WRITE)?);
+        let buf = self.staging(len)?;
         let mut off = 0;
         for p in parts {
-            mr.write_at(off, p)?;
+            buf.write_at(off, p)?;
             off += p.len();
         }
         let remote = s.at(&n, at, len as u64, true).await?;
-        let op = n.qp.write(Mr::share(&mr), 0, len as u32, remote);
+        let op = n.qp.write(buf, 0, len as u32, remote);
         let (r, _) = timed(&s.timers, &n, op).await;
         s.seen(&n, r)?;
         Ok(())

@@ -1,0 +1,399 @@
+//! `rdma-tool bench store`: the replicated object store (docs/STORE.md) against Redis, in
+//! the same run.
+//!
+//! For each transport and value size, three memory servers start in this process and each
+//! client thread gets its own `Store` (its own pool client and id). Each client owns
+//! `--keys` keys; a put writes one of them (the next, round-robin), a get reads one. The
+//! same clients, keys and sizes then run against a `redis-server` started here on
+//! loopback with persistence off (one connection per client, the `redis` crate, as an
+//! application would), SET for put and GET for get, and `redis-benchmark` gives Redis's
+//! own figure. Rows: get and put throughput at each client count against Redis's (ratio =
+//! ours / Redis, higher is better), one-client get latency against Redis's (ratio = ours /
+//! Redis, lower is better), and the cost of a second replica (put with r = 2 against r = 1).
+
+mod redis_ref;
+
+use super::pool::{clients, Rate};
+use super::report::{print_json, print_table, Row};
+use crate::device_args::DeviceArgs;
+use crate::progress::Steps;
+use crate::units::{duration_arg, message_size_arg, show};
+use crate::{Result, ToolError};
+use rdmapool::fabric::{ProviderKind, Transport};
+use rdmapool::remote::{ClientConfig, MemoryServer, PoolClient, ServerConfig, StaticMembership};
+use rdmapool::store::{Store, StoreConfig};
+use redis_ref::RedisServer;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+/// Arguments of `bench store`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Where the memory servers listen.
+    #[arg(long, default_value = "127.0.0.1")]
+    ip: IpAddr,
+    /// Soft provider paths, comma-separated: tcp, local.
+    #[arg(long, default_value = "tcp,local", value_parser = crate::device_args::transport_arg)]
+    transport: String,
+    /// Client counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4",
+          value_parser = crate::units::usize_arg(64))]
+    clients: Vec<usize>,
+    /// Value sizes, comma-separated (at most 1M here: larger values need striping, which
+    /// is not built).
+    #[arg(long, value_delimiter = ',', default_value = "64,4K,1M", value_parser = message_size_arg)]
+    size: Vec<usize>,
+    /// Keys each client owns.
+    #[arg(long, default_value_t = 16, value_parser = crate::units::usize_arg(4096))]
+    keys: usize,
+    /// Replicas of every object (the r = 1 comparison row is always measured too).
+    #[arg(long, default_value_t = 2, value_parser = crate::units::usize_arg(3))]
+    replicas: usize,
+    /// How long each measurement runs: `1s`, `500ms`; at most 10m.
+    #[arg(long, default_value = "1s", value_parser = duration_arg)]
+    duration: Duration,
+    /// Skip Redis (the rows then have no reference).
+    #[arg(long)]
+    no_redis: bool,
+    /// Print JSON lines instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Memory servers per run.
+const SERVERS: u32 = 3;
+/// The servers' chunk size: 1 MiB values (2 MiB blocks) four to a chunk.
+const CHUNK: u64 = 8 << 20;
+/// The largest value measured.
+const MAX_SIZE: usize = 1 << 20;
+/// The grace period of the bench's stores: replaced blocks are reused soon, so a put loop
+/// does not fill the servers (a reader slower than this would read again).
+const GRACE: Duration = Duration::from_millis(20);
+
+fn server_config(ip: IpAddr, node: u32, size: usize) -> ServerConfig {
+    ServerConfig {
+        node,
+        size,
+        chunk_size: CHUNK,
+        clients: 256,
+        lease: Duration::from_secs(30),
+        listen: SocketAddr::new(ip, 0),
+        ..ServerConfig::default()
+    }
+}
+
+/// One measured figure of ours and its reference.
+struct Measured {
+    ours: Rate,
+    redis: Option<Rate>,
+}
+
+fn row(transport: &str, provider: ProviderKind, op: String, size: usize, m: &Measured) -> Row {
+    let (reference, value, ratio) = match &m.redis {
+        Some(r) => (
+            format!(
+                "redis {} (p50 {})",
+                op,
+                super::report::fmt_ns(r.pair.median_ns)
+            ),
+            r.mops(),
+            m.ours.mops() / r.mops(),
+        ),
+        None => ("-".into(), 0.0, 0.0),
+    };
+    Row {
+        provider: provider.name().into(),
+        transport: transport.into(),
+        op,
+        metric: "rate".into(),
+        size,
+        iters: m.ours.pairs,
+        median_ns: m.ours.pair.median_ns,
+        p99_ns: m.ours.pair.p99_ns,
+        gbps: 0.0,
+        mops: m.ours.mops(),
+        reference,
+        reference_value: value,
+        ratio,
+    }
+}
+
+fn latency_row(
+    transport: &str,
+    provider: ProviderKind,
+    op: &str,
+    size: usize,
+    ours: &Rate,
+    reference: Option<(&str, &Rate)>,
+) -> Row {
+    let (name, value, ratio) = match reference {
+        Some((name, r)) => (
+            format!("{name} (p99 {})", super::report::fmt_ns(r.pair.p99_ns)),
+            r.pair.median_ns,
+            ours.pair.median_ns / r.pair.median_ns,
+        ),
+        None => ("-".into(), 0.0, 0.0),
+    };
+    Row {
+        provider: provider.name().into(),
+        transport: transport.into(),
+        op: op.into(),
+        metric: "latency".into(),
+        size,
+        iters: ours.pairs,
+        median_ns: ours.pair.median_ns,
+        p99_ns: ours.pair.p99_ns,
+        gbps: 0.0,
+        mops: 0.0,
+        reference: name,
+        reference_value: value,
+        ratio,
+    }
+}
+
+/// Runs the benchmark and prints the table or JSON.
+pub fn run(args: Args) -> Result<()> {
+    if let Some(&big) = args.size.iter().find(|&&s| s == 0 || s > MAX_SIZE) {
+        return Err(ToolError::Msg(format!(
+            "--size {}: from 1 byte to {} (larger values need striping, not built)",
+            show(big),
+            show(MAX_SIZE)
+        )));
+    }
+    let transports: Vec<String> = args.transport.split(',').map(|t| t.trim().into()).collect();
+    let provider = args.device.kind();
+    let redis = if args.no_redis {
+        None
+    } else {
+        match RedisServer::start() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                crate::errln!("rdma-tool bench store: {e}; the rows have no Redis reference");
+                None
+            }
+        }
+    };
+    let secs = args.duration.as_secs_f64();
+    let steps = transports.len() * args.size.len() * (args.clients.len() * 2 + 1);
+    let mut bar = Steps::new("bench store", steps as u64, args.json);
+    let mut rows = Vec::new();
+    // Redis's figures do not depend on our transport: measured once per size.
+    let mut redis_rates: std::collections::HashMap<(usize, usize, &str), Rate> =
+        std::collections::HashMap::new();
+    let mut next_id = 1u64;
+    for tname in &transports {
+        let transport = Transport::parse(tname)?;
+        let path = if transport == Transport::Tcp {
+            "tcp"
+        } else {
+            "local"
+        };
+        for &size in &args.size {
+            let keys = if size >= 256 << 10 {
+                args.keys.min(4)
+            } else {
+                args.keys
+            };
+            let most = args.clients.iter().copied().max().unwrap_or(1);
+            // Room for every client's blocks on every server four times over (blocks
+            // replaced and waiting out the grace period), each client's chunks, the index.
+            let block = (size + 4096).next_power_of_two().max(64);
+            let need = most * keys * block * 4 * args.replicas / SERVERS as usize;
+            let chunks = (most as u64 + 2) * CHUNK;
+            let server_size = (need as u64 + chunks + CHUNK).next_multiple_of(CHUNK) as usize;
+            let ctx = args.device.open(transport)?;
+            let servers: Vec<MemoryServer> = (1..=SERVERS)
+                .map(|n| MemoryServer::start(&ctx, server_config(args.ip, n, server_size)))
+                .collect::<rdmapool::Result<_>>()?;
+            let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr()).collect();
+            let value: Vec<u8> = (0..size).map(|i| (i * 131 % 251) as u8).collect();
+            bar.set_message(format!("{path} {}: connecting and filling", show(size)));
+            let all = connect_clients(&args, transport, &addrs, most, next_id, keys, &value)?;
+            next_id += most as u64;
+            let mut one_client_put_r1 = None;
+            for &n in &args.clients {
+                for op in ["put", "get"] {
+                    bar.set_message(format!("{path} {} {op} x{n}", show(size)));
+                    let ours = store_clients(&all, n, keys, &value, op, args.replicas, secs)?;
+                    let redis = match &redis {
+                        Some(r) => Some(match redis_rates.remove(&(size, n, op)) {
+                            Some(rate) => rate,
+                            None => r.clients(n, keys, &value, op, secs)?,
+                        }),
+                        None => None,
+                    };
+                    bar.inc();
+                    let m = Measured { ours, redis };
+                    rows.push(row(path, provider, format!("{op} x{n}"), size, &m));
+                    if n == 1 && op == "get" {
+                        let reference = m.redis.as_ref().map(|r| ("redis GET", r));
+                        rows.push(latency_row(path, provider, "get", size, &m.ours, reference));
+                    }
+                    if n == 1 && op == "put" && args.replicas > 1 {
+                        bar.set_message(format!("{path} {} put x1 r=1", show(size)));
+                        let r1 = store_clients(&all, 1, keys, &value, "put", 1, secs)?;
+                        bar.inc();
+                        one_client_put_r1 = Some((r1, m.ours));
+                    }
+                    if let Some(r) = m.redis {
+                        redis_rates.insert((size, n, op), r);
+                    }
+                }
+            }
+            if let Some((r1, r2)) = one_client_put_r1 {
+                let name = format!("put r={} vs r=1", args.replicas);
+                rows.push(latency_row(
+                    path,
+                    provider,
+                    &name,
+                    size,
+                    &r2,
+                    Some(("put r=1", &r1)),
+                ));
+            }
+            let handled: u64 = servers.iter().map(|s| s.stats().requests_handled).sum();
+            if handled != 0 {
+                return Err(ToolError::Msg(format!(
+                    "the memory servers handled {handled} requests: the store is meant to be \
+                     one-sided"
+                )));
+            }
+        }
+    }
+    bar.finish();
+    let bench = redis
+        .as_ref()
+        .map(|r| r.benchmark(&args.size, &args.clients));
+    if args.json {
+        print_json(&rows);
+        if let Some(Ok(b)) = &bench {
+            print_json(b);
+        }
+    } else {
+        print_table(&rows);
+        if let Some(b) = &bench {
+            match b {
+                Ok(b) => {
+                    crate::outln!(
+                        "\nredis-benchmark's own figures (same server, same sizes and clients):"
+                    );
+                    print_table(b);
+                }
+                Err(e) => crate::outln!("\nredis-benchmark: {e}"),
+            }
+        }
+        summary(&rows);
+    }
+    Ok(())
+}
+
+/// The issue's goals, under the table.
+fn summary(rows: &[Row]) {
+    let with_ref: Vec<&Row> = rows.iter().filter(|r| r.ratio > 0.0).collect();
+    if with_ref.is_empty() {
+        return;
+    }
+    let missed: Vec<String> = with_ref
+        .iter()
+        .filter(|r| match (r.metric.as_str(), r.op.as_str()) {
+            ("latency", "get") => r.ratio > 0.5,
+            ("latency", _) => r.ratio > 1.5,
+            _ => r.ratio < 1.0,
+        })
+        .map(|r| {
+            format!(
+                "{} {} {} {} ({:.2})",
+                r.transport,
+                r.op,
+                r.metric,
+                show(r.size),
+                r.ratio
+            )
+        })
+        .collect();
+    crate::outln!(
+        "\ngoals (get latency <= 0.5x Redis, get/put rate >= 1x Redis, r=2 put <= 1.5x r=1): {} of {} rows met{}",
+        with_ref.len() - missed.len(),
+        with_ref.len(),
+        if missed.is_empty() { String::new() } else { format!("; missed: {}", missed.join(", ")) }
+    );
+}
+
+/// A bench client: its store, on a context of its own.
+struct Client {
+    store: Store,
+    _ctx: rdmapool::fabric::Context,
+}
+
+/// `most` store clients on `addrs`, each with its `keys` keys holding `value` already.
+fn connect_clients(
+    args: &Args,
+    transport: Transport,
+    addrs: &[SocketAddr],
+    most: usize,
+    first_id: u64,
+    keys: usize,
+    value: &[u8],
+) -> Result<Vec<Client>> {
+    let members = StaticMembership::new(addrs.to_vec());
+    (0..most)
+        .map(|i| {
+            let ctx = args.device.open(transport)?;
+            let pd = ctx.alloc_pd()?;
+            let cfg = ClientConfig::new(first_id + i as u64);
+            let pool = PoolClient::connect(&ctx, &pd, &members, cfg)?;
+            let store = Store::new(
+                pool,
+                StoreConfig {
+                    replicas: args.replicas,
+                    grace: GRACE,
+                },
+            )?;
+            for k in 0..keys {
+                store.block_on(store.put(&key(i, k), value))?;
+            }
+            Ok(Client { store, _ctx: ctx })
+        })
+        .collect()
+}
+
+fn key(client: usize, k: usize) -> Vec<u8> {
+    format!("c{client}:k{k}").into_bytes()
+}
+
+/// The first `n` of `all` doing `op` on their own keys for `secs` (puts with `replicas`
+/// copies); then the blocks their puts replaced are freed once their grace has passed.
+fn store_clients(
+    all: &[Client],
+    n: usize,
+    keys: usize,
+    value: &[u8],
+    op: &str,
+    replicas: usize,
+    secs: f64,
+) -> Result<Rate> {
+    let put = op == "put";
+    let rate = clients(n, secs, |i| {
+        let store = &all[i].store;
+        let mut next = 0usize;
+        Ok(move || -> Result<()> {
+            let k = key(i, next % keys);
+            next += 1;
+            if put {
+                store.block_on(store.put_with(&k, value, replicas))?;
+            } else if store.block_on(store.get(&k))?.map(|v| v.len()) != Some(value.len()) {
+                return Err(ToolError::Msg(
+                    "bench store: a get missed a key it put".into(),
+                ));
+            }
+            Ok(())
+        })
+    });
+    std::thread::sleep(GRACE);
+    for c in all {
+        c.store.block_on(c.store.flush_retired());
+    }
+    rate
+}
