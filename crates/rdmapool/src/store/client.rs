@@ -3,16 +3,17 @@
 //! back. The blocks a put replaced are freed once the grace period has passed (docs/STORE.md
 //! section 8), by this client's later calls or [`Store::flush_retired`].
 
-use super::format::{check_sizes, KeyHash, ValueDigest, Version};
+use super::format::{check_sizes, KeyHash, Version};
 use super::get::{Get, GetStep};
 use super::lookup::{Lookup, Read, Replica};
 use super::placement;
-use super::put::{Put, PutDone, PutStep, Reply};
 use super::root::{FindRoot, Index, RootStep};
 use crate::remote::client::StoreNode;
 use crate::remote::{PoolClient, RemotePtr};
 use crate::{Error, Result};
 use futures_util::future::join_all;
+
+mod write;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -431,119 +432,6 @@ impl Store {
             self.pool.store_read(r.node, inc, r.at, r.len).await.ok()
         }))
         .await
-    }
-
-    async fn write(
-        &self,
-        key: &[u8],
-        value: &[u8],
-        tombstone: bool,
-        replicas: usize,
-    ) -> Result<PutDone> {
-        self.flush_retired().await;
-        let replicas = self.replicas(key, replicas, replicas).await?;
-        let digest = ValueDigest::of(value);
-        let mut put = Put::new(key, digest, tombstone, self.pool.client_id(), &replicas)?;
-        let result = self.run_put(&mut put, &replicas, key, value).await;
-        match result {
-            Ok(done) => {
-                let due = Instant::now() + self.cfg.grace;
-                self.retired.lock().extend(
-                    done.replaced
-                        .iter()
-                        .map(|&(node, at)| (due, node, incarnation(&replicas, node), at)),
-                );
-                self.free_now(&replicas, &done.unused).await;
-                Ok(done)
-            }
-            Err(e) => {
-                if !put.published() {
-                    self.free_now(&replicas, &put.allocated()).await;
-                }
-                Err(e)
-            }
-        }
-    }
-
-    async fn free_now(&self, replicas: &[Replica], blocks: &[(u32, u64)]) {
-        join_all(
-            blocks
-                .iter()
-                .map(|&(node, at)| self.pool.store_free(node, incarnation(replicas, node), at)),
-        )
-        .await;
-    }
-
-    async fn run_put(
-        &self,
-        put: &mut Put,
-        replicas: &[Replica],
-        key: &[u8],
-        value: &[u8],
-    ) -> Result<PutDone> {
-        let mut step = put.advance(Reply::Start)?;
-        loop {
-            step = match step {
-                PutStep::Done(done) => return Ok(done),
-                PutStep::Read(reads) => {
-                    let bytes = self.reads(replicas, &reads).await;
-                    let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
-                    put.advance(Reply::Bytes(&replies))?
-                }
-                PutStep::Alloc { nodes, len } => {
-                    let offsets = join_all(nodes.iter().map(|&node| async move {
-                        let inc = incarnation(replicas, node);
-                        match self.pool.store_alloc(node, inc, len).await {
-                            Ok(Some(at)) => Ok(Some(at)),
-                            Ok(None) => Err(Error::RemoteExhausted { size: len }),
-                            Err(Error::NodeDown { .. }) => Ok(None),
-                            Err(e) => Err(e),
-                        }
-                    }))
-                    .await;
-                    if let Some(Err(_)) = offsets.iter().find(|o| o.is_err()) {
-                        // Free what did get allocated, then report the first error.
-                        let got: Vec<(u32, u64)> = nodes
-                            .iter()
-                            .zip(&offsets)
-                            .filter_map(|(&n, o)| {
-                                o.as_ref().ok().copied().flatten().map(|a| (n, a))
-                            })
-                            .collect();
-                        self.free_now(replicas, &got).await;
-                        return Err(offsets
-                            .into_iter()
-                            .find_map(|o| o.err())
-                            .unwrap_or(Error::RemoteExhausted { size: len }));
-                    }
-                    let offsets: Vec<Option<u64>> =
-                        offsets.into_iter().map(|o| o.ok().flatten()).collect();
-                    put.advance(Reply::Offsets(&offsets))?
-                }
-                PutStep::Write(writes) => {
-                    let ok = join_all(writes.iter().map(|w| async move {
-                        let inc = incarnation(replicas, w.node);
-                        self.pool
-                            .store_write(w.node, inc, w.at, &[&w.header, key, value])
-                            .await
-                            .is_ok()
-                    }))
-                    .await;
-                    put.advance(Reply::Done(&ok))?
-                }
-                PutStep::Swap(swaps) => {
-                    let old = join_all(swaps.iter().map(|s| async move {
-                        let inc = incarnation(replicas, s.node);
-                        self.pool
-                            .store_cas(s.node, inc, s.at, s.expected, s.swap)
-                            .await
-                            .ok()
-                    }))
-                    .await;
-                    put.advance(Reply::Words(&old))?
-                }
-            };
-        }
     }
 }
 
