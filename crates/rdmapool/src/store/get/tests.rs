@@ -53,3 +53,51 @@ fn a_slot_naming_memory_outside_the_data_area_is_skipped() {
     c.plant(1, b"k", b"real", v(1, 1));
     assert_eq!(c.get(b"k").unwrap().unwrap(), b"real");
 }
+
+/// A get that read the bucket, then a remove (and the space reused at once, as if the grace
+/// period had passed), then the get's block read: the get answers "removed", never the
+/// bytes that now fill the old block.
+#[test]
+fn a_remove_during_a_get_is_seen_whole_or_not_at_all() {
+    use super::super::format::encode_block;
+    use super::super::sim::Running;
+    let mut c = Cluster::new(&[1, 2]);
+    Running::put(&c, b"k", b"old value", 7).run(&mut c).unwrap();
+    let mut g = Get::new(b"k", &c.replicas);
+    let GetStep::Read(buckets) = g.advance(&[]).unwrap() else {
+        panic!("a get reads buckets first")
+    };
+    let bytes: Vec<Vec<u8>> = buckets
+        .iter()
+        .map(|r| c.regions[&r.node][r.at as usize..(r.at + r.len) as usize].to_vec())
+        .collect();
+    let replies: Vec<Option<&[u8]>> = bytes.iter().map(|b| Some(b.as_slice())).collect();
+    let GetStep::Read(blocks) = g.advance(&replies).unwrap() else {
+        panic!("then the candidate blocks")
+    };
+    // Now the remove, and the old blocks' memory reused by another key.
+    let done = Running::remove(&c, b"k", 8).run(&mut c).unwrap();
+    assert_eq!(done.replaced.len(), 2);
+    for &(node, at) in &done.replaced {
+        let other = encode_block(
+            b"q",
+            b"someone else's",
+            Version { seq: 1, writer: 9 },
+            false,
+        )
+        .unwrap();
+        c.regions.get_mut(&node).unwrap()[at as usize..at as usize + other.len()]
+            .copy_from_slice(&other);
+    }
+    let bytes: Vec<Vec<u8>> = blocks
+        .iter()
+        .map(|r| c.regions[&r.node][r.at as usize..(r.at + r.len) as usize].to_vec())
+        .collect();
+    let replies: Vec<Option<&[u8]>> = bytes.iter().map(|b| Some(b.as_slice())).collect();
+    assert_eq!(g.advance(&replies).unwrap(), GetStep::Done(None));
+    assert_eq!(
+        c.get(b"k").unwrap(),
+        None,
+        "and a later get sees the tombstone"
+    );
+}
