@@ -13,7 +13,9 @@ use crate::remote::{PoolClient, RemotePtr};
 use crate::{Error, Result};
 use futures_util::future::join_all;
 
+mod repair;
 mod write;
+pub use repair::RepairReport;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -303,53 +305,15 @@ impl Store {
     /// [`Error::NodeDown`] when a live node could not be read; the other errors of the
     /// pool's operations.
     pub async fn list(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>> {
-        const PIECE: u64 = 1 << 20;
         let mut newest: HashMap<Vec<u8>, (Version, bool)> = HashMap::new();
         for n in self.pool.store_nodes() {
-            let ix = self.index(&n).await?;
-            let total = ix.buckets * 64;
-            let mut words = Vec::with_capacity(total as usize / 8);
-            let mut at = 0;
-            while at < total {
-                let len = PIECE.min(total - at);
-                let bytes = self
-                    .pool
-                    .store_read(n.node, n.incarnation, ix.start + at, len)
-                    .await?;
-                words.extend(
-                    bytes
-                        .chunks_exact(8)
-                        .map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))),
-                );
-                at += len;
-            }
-            let slots: Vec<super::format::Slot> = words
-                .iter()
-                .filter_map(|&w| super::format::Slot::from_word(w))
-                .filter(|s| n.layout.chunk_of(s.offset).is_some())
-                .collect();
-            let heads = join_all(slots.iter().map(|s| {
-                let chunk_end = n
-                    .layout
-                    .chunk_of(s.offset)
-                    .map_or(0, |c| n.layout.chunk(c) + n.layout.chunk_size);
-                let len = s
-                    .read_len()
-                    .min(super::format::HEADER_LEN as u64 + super::format::MAX_KEY_LEN as u64)
-                    .min(chunk_end - s.offset);
-                self.pool.store_read(n.node, n.incarnation, s.offset, len)
-            }))
-            .await;
-            for head in heads.into_iter().flatten() {
-                let Some(p) = super::format::peek(&head) else {
-                    continue;
-                };
-                if !p.key.starts_with(prefix) {
+            for e in self.scan(&n).await? {
+                if !e.key.starts_with(prefix) {
                     continue;
                 }
-                let e = newest.entry(p.key).or_insert((p.version, p.tombstone));
-                if p.version > e.0 {
-                    *e = (p.version, p.tombstone);
+                let v = newest.entry(e.key).or_insert((e.version, e.tombstone));
+                if e.version > v.0 {
+                    *v = (e.version, e.tombstone);
                 }
             }
         }
@@ -396,14 +360,19 @@ impl Store {
             let Some(n) = nodes.iter().find(|n| n.node == id) else {
                 continue;
             };
-            out.push(Replica {
-                node: n.node,
-                incarnation: n.incarnation,
-                layout: n.layout,
-                index: self.index(n).await?,
-            });
+            out.push(self.replica(n).await?);
         }
         Ok(out)
+    }
+
+    /// `n` as a replica, with its index (found or made on first use).
+    async fn replica(&self, n: &StoreNode) -> Result<Replica> {
+        Ok(Replica {
+            node: n.node,
+            incarnation: n.incarnation,
+            layout: n.layout,
+            index: self.index(n).await?,
+        })
     }
 
     async fn index(&self, n: &StoreNode) -> Result<Index> {

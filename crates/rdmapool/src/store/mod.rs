@@ -16,9 +16,10 @@ pub(crate) mod get;
 pub(crate) mod lookup;
 pub mod placement;
 pub(crate) mod put;
+pub(crate) mod repair;
 pub(crate) mod root;
 #[cfg(test)]
 mod sim;
 
-pub use client::{Located, Store, StoreConfig, StoreStats};
+pub use client::{Located, RepairReport, Store, StoreConfig, StoreStats};
 pub use format::{KeyHash, Version};

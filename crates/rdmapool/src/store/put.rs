@@ -112,6 +112,11 @@ pub(crate) struct Put {
     orphans: Vec<BlockAt>,
     /// The primary's swap was won: the put is visible.
     published: bool,
+    /// A repair's copy of an existing version ([`Put::copy`]): no primary, every replica
+    /// is a backup.
+    copy: bool,
+    /// In the backups' phase: a lookup answers for the pending replicas alone.
+    backing: bool,
     version: Version,
     rounds: u32,
     /// Replicas (by position) that still need this put's version.
@@ -155,6 +160,8 @@ impl Put {
             blocks: Vec::new(),
             orphans: Vec::new(),
             published: false,
+            copy: false,
+            backing: false,
             version: Version { seq: 0, writer },
             rounds: 0,
             pending: (0..replicas.len()).collect(),
@@ -165,6 +172,24 @@ impl Put {
             },
             state: State::Buckets { lookup },
         })
+    }
+
+    /// A repair's copy of `key`'s existing `version` (its value's digest `digest`) onto
+    /// `replicas`: a block with exactly that version's bytes is written on each, and put
+    /// into the key's slot there unless the slot already names a version at least as high
+    /// (docs/STORE.md section 7). There is no primary: the copy is "published" as soon as
+    /// its first swap is sent, so a copy given up after that leaves its blocks to repair.
+    pub(crate) fn copy(
+        key: &[u8],
+        digest: ValueDigest,
+        tombstone: bool,
+        version: Version,
+        replicas: &[Replica],
+    ) -> Result<Self> {
+        let mut put = Self::new(key, digest, tombstone, version.writer, replicas)?;
+        put.copy = true;
+        put.version = version;
+        Ok(put)
     }
 
     /// The blocks this put allocated: the caller frees them if it gives the put up (an
@@ -245,8 +270,15 @@ impl Put {
 
     /// From what the first lookup found: the version, then allocation or the writes.
     fn decide(&mut self, looked: Looked) -> Result<PutStep> {
-        if self.pending.len() < self.replicas.len() {
+        if self.backing {
             return self.backups(looked);
+        }
+        if self.copy {
+            self.state = State::Allocated { looked };
+            return Ok(PutStep::Alloc {
+                nodes: self.replicas.iter().map(|r| r.node).collect(),
+                len: self.block_len(),
+            });
         }
         let newest = looked.newest();
         let newest_is_tombstone = looked
@@ -370,6 +402,11 @@ impl Put {
                 if let Some(i) = ok.iter().position(|&ok| !ok) {
                     return Err(self.down(i, "writing the block"));
                 }
+                if self.copy {
+                    self.published = true;
+                    self.backing = true;
+                    return self.backups(looked);
+                }
                 let Some(swap) = self.swap_for(0, &looked.held[0])? else {
                     // The primary holds a newer version than the lookup's newest: it moved
                     // on meanwhile. Start again.
@@ -386,6 +423,7 @@ impl Put {
                     return self.again();
                 }
                 self.published = true;
+                self.backing = true;
                 self.replaced(swap.node, old);
                 self.pending = (1..self.replicas.len()).collect();
                 if self.pending.is_empty() {

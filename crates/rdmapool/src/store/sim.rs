@@ -12,6 +12,9 @@ use crate::remote::layout::Layout;
 use crate::Result;
 use std::collections::{HashMap, HashSet};
 
+mod repairing;
+pub(super) use repairing::Repairing;
+
 pub(super) fn layout() -> Layout {
     Layout::new(4 << 20, 1 << 20, 16).unwrap()
 }
@@ -51,6 +54,21 @@ impl Cluster {
         }
     }
 
+    /// Node `node` as a replica (every simulated node has the same layout and index).
+    pub(super) fn replica(&self, node: u32) -> Replica {
+        Replica {
+            node,
+            ..self.replicas[0]
+        }
+    }
+
+    /// Node `node` restarted: its memory is empty again (index and blocks).
+    pub(super) fn wipe(&mut self, node: u32) {
+        if let Some(r) = self.regions.get_mut(&node) {
+            r.fill(0);
+        }
+    }
+
     fn alloc(&mut self, node: u32, len: u64) -> Option<u64> {
         if self.down.contains(&node) {
             return None;
@@ -66,7 +84,7 @@ impl Cluster {
     pub(super) fn plant(&mut self, node: u32, key: &[u8], value: &[u8], version: Version) -> u64 {
         let block = encode_block(key, value, version, false).unwrap();
         let at = self.alloc(node, block.len() as u64).unwrap();
-        let r = *self.replicas.iter().find(|r| r.node == node).unwrap();
+        let r = self.replica(node);
         let h = KeyHash::of(key);
         let bucket = r.bucket_at(h) as usize;
         let region = self.regions.get_mut(&node).unwrap();
@@ -81,11 +99,13 @@ impl Cluster {
         at
     }
 
-    fn read(&self, r: &Read) -> Option<Vec<u8>> {
+    pub(super) fn read(&self, r: &Read) -> Option<Vec<u8>> {
         if self.down.contains(&r.node) {
             return None;
         }
-        Some(self.regions[&r.node][r.at as usize..(r.at + r.len) as usize].to_vec())
+        let region = &self.regions[&r.node];
+        let end = ((r.at + r.len) as usize).min(region.len());
+        Some(region.get(r.at as usize..end)?.to_vec())
     }
 
     /// Runs a get; a tombstone is "not found".
@@ -106,9 +126,23 @@ impl Cluster {
         }
     }
 
+    /// A compare-and-swap of the word at `at` of `node`: the old value (`None`: down).
+    pub(super) fn cas(&mut self, node: u32, at: u64, expected: u64, swap: u64) -> Option<u64> {
+        if self.down.contains(&node) {
+            return None;
+        }
+        let region = self.regions.get_mut(&node)?;
+        let w = &mut region[at as usize..at as usize + 8];
+        let old = u64::from_le_bytes(w.try_into().ok()?);
+        if old == expected {
+            w.copy_from_slice(&swap.to_le_bytes());
+        }
+        Some(old)
+    }
+
     /// Every slot word of `key`'s bucket on `node`.
     pub(super) fn bucket(&self, node: u32, key: &[u8]) -> Vec<u64> {
-        let r = self.replicas.iter().find(|r| r.node == node).unwrap();
+        let r = self.replica(node);
         let at = r.bucket_at(KeyHash::of(key)) as usize;
         self.regions[&node][at..at + 64]
             .chunks(8)
@@ -136,8 +170,25 @@ impl Running {
     }
 
     fn new(c: &Cluster, key: &[u8], value: &[u8], tombstone: bool, writer: u64) -> Self {
-        let mut put = Put::new(key, ValueDigest::of(value), tombstone, writer, &c.replicas)
+        let put = Put::new(key, ValueDigest::of(value), tombstone, writer, &c.replicas)
             .expect("valid put");
+        Self::start(put, key, value)
+    }
+
+    /// A repair's copy of `key`'s `version` onto `replicas`.
+    pub(super) fn copy(
+        replicas: &[Replica],
+        key: &[u8],
+        value: &[u8],
+        tombstone: bool,
+        version: Version,
+    ) -> Self {
+        let put = Put::copy(key, ValueDigest::of(value), tombstone, version, replicas)
+            .expect("valid copy");
+        Self::start(put, key, value)
+    }
+
+    fn start(mut put: Put, key: &[u8], value: &[u8]) -> Self {
         let step = put.advance(Reply::Start);
         let mut r = Self {
             put,
@@ -202,18 +253,7 @@ impl Running {
             PutStep::Swap(swaps) => {
                 let old: Vec<Option<u64>> = swaps
                     .iter()
-                    .map(|s| {
-                        if c.down.contains(&s.node) {
-                            return None;
-                        }
-                        let region = c.regions.get_mut(&s.node).unwrap();
-                        let w = &mut region[s.at as usize..s.at as usize + 8];
-                        let old = u64::from_le_bytes(w.try_into().unwrap());
-                        if old == s.expected {
-                            w.copy_from_slice(&s.swap.to_le_bytes());
-                        }
-                        Some(old)
-                    })
+                    .map(|s| c.cas(s.node, s.at, s.expected, s.swap))
                     .collect();
                 self.put.advance(Reply::Words(&old))
             }

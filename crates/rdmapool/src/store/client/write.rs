@@ -42,7 +42,7 @@ impl Store {
         }
     }
 
-    async fn free_now(&self, replicas: &[Replica], blocks: &[(u32, u64)]) {
+    pub(super) async fn free_now(&self, replicas: &[Replica], blocks: &[(u32, u64)]) {
         join_all(
             blocks
                 .iter()
@@ -51,7 +51,7 @@ impl Store {
         .await;
     }
 
-    async fn run_put(
+    pub(super) async fn run_put(
         &self,
         put: &mut Put,
         replicas: &[Replica],

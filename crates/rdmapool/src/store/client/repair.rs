@@ -1,0 +1,252 @@
+//! Scanning the nodes' indexes ([`Store::list`], [`Store::repair`]) and repair: for every
+//! key, its replicas brought to the version kept, and what no longer belongs cleared
+//! (docs/STORE.md section 7; the decisions are `store/repair.rs`'s).
+
+use super::{incarnation, Store};
+use crate::remote::client::StoreNode;
+use crate::store::format::{decode_block, peek, Slot, ValueDigest, HEADER_LEN, MAX_KEY_LEN};
+use crate::store::lookup::Replica;
+use crate::store::put::Put;
+use crate::store::repair::{by_key, keep, plan, targets, Entry};
+use crate::Result;
+use futures_util::future::join_all;
+use std::time::Instant;
+
+/// What a [`Store::repair`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RepairReport {
+    /// Live nodes scanned.
+    pub nodes: usize,
+    /// Keys found (removed ones included: their tombstones are repaired too).
+    pub keys: usize,
+    /// Replicas written: a block copied to one of its key's replicas that had none sound.
+    pub copied: usize,
+    /// Index slots cleared: older versions, damaged copies, duplicates, and entries on
+    /// nodes that are no longer among their key's replicas (their blocks are freed after
+    /// the grace period).
+    pub cleared: usize,
+    /// Keys with no sound block of the version to keep (every copy of it damaged): left
+    /// as they are.
+    pub unreadable: usize,
+    /// Keys whose copy failed (a replica went down meanwhile): run the repair again.
+    pub failed: usize,
+    /// Entries naming a newer version than their key's replicas hold, on nodes that are
+    /// not its replicas (written under another membership): left as they are.
+    pub conflicts: usize,
+}
+
+/// Keys repaired at once.
+const KEYS_AT_ONCE: usize = 16;
+
+impl Store {
+    /// Every occupied slot of `n`'s index, with the header and key of the block it names
+    /// (slots naming memory outside the data area, or no block, are left out).
+    pub(super) async fn scan(&self, n: &StoreNode) -> Result<Vec<Entry>> {
+        const PIECE: u64 = 1 << 20;
+        let ix = self.index(n).await?;
+        let total = ix.buckets * 64;
+        let mut words = Vec::with_capacity(total as usize / 8);
+        let mut at = 0;
+        while at < total {
+            let len = PIECE.min(total - at);
+            let bytes = self
+                .pool
+                .store_read(n.node, n.incarnation, ix.start + at, len)
+                .await?;
+            words.extend(
+                bytes
+                    .chunks_exact(8)
+                    .map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))),
+            );
+            at += len;
+        }
+        let slots: Vec<(u64, Slot)> = words
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &w)| Slot::from_word(w).map(|s| (ix.start + 8 * i as u64, s)))
+            .filter(|(_, s)| n.layout.chunk_of(s.offset).is_some())
+            .collect();
+        let heads = join_all(slots.iter().map(|(_, s)| {
+            let len = s
+                .read_len()
+                .min(HEADER_LEN as u64 + MAX_KEY_LEN as u64)
+                .min(self.room(n, s));
+            self.pool.store_read(n.node, n.incarnation, s.offset, len)
+        }))
+        .await;
+        let mut out = Vec::new();
+        for ((at, s), head) in slots.iter().zip(heads) {
+            let Some(p) = peek(&head?) else { continue };
+            out.push(Entry {
+                node: n.node,
+                at: *at,
+                word: s.word(),
+                key: p.key,
+                version: p.version,
+                tombstone: p.tombstone,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Bytes from the slot's block to the end of its chunk.
+    fn room(&self, n: &StoreNode, s: &Slot) -> u64 {
+        n.layout
+            .chunk_of(s.offset)
+            .map_or(0, |c| n.layout.chunk(c) + n.layout.chunk_size - s.offset)
+    }
+
+    /// Brings every key to [`StoreConfig::replicas`](super::StoreConfig::replicas) copies
+    /// of its version on its replicas (the top `r` live servers), and clears what no longer
+    /// belongs: older versions, damaged copies and duplicates, and the entries on servers
+    /// that are not the key's replicas any more (rebalancing after a server joined). Run it
+    /// after a server left or joined, or at any time; it is safe beside running puts, gets
+    /// and removes (every change is a copy that never replaces a newer version, or a
+    /// compare-and-swap of a slot from the word scanned).
+    ///
+    /// Not one-sided-cheap: it READs every live node's whole index, the header and key of
+    /// every block, and every block of each key's kept version.
+    ///
+    /// # Errors
+    /// [`Error::NodeDown`](crate::Error::NodeDown) when a live node's index could not be
+    /// read (nothing was changed); a key whose copy fails is counted in
+    /// [`RepairReport::failed`] instead.
+    pub async fn repair(&self) -> Result<RepairReport> {
+        let nodes = self.pool.store_nodes();
+        let live: Vec<u32> = nodes.iter().map(|n| n.node).collect();
+        let mut entries = Vec::new();
+        for n in &nodes {
+            entries.extend(self.scan(n).await?);
+        }
+        let keys: Vec<(Vec<u8>, Vec<Entry>)> = by_key(entries).into_iter().collect();
+        let mut report = RepairReport {
+            nodes: nodes.len(),
+            keys: keys.len(),
+            ..RepairReport::default()
+        };
+        for batch in keys.chunks(KEYS_AT_ONCE) {
+            let done = join_all(
+                batch
+                    .iter()
+                    .map(|(key, es)| self.repair_key(&nodes, &live, key, es)),
+            )
+            .await;
+            for d in done {
+                report.copied += d.copied;
+                report.cleared += d.cleared;
+                report.unreadable += d.unreadable;
+                report.failed += d.failed;
+                report.conflicts += d.conflicts;
+            }
+        }
+        Ok(report)
+    }
+
+    async fn repair_key(
+        &self,
+        nodes: &[StoreNode],
+        live: &[u32],
+        key: &[u8],
+        entries: &[Entry],
+    ) -> RepairReport {
+        let mut out = RepairReport::default();
+        let targets = targets(key, live, self.cfg.replicas);
+        let Some(version) = keep(entries, &targets) else {
+            return out;
+        };
+        let node_of = |id: u32| nodes.iter().find(|n| n.node == id);
+        // Read every block of the kept version whole, and verify it.
+        let blocks = join_all(entries.iter().map(|e| async move {
+            let n = node_of(e.node)?;
+            let s = Slot::from_word(e.word)?;
+            if e.version != version {
+                return None;
+            }
+            let len = s.read_len().min(self.room(n, &s));
+            let bytes = self
+                .pool
+                .store_read(n.node, n.incarnation, s.offset, len)
+                .await
+                .ok()?;
+            let block = decode_block(&bytes, key).ok()?;
+            (block.version == version).then_some((bytes, block))
+        }))
+        .await;
+        let sound: Vec<bool> = blocks.iter().map(Option::is_some).collect();
+        let p = plan(entries, &sound, &targets);
+        out.conflicts = p.conflicts;
+        let Some((bytes, block)) = p.source.and_then(|i| blocks[i].clone()) else {
+            out.unreadable = 1;
+            return out;
+        };
+        if !p.need.is_empty() {
+            let mut replicas = Vec::new();
+            for id in &p.need {
+                let Some(n) = node_of(*id) else { continue };
+                match self.replica(n).await {
+                    Ok(r) => replicas.push(r),
+                    Err(_) => {
+                        out.failed = 1;
+                        return out;
+                    }
+                }
+            }
+            let value = &bytes[block.value.clone()];
+            match self.copy(key, value, p.tombstone, version, &replicas).await {
+                Ok(copied) => out.copied = copied,
+                Err(_) => {
+                    out.failed = 1;
+                    return out;
+                }
+            }
+        }
+        let cleared = join_all(p.clear.iter().map(|&i| async move {
+            let e = &entries[i];
+            let inc = node_of(e.node)?.incarnation;
+            let old = self
+                .pool
+                .store_cas(e.node, inc, e.at, e.word, 0)
+                .await
+                .ok()?;
+            (old == e.word).then_some((e.node, inc, Slot::from_word(e.word)?.offset))
+        }))
+        .await;
+        let due = Instant::now() + self.cfg.grace;
+        let mut retired = self.retired.lock();
+        for (node, inc, at) in cleared.into_iter().flatten() {
+            out.cleared += 1;
+            retired.push_back((due, node, inc, at));
+        }
+        out
+    }
+
+    /// Copies `key`'s `version` (its `value`) onto `replicas`; how many took it.
+    async fn copy(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        tombstone: bool,
+        version: crate::store::Version,
+        replicas: &[Replica],
+    ) -> Result<usize> {
+        let mut put = Put::copy(key, ValueDigest::of(value), tombstone, version, replicas)?;
+        match self.run_put(&mut put, replicas, key, value).await {
+            Ok(done) => {
+                let due = Instant::now() + self.cfg.grace;
+                self.retired.lock().extend(
+                    done.replaced
+                        .iter()
+                        .map(|&(node, at)| (due, node, incarnation(replicas, node), at)),
+                );
+                self.free_now(replicas, &done.unused).await;
+                Ok(replicas.len() - done.unused.len())
+            }
+            Err(e) => {
+                if !put.published() {
+                    self.free_now(replicas, &put.allocated()).await;
+                }
+                Err(e)
+            }
+        }
+    }
+}

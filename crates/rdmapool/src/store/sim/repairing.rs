@@ -1,0 +1,162 @@
+//! A repair of one key in the simulated cluster, performed the way `Store::repair` does it
+//! (scan, read the kept version whole, copy, clear), one step at a time so that tests can
+//! interleave it with puts and gets.
+
+use super::{Cluster, Running};
+use crate::store::decide::SLOTS_PER_BUCKET;
+use crate::store::format::{decode_block, peek, KeyHash, Slot};
+use crate::store::lookup::Read;
+use crate::store::repair::{plan, Entry, Plan};
+
+enum Phase {
+    Scan,
+    Verify(Vec<Entry>),
+    Copy(Vec<Entry>, Plan, Running),
+    Clear(Vec<Entry>, Vec<usize>),
+    Done,
+}
+
+/// One key's repair in progress, onto `targets` (its replicas), scanning `nodes`.
+pub(in crate::store) struct Repairing {
+    key: Vec<u8>,
+    nodes: Vec<u32>,
+    targets: Vec<u32>,
+    phase: Phase,
+    /// Slots cleared.
+    pub(in crate::store) cleared: usize,
+    /// The plan made, once made.
+    pub(in crate::store) plan: Option<Plan>,
+}
+
+impl Repairing {
+    pub(in crate::store) fn new(key: &[u8], nodes: &[u32], targets: &[u32]) -> Self {
+        Self {
+            key: key.to_vec(),
+            nodes: nodes.to_vec(),
+            targets: targets.to_vec(),
+            phase: Phase::Scan,
+            cleared: 0,
+            plan: None,
+        }
+    }
+
+    pub(in crate::store) fn finished(&self) -> bool {
+        matches!(self.phase, Phase::Done)
+    }
+
+    /// The key's slots on every node that answers (what the whole-index scan finds of it).
+    fn scan(&self, c: &Cluster) -> Vec<Entry> {
+        let h = KeyHash::of(&self.key);
+        let mut out = Vec::new();
+        for &node in &self.nodes {
+            let r = c.replica(node);
+            let bucket = r.bucket_at(h);
+            let read = Read {
+                node,
+                at: bucket,
+                len: SLOTS_PER_BUCKET as u64 * 8,
+            };
+            let Some(words) = c.read(&read) else { continue };
+            for (i, w) in words.chunks_exact(8).enumerate() {
+                let word = u64::from_le_bytes(w.try_into().unwrap());
+                let Some(s) = Slot::from_word(word) else {
+                    continue;
+                };
+                let head = c.read(&Read {
+                    node,
+                    at: s.offset,
+                    len: 64 + 255,
+                });
+                let Some(p) = head.as_deref().and_then(peek) else {
+                    continue;
+                };
+                if p.key == self.key {
+                    out.push(Entry {
+                        node,
+                        at: bucket + 8 * i as u64,
+                        word,
+                        key: p.key,
+                        version: p.version,
+                        tombstone: p.tombstone,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Performs the next step.
+    pub(in crate::store) fn step(&mut self, c: &mut Cluster) {
+        self.phase = match std::mem::replace(&mut self.phase, Phase::Done) {
+            Phase::Scan => Phase::Verify(self.scan(c)),
+            Phase::Verify(entries) => {
+                let blocks: Vec<Option<Vec<u8>>> = entries
+                    .iter()
+                    .map(|e| {
+                        let s = Slot::from_word(e.word)?;
+                        c.read(&Read {
+                            node: e.node,
+                            at: s.offset,
+                            len: s.read_len(),
+                        })
+                    })
+                    .collect();
+                let kept = crate::store::repair::keep(&entries, &self.targets);
+                let sound: Vec<bool> = blocks
+                    .iter()
+                    .map(|b| {
+                        b.as_deref()
+                            .and_then(|b| decode_block(b, &self.key).ok())
+                            .is_some_and(|d| Some(d.version) == kept)
+                    })
+                    .collect();
+                let p = plan(&entries, &sound, &self.targets);
+                self.plan = Some(p.clone());
+                match p.source {
+                    None => Phase::Done,
+                    Some(i) if !p.need.is_empty() => {
+                        let bytes = blocks[i].as_deref().unwrap();
+                        let block = decode_block(bytes, &self.key).unwrap();
+                        let replicas: Vec<_> = p.need.iter().map(|&n| c.replica(n)).collect();
+                        let copy = Running::copy(
+                            &replicas,
+                            &self.key,
+                            &bytes[block.value],
+                            block.tombstone,
+                            block.version,
+                        );
+                        Phase::Copy(entries, p, copy)
+                    }
+                    Some(_) => Phase::Clear(entries, p.clear),
+                }
+            }
+            Phase::Copy(entries, p, mut copy) => {
+                copy.step(c);
+                match copy.outcome.take() {
+                    None => Phase::Copy(entries, p, copy),
+                    Some(Ok(_)) => Phase::Clear(entries, p.clear),
+                    Some(Err(_)) => Phase::Done,
+                }
+            }
+            Phase::Clear(entries, mut clear) => match clear.pop() {
+                None => Phase::Done,
+                Some(i) => {
+                    let e = &entries[i];
+                    if c.cas(e.node, e.at, e.word, 0) == Some(e.word) {
+                        self.cleared += 1;
+                    }
+                    Phase::Clear(entries, clear)
+                }
+            },
+            Phase::Done => Phase::Done,
+        };
+    }
+
+    /// Runs to the end.
+    pub(in crate::store) fn run(mut self, c: &mut Cluster) -> Self {
+        while !self.finished() {
+            self.step(c);
+        }
+        self
+    }
+}
