@@ -1,5 +1,5 @@
 //! `rdma-tool store ...`: a one-shot client of the replicated object store on the pool's
-//! servers (docs/STORE.md): put, get, rm, ls, stats. Values come from an argument, a file or
+//! servers (docs/STORE.md): put, get, rm, ls, stats, repair. Values come from an argument, a file or
 //! stdin, and go to stdout or a file; `--json` prints one object per command.
 
 use crate::pool::{connect, ConnArgs};
@@ -59,6 +59,10 @@ pub enum Op {
     },
     /// The servers the store uses, the replicas asked for, and the keys held.
     Stats,
+    /// Brings every key back to --replicas copies on its servers and clears what no longer
+    /// belongs (run after a server left, restarted or joined; safe beside running
+    /// clients). Exit status 1 when some key could not be repaired.
+    Repair,
 }
 
 /// The most a value may be (the store's limit).
@@ -193,6 +197,35 @@ pub fn run(args: Args) -> Result<()> {
                     nodes.len(),
                     args.replicas
                 );
+            }
+        }
+        Op::Repair => {
+            let r = store.block_on(store.repair())?;
+            if json {
+                crate::outln!(
+                    "{}",
+                    serde_json::json!({"op": "repair", "nodes": r.nodes, "keys": r.keys,
+                        "copied": r.copied, "cleared": r.cleared, "unreadable": r.unreadable,
+                        "failed": r.failed, "conflicts": r.conflicts})
+                );
+            } else {
+                crate::outln!(
+                    "repair: {} server(s), {} key(s): {} replica(s) copied, {} slot(s) cleared, \
+                     {} unreadable, {} failed, {} conflict(s) left alone",
+                    r.nodes,
+                    r.keys,
+                    r.copied,
+                    r.cleared,
+                    r.unreadable,
+                    r.failed,
+                    r.conflicts
+                );
+            }
+            if r.unreadable + r.failed > 0 {
+                return Err(ToolError::Msg(format!(
+                    "repair: {} key(s) unreadable (every copy damaged), {} failed (run it again)",
+                    r.unreadable, r.failed
+                )));
             }
         }
     }

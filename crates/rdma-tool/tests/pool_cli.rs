@@ -313,6 +313,28 @@ fn store_objects_outlive_the_processes_that_put_them() {
     let bad = store(&s, 6, &["put", &long, "v"], None);
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("key length is 256"));
+    // A key put with one replica is brought to two by a repair; a second finds nothing.
+    let solo = store(&s, 7, &["--replicas", "1", "put", "solo", "one copy"], None);
+    assert!(solo.status.success(), "{solo:?}");
+    let fixed = store(&s, 8, &["--json", "repair"], None);
+    assert!(fixed.status.success(), "{fixed:?}");
+    let v: serde_json::Value = serde_json::from_slice(&fixed.stdout).unwrap();
+    assert_eq!(
+        (v["nodes"].as_u64(), v["keys"].as_u64()),
+        (Some(2), Some(3)),
+        "{v}"
+    );
+    assert_eq!(
+        (v["copied"].as_u64(), v["failed"].as_u64()),
+        (Some(1), Some(0)),
+        "{v}"
+    );
+    let again = store(&s, 8, &["repair"], None);
+    let text = String::from_utf8_lossy(&again.stdout);
+    assert!(
+        text.contains("0 replica(s) copied, 0 slot(s) cleared"),
+        "{text}"
+    );
     a.stop();
     b.stop();
 }

@@ -15,8 +15,8 @@ use futures_util::future::join_all;
 
 mod repair;
 mod write;
-pub use repair::RepairReport;
 use parking_lot::Mutex;
+pub use repair::RepairReport;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

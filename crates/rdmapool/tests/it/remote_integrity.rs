@@ -9,7 +9,7 @@ use rdmapool::CoreError;
 use rdmapool::Error;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn server_at(node: u32, lease: Duration, listen: SocketAddr) -> rdmapool::Result<MemoryServer> {
     let ctx = node_on(Transport::Auto).ctx;
@@ -53,20 +53,11 @@ fn is_stale(r: &rdmapool::Result<impl std::fmt::Debug>, node: u32) -> bool {
     matches!(r, Err(Error::StalePointer { node: n, .. }) if *n == node)
 }
 
-/// Starts a server with the same node id where one just stopped (the port may take a moment
-/// to be free again).
+/// Starts a server with the same node id where one just stopped.
 fn restart_at(node: u32, lease: Duration, addr: SocketAddr) -> MemoryServer {
-    let until = Instant::now() + WAIT;
-    loop {
-        match server_at(node, lease, addr) {
-            Ok(s) => return s,
-            Err(e) if Instant::now() < until => {
-                eprintln!("restart at {addr}: {e}; again");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => panic!("restart at {addr}: {e}"),
-        }
-    }
+    start_again(&format!("restart at {addr}"), || {
+        server_at(node, lease, addr)
+    })
 }
 
 #[test]

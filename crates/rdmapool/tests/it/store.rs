@@ -6,13 +6,13 @@
 use crate::support::*;
 use rdmapool::fabric::*;
 use rdmapool::remote::*;
-use rdmapool::store::{Store, StoreConfig};
+use rdmapool::store::{RepairReport, Store, StoreConfig};
 use rdmapool::{CoreError, Error};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn server(node: u32, lease: Duration) -> MemoryServer {
+fn server_at(node: u32, lease: Duration, listen: SocketAddr) -> rdmapool::Result<MemoryServer> {
     let ctx = node_on(Transport::Auto).ctx;
     MemoryServer::start(
         &ctx,
@@ -22,11 +22,14 @@ fn server(node: u32, lease: Duration) -> MemoryServer {
             chunk_size: 1 << 20,
             clients: 64,
             lease,
-            listen: SocketAddr::new(listen_ip(), 0),
+            listen,
             ..ServerConfig::default()
         },
     )
-    .expect("server starts")
+}
+
+fn server(node: u32, lease: Duration) -> MemoryServer {
+    server_at(node, lease, SocketAddr::new(listen_ip(), 0)).expect("server starts")
 }
 
 fn pool(servers: &[&MemoryServer], id: u64) -> PoolClient {
@@ -250,4 +253,97 @@ fn bad_input_gets_typed_errors_and_damages_nothing() {
     ));
     assert_eq!(st.block_on(st.get(b"ok")).unwrap().unwrap(), b"fine");
     assert_eq!(st.block_on(st.get(b"big")).unwrap(), None);
+}
+
+/// Each of `keys` (with `i`, its value's seed) on `st`: two replicas of one version, and
+/// the value put (or none for the removed ones, `i < removed`).
+fn every_key_whole(st: &Store, keys: usize, removed: usize) {
+    for i in 0..keys {
+        let key = format!("k{i}");
+        let at = st.block_on(st.locate(key.as_bytes())).unwrap();
+        assert_eq!(at.len(), 2, "{key}: {at:?}");
+        assert_eq!(at[0].version, at[1].version, "{key}");
+        let want = (i >= removed).then(|| value(i, 300));
+        assert_eq!(st.block_on(st.get(key.as_bytes())).unwrap(), want, "{key}");
+    }
+}
+
+#[test]
+fn repair_restores_r_replicas_after_a_restart_and_rebalances_onto_a_joined_server() {
+    let lease = Duration::from_secs(10);
+    let s1 = server(1, lease);
+    let s2 = server(2, lease);
+    let s3 = server(3, lease);
+    let writer = store(&[&s1, &s2, &s3], 1, 2);
+    let (keys, removed) = (60, 5);
+    for i in 0..keys {
+        let key = format!("k{i}");
+        writer
+            .block_on(writer.put(key.as_bytes(), &value(i, 300)))
+            .unwrap();
+    }
+    for i in 0..removed {
+        assert!(writer
+            .block_on(writer.remove(format!("k{i}").as_bytes()))
+            .unwrap());
+    }
+    // Node 2 is killed and started again where it was: same id, empty memory.
+    let addr2 = s2.addr();
+    drop(s2);
+    let s2 = start_again("restart node 2", || server_at(2, lease, addr2));
+    let fixer = store(&[&s1, &s2, &s3], 2, 2);
+    let lost: usize = (0..keys)
+        .filter(|i| {
+            let at = fixer.block_on(fixer.locate(format!("k{i}").as_bytes()));
+            at.unwrap().len() < 2
+        })
+        .count();
+    assert!(lost > 0, "node 2 held replicas");
+    let r = fixer.block_on(fixer.repair()).unwrap();
+    assert_eq!((r.nodes, r.keys), (3, keys));
+    assert_eq!(
+        (r.copied, r.unreadable, r.failed, r.conflicts),
+        (lost, 0, 0, 0),
+        "{r:?}"
+    );
+    every_key_whole(&fixer, keys, removed);
+    let again = fixer.block_on(fixer.repair()).unwrap();
+    assert_eq!(
+        (again.copied, again.cleared),
+        (0, 0),
+        "nothing left: {again:?}"
+    );
+    // The writer's client rejoins node 2 by itself and reads every key.
+    for i in removed..keys {
+        let key = format!("k{i}");
+        let until = Instant::now() + WAIT;
+        let got = loop {
+            match writer.block_on(writer.get(key.as_bytes())) {
+                Ok(v) => break v,
+                Err(Error::NodeDown { .. } | Error::StalePointer { .. })
+                    if Instant::now() < until =>
+                {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(e) => panic!("{key}: {e}"),
+            }
+        };
+        assert_eq!(got, Some(value(i, 300)), "{key}");
+    }
+    // Node 4 joins: each key it now ranks among the top two of is copied there and let go
+    // by the node it displaced.
+    let s4 = server(4, lease);
+    let mover = store(&[&s1, &s2, &s3, &s4], 3, 2);
+    let r: RepairReport = mover.block_on(mover.repair()).unwrap();
+    assert_eq!((r.nodes, r.keys), (4, keys));
+    assert!(r.copied > 0, "node 4 takes its share: {r:?}");
+    assert_eq!(r.cleared, r.copied, "one entry let go per copy: {r:?}");
+    every_key_whole(&mover, keys, removed);
+    let again = mover.block_on(mover.repair()).unwrap();
+    assert_eq!((again.copied, again.cleared), (0, 0), "{again:?}");
+    let handled: u64 = [&s1, &s2, &s3, &s4]
+        .iter()
+        .map(|s| s.stats().requests_handled)
+        .sum();
+    assert_eq!(handled, 0, "repair is one-sided too");
 }

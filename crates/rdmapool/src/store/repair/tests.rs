@@ -43,7 +43,11 @@ fn a_key_no_replica_holds_is_moved_from_where_it_is_and_cleared_there() {
     let p = plan(&entries, &[true, false], &[1, 2]);
     assert_eq!(p.source, Some(0));
     assert_eq!(p.need, [1, 2]);
-    assert_eq!(p.clear, [0, 1], "both non-replica entries, once the copies land");
+    assert_eq!(
+        p.clear,
+        [0, 1],
+        "both non-replica entries, once the copies land"
+    );
 }
 
 #[test]
@@ -105,7 +109,11 @@ mod simulated {
         let all = c.replicas.clone();
         for &n in nodes {
             c.replicas = vec![c.replica(n)];
-            assert_eq!(c.get(key).unwrap().as_deref(), Some(value), "node {n} alone");
+            assert_eq!(
+                c.get(key).unwrap().as_deref(),
+                Some(value),
+                "node {n} alone"
+            );
         }
         c.replicas = all;
     }
@@ -135,7 +143,10 @@ mod simulated {
         let r = Repairing::new(b"k", &[1, 2, 3], &[1, 3]).run(&mut c);
         assert_eq!(r.plan.as_ref().unwrap().need, [3]);
         assert_eq!(r.cleared, 1, "node 2's entry");
-        assert_eq!((holds(&c, 1, b"k"), holds(&c, 2, b"k"), holds(&c, 3, b"k")), (1, 0, 1));
+        assert_eq!(
+            (holds(&c, 1, b"k"), holds(&c, 2, b"k"), holds(&c, 3, b"k")),
+            (1, 0, 1)
+        );
         each_alone_answers(&mut c, &[1, 3], b"k", b"v");
     }
 

@@ -157,6 +157,25 @@ pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Calls `start` until it succeeds (a server restarted where one just stopped may find its
+/// port not yet free), failing after [`WAIT`] with `what`.
+pub fn start_again<T, E: std::fmt::Display>(
+    what: &str,
+    mut start: impl FnMut() -> Result<T, E>,
+) -> T {
+    let until = std::time::Instant::now() + WAIT;
+    loop {
+        match start() {
+            Ok(t) => return t,
+            Err(e) if std::time::Instant::now() < until => {
+                eprintln!("{what}: {e}; again");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
 /// A deterministic byte pattern.
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
