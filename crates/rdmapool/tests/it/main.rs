@@ -35,4 +35,5 @@ mod remote_stats;
 mod security;
 mod soft_driver;
 mod store;
+mod store_hosts;
 mod window;

@@ -1,92 +1,16 @@
 //! The remote pool across hosts: three memory servers and three client processes, each host
-//! its own network namespace on one bridged LAN (set up and torn down here), over the soft
-//! provider's TCP path. Needs root and iproute2 (CI has both); elsewhere it says why it
+//! its own network namespace on one bridged LAN (support/lan.rs), over the soft provider's
+//! TCP path. Needs root and iproute2 (CI has both); elsewhere it says why it
 //! skips.
 
 use crate::support::child::{parent_line as stdin_line, Child as Proc};
+use crate::support::lan::Lan;
 use crate::support::*;
 use rdmapool::fabric::*;
 use rdmapool::remote::*;
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
-
-fn sh(args: &[&str]) -> bool {
-    Command::new(args[0])
-        .args(&args[1..])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-/// Hosts on one LAN: a namespace per host, each with a veth into a bridge that lives in a
-/// switch namespace. Nothing touches the machine's own interfaces.
-struct Lan {
-    switch: String,
-    hosts: Vec<(String, String)>, // (namespace, address)
-}
-
-impl Lan {
-    fn new(n: usize) -> Result<Self, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("not root".into());
-        }
-        if !sh(&["ip", "-V"]) {
-            return Err("iproute2's ip not installed".into());
-        }
-        let id = std::process::id();
-        let subnet = format!("10.{}.{}", 100 + id % 50, (id / 50) % 250);
-        let lan = Lan {
-            switch: format!("rpsw-{id}"),
-            hosts: (1..=n)
-                .map(|i| (format!("rph{i}-{id}"), format!("{subnet}.{i}")))
-                .collect(),
-        };
-        let sw = lan.switch.clone();
-        let mut ok = sh(&["ip", "netns", "add", &sw])
-            && sh(&["ip", "-n", &sw, "link", "add", "br0", "type", "bridge"])
-            && sh(&["ip", "-n", &sw, "link", "set", "br0", "up"]);
-        for (i, (ns, addr)) in lan.hosts.iter().enumerate() {
-            let (h, b) = (format!("rph{i}"), format!("rpb{i}"));
-            ok = ok
-                && sh(&["ip", "netns", "add", ns])
-                && sh(&[
-                    "ip", "-n", &sw, "link", "add", &b, "type", "veth", "peer", "name", &h,
-                ])
-                && sh(&["ip", "-n", &sw, "link", "set", &h, "netns", ns])
-                && sh(&["ip", "-n", &sw, "link", "set", &b, "master", "br0"])
-                && sh(&["ip", "-n", &sw, "link", "set", &b, "up"])
-                && sh(&[
-                    "ip",
-                    "-n",
-                    ns,
-                    "addr",
-                    "add",
-                    &format!("{addr}/24"),
-                    "dev",
-                    &h,
-                ])
-                && sh(&["ip", "-n", ns, "link", "set", &h, "up"])
-                && sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
-        }
-        if ok {
-            Ok(lan)
-        } else {
-            Err("creating the namespaces failed".into())
-        }
-    }
-}
-
-impl Drop for Lan {
-    fn drop(&mut self) {
-        for (ns, _) in &self.hosts {
-            sh(&["ip", "netns", "del", ns]);
-        }
-        sh(&["ip", "netns", "del", &self.switch]);
-    }
-}
 
 fn parse_ptr(s: &str) -> RemotePtr {
     s.parse().expect("a node:offset:len pointer")

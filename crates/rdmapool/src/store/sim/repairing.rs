@@ -11,7 +11,7 @@ use crate::store::repair::{plan, Entry, Plan};
 enum Phase {
     Scan,
     Verify(Vec<Entry>),
-    Copy(Vec<Entry>, Plan, Running),
+    Copy(Vec<Entry>, Plan, Box<Running>),
     Clear(Vec<Entry>, Vec<usize>),
     Done,
 }
@@ -125,7 +125,7 @@ impl Repairing {
                             block.tombstone,
                             block.version,
                         );
-                        Phase::Copy(entries, p, copy)
+                        Phase::Copy(entries, p, Box::new(copy))
                     }
                     Some(_) => Phase::Clear(entries, p.clear),
                 }

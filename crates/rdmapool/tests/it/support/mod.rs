@@ -4,6 +4,7 @@
 
 pub mod child;
 pub mod faultnet;
+pub mod lan;
 pub mod rawpeer;
 
 use rdmapool::fabric::*;
