@@ -295,6 +295,12 @@ fn a_minute_of_random_clients_with_a_server_killed_and_restarted_loses_nothing()
     let mut fixer = spawn_client(&lan, 4, "store-repair", &list, &[("ID", "10")]);
     let during = fixer.line();
     eprintln!("repair during the workload: {during}");
+    // Then node 3's server freezes (SIGSTOP) for a while and comes back as it was: the
+    // clients' operations on it time out, they carry on without it, and find it again.
+    std::thread::sleep(at(0.75).saturating_duration_since(Instant::now()));
+    servers[2].stop();
+    std::thread::sleep(at(0.85).saturating_duration_since(Instant::now()));
+    servers[2].signal(libc::SIGCONT);
     for w in &mut workers {
         assert!(w.line().starts_with("done"), "a client finished");
     }
