@@ -238,6 +238,21 @@ pub enum Error {
         /// How many times it started again.
         rounds: u32,
     },
+
+    /// A store key that starts with the bytes reserved for the parts of striped values
+    /// (`"\0RDSPART"`, docs/STORE.md section 9).
+    #[error("store keys starting with \\0RDSPART are reserved for the parts of striped values")]
+    ReservedKey,
+
+    /// Store data that was read whole and is still not what it claims: a striped value's
+    /// manifest that does not decode, or a part whose checksum is not the manifest's.
+    #[error("store object {key:?} is damaged: {reason}")]
+    Damaged {
+        /// The key (lossy UTF-8).
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl From<rdmapool_soft::SoftError> for Error {

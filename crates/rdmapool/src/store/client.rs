@@ -3,7 +3,7 @@
 //! back. The blocks a put replaced are freed once the grace period has passed (docs/STORE.md
 //! section 8), by this client's later calls or [`Store::flush_retired`].
 
-use super::format::{check_sizes, KeyHash, Version};
+use super::format::{block_len, check_sizes, KeyHash, Kind, Version};
 use super::get::{Get, GetStep};
 use super::lookup::{Lookup, Read, Replica};
 use super::placement;
@@ -14,6 +14,7 @@ use crate::{Error, Result};
 use futures_util::future::join_all;
 
 mod repair;
+mod stripe;
 mod write;
 use parking_lot::Mutex;
 pub use repair::RepairReport;
@@ -30,6 +31,12 @@ pub struct StoreConfig {
     /// (default 1 s): a get that started before the replacement and reads it within this
     /// time reads it whole. A slower get detects the reuse by checksum and reads again.
     pub grace: Duration,
+    /// The most bytes one block may have (default 256 KiB): a value whose block would be
+    /// larger is **striped**, cut into parts of this size less 100 bytes, each a block of
+    /// its own placed on its own servers, so a get reads them from several servers at once
+    /// (docs/STORE.md section 9). Lowered to the largest block a live server's chunks hold.
+    /// The default keeps each part within the 256 KiB allocation class of 1 MiB chunks.
+    pub part_size: u64,
 }
 
 impl Default for StoreConfig {
@@ -37,6 +44,7 @@ impl Default for StoreConfig {
         Self {
             replicas: 2,
             grace: Duration::from_secs(1),
+            part_size: 256 << 10,
         }
     }
 }
@@ -105,8 +113,10 @@ pub struct Store {
     cfg: StoreConfig,
     /// Each node's index, by node id, with the incarnation it was found in.
     indexes: Mutex<HashMap<u32, (u64, Index)>>,
-    /// Replaced blocks, oldest first, with when they were replaced.
+    /// Replaced blocks, oldest first, with when they may be freed.
     retired: Mutex<VecDeque<(Instant, u32, u64, u64)>>,
+    /// Part keys of replaced striped values, oldest first, with when they may be cleared.
+    retired_parts: Mutex<VecDeque<(Instant, Vec<u8>)>>,
     counters: Counters,
 }
 
@@ -129,6 +139,7 @@ impl Store {
             cfg,
             indexes: Mutex::new(HashMap::new()),
             retired: Mutex::new(VecDeque::new()),
+            retired_parts: Mutex::new(VecDeque::new()),
             counters: Counters::default(),
         })
     }
@@ -177,7 +188,7 @@ impl Store {
     /// As [`Store::put`]; [`CoreError::OutOfLimits`](crate::CoreError::OutOfLimits) for 0
     /// replicas.
     pub async fn put_with(&self, key: &[u8], value: &[u8], replicas: usize) -> Result<Version> {
-        check_sizes(key, value.len() as u64)?;
+        check_user_key(key, value.len() as u64)?;
         if replicas == 0 {
             return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "store replicas",
@@ -186,14 +197,17 @@ impl Store {
                 max: u64::MAX,
             }));
         }
-        let done = self.write(key, value, false, replicas).await?;
-        self.counters.puts.fetch_add(1, Ordering::Relaxed);
-        done.version.ok_or_else(|| {
-            Error::Core(crate::CoreError::Malformed {
-                what: "store put",
+        let version = if block_len(key, value.len() as u64) > self.block_limit() {
+            self.put_striped(key, value, replicas).await?
+        } else {
+            let done = self.write(key, value, Kind::Value, replicas).await?;
+            done.version.ok_or_else(|| Error::Damaged {
+                key: String::from_utf8_lossy(key).into_owned(),
                 reason: "a put ended without a version".into(),
-            })
-        })
+            })?
+        };
+        self.counters.puts.fetch_add(1, Ordering::Relaxed);
+        Ok(version)
     }
 
     /// Removes `key`; `false` if no replica held it.
@@ -201,8 +215,10 @@ impl Store {
     /// # Errors
     /// As [`Store::put`].
     pub async fn remove(&self, key: &[u8]) -> Result<bool> {
-        check_sizes(key, 1)?;
-        let done = self.write(key, b"", true, self.cfg.replicas).await?;
+        check_user_key(key, 1)?;
+        let done = self
+            .write(key, b"", Kind::Tombstone, self.cfg.replicas)
+            .await?;
         let removed = done.version.is_some();
         if removed {
             self.counters.removes.fetch_add(1, Ordering::Relaxed);
@@ -217,23 +233,8 @@ impl Store {
     /// key, [`Error::NodeDown`] when no replica could answer, or the only copy that answered
     /// was damaged.
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        check_sizes(key, 1)?;
-        let replicas = self.replicas(key, self.cfg.replicas, 1).await?;
-        let mut g = Get::new(key, &replicas);
-        let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
-        let out = loop {
-            let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
-            match g.advance(&replies)? {
-                GetStep::Read(reads) => bytes = self.reads(&replicas, &reads).await,
-                GetStep::Done(Some((i, f))) if !f.block.tombstone => {
-                    let mut b = bytes.swap_remove(i).unwrap_or_default();
-                    b.truncate(f.block.value.end);
-                    b.drain(..f.block.value.start);
-                    break Some(b);
-                }
-                GetStep::Done(_) => break None,
-            }
-        };
+        check_user_key(key, 1)?;
+        let out = self.get_value(key).await?;
         let counter = if out.is_some() {
             &self.counters.hits
         } else {
@@ -243,12 +244,33 @@ impl Store {
         Ok(out)
     }
 
-    /// Whether `key` holds a value.
+    /// The newest verified block of `key` on its replicas, read whole, if any (a
+    /// tombstone too).
+    async fn get_block(&self, key: &[u8]) -> Result<Option<stripe::BlockRead>> {
+        let replicas = self.replicas(key, self.cfg.replicas, 1).await?;
+        let mut g = Get::new(key, &replicas);
+        let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+        loop {
+            let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
+            match g.advance(&replies)? {
+                GetStep::Read(reads) => bytes = self.reads(&replicas, &reads).await,
+                GetStep::Done(Some((i, f))) => {
+                    let b = bytes.swap_remove(i).unwrap_or_default();
+                    return Ok(Some((b, f.block)));
+                }
+                GetStep::Done(None) => return Ok(None),
+            }
+        }
+    }
+
+    /// Whether `key` holds a value (a striped value's parts are not read).
     ///
     /// # Errors
     /// As [`Store::get`].
     pub async fn exists(&self, key: &[u8]) -> Result<bool> {
-        Ok(self.get(key).await?.is_some())
+        check_user_key(key, 1)?;
+        let found = self.get_block(key).await?;
+        Ok(found.is_some_and(|(_, b)| matches!(b.kind, Kind::Value | Kind::Manifest)))
     }
 
     /// Where each of `key`'s replicas holds it now: the newest block of the key on each
@@ -257,7 +279,7 @@ impl Store {
     /// # Errors
     /// As [`Store::get`].
     pub async fn locate(&self, key: &[u8]) -> Result<Vec<Located>> {
-        check_sizes(key, 1)?;
+        check_user_key(key, 1)?;
         let replicas = self.replicas(key, self.cfg.replicas, 1).await?;
         let mut lookup = Lookup::new(key, &replicas);
         let buckets = self.reads(&replicas, &lookup.bucket_reads()).await;
@@ -308,12 +330,13 @@ impl Store {
         let mut newest: HashMap<Vec<u8>, (Version, bool)> = HashMap::new();
         for n in self.pool.store_nodes() {
             for e in self.scan(&n).await? {
-                if !e.key.starts_with(prefix) {
+                if !e.key.starts_with(prefix) || e.kind == Kind::Part {
                     continue;
                 }
-                let v = newest.entry(e.key).or_insert((e.version, e.tombstone));
+                let gone = e.kind == Kind::Tombstone;
+                let v = newest.entry(e.key).or_insert((e.version, gone));
                 if e.version > v.0 {
-                    *v = (e.version, e.tombstone);
+                    *v = (e.version, gone);
                 }
             }
         }
@@ -326,8 +349,13 @@ impl Store {
         Ok(keys)
     }
 
-    /// Frees the replaced blocks whose grace period has passed; how many.
+    /// Frees the replaced blocks whose grace period has passed, and clears the parts of
+    /// replaced striped values whose grace period has passed; how many blocks.
     pub async fn flush_retired(&self) -> usize {
+        self.flush_blocks().await + self.flush_parts().await
+    }
+
+    async fn flush_blocks(&self) -> usize {
         let now = Instant::now();
         let due: Vec<_> = {
             let mut r = self.retired.lock();
@@ -402,6 +430,15 @@ impl Store {
         }))
         .await
     }
+}
+
+/// [`check_sizes`], and the part keys' prefix refused ([`Error::ReservedKey`]).
+fn check_user_key(key: &[u8], value_len: u64) -> Result<()> {
+    check_sizes(key, value_len)?;
+    if super::stripe::is_part_key(key) {
+        return Err(Error::ReservedKey);
+    }
+    Ok(())
 }
 
 fn incarnation(replicas: &[Replica], node: u32) -> u64 {

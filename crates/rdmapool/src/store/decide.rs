@@ -79,15 +79,15 @@ pub fn replaces(present: Option<Version>, ours: Version) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::format::encode_block;
+    use super::super::format::{encode_block, Kind};
     use super::*;
 
     #[test]
     fn a_get_takes_the_newest_verified_block_and_skips_the_rest() {
         let h = KeyHash::of(b"k");
-        let old = encode_block(b"k", b"old", Version { seq: 1, writer: 5 }, false).unwrap();
-        let new = encode_block(b"k", b"new", Version { seq: 2, writer: 3 }, false).unwrap();
-        let other = encode_block(b"q", b"zzz", Version { seq: 9, writer: 3 }, false).unwrap();
+        let old = encode_block(b"k", b"old", Version { seq: 1, writer: 5 }, Kind::Value).unwrap();
+        let new = encode_block(b"k", b"new", Version { seq: 2, writer: 3 }, Kind::Value).unwrap();
+        let other = encode_block(b"q", b"zzz", Version { seq: 9, writer: 3 }, Kind::Value).unwrap();
         let mut torn = new.clone();
         let last = torn.len() - 1;
         torn[last] ^= 1;

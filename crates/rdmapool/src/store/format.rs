@@ -22,8 +22,48 @@ const VALUE_LEN: usize = 24;
 const KEY_LEN: usize = 32;
 const FLAGS: usize = 33;
 const CRC: usize = 36;
-/// The tombstone flag (a remove).
-const TOMBSTONE: u8 = 1;
+
+/// What a block holds: header byte 33, the flags (docs/STORE.md section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A value (flags 0).
+    Value,
+    /// A removal's tombstone (flag bit 0; the value is empty).
+    Tombstone,
+    /// A striped value's manifest: the list of its parts (flag bit 1; section 9).
+    Manifest,
+    /// One part of a striped value, under a part key (flag bit 2; section 9).
+    Part,
+}
+
+impl Kind {
+    /// The flags byte.
+    pub fn flags(self) -> u8 {
+        match self {
+            Kind::Value => 0,
+            Kind::Tombstone => 1,
+            Kind::Manifest => 2,
+            Kind::Part => 4,
+        }
+    }
+
+    /// The kind a flags byte names; `None` for any other byte.
+    pub fn from_flags(flags: u8) -> Option<Self> {
+        match flags {
+            0 => Some(Kind::Value),
+            1 => Some(Kind::Tombstone),
+            2 => Some(Kind::Manifest),
+            4 => Some(Kind::Part),
+            _ => None,
+        }
+    }
+
+    /// Whether a value of `len` bytes suits the kind (a tombstone's is empty, every other
+    /// kind's is not).
+    fn fits(self, len: u64) -> bool {
+        (self == Kind::Tombstone) == (len == 0)
+    }
+}
 
 /// A version of a key: ordered by `seq`, then by `writer`; the highest wins (docs/STORE.md
 /// section 1, promise 3).
@@ -198,9 +238,9 @@ pub fn encode_header(
     key: &[u8],
     value: &[u8],
     version: Version,
-    tombstone: bool,
+    kind: Kind,
 ) -> Result<()> {
-    encode_header_for(header, key, &ValueDigest::of(value), version, tombstone)
+    encode_header_for(header, key, &ValueDigest::of(value), version, kind)
 }
 
 /// [`encode_header`] from the value's digest (so a put to several replicas, or a retried
@@ -210,9 +250,9 @@ pub fn encode_header_for(
     key: &[u8],
     value: &ValueDigest,
     version: Version,
-    tombstone: bool,
+    kind: Kind,
 ) -> Result<()> {
-    if !tombstone {
+    if kind != Kind::Tombstone {
         check_sizes(key, value.len)?;
     } else {
         check_sizes(key, 1)?;
@@ -232,7 +272,7 @@ pub fn encode_header_for(
     header[WRITER..WRITER + 8].copy_from_slice(&version.writer.to_le_bytes());
     header[VALUE_LEN..VALUE_LEN + 8].copy_from_slice(&value.len.to_le_bytes());
     header[KEY_LEN] = key.len() as u8;
-    header[FLAGS] = if tombstone { TOMBSTONE } else { 0 };
+    header[FLAGS] = kind.flags();
     let mut crc = crc32fast::Hasher::new();
     crc.update(&header[..CRC]);
     crc.update(key);
@@ -242,14 +282,9 @@ pub fn encode_header_for(
 }
 
 /// A whole block (header, key, value) in one buffer.
-pub fn encode_block(
-    key: &[u8],
-    value: &[u8],
-    version: Version,
-    tombstone: bool,
-) -> Result<Vec<u8>> {
+pub fn encode_block(key: &[u8], value: &[u8], version: Version, kind: Kind) -> Result<Vec<u8>> {
     let mut header = [0u8; HEADER_LEN];
-    encode_header(&mut header, key, value, version, tombstone)?;
+    encode_header(&mut header, key, value, version, kind)?;
     let mut out = Vec::with_capacity(HEADER_LEN + key.len() + value.len());
     out.extend_from_slice(&header);
     out.extend_from_slice(key);
@@ -271,8 +306,10 @@ fn block_crc(header: &[u8; HEADER_LEN], key: &[u8], value: &[u8]) -> u32 {
 pub struct Block {
     /// The version the put gave it.
     pub version: Version,
-    /// A remove.
+    /// A remove (its kind is [`Kind::Tombstone`]).
     pub tombstone: bool,
+    /// What it holds.
+    pub kind: Kind,
     /// The value's bytes within what was decoded.
     pub value: Range<usize>,
 }
@@ -304,8 +341,10 @@ pub struct Peek {
     pub key: Vec<u8>,
     /// The version the header names.
     pub version: Version,
-    /// A remove.
+    /// A remove (its kind is [`Kind::Tombstone`]).
     pub tombstone: bool,
+    /// What it holds.
+    pub kind: Kind,
 }
 
 /// The key and version of the block at the start of `bytes`, from its header and key alone
@@ -315,14 +354,12 @@ pub fn peek(bytes: &[u8]) -> Option<Peek> {
     let header: &[u8; HEADER_LEN] = bytes.get(..HEADER_LEN)?.try_into().ok()?;
     let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap_or([0; 8]));
     let key_len = header[KEY_LEN] as usize;
-    let flags = header[FLAGS];
-    let tombstone = flags == TOMBSTONE;
+    let kind = Kind::from_flags(header[FLAGS])?;
     if header[..8] != BLOCK_MAGIC
-        || flags & !TOMBSTONE != 0
         || key_len == 0
         || word(SEQ) == 0
         || word(VALUE_LEN) > MAX_VALUE_LEN
-        || (tombstone && word(VALUE_LEN) != 0)
+        || !kind.fits(word(VALUE_LEN))
     {
         return None;
     }
@@ -332,7 +369,8 @@ pub fn peek(bytes: &[u8]) -> Option<Peek> {
             seq: word(SEQ),
             writer: word(WRITER),
         },
-        tombstone,
+        tombstone: kind == Kind::Tombstone,
+        kind,
     })
 }
 
@@ -346,16 +384,15 @@ pub fn decode_block(bytes: &[u8], key: &[u8]) -> std::result::Result<Block, Reje
     let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap_or([0; 8]));
     let value_len = word(VALUE_LEN);
     let key_len = header[KEY_LEN] as usize;
-    let flags = header[FLAGS];
     let zeros = header[34..36].iter().chain(&header[40..]).all(|&b| b == 0);
-    let tombstone = flags == TOMBSTONE;
+    let Some(kind) = Kind::from_flags(header[FLAGS]) else {
+        return Err(Reject::NotABlock);
+    };
     if header[..8] != BLOCK_MAGIC
         || !zeros
-        || flags & !TOMBSTONE != 0
         || key_len == 0
         || value_len > MAX_VALUE_LEN
-        || (tombstone && value_len != 0)
-        || (!tombstone && value_len == 0)
+        || !kind.fits(value_len)
         || word(SEQ) == 0
     {
         return Err(Reject::NotABlock);
@@ -379,7 +416,8 @@ pub fn decode_block(bytes: &[u8], key: &[u8]) -> std::result::Result<Block, Reje
             seq: word(SEQ),
             writer: word(WRITER),
         },
-        tombstone,
+        tombstone: kind == Kind::Tombstone,
+        kind,
         value: key_end..end,
     })
 }

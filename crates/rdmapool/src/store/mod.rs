@@ -20,6 +20,7 @@ pub(crate) mod repair;
 pub(crate) mod root;
 #[cfg(test)]
 mod sim;
+pub mod stripe;
 
 pub use client::{Located, RepairReport, Store, StoreConfig, StoreStats};
-pub use format::{KeyHash, Version};
+pub use format::{KeyHash, Kind, Version};

@@ -17,7 +17,7 @@
 
 use super::decide::{empty_slot, next_version, replaces};
 use super::format::{
-    block_len, encode_header_for, KeyHash, Slot, ValueDigest, Version, HEADER_LEN,
+    block_len, encode_header_for, KeyHash, Kind, Slot, ValueDigest, Version, HEADER_LEN,
 };
 use super::lookup::{Looked, Lookup, Read, Replica};
 use crate::{Error, Result};
@@ -55,6 +55,10 @@ pub(crate) struct PutDone {
     /// Its own blocks that were never published (a newer version got there first): free
     /// them now.
     pub(crate) unused: Vec<BlockAt>,
+    /// The values of the striped versions (manifests) it superseded, one per version: their
+    /// parts are garbage once the grace period has passed (docs/STORE.md section 9). Empty
+    /// for a repair's copy.
+    pub(crate) superseded: Vec<Vec<u8>>,
 }
 
 /// What the put wants next.
@@ -103,7 +107,7 @@ pub(crate) struct Put {
     key: Vec<u8>,
     h: KeyHash,
     digest: ValueDigest,
-    tombstone: bool,
+    kind: Kind,
     writer: u64,
     replicas: Vec<Replica>,
     /// This put's block on each replica, once allocated.
@@ -127,23 +131,17 @@ pub(crate) struct Put {
 
 impl Put {
     /// A put of a value whose digest is `digest` under `key` by client `writer` on
-    /// `replicas` (best first: the first is the primary); with `tombstone`, a remove
-    /// (`digest` of the empty value).
+    /// `replicas` (best first: the first is the primary), as a block of `kind`; a
+    /// [`Kind::Tombstone`] is a remove (`digest` of the empty value).
     pub(crate) fn new(
         key: &[u8],
         digest: ValueDigest,
-        tombstone: bool,
+        kind: Kind,
         writer: u64,
         replicas: &[Replica],
     ) -> Result<Self> {
         let mut header = [0; HEADER_LEN];
-        encode_header_for(
-            &mut header,
-            key,
-            &digest,
-            Version { seq: 1, writer },
-            tombstone,
-        )?;
+        encode_header_for(&mut header, key, &digest, Version { seq: 1, writer }, kind)?;
         if replicas.is_empty() {
             return Err(Error::NoServer {
                 reason: "a store put needs at least one live replica".into(),
@@ -154,7 +152,7 @@ impl Put {
             key: key.to_vec(),
             h: KeyHash::of(key),
             digest,
-            tombstone,
+            kind,
             writer,
             replicas: replicas.to_vec(),
             blocks: Vec::new(),
@@ -165,11 +163,7 @@ impl Put {
             version: Version { seq: 0, writer },
             rounds: 0,
             pending: (0..replicas.len()).collect(),
-            done: PutDone {
-                version: None,
-                replaced: Vec::new(),
-                unused: Vec::new(),
-            },
+            done: Self::empty_done(),
             state: State::Buckets { lookup },
         })
     }
@@ -182,11 +176,11 @@ impl Put {
     pub(crate) fn copy(
         key: &[u8],
         digest: ValueDigest,
-        tombstone: bool,
+        kind: Kind,
         version: Version,
         replicas: &[Replica],
     ) -> Result<Self> {
-        let mut put = Self::new(key, digest, tombstone, version.writer, replicas)?;
+        let mut put = Self::new(key, digest, kind, version.writer, replicas)?;
         put.copy = true;
         put.version = version;
         Ok(put)
@@ -286,7 +280,7 @@ impl Put {
             .iter()
             .filter(|f| Some(f.block.version) == newest)
             .any(|f| f.block.tombstone);
-        if self.tombstone && (newest.is_none() || newest_is_tombstone) {
+        if self.kind == Kind::Tombstone && (newest.is_none() || newest_is_tombstone) {
             // Nothing to remove.
             self.state = State::Finished;
             let mut done = std::mem::replace(&mut self.done, Self::empty_done());
@@ -309,6 +303,7 @@ impl Put {
             version: None,
             replaced: Vec::new(),
             unused: Vec::new(),
+            superseded: Vec::new(),
         }
     }
 
@@ -319,7 +314,7 @@ impl Put {
             &self.key,
             &self.digest,
             self.version,
-            self.tombstone,
+            self.kind,
         )?;
         let writes = self
             .replicas
@@ -384,6 +379,9 @@ impl Put {
                 let looked = lookup.on_blocks(b);
                 if looked.unread {
                     return Err(self.down(0, "reading a candidate block"));
+                }
+                if !self.backing && !self.copy {
+                    self.done.superseded = manifests(&looked, b);
                 }
                 self.decide(looked)
             }
@@ -483,6 +481,24 @@ impl Put {
             rounds: MAX_ROUNDS,
         }
     }
+}
+
+/// The value of each manifest a lookup found, one per version.
+fn manifests(looked: &Looked, replies: &[Option<&[u8]>]) -> Vec<Vec<u8>> {
+    let mut seen: Vec<Version> = Vec::new();
+    let mut out = Vec::new();
+    for (f, &k) in looked.found.iter().zip(&looked.found_at) {
+        if f.block.kind != Kind::Manifest || seen.contains(&f.block.version) {
+            continue;
+        }
+        if let Some(bytes) = replies.get(k).copied().flatten() {
+            if let Some(value) = bytes.get(f.block.value.clone()) {
+                seen.push(f.block.version);
+                out.push(value.to_vec());
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

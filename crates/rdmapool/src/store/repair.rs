@@ -16,7 +16,7 @@
 //!    (rebalancing). Each clear is a compare-and-swap of the slot from the word scanned to
 //!    0, so a slot a put changed meanwhile is left as it is.
 
-use super::format::{KeyHash, Version};
+use super::format::{KeyHash, Kind, Version};
 use super::placement;
 use std::collections::BTreeMap;
 
@@ -33,8 +33,8 @@ pub(crate) struct Entry {
     pub(crate) key: Vec<u8>,
     /// The version it names.
     pub(crate) version: Version,
-    /// A removal's tombstone.
-    pub(crate) tombstone: bool,
+    /// What the block holds.
+    pub(crate) kind: Kind,
 }
 
 /// Groups scanned entries by key.
@@ -63,12 +63,12 @@ pub(crate) fn keep(entries: &[Entry], targets: &[u32]) -> Option<Version> {
 }
 
 /// What a repair does for one key.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Plan {
     /// The version kept.
     pub(crate) version: Option<Version>,
-    /// Whether it is a tombstone.
-    pub(crate) tombstone: bool,
+    /// What the kept version's block holds.
+    pub(crate) kind: Kind,
     /// A sound entry of the version, to copy from (by position in the entries).
     pub(crate) source: Option<usize>,
     /// Replicas with no sound block of the version: copy it there.
@@ -77,6 +77,19 @@ pub(crate) struct Plan {
     pub(crate) clear: Vec<usize>,
     /// Entries on other nodes naming a newer version than the one kept: left alone.
     pub(crate) conflicts: usize,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Self {
+            version: None,
+            kind: Kind::Value,
+            source: None,
+            need: Vec::new(),
+            clear: Vec::new(),
+            conflicts: 0,
+        }
+    }
 }
 
 /// The plan for a key: `entries` as scanned, `sound[i]` whether entry `i` was read whole
@@ -118,7 +131,7 @@ pub(crate) fn plan(entries: &[Entry], sound: &[bool], targets: &[u32]) -> Plan {
     }
     Plan {
         version: Some(version),
-        tombstone: entries[source].tombstone,
+        kind: entries[source].kind,
         source: Some(source),
         need,
         clear,

@@ -3,7 +3,7 @@
 //! drivers here perform a machine's steps the way the store client will, and tests
 //! interleave several machines step by step.
 
-use super::format::{block_len, encode_block, KeyHash, Slot, ValueDigest, Version};
+use super::format::{block_len, encode_block, KeyHash, Kind, Slot, ValueDigest, Version};
 use super::get::{Get, GetStep};
 use super::lookup::{Read, Replica};
 use super::put::{Put, PutDone, PutStep, Reply};
@@ -82,7 +82,7 @@ impl Cluster {
     /// Writes a block for `key` on `node` directly and points a free slot of its bucket at
     /// it (a put from outside the machines, to set a scene).
     pub(super) fn plant(&mut self, node: u32, key: &[u8], value: &[u8], version: Version) -> u64 {
-        let block = encode_block(key, value, version, false).unwrap();
+        let block = encode_block(key, value, version, Kind::Value).unwrap();
         let at = self.alloc(node, block.len() as u64).unwrap();
         let r = self.replica(node);
         let h = KeyHash::of(key);
@@ -170,8 +170,13 @@ impl Running {
     }
 
     fn new(c: &Cluster, key: &[u8], value: &[u8], tombstone: bool, writer: u64) -> Self {
-        let put = Put::new(key, ValueDigest::of(value), tombstone, writer, &c.replicas)
-            .expect("valid put");
+        let kind = if tombstone {
+            Kind::Tombstone
+        } else {
+            Kind::Value
+        };
+        let put =
+            Put::new(key, ValueDigest::of(value), kind, writer, &c.replicas).expect("valid put");
         Self::start(put, key, value)
     }
 
@@ -180,11 +185,11 @@ impl Running {
         replicas: &[Replica],
         key: &[u8],
         value: &[u8],
-        tombstone: bool,
+        kind: Kind,
         version: Version,
     ) -> Self {
-        let put = Put::copy(key, ValueDigest::of(value), tombstone, version, replicas)
-            .expect("valid copy");
+        let put =
+            Put::copy(key, ValueDigest::of(value), kind, version, replicas).expect("valid copy");
         Self::start(put, key, value)
     }
 

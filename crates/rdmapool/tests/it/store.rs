@@ -48,6 +48,7 @@ fn store(servers: &[&MemoryServer], id: u64, replicas: usize) -> Store {
     let cfg = StoreConfig {
         replicas,
         grace: Duration::from_millis(50),
+        ..StoreConfig::default()
     };
     Store::new(pool(servers, id), cfg).expect("store")
 }
@@ -239,12 +240,32 @@ fn bad_input_gets_typed_errors_and_damages_nothing() {
             "{r:?}"
         );
     }
-    // A value larger than one chunk's largest block (striping is not built yet).
-    let big = vec![1u8; 2 << 20];
+    // Keys of the parts of striped values are not users' keys.
+    let mut reserved = b"\0RDSPART".to_vec();
+    reserved.extend_from_slice(b"mine");
     assert!(matches!(
-        st.block_on(st.put(b"big", &big)),
-        Err(Error::Core(CoreError::OutOfLimits { .. }))
+        st.block_on(st.put(&reserved, b"v")),
+        Err(Error::ReservedKey)
     ));
+    assert!(matches!(
+        st.block_on(st.get(&reserved)),
+        Err(Error::ReservedKey)
+    ));
+    // A striped value larger than the servers have room for: refused when they are full,
+    // and the parts already written are cleared, so the room is there again.
+    let huge = vec![1u8; 12 << 20];
+    let r = st.block_on(st.put(b"big", &huge));
+    assert!(matches!(r, Err(Error::RemoteExhausted { .. })), "{r:?}");
+    let owned = (a.stats().chunks_owned, b.stats().chunks_owned);
+    assert_eq!(
+        owned,
+        (2, 2),
+        "the index and one small block's chunk on each, no part"
+    );
+    let big = value(3, 2 << 20);
+    st.block_on(st.put(b"big", &big)).unwrap();
+    assert_eq!(st.block_on(st.get(b"big")).unwrap().unwrap(), big);
+    assert!(st.block_on(st.remove(b"big")).unwrap());
     // Three replicas of two servers.
     let three = store(&[&a, &b], 2, 3);
     assert!(matches!(
@@ -346,4 +367,81 @@ fn repair_restores_r_replicas_after_a_restart_and_rebalances_onto_a_joined_serve
         .map(|s| s.stats().requests_handled)
         .sum();
     assert_eq!(handled, 0, "repair is one-sided too");
+}
+
+#[test]
+fn large_values_are_striped_over_every_server_and_read_back_whole() {
+    let lease = Duration::from_secs(10);
+    let big = |node| {
+        let ctx = node_on(Transport::Auto).ctx;
+        let cfg = ServerConfig {
+            node,
+            size: 96 << 20,
+            chunk_size: 1 << 20,
+            clients: 64,
+            lease,
+            listen: SocketAddr::new(listen_ip(), 0),
+            ..ServerConfig::default()
+        };
+        MemoryServer::start(&ctx, cfg).expect("server starts")
+    };
+    let s: Vec<MemoryServer> = (1..=3).map(big).collect();
+    let refs: Vec<&MemoryServer> = s.iter().collect();
+    let st = store(&refs, 1, 2);
+    // 3 MiB: twelve parts of 256 KiB less 100 bytes, each on two of the three servers.
+    let three = value(5, 3 << 20);
+    st.block_on(st.put(b"three", &three)).unwrap();
+    for server in &s {
+        let owned = server.stats().chunks_owned;
+        assert!(
+            owned >= 2,
+            "index and parts on every server: {owned} chunks"
+        );
+    }
+    assert_eq!(st.block_on(st.get(b"three")).unwrap().unwrap(), three);
+    assert!(st.block_on(st.exists(b"three")).unwrap());
+    assert_eq!(
+        st.block_on(st.list(b"")).unwrap(),
+        [b"three".to_vec()],
+        "parts are not keys"
+    );
+    let at = st.block_on(st.locate(b"three")).unwrap();
+    assert_eq!(at.len(), 2, "the manifest, on two servers");
+    assert!(at[0].block.len < 1024, "a manifest is small: {at:?}");
+    // The largest value there is, and one byte more.
+    let max = value(9, 64 << 20);
+    st.block_on(st.put(b"max", &max)).unwrap();
+    let other = store(&refs, 2, 2);
+    assert!(
+        other.block_on(other.get(b"max")).unwrap().unwrap() == max,
+        "64 MiB read back"
+    );
+    let over = vec![1u8; (64 << 20) + 1];
+    assert!(matches!(
+        st.block_on(st.put(b"over", &over)),
+        Err(Error::Core(CoreError::OutOfLimits {
+            what: "value length",
+            ..
+        }))
+    ));
+    // Replaced by a small value, then removed: the old parts are cleared after the grace.
+    st.block_on(st.put(b"three", b"small now")).unwrap();
+    assert_eq!(
+        st.block_on(st.get(b"three")).unwrap().unwrap(),
+        b"small now"
+    );
+    assert!(st.block_on(st.remove(b"max")).unwrap());
+    assert_eq!(other.block_on(other.get(b"max")).unwrap(), None);
+    std::thread::sleep(Duration::from_millis(60));
+    let freed = st.block_on(st.flush_retired());
+    let parts = 12 + (64usize << 20).div_ceil((256 << 10) - 100);
+    assert!(
+        freed >= 2 * parts,
+        "every part's two copies cleared: {freed} of {parts} parts"
+    );
+    // A repair finds only the two keys (a value and a tombstone), nothing to copy.
+    let r = st.block_on(st.repair()).unwrap();
+    assert_eq!((r.keys, r.copied, r.failed), (2, 0, 0), "{r:?}");
+    let handled: u64 = s.iter().map(|s| s.stats().requests_handled).sum();
+    assert_eq!(handled, 0, "striped puts and gets are one-sided too");
 }

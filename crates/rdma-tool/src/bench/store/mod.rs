@@ -349,6 +349,7 @@ fn connect_clients(
                 StoreConfig {
                     replicas: args.replicas,
                     grace: GRACE,
+                    ..StoreConfig::default()
                 },
             )?;
             for k in 0..keys {

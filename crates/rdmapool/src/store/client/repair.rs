@@ -4,7 +4,7 @@
 
 use super::{incarnation, Store};
 use crate::remote::client::StoreNode;
-use crate::store::format::{decode_block, peek, Slot, ValueDigest, HEADER_LEN, MAX_KEY_LEN};
+use crate::store::format::{decode_block, peek, Kind, Slot, ValueDigest, HEADER_LEN, MAX_KEY_LEN};
 use crate::store::lookup::Replica;
 use crate::store::put::Put;
 use crate::store::repair::{by_key, keep, plan, targets, Entry};
@@ -83,7 +83,7 @@ impl Store {
                 word: s.word(),
                 key: p.key,
                 version: p.version,
-                tombstone: p.tombstone,
+                kind: p.kind,
             });
         }
         Ok(out)
@@ -192,7 +192,7 @@ impl Store {
                 }
             }
             let value = &bytes[block.value.clone()];
-            match self.copy(key, value, p.tombstone, version, &replicas).await {
+            match self.copy(key, value, p.kind, version, &replicas).await {
                 Ok(copied) => out.copied = copied,
                 Err(_) => {
                     out.failed = 1;
@@ -225,11 +225,11 @@ impl Store {
         &self,
         key: &[u8],
         value: &[u8],
-        tombstone: bool,
+        kind: Kind,
         version: crate::store::Version,
         replicas: &[Replica],
     ) -> Result<usize> {
-        let mut put = Put::copy(key, ValueDigest::of(value), tombstone, version, replicas)?;
+        let mut put = Put::copy(key, ValueDigest::of(value), kind, version, replicas)?;
         match self.run_put(&mut put, replicas, key, value).await {
             Ok(done) => {
                 let due = Instant::now() + self.cfg.grace;

@@ -2,7 +2,7 @@
 //! operations on every node at once, and what a finished or failed put leaves to free.
 
 use super::{incarnation, Store};
-use crate::store::format::ValueDigest;
+use crate::store::format::{Kind, ValueDigest};
 use crate::store::lookup::Replica;
 use crate::store::put::{Put, PutDone, PutStep, Reply};
 use crate::{Error, Result};
@@ -14,13 +14,31 @@ impl Store {
         &self,
         key: &[u8],
         value: &[u8],
-        tombstone: bool,
+        kind: Kind,
         replicas: usize,
     ) -> Result<PutDone> {
+        self.write_published(key, value, kind, replicas).await.0
+    }
+
+    /// [`Store::write`], and whether the put was published (its version may be visible)
+    /// when it failed.
+    pub(super) async fn write_published(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        kind: Kind,
+        replicas: usize,
+    ) -> (Result<PutDone>, bool) {
         self.flush_retired().await;
-        let replicas = self.replicas(key, replicas, replicas).await?;
+        let replicas = match self.replicas(key, replicas, replicas).await {
+            Ok(r) => r,
+            Err(e) => return (Err(e), false),
+        };
         let digest = ValueDigest::of(value);
-        let mut put = Put::new(key, digest, tombstone, self.pool.client_id(), &replicas)?;
+        let mut put = match Put::new(key, digest, kind, self.pool.client_id(), &replicas) {
+            Ok(p) => p,
+            Err(e) => return (Err(e), false),
+        };
         let result = self.run_put(&mut put, &replicas, key, value).await;
         match result {
             Ok(done) => {
@@ -30,14 +48,18 @@ impl Store {
                         .iter()
                         .map(|&(node, at)| (due, node, incarnation(&replicas, node), at)),
                 );
+                if done.version.is_some() {
+                    self.retire_parts(due, key, &done.superseded);
+                }
                 self.free_now(&replicas, &done.unused).await;
-                Ok(done)
+                (Ok(done), true)
             }
             Err(e) => {
-                if !put.published() {
+                let published = put.published();
+                if !published {
                     self.free_now(&replicas, &put.allocated()).await;
                 }
-                Err(e)
+                (Err(e), published)
             }
         }
     }

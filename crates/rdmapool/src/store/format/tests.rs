@@ -7,7 +7,7 @@ fn v(seq: u64, writer: u64) -> Version {
 
 #[test]
 fn a_block_decodes_to_what_was_encoded_and_a_longer_read_does_not_matter() {
-    let block = encode_block(b"user:42", b"hello", v(3, 9), false).unwrap();
+    let block = encode_block(b"user:42", b"hello", v(3, 9), Kind::Value).unwrap();
     assert_eq!(block.len() as u64, block_len(b"user:42", 5));
     let mut read = block.clone();
     read.extend_from_slice(&[0xAB; 100]); // a READ of the slot's bound runs past the end
@@ -27,7 +27,7 @@ fn a_block_decodes_to_what_was_encoded_and_a_longer_read_does_not_matter() {
 
 #[test]
 fn a_peek_reads_the_key_and_version_without_the_value() {
-    let block = encode_block(b"user:42", b"hello", v(3, 9), false).unwrap();
+    let block = encode_block(b"user:42", b"hello", v(3, 9), Kind::Value).unwrap();
     let p = peek(&block[..HEADER_LEN + 7]).unwrap();
     assert_eq!(
         (p.key.as_slice(), p.version, p.tombstone),
@@ -35,17 +35,17 @@ fn a_peek_reads_the_key_and_version_without_the_value() {
     );
     assert_eq!(peek(&block[..HEADER_LEN + 3]), None, "the key cut short");
     assert_eq!(peek(&[0; 100]), None);
-    let gone = encode_block(b"k", b"", v(4, 1), true).unwrap();
+    let gone = encode_block(b"k", b"", v(4, 1), Kind::Tombstone).unwrap();
     assert!(peek(&gone).unwrap().tombstone);
 }
 
 #[test]
 fn a_tombstone_has_no_value_and_decodes_as_one() {
-    let block = encode_block(b"k", b"", v(2, 1), true).unwrap();
+    let block = encode_block(b"k", b"", v(2, 1), Kind::Tombstone).unwrap();
     let got = decode_block(&block, b"k").unwrap();
     assert!(got.tombstone);
     assert!(got.value.is_empty());
-    assert!(encode_block(b"k", b"x", v(2, 1), true).is_err());
+    assert!(encode_block(b"k", b"x", v(2, 1), Kind::Tombstone).is_err());
 }
 
 #[test]
@@ -63,7 +63,7 @@ fn sizes_outside_the_limits_are_typed_errors() {
         }
     }
     assert!(check_sizes(&long[..MAX_KEY_LEN], MAX_VALUE_LEN).is_ok());
-    assert!(encode_block(b"", b"v", v(1, 1), false).is_err());
+    assert!(encode_block(b"", b"v", v(1, 1), Kind::Value).is_err());
     assert!(Slot::new(KeyHash(1), MAX_OFFSET + 1, 64).is_err());
 }
 
@@ -105,7 +105,7 @@ proptest! {
         at: proptest::sample::Index,
         flip in 1u8..,
     ) {
-        let mut block = encode_block(&key, &value, v(seq, writer), false).unwrap();
+        let mut block = encode_block(&key, &value, v(seq, writer), Kind::Value).unwrap();
         let i = at.index(block.len());
         block[i] ^= flip;
         prop_assert!(decode_block(&block, &key).is_err(), "byte {i} changed by {flip:#x}");
@@ -135,4 +135,30 @@ fn the_store_document_states_these_formats() {
     }
     assert_eq!(HEADER_LEN, 64);
     assert_eq!(MAX_OFFSET, (1 << 48) - 1);
+}
+
+#[test]
+fn every_kind_round_trips_and_other_flags_are_not_blocks() {
+    for kind in [Kind::Value, Kind::Manifest, Kind::Part] {
+        let block = encode_block(b"k", b"bytes", v(1, 1), kind).unwrap();
+        let got = decode_block(&block, b"k").unwrap();
+        assert_eq!((got.kind, got.tombstone), (kind, false));
+        assert_eq!(peek(&block).unwrap().kind, kind);
+        assert_eq!(Kind::from_flags(kind.flags()), Some(kind));
+    }
+    let gone = encode_block(b"k", b"", v(1, 1), Kind::Tombstone).unwrap();
+    assert_eq!(decode_block(&gone, b"k").unwrap().kind, Kind::Tombstone);
+    // Only a tombstone is empty.
+    assert!(encode_block(b"k", b"", v(1, 1), Kind::Manifest).is_err());
+    for flags in [3u8, 5, 6, 8, 0x80] {
+        assert_eq!(Kind::from_flags(flags), None);
+        let mut b = encode_block(b"k", b"bytes", v(1, 1), Kind::Value).unwrap();
+        b[33] = flags;
+        assert_eq!(
+            decode_block(&b, b"k"),
+            Err(Reject::NotABlock),
+            "flags {flags}"
+        );
+        assert_eq!(peek(&b), None);
+    }
 }

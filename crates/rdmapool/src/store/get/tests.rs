@@ -1,4 +1,4 @@
-use super::super::format::{KeyHash, Slot, Version};
+use super::super::format::{KeyHash, Kind, Slot, Version};
 use super::super::sim::Cluster;
 use super::*;
 
@@ -83,7 +83,7 @@ fn a_remove_during_a_get_is_seen_whole_or_not_at_all() {
             b"q",
             b"someone else's",
             Version { seq: 1, writer: 9 },
-            false,
+            Kind::Value,
         )
         .unwrap();
         c.regions.get_mut(&node).unwrap()[at as usize..at as usize + other.len()]

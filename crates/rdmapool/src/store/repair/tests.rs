@@ -1,4 +1,5 @@
 use super::*;
+use crate::store::format::Kind;
 
 fn e(node: u32, at: u64, seq: u64) -> Entry {
     Entry {
@@ -7,7 +8,7 @@ fn e(node: u32, at: u64, seq: u64) -> Entry {
         word: at | 1,
         key: b"k".to_vec(),
         version: Version { seq, writer: 1 },
-        tombstone: false,
+        kind: Kind::Value,
     }
 }
 

@@ -77,7 +77,7 @@ impl Repairing {
                         word,
                         key: p.key,
                         version: p.version,
-                        tombstone: p.tombstone,
+                        kind: p.kind,
                     });
                 }
             }
@@ -122,7 +122,7 @@ impl Repairing {
                             &replicas,
                             &self.key,
                             &bytes[block.value],
-                            block.tombstone,
+                            block.kind,
                             block.version,
                         );
                         Phase::Copy(entries, p, Box::new(copy))

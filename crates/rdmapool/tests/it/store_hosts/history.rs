@@ -264,7 +264,7 @@ fn the_checker_catches_stale_lost_and_invented_answers() {
         op("get", "shared/s", None, 12, val("1.3")),
     ];
     let finals: HashMap<String, Option<String>> = [("c1/a".to_string(), None)].into();
-    let s = check(&[good.clone()], &finals).unwrap();
+    let s = check(std::slice::from_ref(&good), &finals).unwrap();
     assert_eq!((s.ops, s.gets_checked, s.acked_writes), (8, 4, 2));
     // An older acknowledged value after a newer one was acknowledged.
     let mut stale = good.clone();
