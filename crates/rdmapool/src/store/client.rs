@@ -3,11 +3,12 @@
 //! back. The blocks a put replaced are freed once the grace period has passed (docs/STORE.md
 //! section 8), by this client's later calls or [`Store::flush_retired`].
 
-use super::format::{block_len, check_sizes, KeyHash, Kind, Version};
+use super::format::{check_sizes, KeyHash, Kind, ValueDigest, Version};
 use super::get::{Get, GetStep};
 use super::lookup::{Lookup, Read, Replica};
 use super::placement;
 use super::root::{FindRoot, Index, RootStep};
+use crate::fabric::{Mr, RegisteredMemory, Shared};
 use crate::remote::client::StoreNode;
 use crate::remote::{PoolClient, RemotePtr};
 use crate::{Error, Result};
@@ -16,6 +17,7 @@ use futures_util::future::join_all;
 mod repair;
 mod stripe;
 mod write;
+mod zero_copy;
 use parking_lot::Mutex;
 pub use repair::RepairReport;
 use std::collections::{HashMap, VecDeque};
@@ -188,26 +190,7 @@ impl Store {
     /// As [`Store::put`]; [`CoreError::OutOfLimits`](crate::CoreError::OutOfLimits) for 0
     /// replicas.
     pub async fn put_with(&self, key: &[u8], value: &[u8], replicas: usize) -> Result<Version> {
-        check_user_key(key, value.len() as u64)?;
-        if replicas == 0 {
-            return Err(Error::Core(crate::CoreError::OutOfLimits {
-                what: "store replicas",
-                value: 0,
-                min: 1,
-                max: u64::MAX,
-            }));
-        }
-        let version = if block_len(key, value.len() as u64) > self.block_limit() {
-            self.put_striped(key, value, replicas).await?
-        } else {
-            let done = self.write(key, value, Kind::Value, replicas).await?;
-            done.version.ok_or_else(|| Error::Damaged {
-                key: String::from_utf8_lossy(key).into_owned(),
-                reason: "a put ended without a version".into(),
-            })?
-        };
-        self.counters.puts.fetch_add(1, Ordering::Relaxed);
-        Ok(version)
+        self.put_source(key, Source::Bytes(value), replicas).await
     }
 
     /// Removes `key`; `false` if no replica held it.
@@ -217,7 +200,7 @@ impl Store {
     pub async fn remove(&self, key: &[u8]) -> Result<bool> {
         check_user_key(key, 1)?;
         let done = self
-            .write(key, b"", Kind::Tombstone, self.cfg.replicas)
+            .write(key, Source::Bytes(b""), Kind::Tombstone, self.cfg.replicas)
             .await?;
         let removed = done.version.is_some();
         if removed {
@@ -430,6 +413,45 @@ impl Store {
         }))
         .await
     }
+}
+
+/// A value to put: bytes (copied through a staging buffer), or a registered view whose
+/// bytes are WRITten straight from its memory.
+#[derive(Clone, Copy)]
+pub(super) enum Source<'a> {
+    Bytes(&'a [u8]),
+    Mr(&'a Mr<Shared>),
+}
+
+impl Source<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            Source::Bytes(b) => b.len() as u64,
+            Source::Mr(m) => m.len() as u64,
+        }
+    }
+
+    /// The value's digest (a view's bytes are read for it in pieces, not copied whole).
+    fn digest(&self) -> Result<ValueDigest> {
+        match self {
+            Source::Bytes(b) => Ok(ValueDigest::of(b)),
+            Source::Mr(m) => digest_of(m, 0, m.len()),
+        }
+    }
+}
+
+/// The digest of `len` bytes at `offset` of `m`, read in 64 KiB pieces.
+fn digest_of(m: &Mr<Shared>, offset: usize, len: usize) -> Result<ValueDigest> {
+    let mut d = ValueDigest::new();
+    let mut piece = vec![0u8; len.min(64 << 10)];
+    let mut at = 0;
+    while at < len {
+        let n = piece.len().min(len - at);
+        m.read_at(offset + at, &mut piece[..n])?;
+        d.update(&piece[..n]);
+        at += n;
+    }
+    Ok(d)
 }
 
 /// [`check_sizes`], and the part keys' prefix refused ([`Error::ReservedKey`]).

@@ -220,6 +220,25 @@ impl ValueDigest {
         }
     }
 
+    /// The digest of no bytes yet; [`ValueDigest::update`] adds bytes in order.
+    pub fn new() -> Self {
+        Self {
+            len: 0,
+            crc: crc32fast::Hasher::new(),
+        }
+    }
+
+    /// Adds the value's next bytes.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.len += bytes.len() as u64;
+        self.crc.update(bytes);
+    }
+
+    /// The CRC-32 (IEEE) of the value's bytes so far.
+    pub fn crc(&self) -> u32 {
+        self.crc.clone().finalize()
+    }
+
     /// The value's length in bytes.
     pub fn len(&self) -> u64 {
         self.len
@@ -228,6 +247,12 @@ impl ValueDigest {
     /// Whether the value is empty (a tombstone's).
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+}
+
+impl Default for ValueDigest {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -420,6 +445,54 @@ pub fn decode_block(bytes: &[u8], key: &[u8]) -> std::result::Result<Block, Reje
         kind,
         value: key_end..end,
     })
+}
+
+/// Verifies a block read in two pieces: `head`, its header and key (at least
+/// [`HEADER_LEN`] + the key's length bytes), and its value, of which only the digest is
+/// given (the value itself landed elsewhere, e.g. straight in a caller's buffer). The
+/// checks are [`decode_block`]'s; the value's range in the answer is `0..value.len()`.
+pub fn decode_split(
+    head: &[u8],
+    key: &[u8],
+    value: &ValueDigest,
+) -> std::result::Result<Block, Reject> {
+    let key_end = HEADER_LEN + key.len();
+    let head = head.get(..key_end).ok_or(Reject::Short)?;
+    let header: &[u8; HEADER_LEN] = head[..HEADER_LEN].try_into().map_err(|_| Reject::Short)?;
+    let p = peek(head).ok_or(Reject::NotABlock)?;
+    let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap_or([0; 8]));
+    let zeros = header[34..36].iter().chain(&header[40..]).all(|&b| b == 0);
+    if !zeros {
+        return Err(Reject::NotABlock);
+    }
+    if p.key != key {
+        return Err(Reject::OtherKey);
+    }
+    if word(VALUE_LEN) != value.len {
+        return Err(Reject::Short);
+    }
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&header[..CRC]);
+    crc.update(key);
+    crc.combine(&value.crc);
+    let stored = u32::from_le_bytes(header[CRC..CRC + 4].try_into().unwrap_or([0; 4]));
+    if crc.finalize() != stored {
+        return Err(Reject::Checksum);
+    }
+    Ok(Block {
+        version: p.version,
+        tombstone: p.tombstone,
+        kind: p.kind,
+        value: 0..value.len as usize,
+    })
+}
+
+/// The value length a block's header gives (`None` unless it is a block's header).
+pub fn value_len(head: &[u8]) -> Option<u64> {
+    peek(head)?;
+    Some(u64::from_le_bytes(
+        head.get(VALUE_LEN..VALUE_LEN + 8)?.try_into().ok()?,
+    ))
 }
 
 #[cfg(test)]

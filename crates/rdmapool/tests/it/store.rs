@@ -445,3 +445,94 @@ fn large_values_are_striped_over_every_server_and_read_back_whole() {
     let handled: u64 = s.iter().map(|s| s.stats().requests_handled).sum();
     assert_eq!(handled, 0, "striped puts and gets are one-sided too");
 }
+
+#[test]
+fn zero_copy_puts_and_gets_move_values_straight_between_registered_memory_and_the_servers() {
+    let lease = Duration::from_secs(10);
+    let big = |node| {
+        let ctx = node_on(Transport::Auto).ctx;
+        let cfg = ServerConfig {
+            node,
+            size: 32 << 20,
+            chunk_size: 1 << 20,
+            clients: 64,
+            lease,
+            listen: SocketAddr::new(listen_ip(), 0),
+            ..ServerConfig::default()
+        };
+        MemoryServer::start(&ctx, cfg).expect("server starts")
+    };
+    let s: Vec<MemoryServer> = (1..=3).map(big).collect();
+    let refs: Vec<&MemoryServer> = s.iter().collect();
+    let st = store(&refs, 1, 2);
+    let pd = st.pool().pd();
+    let region = |len: usize| Arc::new(pd.alloc_mr(len, AccessFlags::LOCAL_WRITE).unwrap());
+    for (name, len) in [("small", 4000usize), ("striped", 3 << 20)] {
+        let bytes = value(len, len);
+        let src = region(len);
+        src.write_at(0, &bytes).unwrap();
+        st.block_on(st.put_from(name.as_bytes(), &Mr::share(&src)))
+            .unwrap();
+        // Read back into a larger buffer, and by the copying get; and the other way round.
+        let out = region(len + 100);
+        let got = st
+            .block_on(st.get_into(name.as_bytes(), &Mr::share(&out)))
+            .unwrap();
+        assert_eq!(got, Some(len), "{name}");
+        let mut back = vec![0u8; len];
+        out.read_at(0, &mut back).unwrap();
+        assert!(back == bytes, "{name}: the bytes put_from wrote");
+        assert!(
+            st.block_on(st.get(name.as_bytes())).unwrap().unwrap() == bytes,
+            "{name}"
+        );
+        let copied = format!("{name}-copied");
+        st.block_on(st.put(copied.as_bytes(), &bytes)).unwrap();
+        let out2 = region(len);
+        let got = st.block_on(st.get_into(copied.as_bytes(), &Mr::share(&out2)));
+        assert_eq!(got.unwrap(), Some(len));
+        out2.read_at(0, &mut back).unwrap();
+        assert!(back == bytes, "{name}: get_into of a copying put");
+        // Too small a buffer: a typed refusal.
+        let small = region(len - 1);
+        let r = st.block_on(st.get_into(name.as_bytes(), &Mr::share(&small)));
+        assert!(matches!(r, Err(Error::OutOfBounds { .. })), "{name}: {r:?}");
+        // A sub-range of a region is a value too.
+        let part = Mr::share_range(&src, 10, 100).unwrap();
+        st.block_on(st.put_from(b"sub", &part)).unwrap();
+        assert_eq!(
+            st.block_on(st.get(b"sub")).unwrap().unwrap(),
+            &bytes[10..110]
+        );
+    }
+    // A damaged replica is read around, a removed key and a missing one are None.
+    let at = st.block_on(st.locate(b"small")).unwrap();
+    let p = st.pool();
+    let damaged = at[0].block;
+    let buf = Arc::new(p.pd().alloc_mr(8, AccessFlags::LOCAL_WRITE).unwrap());
+    buf.write_at(0, &[0xEE]).unwrap();
+    let (r, _) = p.block_on(p.write(damaged, damaged.len - 1, buf, 0, 1));
+    r.unwrap();
+    let out = region(4000);
+    assert_eq!(
+        st.block_on(st.get_into(b"small", &Mr::share(&out)))
+            .unwrap(),
+        Some(4000)
+    );
+    let mut back = vec![0u8; 4000];
+    out.read_at(0, &mut back).unwrap();
+    assert!(back == value(4000, 4000), "read from the sound replica");
+    assert!(st.block_on(st.remove(b"small")).unwrap());
+    assert_eq!(
+        st.block_on(st.get_into(b"small", &Mr::share(&out)))
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        st.block_on(st.get_into(b"never", &Mr::share(&out)))
+            .unwrap(),
+        None
+    );
+    let handled: u64 = s.iter().map(|s| s.stats().requests_handled).sum();
+    assert_eq!(handled, 0);
+}

@@ -11,7 +11,7 @@ use super::chunks::{Alloc, Answer, Free, Io};
 use super::node::Books;
 use super::ops::timed;
 use super::{Node, PoolClient};
-use crate::fabric::{AccessFlags, Mr, Shared};
+use crate::fabric::{AccessFlags, Mr, RegisteredMemory, Shared};
 use crate::remote::layout::{largest_object, size_class, Layout};
 use crate::remote::RemotePtr;
 use crate::{Error, Result};
@@ -144,6 +144,76 @@ impl PoolClient {
         let (r, _) = timed(&s.timers, &n, op).await;
         s.seen(&n, r)?;
         Ok(())
+    }
+
+    /// Writes `head` (small pieces, one after another, through a staging buffer) at `at` of
+    /// `node`'s region, and the bytes of `value` right after them straight from `value`'s
+    /// memory (no copy): two WRITEs at once on the node's connection.
+    pub(crate) async fn store_write_from(
+        &self,
+        node: u32,
+        incarnation: u64,
+        at: u64,
+        head: &[&[u8]],
+        value: &Mr<Shared>,
+    ) -> Result<()> {
+        let n = self.store_node(node, incarnation)?;
+        let s = &self.shared;
+        let head_len: usize = head.iter().map(|p| p.len()).sum();
+        let buf = self.staging(head_len)?;
+        let mut off = 0;
+        for p in head {
+            buf.write_at(off, p)?;
+            off += p.len();
+        }
+        let value_len = value.len();
+        let to_head = s.at(&n, at, head_len as u64, true).await?;
+        let to_value = s
+            .at(&n, at + head_len as u64, value_len as u64, true)
+            .await?;
+        let head_op = timed(&s.timers, &n, n.qp.write(buf, 0, head_len as u32, to_head));
+        let value_op = timed(
+            &s.timers,
+            &n,
+            n.qp.write(value.clone(), 0, value_len as u32, to_value),
+        );
+        let ((r1, _), (r2, _)) = futures_util::future::join(head_op, value_op).await;
+        s.seen(&n, r1)?;
+        s.seen(&n, r2)?;
+        Ok(())
+    }
+
+    /// READs `head_len` bytes at `at` of `node`'s region (returned), and the `len` bytes
+    /// right after them straight into `out` at `out_offset` (no copy): two READs at once.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn store_read_into(
+        &self,
+        node: u32,
+        incarnation: u64,
+        at: u64,
+        head_len: u64,
+        out: &Mr<Shared>,
+        out_offset: usize,
+        len: u64,
+    ) -> Result<Vec<u8>> {
+        let n = self.store_node(node, incarnation)?;
+        let s = &self.shared;
+        let head = head_len as usize;
+        let buf = self.staging(head)?;
+        let from_head = s.at(&n, at, head_len, false).await?;
+        let from_value = s.at(&n, at + head_len, len, false).await?;
+        let head_op = timed(&s.timers, &n, n.qp.read(buf, 0, head as u32, from_head));
+        let value_op = timed(
+            &s.timers,
+            &n,
+            n.qp.read(out.clone(), out_offset, len as u32, from_value),
+        );
+        let ((r1, buf), (r2, _)) = futures_util::future::join(head_op, value_op).await;
+        s.seen(&n, r1)?;
+        s.seen(&n, r2)?;
+        let mut bytes = vec![0; head];
+        buf.read_at(0, &mut bytes)?;
+        Ok(bytes)
     }
 
     /// Compare-and-swap of the word at `at` of `node`'s region; the old value.

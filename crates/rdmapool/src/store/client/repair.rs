@@ -2,7 +2,7 @@
 //! key, its replicas brought to the version kept, and what no longer belongs cleared
 //! (docs/STORE.md section 7; the decisions are `store/repair.rs`'s).
 
-use super::{incarnation, Store};
+use super::{incarnation, Source, Store};
 use crate::remote::client::StoreNode;
 use crate::store::format::{decode_block, peek, Kind, Slot, ValueDigest, HEADER_LEN, MAX_KEY_LEN};
 use crate::store::lookup::Replica;
@@ -230,7 +230,10 @@ impl Store {
         replicas: &[Replica],
     ) -> Result<usize> {
         let mut put = Put::copy(key, ValueDigest::of(value), kind, version, replicas)?;
-        match self.run_put(&mut put, replicas, key, value).await {
+        match self
+            .run_put(&mut put, replicas, key, Source::Bytes(value))
+            .await
+        {
             Ok(done) => {
                 let due = Instant::now() + self.cfg.grace;
                 self.retired.lock().extend(

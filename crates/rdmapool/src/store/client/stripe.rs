@@ -4,13 +4,15 @@
 //! manifest, then the parts at once. The parts of a replaced or removed striped version
 //! are cleared after the grace period by the client that replaced it.
 
-use super::Store;
+use super::{Source, Store};
+use crate::fabric::{Mr, RegisteredMemory};
 use crate::store::decide::candidates;
 use crate::store::format::{peek, Block, KeyHash, Kind, Version};
 use crate::store::lookup::Replica;
 use crate::store::stripe::{Manifest, PART_KEY_LEN, PART_OVERHEAD};
 use crate::{Error, Result};
 use futures_util::future::join_all;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Parts put or read at once by one call.
@@ -32,16 +34,44 @@ impl Store {
         smallest.map_or(self.cfg.part_size, |s| s.min(self.cfg.part_size))
     }
 
-    /// Puts `value` as parts of `part_len` bytes and a manifest under `key`.
+    /// Puts `value` as parts and a manifest under `key` (the parts as large as
+    /// [`Store::block_limit`] allows).
     pub(super) async fn put_striped(
         &self,
         key: &[u8],
-        value: &[u8],
+        value: Source<'_>,
         replicas: usize,
     ) -> Result<Version> {
         let part_len = self.block_limit().saturating_sub(PART_OVERHEAD).max(1);
         let nonce = crate::util::random_nonzero()?;
-        let m = Manifest::new(value, part_len, self.pool.client_id(), nonce);
+        let writer = self.pool.client_id();
+        // Each part as a source of its own: a slice, or a view of the caller's region.
+        let (m, views) = match value {
+            Source::Bytes(b) => (Manifest::new(b, part_len, writer, nonce), Vec::new()),
+            Source::Mr(region) => {
+                let count = (region.len() as u64).div_ceil(part_len) as usize;
+                let mut m = Manifest {
+                    total: region.len() as u64,
+                    part_len,
+                    writer,
+                    nonce,
+                    crcs: Vec::with_capacity(count),
+                };
+                let whole = Arc::new(region.clone());
+                let mut views = Vec::with_capacity(count);
+                for i in 0..count {
+                    let r = m.range(i);
+                    m.crcs
+                        .push(super::digest_of(region, r.start, r.len())?.crc());
+                    views.push(Mr::share_range(&whole, r.start, r.len())?);
+                }
+                (m, views)
+            }
+        };
+        let part = |i: usize| match value {
+            Source::Bytes(b) => Source::Bytes(&b[m.range(i)]),
+            Source::Mr(_) => Source::Mr(&views[i]),
+        };
         let keys = m.part_keys(key);
         let mut failure = None;
         let mut tried = 0;
@@ -49,7 +79,7 @@ impl Store {
             let done = join_all(
                 batch
                     .iter()
-                    .map(|&i| self.write(&keys[i], &value[m.range(i)], Kind::Part, replicas)),
+                    .map(|&i| self.write(&keys[i], part(i), Kind::Part, replicas)),
             )
             .await;
             tried += batch.len();
@@ -64,7 +94,7 @@ impl Store {
             return Err(e);
         }
         let (r, published) = self
-            .write_published(key, &m.encode(), Kind::Manifest, replicas)
+            .write_published(key, Source::Bytes(&m.encode()), Kind::Manifest, replicas)
             .await;
         match r {
             Ok(done) => done.version.ok_or_else(|| Error::Damaged {

@@ -1,8 +1,8 @@
 //! The put path of [`Store`]: the `Put` machine's steps performed on the pool, each step's
 //! operations on every node at once, and what a finished or failed put leaves to free.
 
-use super::{incarnation, Store};
-use crate::store::format::{Kind, ValueDigest};
+use super::{incarnation, Source, Store};
+use crate::store::format::Kind;
 use crate::store::lookup::Replica;
 use crate::store::put::{Put, PutDone, PutStep, Reply};
 use crate::{Error, Result};
@@ -13,7 +13,7 @@ impl Store {
     pub(super) async fn write(
         &self,
         key: &[u8],
-        value: &[u8],
+        value: Source<'_>,
         kind: Kind,
         replicas: usize,
     ) -> Result<PutDone> {
@@ -25,7 +25,7 @@ impl Store {
     pub(super) async fn write_published(
         &self,
         key: &[u8],
-        value: &[u8],
+        value: Source<'_>,
         kind: Kind,
         replicas: usize,
     ) -> (Result<PutDone>, bool) {
@@ -34,7 +34,10 @@ impl Store {
             Ok(r) => r,
             Err(e) => return (Err(e), false),
         };
-        let digest = ValueDigest::of(value);
+        let digest = match value.digest() {
+            Ok(d) => d,
+            Err(e) => return (Err(e), false),
+        };
         let mut put = match Put::new(key, digest, kind, self.pool.client_id(), &replicas) {
             Ok(p) => p,
             Err(e) => return (Err(e), false),
@@ -78,7 +81,7 @@ impl Store {
         put: &mut Put,
         replicas: &[Replica],
         key: &[u8],
-        value: &[u8],
+        value: Source<'_>,
     ) -> Result<PutDone> {
         let mut step = put.advance(Reply::Start)?;
         loop {
@@ -122,10 +125,19 @@ impl Store {
                 PutStep::Write(writes) => {
                     let ok = join_all(writes.iter().map(|w| async move {
                         let inc = incarnation(replicas, w.node);
-                        self.pool
-                            .store_write(w.node, inc, w.at, &[&w.header, key, value])
-                            .await
-                            .is_ok()
+                        let (node, at) = (w.node, w.at);
+                        match value {
+                            Source::Bytes(v) => {
+                                self.pool
+                                    .store_write(node, inc, at, &[&w.header, key, v])
+                                    .await
+                            }
+                            Source::Mr(m) => {
+                                let head: [&[u8]; 2] = [&w.header, key];
+                                self.pool.store_write_from(node, inc, at, &head, m).await
+                            }
+                        }
+                        .is_ok()
                     }))
                     .await;
                     put.advance(Reply::Done(&ok))?

@@ -162,3 +162,25 @@ fn every_kind_round_trips_and_other_flags_are_not_blocks() {
         assert_eq!(peek(&b), None);
     }
 }
+
+#[test]
+fn a_block_read_in_two_pieces_verifies_as_one() {
+    let block = encode_block(b"key", b"the value", v(2, 5), Kind::Value).unwrap();
+    let (head, value) = block.split_at(HEADER_LEN + 3);
+    let mut d = ValueDigest::new();
+    d.update(&value[..4]);
+    d.update(&value[4..]);
+    assert_eq!(d.crc(), crc32fast::hash(value));
+    let b = decode_split(head, b"key", &d).unwrap();
+    assert_eq!((b.version, b.kind, b.value), (v(2, 5), Kind::Value, 0..9));
+    assert_eq!(value_len(head), Some(9));
+    let mut torn = ValueDigest::new();
+    torn.update(b"the valuE");
+    assert_eq!(decode_split(head, b"key", &torn), Err(Reject::Checksum));
+    assert_eq!(
+        decode_split(head, b"key", &ValueDigest::of(b"short")),
+        Err(Reject::Short)
+    );
+    assert_eq!(decode_split(head, b"kex", &d), Err(Reject::OtherKey));
+    assert_eq!(decode_split(&head[..10], b"key", &d), Err(Reject::Short));
+}
