@@ -7,6 +7,7 @@ use crate::{Result, ToolError};
 use rdmapool::store::{Store, StoreConfig};
 use std::io::Read;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Arguments of `store`.
 #[derive(clap::Args)]
@@ -200,25 +201,42 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
         Op::Repair => {
-            let r = store.block_on(store.repair())?;
+            let mut r = store.block_on(store.repair())?;
+            if r.reclaim_pending > 0 {
+                // Space of gone writers is freed on a second look, twice the grace period
+                // later (docs/STORE.md section 8).
+                std::thread::sleep(StoreConfig::default().grace * 2 + Duration::from_millis(100));
+                let again = store.block_on(store.repair())?;
+                r.copied += again.copied;
+                r.cleared += again.cleared;
+                r.reclaimed += again.reclaimed;
+                r.released += again.released;
+                (r.reclaim_pending, r.unreadable, r.failed, r.conflicts) =
+                    (again.reclaim_pending, again.unreadable, again.failed, again.conflicts);
+            }
             if json {
                 crate::outln!(
                     "{}",
                     serde_json::json!({"op": "repair", "nodes": r.nodes, "keys": r.keys,
                         "copied": r.copied, "cleared": r.cleared, "unreadable": r.unreadable,
-                        "failed": r.failed, "conflicts": r.conflicts})
+                        "failed": r.failed, "conflicts": r.conflicts,
+                        "reclaimed": r.reclaimed, "released": r.released,
+                        "reclaim_pending": r.reclaim_pending})
                 );
             } else {
                 crate::outln!(
                     "repair: {} server(s), {} key(s): {} replica(s) copied, {} slot(s) cleared, \
-                     {} unreadable, {} failed, {} conflict(s) left alone",
+                     {} unreadable, {} failed, {} conflict(s) left alone; {} block(s) of gone \
+                     writers reclaimed, {} chunk(s) given back",
                     r.nodes,
                     r.keys,
                     r.copied,
                     r.cleared,
                     r.unreadable,
                     r.failed,
-                    r.conflicts
+                    r.conflicts,
+                    r.reclaimed,
+                    r.released
                 );
             }
             if r.unreadable + r.failed > 0 {

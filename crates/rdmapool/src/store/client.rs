@@ -14,6 +14,7 @@ use crate::remote::{PoolClient, RemotePtr};
 use crate::{Error, Result};
 use futures_util::future::join_all;
 
+mod reclaim;
 mod repair;
 mod stripe;
 mod write;
@@ -116,9 +117,11 @@ pub struct Store {
     /// Each node's index, by node id, with the incarnation it was found in.
     indexes: Mutex<HashMap<u32, (u64, Index)>>,
     /// Replaced blocks, oldest first, with when they may be freed.
-    retired: Mutex<VecDeque<(Instant, u32, u64, u64)>>,
+    retired: Mutex<VecDeque<Retired>>,
     /// Part keys of replaced striped values, oldest first, with when they may be cleared.
     retired_parts: Mutex<VecDeque<(Instant, Vec<u8>)>>,
+    /// Blocks the last repair found unnamed in gone writers' chunks (section 8).
+    reclaim: Mutex<reclaim::Pending>,
     counters: Counters,
 }
 
@@ -142,6 +145,7 @@ impl Store {
             indexes: Mutex::new(HashMap::new()),
             retired: Mutex::new(VecDeque::new()),
             retired_parts: Mutex::new(VecDeque::new()),
+            reclaim: Mutex::new(reclaim::Pending::default()),
             counters: Counters::default(),
         })
     }
@@ -312,7 +316,7 @@ impl Store {
     pub async fn list(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>> {
         let mut newest: HashMap<Vec<u8>, (Version, bool)> = HashMap::new();
         for n in self.pool.store_nodes() {
-            for e in self.scan(&n).await? {
+            for e in self.scan(&n).await?.0 {
                 if !e.key.starts_with(prefix) || e.kind == Kind::Part {
                     continue;
                 }
@@ -340,19 +344,74 @@ impl Store {
 
     async fn flush_blocks(&self) -> usize {
         let now = Instant::now();
-        let due: Vec<_> = {
+        let due: Vec<Retired> = {
             let mut r = self.retired.lock();
-            let n = r.iter().take_while(|(t, ..)| now >= *t).count();
+            let n = r.iter().take_while(|b| now >= b.due).count();
             r.drain(..n).collect()
         };
-        let freed = join_all(
-            due.iter()
-                .map(|&(_, node, inc, at)| self.pool.store_free(node, inc, at)),
-        )
+        let freed = join_all(due.iter().map(|b| async move {
+            // Free it only if it still holds what was retired: a block repair reclaimed
+            // meanwhile (docs/STORE.md section 8) may hold someone else's object now.
+            let head = (super::format::HEADER_LEN + b.key.len()) as u64;
+            let bytes = self
+                .pool
+                .store_read(b.node, b.incarnation, b.at, head)
+                .await?;
+            match super::format::peek(&bytes) {
+                Some(p) if p.key == b.key && p.version == b.version => {
+                    self.pool.store_free(b.node, b.incarnation, b.at).await
+                }
+                _ => Err(Error::NotAllocated(format!(
+                    "store block at {} of node {}: reclaimed since it was retired",
+                    b.at, b.node
+                ))),
+            }
+        }))
         .await;
         // A block that cannot be freed now (its node is down, or restarted and its memory
         // gone) is left: repair reclaims unnamed blocks (docs/STORE.md section 8).
         freed.iter().filter(|r| r.is_ok()).count()
+    }
+
+    /// Queues blocks of `key` a put or a repair replaced, each `(node, incarnation, offset,
+    /// version)`, to be freed after the grace period.
+    pub(super) fn retire(
+        &self,
+        key: &[u8],
+        blocks: impl IntoIterator<Item = (u32, u64, u64, Version)>,
+    ) {
+        let due = Instant::now() + self.cfg.grace;
+        let mut q = self.retired.lock();
+        for (node, incarnation, at, version) in blocks {
+            q.push_back(Retired {
+                due,
+                node,
+                incarnation,
+                at,
+                key: key.to_vec(),
+                version,
+            });
+        }
+    }
+
+    /// The blocks this client will free after their grace period: `(node, offset)`.
+    pub(super) fn retired_blocks(&self) -> std::collections::HashSet<(u32, u64)> {
+        self.retired.lock().iter().map(|b| (b.node, b.at)).collect()
+    }
+
+    /// [`Store::retire`] of a put's replaced blocks on `replicas`.
+    pub(super) fn retire_replaced(
+        &self,
+        key: &[u8],
+        replicas: &[Replica],
+        blocks: &[(u32, u64, Version)],
+    ) {
+        self.retire(
+            key,
+            blocks
+                .iter()
+                .map(|&(node, at, v)| (node, incarnation(replicas, node), at, v)),
+        );
     }
 
     /// The key's replicas, best first, with their indexes (found or made on first use).
@@ -413,6 +472,18 @@ impl Store {
         }))
         .await
     }
+}
+
+/// A block waiting for its grace period to pass before it is freed, with what it held (the
+/// free checks that it still holds it).
+#[derive(Debug, Clone)]
+pub(super) struct Retired {
+    due: Instant,
+    node: u32,
+    incarnation: u64,
+    at: u64,
+    key: Vec<u8>,
+    version: Version,
 }
 
 /// A value to put: bytes (copied through a staging buffer), or a registered view whose

@@ -40,6 +40,8 @@ pub(crate) struct Swap {
     pub(crate) at: u64,
     pub(crate) expected: u64,
     pub(crate) swap: u64,
+    /// The version of the block `expected` names (`None`: an empty slot).
+    pub(crate) replacing: Option<Version>,
 }
 
 /// A block on a node, by offset.
@@ -50,8 +52,9 @@ pub(crate) type BlockAt = (u32, u64);
 pub(crate) struct PutDone {
     /// The version it published; `None` for a remove of a key no replica holds.
     pub(crate) version: Option<Version>,
-    /// Blocks its swaps replaced: free them after the grace period.
-    pub(crate) replaced: Vec<BlockAt>,
+    /// Blocks its swaps replaced, with the version each held: free them after the grace
+    /// period.
+    pub(crate) replaced: Vec<(u32, u64, Version)>,
     /// Its own blocks that were never published (a newer version got there first): free
     /// them now.
     pub(crate) unused: Vec<BlockAt>,
@@ -236,11 +239,12 @@ impl Put {
         if !replaces(held.current.map(|(_, _, v)| v), self.version) {
             return Ok(None);
         }
-        let (slot, expected) = match held.current {
-            Some((slot, word, _)) => (slot, word),
+        let (slot, expected, replacing) = match held.current {
+            Some((slot, word, v)) => (slot, word, Some(v)),
             None => (
                 empty_slot(&held.bucket).ok_or(Error::IndexFull { node: r.node })?,
                 0,
+                None,
             ),
         };
         Ok(Some(Swap {
@@ -248,6 +252,7 @@ impl Put {
             at: r.bucket_at(self.h) + slot as u64 * 8,
             expected,
             swap: Slot::new(self.h, self.blocks[i], self.block_len())?.word(),
+            replacing,
         }))
     }
 
@@ -359,9 +364,9 @@ impl Put {
         PutStep::Done(done)
     }
 
-    fn replaced(&mut self, node: u32, old: u64) {
-        if let Some(s) = Slot::from_word(old) {
-            self.done.replaced.push((node, s.offset));
+    fn replaced(&mut self, swap: &Swap, old: u64) {
+        if let (Some(s), Some(v)) = (Slot::from_word(old), swap.replacing) {
+            self.done.replaced.push((swap.node, s.offset, v));
         }
     }
 
@@ -422,7 +427,7 @@ impl Put {
                 }
                 self.published = true;
                 self.backing = true;
-                self.replaced(swap.node, old);
+                self.replaced(&swap, old);
                 self.pending = (1..self.replicas.len()).collect();
                 if self.pending.is_empty() {
                     return Ok(self.finish());
@@ -439,7 +444,7 @@ impl Put {
                 for (k, &(i, s)) in swaps.iter().enumerate() {
                     match old.get(k).copied().flatten() {
                         None => return Err(self.down(i, "a replica's swap")),
-                        Some(o) if o == s.expected => self.replaced(s.node, o),
+                        Some(o) if o == s.expected => self.replaced(&s, o),
                         Some(_) => self.pending.push(i),
                     }
                 }

@@ -536,3 +536,82 @@ fn zero_copy_puts_and_gets_move_values_straight_between_registered_memory_and_th
     let handled: u64 = s.iter().map(|s| s.stats().requests_handled).sum();
     assert_eq!(handled, 0);
 }
+
+#[test]
+fn space_left_by_writers_that_are_gone_is_reclaimed_and_their_empty_chunks_given_back() {
+    let lease = Duration::from_secs(1);
+    let a = server(1, lease);
+    let b = server(2, lease);
+    let keys = 40;
+    {
+        let first = store(&[&a, &b], 7, 2);
+        for i in 0..keys {
+            let key = format!("k{i}");
+            first
+                .block_on(first.put(key.as_bytes(), &value(i, 3000)))
+                .unwrap();
+        }
+        drop(first);
+        // A second writer replaces every value, and goes away before its grace period
+        // passed: the first writer's blocks stay allocated, named by no slot.
+        let cfg = StoreConfig {
+            grace: Duration::from_secs(60),
+            ..StoreConfig::default()
+        };
+        let second = Store::new(pool(&[&a, &b], 8), cfg).unwrap();
+        for i in 0..keys {
+            let key = format!("k{i}");
+            second
+                .block_on(second.put(key.as_bytes(), &value(i + 100, 3000)))
+                .unwrap();
+        }
+        assert_eq!(second.stats().retired, 2 * keys as u64);
+    } // both clients go without a word; their leases run out
+    wait_until("both writers' leases expire", || {
+        a.stats().expired_clients + b.stats().expired_clients >= 4
+    });
+    let owned = || a.stats().chunks_owned + b.stats().chunks_owned;
+    let before = owned();
+    assert_eq!(
+        before, 6,
+        "on each server: the index, and a chunk of each writer"
+    );
+    let fixer = store(&[&a, &b], 9, 2);
+    let first_look = fixer.block_on(fixer.repair()).unwrap();
+    assert_eq!(
+        (first_look.reclaimed, first_look.reclaim_pending),
+        (0, 2 * keys),
+        "found, not freed yet: {first_look:?}"
+    );
+    assert_eq!(owned(), before);
+    std::thread::sleep(Duration::from_millis(150)); // twice the grace period, and more
+    let second_look = fixer.block_on(fixer.repair()).unwrap();
+    assert_eq!(
+        (
+            second_look.reclaimed,
+            second_look.released,
+            second_look.reclaim_pending
+        ),
+        (2 * keys, 2, 0),
+        "{second_look:?}"
+    );
+    assert_eq!(
+        owned(),
+        before - 2,
+        "the first writer's chunks are the pool's again"
+    );
+    for i in 0..keys {
+        let key = format!("k{i}");
+        let got = fixer.block_on(fixer.get(key.as_bytes())).unwrap();
+        assert_eq!(
+            got,
+            Some(value(i + 100, 3000)),
+            "{key}: named blocks are kept"
+        );
+    }
+    let again = fixer.block_on(fixer.repair()).unwrap();
+    assert_eq!(
+        (again.reclaimed, again.released, again.reclaim_pending),
+        (0, 0, 0)
+    );
+}

@@ -2,7 +2,7 @@
 //! key, its replicas brought to the version kept, and what no longer belongs cleared
 //! (docs/STORE.md section 7; the decisions are `store/repair.rs`'s).
 
-use super::{incarnation, Source, Store};
+use super::{Source, Store};
 use crate::remote::client::StoreNode;
 use crate::store::format::{decode_block, peek, Kind, Slot, ValueDigest, HEADER_LEN, MAX_KEY_LEN};
 use crate::store::lookup::Replica;
@@ -10,7 +10,7 @@ use crate::store::put::Put;
 use crate::store::repair::{by_key, keep, plan, targets, Entry};
 use crate::Result;
 use futures_util::future::join_all;
-use std::time::Instant;
+use std::collections::{HashMap, HashSet};
 
 /// What a [`Store::repair`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -33,6 +33,15 @@ pub struct RepairReport {
     /// Entries naming a newer version than their key's replicas hold, on nodes that are
     /// not its replicas (written under another membership): left as they are.
     pub conflicts: usize,
+    /// Blocks freed in the chunks of writers that hold no lease any more: allocated, and
+    /// named by no index slot in this repair and the last one, at least twice the grace
+    /// period before (docs/STORE.md section 8).
+    pub reclaimed: usize,
+    /// Chunks of such writers given back to the pool (left empty, or never formatted).
+    pub released: usize,
+    /// Blocks found unnamed in such chunks for the first time: the next repair, at least
+    /// twice the grace period from now, frees those it finds so again.
+    pub reclaim_pending: usize,
 }
 
 /// Keys repaired at once.
@@ -40,8 +49,9 @@ const KEYS_AT_ONCE: usize = 16;
 
 impl Store {
     /// Every occupied slot of `n`'s index, with the header and key of the block it names
-    /// (slots naming memory outside the data area, or no block, are left out).
-    pub(super) async fn scan(&self, n: &StoreNode) -> Result<Vec<Entry>> {
+    /// (slots naming memory outside the data area, or no block, are left out), and the
+    /// offset every occupied slot names (all of them).
+    pub(super) async fn scan(&self, n: &StoreNode) -> Result<(Vec<Entry>, HashSet<u64>)> {
         const PIECE: u64 = 1 << 20;
         let ix = self.index(n).await?;
         let total = ix.buckets * 64;
@@ -60,6 +70,11 @@ impl Store {
             );
             at += len;
         }
+        let named: HashSet<u64> = words
+            .iter()
+            .filter_map(|&w| Slot::from_word(w))
+            .map(|s| s.offset)
+            .collect();
         let slots: Vec<(u64, Slot)> = words
             .iter()
             .enumerate()
@@ -86,7 +101,7 @@ impl Store {
                 kind: p.kind,
             });
         }
-        Ok(out)
+        Ok((out, named))
     }
 
     /// Bytes from the slot's block to the end of its chunk.
@@ -115,8 +130,11 @@ impl Store {
         let nodes = self.pool.store_nodes();
         let live: Vec<u32> = nodes.iter().map(|n| n.node).collect();
         let mut entries = Vec::new();
+        let mut named = HashMap::new();
         for n in &nodes {
-            entries.extend(self.scan(n).await?);
+            let (es, offsets) = self.scan(n).await?;
+            entries.extend(es);
+            named.insert(n.node, offsets);
         }
         let keys: Vec<(Vec<u8>, Vec<Entry>)> = by_key(entries).into_iter().collect();
         let mut report = RepairReport {
@@ -139,6 +157,10 @@ impl Store {
                 report.conflicts += d.conflicts;
             }
         }
+        let r = self.reclaim(&nodes, &named).await?;
+        report.reclaimed = r.freed;
+        report.released = r.released;
+        report.reclaim_pending = r.pending;
         Ok(report)
     }
 
@@ -208,15 +230,12 @@ impl Store {
                 .store_cas(e.node, inc, e.at, e.word, 0)
                 .await
                 .ok()?;
-            (old == e.word).then_some((e.node, inc, Slot::from_word(e.word)?.offset))
+            (old == e.word).then_some((e.node, inc, Slot::from_word(e.word)?.offset, e.version))
         }))
         .await;
-        let due = Instant::now() + self.cfg.grace;
-        let mut retired = self.retired.lock();
-        for (node, inc, at) in cleared.into_iter().flatten() {
-            out.cleared += 1;
-            retired.push_back((due, node, inc, at));
-        }
+        let cleared: Vec<_> = cleared.into_iter().flatten().collect();
+        out.cleared = cleared.len();
+        self.retire(key, cleared);
         out
     }
 
@@ -235,12 +254,7 @@ impl Store {
             .await
         {
             Ok(done) => {
-                let due = Instant::now() + self.cfg.grace;
-                self.retired.lock().extend(
-                    done.replaced
-                        .iter()
-                        .map(|&(node, at)| (due, node, incarnation(replicas, node), at)),
-                );
+                self.retire_replaced(key, replicas, &done.replaced);
                 self.free_now(replicas, &done.unused).await;
                 Ok(replicas.len() - done.unused.len())
             }

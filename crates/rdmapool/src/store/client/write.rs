@@ -45,12 +45,8 @@ impl Store {
         let result = self.run_put(&mut put, &replicas, key, value).await;
         match result {
             Ok(done) => {
+                self.retire_replaced(key, &replicas, &done.replaced);
                 let due = Instant::now() + self.cfg.grace;
-                self.retired.lock().extend(
-                    done.replaced
-                        .iter()
-                        .map(|&(node, at)| (due, node, incarnation(&replicas, node), at)),
-                );
                 if done.version.is_some() {
                     self.retire_parts(due, key, &done.superseded);
                 }

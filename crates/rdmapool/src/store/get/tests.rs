@@ -78,7 +78,7 @@ fn a_remove_during_a_get_is_seen_whole_or_not_at_all() {
     // Now the remove, and the old blocks' memory reused by another key.
     let done = Running::remove(&c, b"k", 8).run(&mut c).unwrap();
     assert_eq!(done.replaced.len(), 2);
-    for &(node, at) in &done.replaced {
+    for &(node, at, _) in &done.replaced {
         let other = encode_block(
             b"q",
             b"someone else's",
