@@ -211,8 +211,12 @@ pub fn run(args: Args) -> Result<()> {
                 r.cleared += again.cleared;
                 r.reclaimed += again.reclaimed;
                 r.released += again.released;
-                (r.reclaim_pending, r.unreadable, r.failed, r.conflicts) =
-                    (again.reclaim_pending, again.unreadable, again.failed, again.conflicts);
+                (r.reclaim_pending, r.unreadable, r.failed, r.conflicts) = (
+                    again.reclaim_pending,
+                    again.unreadable,
+                    again.failed,
+                    again.conflicts,
+                );
             }
             if json {
                 crate::outln!(

@@ -40,6 +40,10 @@ pub struct StoreConfig {
     /// (docs/STORE.md section 9). Lowered to the largest block a live server's chunks hold.
     /// The default keeps each part within the 256 KiB allocation class of 1 MiB chunks.
     pub part_size: u64,
+    /// How long a removed key's tombstone stays after a repair first found it on each of
+    /// the key's replicas and nowhere else (default 60 s): a later repair of this client
+    /// that finds it so again clears it, freeing its index slots (docs/STORE.md section 8).
+    pub tombstone_hold: Duration,
 }
 
 impl Default for StoreConfig {
@@ -48,6 +52,7 @@ impl Default for StoreConfig {
             replicas: 2,
             grace: Duration::from_secs(1),
             part_size: 256 << 10,
+            tombstone_hold: Duration::from_secs(60),
         }
     }
 }
@@ -122,6 +127,8 @@ pub struct Store {
     retired_parts: Mutex<VecDeque<(Instant, Vec<u8>)>>,
     /// Blocks the last repair found unnamed in gone writers' chunks (section 8).
     reclaim: Mutex<reclaim::Pending>,
+    /// Removed keys the last repair found clean, not yet cleared (section 8).
+    tombstones: Mutex<repair::Tombstones>,
     counters: Counters,
 }
 
@@ -146,6 +153,7 @@ impl Store {
             retired: Mutex::new(VecDeque::new()),
             retired_parts: Mutex::new(VecDeque::new()),
             reclaim: Mutex::new(reclaim::Pending::default()),
+            tombstones: Mutex::new(HashMap::new()),
             counters: Counters::default(),
         })
     }

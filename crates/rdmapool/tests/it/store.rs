@@ -615,3 +615,43 @@ fn space_left_by_writers_that_are_gone_is_reclaimed_and_their_empty_chunks_given
         (0, 0, 0)
     );
 }
+
+#[test]
+fn tombstones_found_clean_twice_a_hold_apart_are_cleared_and_free_their_slots() {
+    let lease = Duration::from_secs(10);
+    let a = server(1, lease);
+    let b = server(2, lease);
+    let cfg = StoreConfig {
+        grace: Duration::from_millis(50),
+        tombstone_hold: Duration::from_millis(100),
+        ..StoreConfig::default()
+    };
+    let st = Store::new(pool(&[&a, &b], 1), cfg).unwrap();
+    let keys = 30;
+    for i in 0..keys {
+        let key = format!("gone{i}");
+        st.block_on(st.put(key.as_bytes(), b"soon removed"))
+            .unwrap();
+        assert!(st.block_on(st.remove(key.as_bytes())).unwrap());
+    }
+    st.block_on(st.put(b"kept", b"stays")).unwrap();
+    let first = st.block_on(st.repair()).unwrap();
+    assert_eq!(first.tombstones_cleared, 0, "noted, not cleared: {first:?}");
+    std::thread::sleep(Duration::from_millis(150));
+    let second = st.block_on(st.repair()).unwrap();
+    assert_eq!(second.tombstones_cleared, 2 * keys, "{second:?}");
+    let third = st.block_on(st.repair()).unwrap();
+    assert_eq!(third.keys, 1, "only the kept key is left: {third:?}");
+    for i in 0..keys {
+        let key = format!("gone{i}");
+        assert_eq!(st.block_on(st.locate(key.as_bytes())).unwrap(), [], "{key}");
+        assert_eq!(st.block_on(st.get(key.as_bytes())).unwrap(), None);
+    }
+    // A key put again starts a new sequence; the kept key is untouched.
+    assert_eq!(st.block_on(st.put(b"gone0", b"back")).unwrap().seq, 1);
+    assert_eq!(st.block_on(st.get(b"kept")).unwrap().unwrap(), b"stays");
+    assert_eq!(
+        st.block_on(st.list(b"")).unwrap(),
+        [b"gone0".to_vec(), b"kept".to_vec()]
+    );
+}

@@ -45,6 +45,16 @@ impl PoolClient {
             .collect()
     }
 
+    /// Whether every node this client knows is up (none down, none left out).
+    pub(crate) fn store_all_up(&self) -> bool {
+        self.shared
+            .nodes
+            .lock()
+            .values()
+            .all(|n| n.down.lock().is_none())
+            && self.shared.unreachable.lock().is_empty()
+    }
+
     /// This client's id.
     pub(crate) fn client_id(&self) -> u64 {
         self.shared.id

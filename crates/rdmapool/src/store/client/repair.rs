@@ -8,9 +8,11 @@ use crate::store::format::{decode_block, peek, Kind, Slot, ValueDigest, HEADER_L
 use crate::store::lookup::Replica;
 use crate::store::put::Put;
 use crate::store::repair::{by_key, keep, plan, targets, Entry};
+use crate::store::Version;
 use crate::Result;
 use futures_util::future::join_all;
 use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
 /// What a [`Store::repair`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,7 +44,14 @@ pub struct RepairReport {
     /// Blocks found unnamed in such chunks for the first time: the next repair, at least
     /// twice the grace period from now, frees those it finds so again.
     pub reclaim_pending: usize,
+    /// Index slots of removed keys cleared: tombstones on each of their replicas and
+    /// nowhere else, found so by this client's repairs at least
+    /// [`StoreConfig::tombstone_hold`](super::StoreConfig::tombstone_hold) apart.
+    pub tombstones_cleared: usize,
 }
+
+/// Keys a repair found removed and clean: the tombstone's version, and since when.
+pub(super) type Tombstones = HashMap<Vec<u8>, (Version, Instant)>;
 
 /// Keys repaired at once.
 const KEYS_AT_ONCE: usize = 16;
@@ -137,6 +146,9 @@ impl Store {
             named.insert(n.node, offsets);
         }
         let keys: Vec<(Vec<u8>, Vec<Entry>)> = by_key(entries).into_iter().collect();
+        // Tombstones a past repair found clean, and when (this repair keeps those it finds
+        // clean again and has not cleared).
+        let seen: Tombstones = std::mem::take(&mut *self.tombstones.lock());
         let mut report = RepairReport {
             nodes: nodes.len(),
             keys: keys.len(),
@@ -146,7 +158,7 @@ impl Store {
             let done = join_all(
                 batch
                     .iter()
-                    .map(|(key, es)| self.repair_key(&nodes, &live, key, es)),
+                    .map(|(key, es)| self.repair_key(&nodes, &live, key, es, &seen)),
             )
             .await;
             for d in done {
@@ -155,6 +167,7 @@ impl Store {
                 report.unreadable += d.unreadable;
                 report.failed += d.failed;
                 report.conflicts += d.conflicts;
+                report.tombstones_cleared += d.tombstones_cleared;
             }
         }
         let r = self.reclaim(&nodes, &named).await?;
@@ -170,6 +183,7 @@ impl Store {
         live: &[u32],
         key: &[u8],
         entries: &[Entry],
+        seen: &Tombstones,
     ) -> RepairReport {
         let mut out = RepairReport::default();
         let targets = targets(key, live, self.cfg.replicas);
@@ -197,6 +211,19 @@ impl Store {
         let sound: Vec<bool> = blocks.iter().map(Option::is_some).collect();
         let p = plan(entries, &sound, &targets);
         out.conflicts = p.conflicts;
+        let clean = p.kind == Kind::Tombstone
+            && p.need.is_empty()
+            && p.clear.is_empty()
+            && p.conflicts == 0
+            && entries.len() == targets.len()
+            // A server that is away may hold an older version, which must not come back.
+            && self.pool.store_all_up();
+        if clean {
+            out.tombstones_cleared = self
+                .clear_tombstone(nodes, key, entries, version, seen)
+                .await;
+            return out;
+        }
         let Some((bytes, block)) = p.source.and_then(|i| blocks[i].clone()) else {
             out.unreadable = 1;
             return out;
@@ -237,6 +264,45 @@ impl Store {
         out.cleared = cleared.len();
         self.retire(key, cleared);
         out
+    }
+
+    /// A removed key whose tombstone is on each of its replicas and nowhere else: cleared
+    /// (every slot swapped from its word to 0, the blocks retired) if a past repair of this
+    /// client found it so, with the same version, at least `StoreConfig::tombstone_hold`
+    /// ago; otherwise noted for a later repair. How many slots were cleared.
+    async fn clear_tombstone(
+        &self,
+        nodes: &[StoreNode],
+        key: &[u8],
+        entries: &[Entry],
+        version: Version,
+        seen: &Tombstones,
+    ) -> usize {
+        let since = match seen.get(key) {
+            Some(&(v, t)) if v == version => t,
+            _ => Instant::now(),
+        };
+        if since.elapsed() < self.cfg.tombstone_hold {
+            self.tombstones
+                .lock()
+                .insert(key.to_vec(), (version, since));
+            return 0;
+        }
+        let node_of = |id: u32| nodes.iter().find(|n| n.node == id);
+        let cleared = join_all(entries.iter().map(|e| async move {
+            let inc = node_of(e.node)?.incarnation;
+            let old = self
+                .pool
+                .store_cas(e.node, inc, e.at, e.word, 0)
+                .await
+                .ok()?;
+            (old == e.word).then_some((e.node, inc, Slot::from_word(e.word)?.offset, e.version))
+        }))
+        .await;
+        let cleared: Vec<_> = cleared.into_iter().flatten().collect();
+        let n = cleared.len();
+        self.retire(key, cleared);
+        n
     }
 
     /// Copies `key`'s `version` (its `value`) onto `replicas`; how many took it.
