@@ -72,6 +72,9 @@ impl Store {
         .await;
     }
 
+    /// Runs `put`'s steps. Its blocks are allocated while its first READs are in flight
+    /// (they do not depend on what is read), so the allocation costs no round trip of its
+    /// own; blocks allocated so and not asked for are freed.
     pub(super) async fn run_put(
         &self,
         put: &mut Put,
@@ -79,36 +82,76 @@ impl Store {
         key: &[u8],
         value: Source<'_>,
     ) -> Result<PutDone> {
+        let mut early = None;
+        let result = self.run_steps(put, replicas, key, value, &mut early).await;
+        if let Some((nodes, offsets)) = early {
+            self.free_now(replicas, &allocated(&nodes, &offsets)).await;
+        }
+        result
+    }
+
+    /// A block of `len` bytes on each of `nodes`: its offset, `None` where the node is
+    /// down, an error where it has no room or failed otherwise.
+    async fn alloc_on(
+        &self,
+        replicas: &[Replica],
+        nodes: &[u32],
+        len: u64,
+    ) -> Vec<Result<Option<u64>>> {
+        join_all(nodes.iter().map(|&node| async move {
+            let inc = incarnation(replicas, node);
+            match self.pool.store_alloc(node, inc, len).await {
+                Ok(Some(at)) => Ok(Some(at)),
+                Ok(None) => Err(Error::RemoteExhausted { size: len }),
+                Err(Error::NodeDown { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        }))
+        .await
+    }
+
+    async fn run_steps(
+        &self,
+        put: &mut Put,
+        replicas: &[Replica],
+        key: &[u8],
+        value: Source<'_>,
+        early: &mut Option<(Vec<u32>, Vec<Result<Option<u64>>>)>,
+    ) -> Result<PutDone> {
         let mut step = put.advance(Reply::Start)?;
+        let mut first = true;
         loop {
             step = match step {
                 PutStep::Done(done) => return Ok(done),
                 PutStep::Read(reads) => {
-                    let bytes = self.reads(replicas, &reads).await;
+                    let bytes = if std::mem::take(&mut first) {
+                        let nodes: Vec<u32> = replicas.iter().map(|r| r.node).collect();
+                        let (bytes, offsets) = futures_util::future::join(
+                            self.reads(replicas, &reads),
+                            self.alloc_on(replicas, &nodes, put.block_len()),
+                        )
+                        .await;
+                        *early = Some((nodes, offsets));
+                        bytes
+                    } else {
+                        self.reads(replicas, &reads).await
+                    };
                     let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
                     put.advance(Reply::Bytes(&replies))?
                 }
                 PutStep::Alloc { nodes, len } => {
-                    let offsets = join_all(nodes.iter().map(|&node| async move {
-                        let inc = incarnation(replicas, node);
-                        match self.pool.store_alloc(node, inc, len).await {
-                            Ok(Some(at)) => Ok(Some(at)),
-                            Ok(None) => Err(Error::RemoteExhausted { size: len }),
-                            Err(Error::NodeDown { .. }) => Ok(None),
-                            Err(e) => Err(e),
+                    let offsets = match early.take() {
+                        Some((n, o)) if n == nodes && len == put.block_len() => o,
+                        other => {
+                            if let Some((n, o)) = other {
+                                self.free_now(replicas, &allocated(&n, &o)).await;
+                            }
+                            self.alloc_on(replicas, &nodes, len).await
                         }
-                    }))
-                    .await;
+                    };
                     if let Some(Err(_)) = offsets.iter().find(|o| o.is_err()) {
                         // Free what did get allocated, then report the first error.
-                        let got: Vec<(u32, u64)> = nodes
-                            .iter()
-                            .zip(&offsets)
-                            .filter_map(|(&n, o)| {
-                                o.as_ref().ok().copied().flatten().map(|a| (n, a))
-                            })
-                            .collect();
-                        self.free_now(replicas, &got).await;
+                        self.free_now(replicas, &allocated(&nodes, &offsets)).await;
                         return Err(offsets
                             .into_iter()
                             .find_map(|o| o.err())
@@ -152,4 +195,13 @@ impl Store {
             };
         }
     }
+}
+
+/// The blocks of an allocation step that were allocated.
+fn allocated(nodes: &[u32], offsets: &[Result<Option<u64>>]) -> Vec<(u32, u64)> {
+    nodes
+        .iter()
+        .zip(offsets)
+        .filter_map(|(&n, o)| o.as_ref().ok().copied().flatten().map(|a| (n, a)))
+        .collect()
 }
