@@ -116,7 +116,7 @@ impl Store {
         replicas: &[Replica],
         key: &[u8],
         value: Source<'_>,
-        early: &mut Option<(Vec<u32>, Vec<Result<Option<u64>>>)>,
+        early: &mut Option<Early>,
     ) -> Result<PutDone> {
         let mut step = put.advance(Reply::Start)?;
         let mut first = true;
@@ -196,6 +196,9 @@ impl Store {
         }
     }
 }
+
+/// Blocks allocated ahead of the put's allocation step: the nodes, and each one's answer.
+type Early = (Vec<u32>, Vec<Result<Option<u64>>>);
 
 /// The blocks of an allocation step that were allocated.
 fn allocated(nodes: &[u32], offsets: &[Result<Option<u64>>]) -> Vec<(u32, u64)> {
