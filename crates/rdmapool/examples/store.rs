@@ -1,7 +1,8 @@
 //! The replicated object store on three memory servers (docs/STORE.md): put, get and remove
 //! by key with two replicas of every object, all one-sided (the servers' CPUs handle no
-//! request). A second client reads what the first wrote, a server is stopped, and every
-//! object is still read from its other replica. The example checks each thing it reads.
+//! request). A second client reads what the first wrote, a server is stopped, every object
+//! is still read from its other replica, and a repair brings each back to two replicas on
+//! the servers left. The example checks each thing it reads.
 //!
 //! ```sh
 //! cargo run --release -p rdmapool --example store
@@ -91,11 +92,18 @@ fn main() -> rdmapool::Result<()> {
             }
         }
     }
+    // Repair: every object back to two replicas, on the two servers left.
+    let r = reader.block_on(reader.repair())?;
+    assert_eq!((r.failed, r.unreadable), (0, 0));
+    for i in (0..100).filter(|&i| i != 8) {
+        let copies = reader.block_on(reader.locate(format!("user:{i}").as_bytes()))?;
+        assert_eq!(copies.len(), 2, "user:{i} has two replicas again");
+    }
     let stats = reader.stats();
     println!(
         "store: 100 objects on 3 servers, 2 replicas each; {read} read back after node 2 \
-         stopped; reader: {} hits, {} misses",
-        stats.hits, stats.misses
+         stopped, {} replicas copied by a repair; reader: {} hits, {} misses",
+        r.copied, stats.hits, stats.misses
     );
     Ok(())
 }
