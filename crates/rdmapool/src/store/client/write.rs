@@ -29,7 +29,22 @@ impl Store {
         kind: Kind,
         replicas: usize,
     ) -> (Result<PutDone>, bool) {
-        self.flush_retired().await;
+        // The frees whose grace period has passed go beside the put, not before it.
+        let (_, out) = futures_util::future::join(
+            self.flush_retired(),
+            self.put_now(key, value, kind, replicas),
+        )
+        .await;
+        out
+    }
+
+    async fn put_now(
+        &self,
+        key: &[u8],
+        value: Source<'_>,
+        kind: Kind,
+        replicas: usize,
+    ) -> (Result<PutDone>, bool) {
         let replicas = match self.replicas(key, replicas, replicas).await {
             Ok(r) => r,
             Err(e) => return (Err(e), false),
