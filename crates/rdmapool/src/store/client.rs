@@ -5,7 +5,7 @@
 
 use super::format::{check_sizes, KeyHash, Kind, ValueDigest, Version};
 use super::get::{Get, GetStep};
-use super::lookup::{Lookup, Read, Replica};
+use super::lookup::{Lookup, Read, Replica, Src};
 use super::placement;
 use super::root::{FindRoot, Index, RootStep};
 use crate::fabric::{Mr, RegisteredMemory, Shared};
@@ -129,6 +129,8 @@ pub struct Store {
     reclaim: Mutex<reclaim::Pending>,
     /// Removed keys the last repair found clean, not yet cleared (section 8).
     tombstones: Mutex<repair::Tombstones>,
+    /// Where this client last saw each key's blocks, read beside the buckets next time.
+    hints: Mutex<HashMap<Vec<u8>, Hints>>,
     counters: Counters,
 }
 
@@ -154,6 +156,7 @@ impl Store {
             retired_parts: Mutex::new(VecDeque::new()),
             reclaim: Mutex::new(reclaim::Pending::default()),
             tombstones: Mutex::new(HashMap::new()),
+            hints: Mutex::new(HashMap::new()),
             counters: Counters::default(),
         })
     }
@@ -243,19 +246,44 @@ impl Store {
     /// tombstone too).
     async fn get_block(&self, key: &[u8]) -> Result<Option<stripe::BlockRead>> {
         let replicas = self.replicas(key, self.cfg.replicas, 1).await?;
-        let mut g = Get::new(key, &replicas);
+        let mut g = Get::hinted(key, &replicas, &self.hints_of(key));
         let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
         loop {
             let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
             match g.advance(&replies)? {
                 GetStep::Read(reads) => bytes = self.reads(&replicas, &reads).await,
-                GetStep::Done(Some((i, f))) => {
-                    let b = bytes.swap_remove(i).unwrap_or_default();
+                GetStep::Done(Some((at, f))) => {
+                    let current: Vec<(u32, u64)> = g
+                        .found()
+                        .iter()
+                        .filter(|x| x.block.version == f.block.version)
+                        .map(|x| (x.node, x.word))
+                        .collect();
+                    self.remember(key, current);
+                    let b = match at {
+                        Src::Read(i) => bytes.swap_remove(i).unwrap_or_default(),
+                        Src::Early(e) => g.take_early(e),
+                    };
                     return Ok(Some((b, f.block)));
                 }
                 GetStep::Done(None) => return Ok(None),
             }
         }
+    }
+
+    /// Where this client last saw `key`'s blocks: `(node, slot word)`.
+    pub(super) fn hints_of(&self, key: &[u8]) -> Vec<(u32, u64)> {
+        self.hints.lock().get(key).cloned().unwrap_or_default()
+    }
+
+    /// Notes where `key`'s current blocks are (a bounded memory: it starts afresh when
+    /// full).
+    pub(super) fn remember(&self, key: &[u8], at: Vec<(u32, u64)>) {
+        let mut h = self.hints.lock();
+        if h.len() >= HINTS && !h.contains_key(key) {
+            h.clear();
+        }
+        h.insert(key.to_vec(), at);
     }
 
     /// Whether `key` holds a value (a striped value's parts are not read).
@@ -481,6 +509,12 @@ impl Store {
         .await
     }
 }
+
+/// Where a key's blocks were last seen: `(node, slot word)` per replica.
+type Hints = Vec<(u32, u64)>;
+
+/// Keys whose last-seen blocks a client remembers.
+const HINTS: usize = 1 << 16;
 
 /// A block waiting for its grace period to pass before it is freed, with what it held (the
 /// free checks that it still holds it).

@@ -7,7 +7,7 @@
 //! is never copied by the store.
 
 use super::decide::{newest, Found};
-use super::lookup::{Lookup, Read, Replica};
+use super::lookup::{Lookup, Read, Replica, Src};
 use crate::{Error, Result};
 
 /// What the get wants next.
@@ -16,9 +16,10 @@ pub(crate) enum GetStep {
     /// Perform these READs (all at once) and pass their bytes back in the same order
     /// (`None` for a read that failed).
     Read(Vec<Read>),
-    /// Finished: the newest verified block, as found in the last reads (`usize` is its
-    /// position in them), or `None` when no replica holds the key.
-    Done(Option<(usize, Found)>),
+    /// Finished: the newest verified block and where its bytes are (a position in the last
+    /// reads, or an early read: [`Get::take_early`]), or `None` when no replica holds the
+    /// key.
+    Done(Option<(Src, Found)>),
 }
 
 enum State {
@@ -33,16 +34,37 @@ pub(crate) struct Get {
     lookup: Lookup,
     first: u32,
     state: State,
+    /// Every verified block of the key the get found, once done.
+    found: Vec<Found>,
 }
 
 impl Get {
     /// The get of `key` from `replicas` (best first).
+    #[cfg(test)]
     pub(crate) fn new(key: &[u8], replicas: &[Replica]) -> Self {
+        Self::hinted(key, replicas, &[])
+    }
+
+    /// A get that also reads, beside the buckets, the blocks at `hints` (`(node, slot
+    /// word)` where the key was last seen, [`Lookup::hinted`]): one round of reads when
+    /// they are still current.
+    pub(crate) fn hinted(key: &[u8], replicas: &[Replica], hints: &[(u32, u64)]) -> Self {
         Self {
-            lookup: Lookup::new(key, replicas),
+            lookup: Lookup::new(key, replicas).hinted(hints),
             first: replicas.first().map_or(0, |r| r.node),
             state: State::Start,
+            found: Vec::new(),
         }
+    }
+
+    /// Every verified block of the key the get found (once done).
+    pub(crate) fn found(&self) -> &[Found] {
+        &self.found
+    }
+
+    /// The bytes of an early read the answer named ([`Src::Early`]).
+    pub(crate) fn take_early(&mut self, e: usize) -> Vec<u8> {
+        self.lookup.take_early(e)
     }
 
     /// The next step, from the bytes of the last step's reads (empty the first time).
@@ -53,41 +75,53 @@ impl Get {
                 Ok(GetStep::Read(self.lookup.bucket_reads()))
             }
             State::Buckets => {
-                if replies.iter().all(Option::is_none) {
+                if replies
+                    .iter()
+                    .take(self.lookup.replica_count())
+                    .all(Option::is_none)
+                {
                     return Err(self.failed("no replica's bucket could be read"));
                 }
                 let reads = self.lookup.on_buckets(replies);
+                let bucket_failed = replies
+                    .iter()
+                    .take(self.lookup.replica_count())
+                    .any(Option::is_none);
                 if reads.is_empty() {
-                    return Ok(GetStep::Done(None));
+                    // Nothing to read: no candidate, or every one read early.
+                    return self.blocks(&[], bucket_failed);
                 }
-                self.state = State::Blocks {
-                    bucket_failed: replies.iter().any(Option::is_none),
-                };
+                self.state = State::Blocks { bucket_failed };
                 Ok(GetStep::Read(reads))
             }
-            State::Blocks { bucket_failed } => {
-                let looked = self.lookup.on_blocks(replies);
-                let Some(best) = newest(&looked.found) else {
-                    // Not "not found" when a candidate could not be read, or when one was
-                    // damaged (the key's, failing its checksum) and a replica did not answer.
-                    if looked.unread {
-                        return Err(self.failed("a candidate block could not be read"));
-                    }
-                    if looked.damaged && bucket_failed {
-                        return Err(self
-                            .failed("the only copy that answered is damaged (checksum mismatch)"));
-                    }
-                    return Ok(GetStep::Done(None));
-                };
-                let i = looked
-                    .found
-                    .iter()
-                    .position(|f| f == best)
-                    .map_or(0, |k| looked.found_at[k]);
-                Ok(GetStep::Done(Some((i, best.clone()))))
-            }
+            State::Blocks { bucket_failed } => self.blocks(replies, bucket_failed),
             State::Finished => Err(Error::OutcomeTaken),
         }
+    }
+
+    fn blocks(&mut self, replies: &[Option<&[u8]>], bucket_failed: bool) -> Result<GetStep> {
+        let looked = self.lookup.on_blocks(replies);
+        let Some(best) = newest(&looked.found) else {
+            // Not "not found" when a candidate could not be read, or when one was damaged
+            // (the key's, failing its checksum) and a replica did not answer.
+            if looked.unread {
+                return Err(self.failed("a candidate block could not be read"));
+            }
+            if looked.damaged && bucket_failed {
+                return Err(
+                    self.failed("the only copy that answered is damaged (checksum mismatch)")
+                );
+            }
+            return Ok(GetStep::Done(None));
+        };
+        let at = looked
+            .found
+            .iter()
+            .position(|f| f == best)
+            .map_or(Src::Read(0), |k| looked.found_at[k]);
+        let best = best.clone();
+        self.found = looked.found;
+        Ok(GetStep::Done(Some((at, best))))
     }
 
     fn failed(&self, reason: &str) -> Error {

@@ -62,6 +62,8 @@ pub(crate) struct PutDone {
     /// parts are garbage once the grace period has passed (docs/STORE.md section 9). Empty
     /// for a repair's copy.
     pub(crate) superseded: Vec<Vec<u8>>,
+    /// The slot words it put into replicas' slots, by node: where the key is now.
+    pub(crate) installed: Vec<(u32, u64)>,
 }
 
 /// What the put wants next.
@@ -189,6 +191,17 @@ impl Put {
         Ok(put)
     }
 
+    /// The same put, also reading beside its first buckets the blocks at `hints`
+    /// ([`Lookup::hinted`]): a lookup of one round of reads when they are still current.
+    pub(crate) fn hinted(mut self, hints: &[(u32, u64)]) -> Self {
+        if let State::Buckets { lookup } = std::mem::replace(&mut self.state, State::Finished) {
+            self.state = State::Buckets {
+                lookup: lookup.hinted(hints),
+            };
+        }
+        self
+    }
+
     /// The blocks this put allocated: the caller frees them if it gives the put up (an
     /// error from [`Put::advance`] or its own deadline) while it is not
     /// [`published`](Put::published).
@@ -257,14 +270,28 @@ impl Put {
     }
 
     fn read_step(&mut self, mut lookup: Lookup, replies: &[Option<&[u8]>]) -> Result<PutStep> {
-        self.first_failed(replies, "reading the key's bucket")?;
+        let buckets = replies.len().min(lookup.replica_count());
+        self.first_failed(&replies[..buckets], "reading the key's bucket")?;
         let reads = lookup.on_buckets(replies);
         if reads.is_empty() {
-            let looked = lookup.on_blocks(&[]);
-            return self.decide(looked);
+            // No candidate, or every one read early beside the buckets.
+            return self.looked(&lookup, &[]);
         }
         self.state = State::Blocks { lookup };
         Ok(PutStep::Read(reads))
+    }
+
+    /// From the candidate blocks' bytes (the last replies, or read early): what the
+    /// replicas hold, then [`Put::decide`].
+    fn looked(&mut self, lookup: &Lookup, replies: &[Option<&[u8]>]) -> Result<PutStep> {
+        let looked = lookup.on_blocks(replies);
+        if looked.unread {
+            return Err(self.down(0, "reading a candidate block"));
+        }
+        if !self.backing && !self.copy {
+            self.done.superseded = manifests(lookup, &looked, replies);
+        }
+        self.decide(looked)
     }
 
     /// From what the first lookup found: the version, then allocation or the writes.
@@ -309,6 +336,7 @@ impl Put {
             replaced: Vec::new(),
             unused: Vec::new(),
             superseded: Vec::new(),
+            installed: Vec::new(),
         }
     }
 
@@ -365,6 +393,7 @@ impl Put {
     }
 
     fn replaced(&mut self, swap: &Swap, old: u64) {
+        self.done.installed.push((swap.node, swap.swap));
         if let (Some(s), Some(v)) = (Slot::from_word(old), swap.replacing) {
             self.done.replaced.push((swap.node, s.offset, v));
         }
@@ -380,16 +409,7 @@ impl Put {
                 Ok(PutStep::Read(reads))
             }
             (State::Buckets { lookup }, Reply::Bytes(b)) => self.read_step(lookup, b),
-            (State::Blocks { lookup }, Reply::Bytes(b)) => {
-                let looked = lookup.on_blocks(b);
-                if looked.unread {
-                    return Err(self.down(0, "reading a candidate block"));
-                }
-                if !self.backing && !self.copy {
-                    self.done.superseded = manifests(&looked, b);
-                }
-                self.decide(looked)
-            }
+            (State::Blocks { lookup }, Reply::Bytes(b)) => self.looked(&lookup, b),
             (State::Allocated { looked }, Reply::Offsets(offsets)) => {
                 if let Some(i) = offsets.iter().position(Option::is_none) {
                     // Keep what was allocated, so the caller can free it.
@@ -489,14 +509,14 @@ impl Put {
 }
 
 /// The value of each manifest a lookup found, one per version.
-fn manifests(looked: &Looked, replies: &[Option<&[u8]>]) -> Vec<Vec<u8>> {
+fn manifests(lookup: &Lookup, looked: &Looked, replies: &[Option<&[u8]>]) -> Vec<Vec<u8>> {
     let mut seen: Vec<Version> = Vec::new();
     let mut out = Vec::new();
-    for (f, &k) in looked.found.iter().zip(&looked.found_at) {
+    for (f, &src) in looked.found.iter().zip(&looked.found_at) {
         if f.block.kind != Kind::Manifest || seen.contains(&f.block.version) {
             continue;
         }
-        if let Some(bytes) = replies.get(k).copied().flatten() {
+        if let Some(bytes) = lookup.bytes(src, replies) {
             if let Some(value) = bytes.get(f.block.value.clone()) {
                 seen.push(f.block.version);
                 out.push(value.to_vec());

@@ -118,8 +118,11 @@ impl Cluster {
                 GetStep::Read(reads) => bytes = reads.iter().map(|r| self.read(r)).collect(),
                 GetStep::Done(None) => return Ok(None),
                 GetStep::Done(Some((_, f))) if f.block.tombstone => return Ok(None),
-                GetStep::Done(Some((i, f))) => {
-                    let b = bytes[i].as_ref().unwrap();
+                GetStep::Done(Some((at, f))) => {
+                    let b = match at {
+                        super::lookup::Src::Read(i) => bytes[i].clone().unwrap(),
+                        super::lookup::Src::Early(e) => g.take_early(e),
+                    };
                     return Ok(Some(b[f.block.value].to_vec()));
                 }
             }
@@ -163,6 +166,26 @@ pub(super) struct Running {
 impl Running {
     pub(super) fn put(c: &Cluster, key: &[u8], value: &[u8], writer: u64) -> Self {
         Self::new(c, key, value, false, writer)
+    }
+
+    /// A put whose first lookup also reads the blocks at `hints` ([`Put::hinted`]).
+    pub(super) fn put_hinted(
+        c: &Cluster,
+        key: &[u8],
+        value: &[u8],
+        writer: u64,
+        hints: &[(u32, u64)],
+    ) -> Self {
+        let put = Put::new(
+            key,
+            ValueDigest::of(value),
+            Kind::Value,
+            writer,
+            &c.replicas,
+        )
+        .expect("valid put")
+        .hinted(hints);
+        Self::start(put, key, value)
     }
 
     pub(super) fn remove(c: &Cluster, key: &[u8], writer: u64) -> Self {
@@ -221,6 +244,11 @@ impl Running {
     /// The pending step's kind, for tests that stop a put at a chosen point.
     pub(super) fn next_is_swap(&self) -> bool {
         matches!(self.step, Some(PutStep::Swap(_)))
+    }
+
+    /// Whether the pending step is a round of READs.
+    pub(super) fn next_is_read(&self) -> bool {
+        matches!(self.step, Some(PutStep::Read(_)))
     }
 
     /// Performs the pending step on the cluster (every operation of it, one at a time, as

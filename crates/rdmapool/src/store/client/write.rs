@@ -54,12 +54,15 @@ impl Store {
             Err(e) => return (Err(e), false),
         };
         let mut put = match Put::new(key, digest, kind, self.pool.client_id(), &replicas) {
-            Ok(p) => p,
+            Ok(p) => p.hinted(&self.hints_of(key)),
             Err(e) => return (Err(e), false),
         };
         let result = self.run_put(&mut put, &replicas, key, value).await;
         match result {
             Ok(done) => {
+                if !done.installed.is_empty() {
+                    self.remember(key, done.installed.clone());
+                }
                 self.retire_replaced(key, &replicas, &done.replaced);
                 let due = Instant::now() + self.cfg.grace;
                 if done.version.is_some() {

@@ -1,4 +1,5 @@
-use super::super::format::{KeyHash, Kind, Slot, Version};
+use super::super::format::{encode_block, KeyHash, Kind, Slot, Version};
+use super::super::lookup::Src;
 use super::super::sim::Cluster;
 use super::*;
 
@@ -100,4 +101,65 @@ fn a_remove_during_a_get_is_seen_whole_or_not_at_all() {
         None,
         "and a later get sees the tombstone"
     );
+}
+
+/// Runs a hinted get on the cluster: the value (a tombstone is None), and how many rounds
+/// of reads it took.
+fn hinted_get(c: &Cluster, key: &[u8], hints: &[(u32, u64)]) -> (Option<Vec<u8>>, usize) {
+    let mut g = Get::hinted(key, &c.replicas, hints);
+    let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+    let mut rounds = 0;
+    loop {
+        let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
+        match g.advance(&replies).unwrap() {
+            GetStep::Read(reads) => {
+                rounds += 1;
+                bytes = reads.iter().map(|r| c.read(r)).collect();
+            }
+            GetStep::Done(None) => return (None, rounds),
+            GetStep::Done(Some((_, f))) if f.block.tombstone => return (None, rounds),
+            GetStep::Done(Some((at, f))) => {
+                let b = match at {
+                    Src::Read(i) => bytes[i].clone().unwrap(),
+                    Src::Early(e) => g.take_early(e),
+                };
+                return (Some(b[f.block.value].to_vec()), rounds);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_get_hinted_where_the_key_still_is_takes_one_round_and_a_stale_hint_two() {
+    use super::super::sim::Running;
+    let mut c = Cluster::new(&[1, 2]);
+    let first = Running::put(&c, b"k", b"first", 7).run(&mut c).unwrap();
+    assert_eq!(first.installed.len(), 2, "the slot words of both replicas");
+    let (got, rounds) = hinted_get(&c, b"k", &first.installed);
+    assert_eq!((got.as_deref(), rounds), (Some(&b"first"[..]), 1));
+    // Without hints, two rounds; after an overwrite, the old hints are stale: two rounds,
+    // and the new value.
+    assert_eq!(hinted_get(&c, b"k", &[]).1, 2);
+    let second = Running::put(&c, b"k", b"second", 8).run(&mut c).unwrap();
+    let (got, rounds) = hinted_get(&c, b"k", &first.installed);
+    assert_eq!((got.as_deref(), rounds), (Some(&b"second"[..]), 2));
+    // A hint on one replica only: the other's block is read in a second round.
+    let (got, rounds) = hinted_get(&c, b"k", &second.installed[..1]);
+    assert_eq!((got.as_deref(), rounds), (Some(&b"second"[..]), 2));
+    // Hints for another node, or naming memory outside the data area, are ignored.
+    let (got, _) = hinted_get(&c, b"k", &[(9, second.installed[0].1), (1, 5)]);
+    assert_eq!(got.as_deref(), Some(&b"second"[..]));
+    // The old block's memory reused for another key (the grace period passed): a hint to it
+    // is verified like any read, never taken for the key.
+    for &(node, at, _) in &second.replaced {
+        let other = encode_block(b"q", b"someone else", v(1, 9), Kind::Value).unwrap();
+        c.regions.get_mut(&node).unwrap()[at as usize..at as usize + other.len()]
+            .copy_from_slice(&other);
+    }
+    let (got, _) = hinted_get(&c, b"k", &first.installed);
+    assert_eq!(got.as_deref(), Some(&b"second"[..]));
+    // After a remove, the hints of the value find the tombstone.
+    let gone = Running::remove(&c, b"k", 9).run(&mut c).unwrap();
+    assert_eq!(hinted_get(&c, b"k", &second.installed).0, None);
+    assert_eq!(hinted_get(&c, b"k", &gone.installed), (None, 1));
 }

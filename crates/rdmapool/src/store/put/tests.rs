@@ -107,15 +107,20 @@ fn a_full_bucket_is_a_typed_error() {
 proptest! {
     /// Two or three puts of one key, their operations interleaved in any order: each ends
     /// with its own version, every replica ends naming the highest, and a get reads it.
+    /// Over a planted value, the puts read its blocks early (hinted).
     #[test]
     fn racing_puts_end_in_one_winner_everywhere(order in proptest::collection::vec(0usize..3, 1..200), writers in 2usize..4, planted: bool) {
         let mut c = Cluster::new(&[1, 2, 3]);
         c.replicas.truncate(2); // r = 2 of the three nodes
-        if planted {
-            Running::put(&c, b"k", b"before", 99).run(&mut c).unwrap();
-        }
+        // A planted value's slot words are the writers' hints (read beside the buckets;
+        // stale as soon as one of them wins).
+        let hints = if planted {
+            Running::put(&c, b"k", b"before", 99).run(&mut c).unwrap().installed
+        } else {
+            Vec::new()
+        };
         let values: Vec<Vec<u8>> = (0..writers).map(|w| format!("value of {w}").into_bytes()).collect();
-        let mut puts: Vec<Running> = (0..writers).map(|w| Running::put(&c, b"k", &values[w], w as u64 + 1)).collect();
+        let mut puts: Vec<Running> = (0..writers).map(|w| Running::put_hinted(&c, b"k", &values[w], w as u64 + 1, &hints)).collect();
         let mut turns = order.into_iter();
         while puts.iter().any(|p| !p.finished()) {
             let w = turns.next().unwrap_or(0) % writers;
@@ -135,4 +140,19 @@ proptest! {
             prop_assert_eq!(c.get(b"k").unwrap().unwrap(), values[winner].clone(), "node {} alone", node);
         }
     }
+}
+
+#[test]
+fn a_put_hinted_where_the_key_is_looks_it_up_in_one_round() {
+    let mut c = Cluster::new(&[1, 2]);
+    let first = Running::put(&c, b"k", b"one", 7).run(&mut c).unwrap();
+    let mut p = Running::put_hinted(&c, b"k", b"two", 8, &first.installed);
+    p.step(&mut c); // buckets and both blocks at once
+    assert!(
+        !p.next_is_read(),
+        "no second round of reads: the blocks came with the buckets"
+    );
+    let done = p.run(&mut c).unwrap();
+    assert_eq!(done.version, Some(Version { seq: 2, writer: 8 }));
+    assert_eq!(c.get(b"k").unwrap().unwrap(), b"two");
 }
