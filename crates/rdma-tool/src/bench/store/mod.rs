@@ -199,10 +199,12 @@ pub fn run(args: Args) -> Result<()> {
             };
             let most = args.clients.iter().copied().max().unwrap_or(1);
             // Room for every client's blocks on every server four times over (blocks
-            // replaced and waiting out the grace period), each client's chunks, the index.
+            // replaced and waiting out the grace period), the chunks each client claims
+            // for its size classes (a striped value's parts and its manifest take two),
+            // the index.
             let block = (size + 4096).next_power_of_two().max(64);
             let need = most * keys * block * 4 * args.replicas / SERVERS as usize;
-            let chunks = (most as u64 + 2) * CHUNK;
+            let chunks = (3 * most as u64 + 2) * CHUNK;
             let server_size = (need as u64 + chunks + CHUNK).next_multiple_of(CHUNK) as usize;
             let ctx = args.device.open(transport)?;
             let servers: Vec<MemoryServer> = (1..=SERVERS)
