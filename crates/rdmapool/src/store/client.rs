@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 pub use repair::RepairReport;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How a [`Store`] runs.
@@ -117,7 +118,7 @@ pub struct Located {
 /// # Ok(()) }
 /// ```
 pub struct Store {
-    pool: PoolClient,
+    pool: Arc<PoolClient>,
     cfg: StoreConfig,
     /// Each node's index, by node id, with the incarnation it was found in.
     indexes: Mutex<HashMap<u32, (u64, Index)>>,
@@ -135,11 +136,13 @@ pub struct Store {
 }
 
 impl Store {
-    /// A store on `pool`'s servers.
+    /// A store on `pool`'s servers. `pool` may be shared (an `Arc<PoolClient>`), e.g. with
+    /// an etcd membership follower that adds and removes servers as they come and go: the
+    /// store uses the servers live at each call.
     ///
     /// # Errors
     /// [`CoreError::OutOfLimits`](crate::CoreError::OutOfLimits) for 0 replicas.
-    pub fn new(pool: PoolClient, cfg: StoreConfig) -> Result<Self> {
+    pub fn new(pool: impl Into<Arc<PoolClient>>, cfg: StoreConfig) -> Result<Self> {
         if cfg.replicas == 0 {
             return Err(Error::Core(crate::CoreError::OutOfLimits {
                 what: "store replicas",
@@ -149,7 +152,7 @@ impl Store {
             }));
         }
         Ok(Self {
-            pool,
+            pool: pool.into(),
             cfg,
             indexes: Mutex::new(HashMap::new()),
             retired: Mutex::new(VecDeque::new()),

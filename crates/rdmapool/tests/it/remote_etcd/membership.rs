@@ -325,3 +325,66 @@ fn rogue_and_black_hole_entries_get_nothing_and_delay_no_real_server() {
     }
     assert!(follower.stats().connect_failures >= 11);
 }
+
+#[test]
+fn a_store_follows_its_servers_through_etcd_and_repair_keeps_two_replicas() {
+    use rdmapool::store::{Store, StoreConfig};
+    let Some(etcd) = Etcd::start("store") else {
+        return;
+    };
+    let cfg = etcd.config("/rdmapool/test-store");
+    let (s1, _r1) = registered(&cfg, 1);
+    let (s2, r2) = registered(&cfg, 2);
+    let members = EtcdMembership::new(&cfg).unwrap();
+    let pool = client(&members, 31, Box::new(LeastUsed));
+    let follower = members.follow(pool.clone()).unwrap();
+    let st = Store::new(pool.clone(), StoreConfig::default()).unwrap();
+    let value = |i: usize| format!("value {i} {}", "x".repeat(i * 7)).into_bytes();
+    let keys = 30;
+    for i in 0..keys {
+        st.block_on(st.put(format!("k{i}").as_bytes(), &value(i)))
+            .unwrap();
+    }
+    // A third server registers: the follower connects to it, and a repair moves the keys
+    // it now ranks among the top two of there, letting them go on the one it displaced.
+    let (s3, _r3) = registered(&cfg, 3);
+    wait_until("the client joins node 3", || {
+        node_ids(&pool).contains(&3) && follower.nodes().contains(&3)
+    });
+    let moved = st.block_on(st.repair()).unwrap();
+    assert!(moved.copied > 0, "node 3 takes its share: {moved:?}");
+    assert_eq!(moved.cleared, moved.copied, "{moved:?}");
+    // Server 2 crashes: its key expires, the follower drops it, every key is read from its
+    // other replica, and a repair makes two replicas again on nodes 1 and 3.
+    r2.abandon();
+    drop(s2);
+    wait_until("the client drops the dead server", || {
+        !follower.nodes().contains(&2) && !node_ids(&pool).contains(&2)
+    });
+    for i in 0..keys {
+        let key = format!("k{i}");
+        assert_eq!(
+            st.block_on(st.get(key.as_bytes())).unwrap(),
+            Some(value(i)),
+            "{key}"
+        );
+    }
+    let fixed = st.block_on(st.repair()).unwrap();
+    assert_eq!(
+        (fixed.nodes, fixed.failed, fixed.unreadable),
+        (2, 0, 0),
+        "{fixed:?}"
+    );
+    for i in 0..keys {
+        let key = format!("k{i}");
+        let at = st.block_on(st.locate(key.as_bytes())).unwrap();
+        let mut nodes: Vec<u32> = at.iter().map(|l| l.block.node).collect();
+        nodes.sort();
+        assert_eq!(nodes, [1, 3], "{key}");
+    }
+    assert_eq!(
+        s1.stats().requests_handled + s3.stats().requests_handled,
+        0,
+        "the store's data path and repair are one-sided"
+    );
+}
