@@ -3,12 +3,11 @@
 //! back. The blocks a put replaced are freed once the grace period has passed (docs/STORE.md
 //! section 8), by this client's later calls or [`Store::flush_retired`].
 
-use super::format::{check_sizes, KeyHash, Kind, ValueDigest, Version};
+use super::format::{check_sizes, KeyHash, Kind, Version};
 use super::get::{Get, GetStep};
 use super::lookup::{Lookup, Read, Replica, Src};
 use super::placement;
 use super::root::{FindRoot, Index, RootStep};
-use crate::fabric::{Mr, RegisteredMemory, Shared};
 use crate::remote::client::StoreNode;
 use crate::remote::{PoolClient, RemotePtr};
 use crate::{Error, Result};
@@ -16,11 +15,15 @@ use futures_util::future::join_all;
 
 mod reclaim;
 mod repair;
+mod retire;
+mod source;
 mod stripe;
 mod write;
 mod zero_copy;
 use parking_lot::Mutex;
 pub use repair::RepairReport;
+use retire::Retired;
+use source::{digest_of, Source};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -375,84 +378,6 @@ impl Store {
         Ok(keys)
     }
 
-    /// Frees the replaced blocks whose grace period has passed, and clears the parts of
-    /// replaced striped values whose grace period has passed; how many blocks.
-    pub async fn flush_retired(&self) -> usize {
-        self.flush_blocks().await + self.flush_parts().await
-    }
-
-    async fn flush_blocks(&self) -> usize {
-        let now = Instant::now();
-        let due: Vec<Retired> = {
-            let mut r = self.retired.lock();
-            let n = r.iter().take_while(|b| now >= b.due).count();
-            r.drain(..n).collect()
-        };
-        let freed = join_all(due.iter().map(|b| async move {
-            // Free it only if it still holds what was retired: a block repair reclaimed
-            // meanwhile (docs/STORE.md section 8) may hold someone else's object now.
-            let head = (super::format::HEADER_LEN + b.key.len()) as u64;
-            let bytes = self
-                .pool
-                .store_read(b.node, b.incarnation, b.at, head)
-                .await?;
-            match super::format::peek(&bytes) {
-                Some(p) if p.key == b.key && p.version == b.version => {
-                    self.pool.store_free(b.node, b.incarnation, b.at).await
-                }
-                _ => Err(Error::NotAllocated(format!(
-                    "store block at {} of node {}: reclaimed since it was retired",
-                    b.at, b.node
-                ))),
-            }
-        }))
-        .await;
-        // A block that cannot be freed now (its node is down, or restarted and its memory
-        // gone) is left: repair reclaims unnamed blocks (docs/STORE.md section 8).
-        freed.iter().filter(|r| r.is_ok()).count()
-    }
-
-    /// Queues blocks of `key` a put or a repair replaced, each `(node, incarnation, offset,
-    /// version)`, to be freed after the grace period.
-    pub(super) fn retire(
-        &self,
-        key: &[u8],
-        blocks: impl IntoIterator<Item = (u32, u64, u64, Version)>,
-    ) {
-        let due = Instant::now() + self.cfg.grace;
-        let mut q = self.retired.lock();
-        for (node, incarnation, at, version) in blocks {
-            q.push_back(Retired {
-                due,
-                node,
-                incarnation,
-                at,
-                key: key.to_vec(),
-                version,
-            });
-        }
-    }
-
-    /// The blocks this client will free after their grace period: `(node, offset)`.
-    pub(super) fn retired_blocks(&self) -> std::collections::HashSet<(u32, u64)> {
-        self.retired.lock().iter().map(|b| (b.node, b.at)).collect()
-    }
-
-    /// [`Store::retire`] of a put's replaced blocks on `replicas`.
-    pub(super) fn retire_replaced(
-        &self,
-        key: &[u8],
-        replicas: &[Replica],
-        blocks: &[(u32, u64, Version)],
-    ) {
-        self.retire(
-            key,
-            blocks
-                .iter()
-                .map(|&(node, at, v)| (node, incarnation(replicas, node), at, v)),
-        );
-    }
-
     /// The key's replicas, best first, with their indexes (found or made on first use).
     async fn replicas(&self, key: &[u8], count: usize, at_least: usize) -> Result<Vec<Replica>> {
         let nodes = self.pool.store_nodes();
@@ -518,57 +443,6 @@ type Hints = Vec<(u32, u64)>;
 
 /// Keys whose last-seen blocks a client remembers.
 const HINTS: usize = 1 << 16;
-
-/// A block waiting for its grace period to pass before it is freed, with what it held (the
-/// free checks that it still holds it).
-#[derive(Debug, Clone)]
-pub(super) struct Retired {
-    due: Instant,
-    node: u32,
-    incarnation: u64,
-    at: u64,
-    key: Vec<u8>,
-    version: Version,
-}
-
-/// A value to put: bytes (copied through a staging buffer), or a registered view whose
-/// bytes are WRITten straight from its memory.
-#[derive(Clone, Copy)]
-pub(super) enum Source<'a> {
-    Bytes(&'a [u8]),
-    Mr(&'a Mr<Shared>),
-}
-
-impl Source<'_> {
-    fn len(&self) -> u64 {
-        match self {
-            Source::Bytes(b) => b.len() as u64,
-            Source::Mr(m) => m.len() as u64,
-        }
-    }
-
-    /// The value's digest (a view's bytes are read for it in pieces, not copied whole).
-    fn digest(&self) -> Result<ValueDigest> {
-        match self {
-            Source::Bytes(b) => Ok(ValueDigest::of(b)),
-            Source::Mr(m) => digest_of(m, 0, m.len()),
-        }
-    }
-}
-
-/// The digest of `len` bytes at `offset` of `m`, read in 64 KiB pieces.
-fn digest_of(m: &Mr<Shared>, offset: usize, len: usize) -> Result<ValueDigest> {
-    let mut d = ValueDigest::new();
-    let mut piece = vec![0u8; len.min(64 << 10)];
-    let mut at = 0;
-    while at < len {
-        let n = piece.len().min(len - at);
-        m.read_at(offset + at, &mut piece[..n])?;
-        d.update(&piece[..n]);
-        at += n;
-    }
-    Ok(d)
-}
 
 /// [`check_sizes`], and the part keys' prefix refused ([`Error::ReservedKey`]).
 fn check_user_key(key: &[u8], value_len: u64) -> Result<()> {

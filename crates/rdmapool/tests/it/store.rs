@@ -13,12 +13,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn server_at(node: u32, lease: Duration, listen: SocketAddr) -> rdmapool::Result<MemoryServer> {
+    server_of(node, lease, 8 << 20, listen)
+}
+
+/// A server of `size` bytes in 1 MiB chunks.
+fn server_of(
+    node: u32,
+    lease: Duration,
+    size: usize,
+    listen: SocketAddr,
+) -> rdmapool::Result<MemoryServer> {
     let ctx = node_on(Transport::Auto).ctx;
     MemoryServer::start(
         &ctx,
         ServerConfig {
             node,
-            size: 8 << 20,
+            size,
             chunk_size: 1 << 20,
             clients: 64,
             lease,
@@ -373,17 +383,8 @@ fn repair_restores_r_replicas_after_a_restart_and_rebalances_onto_a_joined_serve
 fn large_values_are_striped_over_every_server_and_read_back_whole() {
     let lease = Duration::from_secs(10);
     let big = |node| {
-        let ctx = node_on(Transport::Auto).ctx;
-        let cfg = ServerConfig {
-            node,
-            size: 96 << 20,
-            chunk_size: 1 << 20,
-            clients: 64,
-            lease,
-            listen: SocketAddr::new(listen_ip(), 0),
-            ..ServerConfig::default()
-        };
-        MemoryServer::start(&ctx, cfg).expect("server starts")
+        let listen = SocketAddr::new(listen_ip(), 0);
+        server_of(node, lease, 96 << 20, listen).expect("server starts")
     };
     let s: Vec<MemoryServer> = (1..=3).map(big).collect();
     let refs: Vec<&MemoryServer> = s.iter().collect();
@@ -450,17 +451,8 @@ fn large_values_are_striped_over_every_server_and_read_back_whole() {
 fn zero_copy_puts_and_gets_move_values_straight_between_registered_memory_and_the_servers() {
     let lease = Duration::from_secs(10);
     let big = |node| {
-        let ctx = node_on(Transport::Auto).ctx;
-        let cfg = ServerConfig {
-            node,
-            size: 32 << 20,
-            chunk_size: 1 << 20,
-            clients: 64,
-            lease,
-            listen: SocketAddr::new(listen_ip(), 0),
-            ..ServerConfig::default()
-        };
-        MemoryServer::start(&ctx, cfg).expect("server starts")
+        let listen = SocketAddr::new(listen_ip(), 0);
+        server_of(node, lease, 32 << 20, listen).expect("server starts")
     };
     let s: Vec<MemoryServer> = (1..=3).map(big).collect();
     let refs: Vec<&MemoryServer> = s.iter().collect();

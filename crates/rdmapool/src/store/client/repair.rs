@@ -249,8 +249,23 @@ impl Store {
                 }
             }
         }
-        let cleared = join_all(p.clear.iter().map(|&i| async move {
-            let e = &entries[i];
+        out.cleared = self
+            .clear(nodes, key, p.clear.iter().map(|&i| &entries[i]))
+            .await;
+        out
+    }
+
+    /// Swaps each of `entries`' slots (of `key`) from the word scanned to 0, and retires
+    /// the blocks of those it cleared (a slot changed since the scan is left as it is);
+    /// how many it cleared.
+    async fn clear<'a>(
+        &self,
+        nodes: &[StoreNode],
+        key: &[u8],
+        entries: impl Iterator<Item = &'a Entry>,
+    ) -> usize {
+        let node_of = |id: u32| nodes.iter().find(|n| n.node == id);
+        let cleared = join_all(entries.map(|e| async move {
             let inc = node_of(e.node)?.incarnation;
             let old = self
                 .pool
@@ -261,9 +276,9 @@ impl Store {
         }))
         .await;
         let cleared: Vec<_> = cleared.into_iter().flatten().collect();
-        out.cleared = cleared.len();
+        let n = cleared.len();
         self.retire(key, cleared);
-        out
+        n
     }
 
     /// A removed key whose tombstone is on each of its replicas and nowhere else: cleared
@@ -288,21 +303,7 @@ impl Store {
                 .insert(key.to_vec(), (version, since));
             return 0;
         }
-        let node_of = |id: u32| nodes.iter().find(|n| n.node == id);
-        let cleared = join_all(entries.iter().map(|e| async move {
-            let inc = node_of(e.node)?.incarnation;
-            let old = self
-                .pool
-                .store_cas(e.node, inc, e.at, e.word, 0)
-                .await
-                .ok()?;
-            (old == e.word).then_some((e.node, inc, Slot::from_word(e.word)?.offset, e.version))
-        }))
-        .await;
-        let cleared: Vec<_> = cleared.into_iter().flatten().collect();
-        let n = cleared.len();
-        self.retire(key, cleared);
-        n
+        self.clear(nodes, key, entries.iter()).await
     }
 
     /// Copies `key`'s `version` (its `value`) onto `replicas`; how many took it.
