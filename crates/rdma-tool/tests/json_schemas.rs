@@ -283,6 +283,18 @@ fn bench_pool_json_lines_match_their_schema() {
 }
 
 #[test]
+fn bench_copy_json_lines_match_their_schema() {
+    let v = json_lines(&["bench", "copy", "--size", "4K", "--volume", "64K", "--json"]);
+    // The intra-host copy and the C library's, each at its worst alignment.
+    assert_eq!(v.len(), 2, "{v:?}");
+    for r in &v {
+        check("bench-copy", r);
+        assert!(r["ratio"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+    }
+    assert!(v[0]["op"].as_str().unwrap().starts_with("copy_bytes"));
+}
+
+#[test]
 fn serve_json_lines_and_pool_json_against_it() {
     let mut child = Command::new(EXE)
         .args([

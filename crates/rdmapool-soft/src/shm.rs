@@ -13,6 +13,7 @@ use super::control;
 use super::keys::LocalList;
 use crate::fabric::{AccessFlags, QpState, WcStatus};
 use crate::os::mapping::Mapping;
+use crate::util::copy::copy_bytes;
 use crate::util::page_size;
 use crate::{Error, Result};
 use std::io;
@@ -110,16 +111,13 @@ fn copy(remote: *mut u8, op: &FastOp, local: &LocalList) -> WcStatus {
                 // SAFETY: each local piece lies in a region checked at post time and kept
                 // registered by `held`; the remote range was bounds-checked by the caller.
                 // Raw copies: both sides are device-shared memory, never Rust references.
+                // The copy avoids `rep movsb`'s cliff at bad relative alignments.
                 unsafe {
                     let r = remote.add(at);
                     if matches!(op, FastOp::Write) {
-                        std::ptr::copy_nonoverlapping(l.addr as *const u8, r, l.len as usize);
+                        copy_bytes(r, l.addr as *const u8, l.len as usize);
                     } else {
-                        std::ptr::copy_nonoverlapping(
-                            r as *const u8,
-                            l.addr as *mut u8,
-                            l.len as usize,
-                        );
+                        copy_bytes(l.addr as *mut u8, r as *const u8, l.len as usize);
                     }
                 }
                 at += l.len as usize;

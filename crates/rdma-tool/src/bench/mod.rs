@@ -1,5 +1,6 @@
 //! `rdma-tool bench ...`.
 
+mod copy;
 mod data;
 mod engine;
 mod harness;
@@ -32,6 +33,9 @@ pub enum Command {
     /// redis-server started here, at 1, 2 and 4 clients and 64 B, 4 KiB and 1 MiB values,
     /// with redis-benchmark's own figures.
     Store(store::Args),
+    /// The intra-host path's copy at every relative alignment 0..63 against an aligned
+    /// memcpy of the same size, with the C library's copy at the same misalignments beside.
+    Copy(copy::Args),
 }
 
 /// Runs a benchmark.
@@ -41,6 +45,7 @@ pub fn run(c: Command) -> Result<()> {
         Command::Reg(a) => reg::run(a),
         Command::Pool(a) => pool::run(a),
         Command::Store(a) => store::run(a),
+        Command::Copy(a) => copy::run(a),
     }
 }
 

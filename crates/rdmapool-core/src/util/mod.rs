@@ -2,6 +2,7 @@
 
 use crate::{Error, Result};
 
+pub mod copy;
 pub mod doc_text;
 pub mod inflight;
 

@@ -13,6 +13,7 @@ pub use batch::PreRegRing;
 pub use cache::{CacheConfig, CacheStats, Cached, RegCache};
 pub use chunked::region_for;
 pub use huge::{HugeBacking, HugeOptions, HugeRegion, HUGE_PAGE};
+pub use rdmapool_core::util::copy::copy_bytes;
 pub use registrar::{
     LatencyClass, OwnedRegHandle, RegHandle, RegOwner, Registrar, RegistrarConfig, RegistrarStats,
     RetryPolicy, LATENCY_CLASSES,

@@ -15,7 +15,8 @@ use super::lease::Reaper;
 use super::sweep;
 use crate::conn::Listener;
 use crate::fabric::{
-    AccessFlags, Completion, Context, Cq, Mr, Pd, PreSharedKey, Qp, RegisteredMemory, WcOpcode,
+    AccessFlags, Completion, Context, Cq, Mr, Pd, PreSharedKey, ProviderKind, Qp, RegisteredMemory,
+    Shared, WcOpcode,
 };
 use crate::metrics::ServerStats;
 use crate::mr::{HugeOptions, HugeRegion};
@@ -84,7 +85,8 @@ struct Inner {
     incarnation: u64,
     layout: Layout,
     lease: Duration,
-    region: Mr<HugeRegion>,
+    /// The exported memory (see [`export_memory`]).
+    region: Mr<Shared>,
     pd: Pd,
     cq: Cq,
     /// Receive buffers for the two-sided messages nobody sends (see `requests_handled`).
@@ -295,7 +297,6 @@ impl MemoryServer {
         }
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(4096)?;
-        let memory = HugeRegion::alloc(cfg.size, HugeOptions::default())?;
         let isolated = cfg.isolation == Isolation::Isolated;
         // Isolated: no remote rights on the region itself; windows grant them per client.
         let access = if isolated {
@@ -306,7 +307,7 @@ impl MemoryServer {
                 | AccessFlags::REMOTE_WRITE
                 | AccessFlags::REMOTE_ATOMIC
         };
-        let region = pd.register(memory, access).map_err(Error::from)?;
+        let region = export_memory(&pd, cfg.size, access, isolated)?;
         let recv_buf = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
         let listener = Listener::bind(&pd, cfg.listen)?;
         let addr = listener.local_addr();
@@ -404,6 +405,22 @@ impl MemoryServer {
         }
         left
     }
+}
+
+/// Allocates and registers the exported memory, zeroed. A trusted server on the soft
+/// provider takes memory the soft NIC owns (a memfd), which clients on this host map and
+/// reach at memory speed without this process's CPU, as they would a region on a NIC
+/// (trusted clients may write the whole region anyway). An isolated server, and every server
+/// on hardware, registers huge-page memory, which no other process can map.
+fn export_memory(pd: &Pd, size: usize, access: AccessFlags, isolated: bool) -> Result<Mr<Shared>> {
+    if pd.provider() == ProviderKind::Soft && !isolated {
+        return Ok(pd.alloc_mr(size, access)?.into_shared());
+    }
+    let memory = HugeRegion::alloc(size, HugeOptions::default())?;
+    Ok(pd
+        .register(memory, access)
+        .map_err(Error::from)?
+        .into_shared())
 }
 
 impl Drop for MemoryServer {
