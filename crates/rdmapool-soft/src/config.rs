@@ -39,8 +39,9 @@ impl Transport {
 pub struct SoftConfig {
     /// TCP listen address; loopback by default so nothing is reachable from outside.
     pub bind: SocketAddr,
-    /// How long the NIC's serving loop spins for the next request, right after traffic,
-    /// before it sleeps.
+    /// How long the NIC's serving loop spins at most for the next request, right after
+    /// traffic, before it sleeps (it spins less after spins that found nothing, and again
+    /// up to this once requests follow closely: `rdmapool_core::util::spin::AdaptiveSpin`).
     pub spin: Duration,
     /// The path this NIC's QPs take to their peers.
     pub transport: Transport,

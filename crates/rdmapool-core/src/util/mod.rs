@@ -5,6 +5,7 @@ use crate::{Error, Result};
 pub mod copy;
 pub mod doc_text;
 pub mod inflight;
+pub mod spin;
 
 /// Starts a thread named `name` running `f`; a failed spawn is `Error::Sys`.
 #[doc(hidden)]

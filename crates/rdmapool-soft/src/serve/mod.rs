@@ -17,6 +17,7 @@ mod hello;
 use super::context::{ConnSlot, CtxShared};
 use super::peer::{own_uid, PeerInfo};
 use super::waker::epoll;
+use crate::util::spin::AdaptiveSpin;
 use crate::{Error, Result};
 use accept::{AcceptOutcome, Accepted};
 use conn::{End, Serving, Wait};
@@ -64,6 +65,7 @@ pub(crate) fn start(tcp: TcpListener, unix: UnixListener, ctx: &Arc<CtxShared>) 
         accept_paused_until: None,
         by_qpn: HashMap::new(),
         spun_after: None,
+        spin: AdaptiveSpin::new(ctx.spin),
     };
     let all_in = lp.ctl(libc::EPOLL_CTL_ADD, ctx.serving.as_raw_fd(), IN, WAKE)
         && lp.listeners(libc::EPOLL_CTL_ADD, IN);
@@ -119,6 +121,9 @@ struct Loop {
     by_qpn: HashMap<u32, u64>,
     /// The traffic after which the loop last spun in vain (it spins once per burst).
     spun_after: Option<Instant>,
+    /// How long it spins now: up to the context's `spin`, less while spinning finds
+    /// nothing.
+    spin: AdaptiveSpin,
 }
 
 impl Loop {
@@ -183,31 +188,44 @@ impl Loop {
     }
 
     /// Waits for events: spinning right after traffic (a request usually follows its
-    /// predecessor within microseconds, and a sleep/wake-up pair costs more), then sleeping
+    /// predecessor within microseconds, and a sleep/wake-up pair costs more), for as long
+    /// as [`AdaptiveSpin`] allows (less after spins that found nothing), then sleeping
     /// until the next deadline.
     fn wait(&mut self, events: &mut [libc::epoll_event]) -> usize {
         let now = Instant::now();
         let deadline = self.next_deadline();
-        let spin = self.ctx.spin;
+        let spin = self.spin.budget();
         let recent = now.saturating_duration_since(self.last_traffic) < IDLE_SPIN_WINDOW;
         // One spin per burst of traffic: once it found nothing, the loop sleeps until the
         // next event, as it would after any spin.
         if !spin.is_zero() && recent && self.spun_after != Some(self.last_traffic) {
             let until = deadline.map_or(now + spin, |d| d.min(now + spin));
-            loop {
+            // A plain spin: yielding here hands the core to busy-polling clients for whole
+            // time slices, which then wait longer for this NIC's answers (measured with
+            // `bench data --async --transport tcp`); how long it spins adapts instead.
+            let found = loop {
                 let n = epoll_wait(&self.epoll, events, Some(Duration::ZERO));
                 if n > 0 {
-                    return n;
+                    break Some(n);
                 }
                 if Instant::now() >= until {
-                    break;
+                    break None;
                 }
                 std::hint::spin_loop();
+            };
+            self.spin.spun(found.is_some());
+            if let Some(n) = found {
+                return n;
             }
             self.spun_after = Some(self.last_traffic);
         }
-        let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        epoll_wait(&self.epoll, events, timeout)
+        let slept = Instant::now();
+        let timeout = deadline.map(|d| d.saturating_duration_since(slept));
+        let n = epoll_wait(&self.epoll, events, timeout);
+        if n > 0 && recent {
+            self.spin.slept(slept.elapsed());
+        }
+        n
     }
 
     /// Takes what is waiting on a listener.

@@ -28,8 +28,14 @@ pub(super) const MAX_CONNS: usize = 256;
 pub(super) const SERVER_SPIN: Duration = Duration::from_micros(50);
 
 impl TwoSidedServer {
-    pub(super) fn start(device: &DeviceArgs, ip: IpAddr, size: usize, object: u64) -> Result<Self> {
-        let ctx = device.open(Transport::Auto)?;
+    pub(super) fn start(
+        device: &DeviceArgs,
+        transport: Transport,
+        ip: IpAddr,
+        size: usize,
+        object: u64,
+    ) -> Result<Self> {
+        let ctx = device.open(transport)?;
         let pd = ctx.alloc_pd()?;
         let listener = Listener::bind(Manager::from(&pd), SocketAddr::new(ip, 0))?;
         let addr = listener.local_addr();
@@ -201,8 +207,8 @@ pub(super) struct TwoSidedClient {
 }
 
 impl TwoSidedClient {
-    fn connect(device: &DeviceArgs, addr: SocketAddr) -> Result<Self> {
-        let ctx = device.open(Transport::Auto)?;
+    fn connect(device: &DeviceArgs, transport: Transport, addr: SocketAddr) -> Result<Self> {
+        let ctx = device.open(transport)?;
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(64)?;
         let c = conn::connect(
@@ -292,6 +298,7 @@ impl TwoSidedClient {
 /// alloc+free through the two-sided server.
 pub(super) fn two_sided(
     device: &DeviceArgs,
+    transport: Transport,
     server: &TwoSidedServer,
     n: usize,
     _object: u64,
@@ -300,7 +307,7 @@ pub(super) fn two_sided(
 ) -> Result<Rate> {
     let addr = server.addr;
     clients(n, secs, |_| {
-        let c = TwoSidedClient::connect(device, addr)?;
+        let c = TwoSidedClient::connect(device, transport, addr)?;
         let mut held = VecDeque::with_capacity(live + 1);
         for _ in 0..live {
             held.push_back(c.call(OP_ALLOC, 0)?);

@@ -73,6 +73,7 @@ pub(super) fn best_of(mut f: impl FnMut() -> Result<f64>) -> Result<f64> {
 #[allow(clippy::too_many_arguments)]
 pub(super) fn data_rows(
     device: &DeviceArgs,
+    transport: Transport,
     server: &MemoryServer,
     id: u64,
     lat_sizes: &[usize],
@@ -84,7 +85,7 @@ pub(super) fn data_rows(
     let members = StaticMembership::new(vec![server.addr()]);
     // The pool client and the raw QP each get a context of their own (the server's is ctx),
     // as a client on another node would.
-    let pool_ctx = device.open(Transport::Auto)?;
+    let pool_ctx = device.open(transport)?;
     let pd = pool_ctx.alloc_pd()?;
     let client = PoolClient::connect(&pool_ctx, &pd, &members, ClientConfig::new(id))?;
     let ptr: RemotePtr = client.block_on(client.alloc(max as u64, None))?;
@@ -92,7 +93,7 @@ pub(super) fn data_rows(
     local.write_at(0, &vec![0x5a; max])?;
     // The raw QP: its own context, connected to the same server (a client hello gets it the
     // descriptor; it takes no lease), aimed at the same allocation.
-    let raw_ctx = device.open(Transport::Auto)?;
+    let raw_ctx = device.open(transport)?;
     let raw_pd = raw_ctx.alloc_pd()?;
     let raw_cq = raw_ctx.create_cq(4096)?;
     let hello = ClientHello::new(id + 1)?.encode();
@@ -136,7 +137,7 @@ pub(super) fn data_rows(
         };
         Row {
             provider: device.kind().name().into(),
-            transport: path(device.kind()),
+            transport: path(device.kind(), transport),
             op: format!("pool {}", op.name()),
             metric: metric.into(),
             size,

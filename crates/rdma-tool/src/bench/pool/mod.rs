@@ -70,6 +70,14 @@ pub struct Args {
     /// Skip the alloc+free part.
     #[arg(long)]
     no_alloc: bool,
+    /// Memory servers (each its own context, as on separate hosts) for the scaling row:
+    /// alloc+free of one client spread over them against one server; 1 skips the row.
+    #[arg(long, default_value_t = 3, value_parser = crate::units::usize_arg(16))]
+    servers: usize,
+    /// The soft provider's path between clients and servers: auto (intra-host here), tcp
+    /// or local.
+    #[arg(long, default_value = "auto", value_parser = crate::device_args::transport_arg)]
+    transport: String,
     /// Also run alloc+free against an isolated server (`serve --isolated`), each row
     /// compared with the trusted server's one-sided rate of the same run.
     #[arg(long)]
@@ -144,7 +152,8 @@ pub fn run(args: Args) -> Result<()> {
             show(max_data)
         )));
     }
-    let ctx = device.open(Transport::Auto)?;
+    let transport = Transport::parse(&args.transport)?;
+    let ctx = device.open(transport)?;
     // Each client takes a 2 MiB chunk for its size class: room for the most clients asked
     // for, the metadata chunk and one spare (32 MiB at least).
     let most = args.clients.iter().copied().max().unwrap_or(1);
@@ -160,30 +169,41 @@ pub fn run(args: Args) -> Result<()> {
         )?),
         false => None,
     };
+    let spread = !args.no_alloc && args.servers > 1;
     let steps = if args.no_alloc {
         0
     } else {
         args.clients.len() * if isolated.is_some() { 3 } else { 2 }
-    } + if args.no_data {
-        0
-    } else {
-        2 * (lat_sizes.len() + bw_sizes.len())
-    };
+    } + if spread { 2 } else { 0 }
+        + if args.no_data {
+            0
+        } else {
+            2 * (lat_sizes.len() + bw_sizes.len())
+        };
     let mut bar = Steps::new("bench pool", steps as u64, args.json);
     let mut rows = Vec::new();
     let mut next_id = 1000u64;
     if !args.no_alloc {
-        let baseline = TwoSidedServer::start(device, args.ip, 32 << 20, object)?;
+        let baseline = TwoSidedServer::start(device, transport, args.ip, 32 << 20, object)?;
         for &n in &args.clients {
             bar.set_message(format!("alloc+free, {n} clients, one-sided"));
-            let ours = one_sided(device, &server, n, next_id, object, args.live, secs)?;
+            let ours = one_sided(
+                device,
+                transport,
+                &[&server],
+                n,
+                next_id,
+                object,
+                args.live,
+                secs,
+            )?;
             next_id += n as u64;
             bar.inc();
             bar.set_message(format!("alloc+free, {n} clients, two-sided"));
-            let base = two_sided(device, &baseline, n, object, args.live, secs)?;
+            let base = two_sided(device, transport, &baseline, n, object, args.live, secs)?;
             bar.inc();
             rows.push(ours.row(
-                provider,
+                (provider, transport),
                 format!("alloc+free x{n}"),
                 object,
                 format!("two-sided SEND/RECV x{n}"),
@@ -192,11 +212,20 @@ pub fn run(args: Args) -> Result<()> {
             if let Some(iso) = &isolated {
                 bar.set_message(format!("alloc+free, {n} clients, isolated"));
                 let handled = iso.stats().requests_handled;
-                let mine = one_sided(device, iso, n, next_id, object, args.live, secs)?;
+                let mine = one_sided(
+                    device,
+                    transport,
+                    &[iso],
+                    n,
+                    next_id,
+                    object,
+                    args.live,
+                    secs,
+                )?;
                 next_id += n as u64;
                 let requests = iso.stats().requests_handled - handled;
                 rows.push(mine.row(
-                    provider,
+                    (provider, transport),
                     format!("alloc+free x{n} isolated ({requests} server requests)"),
                     object,
                     format!("trusted one-sided x{n}"),
@@ -207,6 +236,20 @@ pub fn run(args: Args) -> Result<()> {
         baseline.stop();
     }
     drop((server, isolated));
+    if spread {
+        rows.push(across_servers(
+            device,
+            transport,
+            args.servers,
+            size,
+            object,
+            args.live,
+            secs,
+            next_id,
+            &mut bar,
+        )?);
+        next_id += 2;
+    }
     if !args.no_data {
         // A server of their own, with a lease longer than any run: the raw reference QP
         // takes no lease slot, and a server disconnects lease-less connections after two
@@ -220,6 +263,7 @@ pub fn run(args: Args) -> Result<()> {
         )?;
         rows.extend(data_rows(
             device,
+            transport,
             &data_server,
             next_id,
             &lat_sizes,
@@ -239,10 +283,13 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn path(provider: ProviderKind) -> String {
-    match provider {
-        ProviderKind::Soft => "local".into(),
-        p => p.name().into(),
+/// The path a row measured: the soft provider's transport (auto is intra-host here), or
+/// the provider's name.
+fn path(provider: ProviderKind, transport: Transport) -> String {
+    match (provider, transport) {
+        (ProviderKind::Soft, Transport::Tcp) => "tcp".into(),
+        (ProviderKind::Soft, _) => "local".into(),
+        (p, _) => p.name().into(),
     }
 }
 
@@ -252,7 +299,17 @@ fn fmt_pair(s: &Stats) -> String {
 
 /// The verdicts the issue asks for, under the table.
 fn summary(rows: &[Row]) {
-    let rate: Vec<&Row> = rows.iter().filter(|r| r.metric == "rate").collect();
+    let rate: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.metric == "rate" && !r.op.contains("servers"))
+        .collect();
+    for r in rows.iter().filter(|r| r.op.contains("servers")) {
+        crate::outln!(
+            "\n{} / 1 server: {:.2}x (goal: >= 0.67, within 1.5x)",
+            r.op.trim_start_matches("alloc+free x1, "),
+            r.ratio
+        );
+    }
     if !rate.is_empty() {
         let parts: Vec<String> = rate
             .iter()
@@ -317,7 +374,7 @@ impl Rate {
     /// Its row in the table, against `reference` (named `name`).
     fn row(
         &self,
-        provider: ProviderKind,
+        (provider, transport): (ProviderKind, Transport),
         op: String,
         size: u64,
         name: String,
@@ -325,7 +382,7 @@ impl Rate {
     ) -> Row {
         Row {
             provider: provider.name().into(),
-            transport: path(provider),
+            transport: path(provider, transport),
             op,
             metric: "rate".into(),
             size: size as usize,
@@ -424,20 +481,73 @@ impl Drop for OneSided {
     }
 }
 
-/// alloc+free through `PoolClient`s, one-sided.
+/// alloc+free of one client spread round-robin over `n` servers (each on a context of its
+/// own, as on separate hosts) against the same client on the first of them alone: the
+/// servers take no part in allocation, so the rate should not drop with more of them.
+#[allow(clippy::too_many_arguments)]
+fn across_servers(
+    device: &DeviceArgs,
+    transport: Transport,
+    n: usize,
+    size: usize,
+    object: u64,
+    live: usize,
+    secs: f64,
+    first_id: u64,
+    bar: &mut Steps,
+) -> Result<Row> {
+    let mut contexts = Vec::with_capacity(n);
+    let mut servers = Vec::with_capacity(n);
+    for i in 0..n {
+        let ctx = device.open(transport)?;
+        let cfg = ServerConfig {
+            node: i as u32 + 1,
+            ..server_config(SocketAddr::new(IpAddr::from([127, 0, 0, 1]), 0), size)
+        };
+        servers.push(MemoryServer::start(&ctx, cfg)?);
+        contexts.push(ctx);
+    }
+    let all: Vec<&MemoryServer> = servers.iter().collect();
+    bar.set_message(format!("alloc+free, 1 client, {n} servers"));
+    let spread = one_sided(device, transport, &all, 1, first_id, object, live, secs)?;
+    bar.inc();
+    bar.set_message("alloc+free, 1 client, 1 server".to_string());
+    let one = one_sided(
+        device,
+        transport,
+        &all[..1],
+        1,
+        first_id + 1,
+        object,
+        live,
+        secs,
+    )?;
+    bar.inc();
+    Ok(spread.row(
+        (device.kind(), transport),
+        format!("alloc+free x1, {n} servers"),
+        object,
+        "1 server x1".into(),
+        &one,
+    ))
+}
+
+/// alloc+free through `PoolClient`s, one-sided, over `servers` (round-robin).
+#[allow(clippy::too_many_arguments)]
 fn one_sided(
     device: &DeviceArgs,
-    server: &MemoryServer,
+    transport: Transport,
+    servers: &[&MemoryServer],
     n: usize,
     first_id: u64,
     object: u64,
     live: usize,
     secs: f64,
 ) -> Result<Rate> {
-    let members = StaticMembership::new(vec![server.addr()]);
+    let members = StaticMembership::new(servers.iter().map(|s| s.addr()).collect());
     let members = &members;
     let rate = clients(n, secs, |i| {
-        let ctx = device.open(Transport::Auto)?;
+        let ctx = device.open(transport)?;
         let pd = ctx.alloc_pd()?;
         let client =
             PoolClient::connect(&ctx, &pd, members, ClientConfig::new(first_id + i as u64))?;
@@ -461,7 +571,7 @@ fn one_sided(
     });
     // Every measurement starts from the same empty pool (the clients freed what they held).
     let until = Instant::now() + Duration::from_secs(10);
-    while server.stats().chunks_owned > 0 && Instant::now() < until {
+    while servers.iter().any(|s| s.stats().chunks_owned > 0) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(20));
     }
     rate

@@ -3,6 +3,7 @@
 
 use super::{EngineConfig, Progress, Shared};
 use crate::fabric::Completion;
+use crate::util::spin::PollPause;
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -111,9 +112,13 @@ impl Drop for Progressors {
 fn busy_poll(s: &Shared, cq: usize) {
     let mut buf = [Completion::EMPTY; 32];
     let mut idle = 0u32;
+    // Yielding between empty polls past the first microseconds: the threads whose work this
+    // one waits for (a NIC's, the tasks') get the core when all are busy.
+    let mut pause = PollPause::new();
     while !s.stop.load(Ordering::Acquire) {
         if s.poll_once(cq, &mut buf) > 0 {
             idle = 0;
+            pause = PollPause::new();
         } else if s.broken[cq].load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(1));
         } else {
@@ -121,7 +126,7 @@ fn busy_poll(s: &Shared, cq: usize) {
             if idle > 2000 {
                 std::thread::sleep(Duration::from_micros(50));
             } else {
-                std::hint::spin_loop();
+                pause.pause();
             }
         }
     }

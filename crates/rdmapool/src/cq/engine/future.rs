@@ -4,6 +4,7 @@ use super::qp_shared::{Credits, QpShared};
 use super::slots::ANY_SOURCE;
 use crate::fabric::provider::BindSpec;
 use crate::fabric::{Completion, Mw, Qp, RecvWr, SendWr, Sge, WcOpcode, WrOp};
+use crate::util::spin::PollPause;
 use crate::{Error, Result};
 use std::future::Future;
 use std::pin::Pin;
@@ -284,7 +285,8 @@ impl<B: Send + 'static> OpFuture<'_, B> {
     /// The only operation in flight polls its CQ (every CQ, for a wrapped QP) for its own
     /// completion for up to [`super::EngineConfig::spin`] before it parks: for one
     /// operation at a time, a wake-up (another thread's, or the completion channel's) costs
-    /// more than the round trip itself.
+    /// more than the round trip itself. Past its first microseconds it yields between polls
+    /// ([`PollPause`]), so the threads it waits for get a core when all are busy.
     fn spin_then_park(&mut self, idx: u32, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
         let qp = self.qp;
         let q = qp;
@@ -294,6 +296,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
         }
         let mut until = None; // read the clock only once the first look failed
         let mut buf = [Completion::EMPTY; 2];
+        let mut pause = PollPause::new();
         loop {
             if q.cq == ANY_SOURCE {
                 for cq in 0..s.pool.cqs().len() {
@@ -310,7 +313,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
             if now >= *until.get_or_insert(now + s.spin) || s.table.in_flight() > 1 {
                 return Poll::Pending;
             }
-            std::hint::spin_loop();
+            pause.pause();
         }
     }
 }

@@ -13,6 +13,7 @@ pub use future::{OpCompletion, OpFuture};
 
 use super::placement::{Assignment, CqPool};
 use crate::fabric::{Completion, Cq, Pd, Qp, QpConfig};
+use crate::util::spin::PollPause;
 use crate::{Error, Result};
 use drivers::Progressors;
 use qp_shared::QpShared;
@@ -247,11 +248,15 @@ impl Engine {
             return v;
         }
         let mut buf = [Completion::EMPTY; 16];
+        // Past its first microseconds the loop yields between polls, so that on a machine
+        // with more busy threads than cores the threads this one waits for get a core.
+        let mut pause = PollPause::new();
         loop {
             self.progress_into(&mut buf);
             if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
                 return v;
             }
+            pause.pause();
         }
     }
 
