@@ -272,14 +272,19 @@ fn bench_pool_json_lines_match_their_schema() {
         "64K",
         "--iters",
         "200",
+        "--servers",
+        "2",
         "--json",
     ]);
-    // One alloc+free row, then WRITE and READ: a latency and a bandwidth row each.
-    assert_eq!(v.len(), 5, "{v:?}");
+    // One alloc+free row, the row of two servers against one, then WRITE and READ: a
+    // latency and a bandwidth row each.
+    assert_eq!(v.len(), 6, "{v:?}");
     for r in &v {
         check("bench-pool", r);
     }
     assert_eq!(v[0]["metric"], "rate");
+    assert_eq!(v[1]["op"], "alloc+free x1, 2 servers");
+    assert_eq!(v[1]["metric"], "rate");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //!
 //! It publishes the region (rkey, PD, access, address, length) and a state word: a VALID bit
 //! and a count of intra-host operations in flight. A peer on this host that mapped the memfd
-//! checks its operations against this page ([`grant`]) with the same check as every other
+//! checks its operations against this page ([`Page::grant`]) with the same check as every other
 //! path; deregistration clears VALID, then waits for operations in flight ([`retract`]).
 
 use super::access::Grant;
@@ -35,37 +35,74 @@ pub(crate) fn offset(m: &Mapping) -> usize {
     m.len() - page_size()
 }
 
-fn word(m: &Mapping, field: usize) -> &AtomicU64 {
-    m.word(offset(m) + field)
+/// The control page's words, found and bounds-checked once for all of them (the
+/// intra-host path reads several per operation).
+#[derive(Clone, Copy)]
+pub(crate) struct Page<'a> {
+    words: &'a [AtomicU64; WORDS],
+}
+
+/// Words the page uses (STATE to LEN).
+const WORDS: usize = LEN / 8 + 1;
+
+/// The control page of `m`.
+pub(crate) fn page(m: &Mapping) -> Page<'_> {
+    page_at(m, offset(m))
+}
+
+/// The control page of `m`, which starts at `at` (its [`offset`], computed once by callers
+/// that look at the page per operation).
+pub(crate) fn page_at(m: &Mapping, at: usize) -> Page<'_> {
+    m.word(at + LEN); // bounds: the last word is inside the mapping (asserts)
+                      // SAFETY: the first and the last of the WORDS consecutive aligned words are inside the
+                      // mapping (`word` checked both), so all are; they live as long as the borrow of `m`,
+                      // and an array of atomics has the layout of its elements.
+    let words = unsafe { &*(m.word(at) as *const AtomicU64 as *const [AtomicU64; WORDS]) };
+    Page { words }
+}
+
+impl<'a> Page<'a> {
+    fn word(self, field: usize) -> &'a AtomicU64 {
+        &self.words[field / 8]
+    }
+
+    /// The state word (VALID and the in-flight count).
+    pub(crate) fn state(self) -> &'a AtomicU64 {
+        self.word(STATE)
+    }
+
+    /// What the page says the region under `rkey` grants (`None`: another key). Read after
+    /// the state word, which the caller loaded with Acquire and found VALID.
+    pub(crate) fn grant(self, rkey: u32) -> Option<Grant> {
+        if self.word(RKEY).load(Ordering::Relaxed) != rkey as u64 {
+            return None;
+        }
+        Some(Grant {
+            base: self.word(ADDR).load(Ordering::Relaxed),
+            len: self.word(LEN).load(Ordering::Relaxed),
+            access: AccessFlags::from_bits_truncate(
+                self.word(ACCESS).load(Ordering::Relaxed) as u32
+            ),
+            pd: self.word(PD).load(Ordering::Relaxed) as u32,
+        })
+    }
 }
 
 /// The state word (VALID and the in-flight count).
 pub(crate) fn state(m: &Mapping) -> &AtomicU64 {
-    word(m, STATE)
+    page(m).state()
 }
 
 /// Publishes a registered region.
 pub(crate) fn publish(m: &Mapping, rkey: u32, g: Grant) {
-    word(m, RKEY).store(rkey as u64, Ordering::Relaxed);
-    word(m, PD).store(g.pd as u64, Ordering::Relaxed);
-    word(m, ACCESS).store(g.access.bits() as u64, Ordering::Relaxed);
-    word(m, ADDR).store(g.base, Ordering::Relaxed);
-    word(m, LEN).store(g.len, Ordering::Relaxed);
-    state(m).store(VALID, Ordering::Release);
-}
-
-/// What the page says the region under `rkey` grants (`None`: another key). Read after the
-/// state word, which the caller loaded with Acquire and found VALID.
-pub(crate) fn grant(m: &Mapping, rkey: u32) -> Option<Grant> {
-    if word(m, RKEY).load(Ordering::Relaxed) != rkey as u64 {
-        return None;
-    }
-    Some(Grant {
-        base: word(m, ADDR).load(Ordering::Relaxed),
-        len: word(m, LEN).load(Ordering::Relaxed),
-        access: AccessFlags::from_bits_truncate(word(m, ACCESS).load(Ordering::Relaxed) as u32),
-        pd: word(m, PD).load(Ordering::Relaxed) as u32,
-    })
+    let p = page(m);
+    p.word(RKEY).store(rkey as u64, Ordering::Relaxed);
+    p.word(PD).store(g.pd as u64, Ordering::Relaxed);
+    p.word(ACCESS)
+        .store(g.access.bits() as u64, Ordering::Relaxed);
+    p.word(ADDR).store(g.base, Ordering::Relaxed);
+    p.word(LEN).store(g.len, Ordering::Relaxed);
+    p.state().store(VALID, Ordering::Release);
 }
 
 /// Withdraws a region: peers' later operations fail; waits for those already copying.

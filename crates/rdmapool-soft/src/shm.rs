@@ -24,6 +24,8 @@ use std::time::Instant;
 /// A peer's region mapped into this process.
 pub(crate) struct RemoteMr {
     map: Mapping,
+    /// Bytes before the control page: no operation reaches past them.
+    data_len: usize,
 }
 
 impl RemoteMr {
@@ -35,12 +37,17 @@ impl RemoteMr {
                 reason: "too small to hold a control page".into(),
             });
         }
-        Ok(Self { map })
+        let data_len = control::offset(&map);
+        Ok(Self { map, data_len })
     }
 
     /// Whether the peer still has it registered (stale entries are dropped from caches).
     pub(crate) fn is_valid(&self) -> bool {
-        control::state(&self.map).load(Ordering::Acquire) & control::VALID != 0
+        self.page().state().load(Ordering::Acquire) & control::VALID != 0
+    }
+
+    fn page(&self) -> control::Page<'_> {
+        control::page_at(&self.map, self.data_len)
     }
 }
 
@@ -75,18 +82,19 @@ pub(crate) fn execute(
         len,
         atomic: matches!(op, FastOp::CompareSwap { .. } | FastOp::FetchAdd { .. }),
     };
-    let state = control::state(&rm.map);
+    let page = rm.page();
+    let state = page.state();
     let before = state.fetch_add(1, Ordering::AcqRel);
     let status = (|| {
         let grant = (before & control::VALID != 0)
-            .then(|| control::grant(&rm.map, rkey))
+            .then(|| page.grant(rkey))
             .flatten();
         if let Err(status) = access.check(grant) {
             return status;
         }
         let base = grant.map_or(0, |g| g.base);
         let offset = (addr - base) as usize;
-        if offset + len as usize > control::offset(&rm.map) {
+        if offset + len as usize > rm.data_len {
             return WcStatus::RemAccessErr; // a lying control page cannot reach past the data
         }
         // SAFETY: offset + len lies inside the data part of the mapping (checked just above).

@@ -76,12 +76,14 @@ impl Mapping {
 
     /// Start of the mapping.
     #[doc(hidden)]
+    #[inline]
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
     }
 
     /// Mapped length (a whole number of pages).
     #[doc(hidden)]
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -113,6 +115,7 @@ impl Mapping {
 
     /// The aligned 8-byte word at byte `offset`, as an atomic shared with other processes.
     #[doc(hidden)]
+    #[inline]
     pub fn word(&self, offset: usize) -> &AtomicU64 {
         assert!(
             offset.is_multiple_of(8) && offset + 8 <= self.len,

@@ -63,6 +63,10 @@ pub struct Requester {
     /// Posting order: completed entries not yet taken, then those on the wire, then (only
     /// after a local failure) flushed ones.
     pending: VecDeque<Entry>,
+    /// Finished entries posted before everything in `pending`, kept as their completions
+    /// only: an entry finished at once with nothing pending before it (the intra-host path,
+    /// a local error) is not moved into `pending` (a few hundred bytes each).
+    done_early: VecDeque<Finished>,
     /// Entries before this index are done (a hint; the oldest sent one is at or after it).
     head_done: usize,
     in_flight: usize,
@@ -85,6 +89,7 @@ impl Requester {
             timeout,
             max_msg,
             pending: VecDeque::with_capacity(depth as usize),
+            done_early: VecDeque::with_capacity(depth as usize),
             head_done: 0,
             in_flight: 0,
             next_seq: 0,
@@ -98,7 +103,7 @@ impl Requester {
 
     /// Free entries.
     pub fn room(&self) -> usize {
-        self.depth - self.pending.len()
+        self.depth - self.pending.len() - self.done_early.len()
     }
 
     /// Requests on the wire.
@@ -131,7 +136,7 @@ impl Requester {
         signaled: bool,
         now: Instant,
     ) -> Option<Entry> {
-        if self.pending.len() >= self.depth {
+        if self.room() == 0 {
             return None;
         }
         let seq = self.next_seq;
@@ -163,6 +168,17 @@ impl Requester {
     }
 
     fn push_done(&mut self, mut e: Entry, status: WcStatus) {
+        if self.pending.is_empty() {
+            // Everything posted before it has completed: only its completion is kept.
+            self.done_early.push_back(Finished {
+                wr_id: e.wr_id,
+                opcode: e.opcode,
+                signaled: e.signaled,
+                status,
+                byte_len: e.byte_len,
+            });
+            return;
+        }
         e.outcome = Outcome::Done(status);
         self.pending.push_back(e);
     }
@@ -366,6 +382,9 @@ impl Requester {
 
     /// The next finished work request in posting order, if the oldest one is finished.
     pub fn poll_done(&mut self) -> Option<Finished> {
+        if let Some(done) = self.done_early.pop_front() {
+            return Some(done);
+        }
         let e = self.pending.front()?;
         let Outcome::Done(status) = e.outcome else {
             return None;
