@@ -15,8 +15,12 @@ use std::time::{Duration, Instant};
 const LEASE: Duration = Duration::from_secs(2);
 
 fn server(node: u32) -> MemoryServer {
+    server_on(node, Transport::Tcp)
+}
+
+fn server_on(node: u32, transport: Transport) -> MemoryServer {
     MemoryServer::start(
-        &node_on(Transport::Tcp).ctx,
+        &node_on(transport).ctx,
         ServerConfig {
             node,
             size: 8 << 20,
@@ -33,10 +37,11 @@ fn server(node: u32) -> MemoryServer {
 /// The child's side: role `server` runs node 1 until stdin closes.
 #[test]
 fn child_entry() {
-    if std::env::var("RDMAPOOL_TEST_CHILD").as_deref() != Ok("server") {
-        return; // an ordinary test run: nothing to do
-    }
-    let s = server(1);
+    let s = match std::env::var("RDMAPOOL_TEST_CHILD").as_deref() {
+        Ok("server") => server(1),
+        Ok("mapped") => server_on(1, Transport::Auto),
+        _ => return, // an ordinary test run: nothing to do
+    };
     println!("@{}", s.addr());
     while !parent_line().is_empty() {}
 }
@@ -91,4 +96,56 @@ fn a_silent_server_costs_the_client_that_node_only() {
         "the silent node is down"
     );
     silent.signal(libc::SIGCONT);
+}
+
+/// A trusted soft server exports memory its NIC owns: a client of the same user on this host
+/// maps it and runs READ, WRITE, atomics, alloc and free without the server's CPU, so they
+/// keep working while the server process is stopped (as a NIC serves a frozen host). Once
+/// the process is gone, the client finds out within its liveness probe: operations fail with
+/// the node down, none succeed against the dead server's memory.
+#[test]
+fn a_stopped_server_still_serves_same_host_clients_through_its_memory_and_a_dead_one_does_not() {
+    if soft_only("a stopped server process on this host") {
+        return;
+    }
+    let mut server = Child::spawn(module_path!(), "mapped", &[]);
+    let addr: SocketAddr = server.line().parse().unwrap();
+    let members = StaticMembership::new(vec![addr]);
+    let n = node_on(Transport::Local);
+    let c = PoolClient::connect(&n.ctx, &n.pd, &members, ClientConfig::new(7)).unwrap();
+    let p = c.block_on(c.alloc(64, None)).unwrap();
+    let local = std::sync::Arc::new(
+        n.pd.alloc_mr(64, rdmapool::fabric::AccessFlags::LOCAL_WRITE)
+            .unwrap(),
+    );
+    local.write_at(0, b"written before the stop").unwrap();
+    c.block_on(c.write(p, 0, local.clone(), 0, 23)).0.unwrap();
+
+    server.stop();
+    // Served from the mapping: the stopped process takes no part.
+    assert_eq!(c.block_on(c.fetch_and_add(p, 32, 5)).unwrap(), 0);
+    assert_eq!(c.block_on(c.fetch_and_add(p, 32, 1)).unwrap(), 5);
+    local.write_at(0, &[0u8; 23]).unwrap();
+    c.block_on(c.read(p, 0, local.clone(), 0, 23)).0.unwrap();
+    let mut got = [0u8; 23];
+    local.read_at(0, &mut got).unwrap();
+    assert_eq!(&got, b"written before the stop");
+    let q = c.block_on(c.alloc(64, None)).unwrap();
+    c.block_on(c.free(q)).unwrap();
+    server.signal(libc::SIGCONT);
+
+    drop(server); // killed and reaped
+    let until = Instant::now() + Duration::from_secs(30);
+    let err = loop {
+        match c.block_on(c.fetch_and_add(p, 32, 1)) {
+            Err(e) => break e,
+            Ok(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
+            Ok(v) => panic!("operations on a dead server's memory kept succeeding ({v})"),
+        }
+    };
+    assert!(matches!(err, Error::NodeDown { node: 1, .. }), "{err:?}");
+    assert!(
+        c.block_on(c.fetch_and_add(p, 32, 1)).is_err(),
+        "and stay failed"
+    );
 }
