@@ -5,6 +5,7 @@ Runs each benchmark command with build A, then with build B, for ROUNDS rounds (
 B, ...: both see the same load drift), reads the `--json` lines, and prints for each row the
 median over the rounds of its main figure (latency: median_ns, bandwidth: gbps, rate: mops)
 for A and B, and B/A (below 1 is B faster for latencies, above 1 for the others).
+`bench reg` rows (name, value, unit) are compared by their value.
 
     scripts/ab-bench.py --rounds 3 A/rdma-tool B/rdma-tool \
         "bench data --op write,read --size 8 --transport tcp --iters 5000 --no-ucx"
@@ -27,6 +28,9 @@ def run(tool, command):
         if not line.startswith("{"):
             continue
         r = json.loads(line)
+        if "name" in r:  # bench reg: a named value with its unit
+            rows[("", r["name"], r["unit"], "")] = r["value"]
+            continue
         key = (r["transport"], r["op"], r["metric"], r["size"])
         rows[key] = r[FIGURE.get(r["metric"], "median_ns")]
     return rows

@@ -10,7 +10,7 @@
 //! thread that can sleep (a soft NIC's serving loop) polls for as long as [`AdaptiveSpin`]
 //! says: a spin that found nothing halves the next one (down to none: the
 //! thread sleeps at once); one that found work, or a sleep that work ended within the
-//! longest spin, grows it back. The policy is pure (the caller reports), so its rules are
+//! longest spin (to twice that wait), grows it back. The policy is pure (the caller reports), so its rules are
 //! tested without clocks.
 
 use std::time::{Duration, Instant};
@@ -50,11 +50,12 @@ impl AdaptiveSpin {
     }
 
     /// Takes a sleep that ended after `waited` because work arrived: work that came within
-    /// the longest spin would have been caught by one, so the next wait spins again, a short
-    /// spin first.
+    /// the longest spin would have been caught by one, so the next wait spins for twice
+    /// that long (at least an eighth of the longest spin, at most all of it).
     pub fn slept(&mut self, waited: Duration) {
-        if waited < self.max && self.budget().is_zero() {
-            self.budget = self.max / 8;
+        if waited < self.max {
+            let enough = (waited * 2).clamp(self.max / 8, self.max);
+            self.budget = self.budget.max(enough);
         }
     }
 }
@@ -130,13 +131,13 @@ mod tests {
         assert_eq!(p.budget(), Duration::ZERO, "sleeps at once");
         p.slept(Duration::from_millis(5)); // work came late: spinning would not have helped
         assert_eq!(p.budget(), Duration::ZERO);
-        p.slept(Duration::from_micros(10)); // work came soon: try a short spin
+        p.slept(Duration::from_micros(2)); // work came soon: spin again, an eighth at least
         assert_eq!(p.budget(), MAX / 8);
-        p.slept(Duration::from_micros(10)); // spinning already: a sleep changes nothing
-        assert_eq!(p.budget(), MAX / 8);
-        for _ in 0..3 {
-            p.spun(true);
-        }
+        p.slept(Duration::from_micros(15)); // a spin of twice the gap would have caught it
+        assert_eq!(p.budget(), Duration::from_micros(30));
+        p.slept(Duration::from_micros(5)); // never shrinks the budget
+        assert_eq!(p.budget(), Duration::from_micros(30));
+        p.spun(true);
         assert_eq!(p.budget(), MAX, "grows back while spins pay off");
     }
 
