@@ -70,8 +70,10 @@ const CHUNK: u64 = 8 << 20;
 /// for every client's values four times over).
 const MAX_SIZE: usize = 16 << 20;
 /// The grace period of the bench's stores: replaced blocks are reused soon, so a put loop
-/// does not fill the servers (a reader slower than this would read again).
-const GRACE: Duration = Duration::from_millis(20);
+/// does not fill the servers (a reader slower than this would read again). At 20 ms,
+/// intra-host puts of 1 MiB values (with the servers' memory mapped) replaced versions
+/// faster than their blocks came free and exhausted the servers.
+const GRACE: Duration = Duration::from_millis(2);
 
 fn server_config(ip: IpAddr, node: u32, size: usize) -> ServerConfig {
     ServerConfig {
