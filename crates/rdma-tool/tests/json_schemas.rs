@@ -277,14 +277,18 @@ fn bench_pool_json_lines_match_their_schema() {
         "--json",
     ]);
     // One alloc+free row, the row of two servers against one, then WRITE and READ: a
-    // latency and a bandwidth row each.
-    assert_eq!(v.len(), 6, "{v:?}");
+    // latency and a bandwidth row each; then the pool batches (WRITE against singles and
+    // against raw lists, FAA against singles).
+    assert_eq!(v.len(), 9, "{v:?}");
     for r in &v {
         check("bench-pool", r);
     }
     assert_eq!(v[0]["metric"], "rate");
     assert_eq!(v[1]["op"], "alloc+free x1, 2 servers");
     assert_eq!(v[1]["metric"], "rate");
+    assert_eq!(v[6]["op"], "pool batch write 32");
+    assert!(v[6]["mops"].as_f64().is_some_and(|x| x > 0.0), "{}", v[6]);
+    assert_eq!(v[8]["op"], "pool batch faa 32");
 }
 
 #[test]

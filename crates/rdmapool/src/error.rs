@@ -54,6 +54,11 @@ pub enum Error {
     #[error("cancelled")]
     Cancelled,
 
+    /// An operation of a pool batch was posted in one list with others, and the list
+    /// failed with this (shown) error: whether this operation took effect is unknown.
+    #[error("its list of work requests failed: {0}")]
+    ListFailed(String),
+
     /// An operation did not finish in the time allowed.
     #[error("{0} timed out (ETIMEDOUT)")]
     TimedOut(String),

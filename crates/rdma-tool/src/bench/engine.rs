@@ -261,7 +261,7 @@ impl Target<'_> {
 }
 
 /// Runs `f` (which performs `count` operations) three times; the best rate in Mop/s.
-fn rate(count: u64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+pub(super) fn rate(count: u64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     let mut best = 0f64;
     for _ in 0..3 {
         let t = Instant::now();
@@ -272,7 +272,7 @@ fn rate(count: u64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
 }
 
 /// Raw: one signalled WR per post, `depth` in flight.
-fn raw_window(b: &Bench, depth: usize, count: u64) -> Result<()> {
+pub(super) fn raw_window(b: &Bench, depth: usize, count: u64) -> Result<()> {
     let sg = [b.local.sge(0, 8)?];
     let remote = b.region.at(0)?;
     let mut buf = [Completion::EMPTY; 64];
@@ -293,7 +293,7 @@ fn raw_window(b: &Bench, depth: usize, count: u64) -> Result<()> {
 }
 
 /// Raw: lists of `n` WRs in one post, only the last signalled, two lists in flight.
-fn raw_batches(b: &Bench, n: usize, count: u64) -> Result<()> {
+pub(super) fn raw_batches(b: &Bench, n: usize, count: u64) -> Result<()> {
     let sg = [b.local.sge(0, 8)?];
     let remote = b.region.at(0)?;
     let list: Vec<SendWr<'_>> = (0..n)

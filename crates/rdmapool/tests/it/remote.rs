@@ -11,6 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod batch;
 mod lifecycle;
 
 /// Where servers listen: loopback on soft; the RDMA netdev's address on verbs (RDMA CM

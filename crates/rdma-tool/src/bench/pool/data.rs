@@ -219,6 +219,17 @@ pub(super) fn data_rows(
             bar.inc();
         }
     }
+    bar.set_message("pool batches".into());
+    rows.extend(super::batch::batch_rows(
+        device,
+        transport,
+        &client,
+        ptr,
+        &local,
+        &raw,
+        base_iters.max(super::batch::BATCH as u64) * 4,
+    )?);
+    bar.inc();
     client.block_on(client.free(ptr))?;
     Ok(rows)
 }

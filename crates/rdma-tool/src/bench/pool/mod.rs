@@ -10,6 +10,8 @@
 //!    one and frees its oldest, so both designs do the same work.
 //! 2. READ and WRITE latency and bandwidth through `PoolClient` against a raw QP (post and
 //!    busy-poll, the `bench data` harness) to the same memory of the same server.
+//! 3. The message rate of 8-byte WRITE and FAA in pool batches of 32 (one list, one
+//!    completion each) against the same operations one future each, and against raw lists.
 
 use super::report::{print_json, print_table, Row};
 use super::Stats;
@@ -28,6 +30,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 mod baseline;
+mod batch;
 mod data;
 mod one_sided;
 
@@ -180,7 +183,7 @@ pub fn run(args: Args) -> Result<()> {
         + if args.no_data {
             0
         } else {
-            2 * (lat_sizes.len() + bw_sizes.len())
+            2 * (lat_sizes.len() + bw_sizes.len()) + 1
         };
     let mut bar = Steps::new("bench pool", steps as u64, args.json);
     let mut rows = Vec::new();
@@ -303,7 +306,7 @@ fn fmt_pair(s: &Stats) -> String {
 fn summary(rows: &[Row]) {
     let rate: Vec<&Row> = rows
         .iter()
-        .filter(|r| r.metric == "rate" && !r.op.contains("servers"))
+        .filter(|r| r.op.starts_with("alloc+free") && !r.op.contains("servers"))
         .collect();
     for r in rows.iter().filter(|r| r.op.contains("servers")) {
         crate::outln!(
@@ -329,6 +332,9 @@ fn summary(rows: &[Row]) {
             parts.join(", "),
             if wins { "wins" } else { "does NOT win" }
         );
+    }
+    for r in rows.iter().filter(|r| r.op.starts_with("pool batch")) {
+        crate::outln!("{} / {}: {:.2}x", r.op, r.reference, r.ratio);
     }
     let data: Vec<&Row> = rows.iter().filter(|r| r.metric != "rate").collect();
     if !data.is_empty() {

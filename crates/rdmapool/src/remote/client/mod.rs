@@ -6,6 +6,7 @@
 //! holds the one-sided primitives with their deadline.
 
 mod alloc;
+mod batch;
 pub(crate) mod chunks;
 mod isolated;
 mod node;
@@ -19,6 +20,7 @@ pub(crate) mod takeover;
 
 pub(crate) use store_io::StoreNode;
 
+pub use batch::{BatchOutcome, PoolBatch};
 pub use stats::NodeStats;
 
 use node::{Node, Scratch, Word};
@@ -396,6 +398,32 @@ impl PoolClient {
     pub async fn fetch_and_add(&self, ptr: RemotePtr, offset: u64, add: u64) -> Result<u64> {
         let (node, remote) = self.shared.target(ptr, offset, 8).await?;
         self.shared.faa(&node, remote, add).await
+    }
+
+    /// The counters of this client's progress engine (completions dispatched: a pool batch
+    /// adds one per list, a single operation one each).
+    pub fn engine_stats(&self) -> crate::cq::EngineStats {
+        self.shared.engine.stats()
+    }
+
+    /// A batch of small operations to run together: per server, one list with one doorbell
+    /// and one completion instead of one of each per operation ([`PoolBatch::run`]).
+    /// `B` is the local buffers' type (for a batch of atomics only, any type, such as
+    /// [`Mr<Shared>`](crate::fabric::Mr)).
+    ///
+    /// ```no_run
+    /// # use rdmapool::remote::{PoolClient, RemotePtr};
+    /// # use rdmapool::fabric::{Mr, Shared};
+    /// # async fn f(client: &PoolClient, counter: RemotePtr, obj: RemotePtr, buf: Mr<Shared>) {
+    /// let mut batch = client.batch();
+    /// batch.fetch_and_add(counter, 0, 1).write(obj, 0, buf, 0, 64);
+    /// let outcomes = batch.run().await;
+    /// let old = outcomes[0].result.as_ref().ok().copied().flatten();
+    /// # let _ = old;
+    /// # }
+    /// ```
+    pub fn batch<B: RegisteredMemory + Send + 'static>(&self) -> PoolBatch<'_, B> {
+        PoolBatch::new(self)
     }
 
     /// The live allocations in this client's chunks, read from the servers (after a restart
