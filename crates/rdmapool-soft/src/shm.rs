@@ -107,10 +107,13 @@ pub(crate) fn execute(
 
 /// Moves the bytes (or does the atomic) between the mapped remote range and the local SGEs.
 fn copy(remote: *mut u8, op: &FastOp, local: &LocalList) -> WcStatus {
-    let held: Option<arrayvec::ArrayVec<_, { super::MAX_SGE }>> =
-        local.iter().map(|l| l.mr.hold()).collect();
-    if held.is_none() {
-        return WcStatus::LocProtErr;
+    // Filled in place (collecting into an Option moved the whole array once more).
+    let mut held = arrayvec::ArrayVec::<_, { super::MAX_SGE }>::new();
+    for l in local {
+        match l.mr.hold() {
+            Some(h) => held.push(h),
+            None => return WcStatus::LocProtErr,
+        }
     }
     match op {
         FastOp::Write | FastOp::Read => {

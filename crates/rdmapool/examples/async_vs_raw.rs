@@ -1,5 +1,6 @@
 //! 8-byte WRITEs on the soft provider's intra-host path, one at a time: through the raw
-//! fabric loop (`post_send` + `Cq::poll`) or through the async engine (`Engine::run_until`).
+//! fabric loop (`post_send` + `Cq::poll`) or through the async engine (`Engine::run_until`);
+//! or `list`: raw lists of 32, only the last signalled.
 //! Meant for instruction counts, which are repeatable on a noisy machine
 //! (`OP_SAMPLE=64` turns on the metrics' op latency sampling, 1 request in 64;
 //! `PER_OBJECT=1` their completion counts per CQ and per QP):
@@ -39,7 +40,27 @@ fn main() -> rdmapool::Result<()> {
     let cq_b = b.create_cq(4096)?;
     let peer = pb.create_qp(&cq_b, &cq_b, &cfg)?;
     let t = std::time::Instant::now();
-    if mode == "raw" {
+    if mode == "list" {
+        // Lists of 32 with only the last signalled: one doorbell and one completion each.
+        let cq = a.create_cq(4096)?;
+        let qp = pa.create_qp(&cq, &cq, &cfg)?;
+        qp.connect(&peer.endpoint())?;
+        peer.connect(&qp.endpoint())?;
+        let sg = [local.sge(0, 8)?];
+        let list: Vec<SendWr<'_>> = (0..32)
+            .map(|i| SendWr {
+                wr_id: i,
+                op: WrOp::Write { remote, imm: None },
+                sg_list: &sg,
+                signaled: i == 31,
+            })
+            .collect();
+        let mut buf = [Completion::EMPTY; 1];
+        for _ in 0..n / 32 {
+            qp.post_send(&list)?;
+            while cq.poll(&mut buf)? == 0 {}
+        }
+    } else if mode == "raw" {
         let cq = a.create_cq(4096)?;
         let qp = pa.create_qp(&cq, &cq, &cfg)?;
         qp.connect(&peer.endpoint())?;

@@ -32,22 +32,26 @@ pub enum Route {
     Fail(WcStatus),
 }
 
-/// A QP's intra-host path to one peer: when its liveness was last probed.
+/// A QP's intra-host path to one peer: when its liveness is next probed.
 #[derive(Debug, Clone)]
 pub struct LocalPath {
-    last_probe: Instant,
+    /// The last probe plus [`LIVENESS_INTERVAL`] (compared, not subtracted, per operation).
+    next_probe: Instant,
 }
 
 impl LocalPath {
     /// A path opened at `now` (the connection was just made: no probe is due yet).
     pub fn new(now: Instant) -> Self {
-        Self { last_probe: now }
+        Self {
+            next_probe: now + LIVENESS_INTERVAL,
+        }
     }
 
     /// Whether the socket should be probed now; if so, the probe counts as done at `now`.
+    #[inline]
     pub fn probe_due(&mut self, now: Instant) -> bool {
-        if now.saturating_duration_since(self.last_probe) > LIVENESS_INTERVAL {
-            self.last_probe = now;
+        if now > self.next_probe {
+            self.next_probe = now + LIVENESS_INTERVAL;
             true
         } else {
             false

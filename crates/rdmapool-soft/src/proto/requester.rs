@@ -129,6 +129,7 @@ impl Requester {
 
     /// Takes an entry, or `None` when the queue is full. It stays flushed unless the caller
     /// executes it ([`Self::finish`] or [`Self::sent`]); either way it must be handed back.
+    #[inline]
     pub fn entry(
         &mut self,
         wr_id: u64,
@@ -153,13 +154,52 @@ impl Requester {
         })
     }
 
+    /// Records a work request executed at posting without an [`Entry`] (the intra-host
+    /// path, a local error found before it was queued): it completes with `status` in
+    /// order, as [`Self::finish`] would complete its entry. The caller checked that the
+    /// queue has room. Cheaper than `entry` + `finish`: nothing of the request's local list
+    /// is copied when nothing is pending before it.
+    #[inline]
+    pub fn finish_now(
+        &mut self,
+        wr_id: u64,
+        opcode: WcOpcode,
+        signaled: bool,
+        byte_len: u32,
+        status: WcStatus,
+        now: Instant,
+    ) {
+        debug_assert!(self.room() > 0, "finish_now on a full send queue");
+        if status != WcStatus::Success {
+            self.failed = true;
+        }
+        if self.pending.is_empty() {
+            self.next_seq += 1;
+            self.done_early.push_back(Finished {
+                wr_id,
+                opcode,
+                signaled,
+                status,
+                byte_len,
+            });
+            return;
+        }
+        if let Some(mut e) = self.entry(wr_id, opcode, signaled, now) {
+            e.byte_len = byte_len;
+            e.outcome = Outcome::Done(status);
+            self.pending.push_back(e);
+        }
+    }
+
     /// Hands back an entry that was not executed: it completes with a flush error.
+    #[inline]
     pub fn flush(&mut self, e: Entry) {
         self.push_done(e, WcStatus::WrFlushErr);
     }
 
     /// Hands back an entry executed without the wire (a local operation, a local error, or
     /// the intra-host path): it completes with `status` in order. An error stops the queue.
+    #[inline]
     pub fn finish(&mut self, e: Entry, status: WcStatus) {
         if status != WcStatus::Success {
             self.failed = true;
@@ -167,6 +207,7 @@ impl Requester {
         self.push_done(e, status);
     }
 
+    #[inline]
     fn push_done(&mut self, mut e: Entry, status: WcStatus) {
         if self.pending.is_empty() {
             // Everything posted before it has completed: only its completion is kept.

@@ -8,7 +8,7 @@ use crate::fabric::{
     AccessFlags, Completion, QpState, SendWr, WcOpcode, WcStatus, WindowError, WrOp,
 };
 use crate::io::{self, IoVecs};
-use crate::keys::Window;
+use crate::keys::{LocalList, Window};
 use crate::proto::local::{LocalPath, Route};
 use crate::proto::requester::Entry;
 use crate::proto::wire::{ReqOp, Request, Response, RESP_LEN};
@@ -127,11 +127,11 @@ impl SoftQp {
         if self.send_room(sq) == 0 {
             return Err(self.queue_full());
         }
-        let mut e = sq
-            .req
-            .entry(wr.wr_id, opcode, wr.signaled, now)
-            .ok_or_else(|| self.queue_full())?;
         if state == QpState::Error || !sq.req.accepts_work() {
+            let e = sq
+                .req
+                .entry(wr.wr_id, opcode, wr.signaled, now)
+                .ok_or_else(|| self.queue_full())?;
             sq.req.flush(e);
             return Ok(());
         }
@@ -141,7 +141,8 @@ impl SoftQp {
             // refuses the rest before posting, on every provider). One that names no window
             // any more was revoked with its region: invalidating it changes nothing.
             self.ctx.keys.invalidate_window(rkey, self.pd_id);
-            sq.req.finish(e, WcStatus::Success);
+            sq.req
+                .finish_now(wr.wr_id, opcode, wr.signaled, 0, WcStatus::Success, now);
             return Ok(());
         }
         let (need, atomic) = match wr.op {
@@ -151,25 +152,36 @@ impl SoftQp {
             WrOp::Read { .. } => (AccessFlags::LOCAL_WRITE, false),
             WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => (AccessFlags::LOCAL_WRITE, true),
         };
-        match self.resolve(wr.sg_list, need, &mut e.local) {
+        // Checked into a list on this frame: a request that finishes here (a local error,
+        // the intra-host path) never becomes an entry, whose move costs more than the
+        // operation itself.
+        let mut local = LocalList::new();
+        let byte_len = match self.resolve(wr.sg_list, need, &mut local) {
             // Atomic shapes are validated before posting (SendWr::validate); a zero-length
             // SGE could still leave the list empty here.
             Ok(total) if atomic && total != 8 => {
-                sq.req.finish(e, WcStatus::LocLenErr);
+                sq.req
+                    .finish_now(wr.wr_id, opcode, wr.signaled, 0, WcStatus::LocLenErr, now);
                 return Ok(());
             }
-            Ok(total) => {
-                e.byte_len = total as u32;
-            }
+            Ok(total) => total as u32,
             Err(status) => {
-                sq.req.finish(e, status);
+                sq.req
+                    .finish_now(wr.wr_id, opcode, wr.signaled, 0, status, now);
                 return Ok(());
             }
-        }
-        if let Some(status) = self.try_zero_copy(sq, &wr.op, &e, now) {
-            sq.req.finish(e, status);
+        };
+        if let Some(status) = self.try_zero_copy(sq, &wr.op, byte_len, &local, now) {
+            sq.req
+                .finish_now(wr.wr_id, opcode, wr.signaled, byte_len, status, now);
             return Ok(());
         }
+        let mut e = sq
+            .req
+            .entry(wr.wr_id, opcode, wr.signaled, now)
+            .ok_or_else(|| self.queue_full())?;
+        e.byte_len = byte_len;
+        e.local = local;
         let frame = sq.req.frame(&e, &wr.op);
         self.transmit(sq, &frame, e, more, now);
         Ok(())
@@ -185,7 +197,8 @@ impl SoftQp {
         &self,
         sq: &mut SendSide,
         op: &WrOp,
-        e: &Entry,
+        byte_len: u32,
+        local: &LocalList,
         now: Instant,
     ) -> Option<WcStatus> {
         let direct = match *op {
@@ -200,7 +213,7 @@ impl SoftQp {
             _ => None,
         };
         let quiet = sq.req.is_quiet() && sq.rx.len() == 0;
-        if !LocalPath::may_go_direct(quiet, direct.is_some() && e.byte_len != 0) {
+        if !LocalPath::may_go_direct(quiet, direct.is_some() && byte_len != 0) {
             return None;
         }
         let (remote, fop) = direct?;
@@ -253,9 +266,9 @@ impl SoftQp {
             lp.target_pd,
             remote.rkey,
             remote.addr,
-            e.byte_len as u64,
+            byte_len as u64,
             &fop,
-            &e.local,
+            local,
         );
         if matches!(status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr) {
             lp.target_state.set_error(); // the responder's QP goes to ERR, as on the wire
