@@ -1,6 +1,7 @@
 //! 8-byte WRITEs on the soft provider's intra-host path, one at a time: through the raw
 //! fabric loop (`post_send` + `Cq::poll`) or through the async engine (`Engine::run_until`);
-//! or `list`: raw lists of 32, only the last signalled.
+//! or `list`: raw lists of 32, only the last signalled; or `event`: the async engine driven
+//! by its completion channel on a current-thread tokio runtime.
 //! Meant for instruction counts, which are repeatable on a noisy machine
 //! (`OP_SAMPLE=64` turns on the metrics' op latency sampling, 1 request in 64;
 //! `PER_OBJECT=1` their completion counts per CQ and per QP):
@@ -76,6 +77,30 @@ fn main() -> rdmapool::Result<()> {
             }])?;
             while cq.poll(&mut buf)? == 0 {}
         }
+    } else if mode == "event" {
+        // Event-driven progress on a current-thread runtime, awaited in block_on.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let _in_rt = rt.enter();
+        let engine = Engine::new(
+            vec![a.create_cq(4096)?],
+            EngineConfig {
+                progress: Progress::Event,
+                ..EngineConfig::default()
+            },
+        )?;
+        let qp = engine.create_qp(&pa, &cfg)?;
+        qp.connect(&peer.endpoint())?;
+        peer.connect(&qp.qp().endpoint())?;
+        rt.block_on(async {
+            for _ in 0..n {
+                qp.write(local.clone(), 0, 8, remote).await.0?;
+            }
+            Ok::<_, rdmapool::Error>(())
+        })?;
+        println!("wakeups: {}", engine.stats().wakeups);
     } else {
         let engine = Engine::new(
             vec![a.create_cq(4096)?],

@@ -253,13 +253,20 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
                 // Posted: the slot holds our waker, so a completion wakes us.
                 return match self.try_post(spec, cx) {
                     Poll::Ready(Ok(())) => {
+                        if self.qp.engine.spin.is_zero() {
+                            return Poll::Pending;
+                        }
+                        // One look at the CQ, no spin: a request that completed while it
+                        // was posted (the intra-host path) resolves now, without a re-poll
+                        // (which on a tokio runtime polls the reactor: a system call).
+                        if let Poll::Ready(out) = self.look_once(cx) {
+                            return Poll::Ready(out);
+                        }
                         // Not yet: the task may post more operations in this same poll (a
                         // join of several), and spinning now would hold them back. Asking
                         // to be polled again costs a re-poll, not a park; the next poll
                         // spins if this is still the only operation in flight.
-                        if !self.qp.engine.spin.is_zero() {
-                            cx.waker().wake_by_ref();
-                        }
+                        cx.waker().wake_by_ref();
                         Poll::Pending
                     }
                     Poll::Pending => Poll::Pending,
@@ -282,6 +289,35 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
 }
 
 impl<B: Send + 'static> OpFuture<'_, B> {
+    /// Just posted as the only operation in flight: polls its CQ (every CQ, for a wrapped
+    /// QP) once and resolves if its completion is there. With others in flight, or a
+    /// busy-polling thread, it leaves the CQs to whoever drives them.
+    fn look_once(&mut self, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
+        let q = self.qp;
+        let s = &q.engine;
+        let Stage::Posted(idx) = self.stage else {
+            return Poll::Pending;
+        };
+        if s.busy_polled || s.table.in_flight() > 1 {
+            return Poll::Pending;
+        }
+        let mut buf = [Completion::EMPTY; 2];
+        if q.cq == ANY_SOURCE {
+            for cq in 0..s.pool.cqs().len() {
+                s.poll_once(cq, &mut buf);
+            }
+        } else {
+            s.poll_once(q.cq, &mut buf);
+        }
+        match s.table.poll_op(idx, q, cx.waker()) {
+            Poll::Ready(outcome) => {
+                self.stage = Stage::Finished;
+                self.resolve(outcome.into_result().map(OpCompletion::from))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
     /// The only operation in flight polls its CQ (every CQ, for a wrapped QP) for its own
     /// completion for up to [`super::EngineConfig::spin`] before it parks: for one
     /// operation at a time, a wake-up (another thread's, or the completion channel's) costs

@@ -91,6 +91,9 @@ struct Shared {
     wakeups: AtomicU64,
     /// See [`EngineConfig::spin`].
     spin: Duration,
+    /// A thread of the engine polls the CQs all the time ([`Progress::BusyPoll`]): a future
+    /// leaves them to it rather than contending for them right after posting.
+    busy_polled: bool,
 }
 
 impl Shared {
@@ -183,6 +186,7 @@ impl Engine {
             overruns: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
             spin: cfg.spin,
+            busy_polled: cfg.progress == Progress::BusyPoll,
         });
         let progressors = Progressors::start(shared.clone(), &cfg)?;
         Ok(Self {
