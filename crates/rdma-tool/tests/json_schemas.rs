@@ -245,14 +245,16 @@ fn bench_store_json_lines_match_their_schema() {
         "100ms",
         "--json",
     ]);
-    // put x1, get x1, the get latency, put r=2 vs r=1; then redis-benchmark's SET and GET
-    // when redis-server is installed (CI installs it).
-    assert!(v.len() == 4 || v.len() == 6, "{v:?}");
+    // put x1, get x1, the get latency, get_many of both keys, put r=2 vs r=1; then
+    // redis-benchmark's SET and GET when redis-server is installed (CI installs it).
+    assert!(v.len() == 5 || v.len() == 7, "{v:?}");
     for r in &v {
         check("bench-store", r);
     }
     assert_eq!(v[0]["op"], "put x1");
-    assert_eq!(v[3]["op"], "put r=2 vs r=1");
+    assert_eq!(v[3]["op"], "get_many(2) x1");
+    assert!(v[3]["mops"].as_f64().is_some_and(|x| x > 0.0), "{}", v[3]);
+    assert_eq!(v[4]["op"], "put r=2 vs r=1");
 }
 
 #[test]

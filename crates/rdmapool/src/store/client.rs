@@ -13,6 +13,7 @@ use crate::remote::{PoolClient, RemotePtr};
 use crate::{Error, Result};
 use futures_util::future::join_all;
 
+mod many;
 mod reclaim;
 mod repair;
 mod retire;

@@ -9,7 +9,9 @@
 //! application would), SET for put and GET for get, and `redis-benchmark` gives Redis's
 //! own figure. Rows: get and put throughput at each client count against Redis's (ratio =
 //! ours / Redis, higher is better), one-client get latency against Redis's (ratio = ours /
-//! Redis, lower is better), and the cost of a second replica (put with r = 2 against r = 1).
+//! Redis, lower is better), the cost of a second replica (put with r = 2 against r = 1), and
+//! with one client `get_many` of all its keys per call against Redis's MGET of the same
+//! keys (rate in calls per second).
 
 mod redis_ref;
 
@@ -179,7 +181,12 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let secs = args.duration.as_secs_f64();
-    let steps = transports.len() * args.size.len() * (args.clients.len() * 2 + 1);
+    let steps = transports.len() * args.size.len() * (args.clients.len() * 2 + 1)
+        + if args.clients.contains(&1) {
+            transports.len() * args.size.len()
+        } else {
+            0
+        };
     let mut bar = Steps::new("bench store", steps as u64, args.json);
     let mut rows = Vec::new();
     // Redis's figures do not depend on our transport: measured once per size.
@@ -244,6 +251,25 @@ pub fn run(args: Args) -> Result<()> {
                     }
                     if let Some(r) = m.redis {
                         redis_rates.insert((size, n, op), r);
+                    }
+                }
+                if n == 1 {
+                    // Every key of the client in one call: get_many against MGET.
+                    bar.set_message(format!("{path} {} get_many x1", show(size)));
+                    let ours = store_clients(&all, 1, keys, &value, "mget", 1, secs)?;
+                    let redis = match &redis {
+                        Some(r) => Some(match redis_rates.remove(&(size, 0, "mget")) {
+                            Some(rate) => rate,
+                            None => r.clients(1, keys, &value, "mget", secs)?,
+                        }),
+                        None => None,
+                    };
+                    let m = Measured { ours, redis };
+                    let mut r = row(path, provider, format!("get_many({keys}) x1"), size, &m);
+                    r.reference = r.reference.replace(&format!("get_many({keys})"), "MGET");
+                    rows.push(r);
+                    if let Some(r) = m.redis {
+                        redis_rates.insert((size, 0, "mget"), r);
                     }
                 }
             }
@@ -384,10 +410,22 @@ fn store_clients(
     let rate = clients(n, secs, |i| {
         let store = &all[i].store;
         let mut next = 0usize;
+        let owned: Vec<Vec<u8>> = (0..keys).map(|k| key(i, k)).collect();
         Ok(move || -> Result<()> {
             let k = key(i, next % keys);
             next += 1;
-            if put {
+            if op == "mget" {
+                let names: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+                let got = store.block_on(store.get_many(&names));
+                if got
+                    .iter()
+                    .any(|v| !matches!(v, Ok(Some(v)) if v.len() == value.len()))
+                {
+                    return Err(ToolError::Msg(
+                        "bench store: a get_many missed a key it put".into(),
+                    ));
+                }
+            } else if put {
                 store.block_on(store.put_with(&k, value, replicas))?;
             } else if store.block_on(store.get(&k))?.map(|v| v.len()) != Some(value.len()) {
                 return Err(ToolError::Msg(

@@ -77,7 +77,8 @@ impl RedisServer {
             .map_err(redis_err)
     }
 
-    /// `n` clients doing `op` (put: SET, get: GET) on their own `keys` keys for `secs`.
+    /// `n` clients doing `op` (put: SET, get: GET, mget: MGET of all their keys) on their
+    /// own `keys` keys for `secs`.
     pub(super) fn clients(
         &self,
         n: usize,
@@ -97,7 +98,15 @@ impl RedisServer {
             Ok(move || -> Result<()> {
                 let k = &names[next % names.len()];
                 next += 1;
-                if put {
+                if op == "mget" {
+                    let got: Vec<Option<Vec<u8>>> = conn.mget(&names).map_err(redis_err)?;
+                    if got
+                        .iter()
+                        .any(|v| v.as_ref().map(Vec::len) != Some(value.len()))
+                    {
+                        return Err(ToolError::Msg("redis: an MGET missed a key it SET".into()));
+                    }
+                } else if put {
                     conn.set::<_, _, ()>(k, value).map_err(redis_err)?;
                 } else {
                     let got: Option<Vec<u8>> = conn.get(k).map_err(redis_err)?;

@@ -132,6 +132,77 @@ impl PoolClient {
         Ok(out)
     }
 
+    /// Many READs `(node, incarnation, at, len)` at once: per node, lists of up to its
+    /// send-queue depth, each with one doorbell and one completion (a pool batch); the
+    /// nodes' lists run at the same time. `None` for a READ that could not be made or whose
+    /// list failed (its node is then marked down, as for a single READ).
+    pub(crate) async fn store_reads(&self, reads: &[(u32, u64, u64, u64)]) -> Vec<Option<Vec<u8>>> {
+        let s = &self.shared;
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; reads.len()];
+        // Per node: the node, and its reads (index, buffer, length, remote address).
+        type Staged = (usize, Mr<Shared>, u32, crate::fabric::RemoteAddr);
+        let mut groups: Vec<(Arc<Node>, Vec<Staged>)> = Vec::new();
+        for (i, &(node, incarnation, at, len)) in reads.iter().enumerate() {
+            let staged = async {
+                let n = match groups.iter().find(|(n, _)| n.desc.node == node) {
+                    Some((n, _)) if n.desc.incarnation == incarnation => n.clone(),
+                    _ => self.store_node(node, incarnation)?,
+                };
+                let size = u32::try_from(len).map_err(|_| Error::OutOfBounds {
+                    offset: at,
+                    len,
+                    limit: u64::from(u32::MAX),
+                })?;
+                let buf = self.staging(size as usize)?;
+                let remote = s.at(&n, at, len, false).await?;
+                Ok::<_, Error>((n, (i, buf, size, remote)))
+            }
+            .await;
+            if let Ok((n, read)) = staged {
+                match groups.iter_mut().find(|(g, _)| g.desc.node == n.desc.node) {
+                    Some((_, list)) => list.push(read),
+                    None => groups.push((n, vec![read])),
+                }
+            }
+        }
+        let mut lists = Vec::new();
+        for (n, staged) in groups {
+            let depth = n.qp.qp().capacity().send.max(1) as usize;
+            let mut rest = staged.into_iter().peekable();
+            while rest.peek().is_some() {
+                let list: Vec<Staged> = rest.by_ref().take(depth).collect();
+                let n = n.clone();
+                lists.push(async move {
+                    let mut index = Vec::with_capacity(list.len());
+                    let mut ops = Vec::with_capacity(list.len());
+                    for (i, buf, size, remote) in list {
+                        index.push((i, size));
+                        ops.push((crate::fabric::WrOp::Read { remote }, buf, 0, size));
+                    }
+                    let (r, bufs) = timed(&s.timers, &n, n.qp.batch(ops)).await;
+                    let ok = s.seen(&n, r).is_ok();
+                    index
+                        .into_iter()
+                        .zip(bufs)
+                        .map(|((i, size), buf)| {
+                            let bytes = ok.then(|| {
+                                let mut v = vec![0; size as usize];
+                                buf.read_at(0, &mut v).ok().map(|_| v)
+                            });
+                            (i, bytes.flatten())
+                        })
+                        .collect::<Vec<_>>()
+                });
+            }
+        }
+        for done in futures_util::future::join_all(lists).await {
+            for (i, bytes) in done {
+                out[i] = bytes;
+            }
+        }
+        out
+    }
+
     /// Writes `parts`, one after another, at `at` of `node`'s region, in one WRITE.
     pub(crate) async fn store_write(
         &self,

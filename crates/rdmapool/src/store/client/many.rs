@@ -1,0 +1,130 @@
+//! Gets of many keys at once: every key's get machine advances in step, and each step's
+//! READs of all keys go out together as pool batches (per server, one list with one
+//! doorbell and one completion), so N small gets cost about as many round trips as one.
+
+use super::Store;
+use crate::store::format::Kind;
+use crate::store::get::{Get, GetStep};
+use crate::store::lookup::{Replica, Src};
+use crate::Result;
+use std::sync::atomic::Ordering;
+
+/// One key's get, while it runs.
+struct Running {
+    /// Its place in the caller's list.
+    key: usize,
+    replicas: Vec<Replica>,
+    get: Get,
+    /// Its READs of the last step: where they start in the step's combined list, and how
+    /// many.
+    reads: std::ops::Range<usize>,
+}
+
+impl Store {
+    /// The values stored under `keys`, in their order (as [`Store::get`] of each), read
+    /// together: each round of READs of every key goes out as one pool batch per server.
+    /// A striped value's parts are read after its manifest, as by `get`.
+    ///
+    /// # Errors
+    /// Per key, as [`Store::get`].
+    pub async fn get_many(&self, keys: &[&[u8]]) -> Vec<Result<Option<Vec<u8>>>> {
+        let mut out: Vec<Option<Result<Option<Vec<u8>>>>> = (0..keys.len()).map(|_| None).collect();
+        let mut running = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let started = match super::check_user_key(key, 1) {
+                Err(e) => Err(e),
+                Ok(()) => self.replicas(key, self.cfg.replicas, 1).await,
+            };
+            match started {
+                Ok(replicas) => {
+                    let get = Get::hinted(key, &replicas, &self.hints_of(key));
+                    running.push(Running {
+                        key: i,
+                        replicas,
+                        get,
+                        reads: 0..0,
+                    });
+                }
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        // Bytes of the last step's combined READs (empty before the first step).
+        let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+        let mut manifests = Vec::new();
+        while !running.is_empty() {
+            let mut reads = Vec::new();
+            let mut still = Vec::with_capacity(running.len());
+            for mut r in running {
+                let replies: Vec<Option<&[u8]>> = bytes[r.reads.clone()]
+                    .iter()
+                    .map(Option::as_deref)
+                    .collect();
+                let key = keys[r.key];
+                match r.get.advance(&replies) {
+                    Err(e) => out[r.key] = Some(Err(e)),
+                    Ok(GetStep::Read(list)) => {
+                        let start = reads.len();
+                        for read in list {
+                            let inc = r
+                                .replicas
+                                .iter()
+                                .find(|x| x.node == read.node)
+                                .map_or(0, |x| x.incarnation);
+                            reads.push((read.node, inc, read.at, read.len));
+                        }
+                        r.reads = start..reads.len();
+                        still.push(r);
+                    }
+                    Ok(GetStep::Done(None)) => out[r.key] = Some(Ok(None)),
+                    Ok(GetStep::Done(Some((at, found)))) => {
+                        let current: Vec<(u32, u64)> = r
+                            .get
+                            .found()
+                            .iter()
+                            .filter(|x| x.block.version == found.block.version)
+                            .map(|x| (x.node, x.word))
+                            .collect();
+                        self.remember(key, current);
+                        let mut b = match at {
+                            Src::Read(k) => bytes[r.reads.start + k].take().unwrap_or_default(),
+                            Src::Early(e) => r.get.take_early(e),
+                        };
+                        let block = found.block;
+                        out[r.key] = Some(match block.kind {
+                            Kind::Value => {
+                                b.truncate(block.value.end);
+                                b.drain(..block.value.start);
+                                Ok(Some(b))
+                            }
+                            // Read again whole by `get` (its parts, on other servers).
+                            Kind::Manifest => {
+                                manifests.push(r.key);
+                                Ok(None)
+                            }
+                            Kind::Tombstone | Kind::Part => Ok(None),
+                        });
+                    }
+                }
+            }
+            running = still;
+            if running.is_empty() {
+                break;
+            }
+            bytes = self.pool.store_reads(&reads).await;
+        }
+        for i in manifests {
+            out[i] = Some(self.get_value(keys[i]).await);
+        }
+        out.into_iter()
+            .map(|r| {
+                let r = r.unwrap_or(Ok(None));
+                match &r {
+                    Ok(Some(_)) => self.counters.hits.fetch_add(1, Ordering::Relaxed),
+                    Ok(None) => self.counters.misses.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => 0,
+                };
+                r
+            })
+            .collect()
+    }
+}

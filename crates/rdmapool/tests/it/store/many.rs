@@ -1,0 +1,93 @@
+//! `Store::get_many`: many keys read together, each round of READs one pool batch per
+//! server; the same answers as `get`, typed errors per key, and replicas read around a
+//! server that is gone.
+
+use super::*;
+
+#[test]
+fn get_many_answers_as_get_does_with_one_completion_per_server_and_round() {
+    let lease = Duration::from_secs(10);
+    let mut s: Vec<Option<MemoryServer>> = (1..=3).map(|n| Some(server(n, lease))).collect();
+    let refs: Vec<&MemoryServer> = s.iter().flatten().collect();
+    let st = store(&refs, 5, 2);
+    // 64 small values, one striped (4 parts of 64 KiB), one removed.
+    for i in 0..64 {
+        st.block_on(st.put(format!("m{i}").as_bytes(), &value(i, 100 + i)))
+            .unwrap();
+    }
+    let big = value(99, 200 << 10);
+    let striped = Store::new(
+        pool(&refs, 6),
+        StoreConfig {
+            replicas: 2,
+            part_size: 64 << 10,
+            grace: Duration::from_millis(50),
+            ..StoreConfig::default()
+        },
+    )
+    .unwrap();
+    striped.block_on(striped.put(b"big", &big)).unwrap();
+    assert!(st.block_on(st.remove(b"m7")).unwrap());
+    let names: Vec<String> = (0..64)
+        .map(|i| format!("m{i}"))
+        .chain(["big".to_string(), "never".to_string()])
+        .collect();
+    let mut keys: Vec<&[u8]> = names.iter().map(|k| k.as_bytes()).collect();
+    keys.push(b""); // refused, as by get
+    let before = st.pool().engine_stats().completions;
+    let got = st.block_on(st.get_many(&keys));
+    let batched = st.pool().engine_stats().completions - before;
+    assert_eq!(got.len(), keys.len());
+    for (i, got) in got.iter().enumerate().take(64) {
+        let want = (i != 7).then(|| value(i, 100 + i));
+        assert_eq!(got.as_ref().unwrap(), &want, "m{i}");
+    }
+    assert_eq!(
+        got[64].as_ref().unwrap().as_deref(),
+        Some(&big[..]),
+        "the striped value"
+    );
+    assert_eq!(got[65].as_ref().unwrap(), &None, "a key never put");
+    assert!(
+        matches!(got[66], Err(Error::Core(CoreError::OutOfLimits { .. }))),
+        "{:?}",
+        got[66]
+    );
+    // The same answers one by one, and what that costs in completions.
+    let before = st.pool().engine_stats().completions;
+    for (i, key) in keys[..66].iter().enumerate() {
+        assert_eq!(
+            st.block_on(st.get(key)).unwrap(),
+            *got[i].as_ref().unwrap(),
+            "{}",
+            names[i]
+        );
+    }
+    let single = st.pool().engine_stats().completions - before;
+    eprintln!("get_many: {batched} completions, one by one: {single}");
+    // 65 keys read two READs each (bucket, block) on two replicas when one by one; the
+    // batched reads took a completion per server and round (3 servers, 2 or 3 rounds), and
+    // the striped value's own get.
+    assert!(
+        batched * 4 < single,
+        "get_many took {batched} completions, 66 gets {single}"
+    );
+    // A server gone: every key is still read from its other replica.
+    drop(s[1].take());
+    let until = Instant::now() + WAIT;
+    loop {
+        let got = st.block_on(st.get_many(&keys[..64]));
+        let down = got
+            .iter()
+            .filter(|r| matches!(r, Err(Error::NodeDown { .. })))
+            .count();
+        if down > 0 && Instant::now() < until {
+            continue; // the client had not noticed yet; it does once an operation fails
+        }
+        for (i, got) in got.iter().enumerate() {
+            let want = (i != 7).then(|| value(i, 100 + i));
+            assert_eq!(got.as_ref().unwrap(), &want, "m{i} after server 2 died");
+        }
+        break;
+    }
+}
