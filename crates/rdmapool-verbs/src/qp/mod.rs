@@ -23,7 +23,14 @@ pub(crate) struct VerbsQp {
     /// The queue depths, exactly as configured (enforced with `log`).
     capacity: QpCapacity,
     log: Arc<WorkLog>,
+    /// Bytes a SEND or WRITE may carry inline (copied into the work request at posting,
+    /// no DMA read of the buffer): what the device granted of [`INLINE_REQUEST`].
+    max_inline: u32,
 }
+
+/// Inline data asked for per work request: enough for the small WRITEs of counters, locks
+/// and pool metadata.
+const INLINE_REQUEST: u32 = 64;
 
 // SAFETY: a verbs handle; rdma-core QPs may be posted to from any thread.
 unsafe impl Send for VerbsQp {}
@@ -55,11 +62,20 @@ impl VerbsQp {
         init.cap.max_recv_wr = cfg.max_recv_wr.max(1);
         init.cap.max_send_sge = cfg.max_sge;
         init.cap.max_recv_sge = cfg.max_sge;
+        init.cap.max_inline_data = INLINE_REQUEST;
         // SAFETY: a live PD and an initialised attribute struct.
-        let qp = unsafe { (info.v.ibv_create_qp)(pd.pd, &mut init) };
+        let mut qp = unsafe { (info.v.ibv_create_qp)(pd.pd, &mut init) };
+        if qp.is_null() {
+            // A device without inline data (or with less): the same QP without it.
+            init.cap.max_inline_data = 0;
+            // SAFETY: as above.
+            qp = unsafe { (info.v.ibv_create_qp)(pd.pd, &mut init) };
+        }
         if qp.is_null() {
             return Err(os_err("ibv_create_qp"));
         }
+        // What the device granted (rdma-core writes the capabilities back).
+        let max_inline = init.cap.max_inline_data;
         let mut r = [0u8; 4];
         let _ = getrandom::fill(&mut r);
         let psn = u32::from_le_bytes(r) & 0xff_ffff;
@@ -83,6 +99,7 @@ impl VerbsQp {
             psn,
             capacity,
             log,
+            max_inline,
         }))
     }
 

@@ -87,11 +87,28 @@ impl VerbsQp {
         Ok(rkey)
     }
 
-    /// Posts `wrs` in chunks of `CHUNK` (one doorbell each).
+    /// Whether `wr` may go inline: a SEND or WRITE of 1 to `max_inline` bytes.
+    #[inline]
+    fn inline_candidate(&self, wr: &SendWr<'_>) -> bool {
+        let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        matches!(wr.op, WrOp::Send { .. } | WrOp::Write { .. })
+            && total > 0
+            && total <= u64::from(self.max_inline)
+    }
+
+    /// Posts `wrs` in chunks of `CHUNK` (one doorbell each). Small SENDs and WRITEs go
+    /// inline when every piece lies inside a live registration of this context: the
+    /// provider then copies the bytes at posting, so the range must be readable memory,
+    /// which a live registration guarantees; any other piece is left to the device's own
+    /// key and bounds check, as without inline data.
     #[inline]
     pub(super) fn post_sends(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         use std::mem::MaybeUninit;
         for chunk in wrs.chunks(CHUNK) {
+            // Held until the chunk is posted: no region of an inline piece is deregistered
+            // (nor its memory unmapped) while the provider copies from it.
+            let mrs = (self.max_inline > 0 && chunk.iter().any(|w| self.inline_candidate(w)))
+                .then(|| self.pd.ctx.mrs_by_lkey.read());
             // Only the entries used are written (zeroing whole arrays per post is measurable).
             let mut ibv = [const { MaybeUninit::<sys::ibv_send_wr>::uninit() }; CHUNK];
             let mut sges = [const { [MaybeUninit::<sys::ibv_sge>::uninit(); MAX_SGE] }; CHUNK];
@@ -115,6 +132,24 @@ impl VerbsQp {
                 } else {
                     0
                 };
+                if let Some(mrs) = &mrs {
+                    let registered = |s: &crate::fabric::Sge| {
+                        mrs.get(&s.lkey).is_some_and(|&mr| {
+                            let mr = mr as *const sys::ibv_mr;
+                            // SAFETY: a live registration: it is in the table, whose read
+                            // lock we hold, and a region leaves the table before it is
+                            // deregistered. Its `addr` and `length` never change.
+                            let (start, len) = unsafe { ((*mr).addr as u64, (*mr).length as u64) };
+                            s.addr >= start
+                                && s.addr
+                                    .checked_add(u64::from(s.length))
+                                    .is_some_and(|end| end <= start + len)
+                        })
+                    };
+                    if self.inline_candidate(wr) && wr.sg_list.iter().all(registered) {
+                        w.send_flags |= sys::IBV_SEND_INLINE;
+                    }
+                }
                 let imm = |w: &mut sys::ibv_send_wr, v: u32| {
                     w.__bindgen_anon_1 = sys::ibv_send_wr__bindgen_ty_1 {
                         imm_data: v.to_be(),
@@ -197,8 +232,11 @@ impl VerbsQp {
             let mut bad = std::ptr::null_mut();
             // SAFETY: a live QP; the first `fit` entries are initialised and chained (the
             // last one's `next` is null), and they and their SGE arrays live on this stack
-            // frame for the call (the device copies work requests at post time).
+            // frame for the call (the device copies work requests at post time). The pieces
+            // of inline entries lie inside registrations that `mrs` (read-locked until after
+            // the call) keeps live, so in mapped memory the provider may copy from.
             let rc = unsafe { sys::ibv_post_send(self.qp, base, &mut bad) };
+            drop(mrs);
             if rc != 0 {
                 // Requests from `bad` on were not posted (none, if it is not set).
                 let posted = if bad.is_null() {

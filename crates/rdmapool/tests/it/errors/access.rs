@@ -271,7 +271,28 @@ fn a_bad_lkey_where_data_lands_is_a_protection_error() {
 fn bad_local_sges_get_local_errors() {
     for t in transports() {
         type Case = (&'static str, fn(&Mr) -> Sge, WcStatus);
-        let cases: [Case; 3] = [
+        // The small ones are what a verbs QP sends inline (the provider copies the bytes at
+        // posting): they must still be checked against the region, never read from memory
+        // the region does not cover (address 8 is never mapped: a read there would crash).
+        let cases: [Case; 5] = [
+            (
+                "small, in no memory at all",
+                |m| Sge {
+                    addr: 8,
+                    length: 8,
+                    lkey: m.lkey(),
+                },
+                WcStatus::LocProtErr,
+            ),
+            (
+                "small, across the region's end",
+                |m| Sge {
+                    addr: m.addr() + LEN as u64 - 4,
+                    length: 8,
+                    lkey: m.lkey(),
+                },
+                WcStatus::LocProtErr,
+            ),
             (
                 "zero length",
                 |m| Sge {
