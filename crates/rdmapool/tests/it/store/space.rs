@@ -1,0 +1,123 @@
+//! Space: what writers that are gone left is reclaimed, and tombstones found clean twice a
+//! hold apart are cleared.
+
+use super::*;
+
+#[test]
+fn space_left_by_writers_that_are_gone_is_reclaimed_and_their_empty_chunks_given_back() {
+    let lease = Duration::from_secs(1);
+    let a = server(1, lease);
+    let b = server(2, lease);
+    let keys = 40;
+    {
+        let first = store(&[&a, &b], 7, 2);
+        for i in 0..keys {
+            let key = format!("k{i}");
+            first
+                .block_on(first.put(key.as_bytes(), &value(i, 3000)))
+                .unwrap();
+        }
+        drop(first);
+        // A second writer replaces every value, and goes away before its grace period
+        // passed: the first writer's blocks stay allocated, named by no slot.
+        let cfg = StoreConfig {
+            grace: Duration::from_secs(60),
+            ..StoreConfig::default()
+        };
+        let second = Store::new(pool(&[&a, &b], 8), cfg).unwrap();
+        for i in 0..keys {
+            let key = format!("k{i}");
+            second
+                .block_on(second.put(key.as_bytes(), &value(i + 100, 3000)))
+                .unwrap();
+        }
+        assert_eq!(second.stats().retired, 2 * keys as u64);
+    } // both clients go without a word; their leases run out
+    wait_until("both writers' leases expire", || {
+        a.stats().expired_clients + b.stats().expired_clients >= 4
+    });
+    let owned = || a.stats().chunks_owned + b.stats().chunks_owned;
+    let before = owned();
+    assert_eq!(
+        before, 6,
+        "on each server: the index, and a chunk of each writer"
+    );
+    let fixer = store(&[&a, &b], 9, 2);
+    let first_look = fixer.block_on(fixer.repair()).unwrap();
+    assert_eq!(
+        (first_look.reclaimed, first_look.reclaim_pending),
+        (0, 2 * keys),
+        "found, not freed yet: {first_look:?}"
+    );
+    assert_eq!(owned(), before);
+    std::thread::sleep(Duration::from_millis(150)); // twice the grace period, and more
+    let second_look = fixer.block_on(fixer.repair()).unwrap();
+    assert_eq!(
+        (
+            second_look.reclaimed,
+            second_look.released,
+            second_look.reclaim_pending
+        ),
+        (2 * keys, 2, 0),
+        "{second_look:?}"
+    );
+    assert_eq!(
+        owned(),
+        before - 2,
+        "the first writer's chunks are the pool's again"
+    );
+    for i in 0..keys {
+        let key = format!("k{i}");
+        let got = fixer.block_on(fixer.get(key.as_bytes())).unwrap();
+        assert_eq!(
+            got,
+            Some(value(i + 100, 3000)),
+            "{key}: named blocks are kept"
+        );
+    }
+    let again = fixer.block_on(fixer.repair()).unwrap();
+    assert_eq!(
+        (again.reclaimed, again.released, again.reclaim_pending),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn tombstones_found_clean_twice_a_hold_apart_are_cleared_and_free_their_slots() {
+    let lease = Duration::from_secs(10);
+    let a = server(1, lease);
+    let b = server(2, lease);
+    let cfg = StoreConfig {
+        grace: Duration::from_millis(50),
+        tombstone_hold: Duration::from_millis(100),
+        ..StoreConfig::default()
+    };
+    let st = Store::new(pool(&[&a, &b], 1), cfg).unwrap();
+    let keys = 30;
+    for i in 0..keys {
+        let key = format!("gone{i}");
+        st.block_on(st.put(key.as_bytes(), b"soon removed"))
+            .unwrap();
+        assert!(st.block_on(st.remove(key.as_bytes())).unwrap());
+    }
+    st.block_on(st.put(b"kept", b"stays")).unwrap();
+    let first = st.block_on(st.repair()).unwrap();
+    assert_eq!(first.tombstones_cleared, 0, "noted, not cleared: {first:?}");
+    std::thread::sleep(Duration::from_millis(150));
+    let second = st.block_on(st.repair()).unwrap();
+    assert_eq!(second.tombstones_cleared, 2 * keys, "{second:?}");
+    let third = st.block_on(st.repair()).unwrap();
+    assert_eq!(third.keys, 1, "only the kept key is left: {third:?}");
+    for i in 0..keys {
+        let key = format!("gone{i}");
+        assert_eq!(st.block_on(st.locate(key.as_bytes())).unwrap(), [], "{key}");
+        assert_eq!(st.block_on(st.get(key.as_bytes())).unwrap(), None);
+    }
+    // A key put again starts a new sequence; the kept key is untouched.
+    assert_eq!(st.block_on(st.put(b"gone0", b"back")).unwrap().seq, 1);
+    assert_eq!(st.block_on(st.get(b"kept")).unwrap().unwrap(), b"stays");
+    assert_eq!(
+        st.block_on(st.list(b"")).unwrap(),
+        [b"gone0".to_vec(), b"kept".to_vec()]
+    );
+}
