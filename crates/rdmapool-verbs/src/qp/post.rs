@@ -97,7 +97,7 @@ impl VerbsQp {
     }
 
     /// Posts `wrs` in chunks of `CHUNK` (one doorbell each). Small SENDs and WRITEs go
-    /// inline when every piece lies inside a live registration of this context: the
+    /// inline when every piece lies inside a live registration of this QP's PD: the
     /// provider then copies the bytes at posting, so the range must be readable memory,
     /// which a live registration guarantees; any other piece is left to the device's own
     /// key and bounds check, as without inline data.
@@ -138,9 +138,13 @@ impl VerbsQp {
                             let mr = mr as *const sys::ibv_mr;
                             // SAFETY: a live registration: it is in the table, whose read
                             // lock we hold, and a region leaves the table before it is
-                            // deregistered. Its `addr` and `length` never change.
-                            let (start, len) = unsafe { ((*mr).addr as u64, (*mr).length as u64) };
-                            s.addr >= start
+                            // deregistered. Its `pd`, `addr` and `length` never change.
+                            let (pd, start, len) =
+                                unsafe { ((*mr).pd, (*mr).addr as u64, (*mr).length as u64) };
+                            // Another PD's region is the device's to refuse (a local error),
+                            // as without inline data.
+                            pd == self.pd.pd
+                                && s.addr >= start
                                 && s.addr
                                     .checked_add(u64::from(s.length))
                                     .is_some_and(|end| end <= start + len)
