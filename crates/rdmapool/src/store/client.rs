@@ -75,6 +75,9 @@ pub struct StoreStats {
     pub removes: u64,
     /// Blocks waiting for their grace period before they are freed.
     pub retired: u64,
+    /// Puts that found no room and waited for the blocks this client replaced to come free
+    /// (backpressure: [`Store::put`]).
+    pub waits_for_room: u64,
 }
 
 #[derive(Default)]
@@ -83,6 +86,7 @@ struct Counters {
     hits: AtomicU64,
     misses: AtomicU64,
     removes: AtomicU64,
+    waits_for_room: AtomicU64,
 }
 
 /// Where one replica of a key holds its newest block ([`Store::locate`]).
@@ -188,6 +192,7 @@ impl Store {
             misses: c.misses.load(Ordering::Relaxed),
             removes: c.removes.load(Ordering::Relaxed),
             retired: self.retired.lock().len() as u64,
+            waits_for_room: c.waits_for_room.load(Ordering::Relaxed),
         }
     }
 
@@ -199,7 +204,9 @@ impl Store {
     /// key or value (nothing is written), [`Error::NotEnoughReplicas`] when fewer servers are
     /// live than replicas are asked for, [`Error::NodeDown`] when a replica failed (the
     /// version may then be visible on the key's first replica), [`Error::IndexFull`],
-    /// [`Error::Contended`], [`Error::RemoteExhausted`] when a replica has no room.
+    /// [`Error::Contended`], [`Error::RemoteExhausted`] when a replica has no room, even
+    /// after waiting (once, at most a grace period) for the blocks this client replaced to
+    /// come free.
     pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<Version> {
         self.put_with(key, value, self.cfg.replicas).await
     }

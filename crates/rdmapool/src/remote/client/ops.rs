@@ -111,6 +111,56 @@ impl<F: Future> Future for Timed<'_, F> {
     }
 }
 
+/// Resolves at `deadline`: a caller-driven client polls it again by itself; otherwise the
+/// lease thread wakes it (late by up to its own period, a few milliseconds to a quarter
+/// lease: meant for waits of that order or longer).
+pub(super) struct Sleep<'a> {
+    pub(super) timers: &'a Timers,
+    pub(super) deadline: Instant,
+    pub(super) timer: Option<u64>,
+}
+
+impl Drop for Sleep<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.timer.take() {
+            self.timers.pending.lock().remove(&id);
+        }
+    }
+}
+
+impl Future for Sleep<'_> {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if Instant::now() >= self.deadline {
+            if let Some(id) = self.timer.take() {
+                self.timers.pending.lock().remove(&id);
+            }
+            return std::task::Poll::Ready(());
+        }
+        if self.timers.caller_driven {
+            // The caller's loop polls again; asking to be polled keeps a runtime's task
+            // going too.
+            cx.waker().wake_by_ref();
+        } else {
+            let id = match self.timer {
+                Some(id) => id,
+                None => {
+                    let id = self.timers.next.fetch_add(1, Ordering::Relaxed);
+                    self.timer = Some(id);
+                    id
+                }
+            };
+            let entry = (self.deadline, cx.waker().clone());
+            self.timers.pending.lock().insert(id, entry);
+        }
+        std::task::Poll::Pending
+    }
+}
+
 impl Shared {
     pub(super) fn word(&self) -> Result<Word> {
         let offset =

@@ -101,6 +101,16 @@ impl PoolClient {
         Ok(n)
     }
 
+    /// Waits until `deadline` without holding a thread (see `ops::Sleep`).
+    pub(crate) async fn sleep_until(&self, deadline: std::time::Instant) {
+        super::ops::Sleep {
+            timers: &self.shared.timers,
+            deadline,
+            timer: None,
+        }
+        .await
+    }
+
     /// Performs one operation of a word-level machine (the store's index root) on `node`.
     pub(crate) async fn store_io(&self, node: u32, incarnation: u64, io: Io) -> Result<Answer> {
         let n = self.store_node(node, incarnation)?;

@@ -27,6 +27,14 @@ impl Store {
         self.flush_blocks().await + self.flush_parts().await
     }
 
+    /// When the last of the blocks and parts this client retired comes due (the queues
+    /// are in order of their due times), or `None` when none waits.
+    pub(super) fn retired_due(&self) -> Option<Instant> {
+        let blocks = self.retired.lock().back().map(|b| b.due);
+        let parts = self.retired_parts.lock().back().map(|(t, _)| *t);
+        blocks.max(parts)
+    }
+
     async fn flush_blocks(&self) -> usize {
         let now = Instant::now();
         let due: Vec<Retired> = {

@@ -261,12 +261,30 @@ impl Store {
                 max: u64::MAX,
             }));
         }
-        let version = if block_len(key, value.len()) > self.block_limit() {
-            self.put_striped(key, value, replicas).await?
-        } else {
-            let done = self.write(key, value, Kind::Value, replicas).await?;
-            done.version
-                .ok_or_else(|| self.damaged(key, "a put ended without a version"))?
+        let mut waited = false;
+        let version = loop {
+            let put = if block_len(key, value.len()) > self.block_limit() {
+                self.put_striped(key, value, replicas).await
+            } else {
+                match self.write(key, value, Kind::Value, replicas).await {
+                    Ok(done) => done
+                        .version
+                        .ok_or_else(|| self.damaged(key, "a put ended without a version")),
+                    Err(e) => Err(e),
+                }
+            };
+            // Backpressure: no room, but blocks this client replaced wait out their grace
+            // period. Wait for them (at most one grace period), free them, try once more.
+            if let Err(Error::RemoteExhausted { .. }) = &put {
+                if let (false, Some(due)) = (waited, self.retired_due()) {
+                    waited = true;
+                    self.counters.waits_for_room.fetch_add(1, Ordering::Relaxed);
+                    self.pool.sleep_until(due).await;
+                    self.flush_retired().await;
+                    continue;
+                }
+            }
+            break put?;
         };
         self.counters.puts.fetch_add(1, Ordering::Relaxed);
         Ok(version)
