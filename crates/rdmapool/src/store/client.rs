@@ -267,13 +267,7 @@ impl Store {
             match g.advance(&replies)? {
                 GetStep::Read(reads) => bytes = self.reads(&replicas, &reads).await,
                 GetStep::Done(Some((at, f))) => {
-                    let current: Vec<(u32, u64)> = g
-                        .found()
-                        .iter()
-                        .filter(|x| x.block.version == f.block.version)
-                        .map(|x| (x.node, x.word))
-                        .collect();
-                    self.remember(key, current);
+                    self.remember_found(key, &g, f.block.version);
                     let b = match at {
                         Src::Read(i) => bytes.swap_remove(i).unwrap_or_default(),
                         Src::Early(e) => g.take_early(e),
@@ -288,6 +282,17 @@ impl Store {
     /// Where this client last saw `key`'s blocks: `(node, slot word)`.
     pub(super) fn hints_of(&self, key: &[u8]) -> Vec<(u32, u64)> {
         self.hints.lock().get(key).cloned().unwrap_or_default()
+    }
+
+    /// Notes where a finished get found `key`'s blocks of `version` (the current ones).
+    pub(super) fn remember_found(&self, key: &[u8], get: &Get, version: Version) {
+        let current: Vec<(u32, u64)> = get
+            .found()
+            .iter()
+            .filter(|x| x.block.version == version)
+            .map(|x| (x.node, x.word))
+            .collect();
+        self.remember(key, current);
     }
 
     /// Notes where `key`'s current blocks are (a bounded memory: it starts afresh when

@@ -77,14 +77,7 @@ impl Store {
                     }
                     Ok(GetStep::Done(None)) => out[r.key] = Some(Ok(None)),
                     Ok(GetStep::Done(Some((at, found)))) => {
-                        let current: Vec<(u32, u64)> = r
-                            .get
-                            .found()
-                            .iter()
-                            .filter(|x| x.block.version == found.block.version)
-                            .map(|x| (x.node, x.word))
-                            .collect();
-                        self.remember(key, current);
+                        self.remember_found(key, &r.get, found.block.version);
                         let mut b = match at {
                             Src::Read(k) => bytes[r.reads.start + k].take().unwrap_or_default(),
                             Src::Early(e) => r.get.take_early(e),
