@@ -5,7 +5,7 @@ use super::{EngineConfig, Progress, Shared};
 use crate::fabric::Completion;
 use crate::util::spin::PollPause;
 use crate::{Error, Result};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -139,13 +139,23 @@ async fn event_loop(
     afd: tokio::io::unix::AsyncFd<crate::cq::event::CompletionChannel>,
 ) {
     loop {
-        // Arm first, then drain: a completion that lands after the drain's last poll
-        // raises an event, and the ones before the arm are drained here.
-        if let Err(e) = s.cq(cq).req_notify() {
-            tracing::error!(cq, "cannot arm the completion queue: {e}");
-            return;
-        }
+        // Drain; then, if operations are in flight and nobody spins, arm and drain again
+        // (a completion that lands after the last poll raises an event, the ones before
+        // the arm are drained here). The CQ is armed only for someone who waits: a future
+        // arms it when it parks (`OpFuture::park`), a spinner when it leaves others in
+        // flight, this loop for the operations of dropped futures. An operation that
+        // completes while its future spins, or during its post, costs no event and no
+        // wake-up of this task.
         s.drain(cq);
+        // Pairs with the fence of a parking future: either it sees the CQ unarmed (and
+        // arms it), or this loop sees its operation in flight.
+        fence(Ordering::SeqCst);
+        if s.spinners.load(Ordering::SeqCst) == 0
+            && s.table.in_flight() > 0
+            && s.ensure_armed(cq)
+        {
+            s.drain(cq);
+        }
         if s.stop.load(Ordering::Acquire) {
             return;
         }
@@ -161,6 +171,8 @@ async fn event_loop(
                 // Consume every queued event (an unconsumed one raises no new edge), then
                 // clear readiness only if the channel would now block.
                 let _ = s.cq(cq).ack_events();
+                // The request that raised this event is used up.
+                s.armed[cq].store(false, Ordering::SeqCst);
                 if !guard.get_inner().readable_now() {
                     guard.clear_ready();
                 }

@@ -8,7 +8,7 @@ use crate::util::spin::PollPause;
 use crate::{Error, Result};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -254,7 +254,7 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
                 return match self.try_post(spec, cx) {
                     Poll::Ready(Ok(())) => {
                         if self.qp.engine.spin.is_zero() {
-                            return Poll::Pending;
+                            return self.park(cx);
                         }
                         // One look at the CQ, no spin: a request that completed while it
                         // was posted (the intra-host path) resolves now, without a re-poll
@@ -328,8 +328,74 @@ impl<B: Send + 'static> OpFuture<'_, B> {
         let q = qp;
         let s = &q.engine;
         if s.spin.is_zero() || s.table.in_flight() > 1 {
+            return self.park(cx);
+        }
+        if s.event_driven {
+            s.spinners.fetch_add(1, Ordering::SeqCst);
+        }
+        let out = self.spin(idx, cx);
+        if s.event_driven {
+            s.spinners.fetch_sub(1, Ordering::SeqCst);
+            // Others posted meanwhile may have parked on an unarmed CQ (the event loop
+            // does not arm one while somebody spins): arm for them.
+            fence(Ordering::SeqCst);
+            if s.table.in_flight() > out.is_pending() as usize {
+                for cq in 0..s.pool.cqs().len() {
+                    s.arm_and_drain(cq);
+                }
+            }
+        }
+        match out {
+            Poll::Ready(out) => Poll::Ready(out),
+            Poll::Pending => self.park(cx),
+        }
+    }
+
+    /// Leaves the completion to whoever drives the CQs. In event mode the CQs this
+    /// operation completes on must raise an event first: arms them if nobody did, then
+    /// looks once for completions that arrived before the arm (they raise none).
+    fn park(&mut self, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
+        let q = self.qp;
+        let s = &q.engine;
+        let Stage::Posted(idx) = self.stage else {
+            return Poll::Pending;
+        };
+        if !s.event_driven {
             return Poll::Pending;
         }
+        // Pairs with the event loop's fence: either the loop sees this operation in flight
+        // (and arms the CQ), or this sees the CQ unarmed.
+        fence(Ordering::SeqCst);
+        let armed_now = if q.cq == ANY_SOURCE {
+            (0..s.pool.cqs().len()).fold(false, |any, cq| s.ensure_armed(cq) | any)
+        } else {
+            s.ensure_armed(q.cq)
+        };
+        if !armed_now {
+            return Poll::Pending;
+        }
+        let mut buf = [Completion::EMPTY; 2];
+        if q.cq == ANY_SOURCE {
+            for cq in 0..s.pool.cqs().len() {
+                s.poll_once(cq, &mut buf);
+            }
+        } else {
+            s.poll_once(q.cq, &mut buf);
+        }
+        match s.table.poll_op(idx, q, cx.waker()) {
+            Poll::Ready(outcome) => {
+                self.stage = Stage::Finished;
+                self.resolve(outcome.into_result().map(OpCompletion::from))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// [`Self::spin_then_park`]'s spin: Ready with the outcome, or Pending when the spin
+    /// ran out or others are in flight.
+    fn spin(&mut self, idx: u32, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
+        let q = self.qp;
+        let s = &q.engine;
         let mut until = None; // read the clock only once the first look failed
         let mut buf = [Completion::EMPTY; 2];
         let mut pause = PollPause::new();
@@ -358,6 +424,13 @@ impl<B: Send + 'static> Drop for OpFuture<'_, B> {
     fn drop(&mut self) {
         if let Stage::Posted(idx) = self.stage {
             let (qp, buf) = (self.qp, &mut self.buf);
+            if qp.engine.event_driven {
+                // Its completion must still reach the engine to free the slot and buffer.
+                fence(Ordering::SeqCst);
+                for cq in 0..qp.engine.pool.cqs().len() {
+                    qp.engine.arm_and_drain(cq);
+                }
+            }
             // The engine releases slot, entries and buffer on completion; until then the
             // slot keeps the QP and the buffer alive (the one allocation on this path).
             qp.engine

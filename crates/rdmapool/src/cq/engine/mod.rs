@@ -19,7 +19,7 @@ use drivers::Progressors;
 use qp_shared::QpShared;
 use slots::{SlotTable, ANY_SOURCE};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -94,6 +94,15 @@ struct Shared {
     /// A thread of the engine polls the CQs all the time ([`Progress::BusyPoll`]): a future
     /// leaves them to it rather than contending for them right after posting.
     busy_polled: bool,
+    /// Completions reach the futures through completion channels ([`Progress::Event`]).
+    event_driven: bool,
+    /// Event mode: per CQ, whether a notification request is outstanding (its next
+    /// completion raises an event). Armed lazily: only when a future parks, or when the
+    /// event loop finds nobody spinning, so a future that catches its own completion by
+    /// spinning costs no event, no wake-up of the loop and no re-arm.
+    armed: Vec<AtomicBool>,
+    /// Event mode: futures spinning on the CQs for their own completion right now.
+    spinners: AtomicUsize,
 }
 
 impl Shared {
@@ -124,6 +133,29 @@ impl Shared {
                 tracing::error!("completion queue failed: {e}");
                 0
             }
+        }
+    }
+
+    /// Event mode: makes sure `cq` raises an event for its next completion. Returns true if
+    /// it requested one now: the caller then polls once, since completions that arrived
+    /// before the request raise none.
+    #[inline]
+    fn ensure_armed(&self, cq: usize) -> bool {
+        if self.armed[cq].load(Ordering::SeqCst) || self.armed[cq].swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        if let Err(e) = self.cq(cq).req_notify() {
+            tracing::error!(cq, "cannot arm the completion queue: {e}");
+        }
+        true
+    }
+
+    /// Event mode: arms `cq` for those who wait on it if nobody did, and then drains it
+    /// (completions before the arm raise no event).
+    fn arm_and_drain(&self, cq: usize) {
+        if self.ensure_armed(cq) {
+            let mut buf = [Completion::EMPTY; 32];
+            while self.poll_once(cq, &mut buf) == buf.len() {}
         }
     }
 
@@ -187,6 +219,9 @@ impl Engine {
             wakeups: AtomicU64::new(0),
             spin: cfg.spin,
             busy_polled: cfg.progress == Progress::BusyPoll,
+            event_driven: cfg.progress == Progress::Event,
+            armed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            spinners: AtomicUsize::new(0),
         });
         let progressors = Progressors::start(shared.clone(), &cfg)?;
         Ok(Self {

@@ -1,5 +1,7 @@
 //! Progress modes: event-driven on a current-thread runtime, the completion channel,
-//! caller-driven without threads, event mode outside a runtime, parking with one operation.
+//! caller-driven without threads, event mode outside a runtime, parking with one operation,
+//! lazy arming of the completion channel (spinners cost no event; parked futures, spinners
+//! and dropped futures mixed never lose one).
 
 use super::*;
 
@@ -194,5 +196,142 @@ fn the_only_operation_in_flight_waits_for_its_completion_before_parking() {
         } else {
             engine.run_until(f).0.unwrap();
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_future_that_catches_its_completion_by_spinning_costs_no_event() {
+    // One WRITE at a time over TCP (the answer comes from the peer's thread, after the
+    // post), with a spin long enough to catch every answer: the CQ is armed only for
+    // futures that park, so the event task is not woken once per operation (it was, when
+    // it re-armed after every event: one wake-up of a worker per WRITE).
+    const N: u64 = 300;
+    let s = setup_with(
+        1,
+        Transport::Tcp,
+        config(),
+        EngineConfig {
+            progress: Progress::Event,
+            spin: std::time::Duration::from_secs(5),
+            ..EngineConfig::default()
+        },
+    );
+    let local = Arc::new(s._a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
+    for i in 0..N {
+        local.write_at(0, &i.to_le_bytes()).unwrap();
+        let (r, _) = tokio::time::timeout(
+            WAIT,
+            s.qps[0].write(Mr::share(&local), 0, 8, s.target.remote_at(0).unwrap()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("write {i}: no completion within {WAIT:?}"));
+        r.unwrap();
+    }
+    let mut got = [0u8; 8];
+    s.target.read_at(0, &mut got).unwrap();
+    assert_eq!(u64::from_le_bytes(got), N - 1);
+    let stats = s.engine.stats();
+    assert!(stats.completions >= N, "{stats:?}");
+    assert!(
+        stats.wakeups < N / 4,
+        "{} wake-ups of the event task for {N} operations that each spun for their own \
+         completion",
+        stats.wakeups
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spinners_parked_futures_and_dropped_futures_mixed_lose_no_completion() {
+    // Lazy arming under a mix: one task WRITEs one at a time (it spins while it is the only
+    // operation in flight), another posts joins of 8 (they park, and arm the CQ), a third
+    // drops WRITEs in flight (their completions must still free their buffers). Every
+    // future must resolve, on both soft transports; a lost arm would hang one (caught by
+    // the timeouts).
+    for t in transports() {
+        let s = Arc::new(setup_with(
+            2,
+            t,
+            config(),
+            EngineConfig {
+                progress: Progress::Event,
+                spin: std::time::Duration::from_micros(200),
+                ..EngineConfig::default()
+            },
+        ));
+        let local = Arc::new(s._a.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap());
+        local.write_at(0, &pattern(1 << 16, 3)).unwrap();
+        let single = {
+            let (s, local) = (s.clone(), local.clone());
+            tokio::spawn(async move {
+                for i in 0..400usize {
+                    let f = s.qps[0].write(
+                        Mr::share(&local),
+                        0,
+                        8,
+                        s.target.remote_at(0).unwrap(),
+                    );
+                    let (r, _) = tokio::time::timeout(WAIT, f)
+                        .await
+                        .unwrap_or_else(|_| panic!("{t:?} single {i}: hung"));
+                    r.unwrap();
+                }
+            })
+        };
+        let joins = {
+            let (s, local) = (s.clone(), local.clone());
+            tokio::spawn(async move {
+                for round in 0..60usize {
+                    let futs: Vec<_> = (0..8)
+                        .map(|i| {
+                            s.qps[i % 2].write(
+                                Mr::share(&local),
+                                4096 + i * 4096,
+                                4096,
+                                s.target.remote_at(4096 + i * 4096).unwrap(),
+                            )
+                        })
+                        .collect();
+                    for (r, _) in tokio::time::timeout(WAIT, join_all(futs))
+                        .await
+                        .unwrap_or_else(|_| panic!("{t:?} join round {round}: hung"))
+                    {
+                        r.unwrap();
+                    }
+                }
+            })
+        };
+        let drops = {
+            let (s, local) = (s.clone(), local.clone());
+            tokio::spawn(async move {
+                for _ in 0..100usize {
+                    let mut f = Box::pin(s.qps[1].write(
+                        Mr::share(&local),
+                        0,
+                        8,
+                        s.target.remote_at(8).unwrap(),
+                    ));
+                    // Posted in the first poll, then dropped in flight.
+                    let _ = std::future::poll_fn(|cx| Poll::Ready(f.as_mut().poll(cx))).await;
+                    drop(f);
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        for h in [single, joins, drops] {
+            h.await.unwrap();
+        }
+        // The dropped ones' completions arrive through an armed CQ: nothing stays in flight.
+        let deadline = std::time::Instant::now() + WAIT;
+        while s.engine.stats().in_flight > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{t:?}: {} operations still in flight",
+                s.engine.stats().in_flight
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let mut got = vec![0u8; 8 * 4096];
+        s.target.read_at(4096, &mut got).unwrap();
+        assert!(got[..] == pattern(1 << 16, 3)[4096..9 * 4096], "{t:?}");
     }
 }
