@@ -150,10 +150,7 @@ async fn event_loop(
         // Pairs with the fence of a parking future: either it sees the CQ unarmed (and
         // arms it), or this loop sees its operation in flight.
         fence(Ordering::SeqCst);
-        if s.spinners.load(Ordering::SeqCst) == 0
-            && s.table.in_flight() > 0
-            && s.ensure_armed(cq)
-        {
+        if s.spinners.load(Ordering::SeqCst) == 0 && s.table.in_flight() > 0 && s.ensure_armed(cq) {
             s.drain(cq);
         }
         if s.stop.load(Ordering::Acquire) {

@@ -258,18 +258,17 @@ async fn spinners_parked_futures_and_dropped_futures_mixed_lose_no_completion() 
                 ..EngineConfig::default()
             },
         ));
-        let local = Arc::new(s._a.pd.alloc_mr(1 << 16, AccessFlags::all_remote()).unwrap());
+        let local = Arc::new(
+            s._a.pd
+                .alloc_mr(1 << 16, AccessFlags::all_remote())
+                .unwrap(),
+        );
         local.write_at(0, &pattern(1 << 16, 3)).unwrap();
         let single = {
             let (s, local) = (s.clone(), local.clone());
             tokio::spawn(async move {
                 for i in 0..400usize {
-                    let f = s.qps[0].write(
-                        Mr::share(&local),
-                        0,
-                        8,
-                        s.target.remote_at(0).unwrap(),
-                    );
+                    let f = s.qps[0].write(Mr::share(&local), 0, 8, s.target.remote_at(0).unwrap());
                     let (r, _) = tokio::time::timeout(WAIT, f)
                         .await
                         .unwrap_or_else(|_| panic!("{t:?} single {i}: hung"));
