@@ -216,7 +216,11 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
             self.stage = Stage::ToPost(spec);
             return Poll::Pending;
         };
-        let wr_id = s.table.arm(idx, cx.waker(), q.cq, Credits { recv, n });
+        // Armed from inside this poll: until it ends a pending poll, its completion wakes
+        // nobody (the checks below find it).
+        let wr_id = s
+            .table
+            .arm_in_poll(idx, cx.waker(), q.cq, Credits { recv, n }, true);
         match spec.post(&q.qp, wr_id) {
             Ok(()) => {
                 self.stage = Stage::Posted(idx);
@@ -278,9 +282,9 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
         };
         let qp = self.qp;
         let q = qp;
-        match q.engine.table.poll_op(idx, q, cx.waker()) {
-            Poll::Ready(outcome) => self.resolve(outcome.into_result().map(OpCompletion::from)),
-            Poll::Pending => {
+        match q.engine.table.look(idx, q) {
+            Some(outcome) => self.resolve(outcome.into_result().map(OpCompletion::from)),
+            None => {
                 self.stage = Stage::Posted(idx);
                 self.spin_then_park(idx, cx)
             }
@@ -290,24 +294,24 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
 
 impl<B: Send + 'static> OpFuture<'_, B> {
     /// Just posted as the only operation in flight: polls its CQ (every CQ, for a wrapped
-    /// QP) once and resolves if its completion is there. With others in flight, or a
-    /// busy-polling thread, it leaves the CQs to whoever drives them.
+    /// QP) once and resolves if its completion is there (or a busy-polling thread already
+    /// took it: being in its poll, it was not woken for it). With others in flight it
+    /// leaves the CQs to whoever drives them. Ends the poll if it stays pending.
     fn look_once(&mut self, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
         let q = self.qp;
         let s = &q.engine;
         let Stage::Posted(idx) = self.stage else {
             return Poll::Pending;
         };
-        if s.busy_polled || s.table.in_flight() > 1 {
-            return Poll::Pending;
-        }
-        let mut buf = [Completion::EMPTY; 2];
-        if q.cq == ANY_SOURCE {
-            for cq in 0..s.pool.cqs().len() {
-                s.poll_once(cq, &mut buf);
+        if s.table.in_flight() <= 1 {
+            let mut buf = [Completion::EMPTY; 2];
+            if q.cq == ANY_SOURCE {
+                for cq in 0..s.pool.cqs().len() {
+                    s.poll_once(cq, &mut buf);
+                }
+            } else {
+                s.poll_once(q.cq, &mut buf);
             }
-        } else {
-            s.poll_once(q.cq, &mut buf);
         }
         match s.table.poll_op(idx, q, cx.waker()) {
             Poll::Ready(outcome) => {
@@ -333,7 +337,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
         if s.event_driven {
             s.spinners.fetch_add(1, Ordering::SeqCst);
         }
-        let out = self.spin(idx, cx);
+        let out = self.spin(idx);
         if s.event_driven {
             s.spinners.fetch_sub(1, Ordering::SeqCst);
             // Others posted meanwhile may have parked on an unarmed CQ (the event loop
@@ -360,28 +364,27 @@ impl<B: Send + 'static> OpFuture<'_, B> {
         let Stage::Posted(idx) = self.stage else {
             return Poll::Pending;
         };
-        if !s.event_driven {
-            return Poll::Pending;
-        }
-        // Pairs with the event loop's fence: either the loop sees this operation in flight
-        // (and arms the CQ), or this sees the CQ unarmed.
-        fence(Ordering::SeqCst);
-        let armed_now = if q.cq == ANY_SOURCE {
-            (0..s.pool.cqs().len()).fold(false, |any, cq| s.ensure_armed(cq) | any)
-        } else {
-            s.ensure_armed(q.cq)
-        };
-        if !armed_now {
-            return Poll::Pending;
-        }
-        let mut buf = [Completion::EMPTY; 2];
-        if q.cq == ANY_SOURCE {
-            for cq in 0..s.pool.cqs().len() {
-                s.poll_once(cq, &mut buf);
+        if s.event_driven {
+            // Pairs with the event loop's fence: either the loop sees this operation in
+            // flight (and arms the CQ), or this sees the CQ unarmed.
+            fence(Ordering::SeqCst);
+            let armed_now = if q.cq == ANY_SOURCE {
+                (0..s.pool.cqs().len()).fold(false, |any, cq| s.ensure_armed(cq) | any)
+            } else {
+                s.ensure_armed(q.cq)
+            };
+            if armed_now {
+                let mut buf = [Completion::EMPTY; 2];
+                if q.cq == ANY_SOURCE {
+                    for cq in 0..s.pool.cqs().len() {
+                        s.poll_once(cq, &mut buf);
+                    }
+                } else {
+                    s.poll_once(q.cq, &mut buf);
+                }
             }
-        } else {
-            s.poll_once(q.cq, &mut buf);
         }
+        // Ends the poll: the waker recorded, a completion from now on wakes it.
         match s.table.poll_op(idx, q, cx.waker()) {
             Poll::Ready(outcome) => {
                 self.stage = Stage::Finished;
@@ -393,7 +396,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
 
     /// [`Self::spin_then_park`]'s spin: Ready with the outcome, or Pending when the spin
     /// ran out or others are in flight.
-    fn spin(&mut self, idx: u32, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
+    fn spin(&mut self, idx: u32) -> Poll<<Self as Future>::Output> {
         let q = self.qp;
         let s = &q.engine;
         let mut until = None; // read the clock only once the first look failed
@@ -407,7 +410,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
             } else {
                 s.poll_once(q.cq, &mut buf);
             }
-            if let Poll::Ready(outcome) = s.table.poll_op(idx, q, cx.waker()) {
+            if let Some(outcome) = s.table.look(idx, q) {
                 self.stage = Stage::Finished;
                 return self.resolve(outcome.into_result().map(OpCompletion::from));
             }

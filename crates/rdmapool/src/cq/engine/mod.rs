@@ -91,9 +91,6 @@ struct Shared {
     wakeups: AtomicU64,
     /// See [`EngineConfig::spin`].
     spin: Duration,
-    /// A thread of the engine polls the CQs all the time ([`Progress::BusyPoll`]): a future
-    /// leaves them to it rather than contending for them right after posting.
-    busy_polled: bool,
     /// Completions reach the futures through completion channels ([`Progress::Event`]).
     event_driven: bool,
     /// Event mode: per CQ, whether a notification request is outstanding (its next
@@ -218,7 +215,6 @@ impl Engine {
             overruns: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
             spin: cfg.spin,
-            busy_polled: cfg.progress == Progress::BusyPoll,
             event_driven: cfg.progress == Progress::Event,
             armed: (0..n).map(|_| AtomicBool::new(false)).collect(),
             spinners: AtomicUsize::new(0),

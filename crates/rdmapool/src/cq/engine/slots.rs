@@ -138,6 +138,12 @@ struct SlotState<H: Holder> {
     abandoned: bool,
     outcome: Option<Outcome>,
     waker: Option<Waker>,
+    /// The future is inside its poll (between arming, or [`SlotTable::enter`], and the
+    /// [`SlotTable::poll_op`] it ends a pending poll with): a completion only records its
+    /// outcome, which the future's own checks find, and wakes nobody. A wake-up from
+    /// another thread (a busy-polling one) costs that thread a system call and the task a
+    /// second poll, for a completion its future is already looking for.
+    in_poll: bool,
     /// The buffer of an operation whose future was dropped in flight, kept until the
     /// completion arrives (a live future holds its buffer itself).
     keep: Option<Box<dyn Send>>,
@@ -157,6 +163,7 @@ impl<H: Holder> Default for SlotState<H> {
             abandoned: false,
             outcome: None,
             waker: None,
+            in_poll: false,
             keep: None,
             owner: None,
             lease: H::Lease::default(),
@@ -258,10 +265,25 @@ impl<H: Holder> SlotTable<H> {
     /// Fills slot `idx` (just acquired) for an operation about to be posted, and returns the
     /// `wr_id` to post it with. Filled before posting: the completion may arrive before the
     /// post returns.
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn arm(&self, idx: u32, waker: &Waker, source: usize, lease: H::Lease) -> u64 {
+        self.arm_in_poll(idx, waker, source, lease, false)
+    }
+
+    /// [`Self::arm`] from inside the future's poll (`in_poll`): until the future ends a
+    /// pending poll with [`Self::poll_op`], its completion wakes nobody.
+    #[inline]
+    pub(crate) fn arm_in_poll(
+        &self,
+        idx: u32,
+        waker: &Waker,
+        source: usize,
+        lease: H::Lease,
+        in_poll: bool,
+    ) -> u64 {
         let mut st = self.slot(idx);
         st.active = true;
+        st.in_poll = in_poll;
         st.waker = Some(waker.clone());
         st.source = source;
         st.lease = lease;
@@ -274,7 +296,8 @@ impl<H: Holder> SlotTable<H> {
         self.release(idx, self.slot(idx), Some(holder));
     }
 
-    /// The future's poll: its outcome (and the slot released), or its waker recorded.
+    /// The future's poll: its outcome (and the slot released), or its waker recorded and
+    /// the future out of its poll (a completion from now on wakes it).
     #[inline]
     pub(crate) fn poll_op(&self, idx: u32, holder: &H, waker: &Waker) -> Poll<Outcome> {
         let mut st = self.slot(idx);
@@ -284,10 +307,29 @@ impl<H: Holder> SlotTable<H> {
                 Poll::Ready(outcome)
             }
             None => {
+                st.in_poll = false;
                 if !st.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
                     st.waker = Some(waker.clone());
                 }
                 Poll::Pending
+            }
+        }
+    }
+
+    /// The future's look while inside its poll: its outcome (and the slot released), or
+    /// nothing, and the future marked in its poll. It must end a pending poll with
+    /// [`Self::poll_op`].
+    #[inline]
+    pub(crate) fn look(&self, idx: u32, holder: &H) -> Option<Outcome> {
+        let mut st = self.slot(idx);
+        match st.outcome.take() {
+            Some(outcome) => {
+                self.release(idx, st, Some(holder));
+                Some(outcome)
+            }
+            None => {
+                st.in_poll = true;
+                None
             }
         }
     }
@@ -322,6 +364,7 @@ impl<H: Holder> SlotTable<H> {
             h.give_back(lease);
         }
         st.active = false;
+        st.in_poll = false;
         st.abandoned = false;
         st.outcome = None;
         st.source = ANY_SOURCE;
@@ -354,6 +397,9 @@ impl<H: Holder> SlotTable<H> {
             return;
         }
         st.outcome = Some(Outcome::Completed(*c));
+        if st.in_poll {
+            return; // its future finds it before it ends its poll
+        }
         let waker = st.waker.take();
         drop(st);
         if let Some(w) = waker {
@@ -392,6 +438,9 @@ impl<H: Holder> SlotTable<H> {
                 continue;
             }
             st.outcome = Some(Outcome::Overrun(depth));
+            if st.in_poll {
+                continue;
+            }
             let waker = st.waker.take();
             drop(st);
             if let Some(w) = waker {

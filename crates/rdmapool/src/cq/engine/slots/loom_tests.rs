@@ -242,3 +242,32 @@ fn the_hot_slot_is_never_handed_out_twice() {
         assert_eq!(t.acquire(), None);
     });
 }
+
+/// (f) A completion that arrives while its future is inside its poll (armed there, looking)
+/// wakes nobody, and the poll's end finds it; one that arrives after the poll ended (the
+/// waker recorded) wakes it. Either way the operation resolves once and frees its slot.
+#[test]
+fn a_completion_during_the_poll_is_found_by_its_end_or_wakes_after_it() {
+    loom::model(|| {
+        let t = table(1);
+        let owner = Owner::new(0);
+        let (flag, w) = waker();
+        let idx = t.acquire().unwrap();
+        let wr_id = t.arm_in_poll(idx, &w, 0, 1, true);
+        let completer = {
+            let t = t.clone();
+            thread::spawn(move || t.dispatch(&done(wr_id, 8)))
+        };
+        let looked = t.look(idx, &owner).is_some();
+        let ended = !looked && t.poll_op(idx, &owner, &w).is_ready();
+        completer.join().unwrap();
+        if !looked && !ended {
+            assert!(
+                woken(&flag),
+                "completed after the poll ended, and nobody was woken"
+            );
+            assert!(t.poll_op(idx, &owner, &w).is_ready());
+        }
+        assert_eq!(t.in_flight(), 0);
+    });
+}
