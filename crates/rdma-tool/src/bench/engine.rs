@@ -179,7 +179,7 @@ impl Target<'_> {
             ratio: mops / reference_value,
             ..self.row(op, "rate", count)
         };
-        Ok(vec![
+        let mut rows = vec![
             r(
                 format!("write raw list {n}"),
                 batched,
@@ -192,7 +192,20 @@ impl Target<'_> {
                 format!("async 1 op/future, {depth} in flight"),
                 a_single,
             ),
-        ])
+        ];
+        // READs and FAAs as lists too (raw only): what a pipelined small-operation rate can
+        // reach on this path, one doorbell and one completion per list.
+        for op in [Op::Read, Op::Faa] {
+            let single = rate(count, || raw_window_of(raw, op, depth, count))?;
+            let batched = rate(count, || raw_batches_of(raw, op, n, count))?;
+            rows.push(r(
+                format!("{} raw list {n}", op.name()),
+                batched,
+                format!("raw 1 WR/doorbell, {depth} in flight"),
+                single,
+            ));
+        }
+        Ok(rows)
     }
 
     /// 8-byte WRITE message rate of `threads` threads, each with its own QP and a window of
@@ -271,17 +284,22 @@ pub(super) fn rate(count: u64, mut f: impl FnMut() -> Result<()>) -> Result<f64>
     Ok(best)
 }
 
-/// Raw: one signalled WR per post, `depth` in flight.
+/// Raw: one signalled 8-byte WRITE per post, `depth` in flight.
 pub(super) fn raw_window(b: &Bench, depth: usize, count: u64) -> Result<()> {
-    let sg = [b.local.sge(0, 8)?];
-    let remote = b.region.at(0)?;
+    raw_window_of(b, Op::Write, depth, count)
+}
+
+/// Raw: one signalled 8-byte `op` per post, `depth` in flight.
+fn raw_window_of(b: &Bench, op: Op, depth: usize, count: u64) -> Result<()> {
+    let (wr_op, sge) = b.wr(op, 8, 0)?;
+    let sg = [sge];
     let mut buf = [Completion::EMPTY; 64];
     let (mut posted, mut done) = (0u64, 0u64);
     while done < count {
         while posted < count && posted - done < depth as u64 {
             b.qp.post_send(&[SendWr {
                 wr_id: posted,
-                op: WrOp::Write { remote, imm: None },
+                op: wr_op,
                 sg_list: &sg,
                 signaled: true,
             }])?;
@@ -292,14 +310,20 @@ pub(super) fn raw_window(b: &Bench, depth: usize, count: u64) -> Result<()> {
     Ok(())
 }
 
-/// Raw: lists of `n` WRs in one post, only the last signalled, two lists in flight.
+/// Raw: lists of `n` 8-byte WRITEs in one post, only the last signalled, two lists in
+/// flight.
 pub(super) fn raw_batches(b: &Bench, n: usize, count: u64) -> Result<()> {
-    let sg = [b.local.sge(0, 8)?];
-    let remote = b.region.at(0)?;
+    raw_batches_of(b, Op::Write, n, count)
+}
+
+/// Raw: lists of `n` 8-byte `op`s in one post, only the last signalled, two lists in flight.
+fn raw_batches_of(b: &Bench, op: Op, n: usize, count: u64) -> Result<()> {
+    let (wr_op, sge) = b.wr(op, 8, 0)?;
+    let sg = [sge];
     let list: Vec<SendWr<'_>> = (0..n)
         .map(|i| SendWr {
             wr_id: i as u64,
-            op: WrOp::Write { remote, imm: None },
+            op: wr_op,
             sg_list: &sg,
             signaled: i == n - 1,
         })

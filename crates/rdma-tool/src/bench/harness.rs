@@ -56,7 +56,9 @@ pub(super) struct Bench {
 }
 
 impl Bench {
-    fn wr(&self, op: Op, size: usize, slot: usize) -> Result<(WrOp, Sge)> {
+    /// The work request of an 8-byte (or `size`-byte) `op` on the region's first bytes, with
+    /// its local piece (atomics: the 8 bytes at `slot * 8`).
+    pub(super) fn wr(&self, op: Op, size: usize, slot: usize) -> Result<(WrOp, Sge)> {
         let remote = self.region.at(0)?;
         let sge = self
             .local
