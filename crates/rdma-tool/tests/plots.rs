@@ -88,8 +88,10 @@ fn bench_data_engine_modes_plot_as_labelled_bar_pairs() {
         "message rate (Mop/s)",
         "reference: raw post + busy-poll",
         "caller-driven",
-        "raw list 4",
-        "async batch 4",
+        "write raw list 4",
+        "write async batch 4",
+        "read raw list 4",
+        "faa raw list 4",
     ] {
         assert!(texts.iter().any(|t| t == want), "{want:?} not in {texts:?}");
     }
