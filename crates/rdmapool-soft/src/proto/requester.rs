@@ -315,6 +315,12 @@ impl Requester {
         std::mem::take(&mut self.close)
     }
 
+    /// Nothing to progress: no request posted and not yet completed, none on the wire, no
+    /// response half read, no close to act on.
+    pub fn is_idle(&self) -> bool {
+        self.is_quiet() && self.pending.is_empty() && self.done_early.is_empty() && !self.close
+    }
+
     /// Feeds bytes that arrived on the connection; returns how many were used (all of them
     /// unless a READ payload is due, which the driver may receive in place with
     /// [`Self::receive_payload`], or the connection broke).

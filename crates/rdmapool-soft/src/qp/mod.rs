@@ -58,6 +58,12 @@ pub(crate) struct SoftQp {
     state_page: Mapping,
     rq_flushed: AtomicBool,
     sq: Mutex<SendSide>,
+    /// Whether the send side may have progress to make (requests on the wire, bytes read
+    /// and not used): written with `sq` held, after every post (true) and every progress
+    /// (exact), so a CQ poll skips the send side's lock, clock read and timeout check when
+    /// there is nothing to do (the intra-host path finishes requests as they are posted).
+    /// A stale `true` costs one useless progress; `false` is never stale while work waits.
+    sq_busy: AtomicBool,
     /// The connection's descriptor once connected (-1 before), readable without `sq`.
     conn_fd: AtomicI32,
     rq: Mutex<VecDeque<RecvEntry>>,
@@ -101,6 +107,7 @@ impl SoftQp {
             state_page,
             rq_flushed: AtomicBool::new(false),
             conn_fd: AtomicI32::new(-1),
+            sq_busy: AtomicBool::new(false),
             sq: Mutex::new(SendSide {
                 req: Requester::new(cfg.max_send_wr, cfg.timeout, ctx.max_msg),
                 conn: None,
@@ -208,6 +215,13 @@ impl SoftQp {
         sq.local = local;
         drop(sq);
         self.transition(QpState::Rtr, QpState::Rts, "RTS needs RTR")
+    }
+
+    /// Records whether the send side has progress to make (see `sq_busy`); `sq` is held.
+    #[inline]
+    fn publish_busy(&self, sq: &SendSide) {
+        let busy = !sq.req.is_idle() || sq.rx.len() > 0;
+        self.sq_busy.store(busy, Ordering::Release);
     }
 
     /// Moves the QP to ERR: posted receives are flushed, sends flush as they are reached.
@@ -407,8 +421,12 @@ impl TargetQp for SoftQp {
 impl Bound for SoftQp {
     fn progress_nowait(&self) {
         self.flush_receives_once();
+        if !self.sq_busy.load(Ordering::Acquire) {
+            return;
+        }
         if let Some(mut sq) = self.sq.try_lock() {
             self.progress(&mut sq, Instant::now());
+            self.publish_busy(&sq);
         }
     }
 
@@ -435,6 +453,7 @@ impl Drive for SoftQp {
         self.flush_receives_once();
         let mut sq = self.sq.try_lock().ok_or(())?;
         self.progress(&mut sq, now);
+        self.publish_busy(&sq);
         if sq.req.in_flight() > 0 && self.send_cq.is_armed() {
             if let Some(c) = &sq.conn {
                 self.ctx.driver.arm(c.as_raw_fd()); // the one-shot was used up

@@ -17,6 +17,7 @@ use crate::MAX_SGE;
 use crate::{Error, Result};
 use arrayvec::ArrayVec;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -52,6 +53,7 @@ impl SoftQp {
             }
         }
         self.drain_done(&mut sq);
+        self.publish_busy(&sq);
         result
     }
 
@@ -59,6 +61,8 @@ impl SoftQp {
     /// order with the requests before it. Returns the window's key once bound.
     pub(crate) fn post_bind(&self, mw: &crate::SoftMw, b: &BindSpec) -> Result<u32> {
         let mut sq = self.sq.lock();
+        // Whatever this post leaves behind is progressed (a stale `true` costs one look).
+        self.sq_busy.store(true, Ordering::Release);
         let now = Instant::now();
         let state = self.state();
         if !matches!(state, QpState::Rts | QpState::Error) {
