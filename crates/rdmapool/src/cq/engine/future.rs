@@ -263,7 +263,7 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
                         // One look at the CQ, no spin: a request that completed while it
                         // was posted (the intra-host path) resolves now, without a re-poll
                         // (which on a tokio runtime polls the reactor: a system call).
-                        if let Poll::Ready(out) = self.look_once(cx) {
+                        if let Poll::Ready(out) = self.look_once() {
                             return Poll::Ready(out);
                         }
                         // Not yet: the task may post more operations in this same poll (a
@@ -296,8 +296,10 @@ impl<B: Send + 'static> OpFuture<'_, B> {
     /// Just posted as the only operation in flight: polls its CQ (every CQ, for a wrapped
     /// QP) once and resolves if its completion is there (or a busy-polling thread already
     /// took it: being in its poll, it was not woken for it). With others in flight it
-    /// leaves the CQs to whoever drives them. Ends the poll if it stays pending.
-    fn look_once(&mut self, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
+    /// leaves the CQs to whoever drives them. If it stays pending its caller asks to be
+    /// polled again at once, so the operation stays "in its poll" until then: a completion
+    /// in between (a busy-polling thread's) wakes nobody, the next poll finds it.
+    fn look_once(&mut self) -> Poll<<Self as Future>::Output> {
         let q = self.qp;
         let s = &q.engine;
         let Stage::Posted(idx) = self.stage else {
@@ -313,12 +315,12 @@ impl<B: Send + 'static> OpFuture<'_, B> {
                 s.poll_once(q.cq, &mut buf);
             }
         }
-        match s.table.poll_op(idx, q, cx.waker()) {
-            Poll::Ready(outcome) => {
+        match s.table.look(idx, q) {
+            Some(outcome) => {
                 self.stage = Stage::Finished;
                 self.resolve(outcome.into_result().map(OpCompletion::from))
             }
-            Poll::Pending => Poll::Pending,
+            None => Poll::Pending,
         }
     }
 
