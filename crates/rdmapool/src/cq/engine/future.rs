@@ -124,8 +124,9 @@ impl Spec {
 
 /// Where an operation's future is.
 enum Stage {
-    /// Refused before posting.
-    Failed(Error),
+    /// Refused before posting (boxed: an error is several times the size of the other
+    /// stages, and the future is moved on every hot path).
+    Failed(Box<Error>),
     /// Waiting for a slot and queue room.
     ToPost(Spec),
     /// Posted: the slot holds the waker.
@@ -177,7 +178,7 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
     pub(super) fn failed(qp: &'q Arc<QpShared>, e: Error, buf: B) -> Self {
         OpFuture {
             qp,
-            stage: Stage::Failed(e),
+            stage: Stage::Failed(Box::new(e)),
             buf: Some(buf),
         }
     }
@@ -277,7 +278,7 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
                     Poll::Ready(Err(e)) => self.resolve(Err(e)),
                 };
             }
-            Stage::Failed(e) => return self.resolve(Err(e)),
+            Stage::Failed(e) => return self.resolve(Err(*e)),
             Stage::Finished => panic!("OpFuture polled after it resolved"),
         };
         let qp = self.qp;
@@ -306,13 +307,22 @@ impl<B: Send + 'static> OpFuture<'_, B> {
             return Poll::Pending;
         };
         if s.table.in_flight() <= 1 {
-            let mut buf = [Completion::EMPTY; 2];
             if q.cq == ANY_SOURCE {
+                let mut buf = [Completion::EMPTY; 2];
                 for cq in 0..s.pool.cqs().len() {
                     s.poll_once(cq, &mut buf);
                 }
-            } else {
-                s.poll_once(q.cq, &mut buf);
+            } else if let Some(c) = s.poll_one(q.cq) {
+                // Its own completion (the usual case here) is taken straight, without being
+                // recorded in the slot for the look below; anyone else's is dispatched.
+                if c.wr_id as u32 == idx {
+                    if let Some(outcome) = s.table.finish_own(idx, &c, q) {
+                        self.stage = Stage::Finished;
+                        return self.resolve(outcome.into_result().map(OpCompletion::from));
+                    }
+                } else {
+                    s.table.dispatch(&c);
+                }
             }
         }
         match s.table.look(idx, q) {

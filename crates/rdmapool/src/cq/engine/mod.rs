@@ -133,6 +133,25 @@ impl Shared {
         }
     }
 
+    /// Takes one completion off `cq` without dispatching it (counted; an overrun handled as
+    /// in [`Self::poll_once`]).
+    #[inline]
+    fn poll_one(&self, cq: usize) -> Option<Completion> {
+        let mut buf = [Completion::EMPTY; 1];
+        match self.cq(cq).poll(&mut buf) {
+            Ok(1) => {
+                self.completions.fetch_add(1, Ordering::Relaxed);
+                Some(buf[0])
+            }
+            Ok(_) => None,
+            Err(_) => {
+                // The error path (overrun, failure) is poll_once's.
+                self.poll_once(cq, &mut buf);
+                None
+            }
+        }
+    }
+
     /// Event mode: makes sure `cq` raises an event for its next completion. Returns true if
     /// it requested one now: the caller then polls once, since completions that arrived
     /// before the request raise none.

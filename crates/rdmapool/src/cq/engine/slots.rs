@@ -378,6 +378,21 @@ impl<H: Holder> SlotTable<H> {
         drop((keep, waker, owner));
     }
 
+    /// The future of operation `idx`, inside its poll, took its own completion `c` off the
+    /// CQ: its outcome now (and the slot released), without recording it for a later look.
+    /// `None` if `c` is stale (an earlier occupant's) or the operation already has an
+    /// outcome (which [`Self::look`] then returns).
+    #[inline]
+    pub(crate) fn finish_own(&self, idx: u32, c: &Completion, holder: &H) -> Option<Outcome> {
+        let st = self.slot(idx);
+        let generation = (c.wr_id >> 32) as u32;
+        if !st.active || st.generation != generation || st.outcome.is_some() || st.abandoned {
+            return None;
+        }
+        self.release(idx, st, Some(holder));
+        Some(Outcome::Completed(*c))
+    }
+
     /// Hands completion `c` to the operation its `wr_id` names; stale ones (an earlier
     /// generation, an unknown slot, a later completion of a batch that already ended) are
     /// ignored.
