@@ -308,10 +308,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
         };
         if s.table.in_flight() <= 1 {
             if q.cq == ANY_SOURCE {
-                let mut buf = [Completion::EMPTY; 2];
-                for cq in 0..s.pool.cqs().len() {
-                    s.poll_once(cq, &mut buf);
-                }
+                s.poll_source_of(ANY_SOURCE, &mut [Completion::EMPTY; 2]);
             } else if let Some(c) = s.poll_one(q.cq) {
                 // Its own completion (the usual case here) is taken straight, without being
                 // recorded in the slot for the look below; anyone else's is dispatched.
@@ -386,14 +383,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
                 s.ensure_armed(q.cq)
             };
             if armed_now {
-                let mut buf = [Completion::EMPTY; 2];
-                if q.cq == ANY_SOURCE {
-                    for cq in 0..s.pool.cqs().len() {
-                        s.poll_once(cq, &mut buf);
-                    }
-                } else {
-                    s.poll_once(q.cq, &mut buf);
-                }
+                s.poll_source_of(q.cq, &mut [Completion::EMPTY; 2]);
             }
         }
         // Ends the poll: the waker recorded, a completion from now on wakes it.
@@ -415,13 +405,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
         let mut buf = [Completion::EMPTY; 2];
         let mut pause = PollPause::new();
         loop {
-            if q.cq == ANY_SOURCE {
-                for cq in 0..s.pool.cqs().len() {
-                    s.poll_once(cq, &mut buf);
-                }
-            } else {
-                s.poll_once(q.cq, &mut buf);
-            }
+            s.poll_source_of(q.cq, &mut buf);
             if let Some(outcome) = s.table.look(idx, q) {
                 self.stage = Stage::Finished;
                 return self.resolve(outcome.into_result().map(OpCompletion::from));

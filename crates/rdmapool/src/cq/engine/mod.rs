@@ -133,6 +133,19 @@ impl Shared {
         }
     }
 
+    /// Polls once, and dispatches, the CQ an operation's completion comes on: `source`, or
+    /// every CQ for [`ANY_SOURCE`] (a wrapped QP's).
+    #[inline]
+    fn poll_source_of(&self, source: usize, buf: &mut [Completion]) {
+        if source == ANY_SOURCE {
+            for cq in 0..self.pool.cqs().len() {
+                self.poll_once(cq, buf);
+            }
+        } else {
+            self.poll_once(source, buf);
+        }
+    }
+
     /// Takes one completion off `cq` without dispatching it (counted; an overrun handled as
     /// in [`Self::poll_once`]).
     #[inline]
