@@ -4,6 +4,7 @@ mod copy;
 mod data;
 mod engine;
 mod harness;
+mod loops;
 mod perftest;
 mod plot;
 mod pool;

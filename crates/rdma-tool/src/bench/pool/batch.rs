@@ -4,8 +4,8 @@
 
 use super::data::windowed;
 use super::*;
-use crate::bench::engine::{rate, raw_batches};
 use crate::bench::harness::{Bench, Op};
+use crate::bench::loops::{rate, raw_batches};
 use crate::bench::report::Row;
 use std::sync::Arc;
 
