@@ -353,9 +353,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
             // does not arm one while somebody spins): arm for them.
             fence(Ordering::SeqCst);
             if s.table.in_flight() > out.is_pending() as usize {
-                for cq in 0..s.pool.cqs().len() {
-                    s.arm_and_drain(cq);
-                }
+                s.arm_all();
             }
         }
         match out {
@@ -426,9 +424,7 @@ impl<B: Send + 'static> Drop for OpFuture<'_, B> {
             if qp.engine.event_driven {
                 // Its completion must still reach the engine to free the slot and buffer.
                 fence(Ordering::SeqCst);
-                for cq in 0..qp.engine.pool.cqs().len() {
-                    qp.engine.arm_and_drain(cq);
-                }
+                qp.engine.arm_all();
             }
             // The engine releases slot, entries and buffer on completion; until then the
             // slot keeps the QP and the buffer alive (the one allocation on this path).

@@ -94,9 +94,10 @@ struct Shared {
     /// Completions reach the futures through completion channels ([`Progress::Event`]).
     event_driven: bool,
     /// Event mode: per CQ, whether a notification request is outstanding (its next
-    /// completion raises an event). Armed lazily: only when a future parks, or when the
-    /// event loop finds nobody spinning, so a future that catches its own completion by
-    /// spinning costs no event, no wake-up of the loop and no re-arm.
+    /// completion raises an event). Armed lazily, only for someone who waits: a future
+    /// that parks, a spinner leaving others in flight, a future dropped in flight, or the
+    /// event loop when operations are in flight and nobody spins. A future that catches its
+    /// own completion costs no event, no wake-up of the loop and no re-arm.
     armed: Vec<AtomicBool>,
     /// Event mode: futures spinning on the CQs for their own completion right now.
     spinners: AtomicUsize,
@@ -179,12 +180,14 @@ impl Shared {
         true
     }
 
-    /// Event mode: arms `cq` for those who wait on it if nobody did, and then drains it
-    /// (completions before the arm raise no event).
-    fn arm_and_drain(&self, cq: usize) {
-        if self.ensure_armed(cq) {
-            let mut buf = [Completion::EMPTY; 32];
-            while self.poll_once(cq, &mut buf) == buf.len() {}
+    /// Event mode: arms every CQ nobody armed, for the operations that wait on them, and
+    /// drains each it armed (completions before the arm raise no event).
+    fn arm_all(&self) {
+        for cq in 0..self.pool.cqs().len() {
+            if self.ensure_armed(cq) {
+                let mut buf = [Completion::EMPTY; 32];
+                while self.poll_once(cq, &mut buf) == buf.len() {}
+            }
         }
     }
 
