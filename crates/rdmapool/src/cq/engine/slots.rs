@@ -138,7 +138,7 @@ struct SlotState<H: Holder> {
     abandoned: bool,
     outcome: Option<Outcome>,
     waker: Option<Waker>,
-    /// The future is inside its poll (between arming, or [`SlotTable::enter`], and the
+    /// The future is inside its poll (between arming, or [`SlotTable::look`], and the
     /// [`SlotTable::poll_op`] it ends a pending poll with): a completion only records its
     /// outcome, which the future's own checks find, and wakes nobody. A wake-up from
     /// another thread (a busy-polling one) costs that thread a system call and the task a
