@@ -1,7 +1,7 @@
 //! 8-byte WRITEs on the soft provider's intra-host path, one at a time: through the raw
 //! fabric loop (`post_send` + `Cq::poll`) or through the async engine (`Engine::run_until`);
-//! or `list`: raw lists of 32, only the last signalled; or `event`: the async engine driven
-//! by its completion channel on a current-thread tokio runtime.
+//! or `list`: raw lists of 32, only the last signalled; or `event` (`busy`): the async engine
+//! driven by its completion channel (a busy-polling thread) on a current-thread tokio runtime.
 //! Meant for instruction counts, which are repeatable on a noisy machine
 //! (`OP_SAMPLE=64` turns on the metrics' op latency sampling, 1 request in 64;
 //! `PER_OBJECT=1` their completion counts per CQ and per QP):
@@ -77,8 +77,9 @@ fn main() -> rdmapool::Result<()> {
             }])?;
             while cq.poll(&mut buf)? == 0 {}
         }
-    } else if mode == "event" {
-        // Event-driven progress on a current-thread runtime, awaited in block_on.
+    } else if mode == "event" || mode == "busy" {
+        // Event-driven progress (or a busy-polling thread) on a current-thread runtime,
+        // awaited in block_on.
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -87,11 +88,19 @@ fn main() -> rdmapool::Result<()> {
         let engine = Engine::new(
             vec![a.create_cq(4096)?],
             EngineConfig {
-                progress: Progress::Event,
+                progress: if mode == "event" {
+                    Progress::Event
+                } else {
+                    Progress::BusyPoll
+                },
                 ..EngineConfig::default()
             },
         )?;
-        let qp = engine.create_qp(&pa, &cfg)?;
+        let qp = if std::env::var("WRAP").is_ok() {
+            engine.wrap(pa.create_qp(&engine.cqs()[0], &engine.cqs()[0], &cfg)?)
+        } else {
+            engine.create_qp(&pa, &cfg)?
+        };
         qp.connect(&peer.endpoint())?;
         peer.connect(&qp.qp().endpoint())?;
         rt.block_on(async {

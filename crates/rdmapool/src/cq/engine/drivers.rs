@@ -116,6 +116,13 @@ fn busy_poll(s: &Shared, cq: usize) {
     // one waits for (a NIC's, the tasks') get the core when all are busy.
     let mut pause = PollPause::new();
     while !s.stop.load(Ordering::Acquire) {
+        // Every operation in flight is being looked for by its own future, on its own
+        // thread: polling the same CQ would only pull its lines across cores.
+        let spinners = s.spinners.load(Ordering::Acquire);
+        if spinners > 0 && s.table.in_flight() <= spinners {
+            pause.pause();
+            continue;
+        }
         if s.poll_once(cq, &mut buf) > 0 {
             idle = 0;
             pause = PollPause::new();

@@ -255,28 +255,10 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
         let idx = match std::mem::replace(&mut self.stage, Stage::Finished) {
             Stage::Posted(idx) => idx,
             Stage::ToPost(spec) => {
-                // Posted: the slot holds our waker, so a completion wakes us.
-                return match self.try_post(spec, cx) {
-                    Poll::Ready(Ok(())) => {
-                        if self.qp.engine.spin.is_zero() {
-                            return self.park(cx);
-                        }
-                        // One look at the CQ, no spin: a request that completed while it
-                        // was posted (the intra-host path) resolves now, without a re-poll
-                        // (which on a tokio runtime polls the reactor: a system call).
-                        if let Poll::Ready(out) = self.look_once() {
-                            return Poll::Ready(out);
-                        }
-                        // Not yet: the task may post more operations in this same poll (a
-                        // join of several), and spinning now would hold them back. Asking
-                        // to be polled again costs a re-poll, not a park; the next poll
-                        // spins if this is still the only operation in flight.
-                        cx.waker().wake_by_ref();
-                        Poll::Pending
-                    }
-                    Poll::Pending => Poll::Pending,
-                    Poll::Ready(Err(e)) => self.resolve(Err(e)),
-                };
+                // Under a busy-polling thread, the thread keeps off the CQ from before the
+                // post (an intra-host request completes during it) to the look after it.
+                let _looking = self.qp.engine.keep_threads_off();
+                return self.post_and_look(spec, cx);
             }
             Stage::Failed(e) => return self.resolve(Err(*e)),
             Stage::Finished => panic!("OpFuture polled after it resolved"),
@@ -294,6 +276,36 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
 }
 
 impl<B: Send + 'static> OpFuture<'_, B> {
+    /// The first poll: posts (or waits for room), then looks once for the completion.
+    fn post_and_look(
+        &mut self,
+        spec: Spec,
+        cx: &mut Context<'_>,
+    ) -> Poll<<Self as Future>::Output> {
+        // Posted: the slot holds our waker, so a completion wakes us.
+        match self.try_post(spec, cx) {
+            Poll::Ready(Ok(())) => {
+                if self.qp.engine.spin.is_zero() {
+                    return self.park(cx);
+                }
+                // One look at the CQ, no spin: a request that completed while it
+                // was posted (the intra-host path) resolves now, without a re-poll
+                // (which on a tokio runtime polls the reactor: a system call).
+                if let Poll::Ready(out) = self.look_once() {
+                    return Poll::Ready(out);
+                }
+                // Not yet: the task may post more operations in this same poll (a
+                // join of several), and spinning now would hold them back. Asking
+                // to be polled again costs a re-poll, not a park; the next poll
+                // spins if this is still the only operation in flight.
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Err(e)) => self.resolve(Err(e)),
+        }
+    }
+
     /// Just posted as the only operation in flight: polls its CQ (every CQ, for a wrapped
     /// QP) once and resolves if its completion is there (or a busy-polling thread already
     /// took it: being in its poll, it was not woken for it). With others in flight it
@@ -346,7 +358,10 @@ impl<B: Send + 'static> OpFuture<'_, B> {
         if s.event_driven {
             s.spinners.fetch_add(1, Ordering::SeqCst);
         }
-        let out = self.spin(idx);
+        let out = {
+            let _spinning = s.keep_threads_off();
+            self.spin(idx)
+        };
         if s.event_driven {
             s.spinners.fetch_sub(1, Ordering::SeqCst);
             // Others posted meanwhile may have parked on an unarmed CQ (the event loop

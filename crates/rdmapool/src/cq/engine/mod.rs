@@ -99,14 +99,39 @@ struct Shared {
     /// event loop when operations are in flight and nobody spins. A future that catches its
     /// own completion costs no event, no wake-up of the loop and no re-arm.
     armed: Vec<AtomicBool>,
-    /// Event mode: futures spinning on the CQs for their own completion right now.
+    /// A busy-polling thread drives every CQ ([`Progress::BusyPoll`]).
+    thread_polled: bool,
+    /// Futures polling the CQs for their own completion right now (event mode: the event
+    /// loop arms no CQ for them; busy-poll mode: the threads leave the CQs to them).
     spinners: AtomicUsize,
+}
+
+/// A spinner counted by [`Shared::keep_threads_off`], uncounted when dropped (a panic in
+/// between must not keep the threads off for good).
+struct SpinnerGuard<'a>(&'a AtomicUsize);
+
+impl Drop for SpinnerGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Shared {
     #[inline]
     fn cq(&self, i: usize) -> &Cq {
         &self.pool.cqs()[i]
+    }
+
+    /// Under busy-polling threads, counts the caller as a spinner until the guard drops:
+    /// while every operation in flight is looked for by its own future, the threads keep
+    /// off the CQs (polling them too would only pull their lines across cores). Nothing in
+    /// the other modes.
+    #[inline]
+    fn keep_threads_off(&self) -> Option<SpinnerGuard<'_>> {
+        self.thread_polled.then(|| {
+            self.spinners.fetch_add(1, Ordering::AcqRel);
+            SpinnerGuard(&self.spinners)
+        })
     }
 
     #[inline]
@@ -251,6 +276,7 @@ impl Engine {
             wakeups: AtomicU64::new(0),
             spin: cfg.spin,
             event_driven: cfg.progress == Progress::Event,
+            thread_polled: cfg.progress == Progress::BusyPoll,
             armed: (0..n).map(|_| AtomicBool::new(false)).collect(),
             spinners: AtomicUsize::new(0),
         });
