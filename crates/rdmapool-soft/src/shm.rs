@@ -19,6 +19,7 @@ use crate::{Error, Result};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A peer's region mapped into this process.
@@ -59,10 +60,77 @@ pub(crate) enum FastOp {
     FetchAdd { add: u64 },
 }
 
+/// A peer's region entered for the requests of one post: its count of operations in flight
+/// raised once for all of them (a list of requests on one region touches the shared state
+/// word once, not twice per request), and lowered when this is dropped. Deregistration
+/// waits for it, as a NIC's waits for the DMA of requests already posted.
+pub(crate) struct Entered {
+    rm: Arc<RemoteMr>,
+    /// Whether the region was registered when it was entered.
+    valid: bool,
+}
+
+impl Entered {
+    pub(crate) fn new(rm: Arc<RemoteMr>) -> Self {
+        let before = rm.page().state().fetch_add(1, Ordering::AcqRel);
+        Self {
+            rm,
+            valid: before & control::VALID != 0,
+        }
+    }
+
+    /// Whether this is the region `rm`.
+    pub(crate) fn is(&self, rm: &RemoteMr) -> bool {
+        std::ptr::eq(Arc::as_ptr(&self.rm), rm)
+    }
+
+    /// [`execute`] on the entered region.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn execute(
+        &self,
+        target_pd: u32,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        op: &FastOp,
+        local: &LocalList,
+    ) -> WcStatus {
+        execute_entered(&self.rm, self.valid, target_pd, rkey, addr, len, op, local)
+    }
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        self.rm.page().state().fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Executes `op` on the peer's mapped region with the checks the target's NIC makes.
 /// Returns the completion status; on a remote error the caller moves the target QP to ERR.
 pub(crate) fn execute(
     rm: &RemoteMr,
+    target_pd: u32,
+    rkey: u32,
+    addr: u64,
+    len: u64,
+    op: &FastOp,
+    local: &LocalList,
+) -> WcStatus {
+    let state = rm.page().state();
+    let before = state.fetch_add(1, Ordering::AcqRel);
+    let valid = before & control::VALID != 0;
+    let status = execute_entered(rm, valid, target_pd, rkey, addr, len, op, local);
+    state.fetch_sub(1, Ordering::AcqRel);
+    status
+}
+
+/// [`execute`] on a region whose in-flight count the caller holds raised (`valid`: whether
+/// it was registered then).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn execute_entered(
+    rm: &RemoteMr,
+    valid: bool,
     target_pd: u32,
     rkey: u32,
     addr: u64,
@@ -82,27 +150,18 @@ pub(crate) fn execute(
         len,
         atomic: matches!(op, FastOp::CompareSwap { .. } | FastOp::FetchAdd { .. }),
     };
-    let page = rm.page();
-    let state = page.state();
-    let before = state.fetch_add(1, Ordering::AcqRel);
-    let status = (|| {
-        let grant = (before & control::VALID != 0)
-            .then(|| page.grant(rkey))
-            .flatten();
-        if let Err(status) = access.check(grant) {
-            return status;
-        }
-        let base = grant.map_or(0, |g| g.base);
-        let offset = (addr - base) as usize;
-        if offset + len as usize > rm.data_len {
-            return WcStatus::RemAccessErr; // a lying control page cannot reach past the data
-        }
-        // SAFETY: offset + len lies inside the data part of the mapping (checked just above).
-        let remote = unsafe { rm.map.ptr().add(offset) };
-        copy(remote, op, local)
-    })();
-    state.fetch_sub(1, Ordering::AcqRel);
-    status
+    let grant = valid.then(|| rm.page().grant(rkey)).flatten();
+    if let Err(status) = access.check(grant) {
+        return status;
+    }
+    let base = grant.map_or(0, |g| g.base);
+    let offset = (addr - base) as usize;
+    if offset + len as usize > rm.data_len {
+        return WcStatus::RemAccessErr; // a lying control page cannot reach past the data
+    }
+    // SAFETY: offset + len lies inside the data part of the mapping (checked just above).
+    let remote = unsafe { rm.map.ptr().add(offset) };
+    copy(remote, op, local)
 }
 
 /// Moves the bytes (or does the atomic) between the mapped remote range and the local SGEs.

@@ -10,7 +10,7 @@ use super::context::CtxShared;
 use super::cq::{Bound, QueueSlots, Release, SoftCq};
 use super::driver::Drive;
 use super::io::RxBuf;
-use super::keys::{KeyTable, LocalList, Resolved};
+use super::keys::{KeyTable, LocalList, MrInner, Resolved};
 use super::proto::handshake::TOKEN_LEN;
 use super::proto::requester::Requester;
 use super::proto::target::{RecvEntry, TargetQp};
@@ -264,6 +264,19 @@ impl SoftQp {
         need: AccessFlags,
         list: &mut LocalList,
     ) -> std::result::Result<u64, WcStatus> {
+        self.resolve_with(sges, need, list, None)
+    }
+
+    /// [`Self::resolve`], remembering in `memo` the region found last: the requests of one
+    /// list mostly name the same one, which is then not looked up again (the key table's
+    /// lock and hash per SGE). Its validity is still checked when its memory is touched.
+    pub(super) fn resolve_with(
+        &self,
+        sges: &[crate::fabric::Sge],
+        need: AccessFlags,
+        list: &mut LocalList,
+        mut memo: Option<&mut Option<Arc<MrInner>>>,
+    ) -> std::result::Result<u64, WcStatus> {
         list.clear();
         let mut total = 0u64;
         for s in sges {
@@ -279,7 +292,15 @@ impl SoftQp {
             } else {
                 WcStatus::LocQpOpErr
             };
-            let mr = self.ctx.keys.by_lkey(s.lkey).ok_or(bad_key)?;
+            let mr = match memo.as_deref_mut() {
+                Some(Some(last)) if last.lkey == s.lkey => last.clone(),
+                Some(slot) => {
+                    let mr = self.ctx.keys.by_lkey(s.lkey).ok_or(bad_key)?;
+                    *slot = Some(mr.clone());
+                    mr
+                }
+                None => self.ctx.keys.by_lkey(s.lkey).ok_or(bad_key)?,
+            };
             if mr.pd_id != self.pd_id {
                 return Err(bad_key);
             }

@@ -8,7 +8,7 @@ use crate::fabric::{
     AccessFlags, Completion, QpState, SendWr, WcOpcode, WcStatus, WindowError, WrOp,
 };
 use crate::io::{self, IoVecs};
-use crate::keys::{LocalList, Window};
+use crate::keys::{LocalList, MrInner, Window};
 use crate::proto::local::{LocalPath, Route};
 use crate::proto::requester::Entry;
 use crate::proto::wire::{ReqOp, Request, Response, RESP_LEN};
@@ -20,6 +20,14 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// What the requests of one post share: the local region found last (not looked up again
+/// for the next request), and the peer's region entered for the intra-host path.
+#[derive(Default)]
+struct ListMemo {
+    region: Option<Arc<MrInner>>,
+    entered: Option<shm::Entered>,
+}
 
 impl SoftQp {
     fn queue_full(&self) -> Error {
@@ -46,8 +54,9 @@ impl SoftQp {
         let mut sq = self.sq.lock();
         let now = Instant::now();
         let mut result = Ok(());
+        let mut memo = ListMemo::default();
         for (i, wr) in wrs.iter().enumerate() {
-            if let Err(e) = self.post_one(&mut sq, wr, i + 1 < wrs.len(), now) {
+            if let Err(e) = self.post_one(&mut sq, wr, i + 1 < wrs.len(), now, &mut memo) {
                 result = Err(e);
                 break;
             }
@@ -122,7 +131,14 @@ impl SoftQp {
         Ok(rkey)
     }
 
-    fn post_one(&self, sq: &mut SendSide, wr: &SendWr<'_>, more: bool, now: Instant) -> Result<()> {
+    fn post_one(
+        &self,
+        sq: &mut SendSide,
+        wr: &SendWr<'_>,
+        more: bool,
+        now: Instant,
+        memo: &mut ListMemo,
+    ) -> Result<()> {
         let state = self.state();
         if !matches!(state, QpState::Rts | QpState::Error) {
             return Err(self.bad_state("posting sends needs RTS"));
@@ -160,7 +176,9 @@ impl SoftQp {
         // the intra-host path) never becomes an entry, whose move costs more than the
         // operation itself.
         let mut local = LocalList::new();
-        let byte_len = match self.resolve(wr.sg_list, need, &mut local) {
+        // A single request remembers nothing (the memo would cost it a reference count).
+        let region = (more || memo.region.is_some()).then_some(&mut memo.region);
+        let byte_len = match self.resolve_with(wr.sg_list, need, &mut local, region) {
             // Atomic shapes are validated before posting (SendWr::validate); a zero-length
             // SGE could still leave the list empty here.
             Ok(total) if atomic && total != 8 => {
@@ -175,7 +193,8 @@ impl SoftQp {
                 return Ok(());
             }
         };
-        if let Some(status) = self.try_zero_copy(sq, &wr.op, byte_len, &local, now) {
+        let entered = (more || memo.entered.is_some()).then_some(&mut memo.entered);
+        if let Some(status) = self.try_zero_copy(sq, &wr.op, byte_len, &local, now, entered) {
             sq.req
                 .finish_now(wr.wr_id, opcode, wr.signaled, byte_len, status, now);
             return Ok(());
@@ -204,6 +223,7 @@ impl SoftQp {
         byte_len: u32,
         local: &LocalList,
         now: Instant,
+        entered: Option<&mut Option<shm::Entered>>,
     ) -> Option<WcStatus> {
         let direct = match *op {
             WrOp::Write { remote, imm: None } => Some((remote, FastOp::Write)),
@@ -248,36 +268,63 @@ impl SoftQp {
             Route::Socket => return None,
             Route::Fail(status) => return Some(status),
         }
-        let rm = match lp.maps.get(&remote.rkey) {
-            Some(Some(rm)) if rm.is_valid() => rm.clone(),
-            Some(None) => return None,
-            _ => match self.map_remote(fd, remote.rkey) {
-                Ok(m) => {
-                    lp.maps
-                        .retain(|_, v| v.as_ref().is_none_or(|r| r.is_valid()));
-                    lp.maps.insert(remote.rkey, m.clone());
-                    m?
-                }
-                Err(status) => {
-                    self.lose_connection(sq, status);
-                    return Some(status);
-                }
-            },
+        if let Some(Some(rm)) = lp.maps.get(&remote.rkey) {
+            if rm.is_valid() {
+                // Borrowed, not cloned: the map keeps it while the send lock is held. In a
+                // list, the region is entered once for all its requests.
+                let via = entered.map(|e| {
+                    if !e.as_ref().is_some_and(|e| e.is(rm)) {
+                        *e = Some(shm::Entered::new(rm.clone()));
+                    }
+                    &*e
+                });
+                let via = via.and_then(Option::as_ref);
+                return Some(Self::execute_direct(
+                    lp, rm, via, remote, byte_len, &fop, local,
+                ));
+            }
+        } else if lp.maps.contains_key(&remote.rkey) {
+            return None; // known to go through the socket
+        }
+        match self.map_remote(fd, remote.rkey) {
+            Ok(m) => {
+                lp.maps
+                    .retain(|_, v| v.as_ref().is_none_or(|r| r.is_valid()));
+                lp.maps.insert(remote.rkey, m.clone());
+                let rm = m?;
+                Some(Self::execute_direct(
+                    lp, &rm, None, remote, byte_len, &fop, local,
+                ))
+            }
+            Err(status) => {
+                self.lose_connection(sq, status);
+                Some(status)
+            }
+        }
+    }
+
+    /// Executes one operation on the peer's mapped region `rm` (through `via` when the
+    /// post entered it); a remote error moves the peer's QP to ERR, as on the wire.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn execute_direct(
+        lp: &crate::qp::dial::LocalPeer,
+        rm: &RemoteMr,
+        via: Option<&shm::Entered>,
+        remote: crate::fabric::RemoteAddr,
+        byte_len: u32,
+        fop: &FastOp,
+        local: &LocalList,
+    ) -> WcStatus {
+        let (pd, len) = (lp.target_pd, byte_len as u64);
+        let status = match via {
+            Some(e) => e.execute(pd, remote.rkey, remote.addr, len, fop, local),
+            None => shm::execute(rm, pd, remote.rkey, remote.addr, len, fop, local),
         };
-        let lp = sq.local.as_ref()?;
-        let status = shm::execute(
-            &rm,
-            lp.target_pd,
-            remote.rkey,
-            remote.addr,
-            byte_len as u64,
-            &fop,
-            local,
-        );
         if matches!(status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr) {
             lp.target_state.set_error(); // the responder's QP goes to ERR, as on the wire
         }
-        Some(status)
+        status
     }
 
     /// Asks the local peer for the region behind `rkey` (only with nothing else in flight).

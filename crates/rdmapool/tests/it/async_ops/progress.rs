@@ -244,7 +244,10 @@ fn a_busy_polling_thread_leaves_an_intra_host_completion_to_its_future() {
             }
             repolled += first as u64;
             first = false;
-            assert!(std::time::Instant::now() < deadline, "write {i}: no completion");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "write {i}: no completion"
+            );
             std::thread::yield_now();
         }
     }
