@@ -4,6 +4,7 @@
 
 mod dial;
 mod send;
+mod wire;
 
 use super::addr::SoftAddress;
 use super::context::CtxShared;
