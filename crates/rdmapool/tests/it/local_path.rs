@@ -71,11 +71,7 @@ fn a_list_over_several_regions_lands_every_request_and_fails_only_the_bad_one() 
         return;
     }
     let (a, b) = (node_on(Transport::Local), node_on(Transport::Local));
-    let cfg = config();
-    let qa = a.pd.create_qp(&a.cq, &a.cq, &cfg).unwrap();
-    let qb = b.pd.create_qp(&b.cq, &b.cq, &cfg).unwrap();
-    qa.connect(&qb.endpoint()).unwrap();
-    qb.connect(&qa.endpoint()).unwrap();
+    let (qa, _qb) = pair(&a, &b, &config());
     let targets = [
         b.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap(),
         b.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap(),

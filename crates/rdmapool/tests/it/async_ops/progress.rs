@@ -53,6 +53,16 @@ async fn event_driven_progress_on_a_single_threaded_runtime() {
     }
 }
 
+/// A waker that counts its wake-ups.
+#[derive(Default)]
+struct Count(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 #[test]
 fn the_completion_channel_wakes_for_every_kind_of_progress() {
     // Fabric level, as a user without the engine would use it: arm, wait on the fd,
@@ -150,12 +160,6 @@ fn the_only_operation_in_flight_waits_for_its_completion_before_parking() {
     // operations in one poll posts them all first); in its second poll, still the only
     // operation in flight, it waits for its own completion. With the spin off, it asks for
     // nothing and stays pending until someone polls the CQ.
-    struct Count(std::sync::atomic::AtomicUsize);
-    impl std::task::Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
     let spins = [
         (std::time::Duration::from_secs(5), true),
         (std::time::Duration::ZERO, false),
@@ -175,7 +179,7 @@ fn the_only_operation_in_flight_waits_for_its_completion_before_parking() {
         let q = engine.wrap(qa);
         let target = b.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
         let local = Arc::new(a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
-        let count = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+        let count = Arc::new(Count::default());
         let waker = std::task::Waker::from(count.clone());
         let mut cx = Context::from_waker(&waker);
         let mut f = Box::pin(q.write(Mr::share(&local), 0, 8, target.remote_at(0).unwrap()));
@@ -208,12 +212,6 @@ fn a_busy_polling_thread_leaves_an_intra_host_completion_to_its_future() {
     // future's look missed it and it had to be polled again (a re-poll, on tokio a reactor
     // poll: ~1 µs against 0.2). The thread now keeps off the CQ while the only operation in
     // flight is looked for by its own future.
-    struct Count(std::sync::atomic::AtomicUsize);
-    impl std::task::Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
     const N: u64 = 4000;
     let (a, b) = (node_on(Transport::Local), node_on(Transport::Local));
     let (qa, _qb) = pair(&a, &b, &config());
@@ -228,7 +226,7 @@ fn a_busy_polling_thread_leaves_an_intra_host_completion_to_its_future() {
     let q = engine.wrap(qa);
     let target = b.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap();
     let local = Arc::new(a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
-    let count = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+    let count = Arc::new(Count::default());
     let waker = std::task::Waker::from(count.clone());
     let mut cx = Context::from_waker(&waker);
     let mut repolled = 0u64;
