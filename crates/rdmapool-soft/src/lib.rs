@@ -27,6 +27,7 @@ pub mod addr;
 #[cfg(not(feature = "fuzzing"))]
 mod addr;
 mod admission;
+mod clock;
 mod config;
 mod context;
 mod control;

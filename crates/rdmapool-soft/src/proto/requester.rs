@@ -30,7 +30,9 @@ pub struct Entry {
     seq: u64,
     /// Bytes the request moves (its SGEs' total).
     pub byte_len: u32,
-    deadline: Instant,
+    /// When it times out: set when it goes on the wire ([`Requester::sent`]); a request
+    /// that never does needs no clock.
+    deadline: Option<Instant>,
     outcome: Outcome,
     /// The checked local SGEs: the payload's source, or where READ data and atomic results
     /// land.
@@ -130,13 +132,7 @@ impl Requester {
     /// Takes an entry, or `None` when the queue is full. It stays flushed unless the caller
     /// executes it ([`Self::finish`] or [`Self::sent`]); either way it must be handed back.
     #[inline]
-    pub fn entry(
-        &mut self,
-        wr_id: u64,
-        opcode: WcOpcode,
-        signaled: bool,
-        now: Instant,
-    ) -> Option<Entry> {
+    pub fn entry(&mut self, wr_id: u64, opcode: WcOpcode, signaled: bool) -> Option<Entry> {
         if self.room() == 0 {
             return None;
         }
@@ -148,7 +144,7 @@ impl Requester {
             signaled,
             seq,
             byte_len: 0,
-            deadline: now,
+            deadline: None,
             outcome: Outcome::Done(WcStatus::WrFlushErr),
             local: LocalList::new(),
         })
@@ -167,7 +163,6 @@ impl Requester {
         signaled: bool,
         byte_len: u32,
         status: WcStatus,
-        now: Instant,
     ) {
         debug_assert!(self.room() > 0, "finish_now on a full send queue");
         if status != WcStatus::Success {
@@ -184,7 +179,7 @@ impl Requester {
             });
             return;
         }
-        if let Some(mut e) = self.entry(wr_id, opcode, signaled, now) {
+        if let Some(mut e) = self.entry(wr_id, opcode, signaled) {
             e.byte_len = byte_len;
             e.outcome = Outcome::Done(status);
             self.pending.push_back(e);
@@ -255,7 +250,7 @@ impl Requester {
     /// only request in flight (the driver then starts watching for responses and timeouts).
     pub fn sent(&mut self, mut e: Entry, now: Instant) -> bool {
         e.outcome = Outcome::Sent;
-        e.deadline = now + self.timeout;
+        e.deadline = Some(now + self.timeout);
         self.pending.push_back(e);
         self.in_flight += 1;
         self.in_flight == 1
@@ -281,7 +276,7 @@ impl Requester {
             .iter()
             .skip(self.head_done)
             .find(|e| e.outcome == Outcome::Sent)
-            .map(|e| e.deadline)
+            .and_then(|e| e.deadline)
     }
 
     /// Retries exhausted: if the oldest request's deadline has passed at `now`, the

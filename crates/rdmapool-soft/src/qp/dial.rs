@@ -174,7 +174,7 @@ fn handshake_after_challenge(
                 target_state: RemoteQpState::new(state_fd)?,
                 target_pd: u32::from_le_bytes([info[0], info[1], info[2], info[3]]),
                 maps: HashMap::default(),
-                path: LocalPath::new(Instant::now()),
+                path: LocalPath::new(crate::clock::coarse_now()),
             };
             Ok((fd, Some(local)))
         }

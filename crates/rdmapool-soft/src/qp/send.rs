@@ -46,11 +46,13 @@ impl SoftQp {
     /// it becomes an error completion.
     pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut sq = self.sq.lock();
-        let now = Instant::now();
+        // Read once, and only when a request goes on the wire (the intra-host path and
+        // local errors need no clock).
+        let mut now = None;
         let mut result = Ok(());
         let mut memo = ListMemo::default();
         for (i, wr) in wrs.iter().enumerate() {
-            if let Err(e) = self.post_one(&mut sq, wr, i + 1 < wrs.len(), now, &mut memo) {
+            if let Err(e) = self.post_one(&mut sq, wr, i + 1 < wrs.len(), &mut now, &mut memo) {
                 result = Err(e);
                 break;
             }
@@ -66,7 +68,6 @@ impl SoftQp {
         let mut sq = self.sq.lock();
         // Whatever this post leaves behind is progressed (a stale `true` costs one look).
         self.sq_busy.store(true, Ordering::Release);
-        let now = Instant::now();
         let state = self.state();
         if !matches!(state, QpState::Rts | QpState::Error) {
             return Err(self.bad_state("posting sends needs RTS"));
@@ -92,7 +93,7 @@ impl SoftQp {
         }
         let e = sq
             .req
-            .entry(b.wr_id, WcOpcode::BindMw, b.signaled, now)
+            .entry(b.wr_id, WcOpcode::BindMw, b.signaled)
             .ok_or_else(|| self.queue_full())?;
         let mut rkey = mw.rkey();
         if state == QpState::Error || !sq.req.accepts_work() {
@@ -130,7 +131,7 @@ impl SoftQp {
         sq: &mut SendSide,
         wr: &SendWr<'_>,
         more: bool,
-        now: Instant,
+        now: &mut Option<Instant>,
         memo: &mut ListMemo,
     ) -> Result<()> {
         let state = self.state();
@@ -144,7 +145,7 @@ impl SoftQp {
         if state == QpState::Error || !sq.req.accepts_work() {
             let e = sq
                 .req
-                .entry(wr.wr_id, opcode, wr.signaled, now)
+                .entry(wr.wr_id, opcode, wr.signaled)
                 .ok_or_else(|| self.queue_full())?;
             sq.req.flush(e);
             return Ok(());
@@ -156,7 +157,7 @@ impl SoftQp {
             // any more was revoked with its region: invalidating it changes nothing.
             self.ctx.keys.invalidate_window(rkey, self.pd_id);
             sq.req
-                .finish_now(wr.wr_id, opcode, wr.signaled, 0, WcStatus::Success, now);
+                .finish_now(wr.wr_id, opcode, wr.signaled, 0, WcStatus::Success);
             return Ok(());
         }
         let (need, atomic) = match wr.op {
@@ -177,29 +178,29 @@ impl SoftQp {
             // SGE could still leave the list empty here.
             Ok(total) if atomic && total != 8 => {
                 sq.req
-                    .finish_now(wr.wr_id, opcode, wr.signaled, 0, WcStatus::LocLenErr, now);
+                    .finish_now(wr.wr_id, opcode, wr.signaled, 0, WcStatus::LocLenErr);
                 return Ok(());
             }
             Ok(total) => total as u32,
             Err(status) => {
-                sq.req
-                    .finish_now(wr.wr_id, opcode, wr.signaled, 0, status, now);
+                sq.req.finish_now(wr.wr_id, opcode, wr.signaled, 0, status);
                 return Ok(());
             }
         };
         let entered = (more || memo.entered.is_some()).then_some(&mut memo.entered);
-        if let Some(status) = self.try_zero_copy(sq, &wr.op, byte_len, &local, now, entered) {
+        if let Some(status) = self.try_zero_copy(sq, &wr.op, byte_len, &local, entered) {
             sq.req
-                .finish_now(wr.wr_id, opcode, wr.signaled, byte_len, status, now);
+                .finish_now(wr.wr_id, opcode, wr.signaled, byte_len, status);
             return Ok(());
         }
         let mut e = sq
             .req
-            .entry(wr.wr_id, opcode, wr.signaled, now)
+            .entry(wr.wr_id, opcode, wr.signaled)
             .ok_or_else(|| self.queue_full())?;
         e.byte_len = byte_len;
         e.local = local;
         let frame = sq.req.frame(&e, &wr.op);
+        let now = *now.get_or_insert_with(Instant::now);
         self.transmit(sq, &frame, e, more, now);
         Ok(())
     }
@@ -216,7 +217,6 @@ impl SoftQp {
         op: &WrOp,
         byte_len: u32,
         local: &LocalList,
-        now: Instant,
         entered: Option<&mut Option<shm::Entered>>,
     ) -> Option<WcStatus> {
         let direct = match *op {
@@ -237,7 +237,7 @@ impl SoftQp {
         let (remote, fop) = direct?;
         let fd = sq.conn.as_ref()?.as_raw_fd();
         let lp = sq.local.as_mut()?;
-        if lp.path.probe_due(now) {
+        if lp.path.probe_due(crate::clock::coarse_now()) {
             let mut probe = [0u8; 1];
             // SAFETY: a one-byte local buffer; MSG_PEEK leaves any data queued.
             let n = unsafe {

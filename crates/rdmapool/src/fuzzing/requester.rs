@@ -127,7 +127,7 @@ impl<'a> Run<'a> {
             _ => (WcOpcode::FetchAdd, WrOp::FetchAdd { remote, add: 3 }),
         };
         let wr_id = self.next_wr;
-        let Some(mut e) = self.req.entry(wr_id, opcode, how & 4 == 0, self.now) else {
+        let Some(mut e) = self.req.entry(wr_id, opcode, how & 4 == 0) else {
             return; // the queue is full
         };
         self.next_wr += 1;

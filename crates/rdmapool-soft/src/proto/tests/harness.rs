@@ -101,7 +101,7 @@ impl Pair {
     pub(super) fn post(&mut self, wr_id: u64, op: WrOp, off: usize, len: usize) {
         let mut e = self
             .req
-            .entry(wr_id, op.completion_opcode(), true, self.now)
+            .entry(wr_id, op.completion_opcode(), true)
             .expect("room");
         e.local = list(&self.local, off, len);
         e.byte_len = len as u32;
