@@ -109,6 +109,10 @@ impl Drop for Progressors {
     }
 }
 
+/// CPU hints a busy-polling thread kept off the CQs waits before it looks again (a few µs;
+/// a future that stops spinning and parks waits at most that long for the thread).
+const KEPT_OFF_HINTS: u32 = 64;
+
 fn busy_poll(s: &Shared, cq: usize) {
     let mut buf = [Completion::EMPTY; 32];
     let mut idle = 0u32;
@@ -120,6 +124,13 @@ fn busy_poll(s: &Shared, cq: usize) {
         // thread: polling the same CQ would only pull its lines across cores.
         let spinners = s.spinners.load(Ordering::Acquire);
         if spinners > 0 && s.table.in_flight() <= spinners {
+            // Looked again only after a while: every look reads lines the spinning futures
+            // write per operation (the spinner count, the slot table's), and pulls them to
+            // this core, which makes their next write a miss (8 B intra-host WRITEs under a
+            // busy-polling thread: 229 → 205 ns).
+            for _ in 0..KEPT_OFF_HINTS {
+                std::hint::spin_loop();
+            }
             pause.pause();
             continue;
         }
