@@ -1,10 +1,17 @@
-//! The responder's driver: one thread per NIC owns its listeners and every incoming
-//! connection, in one epoll loop (tokio's driver/registration split: the loop owns the
-//! sockets, each connection is a state machine it steps when its socket or timer is ready).
-//! A connection never blocks the loop: sockets are non-blocking, answers that do not fit
-//! wait in their connection, and a peer that stops reading or writing is given up on its
-//! own deadline. So the thread count stays one whatever the number of connections, and an
-//! idle connection costs nothing but its socket.
+//! The responder's driver: one thread per process owns the listeners of every soft NIC in
+//! it and every incoming connection, in one epoll loop (tokio's driver/registration split:
+//! the loop owns the sockets, each connection is a state machine it steps when its socket or
+//! timer is ready). A connection never blocks the loop: sockets are non-blocking, answers
+//! that do not fit wait in their connection, and a peer that stops reading or writing is
+//! given up on its own deadline. So the thread count stays one whatever the number of
+//! connections and NICs, and an idle connection costs nothing but its socket.
+//!
+//! One loop for all the NICs of a process, not one per NIC: a loop spins for a while after
+//! traffic (a request usually follows its predecessor within microseconds), and several
+//! NICs' loops spinning at once on a machine with fewer cores took the cores from the
+//! threads they waited for (three pool servers in one process ran at 0.35× one server over
+//! TCP). One loop spins once for all of them. The loop starts with the first NIC of the
+//! process and ends when the last one closes.
 //!
 //! What a connection does is the sans-IO [`Responder`](super::proto::responder::Responder)'s;
 //! this module only moves its bytes ([`conn`]), runs the handshake ([`hello`]) and takes
@@ -16,7 +23,7 @@ mod hello;
 
 use super::context::{ConnSlot, CtxShared};
 use super::peer::{own_uid, PeerInfo};
-use super::waker::epoll;
+use super::waker::{epoll, EventFd};
 use crate::util::spin::AdaptiveSpin;
 use crate::{Error, Result};
 use accept::{AcceptOutcome, Accepted};
@@ -29,11 +36,15 @@ use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Epoll data of the waker and the listeners; connections count up from `FIRST_CONN`.
+/// Epoll data of the loop's own waker (a NIC was added); connections count up from
+/// `FIRST_CONN`; a NIC's waker and listeners carry [`NIC_TOKEN`] with the NIC's number.
+const LOOP_WAKE: u64 = 0;
+const FIRST_CONN: u64 = 16;
+const NIC_TOKEN: u64 = 1 << 63;
+/// What a NIC token names (its low two bits).
 const WAKE: u64 = 0;
 const TCP: u64 = 1;
 const UNIX: u64 = 2;
-const FIRST_CONN: u64 = 16;
 /// How long after the last traffic the loop still spins before it sleeps.
 const IDLE_SPIN_WINDOW: Duration = Duration::from_millis(1);
 /// Connections taken off one listener in a row before the others get a turn.
@@ -41,8 +52,27 @@ const ACCEPT_BURST: usize = 64;
 /// How long accepting pauses when the process is out of descriptors.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(10);
 
-/// Serves the context's listeners and every connection they bring, on one thread of its
-/// own, until the context closes.
+fn nic_token(nic: u64, what: u64) -> u64 {
+    NIC_TOKEN | nic << 2 | what
+}
+
+/// The process's serving loop, while it runs: its epoll set, its waker, and the NICs
+/// handed to it that it has not taken yet.
+struct Running {
+    epoll: Arc<OwnedFd>,
+    wake: Arc<EventFd>,
+    pending: Vec<Nic>,
+    next_nic: u64,
+    /// The process it runs in: a child forked without exec has none of its threads, and
+    /// starts its own loop.
+    pid: u32,
+}
+
+/// The loop of this process (`None` while no NIC is open).
+static LOOP: parking_lot::Mutex<Option<Running>> = parking_lot::const_mutex(None);
+
+/// Serves the context's listeners and every connection they bring, on the process's serving
+/// loop (started now if no other NIC of the process runs one), until the context closes.
 pub(crate) fn start(tcp: TcpListener, unix: UnixListener, ctx: &Arc<CtxShared>) -> Result<()> {
     let nonblocking = |r: std::io::Result<()>| {
         r.map_err(|e| Error::Sys {
@@ -52,41 +82,64 @@ pub(crate) fn start(tcp: TcpListener, unix: UnixListener, ctx: &Arc<CtxShared>) 
     };
     nonblocking(tcp.set_nonblocking(true))?;
     nonblocking(unix.set_nonblocking(true))?;
-    let epoll = epoll()?;
-    let lp = Loop {
+    let mut running = LOOP.lock();
+    if running.as_ref().is_none_or(|r| r.pid != std::process::id()) {
+        *running = Some(Loop::spawn()?);
+    }
+    let r = running.as_mut().expect("started above");
+    let id = r.next_nic;
+    // Registered here, from this thread (epoll_ctl on a shared set is safe): a failure is
+    // this caller's error. Events that come before the loop took the NIC stay ready
+    // (level-triggered) and are served once it has.
+    let fds = [
+        (ctx.serving.as_raw_fd(), WAKE),
+        (tcp.as_raw_fd(), TCP),
+        (unix.as_raw_fd(), UNIX),
+    ];
+    for (i, &(fd, what)) in fds.iter().enumerate() {
+        if !ctl(&r.epoll, libc::EPOLL_CTL_ADD, fd, IN, nic_token(id, what)) {
+            let e = Error::last_os("epoll_ctl");
+            for &(fd, _) in &fds[..i] {
+                ctl(&r.epoll, libc::EPOLL_CTL_DEL, fd, 0, 0);
+            }
+            return Err(e);
+        }
+    }
+    r.next_nic += 1;
+    r.pending.push(Nic {
+        id,
         ctx: ctx.clone(),
-        epoll,
         tcp: Some(tcp),
         unix: Some(unix),
-        conns: HashMap::new(),
-        next_token: FIRST_CONN,
-        timers: BinaryHeap::new(),
-        last_traffic: Instant::now(),
         accept_paused_until: None,
-        by_qpn: HashMap::new(),
-        spun_after: None,
-        spin: AdaptiveSpin::new(ctx.spin),
-    };
-    let all_in = lp.ctl(libc::EPOLL_CTL_ADD, ctx.serving.as_raw_fd(), IN, WAKE)
-        && lp.listeners(libc::EPOLL_CTL_ADD, IN);
-    if !all_in {
-        return Err(Error::last_os("epoll_ctl"));
-    }
-    std::thread::Builder::new()
-        .name("rdmapool-soft-serve".into())
-        .spawn(move || lp.run())
-        .map_err(|e| Error::Sys {
-            call: "spawn",
-            source: e,
-        })?;
+    });
+    r.wake.signal();
     Ok(())
+}
+
+fn ctl(epoll: &OwnedFd, op: libc::c_int, fd: RawFd, events: u32, data: u64) -> bool {
+    let mut ev = libc::epoll_event { events, u64: data };
+    // SAFETY: an epoll descriptor we hold, a descriptor the caller owns, and a local event.
+    unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd, &mut ev) == 0 }
 }
 
 const IN: u32 = libc::EPOLLIN as u32;
 
+/// One NIC the loop serves.
+struct Nic {
+    id: u64,
+    ctx: Arc<CtxShared>,
+    tcp: Option<TcpListener>,
+    unix: Option<UnixListener>,
+    accept_paused_until: Option<Instant>,
+}
+
 /// One connection the loop owns.
 struct Entry {
     fd: OwnedFd,
+    /// The NIC it came in on.
+    nic: u64,
+    ctx: Arc<CtxShared>,
     local: bool,
     peer: PeerInfo,
     _slot: ConnSlot,
@@ -106,69 +159,203 @@ enum Phase {
 
 /// The loop's state; only its thread touches it.
 struct Loop {
-    ctx: Arc<CtxShared>,
-    epoll: OwnedFd,
-    tcp: Option<TcpListener>,
-    unix: Option<UnixListener>,
+    epoll: Arc<OwnedFd>,
+    wake: Arc<EventFd>,
+    nics: HashMap<u64, Nic>,
     conns: HashMap<u64, Entry>,
     next_token: u64,
     /// Connection timers, earliest first; an entry whose connection has since moved its
     /// timer is skipped when it comes up.
     timers: BinaryHeap<Reverse<(Instant, u64)>>,
     last_traffic: Instant,
-    accept_paused_until: Option<Instant>,
-    /// The connection serving each QP.
-    by_qpn: HashMap<u32, u64>,
+    /// The connection serving each QP, by NIC and QP number.
+    by_qpn: HashMap<(u64, u32), u64>,
     /// The traffic after which the loop last spun in vain (it spins once per burst).
     spun_after: Option<Instant>,
-    /// How long it spins now: up to the context's `spin`, less while spinning finds
-    /// nothing.
+    /// How long it spins now: up to the longest `spin` of its NICs, less while spinning
+    /// finds nothing.
     spin: AdaptiveSpin,
+    spin_max: Duration,
 }
 
 impl Loop {
-    fn ctl(&self, op: libc::c_int, fd: RawFd, events: u32, data: u64) -> bool {
-        let mut ev = libc::epoll_event { events, u64: data };
-        // SAFETY: our epoll descriptor, a descriptor we own, and a local event.
-        unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev) == 0 }
+    /// Starts the process's loop thread, serving no NIC yet.
+    fn spawn() -> Result<Running> {
+        let epoll = Arc::new(epoll()?);
+        let wake = Arc::new(EventFd::new()?);
+        if !ctl(&epoll, libc::EPOLL_CTL_ADD, wake.as_raw_fd(), IN, LOOP_WAKE) {
+            return Err(Error::last_os("epoll_ctl"));
+        }
+        let lp = Loop {
+            epoll: epoll.clone(),
+            wake: wake.clone(),
+            nics: HashMap::new(),
+            conns: HashMap::new(),
+            next_token: FIRST_CONN,
+            timers: BinaryHeap::new(),
+            last_traffic: Instant::now(),
+            by_qpn: HashMap::new(),
+            spun_after: None,
+            spin: AdaptiveSpin::new(Duration::ZERO),
+            spin_max: Duration::ZERO,
+        };
+        std::thread::Builder::new()
+            .name("rdmapool-soft-serve".into())
+            .spawn(move || lp.run())
+            .map_err(|e| Error::Sys {
+                call: "spawn",
+                source: e,
+            })?;
+        Ok(Running {
+            epoll,
+            wake,
+            pending: Vec::new(),
+            next_nic: 0,
+            pid: std::process::id(),
+        })
     }
 
-    /// Registers or re-registers both listeners (those still open) for `events`.
-    fn listeners(&self, op: libc::c_int, events: u32) -> bool {
-        let tcp = self.tcp.as_ref().map(|l| (l.as_raw_fd(), TCP));
-        let unix = self.unix.as_ref().map(|l| (l.as_raw_fd(), UNIX));
+    fn ctl(&self, op: libc::c_int, fd: RawFd, events: u32, data: u64) -> bool {
+        ctl(&self.epoll, op, fd, events, data)
+    }
+
+    /// Registers or re-registers a NIC's listeners (those still open) for `events`.
+    fn listeners(&self, nic: &Nic, op: libc::c_int, events: u32) -> bool {
+        let tcp = nic.tcp.as_ref().map(|l| (l.as_raw_fd(), TCP));
+        let unix = nic.unix.as_ref().map(|l| (l.as_raw_fd(), UNIX));
         [tcp, unix]
             .into_iter()
             .flatten()
-            .all(|(fd, token)| self.ctl(op, fd, events, token))
+            .all(|(fd, what)| self.ctl(op, fd, events, nic_token(nic.id, what)))
     }
 
     fn run(mut self) {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
-        while !self.ctx.is_closing() {
+        loop {
             let n = self.wait(&mut events);
             let now = Instant::now();
             for ev in &events[..n] {
-                match ev.u64 {
-                    WAKE => {
-                        for qpn in self.ctx.serving.take() {
-                            if let Some(token) = self.by_qpn.get(&qpn).copied() {
-                                self.close(token, End::Clean);
-                            }
+                let token = ev.u64; // a copy: the event struct is packed
+                match token {
+                    LOOP_WAKE => {
+                        self.wake.drain();
+                        self.take_new_nics();
+                    }
+                    t if t & NIC_TOKEN != 0 => {
+                        let nic = (t & !NIC_TOKEN) >> 2;
+                        match t & 3 {
+                            WAKE => self.nic_woken(nic),
+                            what => self.accept(nic, what, now),
                         }
                     }
-                    TCP | UNIX => self.accept(ev.u64, now),
-                    token => self.step(token, now),
+                    conn => self.step(conn, now),
                 }
             }
             self.fire_timers(now);
-            if self.accept_paused_until.is_some_and(|t| now >= t) {
-                self.accept_paused_until = None;
-                self.listeners(libc::EPOLL_CTL_MOD, IN);
+            let resume: Vec<u64> = self
+                .nics
+                .values()
+                .filter(|n| n.accept_paused_until.is_some_and(|t| now >= t))
+                .map(|n| n.id)
+                .collect();
+            for id in resume {
+                if let Some(nic) = self.nics.get_mut(&id) {
+                    nic.accept_paused_until = None;
+                }
+                if let Some(nic) = self.nics.get(&id) {
+                    self.listeners(nic, libc::EPOLL_CTL_MOD, IN);
+                }
+            }
+            if self.nics.is_empty() && self.may_end() {
+                return;
             }
         }
-        // Closing: the connections and listeners close as the loop's state drops; their QPs
-        // are being destroyed with the context, so no peer-lost events.
+    }
+
+    /// Takes the NICs handed to the loop since it last looked.
+    fn take_new_nics(&mut self) {
+        let new = LOOP
+            .lock()
+            .as_mut()
+            .map(|r| std::mem::take(&mut r.pending))
+            .unwrap_or_default();
+        for nic in new {
+            self.nics.insert(nic.id, nic);
+        }
+        self.adapt_spin();
+    }
+
+    /// With no NIC left, ends the loop unless one was handed to it meanwhile (then taken).
+    /// Whoever opens the next NIC starts a new loop.
+    fn may_end(&mut self) -> bool {
+        let mut running = LOOP.lock();
+        let handed = running.as_ref().is_some_and(|r| !r.pending.is_empty());
+        if !handed {
+            *running = None;
+            return true;
+        }
+        drop(running);
+        self.take_new_nics();
+        false
+    }
+
+    /// The spin budget follows the longest `spin` of the NICs served.
+    fn adapt_spin(&mut self) {
+        let max = self
+            .nics
+            .values()
+            .map(|n| n.ctx.spin)
+            .max()
+            .unwrap_or_default();
+        if max != self.spin_max {
+            self.spin_max = max;
+            self.spin = AdaptiveSpin::new(max);
+        }
+    }
+
+    /// A NIC's waker: some of its QPs were destroyed (their connections close now), or it
+    /// is closing.
+    fn nic_woken(&mut self, id: u64) {
+        let Some(nic) = self.nics.get(&id) else {
+            self.take_new_nics(); // its waker rang before the loop took it
+            return;
+        };
+        let ctx = nic.ctx.clone();
+        let gone = ctx.serving.take();
+        if ctx.is_closing() {
+            self.close_nic(id);
+            return;
+        }
+        for qpn in gone {
+            if let Some(token) = self.by_qpn.get(&(id, qpn)).copied() {
+                self.close(token, End::Clean);
+            }
+        }
+    }
+
+    /// A NIC closes: its listeners and connections close (its QPs are being destroyed with
+    /// it, so no peer-lost events), and its waker leaves the epoll set.
+    fn close_nic(&mut self, id: u64) {
+        let Some(nic) = self.nics.remove(&id) else {
+            return;
+        };
+        self.ctl(libc::EPOLL_CTL_DEL, nic.ctx.serving.as_raw_fd(), 0, 0);
+        self.listeners(&nic, libc::EPOLL_CTL_DEL, 0);
+        let tokens: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, e)| e.nic == id)
+            .map(|(t, _)| *t)
+            .collect();
+        for token in tokens {
+            if let Some(e) = self.conns.remove(&token) {
+                self.ctl(libc::EPOLL_CTL_DEL, e.fd.as_raw_fd(), 0, 0);
+                if let Phase::Serving(s) = &e.phase {
+                    self.by_qpn.remove(&(id, s.qpn));
+                }
+            }
+        }
+        self.adapt_spin();
     }
 
     /// When the loop must wake up on its own. Timers that no longer apply are dropped first,
@@ -181,10 +368,12 @@ impl Loop {
             self.timers.pop();
         }
         let timer = self.timers.peek().map(|Reverse((t, _))| *t);
-        [timer, self.accept_paused_until]
-            .into_iter()
-            .flatten()
-            .min()
+        let paused = self
+            .nics
+            .values()
+            .filter_map(|n| n.accept_paused_until)
+            .min();
+        [timer, paused].into_iter().flatten().min()
     }
 
     /// Waits for events: spinning right after traffic (a request usually follows its
@@ -228,27 +417,40 @@ impl Loop {
         n
     }
 
-    /// Takes what is waiting on a listener.
-    fn accept(&mut self, which: u64, now: Instant) {
+    /// Takes what is waiting on a NIC's listener.
+    fn accept(&mut self, id: u64, which: u64, now: Instant) {
+        let Some(nic) = self.nics.get(&id) else {
+            self.take_new_nics(); // its listener was ready before the loop took it
+            return;
+        };
+        let ctx = nic.ctx.clone();
         for _ in 0..ACCEPT_BURST {
+            let Some(nic) = self.nics.get(&id) else {
+                return;
+            };
             let outcome = match which {
-                TCP => self.tcp.as_ref().map(|l| accept::tcp(l, &self.ctx)),
-                _ => self.unix.as_ref().map(|l| accept::unix(l, &self.ctx)),
+                TCP => nic.tcp.as_ref().map(|l| accept::tcp(l, &ctx)),
+                _ => nic.unix.as_ref().map(|l| accept::unix(l, &ctx)),
             };
             match outcome.unwrap_or(AcceptOutcome::Closed) {
-                AcceptOutcome::Admitted(a) => self.challenge(a, now),
+                AcceptOutcome::Admitted(a) => self.challenge(id, &ctx, a, now),
                 AcceptOutcome::Refused => {}
                 AcceptOutcome::Empty => return,
                 AcceptOutcome::OutOfDescriptors => {
-                    self.listeners(libc::EPOLL_CTL_MOD, 0);
-                    self.accept_paused_until = Some(now + ACCEPT_PAUSE);
+                    self.listeners(nic, libc::EPOLL_CTL_MOD, 0);
+                    if let Some(nic) = self.nics.get_mut(&id) {
+                        nic.accept_paused_until = Some(now + ACCEPT_PAUSE);
+                    }
                     return;
                 }
                 AcceptOutcome::Closed => {
                     // Shut down (the context closes) or broken: stop listening on it.
+                    let Some(nic) = self.nics.get_mut(&id) else {
+                        return;
+                    };
                     let l: Option<OwnedFd> = match which {
-                        TCP => self.tcp.take().map(Into::into),
-                        _ => self.unix.take().map(Into::into),
+                        TCP => nic.tcp.take().map(Into::into),
+                        _ => nic.unix.take().map(Into::into),
                     };
                     if let Some(l) = l {
                         self.ctl(libc::EPOLL_CTL_DEL, l.as_raw_fd(), 0, 0);
@@ -259,8 +461,8 @@ impl Loop {
         }
     }
 
-    /// Challenges a new connection and starts watching it.
-    fn challenge(&mut self, a: Accepted, now: Instant) {
+    /// Challenges a new connection of NIC `nic` and starts watching it.
+    fn challenge(&mut self, nic: u64, ctx: &Arc<CtxShared>, a: Accepted, now: Instant) {
         let Some(pending) = hello::challenge(a.fd.as_raw_fd(), now) else {
             return;
         };
@@ -274,6 +476,8 @@ impl Loop {
             token,
             Entry {
                 fd: a.fd,
+                nic,
+                ctx: ctx.clone(),
                 local: a.local,
                 peer: a.peer,
                 _slot: a.slot,
@@ -287,10 +491,10 @@ impl Loop {
 
     /// Steps one connection: its socket is ready, or its timer came up.
     fn step(&mut self, token: u64, now: Instant) {
-        let ctx = &*self.ctx;
         let Some(e) = self.conns.get_mut(&token) else {
             return;
         };
+        let ctx = &*e.ctx;
         let fd = e.fd.as_raw_fd();
         if let Phase::Hello(p) = &mut e.phase {
             match p.advance(ctx, fd, e.local, &e.peer) {
@@ -303,7 +507,7 @@ impl Loop {
                     let mappable =
                         e.local && ctx.admission.local_mappings && e.peer.uid == Some(own_uid());
                     e.phase = Phase::Serving(Box::new(Serving::new(ctx, &qp, mappable)));
-                    self.by_qpn.insert(qp.qpn(), token);
+                    self.by_qpn.insert((e.nic, qp.qpn()), token);
                     e.timer = None; // the hello deadline no longer applies
                 }
             }
@@ -371,13 +575,13 @@ impl Loop {
         let Phase::Serving(s) = &mut e.phase else {
             return;
         };
-        self.by_qpn.remove(&s.qpn);
+        self.by_qpn.remove(&(e.nic, s.qpn));
         s.finish(fd);
         if let End::Failed(reason) = &end {
             tracing::debug!(qpn = s.qpn, "connection ended: {reason}");
             accept::reset_if_unsent(fd);
         }
-        if !self.ctx.is_closing() {
+        if !e.ctx.is_closing() {
             if let Some(qp) = s.qp() {
                 qp.peer_lost();
             }

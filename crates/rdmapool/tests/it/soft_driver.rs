@@ -1,9 +1,9 @@
-//! The soft NIC's serving loop: one thread whatever the number of connections, and no peer
-//! that stops reading stalls anyone else; READ data that leaves over many writes arrives
-//! whole.
+//! The soft NICs' serving loop: one thread per process whatever the number of connections
+//! and NICs, and no peer that stops reading stalls anyone else; READ data that leaves over
+//! many writes arrives whole.
 //!
-//! The thread count is taken in a child process (this binary, re-run with
-//! `RDMAPOOL_TEST_CHILD=threads`): other tests' threads would blur it here.
+//! Thread counts are taken in a child process (this binary, re-run with
+//! `RDMAPOOL_TEST_CHILD=threads` or `=nics`): other tests' threads would blur them here.
 
 use crate::support::child::Child;
 use crate::support::rawpeer::{status, Raw, SoftTarget};
@@ -15,13 +15,84 @@ fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").unwrap().count()
 }
 
+/// Threads of this process named `rdmapool-soft-serve` (the kernel keeps 15 bytes of a name).
+fn serving_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
+        .filter(|name| name.trim_end() == "rdmapool-soft-s")
+        .count()
+}
+
+/// One 8-byte WRITE from `a` to `b` over `qa`, checked where it lands.
+fn write_one(a: &Node, b: &Node, qa: &Qp, value: u64) {
+    let dst = b.pd.alloc_mr(64, AccessFlags::all_remote()).unwrap();
+    let src = a.pd.alloc_mr(64, AccessFlags::all_remote()).unwrap();
+    src.write_at(0, &value.to_le_bytes()).unwrap();
+    let sg = [src.sge(0, 8).unwrap()];
+    qa.post_send(&[write_wr(value, dst.remote_at(0).unwrap(), &sg)])
+        .unwrap();
+    assert!(one(&a.cq).is_ok(), "WRITE {value}");
+    assert_eq!(contents(&dst)[..8], value.to_le_bytes(), "WRITE {value}");
+}
+
 /// The child's side: `threads` connects QP pairs on both paths and reports the thread
-/// count of its process before and after.
+/// count of its process before and after; `nics` opens and closes NICs and reports how
+/// many serving threads the process has as it goes.
 #[test]
 fn child_entry() {
-    if std::env::var("RDMAPOOL_TEST_CHILD").as_deref() != Ok("threads") {
-        return; // an ordinary test run: nothing to do
+    match std::env::var("RDMAPOOL_TEST_CHILD").as_deref() {
+        Ok("threads") => many_connections(),
+        Ok("nics") => many_nics(),
+        _ => {} // an ordinary test run: nothing to do
     }
+}
+
+/// Four NICs over TCP serve two QP pairs from one loop; closing two leaves the others
+/// served; closing all ends the loop, and the next NIC starts one again.
+fn many_nics() {
+    let mut nodes: Vec<Node> = (0..4).map(|_| node_on(Transport::Tcp)).collect();
+    {
+        let (q01, _q10) = pair(&nodes[0], &nodes[1], &config());
+        let (q23, _q32) = pair(&nodes[2], &nodes[3], &config());
+        write_one(&nodes[0], &nodes[1], &q01, 1);
+        write_one(&nodes[2], &nodes[3], &q23, 2);
+    }
+    let with_four = serving_threads();
+    nodes.truncate(2);
+    let (q01, _q10) = pair(&nodes[0], &nodes[1], &config());
+    write_one(&nodes[0], &nodes[1], &q01, 3);
+    drop((q01, _q10));
+    drop(nodes);
+    // The loop ends on its own thread once it has seen the last NIC close: wait for it (a
+    // loop that never ends fails here).
+    let mut after_all = serving_threads();
+    for _ in 0..1000 {
+        if after_all == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        after_all = serving_threads();
+    }
+    let nodes = [node_on(Transport::Tcp), node_on(Transport::Tcp)];
+    let (q, _q) = pair(&nodes[0], &nodes[1], &config());
+    write_one(&nodes[0], &nodes[1], &q, 4);
+    println!("@{with_four} {after_all} {}", serving_threads());
+}
+
+#[test]
+fn the_nics_of_a_process_share_one_serving_loop_that_ends_with_the_last() {
+    if soft_only("the soft NICs' serving loop") {
+        return;
+    }
+    let mut child = Child::spawn(module_path!(), "nics", &[]);
+    let line = child.line();
+    // Serving threads with 4 NICs open, with none, with a pair of NICs again (before the
+    // loop was shared: 4, 0, 2).
+    assert_eq!(line, "1 0 1");
+}
+
+fn many_connections() {
     let nodes = [
         (node_on(Transport::Tcp), node_on(Transport::Tcp)),
         (node_on(Transport::Local), node_on(Transport::Local)),
