@@ -122,13 +122,14 @@ impl Spec {
     }
 }
 
-/// Where an operation's future is.
+/// Where an operation's future is: a plain value, so moving between stages drops nothing
+/// (what a stage holds is in the future's own fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
-    /// Refused before posting (boxed: an error is several times the size of the other
-    /// stages, and the future is moved on every hot path).
-    Failed(Box<Error>),
-    /// Waiting for a slot and queue room.
-    ToPost(Spec),
+    /// Refused before posting (the error is in `refused`).
+    Refused,
+    /// Waiting for a slot and queue room (its work requests are in `spec`).
+    ToPost,
     /// Posted: the slot holds the waker.
     Posted(u32),
     /// Its result was returned.
@@ -145,6 +146,11 @@ enum Stage {
 pub struct OpFuture<'q, B: Send + 'static> {
     qp: &'q Arc<QpShared>,
     stage: Stage,
+    /// The work requests, until posted.
+    spec: Option<Spec>,
+    /// Why it was refused before posting (boxed: an error is several times the size of a
+    /// spec, and the future is moved on every hot path).
+    refused: Option<Box<Error>>,
     buf: Option<B>,
 }
 
@@ -169,7 +175,9 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
         }
         OpFuture {
             qp,
-            stage: Stage::ToPost(spec),
+            stage: Stage::ToPost,
+            spec: Some(spec),
+            refused: None,
             buf: Some(buf),
         }
     }
@@ -178,7 +186,9 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
     pub(super) fn failed(qp: &'q Arc<QpShared>, e: Error, buf: B) -> Self {
         OpFuture {
             qp,
-            stage: Stage::Failed(Box::new(e)),
+            stage: Stage::Refused,
+            spec: None,
+            refused: Some(Box::new(e)),
             buf: Some(buf),
         }
     }
@@ -214,7 +224,7 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
         }
         let (recv, n) = (spec.is_recv(), spec.entries());
         let Some(idx) = self.reserve(recv, n, cx) else {
-            self.stage = Stage::ToPost(spec);
+            self.spec = Some(spec);
             return Poll::Pending;
         };
         // Armed from inside this poll: until it ends a pending poll, its completion wakes
@@ -230,7 +240,7 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
             Err(Error::Core(crate::CoreError::QueueFull { .. })) => {
                 // Someone posted on the raw QP too: wait for completions to make room.
                 s.table.disarm(idx, q);
-                self.stage = Stage::ToPost(spec);
+                self.spec = Some(spec);
                 s.table.wait_for_room(cx.waker());
                 cx.waker().wake_by_ref();
                 Poll::Pending
@@ -243,6 +253,7 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
     }
 
     fn resolve(&mut self, r: Result<OpCompletion>) -> Poll<(Result<OpCompletion>, B)> {
+        self.stage = Stage::Finished;
         let buf = self.buf.take().expect("OpFuture polled after it resolved");
         Poll::Ready((r, buf))
     }
@@ -252,25 +263,32 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
     type Output = (Result<OpCompletion>, B);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let idx = match std::mem::replace(&mut self.stage, Stage::Finished) {
+        let idx = match self.stage {
             Stage::Posted(idx) => idx,
-            Stage::ToPost(spec) => {
+            Stage::ToPost => {
+                let spec = self
+                    .spec
+                    .take()
+                    .expect("a future not yet posted holds its work requests");
                 // Under a busy-polling thread, the thread keeps off the CQ from before the
                 // post (an intra-host request completes during it) to the look after it.
                 let _looking = self.qp.engine.keep_threads_off();
                 return self.post_and_look(spec, cx);
             }
-            Stage::Failed(e) => return self.resolve(Err(*e)),
+            Stage::Refused => {
+                let e = self
+                    .refused
+                    .take()
+                    .expect("a refused future holds its error");
+                return self.resolve(Err(*e));
+            }
             Stage::Finished => panic!("OpFuture polled after it resolved"),
         };
         let qp = self.qp;
         let q = qp;
         match q.engine.table.look(idx, q) {
             Some(outcome) => self.resolve(outcome.into_result().map(OpCompletion::from)),
-            None => {
-                self.stage = Stage::Posted(idx);
-                self.spin_then_park(idx, cx)
-            }
+            None => self.spin_then_park(idx, cx),
         }
     }
 }
@@ -326,7 +344,6 @@ impl<B: Send + 'static> OpFuture<'_, B> {
                 // recorded in the slot for the look below; anyone else's is dispatched.
                 if c.wr_id as u32 == idx {
                     if let Some(outcome) = s.table.finish_own(idx, &c, q) {
-                        self.stage = Stage::Finished;
                         return self.resolve(outcome.into_result().map(OpCompletion::from));
                     }
                 } else {
@@ -335,10 +352,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
             }
         }
         match s.table.look(idx, q) {
-            Some(outcome) => {
-                self.stage = Stage::Finished;
-                self.resolve(outcome.into_result().map(OpCompletion::from))
-            }
+            Some(outcome) => self.resolve(outcome.into_result().map(OpCompletion::from)),
             None => Poll::Pending,
         }
     }
@@ -401,10 +415,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
         }
         // Ends the poll: the waker recorded, a completion from now on wakes it.
         match s.table.poll_op(idx, q, cx.waker()) {
-            Poll::Ready(outcome) => {
-                self.stage = Stage::Finished;
-                self.resolve(outcome.into_result().map(OpCompletion::from))
-            }
+            Poll::Ready(outcome) => self.resolve(outcome.into_result().map(OpCompletion::from)),
             Poll::Pending => Poll::Pending,
         }
     }
@@ -420,7 +431,6 @@ impl<B: Send + 'static> OpFuture<'_, B> {
         loop {
             s.poll_source_of(q.cq, &mut buf);
             if let Some(outcome) = s.table.look(idx, q) {
-                self.stage = Stage::Finished;
                 return self.resolve(outcome.into_result().map(OpCompletion::from));
             }
             let now = std::time::Instant::now();
