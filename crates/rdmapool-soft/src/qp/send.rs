@@ -23,6 +23,25 @@ struct ListMemo {
     entered: Option<shm::Entered>,
 }
 
+/// The clocks one post reads, each at most once and only when a request needs it: the
+/// precise one when a request goes on the wire (its deadline), the coarse one when the
+/// intra-host path may probe the peer.
+#[derive(Default)]
+struct PostClock {
+    precise: Option<Instant>,
+    coarse: Option<std::time::Duration>,
+}
+
+impl PostClock {
+    fn precise(&mut self) -> Instant {
+        *self.precise.get_or_insert_with(Instant::now)
+    }
+
+    fn coarse(&mut self) -> std::time::Duration {
+        *self.coarse.get_or_insert_with(crate::clock::coarse_now)
+    }
+}
+
 impl SoftQp {
     fn queue_full(&self) -> Error {
         Error::QueueFull {
@@ -46,13 +65,11 @@ impl SoftQp {
     /// it becomes an error completion.
     pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut sq = self.sq.lock();
-        // Read once, and only when a request goes on the wire (the intra-host path and
-        // local errors need no clock).
-        let mut now = None;
+        let mut clock = PostClock::default();
         let mut result = Ok(());
         let mut memo = ListMemo::default();
         for (i, wr) in wrs.iter().enumerate() {
-            if let Err(e) = self.post_one(&mut sq, wr, i + 1 < wrs.len(), &mut now, &mut memo) {
+            if let Err(e) = self.post_one(&mut sq, wr, i + 1 < wrs.len(), &mut clock, &mut memo) {
                 result = Err(e);
                 break;
             }
@@ -131,7 +148,7 @@ impl SoftQp {
         sq: &mut SendSide,
         wr: &SendWr<'_>,
         more: bool,
-        now: &mut Option<Instant>,
+        clock: &mut PostClock,
         memo: &mut ListMemo,
     ) -> Result<()> {
         let state = self.state();
@@ -188,7 +205,7 @@ impl SoftQp {
             }
         };
         let entered = (more || memo.entered.is_some()).then_some(&mut memo.entered);
-        if let Some(status) = self.try_zero_copy(sq, &wr.op, byte_len, &local, entered) {
+        if let Some(status) = self.try_zero_copy(sq, &wr.op, byte_len, &local, clock, entered) {
             sq.req
                 .finish_now(wr.wr_id, opcode, wr.signaled, byte_len, status);
             return Ok(());
@@ -200,8 +217,7 @@ impl SoftQp {
         e.byte_len = byte_len;
         e.local = local;
         let frame = sq.req.frame(&e, &wr.op);
-        let now = *now.get_or_insert_with(Instant::now);
-        self.transmit(sq, &frame, e, more, now);
+        self.transmit(sq, &frame, e, more, clock.precise());
         Ok(())
     }
 
@@ -217,6 +233,7 @@ impl SoftQp {
         op: &WrOp,
         byte_len: u32,
         local: &LocalList,
+        clock: &mut PostClock,
         entered: Option<&mut Option<shm::Entered>>,
     ) -> Option<WcStatus> {
         let direct = match *op {
@@ -237,7 +254,7 @@ impl SoftQp {
         let (remote, fop) = direct?;
         let fd = sq.conn.as_ref()?.as_raw_fd();
         let lp = sq.local.as_mut()?;
-        if lp.path.probe_due(crate::clock::coarse_now()) {
+        if lp.path.probe_due(clock.coarse()) {
             let mut probe = [0u8; 1];
             // SAFETY: a one-byte local buffer; MSG_PEEK leaves any data queued.
             let n = unsafe {
