@@ -42,6 +42,7 @@ mod io;
 pub mod keys;
 #[cfg(not(feature = "fuzzing"))]
 mod keys;
+mod life;
 mod peer;
 mod peer_diag;
 #[cfg(feature = "fuzzing")]

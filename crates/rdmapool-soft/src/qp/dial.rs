@@ -4,6 +4,7 @@
 use crate::addr::{host_id, SoftAddress};
 use crate::fabric::QpConfig;
 use crate::io;
+use crate::life::PeerLife;
 use crate::proto::handshake::{
     decode_hello_ack, Challenge, Hello, HelloStatus, CHALLENGE_LEN, HELLO_ACK_LEN,
 };
@@ -27,6 +28,9 @@ pub(crate) struct LocalPeer {
     pub(crate) maps: HashMap<u32, Option<Arc<RemoteMr>>>,
     /// When the peer's liveness is probed (the decisions, without I/O).
     pub(crate) path: LocalPath,
+    /// The peer process's life page: read before every direct operation, so none posted
+    /// after the process died executes on its memory.
+    pub(crate) life: Option<PeerLife>,
 }
 
 /// Connects to the local socket `name` (`@name`: the abstract namespace; else a path).
@@ -166,15 +170,19 @@ fn handshake_after_challenge(
             let mut info = [0u8; 8];
             let fds = shm::recv_with_fds(fd.as_raw_fd(), &mut info, deadline)
                 .map_err(|e| conn_err(peer(), format!("waiting for the local handshake: {e}")))?;
+            let mut fds = fds.into_iter();
             let state_fd = fds
-                .into_iter()
                 .next()
                 .ok_or_else(|| conn_err(peer(), "local handshake carried no state page".into()))?;
+            // A peer without a life page (an older one, or a system without robust
+            // futexes or sealing) is probed instead.
+            let life = fds.next().map(PeerLife::from_fd).transpose()?;
             let local = LocalPeer {
                 target_state: RemoteQpState::new(state_fd)?,
                 target_pd: u32::from_le_bytes([info[0], info[1], info[2], info[3]]),
                 maps: HashMap::default(),
                 path: LocalPath::new(crate::clock::coarse_now()),
+                life,
             };
             Ok((fd, Some(local)))
         }

@@ -254,6 +254,12 @@ impl SoftQp {
         let (remote, fop) = direct?;
         let fd = sq.conn.as_ref()?.as_raw_fd();
         let lp = sq.local.as_mut()?;
+        // The peer died: its memory is still mapped here, but nothing may land in it or be
+        // read from it as if it served (a NIC's WRITE to a dead target never completes).
+        if lp.life.as_ref().is_some_and(|l| l.is_dead()) {
+            self.lose_connection(sq, WcStatus::RetryExcErr);
+            return Some(WcStatus::RetryExcErr);
+        }
         if lp.path.probe_due(clock.coarse()) {
             let mut probe = [0u8; 1];
             // SAFETY: a one-byte local buffer; MSG_PEEK leaves any data queued.

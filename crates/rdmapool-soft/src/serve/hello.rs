@@ -68,6 +68,7 @@ impl Pending {
         fd: RawFd,
         local: bool,
         peer: &PeerInfo,
+        life: Option<RawFd>,
     ) -> Step {
         match io::recv_nowait(fd, &mut self.hello[self.got..]) {
             Ok(n) => self.got += n,
@@ -76,21 +77,23 @@ impl Pending {
         if self.got < HELLO_LEN {
             return Step::Waiting;
         }
-        match self.answer(ctx, fd, local, peer) {
+        match self.answer(ctx, fd, local, peer, life) {
             Some(qp) => Step::Accepted(qp),
             None => Step::Refused,
         }
     }
 
     /// Checks the hello (credentials, QP, MAC, one connection per QP) and answers it. On
-    /// the local path a successful answer also carries the QP's PD and, as a descriptor, its
-    /// shared state page (used by the zero-copy path).
+    /// the local path a successful answer also carries the QP's PD and, as descriptors, its
+    /// shared state page and this process's life page (`life`, when it has one; both used
+    /// by the zero-copy path).
     fn answer(
         &self,
         ctx: &CtxShared,
         fd: RawFd,
         local: bool,
         peer: &PeerInfo,
+        life: Option<RawFd>,
     ) -> Option<Arc<dyn TargetQp>> {
         let hello = match Hello::decode(&self.hello) {
             Ok(h) => h,
@@ -135,7 +138,15 @@ impl Pending {
         if local {
             let mut info = [0u8; 8];
             info[..4].copy_from_slice(&qp.pd().to_le_bytes());
-            let sent = shm::send_with_fds_nowait(fd, &info, &[qp.state_fd()]).ok()?;
+            let with_life;
+            let fds: &[RawFd] = match life {
+                Some(l) => {
+                    with_life = [qp.state_fd(), l];
+                    &with_life
+                }
+                None => &[qp.state_fd()][..],
+            };
+            let sent = shm::send_with_fds_nowait(fd, &info, fds).ok()?;
             (sent == info.len()).then_some(())?;
         }
         Some(qp)

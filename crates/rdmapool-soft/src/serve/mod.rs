@@ -103,6 +103,10 @@ struct Loop {
     /// finds nothing.
     spin: AdaptiveSpin,
     spin_max: Duration,
+    /// The descriptor of this process's life page, which the loop's thread holds while it
+    /// runs (`None` where the system has none): handed to local peers with each local
+    /// handshake.
+    life: Option<RawFd>,
 }
 
 impl Loop {
@@ -286,13 +290,14 @@ impl Loop {
 
     /// Steps one connection: its socket is ready, or its timer came up.
     fn step(&mut self, token: u64, now: Instant) {
+        let life = self.life;
         let Some(e) = self.conns.get_mut(&token) else {
             return;
         };
         let ctx = &*e.ctx;
         let fd = e.fd.as_raw_fd();
         if let Phase::Hello(p) = &mut e.phase {
-            match p.advance(ctx, fd, e.local, &e.peer) {
+            match p.advance(ctx, fd, e.local, &e.peer, life) {
                 hello::Step::Waiting if now < p.deadline => return,
                 hello::Step::Waiting | hello::Step::Refused => {
                     self.conns.remove(&token);

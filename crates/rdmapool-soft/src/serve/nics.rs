@@ -110,14 +110,26 @@ impl Loop {
             spun_after: None,
             spin: AdaptiveSpin::new(Duration::ZERO),
             spin_max: Duration::ZERO,
+            life: None,
         };
+        // The life page is made and held on the loop's own thread (its death is what the
+        // page tells): the first NIC's handshakes wait for it.
+        let (held_tx, held_rx) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name("rdmapool-soft-serve".into())
-            .spawn(move || lp.run())
+            .spawn(move || {
+                let mut lp = lp;
+                let life = crate::life::LifePage::hold();
+                lp.life = life.as_ref().map(crate::life::LifePage::fd);
+                let _ = held_tx.send(());
+                lp.run();
+                drop(life); // after the loop: peers see the process gone from now on
+            })
             .map_err(|e| Error::Sys {
                 call: "spawn",
                 source: e,
             })?;
+        let _ = held_rx.recv();
         Ok(Running {
             epoll,
             wake,
