@@ -1,6 +1,7 @@
 //! A get as a state machine without I/O (docs/STORE.md section 5): a [`Lookup`] of the key
 //! on every replica at once, then the newest block that verifies. A replica that fails is
-//! skipped; the get fails only when no copy could be read.
+//! skipped; the get fails when no copy could be read, and when the only copies of the key
+//! it found are damaged (never "not found" for them).
 //!
 //! The machine never holds the bytes it is given: it answers with where the value is (which
 //! read, which range), so the caller's READs can land in registered buffers and the value
@@ -102,8 +103,9 @@ impl Get {
     fn blocks(&mut self, replies: &[Option<&[u8]>], bucket_failed: bool) -> Result<GetStep> {
         let looked = self.lookup.on_blocks(replies);
         let Some(best) = newest(&looked.found) else {
-            // Not "not found" when a candidate could not be read, or when one was damaged
-            // (the key's, failing its checksum) and a replica did not answer.
+            // Never "not found" when a candidate could not be read, or when one was the
+            // key's but damaged (failing its checksum): `NodeDown` while a replica did not
+            // answer (its copy may be sound), `Damaged` when every replica answered.
             if looked.unread {
                 return Err(self.failed("a candidate block could not be read"));
             }
@@ -111,6 +113,12 @@ impl Get {
                 return Err(
                     self.failed("the only copy that answered is damaged (checksum mismatch)")
                 );
+            }
+            if looked.damaged {
+                return Err(Error::Damaged {
+                    key: String::from_utf8_lossy(self.lookup.key()).into_owned(),
+                    reason: "every copy of it that was found fails its checksum".into(),
+                });
             }
             return Ok(GetStep::Done(None));
         };

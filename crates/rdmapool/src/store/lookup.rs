@@ -104,6 +104,11 @@ fn words(bytes: &[u8]) -> Vec<u64> {
 }
 
 impl Lookup {
+    /// The key looked up.
+    pub(crate) fn key(&self) -> &[u8] {
+        &self.key
+    }
+
     /// A lookup of `key` on `replicas`.
     pub(crate) fn new(key: &[u8], replicas: &[Replica]) -> Self {
         Self {

@@ -192,7 +192,13 @@ fn a_damaged_replica_is_detected_by_checksum_and_read_around() {
     );
     // With the good copy's server gone, the damaged one is no answer, and not "missing".
     let good = at[1].block.node;
-    drop(if good == 1 { a } else { b });
+    let left = if good == 1 {
+        drop(a);
+        b
+    } else {
+        drop(b);
+        a
+    };
     let until = Instant::now() + WAIT;
     loop {
         match st.block_on(st.get(b"precious")) {
@@ -201,6 +207,53 @@ fn a_damaged_replica_is_detected_by_checksum_and_read_around() {
             other => panic!("{other:?}"),
         }
     }
+    // Issue #40: a client that connects after the crash, and so never saw the good copy's
+    // server, gets `Damaged`, not "not found".
+    let fresh = store(&[&left], 9, 2);
+    let got = fresh.block_on(fresh.get(b"precious"));
+    assert!(matches!(got, Err(Error::Damaged { .. })), "{got:?}");
+}
+
+/// Issue #40: with every copy of a key damaged, `get`, `get_many`, `get_into` and `exists`
+/// fail `Damaged`: damaged data is never "not found".
+#[test]
+fn every_copy_damaged_is_an_error_never_not_found() {
+    let lease = Duration::from_secs(10);
+    let a = server(1, lease);
+    let b = server(2, lease);
+    let st = store(&[&a, &b], 1, 2);
+    st.block_on(st.put(b"precious", b"the right bytes"))
+        .unwrap();
+    let p = st.pool();
+    let buf = Arc::new(p.pd().alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap());
+    let located = st.block_on(st.locate(b"precious")).unwrap();
+    assert_eq!(located.len(), 2);
+    for at in located {
+        // The value's first byte ('t', after the 64-byte header and the 8-byte key) to 'T'.
+        buf.write_at(0, b"T").unwrap();
+        p.block_on(p.write(at.block, 64 + 8, buf.clone(), 0, 1))
+            .0
+            .unwrap();
+    }
+    let got = st.block_on(st.get(b"precious"));
+    assert!(matches!(got, Err(Error::Damaged { .. })), "get: {got:?}");
+    let many = st.block_on(st.get_many(&[b"precious".as_slice(), b"absent"]));
+    assert!(
+        matches!(many[0], Err(Error::Damaged { .. })),
+        "get_many: {:?}",
+        many[0]
+    );
+    assert!(matches!(many[1], Ok(None)), "get_many: {:?}", many[1]);
+    let ex = st.block_on(st.exists(b"precious"));
+    assert!(matches!(ex, Err(Error::Damaged { .. })), "exists: {ex:?}");
+    let out = rdmapool::fabric::Mr::share(&Arc::new(
+        p.pd().alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap(),
+    ));
+    let into = st.block_on(st.get_into(b"precious", &out));
+    assert!(
+        matches!(into, Err(Error::Damaged { .. })),
+        "get_into: {into:?}"
+    );
 }
 
 #[test]

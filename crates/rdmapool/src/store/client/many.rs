@@ -6,7 +6,7 @@ use super::Store;
 use crate::store::format::Kind;
 use crate::store::get::{Get, GetStep};
 use crate::store::lookup::{Replica, Src};
-use crate::Result;
+use crate::{Error, Result};
 use std::sync::atomic::Ordering;
 
 /// One key's get, while it runs.
@@ -50,7 +50,7 @@ impl Store {
         }
         // Bytes of the last step's combined READs (empty before the first step).
         let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
-        let mut manifests = Vec::new();
+        let mut again = Vec::new();
         while !running.is_empty() {
             let mut reads = Vec::new();
             let mut still = Vec::with_capacity(running.len());
@@ -61,6 +61,8 @@ impl Store {
                     .collect();
                 let key = keys[r.key];
                 match r.get.advance(&replies) {
+                    // Looked up again by `get`, which looks up to three times before it says so.
+                    Err(Error::Damaged { .. }) => again.push(r.key),
                     Err(e) => out[r.key] = Some(Err(e)),
                     Ok(GetStep::Read(list)) => {
                         let start = reads.len();
@@ -91,7 +93,7 @@ impl Store {
                             }
                             // Read again whole by `get` (its parts, on other servers).
                             Kind::Manifest => {
-                                manifests.push(r.key);
+                                again.push(r.key);
                                 Ok(None)
                             }
                             Kind::Tombstone | Kind::Part => Ok(None),
@@ -105,7 +107,7 @@ impl Store {
             }
             bytes = self.pool.store_reads(&reads).await;
         }
-        for i in manifests {
+        for i in again {
             out[i] = Some(self.get_value(keys[i]).await);
         }
         out.into_iter()

@@ -43,6 +43,32 @@ fn a_damaged_block_is_skipped_for_a_replica_that_verifies() {
     assert!(matches!(c.get(b"k"), Err(Error::NodeDown { .. })));
 }
 
+/// Issue #40: every copy damaged, every replica answering: `Damaged`, never "not found";
+/// and so for a damaged copy beside a replica that never held the key (a client that
+/// places the key over other servers since the good copy's server died).
+#[test]
+fn damaged_copies_are_never_not_found() {
+    let mut c = Cluster::new(&[1, 2]);
+    let at1 = c.plant(1, b"k", b"value", v(3, 7));
+    let at2 = c.plant(2, b"k", b"value", v(3, 7));
+    c.regions.get_mut(&1).unwrap()[at1 as usize + 64 + 1 + 2] ^= 0x40;
+    c.regions.get_mut(&2).unwrap()[at2 as usize + 64 + 1 + 3] ^= 0x01;
+    assert!(
+        matches!(c.get(b"k"), Err(Error::Damaged { .. })),
+        "{:?}",
+        c.get(b"k")
+    );
+
+    let mut c = Cluster::new(&[1, 2]);
+    let at1 = c.plant(1, b"k", b"value", v(3, 7));
+    c.regions.get_mut(&1).unwrap()[at1 as usize + 64 + 1 + 2] ^= 0x40;
+    assert!(
+        matches!(c.get(b"k"), Err(Error::Damaged { .. })),
+        "{:?}",
+        c.get(b"k")
+    );
+}
+
 #[test]
 fn a_slot_naming_memory_outside_the_data_area_is_skipped() {
     let mut c = Cluster::new(&[1]);
