@@ -226,6 +226,34 @@ pub enum Error {
         node: u32,
     },
 
+    /// A store put while a member of the pool has never been reached by this client: its
+    /// node id is unknown, so no key's replicas can be placed for certain (docs/STORE.md
+    /// section 4). The client dials it again by itself; gets go on.
+    #[error(
+        "the store places no put while the member at {addr} has never been reached \
+         (it may be one of the key's replicas): {reason}"
+    )]
+    MemberUnreached {
+        /// The member's address.
+        addr: String,
+        /// Why it was not reached.
+        reason: String,
+    },
+
+    /// A pool pointer into a chunk the server took back when this client's lease there
+    /// lapsed (the node was frozen or cut off longer than the lease, then rejoined under a
+    /// new lease): the allocation is gone.
+    #[error(
+        "node {node}: chunk {chunk} was taken back when this client's lease there lapsed; \
+         the allocation is gone (the node was rejoined under a new lease)"
+    )]
+    LeaseLapsed {
+        /// The node.
+        node: u32,
+        /// The chunk the pointer is in.
+        chunk: u64,
+    },
+
     /// A store put needs more live servers than the pool has now (docs/STORE.md section 4).
     #[error("the store keeps {wanted} replicas of an object; {live} servers are live")]
     NotEnoughReplicas {

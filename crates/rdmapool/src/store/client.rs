@@ -274,8 +274,8 @@ impl Store {
 
     /// One lookup of [`Store::get_block`].
     async fn get_block_once(&self, key: &[u8]) -> Result<Option<stripe::BlockRead>> {
-        let replicas = self.replicas(key, self.cfg.replicas, 1).await?;
-        let mut g = Get::hinted(key, &replicas, &self.hints_of(key));
+        let (replicas, missing) = self.replicas(key, self.cfg.replicas, Purpose::Read).await?;
+        let mut g = Get::hinted(key, &replicas, &self.hints_of(key)).missing(missing);
         let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
         loop {
             let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
@@ -337,7 +337,7 @@ impl Store {
     /// As [`Store::get`].
     pub async fn locate(&self, key: &[u8]) -> Result<Vec<Located>> {
         check_user_key(key, 1)?;
-        let replicas = self.replicas(key, self.cfg.replicas, 1).await?;
+        let (replicas, _) = self.replicas(key, self.cfg.replicas, Purpose::Read).await?;
         let mut lookup = Lookup::new(key, &replicas);
         let buckets = self.reads(&replicas, &lookup.bucket_reads()).await;
         let replies: Vec<Option<&[u8]>> = buckets.iter().map(Option::as_deref).collect();
@@ -406,25 +406,68 @@ impl Store {
         Ok(keys)
     }
 
-    /// The key's replicas, best first, with their indexes (found or made on first use).
-    async fn replicas(&self, key: &[u8], count: usize, at_least: usize) -> Result<Vec<Replica>> {
-        let nodes = self.pool.store_nodes();
-        let ids: Vec<u32> = nodes.iter().map(|n| n.node).collect();
+    /// The key's replicas, best first, with their indexes (found or made on first use),
+    /// placed over every member this client knows, up or down (docs/STORE.md section 4):
+    /// for [`Purpose::Read`] those of them that are up, and how many are not; for
+    /// [`Purpose::Write`] all of them, or an error naming the one that is down (a put must
+    /// reach every replica a later get may read).
+    async fn replicas(
+        &self,
+        key: &[u8],
+        count: usize,
+        purpose: Purpose,
+    ) -> Result<(Vec<Replica>, usize)> {
+        let view = self.pool.store_view();
+        let ids: Vec<u32> = view.nodes.iter().map(|n| n.node).collect();
         let chosen = placement::replicas(KeyHash::of(key), &ids, count);
-        if chosen.len() < at_least {
-            return Err(Error::NotEnoughReplicas {
-                live: chosen.len(),
-                wanted: at_least,
-            });
+        let member = |id: u32| view.nodes.iter().find(|n| n.node == id);
+        match purpose {
+            Purpose::Read if chosen.is_empty() => {
+                return Err(Error::NotEnoughReplicas { live: 0, wanted: 1 })
+            }
+            Purpose::Read => {}
+            Purpose::Write => {
+                if let Some((addr, why)) = view.unreached.first() {
+                    return Err(Error::MemberUnreached {
+                        addr: addr.to_string(),
+                        reason: why.clone(),
+                    });
+                }
+                if chosen.len() < count {
+                    return Err(Error::NotEnoughReplicas {
+                        live: chosen.len(),
+                        wanted: count,
+                    });
+                }
+                if let Some(down) = chosen.iter().find(|&&id| member(id).is_some_and(|n| !n.up)) {
+                    return Err(Error::NodeDown {
+                        node: *down,
+                        reason: "a replica of this key is down: a put waits until it answers \
+                                 again or leaves the membership"
+                            .into(),
+                    });
+                }
+            }
         }
         let mut out = Vec::with_capacity(chosen.len());
-        for id in chosen {
-            let Some(n) = nodes.iter().find(|n| n.node == id) else {
-                continue;
-            };
-            out.push(self.replica(n).await?);
+        let mut missing = 0;
+        for id in &chosen {
+            match member(*id) {
+                Some(n) if n.up => match self.replica(n).await {
+                    Ok(r) => out.push(r),
+                    Err(e) if purpose == Purpose::Write => return Err(e),
+                    Err(_) => missing += 1,
+                },
+                _ => missing += 1,
+            }
         }
-        Ok(out)
+        if out.is_empty() {
+            return Err(Error::NodeDown {
+                node: chosen[0],
+                reason: "no replica of this key answers".into(),
+            });
+        }
+        Ok((out, missing))
     }
 
     /// `n` as a replica, with its index (found or made on first use).
@@ -471,6 +514,15 @@ type Hints = Vec<(u32, u64)>;
 
 /// Keys whose last-seen blocks a client remembers.
 const HINTS: usize = 1 << 16;
+
+/// What a key's replicas are looked up for ([`Store::replicas`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Purpose {
+    /// A get, a lookup: read around replicas that are down.
+    Read,
+    /// A put, a remove, a copy: every replica must be up.
+    Write,
+}
 /// How many lookups a get makes before it reports a key whose copies all fail their
 /// checksum as damaged (the first may have raced a reuse after the grace period).
 const DAMAGED_LOOKS: u32 = 3;

@@ -37,6 +37,9 @@ pub(crate) struct Get {
     state: State,
     /// Every verified block of the key the get found, once done.
     found: Vec<Found>,
+    /// Replicas of the key left out because they are down (read around: as replicas
+    /// whose bucket could not be read).
+    missing: bool,
 }
 
 impl Get {
@@ -55,7 +58,16 @@ impl Get {
             first: replicas.first().map_or(0, |r| r.node),
             state: State::Start,
             found: Vec::new(),
+            missing: false,
         }
+    }
+
+    /// The same get, knowing that `count` more replicas of the key are down and left out
+    /// of `replicas`: a damaged copy is then `NodeDown`, not `Damaged` (theirs may be
+    /// sound).
+    pub(crate) fn missing(mut self, count: usize) -> Self {
+        self.missing = count > 0;
+        self
     }
 
     /// Every verified block of the key the get found (once done).
@@ -84,10 +96,11 @@ impl Get {
                     return Err(self.failed("no replica's bucket could be read"));
                 }
                 let reads = self.lookup.on_buckets(replies);
-                let bucket_failed = replies
-                    .iter()
-                    .take(self.lookup.replica_count())
-                    .any(Option::is_none);
+                let bucket_failed = self.missing
+                    || replies
+                        .iter()
+                        .take(self.lookup.replica_count())
+                        .any(Option::is_none);
                 if reads.is_empty() {
                     // Nothing to read: no candidate, or every one read early.
                     return self.blocks(&[], bucket_failed);

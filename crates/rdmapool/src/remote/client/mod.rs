@@ -240,11 +240,22 @@ impl PoolClient {
         Ok(client)
     }
 
-    /// The servers the membership listed that [`PoolClient::connect`] could not join, with
-    /// why. A static-list server among them is not
-    /// dialled again; add it with [`PoolClient::add_server`] once it is up.
+    /// The servers the membership listed that [`PoolClient::connect`] could not join and
+    /// that have not answered since, with why. The client dials them again by itself (with
+    /// backoff, up to every 5 s); each leaves this list once joined. While any is listed the
+    /// object store places no put (its node id, and so its keys, are unknown:
+    /// [`Error::MemberUnreached`]).
     pub fn unreachable(&self) -> Vec<(SocketAddr, String)> {
         self.shared.unreachable.lock().clone()
+    }
+
+    /// Stops dialling the never-reached members not in `members` (the membership no longer
+    /// lists them).
+    pub fn forget_unreached(&self, members: &[SocketAddr]) {
+        self.shared
+            .unreachable
+            .lock()
+            .retain(|(a, _)| members.contains(a));
     }
 
     /// The protection domain its QPs live on: register local buffers here.

@@ -91,24 +91,19 @@ impl Shared {
             &addr.to_string(),
         )?;
         let known = self.nodes.lock().get(&desc.node).cloned();
+        // A node down under the same incarnation (frozen, or cut off, and answering again)
+        // is rejoined under a new session: a new connection, slot and lease, and its chunks
+        // recovered as after a restart of this client; pointers into those the server took
+        // back meanwhile (our lease there lapsed) are refused (`Book::follow`).
+        let mut same_incarnation = None;
         if let Some(old) = &known {
             if old.desc.incarnation == desc.incarnation {
-                return match old.down.lock().clone() {
+                if old.down.lock().is_none() {
                     // Already a member: nothing to do (the new connection is dropped).
-                    None => Ok(desc.node),
-                    // Our lease there may have run out and our chunks gone to others:
-                    // only a new incarnation (fresh memory) is joined again.
-                    Some(why) => Err(Error::NodeDown {
-                        node: desc.node,
-                        reason: format!(
-                            "{why}; it is still incarnation {:#x}, and a node is rejoined only \
-                             once it restarts",
-                            desc.incarnation
-                        ),
-                    }),
-                };
-            }
-            if old.down.lock().is_none() && self.engine.run_until(self.answers(old)) {
+                    return Ok(desc.node);
+                }
+                same_incarnation = Some(old.clone());
+            } else if old.down.lock().is_none() && self.engine.run_until(self.answers(old)) {
                 return Err(Error::NodeIdConflict {
                     node: desc.node,
                     first: old.desc.incarnation,
@@ -158,8 +153,19 @@ impl Shared {
         };
         node.slot.store(slot, Ordering::Release);
         self.engine.run_until(self.recover(&node))?;
+        if let Some(old) = &same_incarnation {
+            node.book.lock().follow(&old.book.lock());
+            // The store's chunks are not the lease's: they stay this client's.
+            std::mem::swap(&mut *node.store_book.lock(), &mut *old.store_book.lock());
+        }
         let replaced = self.nodes.lock().insert(desc.node, node);
-        if let Some(old) = replaced {
+        self.unreachable.lock().retain(|(a, _)| *a != addr);
+        if same_incarnation.is_some() {
+            tracing::info!(
+                node = desc.node,
+                "pool node answering again: rejoined under a new lease"
+            );
+        } else if let Some(old) = replaced {
             old.mark_down(format!(
                 "restarted: incarnation {:#x} replaced by {:#x}",
                 old.desc.incarnation, desc.incarnation
@@ -204,15 +210,45 @@ impl Shared {
         format!("every node is down ({})", each.join("; "))
     }
 
-    /// Dials the nodes that are down again, each with its own backoff (100 ms doubling up
-    /// to 5 s), and rejoins the ones that answer as a new incarnation (a restarted server).
-    /// Runs until the client is dropped; a node removed with `remove_server` is left alone.
+    /// Dials the nodes that are down again, and the members never reached since connect,
+    /// each with its own backoff (100 ms doubling up to 5 s), and joins the ones that
+    /// answer: a restarted server as its new incarnation, one that answers again under the
+    /// same incarnation (it was frozen, or cut off) under a new lease. Runs until the
+    /// client is dropped; a node removed with `remove_server` is left alone.
     pub(super) fn rejoin_loop(&self) {
         const FIRST: Duration = Duration::from_millis(100);
         const MOST: Duration = Duration::from_secs(5);
         let mut backoff: HashMap<u32, (Instant, Duration)> = HashMap::new();
+        let mut unreached_backoff: HashMap<SocketAddr, (Instant, Duration)> = HashMap::new();
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
+            let unreached: Vec<SocketAddr> =
+                self.unreachable.lock().iter().map(|(a, _)| *a).collect();
+            unreached_backoff.retain(|a, _| unreached.contains(a));
+            for addr in unreached {
+                let (at, wait) = *unreached_backoff
+                    .entry(addr)
+                    .or_insert((now + FIRST, FIRST));
+                if at > now || self.stop.load(Ordering::Acquire) {
+                    continue;
+                }
+                match self.add_node(addr) {
+                    Ok(id) => {
+                        tracing::info!(node = id, %addr, "pool member reached at last");
+                        unreached_backoff.remove(&addr);
+                    }
+                    Err(e) => {
+                        tracing::debug!(%addr, "member not reached yet: {e}");
+                        if let Some(u) =
+                            self.unreachable.lock().iter_mut().find(|(a, _)| *a == addr)
+                        {
+                            u.1 = e.to_string();
+                        }
+                        let next = (wait * 2).min(MOST);
+                        unreached_backoff.insert(addr, (Instant::now() + next, next));
+                    }
+                }
+            }
             let down: Vec<(u32, SocketAddr)> = self
                 .nodes
                 .lock()

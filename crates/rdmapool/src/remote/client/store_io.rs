@@ -26,23 +26,52 @@ pub(crate) struct StoreNode {
     pub(crate) layout: Layout,
     /// Draining: it takes no new blocks.
     pub(crate) draining: bool,
+    /// Whether this client reaches it now (a member that is down stays one of the keys'
+    /// replicas: gets read around it, puts on its keys fail until it answers again).
+    pub(crate) up: bool,
+}
+
+/// The servers the store places keys over: the membership as this client knows it, not
+/// the servers it reaches now (docs/STORE.md section 4).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StoreView {
+    /// Every member this client has joined (an isolated one left out), up or down, by id.
+    pub(crate) nodes: Vec<StoreNode>,
+    /// Members never reached since this client connected (address, why): their node ids
+    /// are unknown, so no key can be placed for a put while there are any.
+    pub(crate) unreached: Vec<(std::net::SocketAddr, String)>,
 }
 
 impl PoolClient {
-    /// The live nodes the store may use (an isolated node is left out: its clients cannot
-    /// reach a shared index).
-    pub(crate) fn store_nodes(&self) -> Vec<StoreNode> {
-        self.shared
-            .live_nodes()
-            .iter()
+    /// The members the store places keys over, up or down (an isolated node is left out:
+    /// its clients cannot reach a shared index), and those never reached.
+    pub(crate) fn store_view(&self) -> StoreView {
+        let mut nodes: Vec<StoreNode> = self
+            .shared
+            .nodes
+            .lock()
+            .values()
             .filter(|n| n.windows.is_none())
             .map(|n| StoreNode {
                 node: n.desc.node,
                 incarnation: n.desc.incarnation,
                 layout: n.desc.layout,
                 draining: n.draining.load(Ordering::Relaxed),
+                up: n.down.lock().is_none(),
             })
-            .collect()
+            .collect();
+        nodes.sort_by_key(|n| n.node);
+        StoreView {
+            nodes,
+            unreached: self.shared.unreachable.lock().clone(),
+        }
+    }
+
+    /// The members the store reaches now.
+    pub(crate) fn store_nodes(&self) -> Vec<StoreNode> {
+        let mut v = self.store_view().nodes;
+        v.retain(|n| n.up);
+        v
     }
 
     /// Whether every node this client knows is up (none down, none left out).

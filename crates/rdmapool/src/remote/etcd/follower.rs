@@ -261,6 +261,9 @@ impl Follow {
     /// (a restart: same address, new lease); connects to the ones not connected yet. A
     /// down server whose key stays is left alone until the key goes.
     pub(super) fn reconcile(&mut self) {
+        let listed: Vec<std::net::SocketAddr> =
+            self.wanted.values().map(|e| e.member.addr).collect();
+        self.client.forget_unreached(&listed);
         let live: Vec<u32> = self.client.nodes().iter().map(|n| n.node).collect();
         let gone: Vec<(u32, Joined, bool)> = {
             let st = self.state.lock();

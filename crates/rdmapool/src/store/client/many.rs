@@ -33,11 +33,14 @@ impl Store {
         for (i, key) in keys.iter().enumerate() {
             let started = match super::check_user_key(key, 1) {
                 Err(e) => Err(e),
-                Ok(()) => self.replicas(key, self.cfg.replicas, 1).await,
+                Ok(()) => {
+                    self.replicas(key, self.cfg.replicas, super::Purpose::Read)
+                        .await
+                }
             };
             match started {
-                Ok(replicas) => {
-                    let get = Get::hinted(key, &replicas, &self.hints_of(key));
+                Ok((replicas, missing)) => {
+                    let get = Get::hinted(key, &replicas, &self.hints_of(key)).missing(missing);
                     running.push(Running {
                         key: i,
                         replicas,

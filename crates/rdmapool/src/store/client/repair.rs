@@ -32,6 +32,11 @@ pub struct RepairReport {
     pub unreadable: usize,
     /// Keys whose copy failed (a replica went down meanwhile): run the repair again.
     pub failed: usize,
+    /// Keys one of whose replicas is a member that is down: copied onto the replicas that
+    /// are up and lack the version kept, nothing of theirs cleared (the member may still
+    /// hold a newer version, or an older one a clear would let come back); repaired in
+    /// full once it answers again or leaves the membership.
+    pub deferred: usize,
     /// Entries naming a newer version than their key's replicas hold, on nodes that are
     /// not its replicas (written under another membership): left as they are.
     pub conflicts: usize,
@@ -136,8 +141,23 @@ impl Store {
     /// read (nothing was changed); a key whose copy fails is counted in
     /// [`RepairReport::failed`] instead.
     pub async fn repair(&self) -> Result<RepairReport> {
-        let nodes = self.pool.store_nodes();
-        let live: Vec<u32> = nodes.iter().map(|n| n.node).collect();
+        let view = self.pool.store_view();
+        if let Some((addr, why)) = view.unreached.first() {
+            return Err(crate::Error::MemberUnreached {
+                addr: addr.to_string(),
+                reason: why.clone(),
+            });
+        }
+        // Keys are placed over every member (section 4); the members that are up are
+        // scanned.
+        let members: Vec<u32> = view.nodes.iter().map(|n| n.node).collect();
+        let down: Vec<u32> = view
+            .nodes
+            .iter()
+            .filter(|n| !n.up)
+            .map(|n| n.node)
+            .collect();
+        let nodes: Vec<StoreNode> = view.nodes.into_iter().filter(|n| n.up).collect();
         let mut entries = Vec::new();
         let mut named = HashMap::new();
         for n in &nodes {
@@ -158,7 +178,7 @@ impl Store {
             let done = join_all(
                 batch
                     .iter()
-                    .map(|(key, es)| self.repair_key(&nodes, &live, key, es, &seen)),
+                    .map(|(key, es)| self.repair_key(&nodes, &members, &down, key, es, &seen)),
             )
             .await;
             for d in done {
@@ -166,6 +186,7 @@ impl Store {
                 report.cleared += d.cleared;
                 report.unreadable += d.unreadable;
                 report.failed += d.failed;
+                report.deferred += d.deferred;
                 report.conflicts += d.conflicts;
                 report.tombstones_cleared += d.tombstones_cleared;
             }
@@ -177,16 +198,20 @@ impl Store {
         Ok(report)
     }
 
+    /// Repairs one key: `nodes` are the members that are up (scanned), `members` all of
+    /// them, `down` those that are not up.
     async fn repair_key(
         &self,
         nodes: &[StoreNode],
-        live: &[u32],
+        members: &[u32],
+        down: &[u32],
         key: &[u8],
         entries: &[Entry],
         seen: &Tombstones,
     ) -> RepairReport {
         let mut out = RepairReport::default();
-        let targets = targets(key, live, self.cfg.replicas);
+        let targets = targets(key, members, self.cfg.replicas);
+        let waiting = targets.iter().any(|t| down.contains(t));
         let Some(version) = keep(entries, &targets) else {
             return out;
         };
@@ -209,9 +234,16 @@ impl Store {
         }))
         .await;
         let sound: Vec<bool> = blocks.iter().map(Option::is_some).collect();
-        let p = plan(entries, &sound, &targets);
+        let mut p = plan(entries, &sound, &targets);
+        if waiting {
+            // A replica is away: copy onto those that are up, clear nothing.
+            p.need.retain(|id| !down.contains(id));
+            p.clear.clear();
+            out.deferred = 1;
+        }
         out.conflicts = p.conflicts;
-        let clean = p.kind == Kind::Tombstone
+        let clean = !waiting
+            && p.kind == Kind::Tombstone
             && p.need.is_empty()
             && p.clear.is_empty()
             && p.conflicts == 0

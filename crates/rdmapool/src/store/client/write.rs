@@ -45,8 +45,8 @@ impl Store {
         kind: Kind,
         replicas: usize,
     ) -> (Result<PutDone>, bool) {
-        let replicas = match self.replicas(key, replicas, replicas).await {
-            Ok(r) => r,
+        let replicas = match self.replicas(key, replicas, super::Purpose::Write).await {
+            Ok((r, _)) => r,
             Err(e) => return (Err(e), false),
         };
         let digest = match value.digest() {

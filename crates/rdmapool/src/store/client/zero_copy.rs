@@ -136,7 +136,9 @@ impl Store {
     /// The key's blocks on its replicas as their headers say, newest first (the primary's
     /// first among equals).
     async fn candidates(&self, key: &[u8]) -> Result<Vec<Candidate>> {
-        let replicas = self.replicas(key, self.cfg.replicas, 1).await?;
+        let (replicas, _) = self
+            .replicas(key, self.cfg.replicas, super::Purpose::Read)
+            .await?;
         let mut lookup = Lookup::new(key, &replicas);
         let buckets = self.reads(&replicas, &lookup.bucket_reads()).await;
         if buckets.iter().all(Option::is_none) {

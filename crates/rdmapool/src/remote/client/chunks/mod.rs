@@ -165,6 +165,10 @@ pub(crate) struct Book {
     released: bool,
     /// Bytes of this client's live objects.
     used: u64,
+    /// Chunks this client owned in an earlier session on this same incarnation that the
+    /// server took back when its lease lapsed: pointers into them are refused (unless this
+    /// client owns the chunk again).
+    lapsed: std::collections::HashSet<u64>,
 }
 
 /// Where a pointer's object is, once checked.
@@ -207,7 +211,21 @@ impl Book {
             claiming: false,
             released: false,
             used: 0,
+            lapsed: std::collections::HashSet::new(),
         }
+    }
+
+    /// This book follows `earlier`, the book of a session on the same incarnation that
+    /// ended with the node down (this one was rebuilt by recovery): the chunks `earlier`
+    /// owned that this one does not were taken back with a lapsed lease.
+    pub(crate) fn follow(&mut self, earlier: &Book) {
+        let lost = earlier
+            .chunks
+            .iter()
+            .map(|c| c.index)
+            .filter(|i| !self.chunks.iter().any(|c| c.index == *i));
+        self.lapsed
+            .extend(earlier.lapsed.iter().copied().chain(lost));
     }
 
     /// Bytes of this client's live objects on the node, as far as it knows.
@@ -238,6 +256,9 @@ impl Book {
     /// `Err(StalePointer)` unless `ptr` names this node's incarnation (checked before any
     /// byte moves: a restarted server's new memory is never reached through a pointer into
     /// its predecessor's).
+    ///
+    /// Also `Err(LeaseLapsed)` for a pointer into a chunk this client lost with a lapsed
+    /// lease in an earlier session on this incarnation ([`Book::follow`]).
     pub(crate) fn check_incarnation(&self, ptr: RemotePtr) -> Result<()> {
         if ptr.incarnation != self.incarnation {
             return Err(Error::StalePointer {
@@ -245,6 +266,16 @@ impl Book {
                 incarnation: ptr.incarnation,
                 current: self.incarnation,
             });
+        }
+        if !self.lapsed.is_empty() {
+            if let Some(chunk) = self.layout.chunk_of(ptr.offset) {
+                if self.lapsed.contains(&chunk) && !self.chunks.iter().any(|c| c.index == chunk) {
+                    return Err(Error::LeaseLapsed {
+                        node: ptr.node,
+                        chunk,
+                    });
+                }
+            }
         }
         Ok(())
     }

@@ -1,0 +1,150 @@
+//! Issue #40: a server frozen (SIGSTOP) under two store clients, one of which finds it down
+//! and one of which does not, then resumed. Keys are placed over the membership, not over
+//! the servers a client reaches, and a put must reach every replica: so no put is
+//! acknowledged on fewer replicas than a later get may read, both clients use the server
+//! again once it answers, and the last acknowledged put of every key is what both read.
+
+use super::*;
+use crate::support::child::{parent_line, Child};
+use std::collections::HashMap;
+
+/// The child's side: role `server` runs node 1 over TCP until stdin closes.
+#[test]
+fn child_entry() {
+    if std::env::var("RDMAPOOL_TEST_CHILD").as_deref() != Ok("server") {
+        return; // an ordinary test run: nothing to do
+    }
+    let ctx = node_on(Transport::Tcp).ctx;
+    let s = MemoryServer::start(
+        &ctx,
+        ServerConfig {
+            node: 1,
+            size: 8 << 20,
+            chunk_size: 1 << 20,
+            clients: 16,
+            lease: Duration::from_secs(2),
+            listen: SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), 0),
+            ..ServerConfig::default()
+        },
+    )
+    .expect("server starts");
+    println!("@{}", s.addr());
+    while !parent_line().is_empty() {}
+}
+
+/// A store client over TCP (on the same host a local client would reach a frozen server's
+/// memory directly, which keeps working).
+fn tcp_store(addrs: &[SocketAddr], id: u64) -> Store {
+    let n = node_on(Transport::Tcp);
+    let c = PoolClient::connect(
+        &n.ctx,
+        &n.pd,
+        &StaticMembership::new(addrs.to_vec()),
+        ClientConfig::new(id),
+    )
+    .expect("client connects");
+    let cfg = StoreConfig {
+        replicas: 2,
+        grace: Duration::from_millis(50),
+        ..StoreConfig::default()
+    };
+    Store::new(c, cfg).expect("store")
+}
+
+#[test]
+fn a_frozen_server_keeps_its_keys_and_both_clients_agree_once_it_answers() {
+    if soft_only("a stopped server process on loopback") {
+        return;
+    }
+    let mut frozen = Child::spawn(module_path!(), "server", &[]);
+    let frozen_addr: SocketAddr = frozen.line().parse().unwrap();
+    let lease = Duration::from_secs(10);
+    let (b, c) = (server_on_tcp(2, lease), server_on_tcp(3, lease));
+    let addrs = [frozen_addr, b.addr(), c.addr()];
+    let first = tcp_store(&addrs, 11);
+    let second = tcp_store(&addrs, 12);
+    let keys: Vec<String> = (0..24).map(|i| format!("key{i}")).collect();
+    // The last acknowledged value of each key.
+    let mut acked: HashMap<String, Vec<u8>> = HashMap::new();
+    for k in &keys {
+        first.block_on(first.put(k.as_bytes(), b"v1")).unwrap();
+        acked.insert(k.clone(), b"v1".to_vec());
+    }
+
+    frozen.stop();
+    // The first client finds node 1 down (its first operation there runs out at the
+    // deadline); its keys' puts are refused, typed, and the others acknowledged.
+    let (mut done, mut refused) = (0, 0);
+    for k in &keys {
+        match first.block_on(first.put(k.as_bytes(), b"v2")) {
+            Ok(_) => {
+                done += 1;
+                acked.insert(k.clone(), b"v2".to_vec());
+            }
+            Err(Error::NodeDown { node: 1, .. }) => refused += 1,
+            Err(e) => panic!("{k}: {e}"),
+        }
+    }
+    assert!(done > 0 && refused > 0, "{done} put, {refused} refused");
+    // Gets read around it.
+    for k in &keys {
+        let got = first.block_on(first.get(k.as_bytes())).unwrap();
+        assert_eq!(got.as_deref(), Some(&acked[k][..]), "{k} while frozen");
+    }
+
+    frozen.signal(libc::SIGCONT);
+    // The first client uses node 1 again by itself (same incarnation, a new lease).
+    wait_until("the first client rejoins the resumed server", || {
+        keys.iter()
+            .all(|k| first.block_on(first.exists(k.as_bytes())).is_ok())
+            && first.pool().nodes().len() == 3
+    });
+    // The second client, which never saw it down (or saw it only now), puts every key;
+    // then both read what it put.
+    for k in &keys {
+        let until = Instant::now() + WAIT;
+        loop {
+            match second.block_on(second.put(k.as_bytes(), b"v3")) {
+                Ok(_) => break,
+                // Its own lease there may have lapsed while the server was stopped: it
+                // rejoins too.
+                Err(Error::NodeDown { node: 1, .. }) if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Err(e) => panic!("{k}: {e}"),
+            }
+        }
+        acked.insert(k.clone(), b"v3".to_vec());
+    }
+    for (name, st) in [("first", &first), ("second", &second)] {
+        for k in &keys {
+            let got = st.block_on(st.get(k.as_bytes())).unwrap();
+            assert_eq!(got.as_deref(), Some(&acked[k][..]), "{name} reads {k}");
+        }
+    }
+    // And the first client's puts are acknowledged again everywhere, read by both.
+    for k in &keys {
+        first.block_on(first.put(k.as_bytes(), b"v4")).unwrap();
+    }
+    for k in &keys {
+        let got = second.block_on(second.get(k.as_bytes())).unwrap();
+        assert_eq!(got.as_deref(), Some(&b"v4"[..]), "second reads {k}");
+    }
+}
+
+/// A server in this process, reached over TCP.
+fn server_on_tcp(node: u32, lease: Duration) -> MemoryServer {
+    MemoryServer::start(
+        &node_on(Transport::Tcp).ctx,
+        ServerConfig {
+            node,
+            size: 8 << 20,
+            chunk_size: 1 << 20,
+            clients: 16,
+            lease,
+            listen: SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), 0),
+            ..ServerConfig::default()
+        },
+    )
+    .expect("server starts")
+}
