@@ -371,6 +371,21 @@ fn a_client_frozen_past_its_lease_never_writes_into_a_chunk_taken_back() {
         answer.starts_with("err NodeDown"),
         "a client frozen past its lease wrote: {answer}"
     );
+    // Issue #40: the woken client rejoins the node by itself, under a new lease; its old
+    // pointer, into the chunk taken back with the lapsed lease, stays refused, typed.
+    let until = std::time::Instant::now() + WAIT;
+    let answer = loop {
+        frozen.say("go");
+        let answer = frozen.line();
+        if !answer.starts_with("err NodeDown") || std::time::Instant::now() > until {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        answer.starts_with("err LeaseLapsed"),
+        "after its rejoin, the old pointer: {answer}"
+    );
     let (r, buf) = other.block_on(other.read(mine, 0, buf, 0, 32));
     r.unwrap();
     let mut got = [0u8; 32];

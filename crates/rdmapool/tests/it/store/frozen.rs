@@ -35,6 +35,18 @@ fn child_entry() {
 /// A store client over TCP (on the same host a local client would reach a frozen server's
 /// memory directly, which keeps working).
 fn tcp_store(addrs: &[SocketAddr], id: u64) -> Store {
+    tcp_store_with(
+        addrs,
+        id,
+        StoreConfig {
+            replicas: 2,
+            grace: Duration::from_millis(50),
+            ..StoreConfig::default()
+        },
+    )
+}
+
+fn tcp_store_with(addrs: &[SocketAddr], id: u64, cfg: StoreConfig) -> Store {
     let n = node_on(Transport::Tcp);
     let c = PoolClient::connect(
         &n.ctx,
@@ -43,11 +55,6 @@ fn tcp_store(addrs: &[SocketAddr], id: u64) -> Store {
         ClientConfig::new(id),
     )
     .expect("client connects");
-    let cfg = StoreConfig {
-        replicas: 2,
-        grace: Duration::from_millis(50),
-        ..StoreConfig::default()
-    };
     Store::new(c, cfg).expect("store")
 }
 
@@ -129,6 +136,92 @@ fn a_frozen_server_keeps_its_keys_and_both_clients_agree_once_it_answers() {
     for k in &keys {
         let got = second.block_on(second.get(k.as_bytes())).unwrap();
         assert_eq!(got.as_deref(), Some(&b"v4"[..]), "second reads {k}");
+    }
+}
+
+/// Issue #40's resurrection case: removes while a server is frozen, repairs past the
+/// tombstone hold, then the server resumes with the old versions. No acknowledged remove
+/// is undone: the removes of its keys are refused while it is away (it stays their
+/// replica), and no tombstone is cleared while a member is away.
+#[test]
+fn removes_made_while_a_server_is_frozen_stay_removed_when_it_resumes() {
+    if soft_only("a stopped server process on loopback") {
+        return;
+    }
+    let mut frozen = Child::spawn(module_path!(), "server", &[]);
+    let frozen_addr: SocketAddr = frozen.line().parse().unwrap();
+    let lease = Duration::from_secs(10);
+    let (b, c) = (server_on_tcp(2, lease), server_on_tcp(3, lease));
+    let addrs = [frozen_addr, b.addr(), c.addr()];
+    let hold = Duration::from_millis(200);
+    let cfg = || StoreConfig {
+        replicas: 2,
+        grace: Duration::from_millis(50),
+        tombstone_hold: hold,
+        ..StoreConfig::default()
+    };
+    let st = tcp_store_with(&addrs, 21, cfg());
+    let keys: Vec<String> = (0..24).map(|i| format!("gone{i}")).collect();
+    for k in &keys {
+        st.block_on(st.put(k.as_bytes(), b"old")).unwrap();
+    }
+    frozen.stop();
+    let mut removed = Vec::new();
+    for k in &keys {
+        match st.block_on(st.remove(k.as_bytes())) {
+            Ok(true) => removed.push(k.clone()),
+            Err(Error::NodeDown { node: 1, .. }) => {}
+            other => panic!("{k}: {other:?}"),
+        }
+    }
+    assert!(
+        !removed.is_empty() && removed.len() < keys.len(),
+        "{} of {} removed",
+        removed.len(),
+        keys.len()
+    );
+    // Repairs past the hold while it is away: nothing of the away member's keys is
+    // cleared, and no tombstone.
+    for _ in 0..2 {
+        let r = st.block_on(st.repair()).unwrap();
+        assert_eq!(r.tombstones_cleared, 0, "{r:?}");
+        assert!(r.deferred > 0, "{r:?}");
+        std::thread::sleep(hold * 2);
+    }
+    frozen.signal(libc::SIGCONT);
+    wait_until("the client rejoins the resumed server", || {
+        st.pool().nodes().len() == 3
+    });
+    // Now the tombstones go, past the hold, and the removed keys stay removed, for this
+    // client and a fresh one, whose repair copies nothing back.
+    let mut cleared = 0;
+    for _ in 0..3 {
+        let until = Instant::now() + WAIT;
+        let r = loop {
+            match st.block_on(st.repair()) {
+                Ok(r) => break r,
+                Err(Error::NodeDown { .. }) if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Err(e) => panic!("repair: {e}"),
+            }
+        };
+        cleared += r.tombstones_cleared;
+        std::thread::sleep(hold * 2);
+    }
+    assert!(cleared > 0, "the tombstones were never cleared");
+    let fresh = tcp_store_with(&addrs, 22, cfg());
+    let r = fresh.block_on(fresh.repair()).unwrap();
+    assert_eq!((r.copied, r.conflicts), (0, 0), "{r:?}");
+    for (name, s) in [("writer", &st), ("fresh", &fresh)] {
+        for k in &keys {
+            let got = s.block_on(s.get(k.as_bytes())).unwrap();
+            if removed.contains(k) {
+                assert_eq!(got, None, "{name}: {k} came back");
+            } else {
+                assert_eq!(got.as_deref(), Some(&b"old"[..]), "{name}: {k}");
+            }
+        }
     }
 }
 
