@@ -48,7 +48,8 @@ enum Command {
     /// run here (on --provider/--device, soft by default).
     Monitor(monitor::Args),
     /// Runs a memory server of the cross-node pool: prints `listening <addr> node <id> ...`
-    /// on stdout, serves until stdin closes or SIGINT/SIGTERM, then drains.
+    /// on stdout, serves until SIGINT/SIGTERM (or until stdin closes, when stdin is a pipe,
+    /// a socket or a terminal), then drains.
     Serve(serve::Args),
     /// A one-shot client of the cross-node pool: alloc, write, read, cas, faa, free, stats
     ///

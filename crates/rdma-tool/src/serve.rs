@@ -1,5 +1,7 @@
-//! `rdma-tool serve`: runs one memory server of the cross-node pool until stdin closes or
-//! SIGINT/SIGTERM arrives, then drains it.
+//! `rdma-tool serve`: runs one memory server of the cross-node pool until SIGINT/SIGTERM
+//! arrives, or its stdin closes when stdin is a pipe, a socket or a terminal (whoever
+//! started it holds the other end), then drains it. With stdin at /dev/null or a file (a
+//! daemon under systemd, `nohup`, `&` in a script) only a signal stops it.
 
 use crate::device_args::DeviceArgs;
 use crate::units::{duration_arg, show, show_duration, size_arg};
@@ -77,10 +79,27 @@ pub struct Args {
     /// With --isolated: the most chunks one client id may own at once (default: no limit).
     #[arg(long, requires = "isolated", value_parser = crate::units::count_arg(1 << 24))]
     max_chunks_per_client: Option<u64>,
-    /// Keep running when stdin closes (for a server started with stdin at /dev/null);
-    /// only SIGINT or SIGTERM stop it then.
+    /// Keep running when stdin closes, even when stdin is a pipe, a socket or a terminal
+    /// (stdin at /dev/null or a file is never watched); only SIGINT or SIGTERM stop it
+    /// then.
     #[arg(long)]
     ignore_stdin: bool,
+}
+
+/// Whether stdin is held by whoever started the server, so that closing it asks the
+/// server to stop: a pipe, a socket or a terminal. /dev/null, a file or a closed stdin (a
+/// daemon under systemd or `nohup`, `serve &` in a script) is not: the server runs until
+/// a signal (issue #40: before, stdin at /dev/null stopped it at once).
+fn stdin_is_held() -> bool {
+    // SAFETY: fstat fills the stat buffer we own for descriptor 0 (an error if closed).
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(0, &mut st) } != 0 {
+        return false;
+    }
+    let kind = st.st_mode & libc::S_IFMT;
+    // SAFETY: isatty only inspects descriptor 0.
+    kind == libc::S_IFIFO || kind == libc::S_IFSOCK || unsafe { libc::isatty(0) } == 1
 }
 
 /// The error for `--etcd` in a build without etcd support.
@@ -260,6 +279,7 @@ pub fn run(args: Args) -> Result<()> {
             .and_then(|_| out.flush())
             .map_err(|e| ToolError::Io("stdout".into(), e))?;
     }
+    let watch_stdin = !args.ignore_stdin && stdin_is_held();
     crate::errln!(
         "rdma-tool serve: node {} exports {} in {} chunks of {}, lease {}; stop with Ctrl-C{}",
         d.node,
@@ -267,14 +287,14 @@ pub fn run(args: Args) -> Result<()> {
         l.chunk_count,
         show(l.chunk_size as usize),
         show_duration(d.lease),
-        if args.ignore_stdin {
-            ""
-        } else {
+        if watch_stdin {
             " or by closing stdin"
+        } else {
+            " (or SIGTERM)"
         }
     );
     let stdin_closed = Arc::new(AtomicBool::new(false));
-    if !args.ignore_stdin {
+    if watch_stdin {
         let closed = stdin_closed.clone();
         // Detached: it ends with the process (a read on stdin cannot be interrupted).
         std::thread::spawn(move || {

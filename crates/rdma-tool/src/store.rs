@@ -63,7 +63,17 @@ pub enum Op {
     /// Brings every key back to --replicas copies on its servers and clears what no longer
     /// belongs (run after a server left, restarted or joined; safe beside running
     /// clients). Exit status 1 when some key could not be repaired.
-    Repair,
+    Repair {
+        /// Keep running, as the cluster's background repairer: repair every DURATION and
+        /// whenever a server goes, comes back or restarts, while this client holds the
+        /// repairer word (one client of the cluster at a time), and clear removed keys'
+        /// tombstones past the hold. One line per repair; stops on SIGINT/SIGTERM.
+        #[arg(long, value_parser = crate::units::duration_arg)]
+        every: Option<Duration>,
+        /// With --every: how long a removed key's tombstone stays before it is cleared.
+        #[arg(long, requires = "every", default_value = "60s", value_parser = crate::units::duration_arg)]
+        tombstone_hold: Duration,
+    },
 }
 
 /// The most a value may be (the store's limit).
@@ -92,6 +102,74 @@ fn read_value(file: &std::path::Path) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// `store repair --every`: the cluster's background repairer until a signal, a line per
+/// repair it ran.
+fn repair_every(store: Store, every: Duration, json: bool) -> Result<()> {
+    crate::signals::install()?;
+    let repairer = rdmapool::store::Repairer::start(std::sync::Arc::new(store), every)?;
+    crate::errln!(
+        "rdma-tool store: repairing every {} while this client is the cluster's repairer; \
+         stop with Ctrl-C",
+        crate::units::show_duration(every)
+    );
+    let mut shown = 0;
+    while !crate::signals::stopped() {
+        std::thread::sleep(Duration::from_millis(50));
+        let st = repairer.stats();
+        if st.runs == shown {
+            continue;
+        }
+        shown = st.runs;
+        let Some(r) = st.last else { continue };
+        if json {
+            crate::outln!(
+                "{}",
+                serde_json::json!({"op": "repair", "nodes": r.nodes, "keys": r.keys,
+                    "copied": r.copied, "cleared": r.cleared, "unreadable": r.unreadable,
+                    "failed": r.failed, "deferred": r.deferred, "conflicts": r.conflicts,
+                    "reclaimed": r.reclaimed, "released": r.released,
+                    "reclaim_pending": r.reclaim_pending})
+            );
+        } else {
+            crate::outln!(
+                "repair {}: {} server(s), {} key(s): {} copied, {} cleared, {} tombstone \
+                 slot(s) cleared, {} deferred, {} failed, {} unreadable",
+                st.runs,
+                r.nodes,
+                r.keys,
+                r.copied,
+                r.cleared,
+                r.tombstones_cleared,
+                r.deferred,
+                r.failed,
+                r.unreadable
+            );
+        }
+    }
+    drop(repairer); // gives the repairer word back
+    Ok(())
+}
+
+/// `items` as JSON strings without loss, and the encoding they are in: `"utf-8"` (the text
+/// itself) when every item is UTF-8, else `"base64"` (standard alphabet, padded) for all.
+fn lossless(items: &[&[u8]]) -> (Vec<serde_json::Value>, &'static str) {
+    use base64::Engine as _;
+    match items
+        .iter()
+        .map(|b| std::str::from_utf8(b))
+        .collect::<std::result::Result<Vec<&str>, _>>()
+    {
+        Ok(text) => (text.into_iter().map(Into::into).collect(), "utf-8"),
+        Err(_) => (
+            items
+                .iter()
+                .map(|b| base64::engine::general_purpose::STANDARD.encode(b).into())
+                .collect(),
+            "base64",
+        ),
+    }
+}
+
 /// Connects, runs the operation, exits.
 pub fn run(args: Args) -> Result<()> {
     // Read the value before connecting: a bad file fails fast.
@@ -101,10 +179,15 @@ pub fn run(args: Args) -> Result<()> {
         _ => None,
     };
     let pool = connect(&args.conn, "store")?;
+    let tombstone_hold = match args.op {
+        Op::Repair { tombstone_hold, .. } => tombstone_hold,
+        _ => StoreConfig::default().tombstone_hold,
+    };
     let store = Store::new(
         pool,
         StoreConfig {
             replicas: args.replicas,
+            tombstone_hold,
             ..StoreConfig::default()
         },
     )?;
@@ -145,11 +228,21 @@ pub fn run(args: Args) -> Result<()> {
                 (None, false) => crate::output::write_all(&value),
             }
             if json {
+                // Lossless: the text when it is UTF-8, else base64; null with --out.
+                let (shown, encoding) = match out {
+                    None => {
+                        let (v, e) = lossless(&[&value[..]]);
+                        (
+                            v.into_iter().next().unwrap_or_default(),
+                            serde_json::json!(e),
+                        )
+                    }
+                    Some(_) => (serde_json::Value::Null, serde_json::Value::Null),
+                };
                 crate::outln!(
                     "{}",
                     serde_json::json!({"op": "get", "key": key, "found": true,
-                        "bytes": value.len(),
-                        "value": out.is_none().then(|| String::from_utf8_lossy(&value).into_owned())})
+                        "bytes": value.len(), "encoding": encoding, "value": shown})
                 );
             }
         }
@@ -168,18 +261,17 @@ pub fn run(args: Args) -> Result<()> {
         }
         Op::Ls { prefix } => {
             let keys = store.block_on(store.list(prefix.as_bytes()))?;
-            let keys: Vec<String> = keys
-                .iter()
-                .map(|k| String::from_utf8_lossy(k).into_owned())
-                .collect();
             if json {
+                let all: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                let (shown, encoding) = lossless(&all);
                 crate::outln!(
                     "{}",
-                    serde_json::json!({"op": "ls", "prefix": prefix, "keys": keys})
+                    serde_json::json!({"op": "ls", "prefix": prefix, "encoding": encoding,
+                        "keys": shown})
                 );
             } else {
                 for k in keys {
-                    crate::outln!("{k}");
+                    crate::outln!("{}", String::from_utf8_lossy(&k));
                 }
             }
         }
@@ -200,7 +292,10 @@ pub fn run(args: Args) -> Result<()> {
                 );
             }
         }
-        Op::Repair => {
+        Op::Repair {
+            every: Some(every), ..
+        } => repair_every(store, every, json)?,
+        Op::Repair { every: None, .. } => {
             let mut r = store.block_on(store.repair())?;
             if r.reclaim_pending > 0 {
                 // Space of gone writers is freed on a second look, twice the grace period
@@ -211,11 +306,18 @@ pub fn run(args: Args) -> Result<()> {
                 r.cleared += again.cleared;
                 r.reclaimed += again.reclaimed;
                 r.released += again.released;
-                (r.reclaim_pending, r.unreadable, r.failed, r.conflicts) = (
+                (
+                    r.reclaim_pending,
+                    r.unreadable,
+                    r.failed,
+                    r.conflicts,
+                    r.deferred,
+                ) = (
                     again.reclaim_pending,
                     again.unreadable,
                     again.failed,
                     again.conflicts,
+                    again.deferred,
                 );
             }
             if json {
@@ -223,21 +325,22 @@ pub fn run(args: Args) -> Result<()> {
                     "{}",
                     serde_json::json!({"op": "repair", "nodes": r.nodes, "keys": r.keys,
                         "copied": r.copied, "cleared": r.cleared, "unreadable": r.unreadable,
-                        "failed": r.failed, "conflicts": r.conflicts,
+                        "failed": r.failed, "deferred": r.deferred, "conflicts": r.conflicts,
                         "reclaimed": r.reclaimed, "released": r.released,
                         "reclaim_pending": r.reclaim_pending})
                 );
             } else {
                 crate::outln!(
                     "repair: {} server(s), {} key(s): {} replica(s) copied, {} slot(s) cleared, \
-                     {} unreadable, {} failed, {} conflict(s) left alone; {} block(s) of gone \
-                     writers reclaimed, {} chunk(s) given back",
+                     {} unreadable, {} failed, {} deferred (a replica down), {} conflict(s) \
+                     left alone; {} block(s) of gone writers reclaimed, {} chunk(s) given back",
                     r.nodes,
                     r.keys,
                     r.copied,
                     r.cleared,
                     r.unreadable,
                     r.failed,
+                    r.deferred,
                     r.conflicts,
                     r.reclaimed,
                     r.released

@@ -29,9 +29,12 @@ fn with_flags(
     [prefix, flags, suffix].concat()
 }
 
+/// Runs rdma-tool with stdin a pipe closed at once (`serve` and `peer` stop when it
+/// closes: a server whose stdin is /dev/null runs until a signal).
 fn run(args: &[&str]) -> Output {
     Command::new(EXE)
         .args(args)
+        .stdin(std::process::Stdio::piped())
         .output()
         .expect("rdma-tool runs")
 }

@@ -325,7 +325,7 @@ fn a_full_disk_on_stderr_loses_the_message_but_not_the_exit_code() {
         let out = Command::new(EXE)
             .args(args)
             .env_remove("RDMAPOOL_SOFT_BIND")
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped()) // closed at once by `output`: `serve` stops
             .stderr(std::fs::File::create("/dev/full").unwrap())
             .output()
             .unwrap();

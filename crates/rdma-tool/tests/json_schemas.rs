@@ -409,3 +409,112 @@ fn serve_json_lines_and_pool_json_against_it() {
     check("serve", stopped);
     assert_eq!(stopped["stopped"], 5);
 }
+
+/// `store --json` of every operation against two servers, with no `--client-id` (one-shot
+/// ids), including a value and a key that are not UTF-8: lossless (issue #40).
+#[test]
+fn store_json_of_every_operation_is_lossless() {
+    let start = |node: &str| {
+        let mut child = Command::new(EXE)
+            .args([
+                "serve",
+                "--json",
+                "--size",
+                "8M",
+                "--chunk-size",
+                "1M",
+                "--node",
+                node,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        let addr = v["listening"].as_str().unwrap().to_string();
+        (child, addr)
+    };
+    let (mut a, a_addr) = start("1");
+    let (mut b, b_addr) = start("2");
+    let servers = format!("{a_addr},{b_addr}");
+    let store = |args: &[&str], stdin: Option<&[u8]>| -> Output {
+        let mut child = Command::new(EXE)
+            .args(["store", "--json", "--servers", &servers])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        if let Some(bytes) = stdin {
+            input.write_all(bytes).unwrap();
+        }
+        drop(input);
+        child.wait_with_output().unwrap()
+    };
+    let one = |out: Output| -> Value {
+        let text = String::from_utf8(out.stdout).unwrap();
+        let v: Value = serde_json::from_str(text.trim())
+            .unwrap_or_else(|e| panic!("{e}: {text} / {}", String::from_utf8_lossy(&out.stderr)));
+        check("store", &v);
+        v
+    };
+    let put = one(store(&["put", "text", "hello"], None));
+    assert_eq!(put["op"], "put");
+    assert!(
+        put["writer"].as_u64().unwrap() >= 1 << 62,
+        "a one-shot id: {put}"
+    );
+    let binary = [0u8, 0xff, 0xfe, 0x80, b'x'];
+    one(store(&["put", "bin", "--file", "-"], Some(&binary)));
+    let got = one(store(&["get", "text"], None));
+    assert_eq!(
+        (&got["encoding"], &got["value"]),
+        (&json!("utf-8"), &json!("hello"))
+    );
+    let got = one(store(&["get", "bin"], None));
+    assert_eq!(got["encoding"], "base64", "{got}");
+    use base64::Engine as _;
+    let back = base64::engine::general_purpose::STANDARD
+        .decode(got["value"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(back, binary, "the value is lossless");
+    let missing = store(&["get", "nothing"], None);
+    assert_eq!(missing.status.code(), Some(1));
+    let v = one(missing);
+    assert_eq!(v["found"], false);
+    let ls = one(store(&["ls"], None));
+    assert_eq!(ls["encoding"], "utf-8");
+    assert_eq!(ls["keys"], json!(["bin", "text"]));
+    assert_eq!(one(store(&["rm", "bin"], None))["removed"], true);
+    let st = one(store(&["stats"], None));
+    assert_eq!(st["keys"], 1);
+    let r = one(store(&["repair"], None));
+    assert_eq!(r["failed"], 0);
+    // The background repairer: a line per repair, until SIGTERM.
+    let mut bg = Command::new(EXE)
+        .args(["store", "--json", "--servers", &servers])
+        .args(["repair", "--every", "100ms", "--tombstone-hold", "1s"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(bg.stdout.take().unwrap());
+    let mut line = String::new();
+    lines.read_line(&mut line).unwrap();
+    let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    check("store", &v);
+    assert_eq!(v["keys"], 2, "{v}");
+    // SAFETY: signalling our own child by its pid.
+    assert_eq!(unsafe { libc::kill(bg.id() as i32, libc::SIGTERM) }, 0);
+    assert!(bg.wait().unwrap().success());
+    for c in [&mut a, &mut b] {
+        drop(c.stdin.take());
+        assert!(c.wait().unwrap().success());
+    }
+}

@@ -338,3 +338,41 @@ fn store_objects_outlive_the_processes_that_put_them() {
     a.stop();
     b.stop();
 }
+
+/// Issue #40: one-shot commands run at once without `--client-id` take one-shot ids that no
+/// live command holds, so none fails ("client id 1 is held by a live client" before).
+#[test]
+fn one_shot_store_commands_run_at_once_do_not_collide() {
+    let a = Server::start_node(2000, 1);
+    let b = Server::start_node(2000, 2);
+    let list = format!("{},{}", a.addr, b.addr);
+    let outs: Vec<Output> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..4)
+            .map(|i| {
+                let list = &list;
+                s.spawn(move || {
+                    Command::new(EXE)
+                        .args(["store", "--json", "--servers", list, "put"])
+                        .arg(format!("k{i}"))
+                        .arg(format!("v{i}"))
+                        .stdin(Stdio::piped())
+                        .output()
+                        .unwrap()
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    // Every one succeeds (two that drew the same id: the second takes the next one, or
+    // the same once the first is gone).
+    for out in &outs {
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let w = v["writer"].as_u64().unwrap();
+        assert!((1 << 62..(1 << 62) + 64).contains(&w), "{v}");
+    }
+    for i in 0..4 {
+        let got = store(&[&a, &b], 9, &["get", &format!("k{i}")], None);
+        assert_eq!(got.stdout, format!("v{i}").into_bytes(), "{got:?}");
+    }
+}

@@ -70,8 +70,9 @@ fn next_json(r: &mut impl BufRead) -> Value {
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"))
 }
 
-/// `serve --size 4M` with `args`, `set` and `unset` in its environment, stdin at /dev/null
-/// (it stops at once when it starts): what it printed and how it ended.
+/// `serve --size 4M` with `args`, `set` and `unset` in its environment, stdin a pipe that
+/// `output` closes at once (it stops as soon as it starts): what it printed and how it
+/// ended.
 fn serve_once(args: &[&str], set: &[(&str, &str)], unset: &[&str]) -> Output {
     let mut cmd = Command::new(EXE);
     cmd.args(["serve", "--size", "4M"]).args(args);
@@ -81,7 +82,7 @@ fn serve_once(args: &[&str], set: &[(&str, &str)], unset: &[&str]) -> Output {
     for k in unset {
         cmd.env_remove(k);
     }
-    cmd.stdin(Stdio::null()).output().unwrap()
+    cmd.stdin(Stdio::piped()).output().unwrap()
 }
 
 fn pool(servers: &str, id: &str, args: &[&str]) -> Output {
@@ -371,4 +372,33 @@ fn a_client_key_proves_its_own_id_and_no_other() {
     }
     serve.stop();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue #40: a daemon started with stdin at /dev/null (systemd, `nohup`, `serve &` in a
+/// script) serves until a signal; before, it stopped as soon as it started. SIGTERM then
+/// drains it and it exits 0.
+#[test]
+fn a_server_with_stdin_at_dev_null_runs_until_a_signal() {
+    let mut child = Command::new(EXE)
+        .args(["serve", "--size", "4M", "--provider", "soft"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.starts_with("listening "), "{line:?}");
+    // Time for a server that watched /dev/null to see its end of file (it looks every
+    // 50 ms) and stop: it must still run.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the server stopped with stdin at /dev/null"
+    );
+    // SAFETY: signalling our own child by its pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "after SIGTERM: {status:?}");
 }

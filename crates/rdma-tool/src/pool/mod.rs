@@ -25,9 +25,10 @@ pub struct ConnArgs {
     #[command(flatten)]
     etcd: crate::etcd_args::EtcdArgs,
     /// This client's id (1 to 2^63 - 1); the same id in a later command finds its
-    /// allocations.
-    #[arg(long, default_value_t = 1, value_parser = crate::units::count_arg(rdmapool::remote::MAX_CLIENT_ID))]
-    client_id: u64,
+    /// allocations. Without it, the command takes a free one of the 64 one-shot ids from
+    /// 2^62 (it says which), so that commands run at once do not collide.
+    #[arg(long, value_parser = crate::units::count_arg(rdmapool::remote::MAX_CLIENT_ID))]
+    client_id: Option<u64>,
     #[command(flatten)]
     device: crate::device_args::DeviceArgs,
 }
@@ -86,7 +87,7 @@ pub fn run(args: Args) -> Result<()> {
              the server frees the allocation one lease later (`serve --lease`, 2s by default) \
              unless a command with the same --client-id runs before then (`pool shell` keeps \
              one lease for many commands)",
-            args.conn.client_id
+            session.client.client_id()
         );
     }
     Ok(())
@@ -126,10 +127,32 @@ pub(crate) fn connect(conn: &ConnArgs, command: &str) -> Result<PoolClient> {
         }
     };
     let pd = ctx.alloc_pd()?;
-    let mut cfg = ClientConfig::new(conn.client_id);
-    cfg.cluster_key = cluster_key()?;
-    cfg.client_key = client_key_from_env()?;
-    let client = PoolClient::connect(&ctx, &pd, &*members, cfg).map_err(|e| {
+    let cluster = cluster_key()?;
+    let client_key = client_key_from_env()?;
+    let ids: Vec<u64> = match conn.client_id {
+        Some(id) => vec![id],
+        None if client_key.is_some() => {
+            return Err(ToolError::Msg(
+                "RDMAPOOL_POOL_CLIENT_KEY_FILE proves one client id: give it with --client-id"
+                    .into(),
+            ))
+        }
+        None => one_shot_ids(),
+    };
+    let mut tried = 0;
+    let joined = loop {
+        let id = ids[tried];
+        tried += 1;
+        let mut cfg = ClientConfig::new(id);
+        cfg.cluster_key = cluster.clone();
+        cfg.client_key = client_key.clone();
+        match PoolClient::connect(&ctx, &pd, &*members, cfg) {
+            // Held by a live command: the next one-shot id.
+            Err(rdmapool::Error::ClientIdInUse { .. }) if tried < ids.len() => continue,
+            other => break other,
+        }
+    };
+    let client = joined.map_err(|e| {
         // Named when a server off loopback may be unreachable because of it.
         let said = members
             .servers()
@@ -150,6 +173,30 @@ pub(crate) fn connect(conn: &ConnArgs, command: &str) -> Result<PoolClient> {
         );
     }
     Ok(client)
+}
+
+/// The ids one-shot commands take when not given `--client-id`: 64 from 2^62, far from the
+/// small ids applications pick. A command tries them from a random one on, and takes the
+/// first no live client holds (a command's lease ends with it). Their number bounds what
+/// one-shot commands can hold at once: the store's chunks of an id are its own, and the
+/// next command with that id uses them again.
+const ONE_SHOT_IDS: std::ops::Range<u64> = (1 << 62)..(1 << 62) + 64;
+
+/// [`ONE_SHOT_IDS`] from a random one on, wrapping around.
+fn one_shot_ids() -> Vec<u64> {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    let n = ONE_SHOT_IDS.end - ONE_SHOT_IDS.start;
+    let start = h.finish() % n;
+    (0..n)
+        .map(|i| ONE_SHOT_IDS.start + (start + i) % n)
+        .collect()
 }
 
 /// The most a `--servers-file` may hold: a list of addresses, not a data file.

@@ -22,5 +22,5 @@ pub(crate) mod root;
 mod sim;
 pub mod stripe;
 
-pub use client::{Located, RepairReport, Store, StoreConfig, StoreStats};
+pub use client::{Located, RepairReport, Repairer, RepairerStats, Store, StoreConfig, StoreStats};
 pub use format::{KeyHash, Kind, Version};

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 mod frozen;
 mod large;
 mod many;
+mod repairer;
 mod space;
 
 fn server_at(node: u32, lease: Duration, listen: SocketAddr) -> rdmapool::Result<MemoryServer> {
@@ -181,6 +182,54 @@ fn every_object_survives_the_loss_of_one_server_with_two_replicas() {
         matches!(r, Err(Error::NotEnoughReplicas { live: 1, wanted: 2 })),
         "{r:?}"
     );
+}
+
+/// Issue #40: a member listed but not reached when the client connects keeps its place:
+/// puts wait for it (`MemberUnreached`: its node id, and so its keys, are unknown), gets go
+/// on, and the client dials it by itself until it answers.
+#[test]
+fn a_member_not_up_when_the_client_connects_is_dialled_until_it_answers() {
+    let lease = Duration::from_secs(10);
+    let a = server(1, lease);
+    let b = server(2, lease);
+    // A port that nothing listens on yet; the server comes up there later.
+    let later = std::net::TcpListener::bind(SocketAddr::new(listen_ip(), 0))
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    let n = node();
+    let c = PoolClient::connect(
+        &n.ctx,
+        &n.pd,
+        &StaticMembership::new(vec![a.addr(), b.addr(), later]),
+        ClientConfig::new(31),
+    )
+    .unwrap();
+    assert_eq!(c.unreachable().len(), 1);
+    let st = Store::new(
+        c,
+        StoreConfig {
+            replicas: 2,
+            ..StoreConfig::default()
+        },
+    )
+    .unwrap();
+    let r = st.block_on(st.put(b"k", b"v"));
+    assert!(matches!(r, Err(Error::MemberUnreached { .. })), "{r:?}");
+    assert_eq!(st.block_on(st.get(b"k")).unwrap(), None, "gets go on");
+    let Ok(c3) = server_at(3, lease, later) else {
+        eprintln!("the port was taken meanwhile: nothing to check");
+        return;
+    };
+    wait_until("the client reaches the third member", || {
+        st.pool().unreachable().is_empty()
+    });
+    assert_eq!(st.pool().nodes().len(), 3);
+    st.block_on(st.put(b"k", b"v")).unwrap();
+    assert_eq!(
+        st.block_on(st.get(b"k")).unwrap().as_deref(),
+        Some(&b"v"[..])
+    );
+    drop(c3);
 }
 
 #[test]

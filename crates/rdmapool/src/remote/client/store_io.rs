@@ -85,7 +85,7 @@ impl PoolClient {
     }
 
     /// This client's id.
-    pub(crate) fn client_id(&self) -> u64 {
+    pub fn client_id(&self) -> u64 {
         self.shared.id
     }
 

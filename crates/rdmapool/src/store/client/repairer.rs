@@ -1,0 +1,188 @@
+//! The repair that runs by itself (docs/STORE.md section 7, issue #40): a thread that runs
+//! [`Store::repair`] when the membership changes and every period, on one client of the
+//! cluster at a time, chosen one-sided by the **repairer word** of the lowest-numbered
+//! member that is up (region offset 32, PROTOCOL.md 7.3).
+//!
+//! The rule: the word holds the id of the client that repairs (0: none). A client that
+//! finds it 0, or naming an id that holds no lease slot on that server (a client that is
+//! gone), takes it with a compare-and-swap from what it read; one that finds its own id
+//! repairs; one that finds a live client's id does not. A repairer gives the word back
+//! when it stops. Two clients that disagree about which member is the lowest up (one sees
+//! it down) may both repair for a while; repairs are safe beside each other, as beside
+//! puts, since every change they make is a compare-and-swap against what they scanned.
+//! The tombstones this client's repairs find clean are cleared by it past the hold (its
+//! memory of them lives as long as the [`Repairer`]'s store).
+
+use super::Store;
+use crate::remote::layout::CLIENT_SLOT;
+use crate::store::RepairReport;
+use crate::Result;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The region word that names the cluster's repairer (PROTOCOL.md 7.3).
+pub(crate) const REPAIRER_WORD: u64 = 32;
+
+/// How often the repairer looks at the membership between periodic runs.
+const LOOK_EVERY: Duration = Duration::from_millis(100);
+
+/// What a [`Repairer`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RepairerStats {
+    /// Repairs it ran (this client held the repairer word).
+    pub runs: u64,
+    /// Times it was due and another live client held the word.
+    pub deferred_to_another: u64,
+    /// Repairs or claims that failed (a server went down meanwhile): tried again at the
+    /// next look.
+    pub errors: u64,
+    /// The last repair's report.
+    pub last: Option<RepairReport>,
+}
+
+/// A background repairer of a [`Store`] (see the module's text). Dropping it stops the
+/// thread and gives the repairer word back.
+pub struct Repairer {
+    stop: Arc<AtomicBool>,
+    stats: Arc<Mutex<RepairerStats>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Repairer {
+    /// Starts repairing `store` every `every`, and at once whenever the members this client
+    /// knows, or their state (up, down, restarted), change.
+    ///
+    /// # Errors
+    /// [`Error::Sys`](crate::Error) when the thread cannot be started.
+    pub fn start(store: Arc<Store>, every: Duration) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(Mutex::new(RepairerStats::default()));
+        let (s, st) = (stop.clone(), stats.clone());
+        let thread = crate::util::spawn_named("rdmapool-store-repair", move || {
+            run(&store, every, &s, &st);
+            // Give the word back for the next client.
+            let _ = store.block_on(store.release_repairer());
+        })?;
+        Ok(Self {
+            stop,
+            stats,
+            thread: Some(thread),
+        })
+    }
+
+    /// What it did so far.
+    pub fn stats(&self) -> RepairerStats {
+        *self.stats.lock()
+    }
+}
+
+impl Drop for Repairer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+/// The repairer's loop: due at the start, every `every`, and when the view changes.
+fn run(store: &Store, every: Duration, stop: &AtomicBool, stats: &Mutex<RepairerStats>) {
+    let mut seen = None;
+    let mut due = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        let view: Vec<(u32, u64, bool)> = store
+            .pool
+            .store_view()
+            .nodes
+            .iter()
+            .map(|n| (n.node, n.incarnation, n.up))
+            .collect();
+        if seen.as_ref() != Some(&view) {
+            seen = Some(view);
+            due = Instant::now();
+        }
+        if Instant::now() >= due {
+            due = Instant::now() + every;
+            match store.block_on(store.claim_repairer()) {
+                Ok(true) => match store.block_on(store.repair()) {
+                    Ok(r) => {
+                        let mut s = stats.lock();
+                        s.runs += 1;
+                        s.last = Some(r);
+                    }
+                    Err(e) => {
+                        tracing::debug!("background repair: {e}");
+                        stats.lock().errors += 1;
+                        due = Instant::now() + LOOK_EVERY.max(every / 8);
+                    }
+                },
+                Ok(false) => stats.lock().deferred_to_another += 1,
+                Err(e) => {
+                    tracing::debug!("claiming the repairer word: {e}");
+                    stats.lock().errors += 1;
+                }
+            }
+        }
+        std::thread::park_timeout(LOOK_EVERY.min(due.saturating_duration_since(Instant::now())));
+    }
+}
+
+impl Store {
+    /// Whether this client is the cluster's repairer now: it holds the repairer word of the
+    /// lowest-numbered member that is up, or takes it (free, or held by an id with no lease
+    /// there). See the module's text.
+    async fn claim_repairer(&self) -> Result<bool> {
+        let view = self.pool.store_view();
+        let Some(n) = view.nodes.iter().find(|n| n.up) else {
+            return Ok(false);
+        };
+        let me = self.pool.client_id();
+        let word = self
+            .pool
+            .store_read(n.node, n.incarnation, REPAIRER_WORD, 8)
+            .await?;
+        let holder = u64::from_le_bytes(word[..8].try_into().unwrap_or([0; 8]));
+        if holder == me {
+            return Ok(true);
+        }
+        if holder != 0 {
+            let l = n.layout;
+            let slots = self
+                .pool
+                .store_read(
+                    n.node,
+                    n.incarnation,
+                    l.client_slot(0),
+                    l.client_count * CLIENT_SLOT,
+                )
+                .await?;
+            let leased = slots
+                .chunks_exact(CLIENT_SLOT as usize)
+                .any(|s| u64::from_le_bytes(s[..8].try_into().unwrap_or([0; 8])) == holder);
+            if leased {
+                return Ok(false);
+            }
+        }
+        let old = self
+            .pool
+            .store_cas(n.node, n.incarnation, REPAIRER_WORD, holder, me)
+            .await?;
+        Ok(old == holder)
+    }
+
+    /// Gives the repairer word back where this client holds it (best effort).
+    async fn release_repairer(&self) -> Result<()> {
+        let me = self.pool.client_id();
+        for n in self.pool.store_nodes() {
+            // A node that does not answer keeps the word; its next claimer finds no lease.
+            let _ = self
+                .pool
+                .store_cas(n.node, n.incarnation, REPAIRER_WORD, me, 0)
+                .await;
+        }
+        Ok(())
+    }
+}
