@@ -38,6 +38,10 @@ pub struct RepairerStats {
     /// Repairs or claims that failed (a server went down meanwhile): tried again at the
     /// next look.
     pub errors: u64,
+    /// Replicas its repairs copied, in all.
+    pub copied: u64,
+    /// Index slots of removed keys its repairs cleared, in all.
+    pub tombstones_cleared: u64,
     /// The last repair's report.
     pub last: Option<RepairReport>,
 }
@@ -111,6 +115,8 @@ fn run(store: &Store, every: Duration, stop: &AtomicBool, stats: &Mutex<Repairer
                     Ok(r) => {
                         let mut s = stats.lock();
                         s.runs += 1;
+                        s.copied += r.copied as u64;
+                        s.tombstones_cleared += r.tombstones_cleared as u64;
                         s.last = Some(r);
                     }
                     Err(e) => {

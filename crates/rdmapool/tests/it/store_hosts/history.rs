@@ -10,7 +10,11 @@
 //! after the last acknowledged write (put or remove), a get may answer that write's value,
 //! or the value of a write that failed since (a failed put may have landed), nothing else.
 //! Keys `shared/...` are written by every client: a get answers nothing, or a value some
-//! put of that key had started before the get ended.
+//! put of that key had started before the get ended; and never a **stale** answer (issue
+//! #40): once a write (put or remove) of the key was acknowledged, a get that starts later
+//! answers a write that did not end, acknowledged, before that one started. (A write that
+//! failed may have landed at any time after it started: it never counts as over.) The final
+//! reads, after every client stopped, are held to the same rule.
 
 use std::collections::{HashMap, HashSet};
 
@@ -212,6 +216,7 @@ pub fn check(
             }
         }
     }
+    stale_shared_reads(logs, finals, &mut bad);
     let shared_ids: HashSet<(String, String)> = shared_puts
         .iter()
         .flat_map(|(k, p)| p.iter().map(move |(v, _)| (k.clone(), v.clone())))
@@ -240,6 +245,128 @@ pub fn check(
     } else {
         Err(bad)
     }
+}
+
+/// One write of a shared key: the value it leaves (`None`: removed), when it started, and
+/// when it ended if it was acknowledged.
+struct Write {
+    leaves: Option<String>,
+    start: u128,
+    acked_end: Option<u128>,
+}
+
+/// Adds to `bad` every read of a shared key (a get, or a final read) that answers a write
+/// that had ended, acknowledged, before another acknowledged write started, which itself
+/// ended before the read started: the newer write was overtaken.
+fn stale_shared_reads(
+    logs: &[Vec<Op>],
+    finals: &HashMap<String, Option<String>>,
+    bad: &mut Vec<String>,
+) {
+    let mut writes: HashMap<&str, Vec<Write>> = HashMap::new();
+    for op in logs.iter().flatten() {
+        if !op.key.starts_with("shared/") || !matches!(op.kind.as_str(), "put" | "rm") {
+            continue;
+        }
+        writes.entry(&op.key).or_default().push(Write {
+            leaves: if op.kind == "put" {
+                op.vid.clone()
+            } else {
+                None
+            },
+            start: op.start,
+            acked_end: (op.outcome == Outcome::Ok).then_some(op.end),
+        });
+    }
+    // Whether an answer `got` of `key`, read from `start` on, is stale.
+    let stale = |key: &str, got: Option<&str>, start: u128| -> Option<String> {
+        let ws = writes.get(key)?;
+        // The writes that leave this answer; "nothing" is also the key's first state,
+        // which ended before any write started.
+        let sources: Vec<(u128, Option<u128>)> = ws
+            .iter()
+            .filter(|w| w.leaves.as_deref() == got)
+            .map(|w| (w.start, w.acked_end))
+            .chain(got.is_none().then_some((0, Some(0))))
+            .collect();
+        let newer = ws.iter().find(|w| {
+            w.acked_end.is_some_and(|end| end < start)
+                && w.leaves.as_deref() != got
+                && sources.iter().all(|&(_, e)| e.is_some_and(|e| e < w.start))
+        })?;
+        Some(format!(
+            "overtaken: the write leaving {:?}, acknowledged at {}, had started at {}",
+            newer.leaves,
+            newer.acked_end.unwrap_or(0),
+            newer.start
+        ))
+    };
+    for op in logs.iter().flatten() {
+        if !op.key.starts_with("shared/") || op.kind != "get" {
+            continue;
+        }
+        let got = match &op.outcome {
+            Outcome::Val(v) => Some(v.as_str()),
+            Outcome::Nothing => None,
+            _ => continue,
+        };
+        if let Some(why) = stale(&op.key, got, op.start) {
+            bad.push(format!("{}: {why}", op.line()));
+        }
+    }
+    for (key, got) in finals.iter().filter(|(k, _)| k.starts_with("shared/")) {
+        if let Some(why) = stale(key, got.as_deref(), u128::MAX) {
+            bad.push(format!("final read of {key}: {got:?}: {why}"));
+        }
+    }
+}
+
+#[test]
+fn the_checker_catches_a_shared_write_overtaken_by_an_older_one() {
+    let op = |kind: &str, vid: Option<&str>, t: u128, outcome: Outcome| Op {
+        kind: kind.into(),
+        key: "shared/s".into(),
+        vid: vid.map(Into::into),
+        start: t,
+        end: t + 1,
+        outcome,
+    };
+    let val = |v: &str| Outcome::Val(v.into());
+    // Issue #40's case: 102's put acknowledged, then 101's, then a get answers 102's.
+    let c102 = vec![op("put", Some("102.1"), 10, Outcome::Ok)];
+    let c101 = vec![
+        op("put", Some("101.1"), 20, Outcome::Ok),
+        op("get", None, 30, val("102.1")),
+    ];
+    let none = HashMap::new();
+    let bad = check(&[c102.clone(), c101.clone()], &none).unwrap_err();
+    assert!(bad[0].contains("overtaken"), "{bad:?}");
+    // Concurrent puts: either answer is fine.
+    let c102 = vec![op("put", Some("102.1"), 20, Outcome::Ok)];
+    assert!(check(&[c102, c101.clone()], &none).is_ok());
+    // A put that failed may land late: its value is never stale.
+    let c102 = vec![op("put", Some("102.1"), 10, Outcome::Err)];
+    assert!(check(&[c102, c101.clone()], &none).is_ok());
+    // "Nothing" after an acknowledged put with no remove since: stale; after an
+    // acknowledged remove that followed it: fine.
+    let c101 = vec![
+        op("put", Some("101.1"), 20, Outcome::Ok),
+        op("get", None, 30, Outcome::Nothing),
+    ];
+    assert!(check(std::slice::from_ref(&c101), &none).is_err());
+    let c102 = vec![op("rm", None, 25, Outcome::Ok)];
+    assert!(check(&[c102, c101], &none).is_ok());
+    // The final read is held to the same rule.
+    let c101 = vec![
+        op("put", Some("101.1"), 20, Outcome::Ok),
+        op("put", Some("101.2"), 30, Outcome::Ok),
+    ];
+    let finals: HashMap<String, Option<String>> =
+        [("shared/s".to_string(), Some("101.1".to_string()))].into();
+    assert!(check(std::slice::from_ref(&c101), &finals).is_err());
+    let finals: HashMap<String, Option<String>> =
+        [("shared/s".to_string(), Some("101.2".to_string()))].into();
+    assert!(check(&[c101], &finals).is_ok());
 }
 
 #[test]
