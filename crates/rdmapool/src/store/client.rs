@@ -263,35 +263,34 @@ impl Store {
     /// The newest verified block of `key` on its replicas, read whole, if any (a
     /// tombstone too).
     async fn get_block(&self, key: &[u8]) -> Result<Option<stripe::BlockRead>> {
+        // One future, the lookups in a loop (not a future per lookup, which a retry wrapper
+        // would move into place on every get).
         let mut attempt = 1;
-        loop {
-            match self.get_block_once(key).await {
-                // A reader slower than the grace period finds its block reused under it
-                // (section 8): look again before calling the key damaged.
-                Err(Error::Damaged { .. }) if attempt < DAMAGED_LOOKS => attempt += 1,
-                r => return r,
-            }
-        }
-    }
-
-    /// One lookup of [`Store::get_block`].
-    async fn get_block_once(&self, key: &[u8]) -> Result<Option<stripe::BlockRead>> {
-        let (replicas, missing) = self.replicas(key, self.cfg.replicas, Purpose::Read).await?;
-        let mut g = Get::hinted(key, &replicas, &self.hints_of(key)).missing(missing);
-        let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
-        loop {
-            let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
-            match g.advance(&replies)? {
-                GetStep::Read(reads) => bytes = self.reads(&replicas, &reads).await,
-                GetStep::Done(Some((at, f))) => {
-                    self.remember_found(key, &g, f.block.version);
-                    let b = match at {
-                        Src::Read(i) => bytes.swap_remove(i).unwrap_or_default(),
-                        Src::Early(e) => g.take_early(e),
-                    };
-                    return Ok(Some((b, f.block)));
+        'lookup: loop {
+            let (replicas, missing) = self.replicas(key, self.cfg.replicas, Purpose::Read).await?;
+            let mut g = Get::hinted(key, &replicas, &self.hints_of(key)).missing(missing);
+            let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+            loop {
+                let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
+                match g.advance(&replies) {
+                    // A reader slower than the grace period finds its block reused under it
+                    // (section 8): look again before calling the key damaged.
+                    Err(Error::Damaged { .. }) if attempt < DAMAGED_LOOKS => {
+                        attempt += 1;
+                        continue 'lookup;
+                    }
+                    Err(e) => return Err(e),
+                    Ok(GetStep::Read(reads)) => bytes = self.reads(&replicas, &reads).await,
+                    Ok(GetStep::Done(Some((at, f)))) => {
+                        self.remember_found(key, &g, f.block.version);
+                        let b = match at {
+                            Src::Read(i) => bytes.swap_remove(i).unwrap_or_default(),
+                            Src::Early(e) => g.take_early(e),
+                        };
+                        return Ok(Some((b, f.block)));
+                    }
+                    Ok(GetStep::Done(None)) => return Ok(None),
                 }
-                GetStep::Done(None) => return Ok(None),
             }
         }
     }
