@@ -55,7 +55,7 @@ mod server;
 pub(crate) mod sweep;
 
 pub use crate::metrics::ServerStats;
-pub use client::{BatchOutcome, ClientConfig, NodeStats, PoolBatch, PoolClient};
+pub use client::{BatchOutcome, ClientConfig, NodeStats, PoolBatch, PoolClient, DEPARTED_MEMORY};
 pub use descriptor::{PoolDescriptor, DESCRIPTOR_LEN};
 #[cfg(feature = "etcd")]
 pub use etcd::{

@@ -232,6 +232,62 @@ fn a_member_not_up_when_the_client_connects_is_dialled_until_it_answers() {
     drop(c3);
 }
 
+/// Issue #40, item 3: a server that left the membership (etcd dropped it, or the
+/// operator) and comes back under the same incarnation with what it held brings no removed
+/// key back: no tombstone is cleared while it may come back unseen, and a complete repair
+/// once it is back replaces its old copies before any tombstone goes.
+#[test]
+fn a_server_that_left_and_comes_back_with_old_copies_brings_no_removed_key_back() {
+    let lease = Duration::from_secs(10);
+    let (s1, s2, s3) = (server(1, lease), server(2, lease), server(3, lease));
+    let hold = Duration::from_millis(100);
+    let st = Store::new(
+        pool(&[&s1, &s2, &s3], 51),
+        StoreConfig {
+            replicas: 2,
+            grace: Duration::from_millis(50),
+            tombstone_hold: hold,
+            ..StoreConfig::default()
+        },
+    )
+    .unwrap();
+    let keys: Vec<String> = (0..24).map(|i| format!("gone{i}")).collect();
+    for k in &keys {
+        st.block_on(st.put(k.as_bytes(), b"old")).unwrap();
+    }
+    // Node 3 leaves the membership with its copies, and every key is removed meanwhile.
+    st.pool().remove_server(3);
+    for k in &keys {
+        assert!(st.block_on(st.remove(k.as_bytes())).unwrap(), "{k}");
+    }
+    let repair = |st: &Store| st.block_on(st.repair()).unwrap();
+    for _ in 0..3 {
+        let r = repair(&st);
+        assert_eq!(r.tombstones_cleared, 0, "while node 3 may come back: {r:?}");
+        std::thread::sleep(hold * 2);
+    }
+    // It comes back as it was (same incarnation, its old copies): a complete repair puts
+    // the removes on it; only then do the tombstones go.
+    st.pool().add_server(s3.addr()).unwrap();
+    let mut cleared = 0;
+    for _ in 0..4 {
+        cleared += repair(&st).tombstones_cleared;
+        std::thread::sleep(hold * 2);
+    }
+    assert!(cleared > 0, "the tombstones were never cleared");
+    let fresh = store(&[&s1, &s2, &s3], 52, 2);
+    let r = fresh.block_on(fresh.repair()).unwrap();
+    for (name, s) in [("client", &st), ("fresh", &fresh)] {
+        for k in &keys {
+            assert_eq!(
+                s.block_on(s.get(k.as_bytes())).unwrap(),
+                None,
+                "{name}: {k} came back ({r:?})"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_damaged_replica_is_detected_by_checksum_and_read_around() {
     let lease = Duration::from_secs(10);

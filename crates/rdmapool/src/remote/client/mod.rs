@@ -96,6 +96,11 @@ struct Shared {
     timers: Timers,
     /// What `connect` could not join, and why.
     unreachable: Mutex<Vec<(SocketAddr, String)>>,
+    /// Nodes that left the membership (`remove_server`) under an incarnation, and since
+    /// when: one may come back under the same incarnation with what it held, so the store
+    /// clears no tombstone until a complete repair has seen it back, it came back as a new
+    /// incarnation, or [`DEPARTED_MEMORY`] passed (docs/STORE.md section 8).
+    departed: Mutex<Vec<(u32, u64, std::time::Instant)>>,
     /// Registered staging buffers for the object store's reads and writes, made on first
     /// use (the store's hot path never registers memory below 2 MiB).
     store_buffers: std::sync::OnceLock<crate::buf::BufferPool>,
@@ -109,6 +114,13 @@ pub struct PoolClient {
 }
 
 const SCRATCH_WORDS: usize = 4096;
+
+/// How long a client keeps in mind a server that left the membership
+/// ([`PoolClient::remove_server`]) and has not come back repaired: while it does, the object
+/// store clears no tombstone. A server away longer that comes back under the same
+/// incarnation (frozen or cut off for over an hour, never restarted) may bring back keys
+/// removed meanwhile (docs/STORE.md section 8, the condition of that promise).
+pub const DEPARTED_MEMORY: Duration = Duration::from_secs(3600);
 
 impl PoolClient {
     /// Connects to every server `membership` lists, all at once (a server that cannot be
@@ -159,6 +171,7 @@ impl PoolClient {
             }),
             timers: Timers::new(cfg.progress == Progress::Caller),
             unreachable: Mutex::new(Vec::new()),
+            departed: Mutex::new(Vec::new()),
             store_buffers: std::sync::OnceLock::new(),
         });
         let members = membership.servers()?;
@@ -274,10 +287,16 @@ impl PoolClient {
         self.shared.add_node(addr)
     }
 
-    /// Stops using a server (membership shrank): its pointers fail with `NodeDown`.
+    /// Stops using a server (membership shrank): its pointers fail with `NodeDown`. The
+    /// object store keeps it in mind for [`DEPARTED_MEMORY`]: a server that comes back
+    /// under the same incarnation may hold removed keys' older versions.
     pub fn remove_server(&self, node: u32) {
         if let Some(n) = self.shared.nodes.lock().remove(&node) {
             n.mark_down("left the membership".into());
+            self.shared
+                .departed
+                .lock()
+                .push((node, n.desc.incarnation, std::time::Instant::now()));
         }
     }
 

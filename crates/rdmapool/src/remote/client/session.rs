@@ -160,6 +160,10 @@ impl Shared {
         }
         let replaced = self.nodes.lock().insert(desc.node, node);
         self.unreachable.lock().retain(|(a, _)| *a != addr);
+        // Back as a new incarnation: its memory is fresh, nothing old can come back with it.
+        self.departed
+            .lock()
+            .retain(|&(n, inc, _)| n != desc.node || inc == desc.incarnation);
         if same_incarnation.is_some() {
             tracing::info!(
                 node = desc.node,

@@ -74,14 +74,34 @@ impl PoolClient {
         v
     }
 
-    /// Whether every node this client knows is up (none down, none left out).
+    /// Whether no server that may hold an older version of a key can come back unseen:
+    /// every node this client knows is up, none was never reached, and none that left the
+    /// membership in the last [`DEPARTED_MEMORY`](super::DEPARTED_MEMORY) may come back
+    /// under its old incarnation without a repair having seen it (tombstones are cleared
+    /// only then, docs/STORE.md section 8).
     pub(crate) fn store_all_up(&self) -> bool {
-        self.shared
-            .nodes
-            .lock()
-            .values()
-            .all(|n| n.down.lock().is_none())
+        let mut departed = self.shared.departed.lock();
+        departed.retain(|&(_, _, since)| since.elapsed() < super::DEPARTED_MEMORY);
+        departed.is_empty()
+            && self
+                .shared
+                .nodes
+                .lock()
+                .values()
+                .all(|n| n.down.lock().is_none())
             && self.shared.unreachable.lock().is_empty()
+    }
+
+    /// A repair that left nothing deferred, failed or unreadable has seen every member:
+    /// the departed nodes that are members again under their old incarnation no longer
+    /// hold anything it did not repair.
+    pub(crate) fn store_settle_departed(&self) {
+        let nodes = self.shared.nodes.lock();
+        self.shared.departed.lock().retain(|&(n, inc, _)| {
+            !nodes
+                .get(&n)
+                .is_some_and(|x| x.desc.incarnation == inc && x.down.lock().is_none())
+        });
     }
 
     /// This client's id.

@@ -191,6 +191,9 @@ impl Store {
                 report.tombstones_cleared += d.tombstones_cleared;
             }
         }
+        if report.failed + report.deferred + report.unreadable == 0 && down.is_empty() {
+            self.pool.store_settle_departed();
+        }
         let r = self.reclaim(&nodes, &named).await?;
         report.reclaimed = r.freed;
         report.released = r.released;
