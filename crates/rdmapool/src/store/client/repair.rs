@@ -260,7 +260,12 @@ impl Store {
             return out;
         }
         let Some((bytes, block)) = p.source.and_then(|i| blocks[i].clone()) else {
-            out.unreadable = 1;
+            // Under live load a block read long after the scan may have been replaced and,
+            // past the grace period, reused: that is no damage. Damaged is what a slot
+            // still names unchanged (a block a slot names is never freed).
+            if !self.slots_changed(nodes, entries, version).await {
+                out.unreadable = 1;
+            }
             return out;
         };
         if !p.need.is_empty() {
@@ -288,6 +293,33 @@ impl Store {
             .clear(nodes, key, p.clear.iter().map(|&i| &entries[i]))
             .await;
         out
+    }
+
+    /// Whether a slot of `entries` naming `version` no longer holds the word scanned (or
+    /// cannot be read now): the key changed under the repair, and the next one sees it.
+    async fn slots_changed(
+        &self,
+        nodes: &[StoreNode],
+        entries: &[Entry],
+        version: Version,
+    ) -> bool {
+        let node_of = |id: u32| nodes.iter().find(|n| n.node == id);
+        let now = join_all(
+            entries
+                .iter()
+                .filter(|e| e.version == version)
+                .map(|e| async move {
+                    let n = node_of(e.node)?;
+                    let w = self
+                        .pool
+                        .store_read(n.node, n.incarnation, e.at, 8)
+                        .await
+                        .ok()?;
+                    Some(u64::from_le_bytes(w[..8].try_into().ok()?) == e.word)
+                }),
+        )
+        .await;
+        now.iter().any(|same| *same != Some(true))
     }
 
     /// Swaps each of `entries`' slots (of `key`) from the word scanned to 0, and retires
