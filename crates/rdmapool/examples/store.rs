@@ -1,8 +1,9 @@
 //! The replicated object store on three memory servers (docs/STORE.md): put, get and remove
 //! by key with two replicas of every object, all one-sided (the servers' CPUs handle no
 //! request). A second client reads what the first wrote, a server is stopped, every object
-//! is still read from its other replica, and a repair brings each back to two replicas on
-//! the servers left. The example checks each thing it reads.
+//! is still read from its other replica, and once the server is taken out of the
+//! membership a repair brings each back to two replicas on the servers left. The example
+//! checks each thing it reads.
 //!
 //! ```sh
 //! cargo run --release -p rdmapool --example store
@@ -92,7 +93,11 @@ fn main() -> rdmapool::Result<()> {
             }
         }
     }
-    // Repair: every object back to two replicas, on the two servers left.
+    // Node 2 stays a member, and so a replica of its keys, until the membership changes:
+    // its keys' puts are refused meanwhile, and a repair copies but clears nothing there.
+    // It is gone for good: take it out (with etcd its key would go by itself), then
+    // repair: every object back to two replicas, on the two servers left.
+    reader.pool().remove_server(2);
     let r = reader.block_on(reader.repair())?;
     assert_eq!((r.failed, r.unreadable), (0, 0));
     for i in (0..100).filter(|&i| i != 8) {
