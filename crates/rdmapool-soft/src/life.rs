@@ -293,3 +293,46 @@ mod tests {
         assert!(peer.is_dead(), "the thread's exit did not mark the futex");
     }
 }
+
+#[cfg(test)]
+mod process_tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    /// A child process (forked) holds a life page on a thread of its own and hands the
+    /// descriptor over; killed with SIGKILL, the page says dead by the time `waitpid`
+    /// returns.
+    #[test]
+    fn a_killed_process_is_seen_dead_once_it_was_reaped() {
+        let (a, b) = UnixStream::pair().unwrap();
+        // SAFETY: fork in a test; the child only makes a page on a new thread, sends its
+        // descriptor and sleeps until it is killed.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let t = std::thread::spawn(move || {
+                let page = LifePage::hold().expect("a life page");
+                crate::shm::send_with_fds_nowait(b.as_raw_fd(), &[1u8], &[page.fd()]).unwrap();
+                std::mem::forget(page);
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            });
+            let _ = t.join();
+            // SAFETY: leaving the forked child without running the parent's destructors.
+            unsafe { libc::_exit(0) };
+        }
+        let mut one = [0u8; 1];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let fds = crate::shm::recv_with_fds(a.as_raw_fd(), &mut one, deadline).unwrap();
+        let peer = PeerLife::from_fd(fds.into_iter().next().unwrap()).unwrap();
+        assert!(!peer.is_dead(), "alive");
+        // SAFETY: killing and reaping our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            let mut status = 0;
+            libc::waitpid(pid, &mut status, 0);
+        }
+        assert!(peer.is_dead(), "reaped, and the page does not say so");
+    }
+}

@@ -347,9 +347,12 @@ fn a_killed_local_target_fails_every_operation_posted_after_it_was_reaped() {
 }
 
 /// Issue #40's figure: how long after `kill -9` returns the first 8 B WRITE on the direct
-/// path fails (posting back to back; printed, not asserted: run in release on a quiet
-/// machine, `cargo test --release -p rdmapool --test it killed_local_target_window --
-/// --nocapture`). Asserted only that the death is seen at all.
+/// path fails (posting back to back), and where that falls against the moment the kernel
+/// reports the death (a pidfd turns readable). Printed, not asserted (times): run in
+/// release on a quiet machine, `cargo test --release -p rdmapool --test it
+/// killed_local_target_window -- --nocapture`. Asserted only that the death is seen at all;
+/// `a_killed_local_target_fails_every_operation_posted_after_it_was_reaped` asserts the
+/// order.
 #[test]
 fn killed_local_target_window() {
     if soft_only("the intra-host path of the soft provider") {
@@ -363,10 +366,30 @@ fn killed_local_target_window() {
         qp.post_send(&[write_wr(0, region.at(0).unwrap(), &sg)])
             .unwrap();
         assert_eq!(one(&n.cq).status, WcStatus::Success);
+        // When the kernel reports the death: a pidfd turns readable when the process has
+        // exited (what `waitpid` and a socket's hang-up report, no earlier).
+        // SAFETY: pidfd_open on our own child's pid, no flags.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, peer.pid() as i32, 0) } as i32;
+        assert!(pidfd >= 0, "pidfd_open");
+        let reported = std::thread::spawn(move || {
+            let mut p = libc::pollfd {
+                fd: pidfd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; the pidfd is closed once it reported.
+            unsafe {
+                libc::poll(&mut p, 1, 10_000);
+                libc::close(pidfd);
+            }
+            Instant::now()
+        });
         peer.signal(libc::SIGKILL);
         let killed = Instant::now();
         let mut succeeded = 0u64;
+        let mut last_ok_posted = killed;
         let window = loop {
+            let posted = Instant::now();
             if qp
                 .post_send(&[write_wr(1, region.at(0).unwrap(), &sg)])
                 .is_err()
@@ -374,13 +397,29 @@ fn killed_local_target_window() {
             {
                 break killed.elapsed();
             }
+            last_ok_posted = posted;
             succeeded += 1;
             assert!(killed.elapsed() < WAIT, "the death was never seen");
         };
+        let reported = reported.join().unwrap();
         peer.wait();
-        windows.push((window, succeeded));
+        // Signed, in ns: how long before the kernel reported the death (the watcher thread
+        // woke: no earlier than the report) the last WRITE that succeeded was posted, and
+        // the first failure came (negative: after it).
+        let before = |t: Instant| {
+            reported.saturating_duration_since(t).as_nanos() as i128
+                - t.saturating_duration_since(reported).as_nanos() as i128
+        };
+        windows.push((
+            window,
+            succeeded,
+            before(last_ok_posted),
+            before(killed + window),
+        ));
     }
     eprintln!(
-        "kill -9 to the first failing 8 B WRITE (window, WRITEs that succeeded in it): {windows:?}"
+        "kill -9 to the first failing 8 B WRITE (window; WRITEs that succeeded in it; ns \
+         before the death was reported that the last of them was posted, and that the first \
+         failure came): {windows:?}"
     );
 }
