@@ -297,42 +297,56 @@ mod tests {
 #[cfg(test)]
 mod process_tests {
     use super::*;
-    use std::os::unix::net::UnixStream;
+    use std::os::unix::net::{UnixListener, UnixStream};
 
-    /// A child process (forked) holds a life page on a thread of its own and hands the
-    /// descriptor over; killed with SIGKILL, the page says dead by the time `waitpid`
-    /// returns.
+    /// The child's side of the test below (this test binary run again): holds a life page
+    /// on a thread of its own, sends its descriptor to the socket the parent named, and
+    /// waits to be killed. An ordinary run does nothing.
+    #[test]
+    fn life_child_entry() {
+        let Ok(path) = std::env::var("RDMAPOOL_SOFT_LIFE_CHILD") else {
+            return;
+        };
+        let to_parent = UnixStream::connect(path).unwrap();
+        // Held on a thread that is not the main one, as the serving loop's is.
+        std::thread::spawn(move || {
+            let page = LifePage::hold().expect("a life page");
+            crate::shm::send_with_fds_nowait(to_parent.as_raw_fd(), &[1u8], &[page.fd()]).unwrap();
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A process killed (SIGKILL) while a thread of it holds a life page: the page says
+    /// dead by the time `waitpid` returns.
     #[test]
     fn a_killed_process_is_seen_dead_once_it_was_reaped() {
-        let (a, b) = UnixStream::pair().unwrap();
-        // SAFETY: fork in a test; the child only makes a page on a new thread, sends its
-        // descriptor and sleeps until it is killed.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            let t = std::thread::spawn(move || {
-                let page = LifePage::hold().expect("a life page");
-                crate::shm::send_with_fds_nowait(b.as_raw_fd(), &[1u8], &[page.fd()]).unwrap();
-                std::mem::forget(page);
-                loop {
-                    std::thread::sleep(std::time::Duration::from_secs(1));
-                }
-            });
-            let _ = t.join();
-            // SAFETY: leaving the forked child without running the parent's destructors.
-            unsafe { libc::_exit(0) };
-        }
+        let dir = std::env::temp_dir().join(format!("rdmapool-life-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "life::process_tests::life_child_entry",
+                "--nocapture",
+            ])
+            .env("RDMAPOOL_SOFT_LIFE_CHILD", &path)
+            .spawn()
+            .unwrap();
+        let (from_child, _) = listener.accept().unwrap();
         let mut one = [0u8; 1];
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let fds = crate::shm::recv_with_fds(a.as_raw_fd(), &mut one, deadline).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let fds = crate::shm::recv_with_fds(from_child.as_raw_fd(), &mut one, deadline).unwrap();
         let peer = PeerLife::from_fd(fds.into_iter().next().unwrap()).unwrap();
         assert!(!peer.is_dead(), "alive");
-        // SAFETY: killing and reaping our own child.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-            let mut status = 0;
-            libc::waitpid(pid, &mut status, 0);
-        }
+        child.kill().unwrap();
+        child.wait().unwrap();
         assert!(peer.is_dead(), "reaped, and the page does not say so");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
