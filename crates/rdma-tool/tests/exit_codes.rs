@@ -178,3 +178,12 @@ fn the_device_heading_in_help_holds_only_the_device_flags() {
         assert_eq!(section, ["provider", "device"], "{args:?}:\n{help}");
     }
 }
+
+/// Issue #41, finding 7: `bench data --perftest-ip` is checked before the benchmark runs
+/// (a bogus address ran the whole benchmark before).
+#[test]
+fn a_bogus_perftest_ip_is_a_usage_error_before_anything_runs() {
+    let out = run(&["bench", "data", "--perftest-ip", "bogus"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--perftest-ip"), "{}", stderr(&out));
+}

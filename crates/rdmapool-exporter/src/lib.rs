@@ -348,8 +348,24 @@ fn watched_snapshot(watched: &Watched) -> Snapshot {
     snapshot_of(&contexts)
 }
 
+/// Whether the peer of a Unix connection may read the metrics: a process of the user this
+/// one runs as, or root. An abstract socket has no file permissions, so any local user
+/// could connect (issue #41, finding 7); the kernel's record of who connected decides.
+fn same_user(c: &UnixStream) -> bool {
+    match rustix::net::sockopt::socket_peercred(c) {
+        Ok(cred) => {
+            let uid = cred.uid.as_raw();
+            uid == 0 || uid == rustix::process::geteuid().as_raw()
+        }
+        Err(_) => false,
+    }
+}
+
 fn serve_unix(l: UnixListener, stop: Arc<AtomicBool>, watched: Watched) {
     serve(l.incoming(), stop, watched, |mut c, w| {
+        if !same_user(&c) {
+            return; // closed unanswered
+        }
         let _ = c.set_write_timeout(Some(ANSWER_DEADLINE));
         let mut body = watched_snapshot(w).to_json();
         body.push('\n');

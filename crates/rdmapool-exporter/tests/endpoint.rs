@@ -209,3 +209,65 @@ fn idle_and_trickling_clients_delay_no_scrape() {
         assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     }
 }
+
+/// The child side of the next test (this test binary run again as another user): connects
+/// to the abstract socket named in the environment and prints how many bytes it read. An
+/// ordinary run does nothing.
+#[test]
+fn other_user_child_entry() {
+    let Ok(name) = std::env::var("RDMAPOOL_TEST_METRICS_SOCKET") else {
+        return;
+    };
+    let name = UnixName::parse(&name);
+    let mut c = std::os::unix::net::UnixStream::connect_addr(&name.to_addr().unwrap()).unwrap();
+    let mut got = Vec::new();
+    let _ = c.read_to_end(&mut got);
+    println!("@read {}", got.len());
+}
+
+/// Issue #41, finding 7: the abstract socket has no file permissions, so another local
+/// user could connect and read the snapshot (904 bytes). Only this user and root are
+/// answered now; another user's connection is closed unanswered.
+#[test]
+fn another_user_reads_nothing_from_the_unix_socket() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: switching to another user needs root");
+        return;
+    }
+    let ctx = soft();
+    register_some(&ctx);
+    let name = UnixName::Abstract(format!("rdmapool-test-other-{}", std::process::id()));
+    let ep = Endpoint::start(EndpointConfig {
+        unix: Some(name.clone()),
+        http: None,
+    })
+    .unwrap();
+    ep.watch(ctx.metrics());
+    let read_as = |uid: Option<u32>| -> String {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "other_user_child_entry", "--nocapture"])
+            .env(
+                "RDMAPOOL_TEST_METRICS_SOCKET",
+                "@rdmapool-test-other-".to_string() + &std::process::id().to_string(),
+            );
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(uid);
+        }
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix("@read ").map(str::to_string))
+            .unwrap_or_else(|| {
+                panic!(
+                    "the child said nothing: {text} {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+    };
+    let mine: usize = read_as(None).parse().unwrap();
+    assert!(mine > 100, "this user reads the snapshot ({mine} bytes)");
+    let theirs = read_as(Some(65534));
+    assert_eq!(theirs, "0", "another user read {theirs} bytes");
+    drop(ep);
+}

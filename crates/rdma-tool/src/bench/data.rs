@@ -60,8 +60,9 @@ pub struct Args {
     count: u64,
     /// With `--provider verbs`: the IP address of the device's netdev, where perftest's
     /// server listens for its reference runs (default: $SOFTROCE_IP inside the guest).
+    /// Checked before anything runs.
     #[arg(long)]
-    perftest_ip: Option<String>,
+    perftest_ip: Option<std::net::IpAddr>,
     /// Also draw what the table prints (`.svg` or `.png`): for the size sweep, latency and
     /// bandwidth against message size per operation, ours next to each reference (log
     /// scales); for --async/--batch/--cqs, bar pairs of each mode and its reference.
@@ -113,7 +114,7 @@ pub fn run(args: Args) -> Result<()> {
     if provider == ProviderKind::Verbs {
         let ip = args
             .perftest_ip
-            .clone()
+            .map(|ip| ip.to_string())
             .or_else(|| std::env::var("SOFTROCE_IP").ok());
         let rows = super::verbs::run(&args.device, &ops, &sizes, args.iters, ip, args.json)?;
         if args.json {
