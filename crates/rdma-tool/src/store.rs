@@ -122,14 +122,7 @@ fn repair_every(store: Store, every: Duration, json: bool) -> Result<()> {
         shown = st.runs;
         let Some(r) = st.last else { continue };
         if json {
-            crate::outln!(
-                "{}",
-                serde_json::json!({"op": "repair", "nodes": r.nodes, "keys": r.keys,
-                    "copied": r.copied, "cleared": r.cleared, "unreadable": r.unreadable,
-                    "failed": r.failed, "deferred": r.deferred, "conflicts": r.conflicts,
-                    "reclaimed": r.reclaimed, "released": r.released,
-                    "reclaim_pending": r.reclaim_pending})
-            );
+            crate::outln!("{}", repair_json(&r));
         } else {
             crate::outln!(
                 "repair {}: {} server(s), {} key(s): {} copied, {} cleared, {} tombstone \
@@ -148,6 +141,15 @@ fn repair_every(store: Store, every: Duration, json: bool) -> Result<()> {
     }
     drop(repairer); // gives the repairer word back
     Ok(())
+}
+
+/// A repair's report as `store --json` prints it (schema `store.schema.json`, `repair`).
+fn repair_json(r: &rdmapool::store::RepairReport) -> serde_json::Value {
+    serde_json::json!({"op": "repair", "nodes": r.nodes, "keys": r.keys,
+        "copied": r.copied, "cleared": r.cleared, "unreadable": r.unreadable,
+        "failed": r.failed, "deferred": r.deferred, "conflicts": r.conflicts,
+        "reclaimed": r.reclaimed, "released": r.released,
+        "reclaim_pending": r.reclaim_pending})
 }
 
 /// `items` as JSON strings without loss, and the encoding they are in: `"utf-8"` (the text
@@ -321,14 +323,7 @@ pub fn run(args: Args) -> Result<()> {
                 );
             }
             if json {
-                crate::outln!(
-                    "{}",
-                    serde_json::json!({"op": "repair", "nodes": r.nodes, "keys": r.keys,
-                        "copied": r.copied, "cleared": r.cleared, "unreadable": r.unreadable,
-                        "failed": r.failed, "deferred": r.deferred, "conflicts": r.conflicts,
-                        "reclaimed": r.reclaimed, "released": r.released,
-                        "reclaim_pending": r.reclaim_pending})
-                );
+                crate::outln!("{}", repair_json(&r));
             } else {
                 crate::outln!(
                     "repair: {} server(s), {} key(s): {} replica(s) copied, {} slot(s) cleared, \

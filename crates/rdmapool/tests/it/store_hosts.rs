@@ -61,24 +61,21 @@ fn open_store_with(id: u64, cfg: StoreConfig) -> Store {
     let ctx = Context::open(SoftConfig::from_env().unwrap()).unwrap(); // binds RDMAPOOL_SOFT_BIND
     let servers = StaticMembership::parse(&env("SERVERS")).unwrap();
     let pd = ctx.alloc_pd().unwrap();
-    let mut client = ClientConfig::new(id);
-    client.cluster_key = pool_key_from_env();
+    let client = || {
+        let mut c = ClientConfig::new(id);
+        c.cluster_key = pool_key_from_env();
+        c
+    };
     // A writer restarted with the same id takes its slots over (half a lease of watching).
     let until = Instant::now() + WAIT * 2;
     let pool = loop {
-        match PoolClient::connect(&ctx, &pd, &servers, client_copy(&client)) {
+        match PoolClient::connect(&ctx, &pd, &servers, client()) {
             Ok(p) => break p,
             Err(e) if Instant::now() > until => panic!("client {id}: {e}"),
             Err(_) => std::thread::sleep(Duration::from_millis(200)),
         }
     };
     Store::new(pool, cfg).unwrap()
-}
-
-fn client_copy(c: &ClientConfig) -> ClientConfig {
-    let mut n = ClientConfig::new(c.client_id);
-    n.cluster_key = c.cluster_key.clone();
-    n
 }
 
 fn all_keys(clients: u64) -> Vec<String> {

@@ -57,16 +57,28 @@ fn words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
 }
 
 impl Store {
+    /// The client ids that hold a lease slot on `n` now (one READ of the slots' owner
+    /// words; 0, a free slot, among them).
+    pub(super) async fn lease_holders(&self, n: &StoreNode) -> Result<HashSet<u64>> {
+        let l = n.layout;
+        let slots = self
+            .pool
+            .store_read(
+                n.node,
+                n.incarnation,
+                l.client_slot(0),
+                l.client_count * CLIENT_SLOT,
+            )
+            .await?;
+        Ok(words(&slots).step_by((CLIENT_SLOT / 8) as usize).collect())
+    }
+
     /// The store chunks on `n` of writers with no lease there, except the index's, with
     /// their allocated objects that `named` (every offset an index slot names) leaves out.
     async fn dead_chunks(&self, n: &StoreNode, named: &HashSet<u64>) -> Result<Vec<DeadChunk>> {
         let l = n.layout;
         let (node, inc) = (n.node, n.incarnation);
-        let slots = self
-            .pool
-            .store_read(node, inc, l.client_slot(0), l.client_count * CLIENT_SLOT)
-            .await?;
-        let leased: HashSet<u64> = words(&slots).step_by((CLIENT_SLOT / 8) as usize).collect();
+        let leased = self.lease_holders(n).await?;
         let table = self
             .pool
             .store_read(node, inc, l.table_entry(0), l.chunk_count * TABLE_ENTRY)

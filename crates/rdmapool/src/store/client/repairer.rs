@@ -14,7 +14,6 @@
 //! memory of them lives as long as the [`Repairer`]'s store).
 
 use super::Store;
-use crate::remote::layout::CLIENT_SLOT;
 use crate::store::RepairReport;
 use crate::Result;
 use parking_lot::Mutex;
@@ -154,23 +153,8 @@ impl Store {
         if holder == me {
             return Ok(true);
         }
-        if holder != 0 {
-            let l = n.layout;
-            let slots = self
-                .pool
-                .store_read(
-                    n.node,
-                    n.incarnation,
-                    l.client_slot(0),
-                    l.client_count * CLIENT_SLOT,
-                )
-                .await?;
-            let leased = slots
-                .chunks_exact(CLIENT_SLOT as usize)
-                .any(|s| u64::from_le_bytes(s[..8].try_into().unwrap_or([0; 8])) == holder);
-            if leased {
-                return Ok(false);
-            }
+        if holder != 0 && self.lease_holders(n).await?.contains(&holder) {
+            return Ok(false);
         }
         let old = self
             .pool

@@ -14,20 +14,7 @@ fn child_entry() {
     if std::env::var("RDMAPOOL_TEST_CHILD").as_deref() != Ok("server") {
         return; // an ordinary test run: nothing to do
     }
-    let ctx = node_on(Transport::Tcp).ctx;
-    let s = MemoryServer::start(
-        &ctx,
-        ServerConfig {
-            node: 1,
-            size: 8 << 20,
-            chunk_size: 1 << 20,
-            clients: 16,
-            lease: Duration::from_secs(2),
-            listen: SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), 0),
-            ..ServerConfig::default()
-        },
-    )
-    .expect("server starts");
+    let s = server_on_tcp(1, Duration::from_secs(2));
     println!("@{}", s.addr());
     while !parent_line().is_empty() {}
 }
@@ -63,11 +50,7 @@ fn a_frozen_server_keeps_its_keys_and_both_clients_agree_once_it_answers() {
     if soft_only("a stopped server process on loopback") {
         return;
     }
-    let mut frozen = Child::spawn(module_path!(), "server", &[]);
-    let frozen_addr: SocketAddr = frozen.line().parse().unwrap();
-    let lease = Duration::from_secs(10);
-    let (b, c) = (server_on_tcp(2, lease), server_on_tcp(3, lease));
-    let addrs = [frozen_addr, b.addr(), c.addr()];
+    let (frozen, addrs, _b, _c) = node_1_apart();
     let first = tcp_store(&addrs, 11);
     let second = tcp_store(&addrs, 12);
     let keys: Vec<String> = (0..24).map(|i| format!("key{i}")).collect();
@@ -148,11 +131,7 @@ fn removes_made_while_a_server_is_frozen_stay_removed_when_it_resumes() {
     if soft_only("a stopped server process on loopback") {
         return;
     }
-    let mut frozen = Child::spawn(module_path!(), "server", &[]);
-    let frozen_addr: SocketAddr = frozen.line().parse().unwrap();
-    let lease = Duration::from_secs(10);
-    let (b, c) = (server_on_tcp(2, lease), server_on_tcp(3, lease));
-    let addrs = [frozen_addr, b.addr(), c.addr()];
+    let (frozen, addrs, _b, _c) = node_1_apart();
     let hold = Duration::from_millis(200);
     let cfg = || StoreConfig {
         replicas: 2,
@@ -223,6 +202,17 @@ fn removes_made_while_a_server_is_frozen_stay_removed_when_it_resumes() {
             }
         }
     }
+}
+
+/// Node 1 in a child process (to be frozen), nodes 2 and 3 in this one, and the three
+/// addresses.
+fn node_1_apart() -> (Child, [SocketAddr; 3], MemoryServer, MemoryServer) {
+    let mut frozen = Child::spawn(module_path!(), "server", &[]);
+    let frozen_addr: SocketAddr = frozen.line().parse().unwrap();
+    let lease = Duration::from_secs(10);
+    let (b, c) = (server_on_tcp(2, lease), server_on_tcp(3, lease));
+    let addrs = [frozen_addr, b.addr(), c.addr()];
+    (frozen, addrs, b, c)
 }
 
 /// A server in this process, reached over TCP.
