@@ -58,8 +58,18 @@ impl Repairer {
     /// knows, or their state (up, down, restarted), change.
     ///
     /// # Errors
-    /// [`Error::Sys`](crate::Error) when the thread cannot be started.
+    /// [`CoreError::OutOfLimits`](crate::CoreError::OutOfLimits) for a zero period (it
+    /// would repair back to back); [`Error::Sys`](crate::Error) when the thread cannot be
+    /// started.
     pub fn start(store: Arc<Store>, every: Duration) -> Result<Self> {
+        if every.is_zero() {
+            return Err(crate::Error::Core(crate::CoreError::OutOfLimits {
+                what: "repair period (ms)",
+                value: 0,
+                min: 1,
+                max: u64::MAX,
+            }));
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Mutex::new(RepairerStats::default()));
         let (s, st) = (stop.clone(), stats.clone());

@@ -88,3 +88,15 @@ fn a_restart_is_repaired_and_tombstones_cleared_with_no_repair_called() {
     }
     assert!(repairer.stats().runs >= 2, "{:?}", repairer.stats());
 }
+
+#[test]
+fn a_zero_period_is_a_typed_error() {
+    let s1 = server(1, Duration::from_secs(10));
+    let st = store_with(&[&s1], 44, Duration::from_secs(60));
+    let r = Repairer::start(st, Duration::ZERO);
+    assert!(
+        matches!(r, Err(Error::Core(CoreError::OutOfLimits { .. }))),
+        "{:?}",
+        r.err()
+    );
+}
