@@ -65,9 +65,11 @@ pub enum Op {
     /// clients). Exit status 1 when some key could not be repaired.
     Repair {
         /// Keep running, as the cluster's background repairer: repair every DURATION and
-        /// whenever a server goes, comes back or restarts, while this client holds the
-        /// repairer word (one client of the cluster at a time), and clear removed keys'
-        /// tombstones past the hold. One line per repair; stops on SIGINT/SIGTERM.
+        /// whenever a server goes, comes back or restarts, while this client is the
+        /// cluster's repairer (one client at a time: elected through an etcd lease with
+        /// --etcd, which it then follows; by the repairer word with a static list), and
+        /// clear removed keys' tombstones past the hold. One line per repair; stops on
+        /// SIGINT/SIGTERM.
         #[arg(long, value_parser = crate::units::duration_arg)]
         every: Option<Duration>,
         /// With --every: how long a removed key's tombstone stays before it is cleared.
@@ -103,10 +105,31 @@ fn read_value(file: &std::path::Path) -> Result<Vec<u8>> {
 }
 
 /// `store repair --every`: the cluster's background repairer until a signal, a line per
-/// repair it ran.
-fn repair_every(store: Store, every: Duration, json: bool) -> Result<()> {
+/// repair it ran. With `--etcd`, the client follows the membership and the repairer is
+/// elected through an etcd lease; with a static list, by the repairer word.
+fn repair_every(
+    store: Store,
+    pool: std::sync::Arc<rdmapool::remote::PoolClient>,
+    conn: &crate::pool::ConnArgs,
+    every: Duration,
+    json: bool,
+) -> Result<()> {
+    use rdmapool::store::Repairer;
     crate::signals::install()?;
-    let repairer = rdmapool::store::Repairer::start(std::sync::Arc::new(store), every)?;
+    let store = std::sync::Arc::new(store);
+    #[cfg(feature = "etcd")]
+    let (repairer, _follower) = match conn.etcd.config()? {
+        Some(cfg) => (
+            Repairer::start_elected(store, every, &cfg)?,
+            Some(rdmapool::remote::EtcdMembership::new(&cfg)?.follow(pool)?),
+        ),
+        None => (Repairer::start(store, every)?, None),
+    };
+    #[cfg(not(feature = "etcd"))]
+    let repairer = {
+        let _ = (pool, conn);
+        Repairer::start(store, every)?
+    };
     crate::errln!(
         "rdma-tool store: repairing every {} while this client is the cluster's repairer; \
          stop with Ctrl-C",
@@ -180,13 +203,13 @@ pub fn run(args: Args) -> Result<()> {
         Op::Put { file: Some(f), .. } => Some(read_value(f)?),
         _ => None,
     };
-    let pool = connect(&args.conn, "store")?;
+    let pool = std::sync::Arc::new(connect(&args.conn, "store")?);
     let tombstone_hold = match args.op {
         Op::Repair { tombstone_hold, .. } => tombstone_hold,
         _ => StoreConfig::default().tombstone_hold,
     };
     let store = Store::new(
-        pool,
+        pool.clone(),
         StoreConfig {
             replicas: args.replicas,
             tombstone_hold,
@@ -296,7 +319,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         Op::Repair {
             every: Some(every), ..
-        } => repair_every(store, every, json)?,
+        } => repair_every(store, pool, &args.conn, every, json)?,
         Op::Repair { every: None, .. } => {
             let mut r = store.block_on(store.repair())?;
             if r.reclaim_pending > 0 {

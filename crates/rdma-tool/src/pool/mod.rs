@@ -23,7 +23,7 @@ pub struct ConnArgs {
     servers_file: Option<PathBuf>,
     /// Find the servers in etcd at `--etcd` (built in by default), under `--etcd-prefix`.
     #[command(flatten)]
-    etcd: crate::etcd_args::EtcdArgs,
+    pub(crate) etcd: crate::etcd_args::EtcdArgs,
     /// This client's id (1 to 2^63 - 1); the same id in a later command finds its
     /// allocations. Without it, the command takes a free one of the 64 one-shot ids from
     /// 2^62 (it says which), so that commands run at once do not collide.

@@ -38,6 +38,14 @@ pub(crate) mod header {
     pub(crate) const INCARNATION: u64 = 16;
 }
 
+/// Client slot fields (byte offsets from the slot's start, u64 each).
+pub(crate) mod slot {
+    /// The id of the client that holds the slot (0: free).
+    pub(crate) const OWNER: u64 = 0;
+    /// The heartbeat the client renews (0: expired).
+    pub(crate) const HEARTBEAT: u64 = 8;
+}
+
 /// Chunk header fields (byte offsets from the chunk's start, u64 each).
 pub(crate) mod chunk {
     pub(crate) const MAGIC: u64 = 0;

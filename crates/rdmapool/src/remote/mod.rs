@@ -59,8 +59,8 @@ pub use client::{BatchOutcome, ClientConfig, NodeStats, PoolBatch, PoolClient, D
 pub use descriptor::{PoolDescriptor, DESCRIPTOR_LEN};
 #[cfg(feature = "etcd")]
 pub use etcd::{
-    EtcdConfig, EtcdCredentials, EtcdFollower, EtcdMember, EtcdMembership, EtcdRegistration,
-    EtcdTls, FollowerStats,
+    EtcdConfig, EtcdCredentials, EtcdElection, EtcdFollower, EtcdMember, EtcdMembership,
+    EtcdRegistration, EtcdTls, FollowerStats,
 };
 pub use hello::{
     client_key, client_key_text, ClientHello, HELLO_LEN, MAX_CLOCK_SKEW, MAX_REMEMBERED_HELLOS,

@@ -12,6 +12,12 @@
 //! 3. last, the slot's owner word is released. Until then a restart of the same id finds
 //!    the slot still taken (owner the id, heartbeat 0) and waits (`client/takeover/`), so it
 //!    never recovers chunks that are being taken back.
+//!
+//! An isolated server (issue #41) splits the sweep in two ([`Reclaim::Later`]): step 1 under
+//! its connection lock, then it closes the expired clients' connections (revoking their
+//! windows), and only then steps 2 and 3 ([`release`]), so nothing of an expired client
+//! changes hands while a window of its still works. It also answers who holds a slot from
+//! its own record, not from the owner word ([`Words::slot_owner`]).
 
 use super::layout::{self, Layout};
 use super::lease::Reaper;
@@ -27,6 +33,27 @@ pub(crate) trait Words {
     fn store(&self, at: u64, value: u64);
     /// Swaps the word at `at` from `current` to `new`; whether it held `current`.
     fn compare_exchange(&self, at: u64, current: u64, new: u64) -> bool;
+
+    /// The id that holds lease slot `slot`: its owner word. An isolated server answers from
+    /// its own record instead: a tenant's window must never decide whom the sweep expires.
+    fn slot_owner(&self, l: &Layout, slot: u64) -> u64 {
+        self.load(l.client_slot(slot) + layout::slot::OWNER)
+    }
+
+    /// Frees lease slot `slot`, held by `owner` (the sweep's last step).
+    fn free_slot(&self, l: &Layout, slot: u64, owner: u64) {
+        self.compare_exchange(l.client_slot(slot) + layout::slot::OWNER, owner, 0);
+    }
+}
+
+/// When the sweep takes an expired client's chunks and slot back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reclaim {
+    /// At once (a trusted server: no window to revoke first).
+    Now,
+    /// Not in the sweep: it lists them in [`Swept::pending`] for [`release`], called once
+    /// the client's windows are gone (an isolated server).
+    Later,
 }
 
 /// What one sweep did.
@@ -38,32 +65,52 @@ pub(crate) struct Swept {
     pub(crate) reclaimed: u64,
     /// The ids that hold a lease after the sweep.
     pub(crate) holders: HashSet<u64>,
+    /// [`Reclaim::Later`]: the expired `(slot, owner)` pairs whose chunks and slot are still
+    /// to be [`release`]d.
+    pub(crate) pending: Vec<(u64, u64)>,
 }
 
 /// Reads every client slot at `now`, and expires (in the order of the module docs) the
-/// clients whose lease ran out.
-pub(crate) fn sweep(reaper: &mut Reaper, l: &Layout, words: &impl Words, now: Instant) -> Swept {
+/// clients whose lease ran out; `reclaim` says whether their chunks and slots are taken
+/// back now or left to [`release`].
+pub(crate) fn sweep(
+    reaper: &mut Reaper,
+    l: &Layout,
+    words: &impl Words,
+    now: Instant,
+    reclaim: Reclaim,
+) -> Swept {
     let mut out = Swept::default();
     for slot in 0..l.client_count {
         let at = l.client_slot(slot);
-        let owner = words.load(at);
-        let beat = words.load(at + 8);
+        let owner = words.slot_owner(l, slot);
+        let beat = words.load(at + layout::slot::HEARTBEAT);
         if !reaper.observe(slot, owner, beat, now) {
             if owner != 0 {
                 out.holders.insert(owner);
             }
             continue;
         }
-        if !words.compare_exchange(at + 8, beat, 0) {
+        if !words.compare_exchange(at + layout::slot::HEARTBEAT, beat, 0) {
             // Renewed just now: alive. The reaper watches the new value from the next sweep.
             out.holders.insert(owner);
             continue;
         }
-        out.reclaimed += reclaim(l, words, owner);
-        words.compare_exchange(at, owner, 0);
+        match reclaim {
+            Reclaim::Now => out.reclaimed += release(l, words, slot, owner),
+            Reclaim::Later => out.pending.push((slot, owner)),
+        }
         out.expired.push(owner);
     }
     out
+}
+
+/// Steps 2 and 3 of an expiry (module docs): takes back every chunk of `owner`, then frees
+/// its slot. Returns how many chunks.
+pub(crate) fn release(l: &Layout, words: &impl Words, slot: u64, owner: u64) -> u64 {
+    let n = reclaim(l, words, owner);
+    words.free_slot(l, slot, owner);
+    n
 }
 
 /// Takes back every chunk `owner` holds: its magic is zeroed first, then the table entry
@@ -140,8 +187,16 @@ mod tests {
     #[test]
     fn an_expired_client_loses_its_slot_and_chunks_in_order() {
         let (l, w, mut reaper, t0) = setup();
-        assert!(sweep(&mut reaper, &l, &w, t0).expired.is_empty());
-        let s = sweep(&mut reaper, &l, &w, t0 + Duration::from_millis(101));
+        assert!(sweep(&mut reaper, &l, &w, t0, Reclaim::Now)
+            .expired
+            .is_empty());
+        let s = sweep(
+            &mut reaper,
+            &l,
+            &w,
+            t0 + Duration::from_millis(101),
+            Reclaim::Now,
+        );
         assert_eq!((s.expired, s.reclaimed), (vec![9], 2));
         for c in [2, 7] {
             assert_eq!(w.load(l.table_entry(c)), 0);
@@ -157,7 +212,7 @@ mod tests {
         // Zeroing after reclaiming (the old order) let that renewal come back intact, so the
         // client went on using chunks already taken back.
         let (l, w, mut reaper, t0) = setup();
-        sweep(&mut reaper, &l, &w, t0);
+        sweep(&mut reaper, &l, &w, t0, Reclaim::Now);
         w.after_load.set(Some(|w: &MapWords, at| {
             let beat = Layout::new(16 << 20, 1 << 20, 4).unwrap().client_slot(1) + 8;
             if at == beat {
@@ -166,10 +221,71 @@ mod tests {
                 w.after_load.set(None);
             }
         }));
-        let s = sweep(&mut reaper, &l, &w, t0 + Duration::from_millis(101));
+        let s = sweep(
+            &mut reaper,
+            &l,
+            &w,
+            t0 + Duration::from_millis(101),
+            Reclaim::Now,
+        );
         assert!(s.expired.is_empty(), "{s:?}");
         assert_eq!(s.reclaimed, 0);
         assert_eq!(w.load(l.table_entry(2)), 9, "a live client's chunk taken");
         assert_eq!(w.load(l.client_slot(1) + 8), 6, "the renewal is kept");
+    }
+
+    /// Words whose slot holders come from a record kept apart, as an isolated server keeps
+    /// them (issue #41).
+    struct Recorded {
+        words: MapWords,
+        owners: HashMap<u64, u64>,
+    }
+
+    impl Words for Recorded {
+        fn load(&self, at: u64) -> u64 {
+            self.words.load(at)
+        }
+        fn store(&self, at: u64, value: u64) {
+            self.words.store(at, value)
+        }
+        fn compare_exchange(&self, at: u64, current: u64, new: u64) -> bool {
+            self.words.compare_exchange(at, current, new)
+        }
+        fn slot_owner(&self, _: &Layout, slot: u64) -> u64 {
+            self.owners.get(&slot).copied().unwrap_or(0)
+        }
+    }
+
+    #[test]
+    fn a_rewritten_owner_word_expires_its_writer_not_the_id_it_names() {
+        // Issue #41, finding 1: client 666 wrote 9 (another client's id) into its own
+        // slot's owner word and stopped renewing; the sweep expired 9 and took its chunks.
+        let (l, words, mut reaper, t0) = setup();
+        words.store(l.client_slot(2), 9); // the rewrite; the record says 666
+        words.store(l.client_slot(2) + 8, 3);
+        words.store(l.table_entry(4), 666);
+        let w = Recorded {
+            words,
+            owners: HashMap::from([(1, 9), (2, 666)]),
+        };
+        sweep(&mut reaper, &l, &w, t0, Reclaim::Later);
+        // Client 9 renews; 666 does not.
+        w.store(l.client_slot(1) + 8, 6);
+        let s = sweep(
+            &mut reaper,
+            &l,
+            &w,
+            t0 + Duration::from_millis(101),
+            Reclaim::Later,
+        );
+        assert_eq!((s.expired, &s.pending[..]), (vec![666], &[(2, 666)][..]));
+        assert!(s.holders.contains(&9));
+        assert_eq!(w.load(l.table_entry(4)), 666, "later: nothing taken yet");
+        assert_eq!(release(&l, &w, 2, 666), 1);
+        assert_eq!(w.load(l.table_entry(4)), 0);
+        for c in [2, 7] {
+            assert_eq!(w.load(l.table_entry(c)), 9, "client 9's chunk {c} taken");
+            assert_eq!(w.load(l.chunk(c)), layout::CHUNK_MAGIC);
+        }
     }
 }

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 mod baseline;
 mod batch;
+mod claims;
 mod data;
 mod one_sided;
 
@@ -84,7 +85,9 @@ pub struct Args {
     #[arg(long, default_value = "auto", value_parser = crate::device_args::transport_arg)]
     transport: String,
     /// Also run alloc+free against an isolated server (`serve --isolated`), each row
-    /// compared with the trusted server's one-sided rate of the same run.
+    /// compared with the trusted server's one-sided rate of the same run, and the latency
+    /// of an allocation that claims a chunk the server wipes first (handed out before)
+    /// against one that claims a fresh chunk, for 256K and 2M chunks.
     #[arg(long)]
     isolated: bool,
     /// Skip the READ/WRITE part.
@@ -179,6 +182,11 @@ pub fn run(args: Args) -> Result<()> {
         0
     } else {
         args.clients.len() * if isolated.is_some() { 3 } else { 2 }
+            + if isolated.is_some() {
+                claims::CHUNK_SIZES.len()
+            } else {
+                0
+            }
     } + if spread { 2 } else { 0 }
         + if args.no_data {
             0
@@ -239,6 +247,12 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
         baseline.stop();
+        if isolated.is_some() {
+            rows.extend(claims::claim_rows(
+                device, transport, args.ip, next_id, &mut bar,
+            )?);
+            next_id += 1;
+        }
     }
     drop((server, isolated));
     if spread {
@@ -336,7 +350,18 @@ fn summary(rows: &[Row]) {
     for r in rows.iter().filter(|r| r.op.starts_with("pool batch")) {
         crate::outln!("{} / {}: {:.2}x", r.op, r.reference, r.ratio);
     }
-    let data: Vec<&Row> = rows.iter().filter(|r| r.metric != "rate").collect();
+    for r in rows.iter().filter(|r| r.op.contains("wiped")) {
+        crate::outln!(
+            "isolated claim of a {} chunk, wiped first / fresh: {:.2}x ({:+.0} us at the median)",
+            show(r.size),
+            r.ratio,
+            (r.median_ns - r.reference_value) / 1e3
+        );
+    }
+    let data: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.metric != "rate" && !r.op.contains("wiped"))
+        .collect();
     if !data.is_empty() {
         let within = |r: &Row| {
             if r.metric == "latency" {

@@ -173,6 +173,15 @@ impl<O> Mr<O> {
         Ok(())
     }
 
+    /// Sets the `len` bytes at `offset` to zero (a memory server wipes a chunk this way
+    /// before it changes hands).
+    pub fn zero_at(&self, offset: usize, len: usize) -> Result<()> {
+        check_range(self.len, offset, len)?;
+        // SAFETY: as in `write_at`.
+        unsafe { std::ptr::write_bytes((self.addr as *mut u8).add(offset), 0, len) };
+        Ok(())
+    }
+
     /// Copies `out.len()` bytes at `offset` out of the region.
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         check_range(self.len, offset, out.len())?;

@@ -7,7 +7,7 @@ use super::ops::timed;
 use super::{Node, Shared};
 use crate::fabric::{AccessFlags, Mr, RemoteAddr};
 use crate::remote::isolation::{Control, CONTROL_LEN, NO_SLOT, QUOTA_REACHED, REFUSED};
-use crate::remote::layout::CLIENT_SLOT;
+use crate::remote::layout;
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -78,14 +78,17 @@ impl Shared {
         let l = node.desc.layout;
         let slot = w.slot.load(Ordering::Acquire);
         let end = offset.saturating_add(len);
-        let rkey = if offset >= slot && end <= slot.saturating_add(CLIENT_SLOT) {
+        let beat = slot.saturating_add(layout::slot::HEARTBEAT);
+        let rkey = if write && offset >= beat && end <= beat + 8 {
+            // The slot window covers the heartbeat word only (the owner word is the
+            // server's; reads of the slot go through the metadata window).
             w.slot_rkey.load(Ordering::Acquire)
         } else if end <= l.data_offset {
             if write {
                 return Err(refused(
                     node,
                     offset,
-                    "the header, the other lease slots and the chunk table are read-only",
+                    "the header, the lease slots (but for its own heartbeat) and the chunk table are read-only",
                 ));
             }
             w.meta_rkey.load(Ordering::Acquire)

@@ -325,9 +325,26 @@ impl Shared {
                     t.on_owners(&owners);
                 }
                 Step::Claim { slot } => {
-                    let at = l.client_slot(slot);
-                    let remote = self.at(node, at, 8, true).await?;
-                    let old = self.cas(node, remote, 0, self.id).await?;
+                    let at = l.client_slot(slot) + layout::slot::OWNER;
+                    let old = if node.windows.is_some() {
+                        // Isolated: the server gave this id its slot at setup, and owner
+                        // words are the server's (read-only); a held slot is taken over.
+                        let owner = self.read_u64(node, at).await?;
+                        if owner != self.id {
+                            return Err(Error::NodeDown {
+                                node: node.desc.node,
+                                reason: format!(
+                                    "slot {slot} the server gave client {} names {owner:#x} \
+                                     (its lease ended during setup; connect again)",
+                                    self.id
+                                ),
+                            });
+                        }
+                        owner
+                    } else {
+                        let remote = self.at(node, at, 8, true).await?;
+                        self.cas(node, remote, 0, self.id).await?
+                    };
                     t.on_claim(old, Instant::now());
                 }
                 Step::ReadBeat { slot, at } => {

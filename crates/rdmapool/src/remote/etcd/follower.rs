@@ -7,7 +7,7 @@ use crate::remote::membership::Membership;
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::BufReader;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,14 +51,18 @@ impl EtcdMembership {
     /// Starts a thread that keeps `client` connected to exactly the servers registered under
     /// the prefix: it connects to servers that join (and, if a connection fails, retries
     /// while the key stays) and removes those whose key goes. Servers `client` already uses
-    /// are recognised by node id; ones etcd does not list are removed. Connections are made
-    /// on the follower's thread one at a time (each bounded by the client's
-    /// `connect_timeout`). Returns once the first listing is applied.
+    /// are recognised by node id; ones etcd does not list are removed. A rewritten key
+    /// (another address or lease) replaces a node only once the client finds it down. Each
+    /// server is dialled on a thread of its own (at most 64 at once, each bounded by the
+    /// client's `connect_timeout`), so an entry that never answers delays no other join,
+    /// and one that failed is dialled again with backoff (250 ms doubling to 10 s) while it
+    /// is listed. Returns once the first listing is applied.
     pub fn follow(&self, client: Arc<PoolClient>) -> Result<EtcdFollower> {
         let state = Arc::new(Mutex::new(FollowState::default()));
         let (kvs, revision) = self.gateway.list(&self.cfg.dir())?;
         let dir = self.cfg.dir();
         let mut f = Follow {
+            dials: Vec::new(),
             gateway: self.gateway.clone(),
             dir: dir.clone(),
             client,
@@ -80,6 +84,7 @@ impl EtcdMembership {
             }
         }
         f.reconcile();
+        f.wait_for_dials(); // the first listing is applied before `follow` returns
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::Builder::new()
@@ -116,6 +121,9 @@ pub(super) struct Entry {
 pub(super) fn parse_members(dir: &str, kvs: &Listing) -> BTreeMap<u32, Entry> {
     let mut out = BTreeMap::new();
     for (k, (v, lease)) in kvs {
+        if k.strip_prefix(dir).is_some_and(|rest| rest.contains('/')) {
+            continue; // a subdirectory (elections/): not a server entry
+        }
         match parse_member(dir, k, v) {
             Some(member) => {
                 out.insert(
@@ -170,10 +178,24 @@ pub(super) struct Joined {
 pub(super) struct FollowState {
     /// Key node id -> the connection made for it.
     connected: HashMap<u32, Joined>,
+    /// Key node ids being dialled now (each on a thread of its own).
+    dialling: HashSet<u32>,
+    /// Key node id -> when its entry may be dialled again after a failure, and the wait
+    /// that led there (doubling from [`RETRY_FIRST`] to [`RETRY_MOST`]).
+    retry: HashMap<u32, (Instant, Duration)>,
     stats: FollowerStats,
 }
 
+/// The first wait before an entry that failed to connect is dialled again.
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+/// The longest wait between two dials of an entry that keeps failing.
+const RETRY_MOST: Duration = Duration::from_secs(10);
+/// Dials in flight at most (each a thread, bounded by the client's connect timeout).
+const DIALS_AT_ONCE: usize = 64;
+
 pub(super) struct Follow {
+    /// The dials in flight (joined when following stops, so no server is added after).
+    dials: Vec<JoinHandle<()>>,
     gateway: Arc<Gateway>,
     dir: String,
     client: Arc<PoolClient>,
@@ -220,6 +242,14 @@ impl Follow {
                     }
                 }
             }
+        }
+        self.wait_for_dials();
+    }
+
+    /// Waits for the dials in flight to end (each within the client's connect timeout).
+    fn wait_for_dials(&mut self) {
+        for d in self.dials.drain(..) {
+            let _ = d.join();
         }
     }
 
@@ -271,9 +301,19 @@ impl Follow {
                 .iter()
                 .filter_map(|(n, j)| match self.wanted.get(n) {
                     None => Some((*n, *j, true)),
-                    Some(e) if j.addr.is_some_and(|a| a != e.member.addr) => Some((*n, *j, false)),
-                    Some(e) if e.lease != j.lease && !live.contains(&j.node) => {
+                    // A key rewritten (another address or lease) replaces only a node this
+                    // client found down: a live, proven node is never dropped for what an
+                    // etcd writer says of it (issue #41, finding 5).
+                    Some(e)
+                        if (j.addr.is_some_and(|a| a != e.member.addr) || e.lease != j.lease)
+                            && !live.contains(&j.node) =>
+                    {
                         Some((*n, *j, false))
+                    }
+                    Some(e) if j.addr.is_some_and(|a| a != e.member.addr) => {
+                        tracing::warn!(node = j.node, addr = %e.member.addr,
+                            "etcd names another address for a live server: kept until it is down");
+                        None
                     }
                     Some(_) => None,
                 })
@@ -294,57 +334,80 @@ impl Follow {
                 );
             }
         }
+        // Each listed server not connected is dialled on a thread of its own, and the
+        // follower goes on at once: one that never answers (a black hole, or a rogue entry)
+        // costs its own connect timeout, never another's join nor the next watch event's
+        // (issue #41, finding 5: each event waited for every hole, 5 s a hole). One that
+        // failed is dialled again after its own backoff.
+        let now = Instant::now();
         let todo: Vec<Entry> = {
-            let st = self.state.lock();
-            self.wanted
+            let mut st = self.state.lock();
+            st.retry.retain(|n, _| self.wanted.contains_key(n));
+            let room = DIALS_AT_ONCE.saturating_sub(st.dialling.len());
+            let todo: Vec<Entry> = self
+                .wanted
                 .values()
-                .filter(|e| !st.connected.contains_key(&e.member.node))
+                .filter(|e| {
+                    let n = e.member.node;
+                    !st.connected.contains_key(&n)
+                        && !st.dialling.contains(&n)
+                        && st.retry.get(&n).is_none_or(|&(at, _)| at <= now)
+                })
+                .take(room)
                 .copied()
-                .collect()
+                .collect();
+            st.dialling.extend(todo.iter().map(|e| e.member.node));
+            todo
         };
-        // The listed servers at once, 64 at a time: one that never answers (a black hole,
-        // or a rogue entry) costs its own connect timeout, not everyone else's join.
-        const AT_ONCE: usize = 64;
-        let this: &Self = self;
-        for batch in todo.chunks(AT_ONCE) {
-            std::thread::scope(|scope| {
-                for &e in batch {
-                    // Each records its outcome as soon as it has one (the client uses a
-                    // server from then on; the follower says so at the same time).
-                    scope.spawn(move || {
-                        let r = this.client.add_server(e.member.addr);
-                        this.joined(e, r);
-                    });
-                }
+        self.dials.retain(|d| !d.is_finished());
+        for e in todo {
+            let (client, state) = (self.client.clone(), self.state.clone());
+            let dial = crate::util::spawn_named("rdmapool-etcd-dial", move || {
+                let r = client.add_server(e.member.addr);
+                joined(&state, e, r);
             });
+            match dial {
+                Ok(d) => self.dials.push(d),
+                Err(err) => {
+                    tracing::warn!(node = e.member.node, "no thread to dial a server: {err}");
+                    self.state.lock().dialling.remove(&e.member.node);
+                }
+            }
         }
     }
+}
 
-    /// Records the outcome of joining entry `e`.
-    fn joined(&self, Entry { member: m, lease }: Entry, result: Result<u32>) {
-        match result {
-            Ok(node) => {
-                if node != m.node {
-                    tracing::warn!(key_node = m.node, node, addr = %m.addr,
-                        "server registered under another node id than it gives");
-                }
-                let mut st = self.state.lock();
-                st.connected.insert(
-                    m.node,
-                    Joined {
-                        addr: Some(m.addr),
-                        node,
-                        lease,
-                    },
-                );
-                st.stats.joined += 1;
-                tracing::info!(node, addr = %m.addr, "memory server joined from etcd");
+/// Records the outcome of dialling entry `e`.
+fn joined(state: &Mutex<FollowState>, Entry { member: m, lease }: Entry, result: Result<u32>) {
+    let mut st = state.lock();
+    st.dialling.remove(&m.node);
+    match result {
+        Ok(node) => {
+            if node != m.node {
+                tracing::warn!(key_node = m.node, node, addr = %m.addr,
+                    "server registered under another node id than it gives");
             }
-            Err(e) => {
-                self.state.lock().stats.connect_failures += 1;
-                tracing::warn!(node = m.node, addr = %m.addr,
-                    "connecting to a server etcd lists: {e} (retrying while it is listed)");
-            }
+            st.connected.insert(
+                m.node,
+                Joined {
+                    addr: Some(m.addr),
+                    node,
+                    lease,
+                },
+            );
+            st.retry.remove(&m.node);
+            st.stats.joined += 1;
+            tracing::info!(node, addr = %m.addr, "memory server joined from etcd");
+        }
+        Err(e) => {
+            st.stats.connect_failures += 1;
+            let wait = st
+                .retry
+                .get(&m.node)
+                .map_or(RETRY_FIRST, |&(_, w)| (w * 2).min(RETRY_MOST));
+            st.retry.insert(m.node, (Instant::now() + wait, wait));
+            tracing::warn!(node = m.node, addr = %m.addr,
+                "connecting to a server etcd lists: {e} (dialled again in {wait:?} while it is listed)");
         }
     }
 }

@@ -11,6 +11,8 @@
 //!   now, and [`EtcdMembership::follow`] starts an [`EtcdFollower`]: a thread that watches
 //!   the prefix and calls [`PoolClient::add_server`](crate::remote::PoolClient::add_server) / [`PoolClient::remove_server`](crate::remote::PoolClient::remove_server) as keys
 //!   appear and disappear.
+//! - [`EtcdElection`] elects one holder of a role at a time under `<prefix>/elections/`
+//!   (the store's background repairer, [`Repairer::start_elected`](crate::store::Repairer::start_elected)).
 //!
 //! etcd is reached through its v3 JSON gateway (`/v3/kv/*`, `/v3/lease/*`, `/v3/watch`:
 //! HTTP/1.1, base64 keys and values), which every etcd 3.4+ serves on its client port, over
@@ -40,10 +42,12 @@
 //! # drop((reg, follower)); Ok(()) }
 //! ```
 
+mod election;
 mod follower;
 mod gateway;
 mod registration;
 
+pub use election::EtcdElection;
 pub use follower::{EtcdFollower, EtcdMember, EtcdMembership, FollowerStats};
 pub use registration::EtcdRegistration;
 

@@ -4,14 +4,15 @@
 //! `requests_handled`.
 
 use super::super::isolation::{Control, CONTROL_LEN, NO_SLOT, QUOTA_REACHED, REFUSED};
-use super::super::layout::CLIENT_SLOT;
+use super::super::layout::{self, Layout};
 use super::Inner;
 use crate::fabric::{
     AccessFlags, Completion, Mr, Mw, Qp, RecvWr, RegisteredMemory, SendWr, WcOpcode, WrOp,
 };
 use crate::Result;
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Receives posted per connection (a client has at most this many requests outstanding:
@@ -22,6 +23,45 @@ const SEND_DEPTH: usize = 4;
 /// Work request ids: receives are `RECV_TAG | i`, sends `SEND_TAG | i`.
 const RECV_TAG: u64 = 1 << 32;
 const SEND_TAG: u64 = 2 << 32;
+
+/// What an isolated server records itself, in memory no window covers (issue #41): who
+/// holds each lease slot, and which chunks have been handed out before. A tenant's slot
+/// window reaches only its heartbeat word, but rxe 6.1 checks a window's range against its
+/// region (docs/PROTOCOL.md section 7.6), so the server never acts on the owner words a
+/// tenant might have written: expiry, reclaim and slot assignment follow this record.
+/// Changed only under the connection lock.
+pub(super) struct Ledger {
+    /// Slot `i`'s holder: the proven id the server gave it to (0: free).
+    owners: Mutex<Vec<u64>>,
+    /// Whether chunk `j` has been claimed since the server started: its memory may hold a
+    /// tenant's bytes, and is wiped before it is handed out again.
+    used: Vec<AtomicBool>,
+}
+
+impl Ledger {
+    pub(super) fn new(l: &Layout) -> Self {
+        Self {
+            owners: Mutex::new(vec![0; l.client_count as usize]),
+            used: (0..l.chunk_count).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    /// The holder of `slot` (0: free).
+    pub(super) fn owner(&self, slot: u64) -> u64 {
+        self.owners.lock().get(slot as usize).copied().unwrap_or(0)
+    }
+
+    /// Frees `slot` if `owner` holds it; whether it did.
+    pub(super) fn free(&self, slot: u64, owner: u64) -> bool {
+        match self.owners.lock().get_mut(slot as usize) {
+            Some(o) if *o == owner => {
+                *o = 0;
+                true
+            }
+            _ => false,
+        }
+    }
+}
 
 /// What an isolated connection holds besides its QP: dropped before the QP (a bound window
 /// holds a reference to it), and dropping a window revokes its key.
@@ -244,7 +284,9 @@ impl Inner {
                 }
                 t.slot = Some(slot);
                 let meta = self.bind(qp, 0, l.data_offset, AccessFlags::REMOTE_READ);
-                let own = self.bind(qp, l.client_slot(slot), CLIENT_SLOT, full_rights());
+                // The heartbeat word only: the owner word is the server's (issue #41).
+                let beat_at = l.client_slot(slot) + layout::slot::HEARTBEAT;
+                let own = self.bind(qp, beat_at, 8, full_rights());
                 match (meta, own) {
                     (Ok(m), Ok(s)) => {
                         let g = granted(m.rkey(), s.rkey());
@@ -273,6 +315,15 @@ impl Inner {
                     Err(old) => return Some(Control::Answer { req, old, rkey: 0 }),
                     Ok(()) => 0,
                 };
+                if let Err(e) = self.wipe_if_used(chunk) {
+                    tracing::error!(node = self.node, chunk, "wiping a chunk: {e}");
+                    let _ = self.compare_exchange_entry(entry, id, 0);
+                    return Some(Control::Answer {
+                        req,
+                        old: REFUSED,
+                        rkey: 0,
+                    });
+                }
                 match self.chunk_window(qp, t, chunk) {
                     Ok(rkey) => Control::Answer { req, old, rkey },
                     Err(e) => {
@@ -325,26 +376,49 @@ impl Inner {
         })
     }
 
-    /// The slot of `id`: the one that holds it already (heartbeat 0 in the answer: the
-    /// client takes it over), else a free one claimed for it with a fresh random heartbeat.
+    /// The slot of `id`, from the server's record: the one that holds it already
+    /// (heartbeat 0 in the answer: the client takes it over), else a free one claimed for it
+    /// with a fresh random heartbeat. The owner word is written from the record each time,
+    /// so whatever a tenant wrote there, the metadata window shows the truth.
     fn assign_slot(&self, id: u64) -> (u64, u64) {
         let l = self.layout;
-        if let Some(s) =
-            (0..l.client_count).find(|&s| self.word(l.client_slot(s)).load(Ordering::Acquire) == id)
-        {
-            return (s, 0);
+        let Some(ledger) = &self.ledger else {
+            return (NO_SLOT, 0);
+        };
+        let mut owners = ledger.owners.lock();
+        let owner_word = |s: u64| self.word(l.client_slot(s) + layout::slot::OWNER);
+        if let Some(s) = owners.iter().position(|&o| o == id) {
+            owner_word(s as u64).store(id, Ordering::Release);
+            return (s as u64, 0);
         }
-        let start = crate::remote::layout::hash64(id) % l.client_count.max(1);
+        let start = layout::hash64(id) % l.client_count.max(1);
         for k in 0..l.client_count {
             let s = (start + k) % l.client_count;
-            if self.compare_exchange_entry(l.client_slot(s), 0, id).is_ok() {
+            if owners[s as usize] == 0 {
+                owners[s as usize] = id;
                 let beat = crate::util::random_nonzero().unwrap_or(1);
-                self.word(l.client_slot(s) + 8)
+                self.word(l.client_slot(s) + layout::slot::HEARTBEAT)
                     .store(beat, Ordering::Release);
+                owner_word(s).store(id, Ordering::Release);
                 return (s, beat);
             }
         }
         (NO_SLOT, 0)
+    }
+
+    /// Zeroes `chunk` if it was handed out before (a claim just took it, so no window
+    /// covers it: its last holder's were revoked before its table entry was freed).
+    fn wipe_if_used(&self, chunk: u64) -> Result<()> {
+        let used = self
+            .ledger
+            .as_ref()
+            .and_then(|g| g.used.get(chunk as usize));
+        if used.is_some_and(|u| u.swap(true, Ordering::AcqRel)) {
+            let l = self.layout;
+            self.region
+                .zero_at(l.chunk(chunk) as usize, l.chunk_size as usize)?;
+        }
+        Ok(())
     }
 
     /// How many chunks the table says `id` owns (claims are rare: a scan is cheap enough).

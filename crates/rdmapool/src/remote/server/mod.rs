@@ -95,6 +95,8 @@ struct Inner {
     isolated: bool,
     /// Isolated mode: chunks one id may own (0: no limit).
     max_chunks_per_client: u64,
+    /// Isolated mode: the server's own record of slot holders and used chunks.
+    ledger: Option<isolated::Ledger>,
     /// Connected clients. Dropped once the id holds no lease slot (expired, or never taken)
     /// and the connection is older than two leases; in isolated mode, also as soon as the
     /// id's lease expires.
@@ -139,6 +141,27 @@ impl sweep::Words for Inner {
         self.word(at)
             .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
+    }
+
+    fn slot_owner(&self, l: &Layout, slot: u64) -> u64 {
+        match &self.ledger {
+            Some(ledger) => ledger.owner(slot),
+            None => self.load(l.client_slot(slot) + layout::slot::OWNER),
+        }
+    }
+
+    fn free_slot(&self, l: &Layout, slot: u64, owner: u64) {
+        let at = l.client_slot(slot) + layout::slot::OWNER;
+        match &self.ledger {
+            Some(ledger) => {
+                if ledger.free(slot, owner) {
+                    self.store(at, 0);
+                }
+            }
+            None => {
+                self.compare_exchange(at, owner, 0);
+            }
+        }
     }
 }
 
@@ -226,20 +249,11 @@ impl Inner {
                 }
             }
             let now = Instant::now();
-            // Isolated: the sweep and the disconnection of the expired run under the
-            // connection lock, so no chunk it frees is claimed (a new window bound over it)
-            // while an expired client's window over it still works.
-            let guard = self.isolated.then(|| self.conns.lock());
-            let swept = sweep::sweep(&mut reaper, &self.layout, &**self, now);
-            let mut expired_conns = Vec::new();
-            if let Some(mut conns) = guard {
-                let (gone, keep) = conns
-                    .drain(..)
-                    .partition(|c| swept.expired.contains(&c.client));
-                *conns = keep;
-                expired_conns = gone;
-            }
-            drop(expired_conns); // revokes their windows and disconnects them
+            let swept = if self.isolated {
+                self.sweep_isolated(&mut reaper, now)
+            } else {
+                sweep::sweep(&mut reaper, &self.layout, &**self, now, sweep::Reclaim::Now)
+            };
             self.reclaimed.fetch_add(swept.reclaimed, Ordering::Relaxed);
             self.expired
                 .fetch_add(swept.expired.len() as u64, Ordering::Relaxed);
@@ -249,6 +263,36 @@ impl Inner {
             let owners = swept.holders;
             self.drop_stale(&owners, now);
         }
+    }
+
+    /// The sweep of an isolated server, in the order that keeps an expired tenant's windows
+    /// from outliving its lease: expire under the connection lock (no slot or chunk is
+    /// assigned meanwhile), close the expired ids' connections (revoking their windows; off
+    /// the lock, as rxe can take tens of seconds), then, under the lock again, close any
+    /// connection such an id opened meanwhile and only then take back its chunks and free
+    /// its slot. Returns what the sweep did, with `reclaimed` counted.
+    fn sweep_isolated(self: &Arc<Self>, reaper: &mut Reaper, now: Instant) -> sweep::Swept {
+        let expired_of = |conns: &mut Vec<Conn>, ids: &[u64]| -> Vec<Conn> {
+            let (gone, keep) = conns.drain(..).partition(|c| ids.contains(&c.client));
+            *conns = keep;
+            gone
+        };
+        let (mut swept, gone) = {
+            let mut conns = self.conns.lock();
+            let swept = sweep::sweep(reaper, &self.layout, &**self, now, sweep::Reclaim::Later);
+            let gone = expired_of(&mut conns, &swept.expired);
+            (swept, gone)
+        };
+        drop(gone); // revokes their windows and disconnects them
+        if swept.pending.is_empty() {
+            return swept;
+        }
+        let mut conns = self.conns.lock();
+        drop(expired_of(&mut conns, &swept.expired));
+        for &(slot, owner) in &swept.pending {
+            swept.reclaimed += sweep::release(&self.layout, &**self, slot, owner);
+        }
+        swept
     }
 
     /// Disconnects clients that hold no lease (expired, or never took one) and connected
@@ -323,6 +367,7 @@ impl MemoryServer {
             recv_buf,
             isolated,
             max_chunks_per_client: cfg.max_chunks_per_client,
+            ledger: isolated.then(|| isolated::Ledger::new(&layout)),
             conns: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             draining: AtomicBool::new(false),

@@ -12,6 +12,12 @@
 //! puts, since every change they make is a compare-and-swap against what they scanned.
 //! The tombstones this client's repairs find clean are cleared by it past the hold (its
 //! memory of them lives as long as the [`Repairer`]'s store).
+//!
+//! Where the cluster uses etcd, [`Repairer::start_elected`] elects the repairer through an
+//! etcd lease instead ([`EtcdElection`](crate::remote::EtcdElection), role
+//! `store-repairer`): one client at a time holds it, the next takes over one TTL after the
+//! holder stops renewing, and no client needs to agree with another about which member is
+//! the lowest up.
 
 use super::Store;
 use crate::store::RepairReport;
@@ -30,9 +36,9 @@ const LOOK_EVERY: Duration = Duration::from_millis(100);
 /// What a [`Repairer`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RepairerStats {
-    /// Repairs it ran (this client held the repairer word).
+    /// Repairs it ran (this client held the role: the repairer word, or the etcd lease).
     pub runs: u64,
-    /// Times it was due and another live client held the word.
+    /// Times it was due and another live client held the role.
     pub deferred_to_another: u64,
     /// Repairs or claims that failed (a server went down meanwhile): tried again at the
     /// next look.
@@ -45,8 +51,39 @@ pub struct RepairerStats {
     pub last: Option<RepairReport>,
 }
 
+/// How the repairer of the cluster is chosen (see the module's text).
+enum Election {
+    /// The repairer word of the lowest-numbered member that is up.
+    Word,
+    /// An etcd lease.
+    #[cfg(feature = "etcd")]
+    Etcd(crate::remote::EtcdElection),
+}
+
+impl Election {
+    /// Whether this client is the cluster's repairer now (taking the role if it is free).
+    fn claim(&self, store: &Store) -> Result<bool> {
+        match self {
+            Election::Word => store.block_on(store.claim_repairer()),
+            #[cfg(feature = "etcd")]
+            Election::Etcd(e) => e.lead(),
+        }
+    }
+
+    /// Gives the role back (best effort).
+    fn release(&self, store: &Store) {
+        match self {
+            Election::Word => {
+                let _ = store.block_on(store.release_repairer());
+            }
+            #[cfg(feature = "etcd")]
+            Election::Etcd(e) => e.resign(),
+        }
+    }
+}
+
 /// A background repairer of a [`Store`] (see the module's text). Dropping it stops the
-/// thread and gives the repairer word back.
+/// thread and gives the role back (the repairer word, or the etcd lease).
 pub struct Repairer {
     stop: Arc<AtomicBool>,
     stats: Arc<Mutex<RepairerStats>>,
@@ -62,6 +99,28 @@ impl Repairer {
     /// would repair back to back); [`Error::Sys`](crate::Error) when the thread cannot be
     /// started.
     pub fn start(store: Arc<Store>, every: Duration) -> Result<Self> {
+        Self::spawn(store, every, Election::Word)
+    }
+
+    /// Like [`Repairer::start`], with the repairer elected through etcd (`cfg`, role
+    /// `store-repairer`, candidate this client's id) instead of the repairer word: for a
+    /// store whose servers come from an [`EtcdMembership`](crate::remote::EtcdMembership).
+    ///
+    /// # Errors
+    /// As [`Repairer::start`], and a bad etcd config
+    /// ([`CoreError::BadSetting`](crate::CoreError::BadSetting)).
+    #[cfg(feature = "etcd")]
+    pub fn start_elected(
+        store: Arc<Store>,
+        every: Duration,
+        cfg: &crate::remote::EtcdConfig,
+    ) -> Result<Self> {
+        let election =
+            crate::remote::EtcdElection::new(cfg, "store-repairer", store.pool.client_id())?;
+        Self::spawn(store, every, Election::Etcd(election))
+    }
+
+    fn spawn(store: Arc<Store>, every: Duration, election: Election) -> Result<Self> {
         if every.is_zero() {
             return Err(crate::Error::Core(crate::CoreError::OutOfLimits {
                 what: "repair period (ms)",
@@ -74,9 +133,9 @@ impl Repairer {
         let stats = Arc::new(Mutex::new(RepairerStats::default()));
         let (s, st) = (stop.clone(), stats.clone());
         let thread = crate::util::spawn_named("rdmapool-store-repair", move || {
-            run(&store, every, &s, &st);
-            // Give the word back for the next client.
-            let _ = store.block_on(store.release_repairer());
+            run(&store, &election, every, &s, &st);
+            // Give the role back for the next client.
+            election.release(&store);
         })?;
         Ok(Self {
             stop,
@@ -102,7 +161,13 @@ impl Drop for Repairer {
 }
 
 /// The repairer's loop: due at the start, every `every`, and when the view changes.
-fn run(store: &Store, every: Duration, stop: &AtomicBool, stats: &Mutex<RepairerStats>) {
+fn run(
+    store: &Store,
+    election: &Election,
+    every: Duration,
+    stop: &AtomicBool,
+    stats: &Mutex<RepairerStats>,
+) {
     let mut seen = None;
     let mut due = Instant::now();
     while !stop.load(Ordering::Acquire) {
@@ -119,7 +184,7 @@ fn run(store: &Store, every: Duration, stop: &AtomicBool, stats: &Mutex<Repairer
         }
         if Instant::now() >= due {
             due = Instant::now() + every;
-            match store.block_on(store.claim_repairer()) {
+            match election.claim(store) {
                 Ok(true) => match store.block_on(store.repair()) {
                     Ok(r) => {
                         let mut s = stats.lock();

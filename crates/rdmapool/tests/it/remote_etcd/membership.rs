@@ -326,6 +326,88 @@ fn rogue_and_black_hole_entries_get_nothing_and_delay_no_real_server() {
     assert!(follower.stats().connect_failures >= 11);
 }
 
+/// Issue #41, finding 5: black-hole entries written one by one after the follower started
+/// held it for a connect timeout each (every watch event waited for every hole's dial): ten
+/// holes delayed a real server's join by 50.8 s. Now each entry is dialled on its own, so the
+/// real server joins while the holes' first dials are still waiting (none has failed yet).
+#[test]
+fn black_holes_registered_one_by_one_delay_no_real_server() {
+    let Some(etcd) = Etcd::start("holes") else {
+        return;
+    };
+    let cfg = etcd.config("/rdmapool/test-holes");
+    let (_first, _first_key) = registered(&cfg, 1);
+    let members = EtcdMembership::new(&cfg).unwrap();
+    let n = node();
+    let mut ccfg = ClientConfig::new(22);
+    ccfg.connect_timeout = Duration::from_secs(20);
+    let c = Arc::new(PoolClient::connect(&n.ctx, &n.pd, &members, ccfg).expect("connects"));
+    let follower = members.follow(c.clone()).unwrap();
+    let holes: Vec<TcpListener> = (0..10)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
+        .collect();
+    let _hole_keys: Vec<EtcdRegistration> = holes
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let r = EtcdRegistration::register(&cfg, 10 + i as u32, h.local_addr().unwrap());
+            std::thread::sleep(Duration::from_millis(20)); // one watch event each
+            r.unwrap()
+        })
+        .collect();
+    let (_second, _second_key) = registered(&cfg, 50);
+    let waited = wait_until("the follower joins the real server", || {
+        node_ids(&c).contains(&50)
+    });
+    assert_eq!(
+        follower.stats().connect_failures,
+        0,
+        "joined before any hole's dial (20 s each) ended"
+    );
+    eprintln!(
+        "joined a real server {:.0} ms after it registered, behind 10 black holes registered one by one",
+        ms(waited)
+    );
+}
+
+/// Issue #41, finding 5's second half: an etcd writer rewrote a live server's key to another
+/// address; followers dropped the server long enough for their leases there to lapse. Now a
+/// live, proven node stays until the client finds it down.
+#[test]
+fn a_rewritten_key_does_not_drop_a_live_server() {
+    let Some(etcd) = Etcd::start("rewrite") else {
+        return;
+    };
+    let cfg = etcd.config("/rdmapool/test-rewrite");
+    let (_first, _first_key) = registered(&cfg, 1);
+    let members = EtcdMembership::new(&cfg).unwrap();
+    let c = client(&members, 23, Box::new(LeastUsed));
+    let follower = members.follow(c.clone()).unwrap();
+    // A server the follower joined (from its key), holding an object of the client's.
+    let (_real, _real_key) = registered(&cfg, 2);
+    wait_until("the follower joins node 2", || node_ids(&c).contains(&2));
+    let p = (0..8)
+        .map(|_| c.block_on(c.alloc(4096, None)).unwrap())
+        .find(|p| p.node == 2)
+        .expect("least used: an allocation on node 2");
+    let hole = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let _forged = EtcdRegistration::register(&cfg, 2, hole.local_addr().unwrap()).unwrap();
+    let listed = members.members().unwrap();
+    assert_eq!(
+        listed.iter().find(|m| m.node == 2).unwrap().addr,
+        hole.local_addr().unwrap(),
+        "the key now names the hole"
+    );
+    // Three watch rounds (a second each when quiet) with the key rewritten.
+    std::thread::sleep(Duration::from_secs(3));
+    let mut ids = node_ids(&c);
+    ids.sort_unstable();
+    assert_eq!(ids, vec![1, 2], "the live server is kept");
+    c.block_on(c.check_live(p))
+        .expect("its object is still there");
+    assert_eq!(follower.stats().left + follower.stats().replaced, 0);
+}
+
 #[test]
 fn a_store_follows_its_servers_through_etcd_and_repair_keeps_two_replicas() {
     use rdmapool::store::{Store, StoreConfig};
@@ -386,5 +468,72 @@ fn a_store_follows_its_servers_through_etcd_and_repair_keeps_two_replicas() {
         s1.stats().requests_handled + s3.stats().requests_handled,
         0,
         "the store's data path and repair are one-sided"
+    );
+}
+
+/// Issue #40, item 4: where etcd is used, the store's background repairer is elected through
+/// an etcd lease, so exactly one client repairs at a time and another takes over when it
+/// stops; the election's key is no server entry.
+#[test]
+fn the_store_repairer_is_elected_through_an_etcd_lease() {
+    use rdmapool::store::{Repairer, Store, StoreConfig};
+    let Some(etcd) = Etcd::start("elect") else {
+        return;
+    };
+    let cfg = etcd.config("/rdmapool/test-elect");
+    let (_s1, _r1) = registered(&cfg, 1);
+    let (_s2, _r2) = registered(&cfg, 2);
+    // The election itself: one holder, the next after it resigns.
+    let a = EtcdElection::new(&cfg, "test-role", 7).unwrap();
+    let b = EtcdElection::new(&cfg, "test-role", 8).unwrap();
+    assert!(a.lead().unwrap(), "a free role is taken");
+    assert!(a.lead().unwrap(), "and held");
+    assert!(!b.lead().unwrap(), "a held role is not taken");
+    assert_eq!(b.holder().unwrap(), Some(7));
+    a.resign();
+    assert!(b.lead().unwrap(), "a resigned role is taken");
+    assert_eq!(a.holder().unwrap(), Some(8));
+    let members = EtcdMembership::new(&cfg).unwrap();
+    assert_eq!(
+        members.members().unwrap().len(),
+        2,
+        "the election's key is no server"
+    );
+    assert!(EtcdElection::new(&cfg, "a/b", 1).is_err());
+
+    // Two store clients, each with a repairer every 100 ms: one repairs, the other defers.
+    let stores: Vec<Arc<Store>> = [41, 42]
+        .iter()
+        .map(|&id| {
+            let pool = client(&members, id, Box::new(LeastUsed));
+            Arc::new(Store::new(pool, StoreConfig::default()).unwrap())
+        })
+        .collect();
+    stores[0].block_on(stores[0].put(b"k", b"v")).unwrap();
+    let mut repairers: Vec<Option<Repairer>> = stores
+        .iter()
+        .map(|s| {
+            Some(Repairer::start_elected(s.clone(), Duration::from_millis(100), &cfg).unwrap())
+        })
+        .collect();
+    let stats = |r: &Option<Repairer>| r.as_ref().unwrap().stats();
+    wait_until("a repairer runs and the other defers", || {
+        repairers.iter().any(|r| stats(r).runs >= 3)
+            && repairers.iter().any(|r| stats(r).deferred_to_another >= 3)
+    });
+    let leader = repairers.iter().position(|r| stats(r).runs > 0).unwrap();
+    let other = 1 - leader;
+    assert_eq!(stats(&repairers[other]).runs, 0, "one repairer at a time");
+    assert_eq!(stats(&repairers[leader]).deferred_to_another, 0);
+    // The leader stops (resigns): the other takes over.
+    repairers[leader] = None;
+    wait_until("the other repairer takes over", || {
+        stats(&repairers[other]).runs > 0
+    });
+    eprintln!(
+        "client {} repaired, then client {} took over: {:?}",
+        41 + leader,
+        41 + other,
+        stats(&repairers[other])
     );
 }

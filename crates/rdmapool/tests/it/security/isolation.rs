@@ -9,6 +9,7 @@ use super::*;
 use rdmapool::remote::*;
 
 mod lifecycle;
+mod record;
 
 /// An isolated server (4 MiB in 256 KiB chunks, 64 slots, a 4 s lease: a takeover watches
 /// for half of it, and the guest's emulated rxe is slow) on the tests' listen address.
@@ -181,6 +182,49 @@ impl Raw {
         };
         self.conn.qp.post_send(&[wr]).unwrap();
         n.cq.wait(1, wait).unwrap().first().map(|c| c.status)
+    }
+
+    /// WRITEs the word `value` at `offset` of the region under `rkey`: its completion status
+    /// (`None` when none comes within `WAIT`).
+    fn write_word(&self, n: &Node, offset: u64, rkey: u32, value: u64) -> Option<WcStatus> {
+        let remote = RemoteAddr {
+            addr: self.desc.region.addr + offset,
+            rkey,
+        };
+        self.buf.write_at(256, &value.to_le_bytes()).unwrap();
+        let sge = [self.buf.sge(256, 8).unwrap()];
+        self.conn
+            .qp
+            .post_send(&[write_wr(1, remote, &sge)])
+            .unwrap();
+        n.cq.wait(1, WAIT).unwrap().first().map(|c| c.status)
+    }
+
+    /// READs the word at `offset` of the region under `rkey`: the word, or the failed
+    /// status.
+    fn read_word(&self, n: &Node, offset: u64, rkey: u32) -> Result<u64, Option<WcStatus>> {
+        let remote = RemoteAddr {
+            addr: self.desc.region.addr + offset,
+            rkey,
+        };
+        let sge = [self.buf.sge(256, 8).unwrap()];
+        self.conn.qp.post_send(&[read_wr(1, remote, &sge)]).unwrap();
+        match n.cq.wait(1, WAIT).unwrap().first().map(|c| c.status) {
+            Some(WcStatus::Success) => Ok(self.buf.read_u64(256).unwrap()),
+            other => Err(other),
+        }
+    }
+
+    /// Claims the first free chunk from `from` through the control step: its index and
+    /// the window's rkey.
+    fn claim_free(&self, n: &Node, from: u64) -> (u64, u32) {
+        for j in from..self.desc.layout.chunk_count {
+            let answer = self.ask(n, control(3, 2, j, 0, 0));
+            if u64_at(&answer, 16) == 0 {
+                return (j, u64_at(&answer, 24) as u32);
+            }
+        }
+        panic!("no free chunk from {from}");
     }
 }
 

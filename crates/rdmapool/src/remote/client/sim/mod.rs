@@ -206,8 +206,13 @@ impl Cluster {
                 _ if sweep_at <= end => {
                     self.now = self.now.max(sweep_at);
                     let at = self.at(self.now);
-                    let swept =
-                        sweep::sweep(&mut self.reaper, &self.region.layout, &self.region, at);
+                    let swept = sweep::sweep(
+                        &mut self.reaper,
+                        &self.region.layout,
+                        &self.region,
+                        at,
+                        sweep::Reclaim::Now,
+                    );
                     for id in swept.expired {
                         *self.expiries.entry(id).or_default() += 1;
                         self.log

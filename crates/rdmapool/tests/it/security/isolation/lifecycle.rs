@@ -141,3 +141,44 @@ fn an_isolated_server_bounds_the_chunks_of_one_id() {
     greedy.block_on(greedy.free(held[0])).unwrap();
     greedy.block_on(greedy.alloc(big, None)).unwrap();
 }
+
+/// Issue #41, finding 1's second half: taking a chunk back only zeroed its magic, so the next
+/// tenant to claim it read the last one's bytes. Now a chunk is wiped before it is handed on,
+/// whether its holder released it or its lease expired.
+#[test]
+fn a_chunk_is_wiped_before_another_tenant_claims_it() {
+    let n = node();
+    let server = isolated_server(&n.ctx);
+    let l = server.descriptor().layout;
+    let secret = u64::from_le_bytes(*b"SECRET!!");
+    for how in ["released", "expired"] {
+        let holder = Raw::join(&n, &server, if how == "released" { 22 } else { 23 });
+        let (j, key) = holder.claim_free(&n, 0);
+        let at = l.chunk(j) + l.chunk_size - 8;
+        assert_eq!(
+            holder.write_word(&n, at, key, secret),
+            Some(WcStatus::Success)
+        );
+        if how == "released" {
+            let answer = holder.ask(&n, control(4, 3, j, 0, 0));
+            assert_eq!(u64_at(&answer, 16), 22, "released");
+        } else {
+            let before = server.stats().expired_clients;
+            wait_until("the holder's lease expires", || {
+                server.stats().expired_clients > before && server.stats().chunks_owned == 0
+            });
+        }
+        // (Joined now: a client by hand never renews its lease.)
+        let reader = Raw::join(&n, &server, 21);
+        let answer = reader.ask(&n, control(3, 4, j, 0, 0));
+        assert_eq!(u64_at(&answer, 16), 0, "{how}: chunk {j} claimed again");
+        let key = u64_at(&answer, 24) as u32;
+        assert_eq!(
+            reader.read_word(&n, at, key),
+            Ok(0),
+            "{how}: the last holder's bytes are gone"
+        );
+        let answer = reader.ask(&n, control(4, 5, j, 0, 0));
+        assert_eq!(u64_at(&answer, 16), 21);
+    }
+}
