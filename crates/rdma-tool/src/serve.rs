@@ -79,6 +79,10 @@ pub struct Args {
     /// With --isolated: the most chunks one client id may own at once (default: no limit).
     #[arg(long, requires = "isolated", value_parser = crate::units::count_arg(1 << 24))]
     max_chunks_per_client: Option<u64>,
+    /// With --isolated: the most bytes of chunks one client id (a tenant) may own at once,
+    /// its lease's and its store's together, e.g. 64M (default: no limit).
+    #[arg(long, requires = "isolated", value_parser = crate::units::size_arg)]
+    max_bytes_per_client: Option<usize>,
     /// Keep running when stdin closes, even when stdin is a pipe, a socket or a terminal
     /// (stdin at /dev/null or a file is never watched); only SIGINT or SIGTERM stop it
     /// then.
@@ -139,6 +143,7 @@ fn config(args: &Args) -> Result<ServerConfig> {
             rdmapool::remote::Isolation::Trusted
         },
         max_chunks_per_client: args.max_chunks_per_client.unwrap_or(0),
+        max_bytes_per_client: args.max_bytes_per_client.unwrap_or(0) as u64,
     })
 }
 

@@ -132,6 +132,9 @@ pub struct Store {
     cfg: StoreConfig,
     /// Each node's index, by node id, with the incarnation it was found in.
     indexes: Mutex<HashMap<u32, (u64, Index)>>,
+    /// Held while a tenant's index is found or made on an isolated node: one at a time,
+    /// so no two indexes of one tenant are made at once (`store/root.rs`).
+    making_index: tokio::sync::Mutex<()>,
     /// Replaced blocks, oldest first, with when they may be freed.
     retired: Mutex<VecDeque<Retired>>,
     /// Part keys of replaced striped values, oldest first, with when they may be cleared.
@@ -165,6 +168,7 @@ impl Store {
             pool: pool.into(),
             cfg,
             indexes: Mutex::new(HashMap::new()),
+            making_index: tokio::sync::Mutex::new(()),
             retired: Mutex::new(VecDeque::new()),
             retired_parts: Mutex::new(VecDeque::new()),
             reclaim: Mutex::new(reclaim::Pending::default()),
@@ -482,12 +486,27 @@ impl Store {
     }
 
     async fn index(&self, n: &StoreNode) -> Result<Index> {
-        if let Some(&(inc, ix)) = self.indexes.lock().get(&n.node) {
-            if inc == n.incarnation {
-                return Ok(ix);
-            }
+        let known = || {
+            self.indexes
+                .lock()
+                .get(&n.node)
+                .filter(|&&(inc, _)| inc == n.incarnation)
+                .map(|&(_, ix)| ix)
+        };
+        if let Some(ix) = known() {
+            return Ok(ix);
         }
-        let mut m = FindRoot::new(n.layout, self.pool.client_id());
+        let _making = match n.isolated {
+            true => Some(self.making_index.lock().await),
+            false => None,
+        };
+        if let Some(ix) = known() {
+            return Ok(ix); // made meanwhile
+        }
+        let mut m = match n.isolated {
+            true => FindRoot::tenant(n.layout, self.pool.client_id()),
+            false => FindRoot::new(n.layout, self.pool.client_id()),
+        };
         let mut answer = None;
         let ix = loop {
             match m.advance(answer.take())? {

@@ -12,6 +12,15 @@
 //!
 //! A client that dies between 2 and 4 leaves a store chunk of its own that no root names;
 //! repair frees such chunks of writers whose lease has expired (section 8).
+//!
+//! On an **isolated** node ([`FindRoot::tenant`]) each tenant has an index of its own and
+//! the root word is the server's (read-only): the machine READs the chunk table, then the
+//! first word of each chunk the table gives the tenant's store (`2^63 | writer`), lowest
+//! first; the one that starts with the index magic is the tenant's index. With none, it
+//! claims a chunk for the tenant's store (through the server), zeroes it and WRITEs the
+//! magic: nothing to publish, as the tenant's own chunks are the root. Only one client runs
+//! as a tenant id at a time (the server's record gives an id one lease slot), and a `Store`
+//! makes its indexes one at a time, so no two indexes of one tenant are made at once.
 
 use crate::remote::client::chunks::{Answer, Io};
 use crate::remote::layout::{hash64, Layout};
@@ -63,15 +72,33 @@ pub(crate) enum RootStep {
     Done(Index),
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum State {
     Start,
+    /// Isolated: reading the chunk table.
+    Table,
+    /// Isolated: reading the first word of the tenant's store chunk `candidates[i]`.
+    Look {
+        candidates: Vec<u64>,
+        i: usize,
+    },
     ReadRoot,
-    Claim { probe: u64 },
-    Zero { chunk: u64, at: u64 },
-    Magic { chunk: u64 },
-    Publish { chunk: u64 },
-    Release { winner: u64 },
+    Claim {
+        probe: u64,
+    },
+    Zero {
+        chunk: u64,
+        at: u64,
+    },
+    Magic {
+        chunk: u64,
+    },
+    Publish {
+        chunk: u64,
+    },
+    Release {
+        winner: u64,
+    },
 }
 
 /// Finds or makes a node's index (see the module's text).
@@ -79,6 +106,8 @@ enum State {
 pub(crate) struct FindRoot {
     layout: Layout,
     writer: u64,
+    /// An isolated node: the tenant's own index, found in its own chunks.
+    tenant: bool,
     state: State,
 }
 
@@ -88,7 +117,30 @@ impl FindRoot {
         Self {
             layout,
             writer,
+            tenant: false,
             state: State::Start,
+        }
+    }
+
+    /// The machine for tenant `writer`'s own index on an isolated node (module docs).
+    pub(crate) fn tenant(layout: Layout, writer: u64) -> Self {
+        Self {
+            tenant: true,
+            ..Self::new(layout, writer)
+        }
+    }
+
+    /// Isolated: the next of the tenant's store chunks to look at, or a claim of a new one.
+    fn look(&mut self, candidates: Vec<u64>, i: usize) -> Result<RootStep> {
+        match candidates.get(i) {
+            Some(&chunk) => {
+                self.state = State::Look { candidates, i };
+                Ok(RootStep::Io(Io::Read {
+                    at: self.layout.chunk(chunk),
+                    words: 1,
+                }))
+            }
+            None => self.claim(0),
         }
     }
 
@@ -145,7 +197,39 @@ impl FindRoot {
                 reason: format!("a word was expected, got {other:?}"),
             })),
         };
-        match self.state {
+        match std::mem::replace(&mut self.state, State::Start) {
+            State::Start if self.tenant => {
+                self.state = State::Table;
+                Ok(RootStep::Io(Io::Read {
+                    at: self.layout.table_entry(0),
+                    words: (self.layout.chunk_count * 2) as usize,
+                }))
+            }
+            State::Table => {
+                let entries = match answer {
+                    Some(Answer::Words(w)) => w,
+                    other => {
+                        return Err(Error::Core(CoreError::Malformed {
+                            what: "store root answer",
+                            reason: format!("the chunk table was expected, got {other:?}"),
+                        }))
+                    }
+                };
+                let mine: Vec<u64> = entries
+                    .iter()
+                    .step_by(2)
+                    .enumerate()
+                    .filter(|&(_, &e)| e == self.tag())
+                    .map(|(j, _)| j as u64)
+                    .collect();
+                self.look(mine, 0)
+            }
+            State::Look { candidates, i } => {
+                if word(answer)? == u64::from_le_bytes(INDEX_MAGIC) {
+                    return Ok(RootStep::Done(Index::new(&self.layout, candidates[i])));
+                }
+                self.look(candidates, i + 1)
+            }
             State::Start => {
                 self.state = State::ReadRoot;
                 Ok(RootStep::Io(Io::Read {
@@ -171,6 +255,9 @@ impl FindRoot {
                     at: self.layout.chunk(chunk),
                     bytes: INDEX_MAGIC.to_vec(),
                 }))
+            }
+            State::Magic { chunk } if self.tenant => {
+                Ok(RootStep::Done(Index::new(&self.layout, chunk)))
             }
             State::Magic { chunk } => {
                 self.state = State::Publish { chunk };

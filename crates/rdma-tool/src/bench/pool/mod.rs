@@ -389,6 +389,7 @@ fn summary(rows: &[Row]) {
 }
 
 /// What the clients of one measurement did together.
+#[derive(Clone)]
 pub(super) struct Rate {
     /// Operations (or pairs) done, all clients together.
     pub(super) pairs: u64,

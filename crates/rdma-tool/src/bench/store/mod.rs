@@ -59,6 +59,11 @@ pub struct Args {
     /// Skip Redis (the rows then have no reference).
     #[arg(long)]
     no_redis: bool,
+    /// Also run every put and get against three isolated servers (`serve --isolated`: each
+    /// client a tenant with its own namespace), each row against the trusted servers' rate
+    /// of the same run.
+    #[arg(long)]
+    isolated: bool,
     /// Print JSON lines instead of a table.
     #[arg(long)]
     json: bool,
@@ -78,6 +83,10 @@ const MAX_SIZE: usize = 16 << 20;
 const GRACE: Duration = Duration::from_millis(2);
 
 fn server_config(ip: IpAddr, node: u32, size: usize) -> ServerConfig {
+    trusted_or_isolated(ip, node, size, false)
+}
+
+fn trusted_or_isolated(ip: IpAddr, node: u32, size: usize, isolated: bool) -> ServerConfig {
     ServerConfig {
         node,
         size,
@@ -85,6 +94,11 @@ fn server_config(ip: IpAddr, node: u32, size: usize) -> ServerConfig {
         clients: 256,
         lease: Duration::from_secs(30),
         listen: SocketAddr::new(ip, 0),
+        isolation: if isolated {
+            rdmapool::remote::Isolation::Isolated
+        } else {
+            rdmapool::remote::Isolation::Trusted
+        },
         ..ServerConfig::default()
     }
 }
@@ -181,7 +195,8 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let secs = args.duration.as_secs_f64();
-    let steps = transports.len() * args.size.len() * (args.clients.len() * 2 + 1)
+    let per_size = args.clients.len() * if args.isolated { 4 } else { 2 } + 1;
+    let steps = transports.len() * args.size.len() * per_size
         + if args.clients.contains(&1) {
             transports.len() * args.size.len()
         } else {
@@ -225,10 +240,14 @@ pub fn run(args: Args) -> Result<()> {
             let all = connect_clients(&args, transport, &addrs, most, next_id, keys, &value)?;
             next_id += most as u64;
             let mut one_client_put_r1 = None;
+            let mut trusted = Vec::new();
             for &n in &args.clients {
                 for op in ["put", "get"] {
                     bar.set_message(format!("{path} {} {op} x{n}", show(size)));
                     let ours = store_clients(&all, n, keys, &value, op, args.replicas, secs)?;
+                    if args.isolated {
+                        trusted.push((n, op, ours.clone()));
+                    }
                     let redis = match &redis {
                         Some(r) => Some(match redis_rates.remove(&(size, n, op)) {
                             Some(rate) => rate,
@@ -291,6 +310,41 @@ pub fn run(args: Args) -> Result<()> {
                      one-sided"
                 )));
             }
+            drop((all, servers));
+            if args.isolated {
+                // The same clients and keys as tenants of isolated servers.
+                let servers: Vec<MemoryServer> = (1..=SERVERS)
+                    .map(|n| {
+                        MemoryServer::start(
+                            &ctx,
+                            trusted_or_isolated(args.ip, n, server_size, true),
+                        )
+                    })
+                    .collect::<rdmapool::Result<_>>()?;
+                let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr()).collect();
+                bar.set_message(format!(
+                    "{path} {}: isolated, connecting and filling",
+                    show(size)
+                ));
+                let tenants =
+                    connect_clients(&args, transport, &addrs, most, next_id, keys, &value)?;
+                next_id += most as u64;
+                for (n, op, reference) in &trusted {
+                    bar.set_message(format!("{path} {} isolated {op} x{n}", show(size)));
+                    let ours = store_clients(&tenants, *n, keys, &value, op, args.replicas, secs)?;
+                    bar.inc();
+                    let m = Measured {
+                        ours,
+                        redis: Some(reference.clone()),
+                    };
+                    let mut r = row(path, provider, format!("isolated {op} x{n}"), size, &m);
+                    r.reference = format!(
+                        "trusted {op} x{n} (p50 {})",
+                        super::report::fmt_ns(reference.pair.median_ns)
+                    );
+                    rows.push(r);
+                }
+            }
         }
     }
     bar.finish();
@@ -322,7 +376,19 @@ pub fn run(args: Args) -> Result<()> {
 
 /// The issue's goals, under the table.
 fn summary(rows: &[Row]) {
-    let with_ref: Vec<&Row> = rows.iter().filter(|r| r.ratio > 0.0).collect();
+    for r in rows.iter().filter(|r| r.op.starts_with("isolated")) {
+        crate::outln!(
+            "{} {} {}, isolated / trusted: {:.2}x",
+            r.transport,
+            r.op.trim_start_matches("isolated "),
+            show(r.size),
+            r.ratio
+        );
+    }
+    let with_ref: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.ratio > 0.0 && !r.op.starts_with("isolated"))
+        .collect();
     if with_ref.is_empty() {
         return;
     }

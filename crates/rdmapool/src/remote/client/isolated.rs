@@ -7,7 +7,7 @@ use super::ops::timed;
 use super::{Node, Shared};
 use crate::fabric::{AccessFlags, Mr, RemoteAddr};
 use crate::remote::isolation::{Control, CONTROL_LEN, NO_SLOT, QUOTA_REACHED, REFUSED};
-use crate::remote::layout;
+use crate::remote::{layout, STORE_TAG};
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -120,7 +120,9 @@ impl Shared {
             .control(node, w, |req| Control::Access { req, chunk })
             .await?
         {
-            Control::Answer { old, rkey, .. } if old == self.id && rkey != 0 => {
+            Control::Answer { old, rkey, .. }
+                if (old == self.id || old == STORE_TAG | self.id) && rkey != 0 =>
+            {
                 w.chunks.lock().insert(chunk, rkey);
                 Ok(rkey)
             }
@@ -138,8 +140,9 @@ impl Shared {
     }
 
     /// The compare-and-swap of chunk-table entry `chunk` a machine asked for, made by the
-    /// server: a claim (0 to this id; the window comes with it) or a release (this id to 0;
-    /// the window goes first). Its old value, as a CAS would answer.
+    /// server: a claim (0 to this id, or to `2^63 | id` for its store; the window comes with
+    /// it) or a release (either back to 0; the window goes first). Its old value, as a CAS
+    /// would answer.
     pub(super) async fn table_cas(
         &self,
         node: &Node,
@@ -148,10 +151,15 @@ impl Shared {
         expected: u64,
         swap: u64,
     ) -> Result<u64> {
-        let claim = expected == 0 && swap == self.id;
-        let release = expected == self.id && swap == 0;
-        let answer = if claim {
+        let mine = |v: u64| v == self.id || v == STORE_TAG | self.id;
+        let claim = expected == 0 && mine(swap);
+        let release = mine(expected) && swap == 0;
+        let answer = if claim && swap == self.id {
             self.control(node, w, |req| Control::Claim { req, chunk })
+                .await?
+        } else if claim {
+            // A chunk of this tenant's store namespace (docs/STORE.md section 2).
+            self.control(node, w, |req| Control::ClaimStore { req, chunk })
                 .await?
         } else if release {
             w.chunks.lock().remove(&chunk);
@@ -168,7 +176,9 @@ impl Shared {
             // This id owns all the chunks the node allows one id: the node is full for it.
             Control::Answer {
                 old: QUOTA_REACHED, ..
-            } => Err(Error::RemoteExhausted { size: 0 }),
+            } => Err(Error::RemoteExhausted {
+                size: node.desc.layout.chunk_size,
+            }),
             Control::Answer { old: REFUSED, .. } => Err(refused(
                 node,
                 node.desc.layout.table_entry(chunk),

@@ -29,13 +29,17 @@ pub(crate) struct StoreNode {
     /// Whether this client reaches it now (a member that is down stays one of the keys'
     /// replicas: gets read around it, puts on its keys fail until it answers again).
     pub(crate) up: bool,
+    /// An isolated node: the store there is this client's own namespace (its own index
+    /// and blocks, under its own windows), docs/STORE.md section 2.
+    pub(crate) isolated: bool,
 }
 
 /// The servers the store places keys over: the membership as this client knows it, not
 /// the servers it reaches now (docs/STORE.md section 4).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct StoreView {
-    /// Every member this client has joined (an isolated one left out), up or down, by id.
+    /// Every member this client has joined, up or down, by id: the isolated ones if there
+    /// is any (a tenant's store), else all.
     pub(crate) nodes: Vec<StoreNode>,
     /// Members never reached since this client connected (address, why): their node ids
     /// are unknown, so no key can be placed for a put while there are any.
@@ -43,21 +47,23 @@ pub(crate) struct StoreView {
 }
 
 impl PoolClient {
-    /// The members the store places keys over, up or down (an isolated node is left out:
-    /// its clients cannot reach a shared index), and those never reached.
+    /// The members the store places keys over, up or down, and those never reached. Where
+    /// some members are isolated, only those: a tenant's keys live in its own namespace on
+    /// each, and never in a shared index another tenant could write (docs/STORE.md
+    /// section 4).
     pub(crate) fn store_view(&self) -> StoreView {
-        let mut nodes: Vec<StoreNode> = self
-            .shared
-            .nodes
-            .lock()
+        let nodes = self.shared.nodes.lock();
+        let tenant = nodes.values().any(|n| n.windows.is_some());
+        let mut nodes: Vec<StoreNode> = nodes
             .values()
-            .filter(|n| n.windows.is_none())
+            .filter(|n| n.windows.is_some() == tenant)
             .map(|n| StoreNode {
                 node: n.desc.node,
                 incarnation: n.desc.incarnation,
                 layout: n.desc.layout,
                 draining: n.draining.load(Ordering::Relaxed),
                 up: n.down.lock().is_none(),
+                isolated: n.windows.is_some(),
             })
             .collect();
         nodes.sort_by_key(|n| n.node);

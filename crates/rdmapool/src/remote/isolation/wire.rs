@@ -10,8 +10,9 @@ const VERSION: u8 = 1;
 /// An [`Control::Answer`]'s `old` when the server refused the request outright (the chunk
 /// index is out of range, or the connection holds no lease slot).
 pub(crate) const REFUSED: u64 = u64::MAX;
-/// A claim's [`Control::Answer`] `old` when the client id already owns as many chunks as
-/// the server allows one id (`ServerConfig::max_chunks_per_client`).
+/// A claim's [`Control::Answer`] `old` when the client id already owns as many chunks, or
+/// bytes, as the server allows one id (`ServerConfig::max_chunks_per_client`,
+/// `ServerConfig::max_bytes_per_client`).
 pub(crate) const QUOTA_REACHED: u64 = u64::MAX - 1;
 /// A [`Control::Granted`]'s slot when every lease slot is held by another client.
 pub(crate) const NO_SLOT: u64 = u64::MAX;
@@ -35,8 +36,8 @@ pub(crate) enum Control {
     /// Client → server: compare-and-swap table entry `chunk` from 0 to this client's id,
     /// and on success bind a window over the chunk.
     Claim { req: u32, chunk: u64 },
-    /// Client → server: compare-and-swap table entry `chunk` from this client's id to 0,
-    /// revoking the chunk's window first.
+    /// Client → server: compare-and-swap table entry `chunk` from this client's id (or
+    /// from `2^63 | id`, a store chunk of its) to 0, revoking the chunk's windows first.
     Release { req: u32, chunk: u64 },
     /// Client → server: a window over `chunk`, which this client owns (after a restart, or
     /// on another connection than the one that claimed it).
@@ -44,6 +45,10 @@ pub(crate) enum Control {
     /// Server → client: the table entry's old value ([`REFUSED`]: refused outright), and
     /// the window's key when one was bound (0 otherwise).
     Answer { req: u32, old: u64, rkey: u32 },
+    /// Client → server: compare-and-swap table entry `chunk` from 0 to `2^63 | id` (a
+    /// chunk of this tenant's store namespace, which outlives its lease), and on success
+    /// bind a window over the chunk.
+    ClaimStore { req: u32, chunk: u64 },
 }
 
 impl Control {
@@ -55,7 +60,8 @@ impl Control {
             | Control::Claim { req, .. }
             | Control::Release { req, .. }
             | Control::Access { req, .. }
-            | Control::Answer { req, .. } => req,
+            | Control::Answer { req, .. }
+            | Control::ClaimStore { req, .. } => req,
         }
     }
 
@@ -83,6 +89,7 @@ impl Control {
             Control::Release { chunk, .. } => (4, chunk, 0, 0),
             Control::Access { chunk, .. } => (5, chunk, 0, 0),
             Control::Answer { old, rkey, .. } => (6, 0, old, u64::from(rkey)),
+            Control::ClaimStore { chunk, .. } => (7, chunk, 0, 0),
         };
         b[3] = kind;
         b[8..16].copy_from_slice(&a.to_le_bytes());
@@ -126,6 +133,7 @@ impl Control {
                 old: c,
                 rkey: e as u32,
             },
+            7 => Control::ClaimStore { req, chunk: a },
             k => return Err(bad(&format!("unknown kind {k}"))),
         };
         // Fields the kind does not use are zero: one encoding per message.
@@ -154,6 +162,7 @@ mod tests {
             Control::Claim { req: 3, chunk: 9 },
             Control::Release { req: 4, chunk: 9 },
             Control::Access { req: 5, chunk: 9 },
+            Control::ClaimStore { req: 7, chunk: 9 },
             Control::Answer {
                 req: 6,
                 old: REFUSED,

@@ -5,6 +5,7 @@
 
 use super::super::isolation::{Control, CONTROL_LEN, NO_SLOT, QUOTA_REACHED, REFUSED};
 use super::super::layout::{self, Layout};
+use super::super::STORE_TAG;
 use super::Inner;
 use crate::fabric::{
     AccessFlags, Completion, Mr, Mw, Qp, RecvWr, RegisteredMemory, SendWr, WcOpcode, WrOp,
@@ -301,59 +302,32 @@ impl Inner {
                 }
             }
             Control::Claim { req, chunk } if in_range(chunk) => {
-                if self.max_chunks_per_client > 0
-                    && self.chunks_of(id) >= self.max_chunks_per_client
-                {
-                    return Some(Control::Answer {
-                        req,
-                        old: QUOTA_REACHED,
-                        rkey: 0,
-                    });
-                }
-                let entry = l.table_entry(chunk);
-                let old = match self.compare_exchange_entry(entry, 0, id) {
-                    Err(old) => return Some(Control::Answer { req, old, rkey: 0 }),
-                    Ok(()) => 0,
-                };
-                if let Err(e) = self.wipe_if_used(chunk) {
-                    tracing::error!(node = self.node, chunk, "wiping a chunk: {e}");
-                    let _ = self.compare_exchange_entry(entry, id, 0);
-                    return Some(Control::Answer {
-                        req,
-                        old: REFUSED,
-                        rkey: 0,
-                    });
-                }
-                match self.chunk_window(qp, t, chunk) {
-                    Ok(rkey) => Control::Answer { req, old, rkey },
-                    Err(e) => {
-                        tracing::warn!(
-                            node = self.node,
-                            client = id,
-                            "binding a chunk window: {e}"
-                        );
-                        let _ = self.compare_exchange_entry(entry, id, 0);
-                        Control::Answer {
-                            req,
-                            old: REFUSED,
-                            rkey: 0,
-                        }
-                    }
-                }
+                self.claim(qp, t, id, req, chunk, id)
+            }
+            Control::ClaimStore { req, chunk } if in_range(chunk) => {
+                self.claim(qp, t, id, req, chunk, STORE_TAG | id)
             }
             Control::Release { req, chunk } if in_range(chunk) => {
                 // Revoke first (here; the caller does the id's other connections before
                 // anyone can claim the chunk: the table entry clears under the same lock).
                 t.revoke(chunk);
-                let old = match self.compare_exchange_entry(l.table_entry(chunk), id, 0) {
+                let entry = l.table_entry(chunk);
+                let old = match self.compare_exchange_entry(entry, id, 0) {
                     Ok(()) => id,
+                    // A store chunk of the id's.
+                    Err(old) if old == STORE_TAG | id => {
+                        match self.compare_exchange_entry(entry, old, 0) {
+                            Ok(()) => old,
+                            Err(now) => now,
+                        }
+                    }
                     Err(old) => old,
                 };
                 Control::Answer { req, old, rkey: 0 }
             }
             Control::Access { req, chunk } if in_range(chunk) => {
                 let old = self.word(l.table_entry(chunk)).load(Ordering::Acquire);
-                if old != id {
+                if old != id && old != STORE_TAG | id {
                     return Some(Control::Answer { req, old, rkey: 0 });
                 }
                 match self.chunk_window(qp, t, chunk) {
@@ -366,6 +340,7 @@ impl Inner {
                 }
             }
             Control::Claim { req, .. }
+            | Control::ClaimStore { req, .. }
             | Control::Release { req, .. }
             | Control::Access { req, .. } => Control::Answer {
                 req,
@@ -421,13 +396,56 @@ impl Inner {
         Ok(())
     }
 
-    /// How many chunks the table says `id` owns (claims are rare: a scan is cheap enough).
+    /// A claim of `chunk` by client `id` (on `qp`), for the entry value `swap`: the id
+    /// (a chunk of its lease) or `2^63 | id` (of its store namespace). Within the id's
+    /// quotas, the entry is swapped from 0, the chunk wiped if it was handed out before, and
+    /// a window bound over it.
+    fn claim(&self, qp: &Qp, t: &mut Tenant, id: u64, req: u32, chunk: u64, swap: u64) -> Control {
+        let l = self.layout;
+        let owned = self.chunks_of(id);
+        let over_chunks = self.max_chunks_per_client > 0 && owned >= self.max_chunks_per_client;
+        let over_bytes = self.max_bytes_per_client > 0
+            && (owned + 1).saturating_mul(l.chunk_size) > self.max_bytes_per_client;
+        if over_chunks || over_bytes {
+            return Control::Answer {
+                req,
+                old: QUOTA_REACHED,
+                rkey: 0,
+            };
+        }
+        let entry = l.table_entry(chunk);
+        if let Err(old) = self.compare_exchange_entry(entry, 0, swap) {
+            return Control::Answer { req, old, rkey: 0 };
+        }
+        let refused = Control::Answer {
+            req,
+            old: REFUSED,
+            rkey: 0,
+        };
+        if let Err(e) = self.wipe_if_used(chunk) {
+            tracing::error!(node = self.node, chunk, "wiping a chunk: {e}");
+            let _ = self.compare_exchange_entry(entry, swap, 0);
+            return refused;
+        }
+        match self.chunk_window(qp, t, chunk) {
+            Ok(rkey) => Control::Answer { req, old: 0, rkey },
+            Err(e) => {
+                tracing::warn!(node = self.node, client = id, "binding a chunk window: {e}");
+                let _ = self.compare_exchange_entry(entry, swap, 0);
+                refused
+            }
+        }
+    }
+
+    /// How many chunks the table says `id` owns, its store's among them (claims are rare:
+    /// a scan is cheap enough).
     fn chunks_of(&self, id: u64) -> u64 {
         (0..self.layout.chunk_count)
             .filter(|&j| {
-                self.word(self.layout.table_entry(j))
-                    .load(Ordering::Acquire)
-                    == id
+                let e = self
+                    .word(self.layout.table_entry(j))
+                    .load(Ordering::Acquire);
+                e == id || e == STORE_TAG | id
             })
             .count() as u64
     }

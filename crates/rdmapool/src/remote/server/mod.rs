@@ -58,6 +58,10 @@ pub struct ServerConfig {
     /// Isolated mode: the most chunks one client id may own at once (0: no limit). A claim
     /// beyond it is refused, and the client's allocation reports the node full.
     pub max_chunks_per_client: u64,
+    /// Isolated mode: the most bytes of chunks one client id (a tenant) may own at once,
+    /// its lease's and its store's together (0: no limit). A claim beyond it is refused as
+    /// one beyond `max_chunks_per_client` is.
+    pub max_bytes_per_client: u64,
 }
 
 impl Default for ServerConfig {
@@ -73,6 +77,7 @@ impl Default for ServerConfig {
             allow_unauthenticated: false,
             isolation: Isolation::Trusted,
             max_chunks_per_client: 0,
+            max_bytes_per_client: 0,
         }
     }
 }
@@ -95,6 +100,8 @@ struct Inner {
     isolated: bool,
     /// Isolated mode: chunks one id may own (0: no limit).
     max_chunks_per_client: u64,
+    /// Isolated mode: bytes of chunks one id may own (0: no limit).
+    max_bytes_per_client: u64,
     /// Isolated mode: the server's own record of slot holders and used chunks.
     ledger: Option<isolated::Ledger>,
     /// Connected clients. Dropped once the id holds no lease slot (expired, or never taken)
@@ -367,6 +374,7 @@ impl MemoryServer {
             recv_buf,
             isolated,
             max_chunks_per_client: cfg.max_chunks_per_client,
+            max_bytes_per_client: cfg.max_bytes_per_client,
             ledger: isolated.then(|| isolated::Ledger::new(&layout)),
             conns: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),

@@ -76,6 +76,11 @@ impl Store {
     /// The store chunks on `n` of writers with no lease there, except the index's, with
     /// their allocated objects that `named` (every offset an index slot names) leaves out.
     async fn dead_chunks(&self, n: &StoreNode, named: &HashSet<u64>) -> Result<Vec<DeadChunk>> {
+        if n.isolated {
+            // A tenant's namespace has one writer, this client: none of its chunks is a
+            // gone writer's, and another tenant's are out of its reach.
+            return Ok(Vec::new());
+        }
         let l = n.layout;
         let (node, inc) = (n.node, n.incarnation);
         let leased = self.lease_holders(n).await?;

@@ -219,6 +219,10 @@ impl Store {
         let Some(n) = view.nodes.iter().find(|n| n.up) else {
             return Ok(false);
         };
+        if n.isolated {
+            // A tenant's store: its one client repairs its own namespace.
+            return Ok(true);
+        }
         let me = self.pool.client_id();
         let word = self
             .pool
@@ -241,7 +245,7 @@ impl Store {
     /// Gives the repairer word back where this client holds it (best effort).
     async fn release_repairer(&self) -> Result<()> {
         let me = self.pool.client_id();
-        for n in self.pool.store_nodes() {
+        for n in self.pool.store_nodes().into_iter().filter(|n| !n.isolated) {
             // A node that does not answer keeps the word; its next claimer finds no lease.
             let _ = self
                 .pool

@@ -18,7 +18,11 @@ impl Words {
                 Answer::Word(old)
             }
             Io::Read { at, words: 1 } => Answer::Word(*self.words.get(at).unwrap_or(&0)),
-            Io::Read { .. } => unreachable!("the root machine reads one word"),
+            Io::Read { at, words } => Answer::Words(
+                (0..*words as u64)
+                    .map(|i| *self.words.get(&(at + 8 * i)).unwrap_or(&0))
+                    .collect(),
+            ),
             Io::Write { at, bytes } => {
                 for (i, w) in bytes.chunks(8).enumerate() {
                     let mut b = [0u8; 8];
@@ -121,4 +125,41 @@ fn a_node_without_a_free_chunk_is_exhausted_typed() {
         step = m.advance(Some(Answer::Word(42)));
     }
     assert!(matches!(step, Err(Error::RemoteExhausted { .. })));
+}
+
+/// Runs one machine to its end.
+fn run_one(region: &mut Words, m: &mut FindRoot) -> Index {
+    run(region, std::slice::from_mut(m), &[])[0]
+}
+
+#[test]
+fn a_tenant_finds_its_own_index_among_its_store_chunks_and_never_anothers() {
+    let l = layout();
+    let magic = u64::from_le_bytes(INDEX_MAGIC);
+    let mut region = Words {
+        words: HashMap::new(),
+    };
+    // Tenant 9 has no index yet; tenant 8's index is chunk 2, a data chunk of 9's is 3.
+    region.words.insert(l.table_entry(2), STORE_TAG | 8);
+    region.words.insert(l.chunk(2), magic);
+    region.words.insert(l.table_entry(3), STORE_TAG | 9);
+    region
+        .words
+        .insert(l.chunk(3), crate::remote::layout::CHUNK_MAGIC);
+    let made = run_one(&mut region, &mut FindRoot::tenant(l, 9));
+    assert_ne!(made.chunk, 2, "another tenant's index");
+    assert_ne!(made.chunk, 3, "its own data chunk");
+    assert_eq!(region.words[&l.table_entry(made.chunk)], STORE_TAG | 9);
+    assert_eq!(region.words[&l.chunk(made.chunk)], magic);
+    assert_eq!(
+        region.words.get(&ROOT_WORD),
+        None,
+        "the root word is the server's"
+    );
+    // Found again by a later run (a restart), without claiming anything.
+    let entries = region.words.len();
+    assert_eq!(run_one(&mut region, &mut FindRoot::tenant(l, 9)), made);
+    assert_eq!(region.words.len(), entries);
+    // Tenant 8 finds its own.
+    assert_eq!(run_one(&mut region, &mut FindRoot::tenant(l, 8)).chunk, 2);
 }

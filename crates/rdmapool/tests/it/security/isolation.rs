@@ -10,6 +10,7 @@ use rdmapool::remote::*;
 
 mod lifecycle;
 mod record;
+mod store;
 
 /// An isolated server (4 MiB in 256 KiB chunks, 64 slots, a 4 s lease: a takeover watches
 /// for half of it, and the guest's emulated rxe is slow) on the tests' listen address.
