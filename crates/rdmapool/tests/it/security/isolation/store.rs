@@ -220,3 +220,59 @@ fn a_tenants_store_outlives_its_lease() {
     let other = tenant(&n, &servers, 12);
     assert_eq!(get(&other, "kept"), None);
 }
+
+/// Each tenant's history stays its own while another tenant writes, removes and repairs the
+/// same key names at the same time: every get of tenant A returns the value of A's last put
+/// of that key (one writer per namespace, so the last put is the only right answer).
+#[test]
+fn each_tenants_history_stays_its_own_under_the_others_writes() {
+    let n = node();
+    let servers = tenant_servers(&n.ctx, 0);
+    let a = tenant(&n, &servers, 13);
+    let b = tenant(&n, &servers, 14);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let keys = 12;
+    let (checked, violations, b_ops) = std::thread::scope(|s| {
+        let attacker = s.spawn(|| {
+            let mut ops = 0u64;
+            let mut i = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let k = format!("k{}", i % keys);
+                b.block_on(b.put(k.as_bytes(), format!("B's {i}").as_bytes()))
+                    .unwrap();
+                b.block_on(b.remove(format!("k{}", (i + 5) % keys).as_bytes()))
+                    .unwrap();
+                if i % 16 == 0 {
+                    b.block_on(b.repair()).unwrap();
+                }
+                ops += 2;
+                i += 1;
+            }
+            ops
+        });
+        let (mut checked, mut violations) = (0u64, Vec::new());
+        for round in 0..8 {
+            for k in 0..keys {
+                let key = format!("k{k}");
+                let value = format!("A's round {round} of {key}").into_bytes();
+                a.block_on(a.put(key.as_bytes(), &value)).unwrap();
+                for _ in 0..2 {
+                    let got = get(&a, &key);
+                    checked += 1;
+                    if got.as_deref() != Some(&value[..]) {
+                        violations.push((key.clone(), round, got));
+                    }
+                }
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (checked, violations, attacker.join().unwrap())
+    });
+    eprintln!(
+        "tenant A: {checked} gets checked against its own puts, {} violations; tenant B made {b_ops} \
+         writes and removes of the same key names meanwhile",
+        violations.len()
+    );
+    assert!(violations.is_empty(), "{violations:?}");
+    assert!(b_ops > 0);
+}
