@@ -7,6 +7,7 @@ mod cli_spec;
 mod demo;
 mod device_args;
 mod devices;
+mod error;
 mod etcd_args;
 mod monitor;
 mod peer;
@@ -18,6 +19,8 @@ mod signals;
 mod store;
 mod stress;
 mod units;
+
+pub use error::{Result, ToolError};
 
 use clap::{Parser, Subcommand};
 use std::io::Write;
@@ -158,42 +161,3 @@ fn main() {
         }
     }
 }
-
-/// The tool's error: a library error or a message.
-#[derive(Debug, thiserror::Error)]
-pub enum ToolError {
-    /// From rdmapool.
-    #[error(transparent)]
-    Rdma(#[from] rdmapool::Error),
-    /// I/O with a child process or a reference peer.
-    #[error("{0}: {1}")]
-    Io(String, std::io::Error),
-    /// Anything else, said plainly.
-    #[error("{0}")]
-    Msg(String),
-    /// A command-line argument that cannot be used, found after clap's parsing (exit
-    /// code 2, like clap's own usage errors).
-    #[error("{0}")]
-    Usage(String),
-}
-
-impl From<rdmapool::CoreError> for ToolError {
-    fn from(e: rdmapool::CoreError) -> Self {
-        ToolError::Rdma(e.into())
-    }
-}
-
-impl From<rdmapool::fabric::SoftError> for ToolError {
-    fn from(e: rdmapool::fabric::SoftError) -> Self {
-        ToolError::Rdma(e.into())
-    }
-}
-
-impl From<rdmapool::fabric::VerbsError> for ToolError {
-    fn from(e: rdmapool::fabric::VerbsError) -> Self {
-        ToolError::Rdma(e.into())
-    }
-}
-
-/// Result with [`ToolError`].
-pub type Result<T> = std::result::Result<T, ToolError>;

@@ -5,7 +5,8 @@
 //! [`PoolClient`](crate::remote::PoolClient)'s servers, `r` replicas per object. Beneath it,
 //! each a piece without I/O: the byte formats ([`format`](mod@self::format): the 8-byte index slot, the block
 //! with its version and checksum), replica placement ([`placement`]), the decisions from
-//! what was read ([`decide`]), and, crate-private, the lookup, the get, the put and the
+//! what was read ([`decide`]), the timing rules of space and tombstones (`timing`, in
+//! virtual time), and, crate-private, the lookup, the get, the put and the
 //! making of a node's index as state machines (tested in a simulated cluster, `sim`).
 //! docs/STORE.md says which parts of the design are built.
 
@@ -21,6 +22,7 @@ pub(crate) mod root;
 #[cfg(test)]
 mod sim;
 pub mod stripe;
+pub(crate) mod timing;
 
 pub use client::{Located, RepairReport, Repairer, RepairerStats, Store, StoreConfig, StoreStats};
 pub use format::{KeyHash, Kind, Version};

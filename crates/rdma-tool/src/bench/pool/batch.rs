@@ -2,7 +2,7 @@
 //! list per batch, next to the same operations one future each through the pool, and next
 //! to a raw QP posting lists of the same length to the same memory.
 
-use super::data::windowed;
+use super::windowed::windowed;
 use super::*;
 use crate::bench::harness::{Bench, Op};
 use crate::bench::loops::{rate, raw_batches};

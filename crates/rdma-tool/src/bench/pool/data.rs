@@ -1,5 +1,6 @@
 //! READ and WRITE through the pool next to a raw QP on the same memory.
 
+use super::windowed::windowed;
 use super::*;
 use crate::bench::harness::{count_for, iters_for, Bench, Op};
 use crate::bench::report::Row;
@@ -12,54 +13,8 @@ use rdmapool::remote::{
     ClientConfig, ClientHello, MemoryServer, PoolClient, PoolDescriptor, RemotePtr,
     StaticMembership,
 };
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Instant;
-
-/// Polls up to `window` futures from `start` at once until `count` have finished (each
-/// posts in its first poll, so `window` operations are in flight).
-pub(super) async fn windowed<F, Fut>(
-    count: u64,
-    window: usize,
-    mut start: F,
-) -> rdmapool::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = rdmapool::Result<()>>,
-{
-    let mut inflight: Vec<Pin<Box<Fut>>> = Vec::with_capacity(window);
-    let (mut started, mut done) = (0u64, 0u64);
-    std::future::poll_fn(move |cx| loop {
-        while started < count && inflight.len() < window {
-            inflight.push(Box::pin(start()));
-            started += 1;
-        }
-        let mut progressed = false;
-        let mut i = 0;
-        while i < inflight.len() {
-            match inflight[i].as_mut().poll(cx) {
-                Poll::Ready(r) => {
-                    if let Err(e) = r {
-                        return Poll::Ready(Err(e));
-                    }
-                    drop(inflight.swap_remove(i));
-                    done += 1;
-                    progressed = true;
-                }
-                Poll::Pending => i += 1,
-            }
-        }
-        if done == count {
-            return Poll::Ready(Ok(()));
-        }
-        if !progressed {
-            return Poll::Pending;
-        }
-    })
-    .await
-}
 
 pub(super) fn best_of(mut f: impl FnMut() -> Result<f64>) -> Result<f64> {
     let mut best = 0f64;

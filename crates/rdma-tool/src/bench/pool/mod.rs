@@ -34,6 +34,7 @@ mod batch;
 mod claims;
 mod data;
 mod one_sided;
+mod windowed;
 
 use baseline::{two_sided, TwoSidedServer};
 use data::data_rows;

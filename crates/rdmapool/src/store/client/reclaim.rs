@@ -23,11 +23,7 @@ use std::time::Instant;
 pub(super) type Unnamed = (u32, u64, u64);
 
 /// What the last repair found, waiting for the next one's second look.
-#[derive(Debug, Default)]
-pub(super) struct Pending {
-    since: Option<Instant>,
-    blocks: HashSet<Unnamed>,
-}
+pub(super) type Pending = crate::store::timing::SecondLook<Unnamed>;
 
 /// A store chunk whose writer holds no lease on the node.
 #[derive(Debug)]
@@ -176,22 +172,10 @@ impl Store {
             .filter(|&(node, _, at)| !mine.contains(&(node, at)))
             .collect();
         // The second look: free what the last pass found too, if it was long enough ago.
-        let due = {
-            let mut p = self.reclaim.lock();
-            let ripe = p.since.is_some_and(|t| t.elapsed() >= self.cfg.grace * 2);
-            if ripe || p.since.is_none() {
-                let due: HashSet<Unnamed> = if ripe {
-                    p.blocks.intersection(&seen).copied().collect()
-                } else {
-                    HashSet::new()
-                };
-                p.blocks = seen.difference(&due).copied().collect();
-                p.since = (!p.blocks.is_empty()).then(Instant::now);
-                due
-            } else {
-                HashSet::new()
-            }
-        };
+        let due = self
+            .reclaim
+            .lock()
+            .look(&seen, Instant::now(), self.cfg.grace * 2);
         let freed = join_all(due.iter().map(|&(node, inc, at)| async move {
             ((node, at), self.pool.store_free(node, inc, at).await)
         }))
@@ -203,7 +187,7 @@ impl Store {
             .collect();
         let mut out = Reclaimed {
             freed: freed.len(),
-            pending: self.reclaim.lock().blocks.len(),
+            pending: self.reclaim.lock().pending(),
             ..Reclaimed::default()
         };
         // Chunks left with nothing allocated go back to the pool.

@@ -8,6 +8,7 @@ use crate::store::format::{decode_block, peek, Kind, Slot, ValueDigest, HEADER_L
 use crate::store::lookup::Replica;
 use crate::store::put::Put;
 use crate::store::repair::{by_key, keep, plan, targets, Entry};
+use crate::store::timing::TombstoneRule;
 use crate::store::Version;
 use crate::Result;
 use futures_util::future::join_all;
@@ -360,17 +361,21 @@ impl Store {
         version: Version,
         seen: &Tombstones,
     ) -> usize {
-        let since = match seen.get(key) {
-            Some(&(v, t)) if v == version => t,
-            _ => Instant::now(),
-        };
-        if since.elapsed() < self.cfg.tombstone_hold {
-            self.tombstones
-                .lock()
-                .insert(key.to_vec(), (version, since));
-            return 0;
+        let rule = crate::store::timing::tombstone(
+            seen.get(key).copied(),
+            version,
+            Instant::now(),
+            self.cfg.tombstone_hold,
+        );
+        match rule {
+            TombstoneRule::Hold { since } => {
+                self.tombstones
+                    .lock()
+                    .insert(key.to_vec(), (version, since));
+                0
+            }
+            TombstoneRule::Clear => self.clear(nodes, key, entries.iter()).await,
         }
-        self.clear(nodes, key, entries.iter()).await
     }
 
     /// Copies `key`'s `version` (its `value`) onto `replicas`; how many took it.

@@ -73,7 +73,7 @@ impl Store {
         key: &[u8],
         blocks: impl IntoIterator<Item = (u32, u64, u64, Version)>,
     ) {
-        let due = Instant::now() + self.cfg.grace;
+        let due = crate::store::timing::free_after(Instant::now(), self.cfg.grace);
         let mut q = self.retired.lock();
         for (node, incarnation, at, version) in blocks {
             q.push_back(Retired {

@@ -64,7 +64,7 @@ impl Store {
                     self.remember(key, done.installed.clone());
                 }
                 self.retire_replaced(key, &replicas, &done.replaced);
-                let due = Instant::now() + self.cfg.grace;
+                let due = crate::store::timing::free_after(Instant::now(), self.cfg.grace);
                 if done.version.is_some() {
                     self.retire_parts(due, key, &done.superseded);
                 }

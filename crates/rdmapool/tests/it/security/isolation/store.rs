@@ -242,7 +242,7 @@ fn each_tenants_history_stays_its_own_under_the_others_writes() {
                     .unwrap();
                 b.block_on(b.remove(format!("k{}", (i + 5) % keys).as_bytes()))
                     .unwrap();
-                if i % 16 == 0 {
+                if i.is_multiple_of(16) {
                     b.block_on(b.repair()).unwrap();
                 }
                 ops += 2;

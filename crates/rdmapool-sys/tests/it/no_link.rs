@@ -58,7 +58,7 @@ fn this_test_binary_does_not_link_rdma_core() {
 
 #[test]
 fn the_probe_example_does_not_link_rdma_core_and_runs() {
-    // target/<profile>/deps/no_link-<hash> -> target/<profile>/examples/probe
+    // target/<profile>/deps/it-<hash> -> target/<profile>/examples/probe
     let exe = std::env::current_exe().unwrap();
     let probe: PathBuf = exe
         .parent()
@@ -66,7 +66,7 @@ fn the_probe_example_does_not_link_rdma_core_and_runs() {
         .map(|profile_dir| profile_dir.join("examples").join("probe"))
         .unwrap();
     if !probe.exists() {
-        // `cargo test` builds examples; a filtered build (`--test no_link`) may not have.
+        // `cargo test` builds examples; a filtered build (`--test it`) may not have.
         eprintln!("SKIPPED: {} not built", probe.display());
         return;
     }
