@@ -60,6 +60,16 @@ pub enum Op {
     },
     /// The servers the store uses, the replicas asked for, and the keys held.
     Stats,
+    /// Prints the store's numbered view (the servers it places keys over), or changes it
+    /// with --set: the new view is written on every server, puts made under the old one
+    /// are refused and made again, and the keys move by a repair (docs/STORE.md
+    /// section 4). For static server lists; with etcd the membership is the view.
+    View {
+        /// The node ids of the new view's servers, comma-separated (e.g. 1,2,4): each
+        /// must be one of --servers and answer.
+        #[arg(long, value_delimiter = ',')]
+        set: Option<Vec<u32>>,
+    },
     /// Brings every key back to --replicas copies on its servers and clears what no longer
     /// belongs (run after a server left, restarted or joined; safe beside running
     /// clients). Exit status 1 when some key could not be repaired.
@@ -315,6 +325,46 @@ pub fn run(args: Args) -> Result<()> {
                     nodes.len(),
                     args.replicas
                 );
+            }
+        }
+        Op::View { set } => {
+            let (view, repaired) = match set {
+                Some(members) => {
+                    let (v, r) = store.block_on(store.set_view(&members))?;
+                    (v, Some(r))
+                }
+                None => (store.block_on(store.view())?, None),
+            };
+            if json {
+                let mut out = serde_json::json!({"op": "view", "number": view.number,
+                    "members": view.members, "previous": view.previous});
+                if let Some(r) = &repaired {
+                    out["op"] = "set_view".into();
+                    out["repair"] = repair_json(r);
+                }
+                crate::outln!("{out}");
+            } else if view.number == 0 {
+                crate::outln!("no view set: keys are placed over the servers each client is given");
+            } else {
+                crate::outln!(
+                    "view {}: servers {:?}{}",
+                    view.number,
+                    view.members,
+                    if view.moving() {
+                        format!(", keys still moving from {:?}", view.previous)
+                    } else {
+                        String::new()
+                    }
+                );
+                if let Some(r) = repaired {
+                    crate::outln!(
+                        "moved: {} copied, {} cleared, {} failed, {} deferred",
+                        r.copied,
+                        r.cleared,
+                        r.failed,
+                        r.deferred
+                    );
+                }
             }
         }
         Op::Repair {

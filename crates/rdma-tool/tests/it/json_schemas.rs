@@ -495,6 +495,17 @@ fn store_json_of_every_operation_is_lossless() {
     assert_eq!(st["keys"], 1);
     let r = one(store(&["repair"], None));
     assert_eq!(r["failed"], 0);
+    // The numbered view: none, then set (the keys move by its repair), then read back.
+    assert_eq!(one(store(&["view"], None))["number"], 0);
+    let set = one(store(&["view", "--set", "2,1"], None));
+    assert_eq!(
+        (&set["number"], &set["members"]),
+        (&json!(1), &json!([1, 2]))
+    );
+    assert_eq!(set["repair"]["failed"], 0, "{set}");
+    assert_eq!(one(store(&["view"], None))["number"], 1);
+    let got = one(store(&["get", "text"], None));
+    assert_eq!(got["value"], "hello", "read under the view");
     // The background repairer: a line per repair, until SIGTERM.
     let mut bg = Command::new(EXE)
         .args(["store", "--json", "--servers", &servers])

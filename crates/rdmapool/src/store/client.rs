@@ -20,6 +20,7 @@ mod repairer;
 mod retire;
 mod source;
 mod stripe;
+mod view;
 mod write;
 mod zero_copy;
 use parking_lot::Mutex;
@@ -80,6 +81,10 @@ pub struct StoreStats {
     /// Puts that found no room and waited for the blocks this client replaced to come free
     /// (backpressure: [`Store::put`]).
     pub waits_for_room: u64,
+    /// Puts, removes and gets that found a newer view in force on a replica's fence word
+    /// and were made again under it (a put so made under the old view was not
+    /// acknowledged; docs/STORE.md section 4).
+    pub fenced: u64,
 }
 
 #[derive(Default)]
@@ -89,6 +94,7 @@ struct Counters {
     misses: AtomicU64,
     removes: AtomicU64,
     waits_for_room: AtomicU64,
+    fenced: AtomicU64,
 }
 
 /// Where one replica of a key holds its newest block ([`Store::locate`]).
@@ -132,6 +138,8 @@ pub struct Store {
     cfg: StoreConfig,
     /// Each node's index, by node id, with the incarnation it was found in.
     indexes: Mutex<HashMap<u32, (u64, Index)>>,
+    /// The view this client places keys by, once read (docs/STORE.md section 4).
+    view: Mutex<Option<super::view::View>>,
     /// Held while a tenant's index is found or made on an isolated node: one at a time,
     /// so no two indexes of one tenant are made at once (`store/root.rs`).
     making_index: tokio::sync::Mutex<()>,
@@ -168,6 +176,7 @@ impl Store {
             pool: pool.into(),
             cfg,
             indexes: Mutex::new(HashMap::new()),
+            view: Mutex::new(None),
             making_index: tokio::sync::Mutex::new(()),
             retired: Mutex::new(VecDeque::new()),
             retired_parts: Mutex::new(VecDeque::new()),
@@ -199,6 +208,7 @@ impl Store {
             removes: c.removes.load(Ordering::Relaxed),
             retired: self.retired.lock().len() as u64,
             waits_for_room: c.waits_for_room.load(Ordering::Relaxed),
+            fenced: c.fenced.load(Ordering::Relaxed),
         }
     }
 
@@ -270,10 +280,13 @@ impl Store {
         // One future, the lookups in a loop (not a future per lookup, which a retry wrapper
         // would move into place on every get).
         let mut attempt = 1;
+        let mut views = 0;
         'lookup: loop {
+            let number = self.placing_view().await?.number;
             let (replicas, missing) = self.replicas(key, self.cfg.replicas, Purpose::Read).await?;
             let mut g = Get::hinted(key, &replicas, &self.hints_of(key)).missing(missing);
             let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+            let mut first = true;
             loop {
                 let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
                 match g.advance(&replies) {
@@ -284,6 +297,29 @@ impl Store {
                         continue 'lookup;
                     }
                     Err(e) => return Err(e),
+                    Ok(GetStep::Read(reads)) if first => {
+                        // The fence words beside the first round: a newer view in force
+                        // means this placement may be stale (docs/STORE.md section 4).
+                        first = false;
+                        let (b, fences) = futures_util::future::join(
+                            self.reads(&replicas, &reads),
+                            self.fences(&replicas),
+                        )
+                        .await;
+                        if Self::fenced_out(&fences, number) {
+                            self.counters.fenced.fetch_add(1, Ordering::Relaxed);
+                            views += 1;
+                            if views >= write::VIEW_ROUNDS {
+                                return Err(Error::Contended {
+                                    what: "store get across view changes",
+                                    rounds: views,
+                                });
+                            }
+                            self.reload_view().await?;
+                            continue 'lookup;
+                        }
+                        bytes = b;
+                    }
                     Ok(GetStep::Read(reads)) => bytes = self.reads(&replicas, &reads).await,
                     Ok(GetStep::Done(Some((at, f)))) => {
                         self.remember_found(key, &g, f.block.version);
@@ -422,9 +458,25 @@ impl Store {
         count: usize,
         purpose: Purpose,
     ) -> Result<(Vec<Replica>, usize)> {
+        let placing = self.placing_view().await?;
         let view = self.pool.store_view();
-        let ids: Vec<u32> = view.nodes.iter().map(|n| n.node).collect();
-        let chosen = placement::replicas(KeyHash::of(key), &ids, count);
+        let h = KeyHash::of(key);
+        let chosen = if placing.number == 0 {
+            // No view set: the membership this client knows.
+            let ids: Vec<u32> = view.nodes.iter().map(|n| n.node).collect();
+            placement::replicas(h, &ids, count)
+        } else {
+            let mut chosen = placement::replicas(h, &placing.members, count);
+            if purpose == Purpose::Read && placing.moving() {
+                // While data moves, gets read the previous placement too.
+                for id in placement::replicas(h, &placing.previous, count) {
+                    if !chosen.contains(&id) {
+                        chosen.push(id);
+                    }
+                }
+            }
+            chosen
+        };
         let member = |id: u32| view.nodes.iter().find(|n| n.node == id);
         match purpose {
             Purpose::Read if chosen.is_empty() => {
@@ -432,7 +484,7 @@ impl Store {
             }
             Purpose::Read => {}
             Purpose::Write => {
-                if let Some((addr, why)) = view.unreached.first() {
+                if let Some((addr, why)) = view.unreached.first().filter(|_| placing.number == 0) {
                     return Err(Error::MemberUnreached {
                         addr: addr.to_string(),
                         reason: why.clone(),
@@ -442,6 +494,15 @@ impl Store {
                     return Err(Error::NotEnoughReplicas {
                         live: chosen.len(),
                         wanted: count,
+                    });
+                }
+                if let Some(id) = chosen.iter().find(|&&id| member(id).is_none()) {
+                    return Err(Error::MemberUnreached {
+                        addr: format!("node {id}"),
+                        reason: format!(
+                            "a member of store view {} that this client has not joined",
+                            placing.number
+                        ),
                     });
                 }
                 if let Some(down) = chosen.iter().find(|&&id| member(id).is_some_and(|n| !n.up)) {

@@ -23,6 +23,7 @@ pub(crate) mod root;
 mod sim;
 pub mod stripe;
 pub(crate) mod timing;
+pub mod view;
 
 pub use client::{Located, RepairReport, Repairer, RepairerStats, Store, StoreConfig, StoreStats};
 pub use format::{KeyHash, Kind, Version};

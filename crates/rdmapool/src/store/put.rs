@@ -59,6 +59,9 @@ pub(crate) struct Put {
     /// In the backups' phase: a lookup answers for the pending replicas alone.
     backing: bool,
     version: Version,
+    /// A version the put's must exceed whatever it finds (a retry after its view changed
+    /// under it, or a put while data moves: docs/STORE.md section 4).
+    floor: Option<Version>,
     rounds: u32,
     /// Replicas (by position) that still need this put's version.
     pending: Vec<usize>,
@@ -98,6 +101,7 @@ impl Put {
             copy: false,
             backing: false,
             version: Version { seq: 0, writer },
+            floor: None,
             rounds: 0,
             pending: (0..replicas.len()).collect(),
             done: Self::empty_done(),
@@ -125,6 +129,14 @@ impl Put {
 
     /// The same put, also reading beside its first buckets the blocks at `hints`
     /// ([`Lookup::hinted`]): a lookup of one round of reads when they are still current.
+    /// This put, taking a version above `floor` whatever it finds on its replicas: a put
+    /// retried after its view changed, above the version it published under the old one,
+    /// or a put while data moves, above the newest on the previous placement.
+    pub(crate) fn at_least(mut self, floor: Option<Version>) -> Self {
+        self.floor = floor;
+        self
+    }
+
     pub(crate) fn hinted(mut self, hints: &[(u32, u64)]) -> Self {
         if let State::Buckets { lookup } = std::mem::replace(&mut self.state, State::Finished) {
             self.state = State::Buckets {
@@ -251,7 +263,7 @@ impl Put {
             done.unused = self.allocated();
             return Ok(PutStep::Done(done));
         }
-        self.version = next_version(newest, self.writer);
+        self.version = next_version(newest.max(self.floor), self.writer);
         if self.blocks.is_empty() {
             self.state = State::Allocated { looked };
             return Ok(PutStep::Alloc {

@@ -95,8 +95,22 @@ impl Default for Plan {
 /// The plan for a key: `entries` as scanned, `sound[i]` whether entry `i` was read whole
 /// and verified (asked only of entries of the kept version), `targets` its replicas. With
 /// no sound entry of the kept version there is no source: nothing is copied or cleared.
+#[cfg(test)]
 pub(crate) fn plan(entries: &[Entry], sound: &[bool], targets: &[u32]) -> Plan {
-    let Some(version) = keep(entries, targets) else {
+    plan_moving(entries, sound, targets, targets)
+}
+
+/// [`plan`] while data moves from a previous view's placement (docs/STORE.md section 4):
+/// the version kept is the newest on `readable`, what gets read (the key's replicas under
+/// both views), so a version acknowledged under the previous view is kept and copied to
+/// the new `targets`; the entries off `targets` are cleared as usual.
+pub(crate) fn plan_moving(
+    entries: &[Entry],
+    sound: &[bool],
+    targets: &[u32],
+    readable: &[u32],
+) -> Plan {
+    let Some(version) = keep(entries, readable) else {
         return Plan::default();
     };
     let is_sound = |i: usize| sound.get(i).copied().unwrap_or(false);

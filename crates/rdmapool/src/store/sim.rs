@@ -216,7 +216,7 @@ impl Running {
         Self::start(put, key, value)
     }
 
-    fn start(mut put: Put, key: &[u8], value: &[u8]) -> Self {
+    pub(super) fn start(mut put: Put, key: &[u8], value: &[u8]) -> Self {
         let step = put.advance(Reply::Start);
         let mut r = Self {
             put,

@@ -17,6 +17,7 @@ mod large;
 mod many;
 mod repairer;
 mod space;
+mod view;
 
 fn server_at(node: u32, lease: Duration, listen: SocketAddr) -> rdmapool::Result<MemoryServer> {
     server_of(node, lease, 8 << 20, listen)

@@ -28,6 +28,44 @@ impl Store {
     /// # Errors
     /// Per key, as [`Store::get`].
     pub async fn get_many(&self, keys: &[&[u8]]) -> Vec<Result<Option<Vec<u8>>>> {
+        for _ in 0..super::write::VIEW_ROUNDS {
+            let number = match self.placing_view().await {
+                Ok(v) => v.number,
+                Err(_) => {
+                    return keys
+                        .iter()
+                        .map(|_| Err(super::view::torn_record()))
+                        .collect()
+                }
+            };
+            if let Some(out) = self.get_many_under(keys, number).await {
+                return out;
+            }
+            // A newer view is in force: read it, and look up again under it.
+            if self.reload_view().await.is_err() {
+                return keys
+                    .iter()
+                    .map(|_| Err(super::view::torn_record()))
+                    .collect();
+            }
+        }
+        keys.iter()
+            .map(|_| {
+                Err(Error::Contended {
+                    what: "store get_many across view changes",
+                    rounds: super::write::VIEW_ROUNDS,
+                })
+            })
+            .collect()
+    }
+
+    /// [`Store::get_many`] under view `number`; `None` when a fence word read in its
+    /// first round names a newer view.
+    async fn get_many_under(
+        &self,
+        keys: &[&[u8]],
+        number: u64,
+    ) -> Option<Vec<Result<Option<Vec<u8>>>>> {
         let mut out: Vec<Option<Result<Option<Vec<u8>>>>> = (0..keys.len()).map(|_| None).collect();
         let mut running = Vec::new();
         for (i, key) in keys.iter().enumerate() {
@@ -54,6 +92,7 @@ impl Store {
         // Bytes of the last step's combined READs (empty before the first step).
         let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
         let mut again = Vec::new();
+        let mut first = true;
         while !running.is_empty() {
             let mut reads = Vec::new();
             let mut still = Vec::with_capacity(running.len());
@@ -108,21 +147,48 @@ impl Store {
             if running.is_empty() {
                 break;
             }
+            // The fence word of every replica read, beside the first round's READs.
+            let mut fenced: Vec<(u32, u64)> = Vec::new();
+            if first {
+                for r in &running {
+                    for x in &r.replicas {
+                        if !fenced.contains(&(x.node, x.incarnation)) {
+                            fenced.push((x.node, x.incarnation));
+                        }
+                    }
+                }
+                let at = crate::store::view::VIEW_AT;
+                reads.extend(fenced.iter().map(|&(node, inc)| (node, inc, at, 8)));
+            }
             bytes = self.pool.store_reads(&reads).await;
+            if first {
+                first = false;
+                let fences: Vec<Option<u64>> = bytes
+                    .split_off(bytes.len() - fenced.len())
+                    .into_iter()
+                    .map(|b| Some(u64::from_le_bytes(b?.get(..8)?.try_into().ok()?)))
+                    .collect();
+                if Self::fenced_out(&fences, number) {
+                    self.counters.fenced.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+            }
         }
         for i in again {
             out[i] = Some(self.get_value(keys[i]).await);
         }
-        out.into_iter()
-            .map(|r| {
-                let r = r.unwrap_or(Ok(None));
-                match &r {
-                    Ok(Some(_)) => self.counters.hits.fetch_add(1, Ordering::Relaxed),
-                    Ok(None) => self.counters.misses.fetch_add(1, Ordering::Relaxed),
-                    Err(_) => 0,
-                };
-                r
-            })
-            .collect()
+        Some(
+            out.into_iter()
+                .map(|r| {
+                    let r = r.unwrap_or(Ok(None));
+                    match &r {
+                        Ok(Some(_)) => self.counters.hits.fetch_add(1, Ordering::Relaxed),
+                        Ok(None) => self.counters.misses.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => 0,
+                    };
+                    r
+                })
+                .collect(),
+        )
     }
 }

@@ -7,7 +7,7 @@ use crate::remote::client::StoreNode;
 use crate::store::format::{decode_block, peek, Kind, Slot, ValueDigest, HEADER_LEN, MAX_KEY_LEN};
 use crate::store::lookup::Replica;
 use crate::store::put::Put;
-use crate::store::repair::{by_key, keep, plan, targets, Entry};
+use crate::store::repair::{by_key, keep, plan_moving, targets, Entry};
 use crate::store::timing::TombstoneRule;
 use crate::store::Version;
 use crate::Result;
@@ -142,16 +142,22 @@ impl Store {
     /// read (nothing was changed); a key whose copy fails is counted in
     /// [`RepairReport::failed`] instead.
     pub async fn repair(&self) -> Result<RepairReport> {
+        let placing = self.reload_view().await?;
         let view = self.pool.store_view();
-        if let Some((addr, why)) = view.unreached.first() {
+        if let Some((addr, why)) = view.unreached.first().filter(|_| placing.number == 0) {
             return Err(crate::Error::MemberUnreached {
                 addr: addr.to_string(),
                 reason: why.clone(),
             });
         }
-        // Keys are placed over every member (section 4); the members that are up are
-        // scanned.
-        let members: Vec<u32> = view.nodes.iter().map(|n| n.node).collect();
+        // Keys are placed over the view's members, or with none set over every member
+        // (section 4); every joined server that is up is scanned.
+        let members: Vec<u32> = if placing.number == 0 {
+            view.nodes.iter().map(|n| n.node).collect()
+        } else {
+            placing.members.clone()
+        };
+        let previous = placing.previous.clone();
         let down: Vec<u32> = view
             .nodes
             .iter()
@@ -176,11 +182,9 @@ impl Store {
             ..RepairReport::default()
         };
         for batch in keys.chunks(KEYS_AT_ONCE) {
-            let done = join_all(
-                batch
-                    .iter()
-                    .map(|(key, es)| self.repair_key(&nodes, &members, &down, key, es, &seen)),
-            )
+            let done = join_all(batch.iter().map(|(key, es)| {
+                self.repair_key(&nodes, (&members, &previous), &down, key, es, &seen)
+            }))
             .await;
             for d in done {
                 report.copied += d.copied;
@@ -207,7 +211,7 @@ impl Store {
     async fn repair_key(
         &self,
         nodes: &[StoreNode],
-        members: &[u32],
+        (members, previous): (&[u32], &[u32]),
         down: &[u32],
         key: &[u8],
         entries: &[Entry],
@@ -215,8 +219,15 @@ impl Store {
     ) -> RepairReport {
         let mut out = RepairReport::default();
         let targets = targets(key, members, self.cfg.replicas);
+        // While data moves, gets read the previous placement too: keep what they read.
+        let mut readable = targets.clone();
+        for id in crate::store::repair::targets(key, previous, self.cfg.replicas) {
+            if !readable.contains(&id) {
+                readable.push(id);
+            }
+        }
         let waiting = targets.iter().any(|t| down.contains(t));
-        let Some(version) = keep(entries, &targets) else {
+        let Some(version) = keep(entries, &readable) else {
             return out;
         };
         let node_of = |id: u32| nodes.iter().find(|n| n.node == id);
@@ -238,7 +249,7 @@ impl Store {
         }))
         .await;
         let sound: Vec<bool> = blocks.iter().map(Option::is_some).collect();
-        let mut p = plan(entries, &sound, &targets);
+        let mut p = plan_moving(entries, &sound, &targets, &readable);
         if waiting {
             // A replica is away: copy onto those that are up, clear nothing.
             p.need.retain(|id| !down.contains(id));

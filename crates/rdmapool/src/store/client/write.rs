@@ -9,6 +9,9 @@ use crate::{Error, Result};
 use futures_util::future::join_all;
 use std::time::Instant;
 
+/// Puts made anew after finding the view changed under them, before giving up.
+pub(super) const VIEW_ROUNDS: u32 = 8;
+
 impl Store {
     pub(super) async fn write(
         &self,
@@ -38,6 +41,12 @@ impl Store {
         out
     }
 
+    /// A put under the view this client places keys by, fenced (docs/STORE.md section 4):
+    /// once published, the fence word of each replica is read (after the put's swaps there,
+    /// on the same connections); a newer view on any of them means the put was made under
+    /// an old view, so it is not acknowledged: the view is read again and the put made anew
+    /// under it, with a version above the one it published. While data moves, the put's
+    /// version also beats the newest on the previous placement.
     async fn put_now(
         &self,
         key: &[u8],
@@ -45,17 +54,69 @@ impl Store {
         kind: Kind,
         replicas: usize,
     ) -> (Result<PutDone>, bool) {
+        let mut floor = None;
+        let mut published = false;
+        for _ in 0..VIEW_ROUNDS {
+            let view = match self.placing_view().await {
+                Ok(v) => v,
+                Err(e) => return (Err(e), published),
+            };
+            if view.moving() {
+                match self.locate(key).await {
+                    Ok(found) => floor = floor.max(found.iter().map(|l| l.version).max()),
+                    Err(e) => return (Err(e), published),
+                }
+            }
+            let (result, now_published, placed) =
+                self.put_once(key, value, kind, replicas, floor).await;
+            published |= now_published;
+            let done = match result {
+                Ok(d) => d,
+                Err(e) => return (Err(e), published),
+            };
+            let fences = self.fences(&placed).await;
+            if !Self::fenced_out(&fences, view.number) {
+                return (Ok(done), true);
+            }
+            // Made under an old view: not acknowledged; again under the new one.
+            self.counters
+                .fenced
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            floor = floor.max(done.version);
+            if let Err(e) = self.reload_view().await {
+                return (Err(e), published);
+            }
+        }
+        (
+            Err(Error::Contended {
+                what: "store put across view changes",
+                rounds: VIEW_ROUNDS,
+            }),
+            published,
+        )
+    }
+
+    /// One put on the key's replicas under the view in force, its version above `floor`:
+    /// what it did, whether it was published, and the replicas it was placed on.
+    async fn put_once(
+        &self,
+        key: &[u8],
+        value: Source<'_>,
+        kind: Kind,
+        replicas: usize,
+        floor: Option<crate::store::Version>,
+    ) -> (Result<PutDone>, bool, Vec<Replica>) {
         let replicas = match self.replicas(key, replicas, super::Purpose::Write).await {
             Ok((r, _)) => r,
-            Err(e) => return (Err(e), false),
+            Err(e) => return (Err(e), false, Vec::new()),
         };
         let digest = match value.digest() {
             Ok(d) => d,
-            Err(e) => return (Err(e), false),
+            Err(e) => return (Err(e), false, replicas),
         };
         let mut put = match Put::new(key, digest, kind, self.pool.client_id(), &replicas) {
-            Ok(p) => p.hinted(&self.hints_of(key)),
-            Err(e) => return (Err(e), false),
+            Ok(p) => p.hinted(&self.hints_of(key)).at_least(floor),
+            Err(e) => return (Err(e), false, replicas),
         };
         let result = self.run_put(&mut put, &replicas, key, value).await;
         match result {
@@ -69,14 +130,14 @@ impl Store {
                     self.retire_parts(due, key, &done.superseded);
                 }
                 self.free_now(&replicas, &done.unused).await;
-                (Ok(done), true)
+                (Ok(done), true, replicas)
             }
             Err(e) => {
                 let published = put.published();
                 if !published {
                     self.free_now(&replicas, &put.allocated()).await;
                 }
-                (Err(e), published)
+                (Err(e), published, replicas)
             }
         }
     }

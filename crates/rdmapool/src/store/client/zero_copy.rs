@@ -136,11 +136,32 @@ impl Store {
     /// The key's blocks on its replicas as their headers say, newest first (the primary's
     /// first among equals).
     async fn candidates(&self, key: &[u8]) -> Result<Vec<Candidate>> {
-        let (replicas, _) = self
-            .replicas(key, self.cfg.replicas, super::Purpose::Read)
-            .await?;
-        let mut lookup = Lookup::new(key, &replicas);
-        let buckets = self.reads(&replicas, &lookup.bucket_reads()).await;
+        let mut views = 0;
+        let (replicas, mut lookup, buckets) = loop {
+            let number = self.placing_view().await?.number;
+            let (replicas, _) = self
+                .replicas(key, self.cfg.replicas, super::Purpose::Read)
+                .await?;
+            let lookup = Lookup::new(key, &replicas);
+            // The fence words beside the bucket READs (docs/STORE.md section 4).
+            let (buckets, fences) = futures_util::future::join(
+                self.reads(&replicas, &lookup.bucket_reads()),
+                self.fences(&replicas),
+            )
+            .await;
+            if !Self::fenced_out(&fences, number) {
+                break (replicas, lookup, buckets);
+            }
+            self.counters.fenced.fetch_add(1, Ordering::Relaxed);
+            views += 1;
+            if views >= super::write::VIEW_ROUNDS {
+                return Err(Error::Contended {
+                    what: "store get into a buffer across view changes",
+                    rounds: views,
+                });
+            }
+            self.reload_view().await?;
+        };
         if buckets.iter().all(Option::is_none) {
             return Err(Error::NodeDown {
                 node: replicas.first().map_or(0, |r| r.node),

@@ -156,3 +156,25 @@ fn a_put_hinted_where_the_key_is_looks_it_up_in_one_round() {
     assert_eq!(done.version, Some(Version { seq: 2, writer: 8 }));
     assert_eq!(c.get(b"k").unwrap().unwrap(), b"two");
 }
+
+#[test]
+fn a_put_with_a_floor_takes_a_version_above_it_whatever_it_finds() {
+    // A put retried after its view changed under it (docs/STORE.md section 4): its new
+    // version must beat the one it published under the old view, which its new replicas
+    // may not hold.
+    let mut c = Cluster::new(&[1, 2]);
+    Running::put(&c, b"k", b"one", 7).run(&mut c).unwrap();
+    let floor = Some(Version { seq: 9, writer: 7 });
+    let put = Put::new(b"k", ValueDigest::of(b"two"), Kind::Value, 7, &c.replicas)
+        .unwrap()
+        .at_least(floor);
+    let done = Running::start(put, b"k", b"two").run(&mut c).unwrap();
+    assert_eq!(done.version, Some(Version { seq: 10, writer: 7 }));
+    assert_eq!(c.get(b"k").unwrap().unwrap(), b"two");
+    // A floor below what is found changes nothing.
+    let put = Put::new(b"k", ValueDigest::of(b"three"), Kind::Value, 3, &c.replicas)
+        .unwrap()
+        .at_least(Some(Version { seq: 1, writer: 9 }));
+    let done = Running::start(put, b"k", b"three").run(&mut c).unwrap();
+    assert_eq!(done.version, Some(Version { seq: 11, writer: 3 }));
+}

@@ -1,0 +1,213 @@
+//! The numbered, fenced view on a [`Store`] (docs/STORE.md section 4, `store/view.rs` for
+//! the record): reading it from the servers, checking the fence words after a put and
+//! beside a get, and changing it.
+
+use super::Store;
+use crate::remote::client::StoreNode;
+use crate::store::lookup::Replica;
+use crate::store::view::{View, MAX_IDS, VIEW_AT, VIEW_LEN};
+use crate::store::RepairReport;
+use crate::{CoreError, Error, Result};
+use futures_util::future::join_all;
+
+/// Reads of a record that did not hold together (a change in progress) before giving up.
+const TORN_READS: usize = 8;
+
+/// The error of a view record that stayed torn: a change that did not finish.
+pub(super) fn torn_record() -> Error {
+    Error::Contended {
+        what: "store view record (a view change that did not finish)",
+        rounds: TORN_READS as u32,
+    }
+}
+
+impl Store {
+    /// The view this client places keys by: the one it last read from the servers (read
+    /// on first use).
+    pub(super) async fn placing_view(&self) -> Result<View> {
+        if let Some(v) = self.view.lock().clone() {
+            return Ok(v);
+        }
+        self.reload_view().await
+    }
+
+    /// Reads the view record of every store node that is up, keeps the highest-numbered
+    /// one that holds together (no record anywhere: view 0, placement over the
+    /// membership), and places keys by it from now on.
+    ///
+    /// # Errors
+    /// [`Error::Contended`] when a record stayed torn (a change that did not finish).
+    pub(super) async fn reload_view(&self) -> Result<View> {
+        let nodes = self.pool.store_nodes();
+        let mut best = View::default();
+        for n in &nodes {
+            if let Some(v) = self.read_view(n).await? {
+                if v.number > best.number {
+                    best = v;
+                }
+            }
+        }
+        let mut cached = self.view.lock();
+        // Never go back to an older view than one already seen.
+        match cached.as_ref() {
+            Some(c) if c.number > best.number => Ok(c.clone()),
+            _ => {
+                *cached = Some(best.clone());
+                Ok(best)
+            }
+        }
+    }
+
+    /// `n`'s view record (`None`: none; a node that does not answer has none to say).
+    async fn read_view(&self, n: &StoreNode) -> Result<Option<View>> {
+        for _ in 0..TORN_READS {
+            let Ok(bytes) = self
+                .pool
+                .store_read(n.node, n.incarnation, VIEW_AT, VIEW_LEN)
+                .await
+            else {
+                return Ok(None);
+            };
+            match View::decode(&bytes) {
+                Ok(v) => return Ok(v),
+                Err(_) => std::thread::yield_now(),
+            }
+        }
+        Err(torn_record())
+    }
+
+    /// The fence words of `replicas`: the view number each holds now (`None` for one that
+    /// did not answer). Read after a put's last swap on each, on the same connection, so
+    /// after it.
+    pub(super) async fn fences(&self, replicas: &[Replica]) -> Vec<Option<u64>> {
+        join_all(replicas.iter().map(|r| async move {
+            let b = self
+                .pool
+                .store_read(r.node, r.incarnation, VIEW_AT, 8)
+                .await
+                .ok()?;
+            Some(u64::from_le_bytes(b.get(..8)?.try_into().ok()?))
+        }))
+        .await
+    }
+
+    /// Whether a view newer than `number` is in force on any of `fences`.
+    pub(super) fn fenced_out(fences: &[Option<u64>], number: u64) -> bool {
+        fences.iter().flatten().any(|&f| f > number)
+    }
+
+    /// The view the servers hold now, read afresh (and placed by from now on).
+    ///
+    /// # Errors
+    /// [`Error::Contended`] when a record stayed torn (a change that did not finish).
+    pub async fn view(&self) -> Result<View> {
+        self.reload_view().await
+    }
+
+    /// Changes the store's view to `members` (node ids of servers this client has joined
+    /// and reaches), for static memberships an operator changes (`rdma-tool store view
+    /// --set`): writes view `v + 1`, with the members it replaces as the previous ones, on
+    /// every store server that is up (its body, then its fence word from what it held),
+    /// so every put made under view `v` from then on is refused and retried under `v + 1`;
+    /// then repairs (keys move from the old placement to the new one while gets read
+    /// both), and, when the repair left nothing behind, settles the view (no previous
+    /// members). Returns the view in force and the repair's report.
+    ///
+    /// # Errors
+    /// [`CoreError::OutOfLimits`] for no member or more than [`MAX_IDS`];
+    /// [`Error::NodeDown`] for a new member this client has not joined or does not reach;
+    /// [`Error::NotEnoughReplicas`] when more than `replicas − 1` members of the view in
+    /// force do not answer (a put acknowledged on them could be missed); [`Error::Contended`]
+    /// when another change raced this one; the repair's errors.
+    pub async fn set_view(&self, members: &[u32]) -> Result<(View, RepairReport)> {
+        if members.is_empty() || members.len() > MAX_IDS {
+            return Err(Error::Core(CoreError::OutOfLimits {
+                what: "store view members",
+                value: members.len() as u64,
+                min: 1,
+                max: MAX_IDS as u64,
+            }));
+        }
+        let current = self.reload_view().await?;
+        let known = self.pool.store_view();
+        let up: Vec<StoreNode> = known.nodes.iter().filter(|n| n.up).copied().collect();
+        for id in members {
+            if !up.iter().any(|n| n.node == *id) {
+                return Err(Error::NodeDown {
+                    node: *id,
+                    reason: "a member of a new store view must be joined and answering".into(),
+                });
+            }
+        }
+        let old: Vec<u32> = if current.number == 0 {
+            known.nodes.iter().map(|n| n.node).collect()
+        } else {
+            current.members.clone()
+        };
+        let away = old
+            .iter()
+            .filter(|id| !up.iter().any(|n| n.node == **id))
+            .count();
+        if away > self.cfg.replicas.saturating_sub(1) {
+            return Err(Error::NotEnoughReplicas {
+                live: old.len() - away,
+                wanted: old.len() + 1 - self.cfg.replicas,
+            });
+        }
+        let next = current.next(members, &old);
+        self.install(&up, &next, current.number).await?;
+        *self.view.lock() = Some(next.clone());
+        let report = self.repair().await?;
+        if report.failed + report.deferred + report.unreadable > 0 {
+            return Ok((next, report));
+        }
+        let settled = next.settled();
+        self.write_body(&up, &settled).await?;
+        *self.view.lock() = Some(settled.clone());
+        Ok((settled, report))
+    }
+
+    /// Writes `next` on every one of `nodes`: its body, then its fence word, swapped from
+    /// what the node held (at most `from`, the number the change started from).
+    async fn install(&self, nodes: &[StoreNode], next: &View, from: u64) -> Result<()> {
+        self.write_body(nodes, next).await?;
+        let swapped = join_all(nodes.iter().map(|n| async move {
+            let b = self
+                .pool
+                .store_read(n.node, n.incarnation, VIEW_AT, 8)
+                .await?;
+            let held = u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8]));
+            if held > from {
+                return Ok(false);
+            }
+            let old = self
+                .pool
+                .store_cas(n.node, n.incarnation, VIEW_AT, held, next.number)
+                .await?;
+            Ok::<bool, Error>(old == held)
+        }))
+        .await;
+        for r in swapped {
+            if !r? {
+                return Err(Error::Contended {
+                    what: "store view change (another change raced it)",
+                    rounds: 1,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the record of `view` but its fence word (bytes 8 on) on every one of `nodes`.
+    async fn write_body(&self, nodes: &[StoreNode], view: &View) -> Result<()> {
+        let bytes = view.encode()?;
+        let body: [&[u8]; 1] = [&bytes[8..]];
+        let body = &body;
+        let written = join_all(nodes.iter().map(|n| {
+            self.pool
+                .store_write(n.node, n.incarnation, VIEW_AT + 8, body)
+        }))
+        .await;
+        written.into_iter().collect::<Result<Vec<_>>>().map(drop)
+    }
+}
