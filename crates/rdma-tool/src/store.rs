@@ -67,7 +67,7 @@ pub enum Op {
     View {
         /// The node ids of the new view's servers, comma-separated (e.g. 1,2,4): each
         /// must be one of --servers and answer.
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
         set: Option<Vec<u32>>,
     },
     /// Brings every key back to --replicas copies on its servers and clears what no longer

@@ -14,6 +14,7 @@ use std::collections::{HashMap, HashSet};
 
 mod repairing;
 pub(super) use repairing::Repairing;
+mod view_change;
 
 pub(super) fn layout() -> Layout {
     Layout::new(4 << 20, 1 << 20, 16).unwrap()

@@ -6,7 +6,7 @@ use super::{Cluster, Running};
 use crate::store::decide::SLOTS_PER_BUCKET;
 use crate::store::format::{decode_block, peek, KeyHash, Slot};
 use crate::store::lookup::Read;
-use crate::store::repair::{plan, Entry, Plan};
+use crate::store::repair::{plan_moving, Entry, Plan};
 
 enum Phase {
     Scan,
@@ -21,6 +21,8 @@ pub(in crate::store) struct Repairing {
     key: Vec<u8>,
     nodes: Vec<u32>,
     targets: Vec<u32>,
+    /// What gets read: the targets, and while keys move the previous placement too.
+    readable: Vec<u32>,
     phase: Phase,
     /// Slots cleared.
     pub(in crate::store) cleared: usize,
@@ -30,10 +32,22 @@ pub(in crate::store) struct Repairing {
 
 impl Repairing {
     pub(in crate::store) fn new(key: &[u8], nodes: &[u32], targets: &[u32]) -> Self {
+        Self::moving(key, nodes, targets, targets)
+    }
+
+    /// A repair while keys move from a previous view's placement: the version kept is the
+    /// newest on `readable` (both placements), as `Store::repair` keeps it.
+    pub(in crate::store) fn moving(
+        key: &[u8],
+        nodes: &[u32],
+        targets: &[u32],
+        readable: &[u32],
+    ) -> Self {
         Self {
             key: key.to_vec(),
             nodes: nodes.to_vec(),
             targets: targets.to_vec(),
+            readable: readable.to_vec(),
             phase: Phase::Scan,
             cleared: 0,
             plan: None,
@@ -101,7 +115,7 @@ impl Repairing {
                         })
                     })
                     .collect();
-                let kept = crate::store::repair::keep(&entries, &self.targets);
+                let kept = crate::store::repair::keep(&entries, &self.readable);
                 let sound: Vec<bool> = blocks
                     .iter()
                     .map(|b| {
@@ -110,7 +124,7 @@ impl Repairing {
                             .is_some_and(|d| Some(d.version) == kept)
                     })
                     .collect();
-                let p = plan(&entries, &sound, &self.targets);
+                let p = plan_moving(&entries, &sound, &self.targets, &self.readable);
                 self.plan = Some(p.clone());
                 match p.source {
                     None => Phase::Done,
