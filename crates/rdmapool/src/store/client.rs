@@ -378,6 +378,12 @@ impl Store {
     /// As [`Store::get`].
     pub async fn locate(&self, key: &[u8]) -> Result<Vec<Located>> {
         check_user_key(key, 1)?;
+        self.locate_any(key).await
+    }
+
+    /// [`Store::locate`] of any key, a striped value's part keys among them (a put's
+    /// lookup over the previous placement while keys move).
+    pub(super) async fn locate_any(&self, key: &[u8]) -> Result<Vec<Located>> {
         let (replicas, _) = self.replicas(key, self.cfg.replicas, Purpose::Read).await?;
         let mut lookup = Lookup::new(key, &replicas);
         let buckets = self.reads(&replicas, &lookup.bucket_reads()).await;

@@ -62,7 +62,7 @@ impl Store {
                 Err(e) => return (Err(e), published),
             };
             if view.moving() {
-                match self.locate(key).await {
+                match self.locate_any(key).await {
                     Ok(found) => floor = floor.max(found.iter().map(|l| l.version).max()),
                     Err(e) => return (Err(e), published),
                 }
