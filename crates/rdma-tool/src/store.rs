@@ -127,6 +127,7 @@ fn repair_every(
     use rdmapool::store::Repairer;
     crate::signals::install()?;
     let store = std::sync::Arc::new(store);
+    let watched = store.clone();
     #[cfg(feature = "etcd")]
     let (repairer, _follower) = match conn.etcd.config()? {
         Some(cfg) => (
@@ -145,10 +146,21 @@ fn repair_every(
          stop with Ctrl-C",
         crate::units::show_duration(every)
     );
-    let mut shown = 0;
+    let (mut shown, mut views_shown) = (0, 0);
     while !crate::signals::stopped() {
         std::thread::sleep(Duration::from_millis(50));
         let st = repairer.stats();
+        if st.views_changed != views_shown {
+            // The elected repairer changed the store's view (with --etcd): say which.
+            views_shown = st.views_changed;
+            if let Ok(view) = watched.block_on(watched.view()) {
+                if json {
+                    crate::outln!("{}", view_json(&view));
+                } else {
+                    crate::outln!("view {}: servers {:?}", view.number, view.members);
+                }
+            }
+        }
         if st.runs == shown {
             continue;
         }
@@ -174,6 +186,12 @@ fn repair_every(
     }
     drop(repairer); // gives the repairer word back
     Ok(())
+}
+
+/// A view as `store --json` prints it (schema `store.schema.json`, `view`).
+fn view_json(view: &rdmapool::store::view::View) -> serde_json::Value {
+    serde_json::json!({"op": "view", "number": view.number,
+        "members": view.members, "previous": view.previous})
 }
 
 /// A repair's report as `store --json` prints it (schema `store.schema.json`, `repair`).
@@ -336,8 +354,7 @@ pub fn run(args: Args) -> Result<()> {
                 None => (store.block_on(store.view())?, None),
             };
             if json {
-                let mut out = serde_json::json!({"op": "view", "number": view.number,
-                    "members": view.members, "previous": view.previous});
+                let mut out = view_json(&view);
                 if let Some(r) = &repaired {
                     out["op"] = "set_view".into();
                     out["repair"] = repair_json(r);

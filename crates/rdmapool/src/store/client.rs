@@ -25,6 +25,8 @@ mod write;
 mod zero_copy;
 use parking_lot::Mutex;
 pub use repair::RepairReport;
+#[cfg(feature = "etcd")]
+pub use repairer::VIEW_KEY;
 pub use repairer::{Repairer, RepairerStats};
 use retire::Retired;
 use source::{digest_of, Source};

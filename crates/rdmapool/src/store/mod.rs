@@ -25,5 +25,7 @@ pub mod stripe;
 pub(crate) mod timing;
 pub mod view;
 
+#[cfg(feature = "etcd")]
+pub use client::VIEW_KEY;
 pub use client::{Located, RepairReport, Repairer, RepairerStats, Store, StoreConfig, StoreStats};
 pub use format::{KeyHash, Kind, Version};

@@ -208,6 +208,23 @@ impl Etcd {
         cfg
     }
 
+    /// A key's value and modification revision (plain HTTP only), as `etcdctl get -w json`
+    /// shows them.
+    fn get(&self, key: &str) -> Option<(String, i64)> {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let v: serde_json::Value = ureq::post(&format!("{}/v3/kv/range", self.url))
+            .send_json(serde_json::json!({ "key": b64.encode(key) }))
+            .expect("etcd range")
+            .body_mut()
+            .read_json()
+            .expect("etcd's JSON");
+        let kv = v.get("kvs")?.as_array()?.first()?.clone();
+        let value = b64.decode(kv["value"].as_str()?).ok()?;
+        let revision = kv["mod_revision"].as_str()?.parse().ok()?;
+        Some((String::from_utf8(value).ok()?, revision))
+    }
+
     /// Turns etcd's authentication on, with user `root` (password `root_password`), as
     /// `etcdctl user add`, `user grant-role` and `auth enable` do, on the JSON gateway.
     fn enable_auth(&self, root_password: &str) {

@@ -11,7 +11,7 @@
 //! candidates may each believe they hold it, for up to a TTL (the store's repairs are safe
 //! side by side, so the store needs no more).
 
-use super::gateway::{b64, malformed, text, Gateway};
+use super::gateway::{b64, int, malformed, text, Gateway};
 use super::EtcdConfig;
 use crate::Result;
 use parking_lot::Mutex;
@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 /// A candidate for one role (see the module docs). Dropping it resigns.
 pub struct EtcdElection {
     gateway: Arc<Gateway>,
+    /// `<prefix>/`: where [`EtcdElection::put_if_leading`] writes.
+    dir: String,
     key: String,
     /// `<candidate>:<nonce>`: this candidate's value in the role's key.
     value: String,
@@ -58,6 +60,7 @@ impl EtcdElection {
             crate::util::spawn_named("rdmapool-etcd-elect", move || renew_loop(&g, &l, &s, ttl))?;
         Ok(Self {
             gateway,
+            dir: cfg.dir(),
             key: format!("{}elections/{role}", cfg.dir()),
             value: format!("{candidate}:{:016x}", crate::util::random_nonzero()?),
             ttl: cfg.ttl,
@@ -103,6 +106,39 @@ impl EtcdElection {
             return Ok(true);
         }
         Ok(holder_value(&v)?.as_deref() == Some(self.value.as_str()))
+    }
+
+    /// Writes `value` at `<prefix>/<key>` only if this candidate holds the role at that
+    /// moment, in one transaction that compares the role's key with this candidate's value:
+    /// a leader's fenced write, which a former holder that has not yet learned it lost the
+    /// role cannot make. Returns etcd's revision of the write (it names the write in etcd's
+    /// one order of changes), or `None` when this candidate does not hold the role.
+    ///
+    /// # Errors
+    /// As [`EtcdElection::lead`]; a `key` that is empty.
+    pub fn put_if_leading(&self, key: &str, value: &str) -> Result<Option<i64>> {
+        if key.is_empty() {
+            return Err(crate::Error::Core(crate::CoreError::BadSetting {
+                name: "etcd key under the prefix".into(),
+                value: String::new(),
+                reason: "a non-empty key".into(),
+            }));
+        }
+        let target = format!("{}{key}", self.dir);
+        let v = self.gateway.call(
+            "/v3/kv/txn",
+            &json!({
+                "compare": [{ "key": b64(&self.key), "target": "VALUE", "value": b64(&self.value) }],
+                "success": [{ "request_put": { "key": b64(&target), "value": b64(value) }}],
+            }),
+        )?;
+        if v.get("succeeded").and_then(Value::as_bool) != Some(true) {
+            return Ok(None);
+        }
+        let header = v
+            .get("header")
+            .ok_or_else(|| malformed(format!("txn without a header: {v}")))?;
+        Ok(Some(int(header, "revision")?))
     }
 
     /// The candidate (a client id) that holds the role now, if any.

@@ -56,6 +56,14 @@ pub struct RepairReport {
     pub tombstones_cleared: usize,
 }
 
+impl RepairReport {
+    /// Whether the repair left nothing behind: no key failed, deferred or unreadable (a
+    /// view change settles only after such a repair).
+    pub fn clean(&self) -> bool {
+        self.failed + self.deferred + self.unreadable == 0
+    }
+}
+
 /// Keys a repair found removed and clean: the tombstone's version, and since when.
 pub(super) type Tombstones = HashMap<Vec<u8>, (Version, Instant)>;
 

@@ -17,9 +17,11 @@
 //! etcd lease instead ([`EtcdElection`](crate::remote::EtcdElection), role
 //! `store-repairer`): one client at a time holds it, the next takes over one TTL after the
 //! holder stops renewing, and no client needs to agree with another about which member is
-//! the lowest up.
+//! the lowest up. The elected repairer also changes the store's view as etcd's
+//! membership changes ([`Repairer::start_elected`]).
 
 use super::Store;
+use crate::store::view::View;
 use crate::store::RepairReport;
 use crate::Result;
 use parking_lot::Mutex;
@@ -47,6 +49,10 @@ pub struct RepairerStats {
     pub copied: u64,
     /// Index slots of removed keys its repairs cleared, in all.
     pub tombstones_cleared: u64,
+    /// Views it changed (where etcd elects it: the store's view follows the membership).
+    pub views_changed: u64,
+    /// Views it settled after a repair that left nothing behind (keys moved in full).
+    pub views_settled: u64,
     /// The last repair's report.
     pub last: Option<RepairReport>,
 }
@@ -70,6 +76,21 @@ impl Election {
         }
     }
 
+    /// Where the view comes from etcd, and this client holds the role: changes the store's
+    /// view to the members etcd lists when they differ from the view in force (see
+    /// [`Repairer::start_elected`]). Returns the view written and its change's repair, or
+    /// `None` when there was nothing to change (or the role was lost meanwhile).
+    fn keep_view(&self, store: &Store) -> Result<Option<(View, RepairReport)>> {
+        match self {
+            Election::Word => {
+                let _ = store; // an operator changes a static list's view
+                Ok(None)
+            }
+            #[cfg(feature = "etcd")]
+            Election::Etcd(e) => view_from_etcd(store, e),
+        }
+    }
+
     /// Gives the role back (best effort).
     fn release(&self, store: &Store) {
         match self {
@@ -80,6 +101,52 @@ impl Election {
             Election::Etcd(e) => e.resign(),
         }
     }
+}
+
+/// The etcd key (under the prefix) that records each view the elected repairer writes; its
+/// modification revision is the view's number.
+#[cfg(feature = "etcd")]
+pub const VIEW_KEY: &str = "store/view";
+
+/// Changes the store's view to the members etcd lists (those this client has joined), when
+/// they differ from the view in force or there is none: the change is recorded in etcd at
+/// [`VIEW_KEY`] by a write fenced by the election (made only while `election` holds the
+/// role), and etcd's revision of that write numbers the view.
+#[cfg(feature = "etcd")]
+fn view_from_etcd(
+    store: &Store,
+    election: &crate::remote::EtcdElection,
+) -> Result<Option<(View, RepairReport)>> {
+    let known = store.pool.store_view();
+    if known.nodes.is_empty() || known.nodes.iter().any(|n| n.isolated) {
+        // No member yet, or a tenant's own store (no shared view on isolated servers).
+        return Ok(None);
+    }
+    let members: Vec<u32> = known.nodes.iter().map(|n| n.node).collect();
+    let current = store.block_on(store.reload_view())?;
+    if current.number != 0 && current.members == members {
+        return Ok(None);
+    }
+    let mut change = store.block_on(store.plan_view_change(&members))?;
+    let record = serde_json::json!({
+        "members": change.next.members,
+        "previous": change.next.previous,
+        "from": change.from,
+    })
+    .to_string();
+    let Some(revision) = election.put_if_leading(VIEW_KEY, &record)? else {
+        return Ok(None);
+    };
+    let number = u64::try_from(revision).unwrap_or(0);
+    if number <= change.from {
+        return Err(crate::Error::Contended {
+            what: "store view change (etcd's revision is not above the view the servers \
+                   hold: a view set without etcd; set one above it by hand)",
+            rounds: 1,
+        });
+    }
+    change.next.number = number;
+    store.block_on(store.apply_view_change(change)).map(Some)
 }
 
 /// A background repairer of a [`Store`] (see the module's text). Dropping it stops the
@@ -105,6 +172,13 @@ impl Repairer {
     /// Like [`Repairer::start`], with the repairer elected through etcd (`cfg`, role
     /// `store-repairer`, candidate this client's id) instead of the repairer word: for a
     /// store whose servers come from an [`EtcdMembership`](crate::remote::EtcdMembership).
+    ///
+    /// The elected repairer is also the store's **view changer** (docs/STORE.md section 4):
+    /// whenever the members etcd lists (the servers whose leases live, that this client has
+    /// joined) differ from the view in force, it records the new view in etcd at
+    /// [`VIEW_KEY`] with a write fenced by the election, numbers the view by etcd's revision
+    /// of that write, writes it on the servers (body, then fence word), repairs, and settles
+    /// it. A server whose lease runs out leaves the view; one that registers joins it.
     ///
     /// # Errors
     /// As [`Repairer::start`], and a bad etcd config
@@ -185,14 +259,8 @@ fn run(
         if Instant::now() >= due {
             due = Instant::now() + every;
             match election.claim(store) {
-                Ok(true) => match store.block_on(store.repair()) {
-                    Ok(r) => {
-                        let mut s = stats.lock();
-                        s.runs += 1;
-                        s.copied += r.copied as u64;
-                        s.tombstones_cleared += r.tombstones_cleared as u64;
-                        s.last = Some(r);
-                    }
+                Ok(true) => match repair_once(store, election, stats) {
+                    Ok(()) => {}
                     Err(e) => {
                         tracing::debug!("background repair: {e}");
                         stats.lock().errors += 1;
@@ -208,6 +276,34 @@ fn run(
         }
         std::thread::park_timeout(LOOK_EVERY.min(due.saturating_duration_since(Instant::now())));
     }
+}
+
+/// One turn of the role's holder: the view changed where it follows etcd (its change
+/// repairs), or else a repair, and the view settled when keys were moving and the repair
+/// left nothing behind.
+fn repair_once(store: &Store, election: &Election, stats: &Mutex<RepairerStats>) -> Result<()> {
+    let report = match election.keep_view(store)? {
+        Some((view, report)) => {
+            let mut s = stats.lock();
+            s.views_changed += 1;
+            s.views_settled += u64::from(!view.moving());
+            tracing::info!(view = view.number, members = ?view.members, "store view changed");
+            report
+        }
+        None => {
+            let report = store.block_on(store.repair())?;
+            if store.block_on(store.settle_view(&report))?.is_some() {
+                stats.lock().views_settled += 1;
+            }
+            report
+        }
+    };
+    let mut s = stats.lock();
+    s.runs += 1;
+    s.copied += report.copied as u64;
+    s.tombstones_cleared += report.tombstones_cleared as u64;
+    s.last = Some(report);
+    Ok(())
 }
 
 impl Store {

@@ -10,6 +10,17 @@ use crate::store::RepairReport;
 use crate::{CoreError, Error, Result};
 use futures_util::future::join_all;
 
+/// A view change checked against the view in force and not yet written: see
+/// [`Store::plan_view_change`].
+pub(crate) struct ViewChange {
+    /// The number of the view in force when the change was planned.
+    pub(crate) from: u64,
+    /// The view to write (renumber it, upward only, before applying).
+    pub(crate) next: View,
+    /// The store servers that were up, where it is written.
+    up: Vec<StoreNode>,
+}
+
 /// Reads of a record that did not hold together (a change in progress) before giving up.
 const TORN_READS: usize = 8;
 
@@ -120,6 +131,14 @@ impl Store {
     /// force do not answer (a put acknowledged on them could be missed); [`Error::Contended`]
     /// when another change raced this one; the repair's errors.
     pub async fn set_view(&self, members: &[u32]) -> Result<(View, RepairReport)> {
+        let change = self.plan_view_change(members).await?;
+        self.apply_view_change(change).await
+    }
+
+    /// The checks of [`Store::set_view`], and the next view (numbered `v + 1`), not yet
+    /// written anywhere: a changer that numbers views otherwise (by etcd's revision, where
+    /// the cluster uses etcd) renumbers it before [`Store::apply_view_change`].
+    pub(crate) async fn plan_view_change(&self, members: &[u32]) -> Result<ViewChange> {
         if members.is_empty() || members.len() > MAX_IDS {
             return Err(Error::Core(CoreError::OutOfLimits {
                 what: "store view members",
@@ -131,19 +150,21 @@ impl Store {
         let current = self.reload_view().await?;
         let known = self.pool.store_view();
         let up: Vec<StoreNode> = known.nodes.iter().filter(|n| n.up).copied().collect();
-        for id in members {
-            if !up.iter().any(|n| n.node == *id) {
-                return Err(Error::NodeDown {
-                    node: *id,
-                    reason: "a member of a new store view must be joined and answering".into(),
-                });
-            }
-        }
         let old: Vec<u32> = if current.number == 0 {
             known.nodes.iter().map(|n| n.node).collect()
         } else {
             current.members.clone()
         };
+        // A member kept from the view in force may be away (it counts below); one it adds
+        // must answer, to be written the fence and take its keys.
+        for id in members.iter().filter(|id| !old.contains(id)) {
+            if !up.iter().any(|n| n.node == *id) {
+                return Err(Error::NodeDown {
+                    node: *id,
+                    reason: "a member a store view adds must be joined and answering".into(),
+                });
+            }
+        }
         let away = old
             .iter()
             .filter(|id| !up.iter().any(|n| n.node == **id))
@@ -155,16 +176,73 @@ impl Store {
             });
         }
         let next = current.next(members, &old);
-        self.install(&up, &next, current.number).await?;
+        Ok(ViewChange {
+            from: current.number,
+            next,
+            up,
+        })
+    }
+
+    /// Writes the planned view on every store server that was up (body, then fence word),
+    /// repairs, and settles the view when the repair left nothing behind.
+    ///
+    /// # Errors
+    /// [`Error::Contended`] when another change raced this one (a fence word above the
+    /// planned change's start, or a next number not above it); the repair's errors.
+    pub(crate) async fn apply_view_change(
+        &self,
+        change: ViewChange,
+    ) -> Result<(View, RepairReport)> {
+        let ViewChange { from, next, up } = change;
+        if next.number <= from {
+            return Err(Error::Contended {
+                what: "store view change (its number is not above the view in force)",
+                rounds: 1,
+            });
+        }
+        self.install(&up, &next, from).await?;
         *self.view.lock() = Some(next.clone());
         let report = self.repair().await?;
-        if report.failed + report.deferred + report.unreadable > 0 {
+        if !report.clean() {
             return Ok((next, report));
         }
         let settled = next.settled();
         self.write_body(&up, &settled).await?;
         *self.view.lock() = Some(settled.clone());
         Ok((settled, report))
+    }
+
+    /// Settles the view in force once `report`, a repair made under it, left nothing
+    /// behind: the record is written again without the previous members on every store
+    /// server that is up and still holds this view's number, and gets read one placement
+    /// from then on. Returns the view settled, or `None` when there was nothing to settle
+    /// (no view, or one already settled) or the repair left something behind.
+    ///
+    /// # Errors
+    /// [`Error::Contended`] when a record stayed torn; a write that failed.
+    pub(crate) async fn settle_view(&self, report: &RepairReport) -> Result<Option<View>> {
+        let current = self.reload_view().await?;
+        let current = &current;
+        if !current.moving() || !report.clean() {
+            return Ok(None);
+        }
+        // Only where the record still holds this view: a newer change's body is not
+        // overwritten.
+        let held = join_all(self.pool.store_nodes().into_iter().map(|n| async move {
+            let b = self
+                .pool
+                .store_read(n.node, n.incarnation, VIEW_AT, 8)
+                .await
+                .ok()?;
+            let fence = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+            (fence == current.number).then_some(n)
+        }))
+        .await;
+        let nodes: Vec<StoreNode> = held.into_iter().flatten().collect();
+        let settled = current.settled();
+        self.write_body(&nodes, &settled).await?;
+        *self.view.lock() = Some(settled.clone());
+        Ok(Some(settled))
     }
 
     /// Writes `next` on every one of `nodes`: its body, then its fence word, swapped from

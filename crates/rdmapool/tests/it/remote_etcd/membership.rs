@@ -537,3 +537,113 @@ fn the_store_repairer_is_elected_through_an_etcd_lease() {
         stats(&repairers[other])
     );
 }
+
+/// Issue #40, item 1: with etcd, the store's view comes from etcd. The elected repairer
+/// writes a view of the servers whose leases live, recorded in etcd by a write only the
+/// election's holder can make and numbered by etcd's revision of it; a server whose lease
+/// runs out leaves the view and one that registers joins it, keys move with each change,
+/// and a client that places keys by an old view is fenced and still reads every key.
+#[test]
+fn the_store_view_follows_etcd_numbered_by_its_revisions() {
+    use rdmapool::store::{Repairer, Store, StoreConfig, VIEW_KEY};
+    let Some(etcd) = Etcd::start("view") else {
+        return;
+    };
+    let prefix = "/rdmapool/test-view";
+    let cfg = etcd.config(prefix);
+    let (s1, _r1) = registered(&cfg, 1);
+    let (s2, r2) = registered(&cfg, 2);
+    let (s3, _r3) = registered(&cfg, 3);
+    let members = EtcdMembership::new(&cfg).unwrap();
+    // The repairer's client follows etcd; a second client only reads and writes.
+    let pool = client(&members, 51, Box::new(LeastUsed));
+    let _follower = members.follow(pool.clone()).unwrap();
+    let st = Arc::new(Store::new(pool.clone(), StoreConfig::default()).unwrap());
+    let reader_pool = client(&members, 52, Box::new(LeastUsed));
+    let _reader_follower = members.follow(reader_pool.clone()).unwrap();
+    let reader = Store::new(reader_pool.clone(), StoreConfig::default()).unwrap();
+    // A candidate that does not hold the role cannot record a view.
+    let outsider = EtcdElection::new(&cfg, "store-repairer", 99).unwrap();
+
+    let repairer = Repairer::start_elected(st.clone(), Duration::from_millis(100), &cfg).unwrap();
+    let view_is = |s: &Store, want: &[u32]| {
+        s.block_on(s.view())
+            .is_ok_and(|v| v.members == want && !v.moving())
+    };
+    wait_until("the repairer writes a view of 1, 2 and 3", || {
+        view_is(&st, &[1, 2, 3])
+    });
+    let first = st.block_on(st.view()).unwrap();
+    let (record, revision) = etcd.get(&format!("{prefix}/{VIEW_KEY}")).expect("recorded");
+    assert_eq!(first.number, revision as u64, "numbered by etcd's revision");
+    assert!(record.contains("[1,2,3]"), "{record}");
+    assert_eq!(outsider.put_if_leading(VIEW_KEY, "{}").unwrap(), None);
+    assert_eq!(
+        etcd.get(&format!("{prefix}/{VIEW_KEY}")).unwrap().1,
+        revision
+    );
+
+    let value = |i: usize| format!("value {i} {}", "y".repeat(i * 5)).into_bytes();
+    let keys = 24;
+    for i in 0..keys {
+        reader
+            .block_on(reader.put(format!("k{i}").as_bytes(), &value(i)))
+            .unwrap();
+    }
+    // Server 2 crashes: its lease runs out, and the view drops it (a change, a repair
+    // onto 1 and 3, a settle).
+    r2.abandon();
+    drop(s2);
+    wait_until("the view drops node 2", || view_is(&st, &[1, 3]));
+    let second = st.block_on(st.view()).unwrap();
+    assert!(second.number > first.number);
+    assert_eq!(
+        etcd.get(&format!("{prefix}/{VIEW_KEY}")).unwrap().1 as u64,
+        second.number
+    );
+    // The reader still places by the first view until a fence tells it otherwise: every
+    // key is read, then it is on view `second`.
+    for i in 0..keys {
+        let key = format!("k{i}");
+        assert_eq!(
+            reader.block_on(reader.get(key.as_bytes())).unwrap(),
+            Some(value(i)),
+            "{key}"
+        );
+    }
+    // Server 4 registers: the view takes it, and keys move onto it.
+    let (s4, _r4) = registered(&cfg, 4);
+    wait_until("the view takes node 4", || view_is(&st, &[1, 3, 4]));
+    let third = st.block_on(st.view()).unwrap();
+    assert!(third.number > second.number);
+    for i in 0..keys {
+        let key = format!("k{i}");
+        // A put through the reader's old view is fenced and made under the new one.
+        reader
+            .block_on(reader.put(key.as_bytes(), &value(i + 1)))
+            .unwrap();
+        let at = st.block_on(st.locate(key.as_bytes())).unwrap();
+        assert_eq!(at.len(), 2, "{key}: two replicas");
+        assert_eq!(
+            st.block_on(st.get(key.as_bytes())).unwrap(),
+            Some(value(i + 1)),
+            "{key}"
+        );
+    }
+    let on_4 = s4.stats();
+    let stats = repairer.stats();
+    eprintln!(
+        "views {} -> {} -> {}: repairer {stats:?}; reader fenced {} time(s); node 4 {on_4:?}",
+        first.number,
+        second.number,
+        third.number,
+        reader.stats().fenced
+    );
+    assert!(stats.views_changed >= 3, "{stats:?}");
+    assert!(reader.stats().fenced > 0, "the reader met the fence");
+    assert_eq!(
+        s1.stats().requests_handled + s3.stats().requests_handled + on_4.requests_handled,
+        0,
+        "the data path, the view and its repairs are one-sided"
+    );
+}
