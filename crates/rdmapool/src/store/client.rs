@@ -5,7 +5,7 @@
 
 use super::format::{check_sizes, KeyHash, Kind, Version};
 use super::get::{Get, GetStep};
-use super::lookup::{Lookup, Read, Replica, Src};
+use super::lookup::{Looked, Lookup, Read, Replica, Src};
 use super::placement;
 use super::root::{FindRoot, Index, RootStep};
 use crate::remote::client::StoreNode;
@@ -386,14 +386,7 @@ impl Store {
     /// [`Store::locate`] of any key, a striped value's part keys among them (a put's
     /// lookup over the previous placement while keys move).
     pub(super) async fn locate_any(&self, key: &[u8]) -> Result<Vec<Located>> {
-        let (replicas, _) = self.replicas(key, self.cfg.replicas, Purpose::Read).await?;
-        let mut lookup = Lookup::new(key, &replicas);
-        let buckets = self.reads(&replicas, &lookup.bucket_reads()).await;
-        let replies: Vec<Option<&[u8]>> = buckets.iter().map(Option::as_deref).collect();
-        let reads = lookup.on_buckets(&replies);
-        let blocks = self.reads(&replicas, &reads).await;
-        let replies: Vec<Option<&[u8]>> = blocks.iter().map(Option::as_deref).collect();
-        let looked = lookup.on_blocks(&replies);
+        let (replicas, looked, _) = self.look_everywhere(key).await?;
         let mut out = Vec::new();
         for (r, held) in replicas.iter().zip(&looked.held) {
             let Some((slot, _, version)) = held.current else {
@@ -419,6 +412,58 @@ impl Store {
             });
         }
         Ok(out)
+    }
+
+    /// The newest version of `key` on every replica a get reads (both placements while
+    /// keys move), and whether it is a removal's tombstone: the floor of a put made while
+    /// keys move (docs/STORE.md section 4). Unlike a get, it never reads around: a put's
+    /// version must beat what every one of them holds.
+    ///
+    /// # Errors
+    /// [`Error::NodeDown`] when one of them is down or did not answer, or a block could not
+    /// be read; [`Error::Damaged`] when a copy failed its checksum (its version could be the
+    /// newest: the repair sorts it out first).
+    pub(super) async fn newest_anywhere(&self, key: &[u8]) -> Result<Option<(Version, bool)>> {
+        let (replicas, looked, whole) = self.look_everywhere(key).await?;
+        if !whole {
+            return Err(Error::NodeDown {
+                node: replicas.first().map_or(0, |r| r.node),
+                reason: "a replica of this key under the view or the previous one did not \
+                         answer: a put waits while keys move"
+                    .into(),
+            });
+        }
+        if looked.damaged {
+            return Err(Error::Damaged {
+                key: String::from_utf8_lossy(key).into_owned(),
+                reason: "a copy under the view or the previous one fails its checksum: a put \
+                         waits for the repair while keys move"
+                    .into(),
+            });
+        }
+        let newest = looked.newest();
+        let tombstone = looked
+            .found
+            .iter()
+            .any(|f| Some(f.block.version) == newest && f.block.tombstone);
+        Ok(newest.map(|v| (v, tombstone)))
+    }
+
+    /// A lookup of `key` on every replica a get reads: the replicas that answered, what
+    /// they hold, and whether every one answered in full (none down, every bucket and
+    /// candidate block read).
+    async fn look_everywhere(&self, key: &[u8]) -> Result<(Vec<Replica>, Looked, bool)> {
+        let (replicas, missing) = self.replicas(key, self.cfg.replicas, Purpose::Read).await?;
+        let mut lookup = Lookup::new(key, &replicas);
+        let buckets = self.reads(&replicas, &lookup.bucket_reads()).await;
+        let replies: Vec<Option<&[u8]>> = buckets.iter().map(Option::as_deref).collect();
+        let buckets_whole = replies.iter().take(replicas.len()).all(Option::is_some);
+        let reads = lookup.on_buckets(&replies);
+        let blocks = self.reads(&replicas, &reads).await;
+        let replies: Vec<Option<&[u8]>> = blocks.iter().map(Option::as_deref).collect();
+        let looked = lookup.on_blocks(&replies);
+        let whole = missing == 0 && buckets_whole && !looked.unread;
+        Ok((replicas, looked, whole))
     }
 
     /// The keys that start with `prefix`, sorted, as the servers' indexes hold them now.
@@ -469,6 +514,9 @@ impl Store {
         let placing = self.placing_view().await?;
         let view = self.pool.store_view();
         let h = KeyHash::of(key);
+        // While keys move: the placements under the view and the previous one, a get
+        // reading both (see below).
+        let mut moving: Option<(Vec<u32>, Vec<u32>)> = None;
         let chosen = if placing.number == 0 {
             // No view set: the membership this client knows.
             let ids: Vec<u32> = view.nodes.iter().map(|n| n.node).collect();
@@ -477,7 +525,9 @@ impl Store {
             let mut chosen = placement::replicas(h, &placing.members, count);
             if purpose == Purpose::Read && placing.moving() {
                 // While data moves, gets read the previous placement too.
-                for id in placement::replicas(h, &placing.previous, count) {
+                let previous = placement::replicas(h, &placing.previous, count);
+                moving = Some((chosen.clone(), previous.clone()));
+                for id in previous {
                     if !chosen.contains(&id) {
                         chosen.push(id);
                     }
@@ -540,6 +590,22 @@ impl Store {
                 node: chosen[0],
                 reason: "no replica of this key answers".into(),
             });
+        }
+        if let Some((current, previous)) = &moving {
+            // Every put acknowledged under the previous view is on all of its placement's
+            // replicas, and every one since on all of the new: a get reads around a down
+            // replica only while it reads one of each (else the newest may be on those
+            // that do not answer, not yet moved).
+            for ids in [current, previous] {
+                if !ids.iter().any(|id| out.iter().any(|r| r.node == *id)) {
+                    return Err(Error::NodeDown {
+                        node: ids.first().copied().unwrap_or(0),
+                        reason: "while keys move to a new view, no replica of this key under \
+                                 one of the two placements answers"
+                            .into(),
+                    });
+                }
+            }
         }
         Ok((out, missing))
     }

@@ -62,6 +62,8 @@ pub(crate) struct Put {
     /// A version the put's must exceed whatever it finds (a retry after its view changed
     /// under it, or a put while data moves: docs/STORE.md section 4).
     floor: Option<Version>,
+    /// The floor's version is a removal's tombstone ([`Put::at_least`]).
+    floor_removed: bool,
     rounds: u32,
     /// Replicas (by position) that still need this put's version.
     pending: Vec<usize>,
@@ -102,6 +104,7 @@ impl Put {
             backing: false,
             version: Version { seq: 0, writer },
             floor: None,
+            floor_removed: false,
             rounds: 0,
             pending: (0..replicas.len()).collect(),
             done: Self::empty_done(),
@@ -127,16 +130,22 @@ impl Put {
         Ok(put)
     }
 
-    /// The same put, also reading beside its first buckets the blocks at `hints`
-    /// ([`Lookup::hinted`]): a lookup of one round of reads when they are still current.
     /// This put, taking a version above `floor` whatever it finds on its replicas: a put
     /// retried after its view changed, above the version it published under the old one,
     /// or a put while data moves, above the newest on the previous placement.
-    pub(crate) fn at_least(mut self, floor: Option<Version>) -> Self {
+    ///
+    /// A remove treats a floor above what its replicas hold as a version of the key that
+    /// exists elsewhere: it writes its tombstone even when its replicas hold nothing (the
+    /// repair that moves the key would bring the value back otherwise), unless
+    /// `floor_removed` says the floor's version is itself a removal's tombstone.
+    pub(crate) fn at_least(mut self, floor: Option<Version>, floor_removed: bool) -> Self {
         self.floor = floor;
+        self.floor_removed = floor_removed;
         self
     }
 
+    /// The same put, also reading beside its first buckets the blocks at `hints`
+    /// ([`Lookup::hinted`]): a lookup of one round of reads when they are still current.
     pub(crate) fn hinted(mut self, hints: &[(u32, u64)]) -> Self {
         if let State::Buckets { lookup } = std::mem::replace(&mut self.state, State::Finished) {
             self.state = State::Buckets {
@@ -256,7 +265,11 @@ impl Put {
             .iter()
             .filter(|f| Some(f.block.version) == newest)
             .any(|f| f.block.tombstone);
-        if self.kind == Kind::Tombstone && (newest.is_none() || newest_is_tombstone) {
+        // A floor above what the replicas hold is a version of the key elsewhere (the
+        // previous placement while keys move, or this put's own under an older view).
+        let floor_above = self.floor.is_some_and(|f| newest.is_none_or(|n| f > n));
+        let nothing_here = newest.is_none() || newest_is_tombstone;
+        if self.kind == Kind::Tombstone && nothing_here && (!floor_above || self.floor_removed) {
             // Nothing to remove.
             self.state = State::Finished;
             let mut done = std::mem::replace(&mut self.done, Self::empty_done());

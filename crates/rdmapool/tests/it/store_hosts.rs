@@ -1,7 +1,9 @@
-//! The object store across hosts, under failure (issues #23, #40): five memory servers
+//! The object store across hosts, under failure (issues #23, #40): six memory servers
 //! and three client processes, each host its own network namespace on one bridged LAN
-//! (support/lan.rs), over the soft provider's TCP path. The clients put, get and remove at
-//! random (`r = 2`) and log every operation; meanwhile:
+//! (support/lan.rs), over the soft provider's TCP path. Every client is given all six
+//! servers, and before the clients start an operator sets the store's numbered view
+//! (docs/STORE.md section 4) to the first four. The clients put, get and remove at random
+//! (`r = 2`) and log every operation; meanwhile:
 //! - one server is killed (`kill -9`) and started again where it was, with empty memory;
 //! - a one-shot repair runs from another host, and a background repairer
 //!   (`store::Repairer`, tombstone hold 2 s) runs throughout on that host;
@@ -12,7 +14,12 @@
 //! - then a writer is killed mid-operation and started again with the same id: it finds
 //!   the resumed servers up, where the others saw them die (with the placement of issue
 //!   #23 the others placed keys over the three remaining servers and the new process over
-//!   all five: replica sets that need not meet).
+//!   all five: replica sets that need not meet);
+//! - then the operator changes the view to nodes 1, 2, 5 and 6 (`Store::set_view`, from
+//!   another host, under the live load): two servers added and two taken out at once, so
+//!   a key on nodes 3 and 4 moves to two others, and a put placed by the old view on them
+//!   alone after the move would be missed by every later get. The clients learn of the
+//!   change only from the fence words, each at its own moment, while keys move.
 //!
 //! Afterwards a last repair runs and every key is read once more. The history checker
 //! (store_hosts/history.rs) then holds every answer to docs/STORE.md's promises: no torn or
@@ -37,7 +44,12 @@ use std::io::Write;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Memory servers (one host each).
-const SERVERS: usize = 5;
+const SERVERS: usize = 6;
+
+/// The view the store starts with (node ids), and the one an operator changes it to
+/// mid-run: two servers out and two in, so some keys' replicas do not meet.
+const FIRST_VIEW: &str = "1,2,3,4";
+const SECOND_VIEW: &str = "1,2,5,6";
 
 /// Keys each client alone writes, and keys every client writes.
 const OWN_KEYS: usize = 20;
@@ -224,6 +236,34 @@ fn child_entry() {
             repair_line(&st);
             let _ = stdin_line();
         }
+        "store-view" => {
+            // An operator's view change (rdma-tool store view --set), retried while a
+            // member does not answer yet.
+            let st = open_store(env("ID").parse().unwrap());
+            let members: Vec<u32> = env("MEMBERS")
+                .split(',')
+                .map(|m| m.parse().unwrap())
+                .collect();
+            let until = Instant::now() + WAIT * 3;
+            let (view, r) = loop {
+                match st.block_on(st.set_view(&members)) {
+                    Ok(done) => break done,
+                    Err(e) if Instant::now() > until => panic!("set_view: {e}"),
+                    Err(_) => std::thread::sleep(Duration::from_millis(100)),
+                }
+            };
+            println!(
+                "@view {} {:?} moving {} copied {} cleared {} deferred {} failed {}",
+                view.number,
+                view.members,
+                view.moving(),
+                r.copied,
+                r.cleared,
+                r.deferred,
+                r.failed
+            );
+            let _ = stdin_line();
+        }
         "store-repairer" => {
             let cfg = StoreConfig {
                 tombstone_hold: Duration::from_secs(2),
@@ -235,14 +275,31 @@ fn child_entry() {
             let _ = stdin_line();
             let s = r.stats();
             println!(
-                "@repairer runs {} deferred {} errors {} copied {} tombstones_cleared {}",
-                s.runs, s.deferred_to_another, s.errors, s.copied, s.tombstones_cleared
+                "@repairer runs {} deferred {} errors {} copied {} tombstones_cleared {} \
+                 views_settled {}",
+                s.runs,
+                s.deferred_to_another,
+                s.errors,
+                s.copied,
+                s.tombstones_cleared,
+                s.views_settled
             );
             let _ = stdin_line();
         }
         "store-check" => {
             let st = open_store(env("ID").parse().unwrap());
             repair_line(&st);
+            // The view is settled (keys moved in full) by the background repairer, or here.
+            let view = match st.block_on(st.view()).unwrap() {
+                v if v.moving() => st.block_on(st.settle_view()).unwrap().0.unwrap_or(v),
+                v => v,
+            };
+            println!(
+                "@view {} {:?} moving {}",
+                view.number,
+                view.members,
+                view.moving()
+            );
             let mut out = std::io::BufWriter::new(std::fs::File::create(env("OUT")).unwrap());
             for key in all_keys(env("CLIENTS").parse().unwrap()) {
                 let until = Instant::now() + WAIT;
@@ -367,6 +424,20 @@ fn scenario(seed: u64, secs: u64, freeze: Duration) -> bool {
     let mut servers: Vec<Proc> = (0..SERVERS).map(|i| spawn_server(&lan, i, None)).collect();
     let addrs: Vec<String> = servers.iter_mut().map(|s| s.line()).collect();
     let list = addrs.join(",");
+    // The operator's first view: every server but the last.
+    let mut first = spawn_client(
+        &lan,
+        SERVERS + 1,
+        "store-view",
+        &list,
+        &[("ID", "13"), ("MEMBERS", FIRST_VIEW)],
+    );
+    let first_view = first.line();
+    assert!(
+        first_view.starts_with("view 1 [1, 2, 3, 4] moving false"),
+        "{first_view}"
+    );
+    first.say("");
     let clients = 3u64;
     let seed_s = seed.to_string();
     let started = Instant::now();
@@ -429,6 +500,19 @@ fn scenario(seed: u64, secs: u64, freeze: Duration) -> bool {
     std::thread::sleep(Duration::from_secs(1));
     drop(workers.remove(0)); // killed and reaped
     workers.insert(0, worker(1, "c1b.log", 1_000_000, end));
+    // Then the operator changes the view under the live load: every client learns of
+    // view 2 from a fence word, at its own moment.
+    let mut changer = spawn_client(
+        &lan,
+        SERVERS + 1,
+        "store-view",
+        &list,
+        &[("ID", "14"), ("MEMBERS", SECOND_VIEW)],
+    );
+    let change = changer.line();
+    eprintln!("seed {seed}: view change under load: {change}");
+    assert!(change.starts_with("view 2 [1, 2, 5, 6] "), "{change}");
+    changer.say("");
     for w in &mut workers {
         assert!(w.line().starts_with("done"), "a client finished");
     }
@@ -446,6 +530,11 @@ fn scenario(seed: u64, secs: u64, freeze: Duration) -> bool {
     ];
     let mut checker = spawn_client(&lan, SERVERS + 1, "store-check", &list, &extra);
     let last = checker.line();
+    let settled = checker.line();
+    assert_eq!(
+        settled, "view 2 [1, 2, 5, 6] moving false",
+        "the view settled: keys moved in full"
+    );
     assert!(last.starts_with(&format!("repair {SERVERS} ")), "{last}");
     let fields: Vec<usize> = last
         .split(' ')

@@ -292,7 +292,7 @@ fn repair_once(store: &Store, election: &Election, stats: &Mutex<RepairerStats>)
         }
         None => {
             let report = store.block_on(store.repair())?;
-            if store.block_on(store.settle_view(&report))?.is_some() {
+            if store.block_on(store.settle_after(&report))?.is_some() {
                 stats.lock().views_settled += 1;
             }
             report

@@ -220,7 +220,7 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::Contended`] when a record stayed torn; a write that failed.
-    pub(crate) async fn settle_view(&self, report: &RepairReport) -> Result<Option<View>> {
+    pub(crate) async fn settle_after(&self, report: &RepairReport) -> Result<Option<View>> {
         let current = self.reload_view().await?;
         let current = &current;
         if !current.moving() || !report.clean() {
@@ -243,6 +243,21 @@ impl Store {
         self.write_body(&nodes, &settled).await?;
         *self.view.lock() = Some(settled.clone());
         Ok(Some(settled))
+    }
+
+    /// Settles the view in force if its keys have all moved: repairs, and when the repair
+    /// left nothing failed, deferred or unreadable, writes the view again without its
+    /// previous members, so gets read one placement from then on. (A [`Store::set_view`]
+    /// whose repair left something behind returns a view still moving; the background
+    /// [`Repairer`](crate::store::Repairer) settles it by itself.) Returns the view settled,
+    /// or `None` when there was nothing to settle or the repair left something behind,
+    /// with the repair's report.
+    ///
+    /// # Errors
+    /// The repair's; [`Error::Contended`] when a record stayed torn.
+    pub async fn settle_view(&self) -> Result<(Option<View>, RepairReport)> {
+        let report = self.repair().await?;
+        Ok((self.settle_after(&report).await?, report))
     }
 
     /// Writes `next` on every one of `nodes`: its body, then its fence word, swapped from

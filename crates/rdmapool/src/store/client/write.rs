@@ -55,6 +55,7 @@ impl Store {
         replicas: usize,
     ) -> (Result<PutDone>, bool) {
         let mut floor = None;
+        let mut floor_removed = false;
         let mut published = false;
         for _ in 0..VIEW_ROUNDS {
             let view = match self.placing_view().await {
@@ -62,13 +63,22 @@ impl Store {
                 Err(e) => return (Err(e), published),
             };
             if view.moving() {
-                match self.locate_any(key).await {
-                    Ok(found) => floor = floor.max(found.iter().map(|l| l.version).max()),
+                // Every replica under either placement must answer: a version this put
+                // does not see could beat it once the key has moved.
+                match self.newest_anywhere(key).await {
+                    Ok(Some((version, tombstone))) if floor.is_none_or(|f| version > f) => {
+                        floor = Some(version);
+                        // A tombstone there: nothing to remove unless it is this put's
+                        // own, published under an older view (made anew).
+                        floor_removed = tombstone && !published;
+                    }
+                    Ok(_) => {}
                     Err(e) => return (Err(e), published),
                 }
             }
-            let (result, now_published, placed) =
-                self.put_once(key, value, kind, replicas, floor).await;
+            let (result, now_published, placed) = self
+                .put_once(key, value, kind, replicas, (floor, floor_removed))
+                .await;
             published |= now_published;
             let done = match result {
                 Ok(d) => d,
@@ -82,7 +92,10 @@ impl Store {
             self.counters
                 .fenced
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            floor = floor.max(done.version);
+            if done.version > floor {
+                floor = done.version;
+                floor_removed = false;
+            }
             if let Err(e) = self.reload_view().await {
                 return (Err(e), published);
             }
@@ -104,7 +117,7 @@ impl Store {
         value: Source<'_>,
         kind: Kind,
         replicas: usize,
-        floor: Option<crate::store::Version>,
+        (floor, floor_removed): (Option<crate::store::Version>, bool),
     ) -> (Result<PutDone>, bool, Vec<Replica>) {
         let replicas = match self.replicas(key, replicas, super::Purpose::Write).await {
             Ok((r, _)) => r,
@@ -115,7 +128,7 @@ impl Store {
             Err(e) => return (Err(e), false, replicas),
         };
         let mut put = match Put::new(key, digest, kind, self.pool.client_id(), &replicas) {
-            Ok(p) => p.hinted(&self.hints_of(key)).at_least(floor),
+            Ok(p) => p.hinted(&self.hints_of(key)).at_least(floor, floor_removed),
             Err(e) => return (Err(e), false, replicas),
         };
         let result = self.run_put(&mut put, &replicas, key, value).await;

@@ -167,14 +167,55 @@ fn a_put_with_a_floor_takes_a_version_above_it_whatever_it_finds() {
     let floor = Some(Version { seq: 9, writer: 7 });
     let put = Put::new(b"k", ValueDigest::of(b"two"), Kind::Value, 7, &c.replicas)
         .unwrap()
-        .at_least(floor);
+        .at_least(floor, false);
     let done = Running::start(put, b"k", b"two").run(&mut c).unwrap();
     assert_eq!(done.version, Some(Version { seq: 10, writer: 7 }));
     assert_eq!(c.get(b"k").unwrap().unwrap(), b"two");
     // A floor below what is found changes nothing.
     let put = Put::new(b"k", ValueDigest::of(b"three"), Kind::Value, 3, &c.replicas)
         .unwrap()
-        .at_least(Some(Version { seq: 1, writer: 9 }));
+        .at_least(Some(Version { seq: 1, writer: 9 }), false);
     let done = Running::start(put, b"k", b"three").run(&mut c).unwrap();
     assert_eq!(done.version, Some(Version { seq: 11, writer: 3 }));
+}
+
+#[test]
+fn a_remove_with_a_floor_writes_its_tombstone_where_its_replicas_hold_nothing() {
+    // Found in the multi-host history test (issue #40): while keys move to a new view's
+    // placement, a remove whose new replicas held nothing yet answered "nothing to remove"
+    // and wrote nothing, while the value sat on the previous placement; the move's repair
+    // then brought it back. A floor above what the replicas hold is the key elsewhere.
+    let c = Cluster::new(&[1, 2]);
+    let floor = Some(Version { seq: 5, writer: 7 });
+    let remove = |floor_removed| {
+        Put::new(b"k", ValueDigest::of(b""), Kind::Tombstone, 3, &c.replicas)
+            .unwrap()
+            .at_least(floor, floor_removed)
+    };
+    let mut c2 = Cluster::new(&[1, 2]);
+    let done = Running::start(remove(false), b"k", b"")
+        .run(&mut c2)
+        .unwrap();
+    assert_eq!(
+        done.version,
+        Some(Version { seq: 6, writer: 3 }),
+        "a tombstone above the value elsewhere"
+    );
+    assert_eq!(c2.get(b"k").unwrap(), None);
+    // The floor is itself a tombstone (removed there already): nothing to remove.
+    let mut c3 = Cluster::new(&[1, 2]);
+    let done = Running::start(remove(true), b"k", b"")
+        .run(&mut c3)
+        .unwrap();
+    assert_eq!(done.version, None);
+    // No floor, nothing held: nothing to remove, as before.
+    let mut c4 = Cluster::new(&[1, 2]);
+    let plain = Put::new(b"k", ValueDigest::of(b""), Kind::Tombstone, 3, &c4.replicas).unwrap();
+    assert_eq!(
+        Running::start(plain, b"k", b"")
+            .run(&mut c4)
+            .unwrap()
+            .version,
+        None
+    );
 }

@@ -1,11 +1,12 @@
 //! The view change and its fence in the simulated cluster (docs/STORE.md section 4, issue
-//! #40): a writer that places a key by view 1 puts it while a changer installs view 2 on
-//! the servers one at a time and then repairs the key onto view 2's placement; the writer
-//! reads its replicas' fence words after its swaps (as `Store` does) and, finding a newer
-//! view, makes the put anew under it with a version above the one it published. Every
-//! interleaving of the writer's steps with the changer's ends with the value of the last
-//! acknowledged put readable under view 2, and readable under both placements while the
-//! key moves.
+//! #40): a writer that places a key by view 1 puts or removes it while a changer installs
+//! view 2 on the servers one at a time and then repairs the key onto view 2's placement;
+//! the writer reads its replicas' fence words after its swaps (as `Store` does) and,
+//! finding a newer view, makes the put anew under it with a version above the one it
+//! published and the newest on either placement (a writer may also know view 2 from the
+//! start). Every interleaving of the writer's steps with the changer's ends with the
+//! acknowledged put's value (none after a remove) read under view 2, and under both
+//! placements while the key moves.
 
 use super::{Cluster, Repairing, Running};
 use crate::store::format::{Kind, ValueDigest, Version};
@@ -55,32 +56,67 @@ fn get(c: &Cluster, nodes: &[u32]) -> Option<Vec<u8>> {
     }
 }
 
-/// The writer: its put under the view it believes, the fence check after it, and the put
-/// anew under view 2 when the check finds it.
+/// The newest version of `KEY` over `nodes`, and whether it is a tombstone (a put's
+/// floor while keys move, as `Store::newest_anywhere` finds it).
+fn newest(c: &Cluster, nodes: &[u32]) -> Option<(Version, bool)> {
+    let rs = replicas(c, nodes);
+    let mut g = Get::new(KEY, &rs);
+    let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+    loop {
+        let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
+        match g.advance(&replies).unwrap() {
+            GetStep::Read(reads) => bytes = reads.iter().map(|r| c.read(r)).collect(),
+            GetStep::Done(None) => return None,
+            GetStep::Done(Some((_, f))) => return Some((f.block.version, f.block.tombstone)),
+        }
+    }
+}
+
+/// The writer: its put (or remove) under the view it believes, the fence check after it,
+/// and the put anew under view 2 when the check finds it. Under view 2 (keys moving) its
+/// version also beats the newest on either placement, as `Store`'s does.
 struct Writer {
     running: Running,
+    kind: Kind,
     view: u64,
-    /// Its value, once acknowledged.
+    /// Its put, once acknowledged.
     acknowledged: bool,
     fenced: bool,
 }
 
 impl Writer {
-    fn start(c: &Cluster, value: &[u8]) -> Self {
-        let put = Put::new(
-            KEY,
-            ValueDigest::of(value),
-            Kind::Value,
-            7,
-            &replicas(c, &OLD),
-        )
-        .unwrap();
+    /// A writer of `value` (`Kind::Tombstone`: a remove) that places the key by view 2
+    /// from the start when `knows_new`, else by view 1.
+    fn start(c: &Cluster, value: &[u8], kind: Kind, knows_new: bool) -> Self {
+        let (view, running) = if knows_new {
+            (2, Self::under_new(c, value, kind, None))
+        } else {
+            let put = Put::new(KEY, ValueDigest::of(value), kind, 7, &replicas(c, &OLD)).unwrap();
+            (1, Running::start(put, KEY, value))
+        };
         Self {
-            running: Running::start(put, KEY, value),
-            view: 1,
+            running,
+            kind,
+            view,
             acknowledged: false,
             fenced: false,
         }
+    }
+
+    /// The put under view 2 while keys move: above `own` (its version under view 1, if
+    /// it published one) and the newest on either placement.
+    fn under_new(c: &Cluster, value: &[u8], kind: Kind, own: Option<Version>) -> Running {
+        let (mut floor, mut removed) = (own, false);
+        if let Some((v, tombstone)) = newest(c, &[NEW, OLD].concat()) {
+            if floor.is_none_or(|f| v > f) {
+                floor = Some(v);
+                removed = tombstone && own.is_none();
+            }
+        }
+        let put = Put::new(KEY, ValueDigest::of(value), kind, 7, &replicas(c, &NEW))
+            .unwrap()
+            .at_least(floor, removed);
+        Running::start(put, KEY, value)
     }
 
     fn done(&self) -> bool {
@@ -104,16 +140,7 @@ impl Writer {
         // Made under an old view: not acknowledged; anew under view 2, above its version.
         self.fenced = true;
         self.view = 2;
-        let put = Put::new(
-            KEY,
-            ValueDigest::of(value),
-            Kind::Value,
-            7,
-            &replicas(c, &NEW),
-        )
-        .unwrap()
-        .at_least(done.version);
-        self.running = Running::start(put, KEY, value);
+        self.running = Self::under_new(c, value, self.kind, done.version);
     }
 }
 
@@ -146,7 +173,9 @@ impl Changer {
 proptest! {
     #[test]
     fn no_put_acknowledged_under_an_old_view_is_lost_by_a_view_change(
-        turns in proptest::collection::vec(any::<bool>(), 1..120)
+        turns in proptest::collection::vec(any::<bool>(), 1..120),
+        remove in any::<bool>(),
+        knows_new in any::<bool>(),
     ) {
         let mut c = Cluster::new(&[1, 2, 3, 4]);
         for n in [1, 2, 3, 4] {
@@ -156,8 +185,13 @@ proptest! {
         for n in OLD {
             c.plant(n, KEY, b"before", Version { seq: 1, writer: 9 });
         }
-        let value = b"the writer's";
-        let mut w = Writer::start(&c, value);
+        // A put of `value`, or a remove (whose acknowledged result is no value).
+        let (kind, value, expected): (Kind, &[u8], Option<&[u8]>) = if remove {
+            (Kind::Tombstone, b"", None)
+        } else {
+            (Kind::Value, b"the writer's", Some(b"the writer's"))
+        };
+        let mut w = Writer::start(&c, value, kind, knows_new);
         let mut ch = Changer { installed: 0, repair: None };
         let mut turns = turns.into_iter();
         while !(w.done() && ch.done()) {
@@ -170,15 +204,16 @@ proptest! {
             } else {
                 ch.step(&mut c);
             }
-            // While the key moves, a get over both placements reads the acknowledged value.
+            // While the key moves, a get over both placements reads the acknowledged value
+            // (none after a remove).
             if w.done() && !ch.done() {
                 let both = get(&c, &[NEW, OLD].concat());
-                prop_assert_eq!(both.as_deref(), Some(&value[..]));
+                prop_assert_eq!(both.as_deref(), expected);
             }
         }
         // View 2 in force and the key moved: a get over its placement reads the value.
         let moved = get(&c, &NEW);
-        prop_assert_eq!(moved.as_deref(), Some(&value[..]), "fenced: {}", w.fenced);
+        prop_assert_eq!(moved.as_deref(), expected, "fenced: {}", w.fenced);
     }
 }
 
