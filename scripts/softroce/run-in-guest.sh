@@ -17,7 +17,9 @@ busybox sh, powers off, and exits with COMMAND's exit status.
 
 Options:
   --timeout SECS       hard limit for the whole guest run, boot included (default 600,
-                       env SOFTROCE_TIMEOUT)
+                       env SOFTROCE_TIMEOUT); a boot that prints nothing of the guest's
+                       setup within SOFTROCE_BOOT_WATCH seconds (180) is killed and
+                       tried again, SOFTROCE_BOOT_TRIES boots in all (2)
   --copy SRC[=DEST]    copy a host file or directory into the guest at DEST (default: the
                        same absolute path as on the host); ELF files get their shared
                        libraries (ldd) copied too. Repeatable.
@@ -520,15 +522,61 @@ QEMU=(qemu-system-x86_64 -accel "$QEMU_ACCEL" -cpu "$QEMU_CPU" -m "$QEMU_MEM" -s
 	-append "console=ttyS0 quiet panic=-1${KERNEL_APPEND:+ $KERNEL_APPEND}")
 # Drop CRs and terminal control sequences (SeaBIOS clears the screen), unbuffered.
 clean_console() { sed -u -e 's/\r//g' -e 's/\x1b\[[0-9;?]*[A-Za-z]//g' -e 's/\x1b[c()][0-9A-B]\{0,1\}//g'; }
-log "booting guest (timeout ${TIMEOUT}s, log $LOG_FILE)"
+# A boot watchdog: qemu under TCG has been seen (rarely) to hang right after SeaBIOS with
+# no console output at all, until the whole --timeout ran out; an immediate second boot
+# went through in seconds. So a guest that has not printed its setup line within
+# BOOT_WATCH seconds is killed and booted once more (BOOT_TRIES boots in all).
+BOOT_WATCH=${SOFTROCE_BOOT_WATCH:-180}
+BOOT_TRIES=${SOFTROCE_BOOT_TRIES:-2}
+PID_FILE=$(mktemp)
+# Runs the guest once; its status is qemu's (124 or 137 at the time limit), or 200 when
+# the watchdog killed a boot that hung.
+boot_once() {
+	: >"$LOG_FILE"
+	: >"$PID_FILE"
+	(
+		if ((QUIET)); then
+			timeout --kill-after=10 "$TIMEOUT" "${QEMU[@]}" -pidfile "$PID_FILE" </dev/null 2>&1 |
+				clean_console >"$LOG_FILE"
+		else
+			timeout --kill-after=10 "$TIMEOUT" "${QEMU[@]}" -pidfile "$PID_FILE" </dev/null 2>&1 |
+				clean_console | tee "$LOG_FILE"
+		fi
+		exit "${PIPESTATUS[0]}"
+	) 2>/dev/null & # (bash's own "Killed" report of a boot the watchdog ended)
+	local runner=$! waited=0
+	while kill -0 "$runner" 2>/dev/null; do
+		if grep -q '^softroce-guest: ' "$LOG_FILE" 2>/dev/null || grep -q '^@@GUEST' "$LOG_FILE" 2>/dev/null; then
+			break
+		fi
+		if ((waited >= BOOT_WATCH)); then
+			log "the guest printed nothing of its setup in ${BOOT_WATCH}s: killing this boot"
+			[[ -s $PID_FILE ]] && kill -9 "$(cat "$PID_FILE")" 2>/dev/null
+			wait "$runner" 2>/dev/null
+			return 200
+		fi
+		sleep 1
+		waited=$((waited + 1))
+	done
+	wait "$runner"
+}
+log "booting guest (timeout ${TIMEOUT}s, boot watchdog ${BOOT_WATCH}s, log $LOG_FILE)"
 QEMU_START=$(date +%s)
 set +e
-if ((QUIET)); then
-	timeout --kill-after=10 "$TIMEOUT" "${QEMU[@]}" </dev/null 2>&1 | clean_console >"$LOG_FILE"
-	qrc=${PIPESTATUS[0]}
-else
-	timeout --kill-after=10 "$TIMEOUT" "${QEMU[@]}" </dev/null 2>&1 | clean_console | tee "$LOG_FILE"
-	qrc=${PIPESTATUS[0]}
+for ((try = 1; ; try++)); do
+	boot_once
+	qrc=$?
+	((qrc == 200 && try < BOOT_TRIES)) || break
+	cp "$LOG_FILE" "$LOG_FILE.hung-$try"
+	log "booting again (try $((try + 1)) of $BOOT_TRIES; the hung boot's console: $LOG_FILE.hung-$try)"
+done
+rm -f "$PID_FILE"
+if ((qrc == 200)); then
+	flock -u "$run_lock"
+	log "TIMEOUT: the guest hung at boot $BOOT_TRIES times (console log: $LOG_FILE)"
+	exit 124
+fi
+if ((!QUIET)); then
 	# The console's last line ("reboot: Power down") has no newline.
 	[[ -s $LOG_FILE && -n $(tail -c1 "$LOG_FILE") ]] && echo
 fi
