@@ -15,14 +15,20 @@ use crate::{Error, Result};
 
 /// Magic of the pool header ("RDPOOL01").
 pub(crate) const POOL_MAGIC: u64 = u64::from_le_bytes(*b"RDPOOL01");
-/// Magic of a chunk header ("RDCHUNK1").
-pub(crate) const CHUNK_MAGIC: u64 = u64::from_le_bytes(*b"RDCHUNK1");
+/// Magic of a chunk header ("RDCHUNK1"): the chunk holds objects (PROTOCOL.md 7.3).
+pub const CHUNK_MAGIC: u64 = u64::from_le_bytes(*b"RDCHUNK1");
 /// Layout version (2: the pool header and descriptor carry the server's incarnation).
 pub const LAYOUT_VERSION: u8 = 2;
-/// Bytes of a client slot.
-pub(crate) const CLIENT_SLOT: u64 = 32;
-/// Bytes of a chunk-table entry.
-pub(crate) const TABLE_ENTRY: u64 = 16;
+/// Bytes of a client slot (its first word the holder's client id, 0 when free).
+pub const CLIENT_SLOT: u64 = 32;
+/// Bytes of a chunk-table entry (its first word the owner: a client id, or
+/// [`DURABLE_TAG`]` | id`, 0 when free).
+pub const TABLE_ENTRY: u64 = 16;
+/// Bit 63 of a chunk-table entry: a **durable** chunk, which no lease expiry reclaims;
+/// `DURABLE_TAG | id` was claimed by client `id` (the object store keeps its index and
+/// blocks in such chunks, docs/STORE.md section 2, through
+/// [`Regions`](crate::remote::regions::Regions)).
+pub const DURABLE_TAG: u64 = 1 << 63;
 /// Offset of the client slots.
 pub(crate) const CLIENTS_OFFSET: u64 = 4096;
 /// The pool header's state word: the server accepts allocations.
@@ -46,13 +52,18 @@ pub(crate) mod slot {
     pub(crate) const HEARTBEAT: u64 = 8;
 }
 
-/// Chunk header fields (byte offsets from the chunk's start, u64 each).
-pub(crate) mod chunk {
-    pub(crate) const MAGIC: u64 = 0;
-    pub(crate) const OWNER: u64 = 8;
-    pub(crate) const OBJECT_SIZE: u64 = 16;
-    pub(crate) const OBJECT_COUNT: u64 = 24;
-    pub(crate) const BITMAP: u64 = 32;
+/// Chunk header fields (byte offsets from the chunk's start, u64 each; PROTOCOL.md 7.3).
+pub mod chunk {
+    /// [`CHUNK_MAGIC`](super::CHUNK_MAGIC) when the chunk holds objects, 0 otherwise.
+    pub const MAGIC: u64 = 0;
+    /// The owner's client id (or [`DURABLE_TAG`](super::DURABLE_TAG)` | id`).
+    pub const OWNER: u64 = 8;
+    /// The object size.
+    pub const OBJECT_SIZE: u64 = 16;
+    /// The object count.
+    pub const OBJECT_COUNT: u64 = 24;
+    /// The allocation bitmap's first word (bit `o` of word `o / 64`: object `o` allocated).
+    pub const BITMAP: u64 = 32;
 }
 
 /// Smallest object.
@@ -210,7 +221,7 @@ impl ChunkShape {
     }
 
     /// The object at `rel` bytes from the chunk's start, if `rel` is one's first byte.
-    pub(crate) fn object_at(&self, rel: u64) -> Option<u64> {
+    pub fn object_at(&self, rel: u64) -> Option<u64> {
         let r = rel.checked_sub(self.first_object)?;
         (r % self.object_size == 0 && r / self.object_size < self.object_count)
             .then_some(r / self.object_size)
@@ -225,7 +236,7 @@ pub fn largest_object(chunk_size: u64) -> u64 {
 /// Whether `size` is an object size a chunk of `chunk_size` bytes can hold: a size class
 /// ([`size_class`] gives only these). A chunk header read from a server that says anything
 /// else is damaged (or hostile) and is not used.
-pub(crate) fn is_class(size: u64, chunk_size: u64) -> bool {
+pub fn is_class(size: u64, chunk_size: u64) -> bool {
     (size.is_power_of_two() && (MIN_OBJECT..=chunk_size / 4).contains(&size))
         || size == largest_object(chunk_size)
 }
@@ -247,7 +258,7 @@ pub fn size_class(size: u64, chunk_size: u64) -> Option<u64> {
 
 /// splitmix64: where client and server start scanning a table for an id, so that ids
 /// spread over it.
-pub(crate) fn hash64(mut x: u64) -> u64 {
+pub fn hash64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

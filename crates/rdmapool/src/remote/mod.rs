@@ -42,6 +42,7 @@
 //! ```
 
 pub(crate) mod client;
+pub use client::regions;
 pub(crate) mod descriptor;
 #[cfg(feature = "etcd")]
 pub mod etcd;
@@ -74,13 +75,10 @@ pub use server::{
     MemoryServer, ServerConfig, MAX_CONNECTIONS_PER_CLIENT, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER,
 };
 
-/// The highest client id, `2^63 − 1`: chunk-table entries with bit 63 set belong to the
-/// object store (docs/STORE.md section 2), so no client's lease can ever name them.
-pub const MAX_CLIENT_ID: u64 = STORE_TAG - 1;
-
-/// Bit 63 of a chunk-table entry: the chunk belongs to the object store (docs/STORE.md
-/// section 2); `STORE_TAG | id` is a store chunk claimed by client `id`.
-pub(crate) const STORE_TAG: u64 = 1 << 63;
+/// The highest client id, `2^63 − 1`: chunk-table entries with bit 63 set are durable
+/// chunks (the object store's, docs/STORE.md section 2), so no client's lease can ever
+/// name them.
+pub const MAX_CLIENT_ID: u64 = layout::DURABLE_TAG - 1;
 
 /// A remote allocation: the node it lives on, that node's incarnation when it was allocated,
 /// its offset in that node's region, its length.

@@ -8,7 +8,7 @@ use super::get::{Get, GetStep};
 use super::lookup::{Looked, Lookup, Read, Replica, Src};
 use super::placement;
 use super::root::{FindRoot, Index, RootStep};
-use crate::remote::client::StoreNode;
+use crate::remote::regions::RegionNode;
 use crate::remote::{PoolClient, RemotePtr};
 use crate::{Error, Result};
 use futures_util::future::join_all;
@@ -479,7 +479,7 @@ impl Store {
     /// pool's operations.
     pub async fn list(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>> {
         let mut newest: HashMap<Vec<u8>, (Version, bool)> = HashMap::new();
-        for n in self.pool.store_nodes() {
+        for n in self.pool.regions().up_nodes() {
             for e in self.scan(&n).await?.0 {
                 if !e.key.starts_with(prefix) || e.kind == Kind::Part {
                     continue;
@@ -512,7 +512,7 @@ impl Store {
         purpose: Purpose,
     ) -> Result<(Vec<Replica>, usize)> {
         let placing = self.placing_view().await?;
-        let view = self.pool.store_view();
+        let view = self.pool.regions().members();
         let h = KeyHash::of(key);
         // While keys move: the placements under the view and the previous one, a get
         // reading both (see below).
@@ -611,7 +611,7 @@ impl Store {
     }
 
     /// `n` as a replica, with its index (found or made on first use).
-    async fn replica(&self, n: &StoreNode) -> Result<Replica> {
+    async fn replica(&self, n: &RegionNode) -> Result<Replica> {
         Ok(Replica {
             node: n.node,
             incarnation: n.incarnation,
@@ -620,7 +620,7 @@ impl Store {
         })
     }
 
-    async fn index(&self, n: &StoreNode) -> Result<Index> {
+    async fn index(&self, n: &RegionNode) -> Result<Index> {
         let known = || {
             self.indexes
                 .lock()
@@ -646,7 +646,7 @@ impl Store {
         let ix = loop {
             match m.advance(answer.take())? {
                 RootStep::Io(io) => {
-                    answer = Some(self.pool.store_io(n.node, n.incarnation, io).await?)
+                    answer = Some(self.pool.regions().io(n.node, n.incarnation, io).await?)
                 }
                 RootStep::Done(ix) => break ix,
             }
@@ -658,7 +658,11 @@ impl Store {
     async fn reads(&self, replicas: &[Replica], reads: &[Read]) -> Vec<Option<Vec<u8>>> {
         join_all(reads.iter().map(|r| async move {
             let inc = incarnation(replicas, r.node);
-            self.pool.store_read(r.node, inc, r.at, r.len).await.ok()
+            self.pool
+                .regions()
+                .read(r.node, inc, r.at, r.len)
+                .await
+                .ok()
         }))
         .await
     }

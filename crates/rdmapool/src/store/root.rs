@@ -22,12 +22,12 @@
 //! as a tenant id at a time (the server's record gives an id one lease slot), and a `Store`
 //! makes its indexes one at a time, so no two indexes of one tenant are made at once.
 
-use crate::remote::client::chunks::{Answer, Io};
 use crate::remote::layout::{hash64, Layout};
+use crate::remote::regions::{Answer, Io};
 use crate::{CoreError, Error, Result};
 
 /// Bit 63 of a chunk-table entry or of the root word: the store's.
-pub(crate) use crate::remote::STORE_TAG;
+pub(crate) use crate::remote::layout::DURABLE_TAG;
 /// The root word's offset in the region.
 pub(crate) const ROOT_WORD: u64 = 24;
 /// The first 8 bytes of an index chunk; its buckets start at [`INDEX_START`].
@@ -145,7 +145,7 @@ impl FindRoot {
     }
 
     fn tag(&self) -> u64 {
-        STORE_TAG | self.writer
+        DURABLE_TAG | self.writer
     }
 
     fn entry(&self, probe: u64) -> u64 {
@@ -155,8 +155,8 @@ impl FindRoot {
 
     /// The chunk a root word names, if it is well formed for this layout.
     fn named(&self, root: u64) -> Result<Index> {
-        let chunk = root & !STORE_TAG;
-        if root & STORE_TAG == 0 || chunk >= self.layout.chunk_count {
+        let chunk = root & !DURABLE_TAG;
+        if root & DURABLE_TAG == 0 || chunk >= self.layout.chunk_count {
             return Err(Error::Core(CoreError::Malformed {
                 what: "store root word",
                 reason: format!("{root:#x} names no chunk of {}", self.layout.chunk_count),
@@ -264,7 +264,7 @@ impl FindRoot {
                 Ok(RootStep::Io(Io::Cas {
                     at: ROOT_WORD,
                     expected: 0,
-                    swap: STORE_TAG | chunk,
+                    swap: DURABLE_TAG | chunk,
                 }))
             }
             State::Publish { chunk } => match word(answer)? {

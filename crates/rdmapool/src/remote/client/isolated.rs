@@ -7,7 +7,7 @@ use super::ops::timed;
 use super::{Node, Shared};
 use crate::fabric::{AccessFlags, Mr, RemoteAddr};
 use crate::remote::isolation::{Control, CONTROL_LEN, NO_SLOT, QUOTA_REACHED, REFUSED};
-use crate::remote::{layout, STORE_TAG};
+use crate::remote::layout::{self, DURABLE_TAG};
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -121,7 +121,7 @@ impl Shared {
             .await?
         {
             Control::Answer { old, rkey, .. }
-                if (old == self.id || old == STORE_TAG | self.id) && rkey != 0 =>
+                if (old == self.id || old == DURABLE_TAG | self.id) && rkey != 0 =>
             {
                 w.chunks.lock().insert(chunk, rkey);
                 Ok(rkey)
@@ -151,7 +151,7 @@ impl Shared {
         expected: u64,
         swap: u64,
     ) -> Result<u64> {
-        let mine = |v: u64| v == self.id || v == STORE_TAG | self.id;
+        let mine = |v: u64| v == self.id || v == DURABLE_TAG | self.id;
         let claim = expected == 0 && mine(swap);
         let release = mine(expected) && swap == 0;
         let answer = if claim && swap == self.id {

@@ -11,14 +11,12 @@ pub(crate) mod chunks;
 mod isolated;
 mod node;
 mod ops;
+pub mod regions;
 mod session;
 #[cfg(test)]
 mod sim;
 mod stats;
-mod store_io;
 pub(crate) mod takeover;
-
-pub(crate) use store_io::StoreNode;
 
 pub use batch::{BatchOutcome, PoolBatch};
 pub use stats::NodeStats;
@@ -103,7 +101,7 @@ struct Shared {
     departed: Mutex<Vec<(u32, u64, std::time::Instant)>>,
     /// Registered staging buffers for the object store's reads and writes, made on first
     /// use (the store's hot path never registers memory below 2 MiB).
-    store_buffers: std::sync::OnceLock<crate::buf::BufferPool>,
+    staging_buffers: std::sync::OnceLock<crate::buf::BufferPool>,
 }
 
 /// A client of the remote memory pool (see the module docs).
@@ -172,7 +170,7 @@ impl PoolClient {
             timers: Timers::new(cfg.progress == Progress::Caller),
             unreachable: Mutex::new(Vec::new()),
             departed: Mutex::new(Vec::new()),
-            store_buffers: std::sync::OnceLock::new(),
+            staging_buffers: std::sync::OnceLock::new(),
         });
         let members = membership.servers()?;
         // Leases are renewed from the first node joined on (a slow join elsewhere must not

@@ -25,10 +25,10 @@ pub(super) struct Node {
     pub(super) book: Mutex<Book>,
     /// Woken when a chunk claim on this node ends (tasks wait for it: `Next::Wait`).
     pub(super) claimed: tokio::sync::Notify,
-    /// The object store's chunks this client claimed here (table entries `STORE_TAG | id`,
-    /// which no lease expiry takes back), and its own claim notice.
-    pub(super) store_book: Mutex<Book>,
-    pub(super) store_claimed: tokio::sync::Notify,
+    /// The durable chunks this client claimed here (table entries `DURABLE_TAG | id`, which
+    /// no lease expiry takes back: the object store's), and its own claim notice.
+    pub(super) durable_book: Mutex<Book>,
+    pub(super) durable_claimed: tokio::sync::Notify,
     pub(super) down: Mutex<Option<String>>,
     pub(super) draining: AtomicBool,
     /// The lease as this client holds it (when it may use the node).
@@ -45,8 +45,8 @@ pub(super) struct Node {
 pub(super) enum Books {
     /// The pool's chunks, under this client's lease.
     Pool,
-    /// The object store's chunks.
-    Store,
+    /// The durable chunks (`DURABLE_TAG | id`): the object store's.
+    Durable,
 }
 
 impl Node {
@@ -54,7 +54,7 @@ impl Node {
     pub(super) fn book_of(&self, which: Books) -> (&Mutex<Book>, &tokio::sync::Notify) {
         match which {
             Books::Pool => (&self.book, &self.claimed),
-            Books::Store => (&self.store_book, &self.store_claimed),
+            Books::Durable => (&self.durable_book, &self.durable_claimed),
         }
     }
 

@@ -120,12 +120,12 @@ impl Shared {
             slot: AtomicU64::new(0),
             book: Mutex::new(Book::new(self.id, desc.incarnation, desc.layout)),
             claimed: tokio::sync::Notify::new(),
-            store_book: Mutex::new(Book::new(
-                crate::remote::STORE_TAG | self.id,
+            durable_book: Mutex::new(Book::new(
+                crate::remote::layout::DURABLE_TAG | self.id,
                 desc.incarnation,
                 desc.layout,
             )),
-            store_claimed: tokio::sync::Notify::new(),
+            durable_claimed: tokio::sync::Notify::new(),
             down: Mutex::new(None),
             draining: AtomicBool::new(false),
             lease: Mutex::new(Holder::new(desc.lease, Instant::now())),
@@ -156,7 +156,10 @@ impl Shared {
         if let Some(old) = &same_incarnation {
             node.book.lock().follow(&old.book.lock());
             // The store's chunks are not the lease's: they stay this client's.
-            std::mem::swap(&mut *node.store_book.lock(), &mut *old.store_book.lock());
+            std::mem::swap(
+                &mut *node.durable_book.lock(),
+                &mut *old.durable_book.lock(),
+            );
         }
         let replaced = self.nodes.lock().insert(desc.node, node);
         self.unreachable.lock().retain(|(a, _)| *a != addr);
@@ -403,7 +406,7 @@ impl Shared {
         self.drive(node, Recover::new()).await?;
         // The object store's chunks this id claimed before a restart: its objects stay
         // whatever happens to the id, and the chunks' free room is used again.
-        self.drive_in(node, super::node::Books::Store, Recover::new())
+        self.drive_in(node, super::node::Books::Durable, Recover::new())
             .await
     }
 

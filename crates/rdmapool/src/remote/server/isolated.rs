@@ -5,11 +5,11 @@
 
 use super::super::isolation::{Control, CONTROL_LEN, NO_SLOT, QUOTA_REACHED, REFUSED};
 use super::super::layout::{self, Layout};
-use super::super::STORE_TAG;
 use super::Inner;
 use crate::fabric::{
     AccessFlags, Completion, Mr, Mw, Qp, RecvWr, RegisteredMemory, SendWr, WcOpcode, WrOp,
 };
+use crate::remote::layout::DURABLE_TAG;
 use crate::Result;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -305,7 +305,7 @@ impl Inner {
                 self.claim(qp, t, id, req, chunk, id)
             }
             Control::ClaimStore { req, chunk } if in_range(chunk) => {
-                self.claim(qp, t, id, req, chunk, STORE_TAG | id)
+                self.claim(qp, t, id, req, chunk, DURABLE_TAG | id)
             }
             Control::Release { req, chunk } if in_range(chunk) => {
                 // Revoke first (here; the caller does the id's other connections before
@@ -315,7 +315,7 @@ impl Inner {
                 let old = match self.compare_exchange_entry(entry, id, 0) {
                     Ok(()) => id,
                     // A store chunk of the id's.
-                    Err(old) if old == STORE_TAG | id => {
+                    Err(old) if old == DURABLE_TAG | id => {
                         match self.compare_exchange_entry(entry, old, 0) {
                             Ok(()) => old,
                             Err(now) => now,
@@ -327,7 +327,7 @@ impl Inner {
             }
             Control::Access { req, chunk } if in_range(chunk) => {
                 let old = self.word(l.table_entry(chunk)).load(Ordering::Acquire);
-                if old != id && old != STORE_TAG | id {
+                if old != id && old != DURABLE_TAG | id {
                     return Some(Control::Answer { req, old, rkey: 0 });
                 }
                 match self.chunk_window(qp, t, chunk) {
@@ -445,7 +445,7 @@ impl Inner {
                 let e = self
                     .word(self.layout.table_entry(j))
                     .load(Ordering::Acquire);
-                e == id || e == STORE_TAG | id
+                e == id || e == DURABLE_TAG | id
             })
             .count() as u64
     }

@@ -196,7 +196,7 @@ impl Inner {
 
     /// Chunks held under a client's lease (not the object store's, which no lease holds).
     fn leased_chunks(&self) -> u64 {
-        self.chunks_where(|entry| entry != 0 && entry & crate::remote::STORE_TAG == 0)
+        self.chunks_where(|entry| entry != 0 && entry & crate::remote::layout::DURABLE_TAG == 0)
     }
 
     fn chunks_where(&self, f: impl Fn(u64) -> bool) -> u64 {

@@ -160,7 +160,7 @@ impl Store {
                 let at = crate::store::view::VIEW_AT;
                 reads.extend(fenced.iter().map(|&(node, inc)| (node, inc, at, 8)));
             }
-            bytes = self.pool.store_reads(&reads).await;
+            bytes = self.pool.regions().reads(&reads).await;
             if first {
                 first = false;
                 let fences: Vec<Option<u64>> = bytes

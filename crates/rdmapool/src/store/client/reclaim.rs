@@ -11,9 +11,9 @@
 //! does: the lease is the fence).
 
 use super::Store;
-use crate::remote::client::StoreNode;
+use crate::remote::layout::DURABLE_TAG;
 use crate::remote::layout::{self, ChunkShape, CHUNK_MAGIC, CLIENT_SLOT, TABLE_ENTRY};
-use crate::remote::STORE_TAG;
+use crate::remote::regions::RegionNode;
 use crate::Result;
 use futures_util::future::join_all;
 use std::collections::HashSet;
@@ -55,11 +55,12 @@ fn words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
 impl Store {
     /// The client ids that hold a lease slot on `n` now (one READ of the slots' owner
     /// words; 0, a free slot, among them).
-    pub(super) async fn lease_holders(&self, n: &StoreNode) -> Result<HashSet<u64>> {
+    pub(super) async fn lease_holders(&self, n: &RegionNode) -> Result<HashSet<u64>> {
         let l = n.layout;
         let slots = self
             .pool
-            .store_read(
+            .regions()
+            .read(
                 n.node,
                 n.incarnation,
                 l.client_slot(0),
@@ -71,7 +72,7 @@ impl Store {
 
     /// The store chunks on `n` of writers with no lease there, except the index's, with
     /// their allocated objects that `named` (every offset an index slot names) leaves out.
-    async fn dead_chunks(&self, n: &StoreNode, named: &HashSet<u64>) -> Result<Vec<DeadChunk>> {
+    async fn dead_chunks(&self, n: &RegionNode, named: &HashSet<u64>) -> Result<Vec<DeadChunk>> {
         if n.isolated {
             // A tenant's namespace has one writer, this client: none of its chunks is a
             // gone writer's, and another tenant's are out of its reach.
@@ -82,7 +83,8 @@ impl Store {
         let leased = self.lease_holders(n).await?;
         let table = self
             .pool
-            .store_read(node, inc, l.table_entry(0), l.chunk_count * TABLE_ENTRY)
+            .regions()
+            .read(node, inc, l.table_entry(0), l.chunk_count * TABLE_ENTRY)
             .await?;
         let index = self.index(n).await?.chunk;
         let dead: Vec<(u64, u64)> = words(&table)
@@ -90,7 +92,7 @@ impl Store {
             .enumerate()
             .map(|(j, e)| (j as u64, e))
             .filter(|&(j, e)| {
-                e & STORE_TAG != 0 && j != index && !leased.contains(&(e & !STORE_TAG))
+                e & DURABLE_TAG != 0 && j != index && !leased.contains(&(e & !DURABLE_TAG))
             })
             .collect();
         let mut out = Vec::new();
@@ -98,7 +100,8 @@ impl Store {
             let at = l.chunk(chunk);
             let head = self
                 .pool
-                .store_read(node, inc, at, layout::chunk::BITMAP)
+                .regions()
+                .read(node, inc, at, layout::chunk::BITMAP)
                 .await?;
             let h: Vec<u64> = words(&head).collect();
             if h[0] != CHUNK_MAGIC {
@@ -119,7 +122,8 @@ impl Store {
             let bitmap_words = (l.chunk_size / size).div_ceil(64);
             let bits = self
                 .pool
-                .store_read(node, inc, at + layout::chunk::BITMAP, bitmap_words * 8)
+                .regions()
+                .read(node, inc, at + layout::chunk::BITMAP, bitmap_words * 8)
                 .await?;
             let mut allocated = 0;
             let mut unnamed = Vec::new();
@@ -151,12 +155,12 @@ impl Store {
     /// names (from the repair's scan).
     pub(super) async fn reclaim(
         &self,
-        nodes: &[StoreNode],
+        nodes: &[RegionNode],
         named: &std::collections::HashMap<u32, HashSet<u64>>,
     ) -> Result<Reclaimed> {
         let empty = HashSet::new();
         let mine: HashSet<(u32, u64)> = self.retired_blocks();
-        let mut found: Vec<(StoreNode, Vec<DeadChunk>)> = Vec::new();
+        let mut found: Vec<(RegionNode, Vec<DeadChunk>)> = Vec::new();
         for n in nodes {
             let chunks = self
                 .dead_chunks(n, named.get(&n.node).unwrap_or(&empty))
@@ -177,7 +181,7 @@ impl Store {
             .lock()
             .look(&seen, Instant::now(), self.cfg.grace * 2);
         let freed = join_all(due.iter().map(|&(node, inc, at)| async move {
-            ((node, at), self.pool.store_free(node, inc, at).await)
+            ((node, at), self.pool.regions().free(node, inc, at).await)
         }))
         .await;
         let freed: HashSet<(u32, u64)> = freed
@@ -206,7 +210,7 @@ impl Store {
     /// Gives a dead writer's empty (or never formatted) chunk back: its magic zeroed, its
     /// bitmap read again (anything allocated meanwhile puts the magic back and keeps it),
     /// then its table entry swapped from the writer's tag to 0.
-    async fn release(&self, n: &StoreNode, c: &DeadChunk) -> bool {
+    async fn release(&self, n: &RegionNode, c: &DeadChunk) -> bool {
         let l = n.layout;
         let (node, inc) = (n.node, n.incarnation);
         let at = l.chunk(c.chunk);
@@ -214,7 +218,8 @@ impl Store {
             let magic = at + layout::chunk::MAGIC;
             if self
                 .pool
-                .store_cas(node, inc, magic, CHUNK_MAGIC, 0)
+                .regions()
+                .cas(node, inc, magic, CHUNK_MAGIC, 0)
                 .await
                 .ok()
                 != Some(CHUNK_MAGIC)
@@ -224,14 +229,24 @@ impl Store {
             let bitmap_words = (l.chunk_size / shape.object_size).div_ceil(64);
             let bits = self
                 .pool
-                .store_read(node, inc, at + layout::chunk::BITMAP, bitmap_words * 8)
+                .regions()
+                .read(node, inc, at + layout::chunk::BITMAP, bitmap_words * 8)
                 .await;
             if bits.map_or(true, |b| words(&b).any(|w| w != 0)) {
-                let _ = self.pool.store_cas(node, inc, magic, 0, CHUNK_MAGIC).await;
+                let _ = self
+                    .pool
+                    .regions()
+                    .cas(node, inc, magic, 0, CHUNK_MAGIC)
+                    .await;
                 return false;
             }
         }
         let entry = l.table_entry(c.chunk);
-        self.pool.store_cas(node, inc, entry, c.entry, 0).await.ok() == Some(c.entry)
+        self.pool
+            .regions()
+            .cas(node, inc, entry, c.entry, 0)
+            .await
+            .ok()
+            == Some(c.entry)
     }
 }

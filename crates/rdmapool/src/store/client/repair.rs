@@ -3,7 +3,7 @@
 //! (docs/STORE.md section 7; the decisions are `store/repair.rs`'s).
 
 use super::{Source, Store};
-use crate::remote::client::StoreNode;
+use crate::remote::regions::RegionNode;
 use crate::store::format::{decode_block, peek, Kind, Slot, ValueDigest, HEADER_LEN, MAX_KEY_LEN};
 use crate::store::lookup::Replica;
 use crate::store::put::Put;
@@ -74,7 +74,7 @@ impl Store {
     /// Every occupied slot of `n`'s index, with the header and key of the block it names
     /// (slots naming memory outside the data area, or no block, are left out), and the
     /// offset every occupied slot names (all of them).
-    pub(super) async fn scan(&self, n: &StoreNode) -> Result<(Vec<Entry>, HashSet<u64>)> {
+    pub(super) async fn scan(&self, n: &RegionNode) -> Result<(Vec<Entry>, HashSet<u64>)> {
         const PIECE: u64 = 1 << 20;
         let ix = self.index(n).await?;
         let total = ix.buckets * 64;
@@ -84,7 +84,8 @@ impl Store {
             let len = PIECE.min(total - at);
             let bytes = self
                 .pool
-                .store_read(n.node, n.incarnation, ix.start + at, len)
+                .regions()
+                .read(n.node, n.incarnation, ix.start + at, len)
                 .await?;
             words.extend(
                 bytes
@@ -109,7 +110,9 @@ impl Store {
                 .read_len()
                 .min(HEADER_LEN as u64 + MAX_KEY_LEN as u64)
                 .min(self.room(n, s));
-            self.pool.store_read(n.node, n.incarnation, s.offset, len)
+            self.pool
+                .regions()
+                .read(n.node, n.incarnation, s.offset, len)
         }))
         .await;
         let mut out = Vec::new();
@@ -128,7 +131,7 @@ impl Store {
     }
 
     /// Bytes from the slot's block to the end of its chunk.
-    fn room(&self, n: &StoreNode, s: &Slot) -> u64 {
+    fn room(&self, n: &RegionNode, s: &Slot) -> u64 {
         n.layout
             .chunk_of(s.offset)
             .map_or(0, |c| n.layout.chunk(c) + n.layout.chunk_size - s.offset)
@@ -151,7 +154,7 @@ impl Store {
     /// [`RepairReport::failed`] instead.
     pub async fn repair(&self) -> Result<RepairReport> {
         let placing = self.reload_view().await?;
-        let view = self.pool.store_view();
+        let view = self.pool.regions().members();
         if let Some((addr, why)) = view.unreached.first().filter(|_| placing.number == 0) {
             return Err(crate::Error::MemberUnreached {
                 addr: addr.to_string(),
@@ -172,7 +175,7 @@ impl Store {
             .filter(|n| !n.up)
             .map(|n| n.node)
             .collect();
-        let nodes: Vec<StoreNode> = view.nodes.into_iter().filter(|n| n.up).collect();
+        let nodes: Vec<RegionNode> = view.nodes.into_iter().filter(|n| n.up).collect();
         let mut entries = Vec::new();
         let mut named = HashMap::new();
         for n in &nodes {
@@ -205,7 +208,7 @@ impl Store {
             }
         }
         if report.failed + report.deferred + report.unreadable == 0 && down.is_empty() {
-            self.pool.store_settle_departed();
+            self.pool.regions().settle_departed();
         }
         let r = self.reclaim(&nodes, &named).await?;
         report.reclaimed = r.freed;
@@ -218,7 +221,7 @@ impl Store {
     /// them, `down` those that are not up.
     async fn repair_key(
         &self,
-        nodes: &[StoreNode],
+        nodes: &[RegionNode],
         (members, previous): (&[u32], &[u32]),
         down: &[u32],
         key: &[u8],
@@ -249,7 +252,8 @@ impl Store {
             let len = s.read_len().min(self.room(n, &s));
             let bytes = self
                 .pool
-                .store_read(n.node, n.incarnation, s.offset, len)
+                .regions()
+                .read(n.node, n.incarnation, s.offset, len)
                 .await
                 .ok()?;
             let block = decode_block(&bytes, key).ok()?;
@@ -272,7 +276,7 @@ impl Store {
             && p.conflicts == 0
             && entries.len() == targets.len()
             // A server that is away may hold an older version, which must not come back.
-            && self.pool.store_all_up();
+            && self.pool.regions().all_up();
         if clean {
             out.tombstones_cleared = self
                 .clear_tombstone(nodes, key, entries, version, seen)
@@ -319,7 +323,7 @@ impl Store {
     /// cannot be read now): the key changed under the repair, and the next one sees it.
     async fn slots_changed(
         &self,
-        nodes: &[StoreNode],
+        nodes: &[RegionNode],
         entries: &[Entry],
         version: Version,
     ) -> bool {
@@ -332,7 +336,8 @@ impl Store {
                     let n = node_of(e.node)?;
                     let w = self
                         .pool
-                        .store_read(n.node, n.incarnation, e.at, 8)
+                        .regions()
+                        .read(n.node, n.incarnation, e.at, 8)
                         .await
                         .ok()?;
                     Some(u64::from_le_bytes(w[..8].try_into().ok()?) == e.word)
@@ -347,7 +352,7 @@ impl Store {
     /// how many it cleared.
     async fn clear<'a>(
         &self,
-        nodes: &[StoreNode],
+        nodes: &[RegionNode],
         key: &[u8],
         entries: impl Iterator<Item = &'a Entry>,
     ) -> usize {
@@ -356,7 +361,8 @@ impl Store {
             let inc = node_of(e.node)?.incarnation;
             let old = self
                 .pool
-                .store_cas(e.node, inc, e.at, e.word, 0)
+                .regions()
+                .cas(e.node, inc, e.at, e.word, 0)
                 .await
                 .ok()?;
             (old == e.word).then_some((e.node, inc, Slot::from_word(e.word)?.offset, e.version))
@@ -374,7 +380,7 @@ impl Store {
     /// ago; otherwise noted for a later repair. How many slots were cleared.
     async fn clear_tombstone(
         &self,
-        nodes: &[StoreNode],
+        nodes: &[RegionNode],
         key: &[u8],
         entries: &[Entry],
         version: Version,

@@ -117,7 +117,7 @@ fn view_from_etcd(
     store: &Store,
     election: &crate::remote::EtcdElection,
 ) -> Result<Option<(View, RepairReport)>> {
-    let known = store.pool.store_view();
+    let known = store.pool.regions().members();
     if known.nodes.is_empty() || known.nodes.iter().any(|n| n.isolated) {
         // No member yet, or a tenant's own store (no shared view on isolated servers).
         return Ok(None);
@@ -247,7 +247,8 @@ fn run(
     while !stop.load(Ordering::Acquire) {
         let view: Vec<(u32, u64, bool)> = store
             .pool
-            .store_view()
+            .regions()
+            .members()
             .nodes
             .iter()
             .map(|n| (n.node, n.incarnation, n.up))
@@ -311,7 +312,7 @@ impl Store {
     /// lowest-numbered member that is up, or takes it (free, or held by an id with no lease
     /// there). See the module's text.
     async fn claim_repairer(&self) -> Result<bool> {
-        let view = self.pool.store_view();
+        let view = self.pool.regions().members();
         let Some(n) = view.nodes.iter().find(|n| n.up) else {
             return Ok(false);
         };
@@ -322,7 +323,8 @@ impl Store {
         let me = self.pool.client_id();
         let word = self
             .pool
-            .store_read(n.node, n.incarnation, REPAIRER_WORD, 8)
+            .regions()
+            .read(n.node, n.incarnation, REPAIRER_WORD, 8)
             .await?;
         let holder = u64::from_le_bytes(word[..8].try_into().unwrap_or([0; 8]));
         if holder == me {
@@ -333,7 +335,8 @@ impl Store {
         }
         let old = self
             .pool
-            .store_cas(n.node, n.incarnation, REPAIRER_WORD, holder, me)
+            .regions()
+            .cas(n.node, n.incarnation, REPAIRER_WORD, holder, me)
             .await?;
         Ok(old == holder)
     }
@@ -341,11 +344,18 @@ impl Store {
     /// Gives the repairer word back where this client holds it (best effort).
     async fn release_repairer(&self) -> Result<()> {
         let me = self.pool.client_id();
-        for n in self.pool.store_nodes().into_iter().filter(|n| !n.isolated) {
+        for n in self
+            .pool
+            .regions()
+            .up_nodes()
+            .into_iter()
+            .filter(|n| !n.isolated)
+        {
             // A node that does not answer keeps the word; its next claimer finds no lease.
             let _ = self
                 .pool
-                .store_cas(n.node, n.incarnation, REPAIRER_WORD, me, 0)
+                .regions()
+                .cas(n.node, n.incarnation, REPAIRER_WORD, me, 0)
                 .await;
         }
         Ok(())

@@ -48,11 +48,12 @@ impl Store {
             let head = (HEADER_LEN + b.key.len()) as u64;
             let bytes = self
                 .pool
-                .store_read(b.node, b.incarnation, b.at, head)
+                .regions()
+                .read(b.node, b.incarnation, b.at, head)
                 .await?;
             match peek(&bytes) {
                 Some(p) if p.key == b.key && p.version == b.version => {
-                    self.pool.store_free(b.node, b.incarnation, b.at).await
+                    self.pool.regions().free(b.node, b.incarnation, b.at).await
                 }
                 _ => Err(Error::NotAllocated(format!(
                     "store block at {} of node {}: reclaimed since it was retired",

@@ -27,7 +27,8 @@ impl Store {
     pub(super) fn block_limit(&self) -> u64 {
         let smallest = self
             .pool
-            .store_nodes()
+            .regions()
+            .up_nodes()
             .iter()
             .map(|n| crate::remote::layout::largest_object(n.layout.chunk_size))
             .min();
@@ -189,7 +190,7 @@ impl Store {
     /// Best effort: a node that does not answer keeps its copy (repair then keeps it too).
     pub(super) async fn clear_keys(&self, keys: &[Vec<u8>]) -> usize {
         let mut replicas = Vec::new();
-        for n in self.pool.store_nodes() {
+        for n in self.pool.regions().up_nodes() {
             if let Ok(r) = self.replica(&n).await {
                 replicas.push(r);
             }
@@ -212,7 +213,8 @@ impl Store {
         let bucket = r.bucket_at(h);
         let Ok(bytes) = self
             .pool
-            .store_read(r.node, r.incarnation, bucket, 64)
+            .regions()
+            .read(r.node, r.incarnation, bucket, 64)
             .await
         else {
             return 0;
@@ -229,7 +231,8 @@ impl Store {
             let head_len = (super::super::format::HEADER_LEN + PART_KEY_LEN) as u64;
             let Ok(head) = self
                 .pool
-                .store_read(r.node, r.incarnation, s.offset, head_len)
+                .regions()
+                .read(r.node, r.incarnation, s.offset, head_len)
                 .await
             else {
                 continue;
@@ -241,11 +244,16 @@ impl Store {
             let word = s.word();
             let swapped = self
                 .pool
-                .store_cas(r.node, r.incarnation, at, word, 0)
+                .regions()
+                .cas(r.node, r.incarnation, at, word, 0)
                 .await;
             if swapped.is_ok_and(|old| old == word) {
                 cleared += 1;
-                let _ = self.pool.store_free(r.node, r.incarnation, s.offset).await;
+                let _ = self
+                    .pool
+                    .regions()
+                    .free(r.node, r.incarnation, s.offset)
+                    .await;
             }
         }
         cleared

@@ -3,7 +3,7 @@
 //! beside a get, and changing it.
 
 use super::Store;
-use crate::remote::client::StoreNode;
+use crate::remote::regions::RegionNode;
 use crate::store::lookup::Replica;
 use crate::store::view::{View, MAX_IDS, VIEW_AT, VIEW_LEN};
 use crate::store::RepairReport;
@@ -18,7 +18,7 @@ pub(crate) struct ViewChange {
     /// The view to write (renumber it, upward only, before applying).
     pub(crate) next: View,
     /// The store servers that were up, where it is written.
-    up: Vec<StoreNode>,
+    up: Vec<RegionNode>,
 }
 
 /// Reads of a record that did not hold together (a change in progress) before giving up.
@@ -49,7 +49,7 @@ impl Store {
     /// # Errors
     /// [`Error::Contended`] when a record stayed torn (a change that did not finish).
     pub(super) async fn reload_view(&self) -> Result<View> {
-        let nodes = self.pool.store_nodes();
+        let nodes = self.pool.regions().up_nodes();
         let mut best = View::default();
         for n in &nodes {
             if let Some(v) = self.read_view(n).await? {
@@ -70,11 +70,12 @@ impl Store {
     }
 
     /// `n`'s view record (`None`: none; a node that does not answer has none to say).
-    async fn read_view(&self, n: &StoreNode) -> Result<Option<View>> {
+    async fn read_view(&self, n: &RegionNode) -> Result<Option<View>> {
         for _ in 0..TORN_READS {
             let Ok(bytes) = self
                 .pool
-                .store_read(n.node, n.incarnation, VIEW_AT, VIEW_LEN)
+                .regions()
+                .read(n.node, n.incarnation, VIEW_AT, VIEW_LEN)
                 .await
             else {
                 return Ok(None);
@@ -94,7 +95,8 @@ impl Store {
         join_all(replicas.iter().map(|r| async move {
             let b = self
                 .pool
-                .store_read(r.node, r.incarnation, VIEW_AT, 8)
+                .regions()
+                .read(r.node, r.incarnation, VIEW_AT, 8)
                 .await
                 .ok()?;
             Some(u64::from_le_bytes(b.get(..8)?.try_into().ok()?))
@@ -148,8 +150,8 @@ impl Store {
             }));
         }
         let current = self.reload_view().await?;
-        let known = self.pool.store_view();
-        let up: Vec<StoreNode> = known.nodes.iter().filter(|n| n.up).copied().collect();
+        let known = self.pool.regions().members();
+        let up: Vec<RegionNode> = known.nodes.iter().filter(|n| n.up).copied().collect();
         let old: Vec<u32> = if current.number == 0 {
             known.nodes.iter().map(|n| n.node).collect()
         } else {
@@ -228,17 +230,24 @@ impl Store {
         }
         // Only where the record still holds this view: a newer change's body is not
         // overwritten.
-        let held = join_all(self.pool.store_nodes().into_iter().map(|n| async move {
-            let b = self
-                .pool
-                .store_read(n.node, n.incarnation, VIEW_AT, 8)
-                .await
-                .ok()?;
-            let fence = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
-            (fence == current.number).then_some(n)
-        }))
+        let held = join_all(
+            self.pool
+                .regions()
+                .up_nodes()
+                .into_iter()
+                .map(|n| async move {
+                    let b = self
+                        .pool
+                        .regions()
+                        .read(n.node, n.incarnation, VIEW_AT, 8)
+                        .await
+                        .ok()?;
+                    let fence = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+                    (fence == current.number).then_some(n)
+                }),
+        )
         .await;
-        let nodes: Vec<StoreNode> = held.into_iter().flatten().collect();
+        let nodes: Vec<RegionNode> = held.into_iter().flatten().collect();
         let settled = current.settled();
         self.write_body(&nodes, &settled).await?;
         *self.view.lock() = Some(settled.clone());
@@ -262,12 +271,13 @@ impl Store {
 
     /// Writes `next` on every one of `nodes`: its body, then its fence word, swapped from
     /// what the node held (at most `from`, the number the change started from).
-    async fn install(&self, nodes: &[StoreNode], next: &View, from: u64) -> Result<()> {
+    async fn install(&self, nodes: &[RegionNode], next: &View, from: u64) -> Result<()> {
         self.write_body(nodes, next).await?;
         let swapped = join_all(nodes.iter().map(|n| async move {
             let b = self
                 .pool
-                .store_read(n.node, n.incarnation, VIEW_AT, 8)
+                .regions()
+                .read(n.node, n.incarnation, VIEW_AT, 8)
                 .await?;
             let held = u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8]));
             if held > from {
@@ -275,7 +285,8 @@ impl Store {
             }
             let old = self
                 .pool
-                .store_cas(n.node, n.incarnation, VIEW_AT, held, next.number)
+                .regions()
+                .cas(n.node, n.incarnation, VIEW_AT, held, next.number)
                 .await?;
             Ok::<bool, Error>(old == held)
         }))
@@ -292,13 +303,14 @@ impl Store {
     }
 
     /// Writes the record of `view` but its fence word (bytes 8 on) on every one of `nodes`.
-    async fn write_body(&self, nodes: &[StoreNode], view: &View) -> Result<()> {
+    async fn write_body(&self, nodes: &[RegionNode], view: &View) -> Result<()> {
         let bytes = view.encode()?;
         let body: [&[u8]; 1] = [&bytes[8..]];
         let body = &body;
         let written = join_all(nodes.iter().map(|n| {
             self.pool
-                .store_write(n.node, n.incarnation, VIEW_AT + 8, body)
+                .regions()
+                .write(n.node, n.incarnation, VIEW_AT + 8, body)
         }))
         .await;
         written.into_iter().collect::<Result<Vec<_>>>().map(drop)

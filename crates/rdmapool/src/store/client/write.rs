@@ -156,11 +156,11 @@ impl Store {
     }
 
     pub(super) async fn free_now(&self, replicas: &[Replica], blocks: &[(u32, u64)]) {
-        join_all(
-            blocks
-                .iter()
-                .map(|&(node, at)| self.pool.store_free(node, incarnation(replicas, node), at)),
-        )
+        join_all(blocks.iter().map(|&(node, at)| {
+            self.pool
+                .regions()
+                .free(node, incarnation(replicas, node), at)
+        }))
         .await;
     }
 
@@ -192,7 +192,7 @@ impl Store {
     ) -> Vec<Result<Option<u64>>> {
         join_all(nodes.iter().map(|&node| async move {
             let inc = incarnation(replicas, node);
-            match self.pool.store_alloc(node, inc, len).await {
+            match self.pool.regions().alloc(node, inc, len).await {
                 Ok(Some(at)) => Ok(Some(at)),
                 Ok(None) => Err(Error::RemoteExhausted { size: len }),
                 Err(Error::NodeDown { .. }) => Ok(None),
@@ -260,12 +260,16 @@ impl Store {
                         match value {
                             Source::Bytes(v) => {
                                 self.pool
-                                    .store_write(node, inc, at, &[&w.header, key, v])
+                                    .regions()
+                                    .write(node, inc, at, &[&w.header, key, v])
                                     .await
                             }
                             Source::Mr(m) => {
                                 let head: [&[u8]; 2] = [&w.header, key];
-                                self.pool.store_write_from(node, inc, at, &head, m).await
+                                self.pool
+                                    .regions()
+                                    .write_from(node, inc, at, &head, m)
+                                    .await
                             }
                         }
                         .is_ok()
@@ -277,7 +281,8 @@ impl Store {
                     let old = join_all(swaps.iter().map(|s| async move {
                         let inc = incarnation(replicas, s.node);
                         self.pool
-                            .store_cas(s.node, inc, s.at, s.expected, s.swap)
+                            .regions()
+                            .cas(s.node, inc, s.at, s.expected, s.swap)
                             .await
                             .ok()
                     }))

@@ -229,7 +229,8 @@ impl Store {
             let head_len = (HEADER_LEN + key.len()) as u64;
             let read = self
                 .pool
-                .store_read_into(
+                .regions()
+                .read_into(
                     c.node,
                     c.incarnation,
                     c.at,
@@ -302,7 +303,7 @@ impl Store {
                 if let (false, Some(due)) = (waited, self.retired_due()) {
                     waited = true;
                     self.counters.waits_for_room.fetch_add(1, Ordering::Relaxed);
-                    self.pool.sleep_until(due).await;
+                    self.pool.regions().sleep_until(due).await;
                     self.flush_retired().await;
                     continue;
                 }

@@ -74,14 +74,14 @@ fn racing_clients_end_with_one_index_and_the_loser_gives_its_chunk_back() {
         assert_eq!(got[0], got[1], "{turns:?}");
         let ix = got[0];
         assert_ne!(ix.chunk, 0, "a pool client's chunk is never taken");
-        assert_eq!(region.words[&ROOT_WORD], STORE_TAG | ix.chunk);
+        assert_eq!(region.words[&ROOT_WORD], DURABLE_TAG | ix.chunk);
         assert_eq!(
             region.words[&l.chunk(ix.chunk)],
             u64::from_le_bytes(INDEX_MAGIC)
         );
         let store_entries: Vec<u64> = (0..l.chunk_count)
             .map(|j| *region.words.get(&l.table_entry(j)).unwrap_or(&0))
-            .filter(|e| e & STORE_TAG != 0)
+            .filter(|e| e & DURABLE_TAG != 0)
             .collect();
         assert_eq!(store_entries.len(), 1, "{turns:?}: {store_entries:x?}");
         assert_eq!(ix.buckets, ((1 << 20) - 64) / 64);
@@ -98,10 +98,10 @@ fn a_client_finds_an_index_that_exists_and_refuses_a_damaged_root() {
         Ok(RootStep::Io(Io::Read { at: ROOT_WORD, .. }))
     ));
     assert_eq!(
-        m.advance(Some(Answer::Word(STORE_TAG | 3))).unwrap(),
+        m.advance(Some(Answer::Word(DURABLE_TAG | 3))).unwrap(),
         RootStep::Done(Index::new(&l, 3))
     );
-    for bad in [3, STORE_TAG | l.chunk_count] {
+    for bad in [3, DURABLE_TAG | l.chunk_count] {
         let mut m = FindRoot::new(l, 5);
         m.advance(None).unwrap();
         assert!(matches!(
@@ -140,16 +140,16 @@ fn a_tenant_finds_its_own_index_among_its_store_chunks_and_never_anothers() {
         words: HashMap::new(),
     };
     // Tenant 9 has no index yet; tenant 8's index is chunk 2, a data chunk of 9's is 3.
-    region.words.insert(l.table_entry(2), STORE_TAG | 8);
+    region.words.insert(l.table_entry(2), DURABLE_TAG | 8);
     region.words.insert(l.chunk(2), magic);
-    region.words.insert(l.table_entry(3), STORE_TAG | 9);
+    region.words.insert(l.table_entry(3), DURABLE_TAG | 9);
     region
         .words
         .insert(l.chunk(3), crate::remote::layout::CHUNK_MAGIC);
     let made = run_one(&mut region, &mut FindRoot::tenant(l, 9));
     assert_ne!(made.chunk, 2, "another tenant's index");
     assert_ne!(made.chunk, 3, "its own data chunk");
-    assert_eq!(region.words[&l.table_entry(made.chunk)], STORE_TAG | 9);
+    assert_eq!(region.words[&l.table_entry(made.chunk)], DURABLE_TAG | 9);
     assert_eq!(region.words[&l.chunk(made.chunk)], magic);
     assert_eq!(
         region.words.get(&ROOT_WORD),

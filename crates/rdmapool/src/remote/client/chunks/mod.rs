@@ -34,18 +34,35 @@ pub(crate) fn spread(x: u64) -> u64 {
 
 /// A one-sided operation on the node's region (offsets from the region's start).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Io {
+pub enum Io {
     /// Compare-and-swap the word at `at` from `expected` to `swap`; answer the old value.
-    Cas { at: u64, expected: u64, swap: u64 },
+    Cas {
+        /// The word's offset in the region (8-byte aligned).
+        at: u64,
+        /// The value it must hold.
+        expected: u64,
+        /// The value it then holds.
+        swap: u64,
+    },
     /// Read `words` 8-byte words at `at`; answer them.
-    Read { at: u64, words: usize },
+    Read {
+        /// The first word's offset in the region.
+        at: u64,
+        /// How many words.
+        words: usize,
+    },
     /// Write `bytes` at `at`, after every earlier operation of the same machine.
-    Write { at: u64, bytes: Vec<u8> },
+    Write {
+        /// Where, in the region.
+        at: u64,
+        /// What.
+        bytes: Vec<u8>,
+    },
 }
 
 /// What an [`Io`] returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Answer {
+pub enum Answer {
     /// A CAS's old value, or a one-word read.
     Word(u64),
     /// A read of several words.

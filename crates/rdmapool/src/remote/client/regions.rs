@@ -1,13 +1,26 @@
-//! What the object store (`crate::store`) asks of the pool client: the nodes it may use,
-//! and one-sided operations on their regions below the level of [`RemotePtr`]s (the
-//! store's index and blocks are laid out by the store itself, docs/STORE.md), and block
-//! allocation in the store's own chunks (table entries `STORE_TAG | id`).
+//! The pool's public seam for libraries that lay out server memory themselves (the object
+//! store, `crate::store`, is one): [`PoolClient::regions`] gives a [`Regions`] handle with
+//! the members as this client knows them, one-sided operations on their regions below the
+//! level of [`RemotePtr`]s (reads, batched reads, writes, zero-copy writes and reads,
+//! compare-and-swap, and the word-level [`Io`] steps of the pool's own machines), and
+//! block allocation in this client's **durable chunks**: chunk-table entries
+//! [`DURABLE_TAG`](crate::remote::layout::DURABLE_TAG)` | id`, which no lease expiry
+//! reclaims, so what is written there outlives the client's lease (PROTOCOL.md 7.3).
 //!
-//! Every call names the node's incarnation as the store last learned it, and is refused
-//! with [`Error::StalePointer`] if the node has restarted since: offsets into a
-//! predecessor's memory are never used on its successor.
+//! Every operation names the node's incarnation as the caller last learned it, and is
+//! refused with [`Error::StalePointer`] if the node has restarted since: offsets into a
+//! predecessor's memory are never used on its successor. Layout facts (the chunk table,
+//! client slots, the chunk header's magic) are the public constants and [`Layout`] of
+//! [`crate::remote::layout`].
+//!
+//! What the pool promises a user of this seam: a READ, WRITE or CAS reported done was
+//! done on that incarnation's memory; blocks from [`Regions::alloc`] are in chunks of
+//! this client's durable tag and are never handed to another client until freed with
+//! [`Regions::free`]; a member that is down stays listed (up = false) until it leaves the
+//! membership.
 
-use super::chunks::{Alloc, Answer, Free, Io};
+use super::chunks::{Alloc, Free};
+pub use super::chunks::{Answer, Io};
 use super::node::Books;
 use super::ops::timed;
 use super::{Node, PoolClient};
@@ -18,46 +31,67 @@ use crate::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// A node as the store sees it.
+/// A member of the pool as a user of raw regions sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct StoreNode {
-    pub(crate) node: u32,
-    pub(crate) incarnation: u64,
-    pub(crate) layout: Layout,
+pub struct RegionNode {
+    /// Its node id.
+    pub node: u32,
+    /// The incarnation this client knows (operations name it).
+    pub incarnation: u64,
+    /// Its region's layout.
+    pub layout: Layout,
     /// Draining: it takes no new blocks.
-    pub(crate) draining: bool,
-    /// Whether this client reaches it now (a member that is down stays one of the keys'
-    /// replicas: gets read around it, puts on its keys fail until it answers again).
-    pub(crate) up: bool,
-    /// An isolated node: the store there is this client's own namespace (its own index
-    /// and blocks, under its own windows), docs/STORE.md section 2.
-    pub(crate) isolated: bool,
+    pub draining: bool,
+    /// Whether this client reaches it now (a member that is down stays listed until it
+    /// leaves the membership).
+    pub up: bool,
+    /// An isolated node (PROTOCOL.md 7.6): this client reaches only its own chunks there,
+    /// through windows of its own.
+    pub isolated: bool,
 }
 
-/// The servers the store places keys over: the membership as this client knows it, not
-/// the servers it reaches now (docs/STORE.md section 4).
+/// The membership as this client knows it, not the servers it reaches now.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct StoreView {
+pub struct Members {
     /// Every member this client has joined, up or down, by id: the isolated ones if there
-    /// is any (a tenant's store), else all.
-    pub(crate) nodes: Vec<StoreNode>,
+    /// is any, else all.
+    pub nodes: Vec<RegionNode>,
     /// Members never reached since this client connected (address, why): their node ids
-    /// are unknown, so no key can be placed for a put while there are any.
-    pub(crate) unreached: Vec<(std::net::SocketAddr, String)>,
+    /// are unknown.
+    pub unreached: Vec<(std::net::SocketAddr, String)>,
+}
+
+/// Raw, one-sided access to the regions of a [`PoolClient`]'s members (see the module's
+/// text). A copy of a reference: cheap to make, and its futures own it.
+#[derive(Clone, Copy)]
+pub struct Regions<'a> {
+    pool: &'a PoolClient,
 }
 
 impl PoolClient {
-    /// The members the store places keys over, up or down, and those never reached. Where
-    /// some members are isolated, only those: a tenant's keys live in its own namespace on
-    /// each, and never in a shared index another tenant could write (docs/STORE.md
-    /// section 4).
-    pub(crate) fn store_view(&self) -> StoreView {
-        let nodes = self.shared.nodes.lock();
+    /// The pool's regions, for a library that lays out server memory itself (the module
+    /// [`regions`](crate::remote::regions)).
+    pub fn regions(&self) -> Regions<'_> {
+        Regions { pool: self }
+    }
+
+    /// This client's id.
+    pub fn client_id(&self) -> u64 {
+        self.shared.id
+    }
+}
+
+impl<'a> Regions<'a> {
+    /// The members, up or down, and those never reached. Where some members are isolated,
+    /// only those: a tenant's data lives in its own chunks on each, and never in memory
+    /// another tenant could write (docs/STORE.md section 4).
+    pub fn members(self) -> Members {
+        let nodes = self.pool.shared.nodes.lock();
         let tenant = nodes.values().any(|n| n.windows.is_some());
-        let mut nodes: Vec<StoreNode> = nodes
+        let mut nodes: Vec<RegionNode> = nodes
             .values()
             .filter(|n| n.windows.is_some() == tenant)
-            .map(|n| StoreNode {
+            .map(|n| RegionNode {
                 node: n.desc.node,
                 incarnation: n.desc.incarnation,
                 layout: n.desc.layout,
@@ -67,64 +101,60 @@ impl PoolClient {
             })
             .collect();
         nodes.sort_by_key(|n| n.node);
-        StoreView {
+        Members {
             nodes,
-            unreached: self.shared.unreachable.lock().clone(),
+            unreached: self.pool.shared.unreachable.lock().clone(),
         }
     }
 
-    /// The members the store reaches now.
-    pub(crate) fn store_nodes(&self) -> Vec<StoreNode> {
-        let mut v = self.store_view().nodes;
+    /// The members this client reaches now.
+    pub fn up_nodes(self) -> Vec<RegionNode> {
+        let mut v = self.members().nodes;
         v.retain(|n| n.up);
         v
     }
 
     /// Whether no server that may hold an older version of a key can come back unseen:
     /// every node this client knows is up, none was never reached, and none that left the
-    /// membership in the last [`DEPARTED_MEMORY`](super::DEPARTED_MEMORY) may come back
+    /// membership in the last [`DEPARTED_MEMORY`](crate::remote::DEPARTED_MEMORY) may come back
     /// under its old incarnation without a repair having seen it (tombstones are cleared
     /// only then, docs/STORE.md section 8).
-    pub(crate) fn store_all_up(&self) -> bool {
-        let mut departed = self.shared.departed.lock();
-        departed.retain(|&(_, _, since)| since.elapsed() < super::DEPARTED_MEMORY);
+    pub fn all_up(self) -> bool {
+        let mut departed = self.pool.shared.departed.lock();
+        departed.retain(|&(_, _, since)| since.elapsed() < crate::remote::DEPARTED_MEMORY);
         departed.is_empty()
             && self
+                .pool
                 .shared
                 .nodes
                 .lock()
                 .values()
                 .all(|n| n.down.lock().is_none())
-            && self.shared.unreachable.lock().is_empty()
+            && self.pool.shared.unreachable.lock().is_empty()
     }
 
-    /// A repair that left nothing deferred, failed or unreadable has seen every member:
-    /// the departed nodes that are members again under their old incarnation no longer
-    /// hold anything it did not repair.
-    pub(crate) fn store_settle_departed(&self) {
-        let nodes = self.shared.nodes.lock();
-        self.shared.departed.lock().retain(|&(n, inc, _)| {
+    /// Forgets the members that left and came back under their old incarnation (see
+    /// [`Regions::all_up`]): call it once a pass over every member has seen what they hold
+    /// (the store's repair that left nothing deferred, failed or unreadable).
+    pub fn settle_departed(self) {
+        let nodes = self.pool.shared.nodes.lock();
+        self.pool.shared.departed.lock().retain(|&(n, inc, _)| {
             !nodes
                 .get(&n)
                 .is_some_and(|x| x.desc.incarnation == inc && x.down.lock().is_none())
         });
     }
 
-    /// This client's id.
-    pub fn client_id(&self) -> u64 {
-        self.shared.id
-    }
-
     /// A registered buffer of at least `len` bytes: from the client's staging pool (made on
     /// first use; every class up to 2 MiB), or registered now when the pool has none free or
     /// `len` is larger.
-    fn staging(&self, len: usize) -> Result<Mr<Shared>> {
-        let s = &self.shared;
-        let pool = match s.store_buffers.get() {
+    fn staging(self, len: usize) -> Result<Mr<Shared>> {
+        let s = &self.pool.shared;
+        let pool = match s.staging_buffers.get() {
             Some(p) => Some(p),
             None => crate::buf::BufferPool::new(s.pd.clone(), crate::buf::PoolConfig::default())
                 .ok()
-                .map(|p| s.store_buffers.get_or_init(|| p)),
+                .map(|p| s.staging_buffers.get_or_init(|| p)),
         };
         if let Some(Ok(buf)) = pool.map(|p| p.alloc(len)) {
             return Ok(buf.into_shared());
@@ -134,8 +164,9 @@ impl PoolClient {
             .into_shared())
     }
 
-    fn store_node(&self, node: u32, incarnation: u64) -> Result<Arc<Node>> {
+    fn node(self, node: u32, incarnation: u64) -> Result<Arc<Node>> {
         let n = self
+            .pool
             .shared
             .nodes
             .lock()
@@ -157,9 +188,10 @@ impl PoolClient {
     }
 
     /// Waits until `deadline` without holding a thread (see `ops::Sleep`).
-    pub(crate) async fn sleep_until(&self, deadline: std::time::Instant) {
+    /// Waits until `deadline` on the pool's timers (the engine's clock, not a thread).
+    pub async fn sleep_until(self, deadline: std::time::Instant) {
         super::ops::Sleep {
-            timers: &self.shared.timers,
+            timers: &self.pool.shared.timers,
             deadline,
             timer: None,
         }
@@ -167,21 +199,25 @@ impl PoolClient {
     }
 
     /// Performs one operation of a word-level machine (the store's index root) on `node`.
-    pub(crate) async fn store_io(&self, node: u32, incarnation: u64, io: Io) -> Result<Answer> {
-        let n = self.store_node(node, incarnation)?;
-        self.shared.perform(&n, io).await
+    /// Performs one word-level step of a machine (a pool machine's, or a user's built on
+    /// the same [`Io`] vocabulary) on `node`'s region.
+    ///
+    /// # Errors
+    /// [`Error::StalePointer`] for another incarnation, [`Error::NodeDown`], and the
+    /// operation's own errors.
+    pub async fn io(self, node: u32, incarnation: u64, io: Io) -> Result<Answer> {
+        let n = self.node(node, incarnation)?;
+        self.pool.shared.perform(&n, io).await
     }
 
     /// `len` bytes at `at` of `node`'s region, in one READ.
-    pub(crate) async fn store_read(
-        &self,
-        node: u32,
-        incarnation: u64,
-        at: u64,
-        len: u64,
-    ) -> Result<Vec<u8>> {
-        let n = self.store_node(node, incarnation)?;
-        let s = &self.shared;
+    /// READs `len` bytes at `at` of `node`'s region.
+    ///
+    /// # Errors
+    /// As [`Regions::io`]; [`Error::OutOfBounds`] outside the region.
+    pub async fn read(self, node: u32, incarnation: u64, at: u64, len: u64) -> Result<Vec<u8>> {
+        let n = self.node(node, incarnation)?;
+        let s = &self.pool.shared;
         let size = usize::try_from(len).map_err(|_| Error::OutOfBounds {
             offset: at,
             len,
@@ -201,8 +237,10 @@ impl PoolClient {
     /// send-queue depth, each with one doorbell and one completion (a pool batch); the
     /// nodes' lists run at the same time. `None` for a READ that could not be made or whose
     /// list failed (its node is then marked down, as for a single READ).
-    pub(crate) async fn store_reads(&self, reads: &[(u32, u64, u64, u64)]) -> Vec<Option<Vec<u8>>> {
-        let s = &self.shared;
+    /// READs each `(node, incarnation, at, len)` of `reads`, every node's at once and in
+    /// batches as deep as its queue: the bytes, `None` for one that failed.
+    pub async fn reads(self, reads: &[(u32, u64, u64, u64)]) -> Vec<Option<Vec<u8>>> {
+        let s = &self.pool.shared;
         let mut out: Vec<Option<Vec<u8>>> = vec![None; reads.len()];
         // Per node: the node, and its reads (index, buffer, length, remote address).
         type Staged = (usize, Mr<Shared>, u32, crate::fabric::RemoteAddr);
@@ -211,7 +249,7 @@ impl PoolClient {
             let staged = async {
                 let n = match groups.iter().find(|(n, _)| n.desc.node == node) {
                     Some((n, _)) if n.desc.incarnation == incarnation => n.clone(),
-                    _ => self.store_node(node, incarnation)?,
+                    _ => self.node(node, incarnation)?,
                 };
                 let size = u32::try_from(len).map_err(|_| Error::OutOfBounds {
                     offset: at,
@@ -269,15 +307,12 @@ impl PoolClient {
     }
 
     /// Writes `parts`, one after another, at `at` of `node`'s region, in one WRITE.
-    pub(crate) async fn store_write(
-        &self,
-        node: u32,
-        incarnation: u64,
-        at: u64,
-        parts: &[&[u8]],
-    ) -> Result<()> {
-        let n = self.store_node(node, incarnation)?;
-        let s = &self.shared;
+    ///
+    /// # Errors
+    /// As [`Regions::read`].
+    pub async fn write(self, node: u32, incarnation: u64, at: u64, parts: &[&[u8]]) -> Result<()> {
+        let n = self.node(node, incarnation)?;
+        let s = &self.pool.shared;
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let buf = self.staging(len)?;
         let mut off = 0;
@@ -295,16 +330,19 @@ impl PoolClient {
     /// Writes `head` (small pieces, one after another, through a staging buffer) at `at` of
     /// `node`'s region, and the bytes of `value` right after them straight from `value`'s
     /// memory (no copy): two WRITEs at once on the node's connection.
-    pub(crate) async fn store_write_from(
-        &self,
+    ///
+    /// # Errors
+    /// As [`Regions::read`].
+    pub async fn write_from(
+        self,
         node: u32,
         incarnation: u64,
         at: u64,
         head: &[&[u8]],
         value: &Mr<Shared>,
     ) -> Result<()> {
-        let n = self.store_node(node, incarnation)?;
-        let s = &self.shared;
+        let n = self.node(node, incarnation)?;
+        let s = &self.pool.shared;
         let head_len: usize = head.iter().map(|p| p.len()).sum();
         let buf = self.staging(head_len)?;
         let mut off = 0;
@@ -331,9 +369,12 @@ impl PoolClient {
 
     /// READs `head_len` bytes at `at` of `node`'s region (returned), and the `len` bytes
     /// right after them straight into `out` at `out_offset` (no copy): two READs at once.
+    ///
+    /// # Errors
+    /// As [`Regions::read`].
     #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn store_read_into(
-        &self,
+    pub async fn read_into(
+        self,
         node: u32,
         incarnation: u64,
         at: u64,
@@ -342,8 +383,8 @@ impl PoolClient {
         out_offset: usize,
         len: u64,
     ) -> Result<Vec<u8>> {
-        let n = self.store_node(node, incarnation)?;
-        let s = &self.shared;
+        let n = self.node(node, incarnation)?;
+        let s = &self.pool.shared;
         let head = head_len as usize;
         let buf = self.staging(head)?;
         let from_head = s.at(&n, at, head_len, false).await?;
@@ -363,29 +404,31 @@ impl PoolClient {
     }
 
     /// Compare-and-swap of the word at `at` of `node`'s region; the old value.
-    pub(crate) async fn store_cas(
-        &self,
+    ///
+    /// # Errors
+    /// As [`Regions::read`].
+    pub async fn cas(
+        self,
         node: u32,
         incarnation: u64,
         at: u64,
         expected: u64,
         swap: u64,
     ) -> Result<u64> {
-        let n = self.store_node(node, incarnation)?;
-        let s = &self.shared;
+        let n = self.node(node, incarnation)?;
+        let s = &self.pool.shared;
         let remote = s.at(&n, at, 8, true).await?;
         s.cas(&n, remote, expected, swap).await
     }
 
-    /// A block of `len` bytes in one of this client's store chunks on `node` (claiming a
-    /// chunk `STORE_TAG | id` when none has room); `None` when the node has no room.
-    pub(crate) async fn store_alloc(
-        &self,
-        node: u32,
-        incarnation: u64,
-        len: u64,
-    ) -> Result<Option<u64>> {
-        let n = self.store_node(node, incarnation)?;
+    /// A block of `len` bytes in one of this client's durable chunks on `node` (claiming a
+    /// chunk `DURABLE_TAG | id` when none has room); `None` when the node has no room.
+    ///
+    /// # Errors
+    /// As [`Regions::read`]; [`CoreError::OutOfLimits`](crate::CoreError::OutOfLimits) for
+    /// a block above the node's largest object.
+    pub async fn alloc(self, node: u32, incarnation: u64, len: u64) -> Result<Option<u64>> {
+        let n = self.node(node, incarnation)?;
         let chunk = n.desc.layout.chunk_size;
         let class = size_class(len, chunk).ok_or(Error::Core(crate::CoreError::OutOfLimits {
             what: "store block bytes (one object per chunk at most)",
@@ -393,23 +436,30 @@ impl PoolClient {
             min: 1,
             max: largest_object(chunk),
         }))?;
-        self.shared
-            .drive_in(&n, Books::Store, Alloc::new(class))
+        self.pool
+            .shared
+            .drive_in(&n, Books::Durable, Alloc::new(class))
             .await
     }
 
-    /// Frees the block at `offset` of `node` (any client may).
-    pub(crate) async fn store_free(&self, node: u32, incarnation: u64, offset: u64) -> Result<()> {
-        let n = self.store_node(node, incarnation)?;
+    /// Frees the block at `offset` of `node` (any client may: a durable block outlives its
+    /// writer).
+    ///
+    /// # Errors
+    /// As [`Regions::read`]; an offset that is no allocated block is refused typed, as a
+    /// [`PoolClient::free`] of such a pointer is.
+    pub async fn free(self, node: u32, incarnation: u64, offset: u64) -> Result<()> {
+        let n = self.node(node, incarnation)?;
         let ptr = RemotePtr {
             node,
             offset,
             len: 1,
             incarnation,
         };
-        let object = self.shared.check_object(&n, ptr, true).await?;
-        self.shared
-            .drive_in(&n, Books::Store, Free::new(ptr, object))
+        let object = self.pool.shared.check_object(&n, ptr, true).await?;
+        self.pool
+            .shared
+            .drive_in(&n, Books::Durable, Free::new(ptr, object))
             .await
     }
 }
