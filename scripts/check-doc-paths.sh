@@ -3,11 +3,11 @@
 #
 # A path is a whole word with at least one slash that ends in a file extension kept in this
 # repository (.rs .md .sh .c .py .json .toml .txt .yml .ttf) or in a slash (a directory):
-# `crates/rdmapool/src/conn/tcp.rs`, `scripts/c-peer/cm_peer.c`, `docs/PROTOCOL.md`,
+# `crates/rdmapool-pool/src/conn/tcp.rs`, `scripts/c-peer/cm_peer.c`, `docs/PROTOCOL.md`,
 # `soft/proto/`. The docs also name files by their tail (`conn/private.rs` in a section about
 # rdmapool's source, `tests/it/faults.rs`, `engine/mod.rs` under `cq/` in a tree), so a path is
 # found when it is a file or directory of the repository or its tail at a slash:
-# `soft/proto/wire.rs` is found (crates/rdmapool/src/soft/proto/wire.rs), `soft/wire.rs` is
+# `soft/proto/wire.rs` is found (crates/rdmapool-soft/src/proto/wire.rs), `soft/wire.rs` is
 # not. A path starting with ./ or ../ is taken relative to the document. Skipped: URLs,
 # absolute paths (/proc/..., /etc/...), build output (target/...), and words with a
 # placeholder (<, >, *, ..., $). A `#anchor` after a path is ignored.

@@ -40,11 +40,13 @@ executable() {
 runs=()
 if [ "${MEMCHECK_LIB:-1}" != 0 ]; then
   # The soft protocol and its access check are rdmapool-soft's; the object model's helpers
-  # rdmapool-core's; the engine, registration and pool rdmapool's.
+  # rdmapool-core's; the engine, registration and pool rdmapool-pool's; the store's machines
+  # rdmapool-store's.
   runs+=("lib-core:$(PACKAGE=rdmapool-core executable --lib)")
   runs+=("lib-soft:$(PACKAGE=rdmapool-soft executable --lib)")
-  runs+=("lib:$(executable --lib)")
-  runs+=("fuzz-corpus:$(executable --lib --features fuzzing) fuzzing")
+  runs+=("lib:$(PACKAGE=rdmapool-pool executable --lib)")
+  runs+=("lib-store:$(PACKAGE=rdmapool-store executable --lib)")
+  runs+=("fuzz-corpus:$(PACKAGE=rdmapool-pool executable --lib --features fuzzing) fuzzing")
 fi
 # The integration tests are one binary (tests/it), run once per area with the area's module as
 # the filter. libtest filters match substrings anywhere in a test's path, so each run skips the

@@ -3,9 +3,12 @@
 //! The [`fabric`] module is the provider-independent object model (crate `rdmapool-core`);
 //! the `soft` provider (crate `rdmapool-soft`, here as [`soft`]) runs it on any Linux machine
 //! (no NIC), and the verbs provider (crate `rdmapool-verbs`) drives real hardware. [`devices`]
-//! lists the providers and their devices, and [`fabric::Context::open`] opens one. This crate
-//! builds registration, buffer pools, the progress engine, connections and the remote pool on
-//! them.
+//! lists the providers and their devices, and [`fabric::Context::open`] opens one. On them:
+//! registration, buffer pools, the progress engine, connections and the remote memory pool
+//! (crate `rdmapool-pool`), and the replicated object store, [`store`] (crate
+//! `rdmapool-store`), which reaches the pool only through its public seam,
+//! [`remote::regions`]. This crate is the facade: every path is re-exported from the crate
+//! that holds it (docs/ARCHITECTURE.md).
 //!
 //! ```
 //! use rdmapool::fabric::*;
@@ -31,31 +34,13 @@
 
 #![warn(missing_docs)]
 
-pub mod buf;
-pub mod conn;
-pub mod cq;
-#[cfg(test)]
-mod doc_check;
-pub mod fabric;
-#[cfg(all(feature = "fuzzing", not(loom)))]
-#[doc(hidden)]
-pub mod fuzzing;
-pub mod metrics;
-pub mod mr;
-mod providers;
-#[cfg(not(loom))]
-pub mod remote;
-#[cfg(not(loom))]
-pub mod store;
+pub use rdmapool_pool::*;
 
-pub use providers::devices;
-mod error;
-pub use error::{CoreError, Error, Result};
-/// The soft provider (crate `rdmapool-soft`): its options, and [`soft::tcp_addr`].
-pub use rdmapool_soft as soft;
-
-// The core crate's shared helpers, under the names this crate's files use.
-use rdmapool_core::{os, util};
+/// The replicated object store (crate `rdmapool-store`; docs/STORE.md).
+#[cfg(not(loom))]
+pub mod store {
+    pub use rdmapool_store::*;
+}
 
 /// The README's Rust snippet, compiled as a doc test so it stays true.
 #[cfg(doctest)]

@@ -1,0 +1,465 @@
+//! The pool's public seam for libraries that lay out server memory themselves (the object
+//! store, crate `rdmapool-store`, is one): [`PoolClient::regions`] gives a [`Regions`] handle with
+//! the members as this client knows them, one-sided operations on their regions below the
+//! level of [`RemotePtr`]s (reads, batched reads, writes, zero-copy writes and reads,
+//! compare-and-swap, and the word-level [`Io`] steps of the pool's own machines), and
+//! block allocation in this client's **durable chunks**: chunk-table entries
+//! [`DURABLE_TAG`](crate::remote::layout::DURABLE_TAG)` | id`, which no lease expiry
+//! reclaims, so what is written there outlives the client's lease (PROTOCOL.md 7.3).
+//!
+//! Every operation names the node's incarnation as the caller last learned it, and is
+//! refused with [`Error::StalePointer`] if the node has restarted since: offsets into a
+//! predecessor's memory are never used on its successor. Layout facts (the chunk table,
+//! client slots, the chunk header's magic) are the public constants and [`Layout`] of
+//! [`crate::remote::layout`].
+//!
+//! What the pool promises a user of this seam: a READ, WRITE or CAS reported done was
+//! done on that incarnation's memory; blocks from [`Regions::alloc`] are in chunks of
+//! this client's durable tag and are never handed to another client until freed with
+//! [`Regions::free`]; a member that is down stays listed (up = false) until it leaves the
+//! membership.
+
+use super::chunks::{Alloc, Free};
+pub use super::chunks::{Answer, Io};
+use super::node::Books;
+use super::ops::timed;
+use super::{Node, PoolClient};
+use crate::fabric::{AccessFlags, Mr, RegisteredMemory, Shared};
+use crate::remote::layout::{largest_object, size_class, Layout};
+use crate::remote::RemotePtr;
+use crate::{Error, Result};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A member of the pool as a user of raw regions sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionNode {
+    /// Its node id.
+    pub node: u32,
+    /// The incarnation this client knows (operations name it).
+    pub incarnation: u64,
+    /// Its region's layout.
+    pub layout: Layout,
+    /// Draining: it takes no new blocks.
+    pub draining: bool,
+    /// Whether this client reaches it now (a member that is down stays listed until it
+    /// leaves the membership).
+    pub up: bool,
+    /// An isolated node (PROTOCOL.md 7.6): this client reaches only its own chunks there,
+    /// through windows of its own.
+    pub isolated: bool,
+}
+
+/// The membership as this client knows it, not the servers it reaches now.
+#[derive(Debug, Clone, Default)]
+pub struct Members {
+    /// Every member this client has joined, up or down, by id: the isolated ones if there
+    /// is any, else all.
+    pub nodes: Vec<RegionNode>,
+    /// Members never reached since this client connected (address, why): their node ids
+    /// are unknown.
+    pub unreached: Vec<(std::net::SocketAddr, String)>,
+}
+
+/// Raw, one-sided access to the regions of a [`PoolClient`]'s members (see the module's
+/// text). A copy of a reference: cheap to make, and its futures own it.
+#[derive(Clone, Copy)]
+pub struct Regions<'a> {
+    pool: &'a PoolClient,
+}
+
+impl PoolClient {
+    /// The pool's regions, for a library that lays out server memory itself (the module
+    /// [`regions`](crate::remote::regions)).
+    pub fn regions(&self) -> Regions<'_> {
+        Regions { pool: self }
+    }
+
+    /// This client's id.
+    pub fn client_id(&self) -> u64 {
+        self.shared.id
+    }
+}
+
+impl<'a> Regions<'a> {
+    /// The members, up or down, and those never reached. Where some members are isolated,
+    /// only those: a tenant's data lives in its own chunks on each, and never in memory
+    /// another tenant could write (docs/STORE.md section 4).
+    pub fn members(self) -> Members {
+        let nodes = self.pool.shared.nodes.lock();
+        let tenant = nodes.values().any(|n| n.windows.is_some());
+        let mut nodes: Vec<RegionNode> = nodes
+            .values()
+            .filter(|n| n.windows.is_some() == tenant)
+            .map(|n| RegionNode {
+                node: n.desc.node,
+                incarnation: n.desc.incarnation,
+                layout: n.desc.layout,
+                draining: n.draining.load(Ordering::Relaxed),
+                up: n.down.lock().is_none(),
+                isolated: n.windows.is_some(),
+            })
+            .collect();
+        nodes.sort_by_key(|n| n.node);
+        Members {
+            nodes,
+            unreached: self.pool.shared.unreachable.lock().clone(),
+        }
+    }
+
+    /// The members this client reaches now.
+    pub fn up_nodes(self) -> Vec<RegionNode> {
+        let mut v = self.members().nodes;
+        v.retain(|n| n.up);
+        v
+    }
+
+    /// Whether no server that may hold an older version of a key can come back unseen:
+    /// every node this client knows is up, none was never reached, and none that left the
+    /// membership in the last [`DEPARTED_MEMORY`](crate::remote::DEPARTED_MEMORY) may come back
+    /// under its old incarnation without a repair having seen it (tombstones are cleared
+    /// only then, docs/STORE.md section 8).
+    pub fn all_up(self) -> bool {
+        let mut departed = self.pool.shared.departed.lock();
+        departed.retain(|&(_, _, since)| since.elapsed() < crate::remote::DEPARTED_MEMORY);
+        departed.is_empty()
+            && self
+                .pool
+                .shared
+                .nodes
+                .lock()
+                .values()
+                .all(|n| n.down.lock().is_none())
+            && self.pool.shared.unreachable.lock().is_empty()
+    }
+
+    /// Forgets the members that left and came back under their old incarnation (see
+    /// [`Regions::all_up`]): call it once a pass over every member has seen what they hold
+    /// (the store's repair that left nothing deferred, failed or unreadable).
+    pub fn settle_departed(self) {
+        let nodes = self.pool.shared.nodes.lock();
+        self.pool.shared.departed.lock().retain(|&(n, inc, _)| {
+            !nodes
+                .get(&n)
+                .is_some_and(|x| x.desc.incarnation == inc && x.down.lock().is_none())
+        });
+    }
+
+    /// A registered buffer of at least `len` bytes: from the client's staging pool (made on
+    /// first use; every class up to 2 MiB), or registered now when the pool has none free or
+    /// `len` is larger.
+    fn staging(self, len: usize) -> Result<Mr<Shared>> {
+        let s = &self.pool.shared;
+        let pool = match s.staging_buffers.get() {
+            Some(p) => Some(p),
+            None => crate::buf::BufferPool::new(s.pd.clone(), crate::buf::PoolConfig::default())
+                .ok()
+                .map(|p| s.staging_buffers.get_or_init(|| p)),
+        };
+        if let Some(Ok(buf)) = pool.map(|p| p.alloc(len)) {
+            return Ok(buf.into_shared());
+        }
+        Ok(s.pd
+            .alloc_mr(len.max(8), AccessFlags::LOCAL_WRITE)?
+            .into_shared())
+    }
+
+    fn node(self, node: u32, incarnation: u64) -> Result<Arc<Node>> {
+        let n = self
+            .pool
+            .shared
+            .nodes
+            .lock()
+            .get(&node)
+            .cloned()
+            .ok_or_else(|| Error::NodeDown {
+                node,
+                reason: "not a member of the pool any more".into(),
+            })?;
+        if n.desc.incarnation != incarnation {
+            return Err(Error::StalePointer {
+                node,
+                incarnation,
+                current: n.desc.incarnation,
+            });
+        }
+        n.check_up()?;
+        Ok(n)
+    }
+
+    /// Waits until `deadline` without holding a thread (see `ops::Sleep`).
+    /// Waits until `deadline` on the pool's timers (the engine's clock, not a thread).
+    pub async fn sleep_until(self, deadline: std::time::Instant) {
+        super::ops::Sleep {
+            timers: &self.pool.shared.timers,
+            deadline,
+            timer: None,
+        }
+        .await
+    }
+
+    /// Performs one operation of a word-level machine (the store's index root) on `node`.
+    /// Performs one word-level step of a machine (a pool machine's, or a user's built on
+    /// the same [`Io`] vocabulary) on `node`'s region.
+    ///
+    /// # Errors
+    /// [`Error::StalePointer`] for another incarnation, [`Error::NodeDown`], and the
+    /// operation's own errors.
+    pub async fn io(self, node: u32, incarnation: u64, io: Io) -> Result<Answer> {
+        let n = self.node(node, incarnation)?;
+        self.pool.shared.perform(&n, io).await
+    }
+
+    /// `len` bytes at `at` of `node`'s region, in one READ.
+    /// READs `len` bytes at `at` of `node`'s region.
+    ///
+    /// # Errors
+    /// As [`Regions::io`]; [`Error::OutOfBounds`] outside the region.
+    pub async fn read(self, node: u32, incarnation: u64, at: u64, len: u64) -> Result<Vec<u8>> {
+        let n = self.node(node, incarnation)?;
+        let s = &self.pool.shared;
+        let size = usize::try_from(len).map_err(|_| Error::OutOfBounds {
+            offset: at,
+            len,
+            limit: n.desc.layout.len,
+        })?;
+        let buf = self.staging(size)?;
+        let remote = s.at(&n, at, len, false).await?;
+        let op = n.qp.read(buf, 0, size as u32, remote);
+        let (r, buf) = timed(&s.timers, &n, op).await;
+        s.seen(&n, r)?;
+        let mut out = vec![0; size];
+        buf.read_at(0, &mut out)?;
+        Ok(out)
+    }
+
+    /// Many READs `(node, incarnation, at, len)` at once: per node, lists of up to its
+    /// send-queue depth, each with one doorbell and one completion (a pool batch); the
+    /// nodes' lists run at the same time. `None` for a READ that could not be made or whose
+    /// list failed (its node is then marked down, as for a single READ).
+    /// READs each `(node, incarnation, at, len)` of `reads`, every node's at once and in
+    /// batches as deep as its queue: the bytes, `None` for one that failed.
+    pub async fn reads(self, reads: &[(u32, u64, u64, u64)]) -> Vec<Option<Vec<u8>>> {
+        let s = &self.pool.shared;
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; reads.len()];
+        // Per node: the node, and its reads (index, buffer, length, remote address).
+        type Staged = (usize, Mr<Shared>, u32, crate::fabric::RemoteAddr);
+        let mut groups: Vec<(Arc<Node>, Vec<Staged>)> = Vec::new();
+        for (i, &(node, incarnation, at, len)) in reads.iter().enumerate() {
+            let staged = async {
+                let n = match groups.iter().find(|(n, _)| n.desc.node == node) {
+                    Some((n, _)) if n.desc.incarnation == incarnation => n.clone(),
+                    _ => self.node(node, incarnation)?,
+                };
+                let size = u32::try_from(len).map_err(|_| Error::OutOfBounds {
+                    offset: at,
+                    len,
+                    limit: u64::from(u32::MAX),
+                })?;
+                let buf = self.staging(size as usize)?;
+                let remote = s.at(&n, at, len, false).await?;
+                Ok::<_, Error>((n, (i, buf, size, remote)))
+            }
+            .await;
+            if let Ok((n, read)) = staged {
+                match groups.iter_mut().find(|(g, _)| g.desc.node == n.desc.node) {
+                    Some((_, list)) => list.push(read),
+                    None => groups.push((n, vec![read])),
+                }
+            }
+        }
+        let mut lists = Vec::new();
+        for (n, staged) in groups {
+            let depth = n.qp.qp().capacity().send.max(1) as usize;
+            let mut rest = staged.into_iter().peekable();
+            while rest.peek().is_some() {
+                let list: Vec<Staged> = rest.by_ref().take(depth).collect();
+                let n = n.clone();
+                lists.push(async move {
+                    let mut index = Vec::with_capacity(list.len());
+                    let mut ops = Vec::with_capacity(list.len());
+                    for (i, buf, size, remote) in list {
+                        index.push((i, size));
+                        ops.push((crate::fabric::WrOp::Read { remote }, buf, 0, size));
+                    }
+                    let (r, bufs) = timed(&s.timers, &n, n.qp.batch(ops)).await;
+                    let ok = s.seen(&n, r).is_ok();
+                    index
+                        .into_iter()
+                        .zip(bufs)
+                        .map(|((i, size), buf)| {
+                            let bytes = ok.then(|| {
+                                let mut v = vec![0; size as usize];
+                                buf.read_at(0, &mut v).ok().map(|_| v)
+                            });
+                            (i, bytes.flatten())
+                        })
+                        .collect::<Vec<_>>()
+                });
+            }
+        }
+        for done in futures_util::future::join_all(lists).await {
+            for (i, bytes) in done {
+                out[i] = bytes;
+            }
+        }
+        out
+    }
+
+    /// Writes `parts`, one after another, at `at` of `node`'s region, in one WRITE.
+    ///
+    /// # Errors
+    /// As [`Regions::read`].
+    pub async fn write(self, node: u32, incarnation: u64, at: u64, parts: &[&[u8]]) -> Result<()> {
+        let n = self.node(node, incarnation)?;
+        let s = &self.pool.shared;
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let buf = self.staging(len)?;
+        let mut off = 0;
+        for p in parts {
+            buf.write_at(off, p)?;
+            off += p.len();
+        }
+        let remote = s.at(&n, at, len as u64, true).await?;
+        let op = n.qp.write(buf, 0, len as u32, remote);
+        let (r, _) = timed(&s.timers, &n, op).await;
+        s.seen(&n, r)?;
+        Ok(())
+    }
+
+    /// Writes `head` (small pieces, one after another, through a staging buffer) at `at` of
+    /// `node`'s region, and the bytes of `value` right after them straight from `value`'s
+    /// memory (no copy): two WRITEs at once on the node's connection.
+    ///
+    /// # Errors
+    /// As [`Regions::read`].
+    pub async fn write_from(
+        self,
+        node: u32,
+        incarnation: u64,
+        at: u64,
+        head: &[&[u8]],
+        value: &Mr<Shared>,
+    ) -> Result<()> {
+        let n = self.node(node, incarnation)?;
+        let s = &self.pool.shared;
+        let head_len: usize = head.iter().map(|p| p.len()).sum();
+        let buf = self.staging(head_len)?;
+        let mut off = 0;
+        for p in head {
+            buf.write_at(off, p)?;
+            off += p.len();
+        }
+        let value_len = value.len();
+        let to_head = s.at(&n, at, head_len as u64, true).await?;
+        let to_value = s
+            .at(&n, at + head_len as u64, value_len as u64, true)
+            .await?;
+        let head_op = timed(&s.timers, &n, n.qp.write(buf, 0, head_len as u32, to_head));
+        let value_op = timed(
+            &s.timers,
+            &n,
+            n.qp.write(value.clone(), 0, value_len as u32, to_value),
+        );
+        let ((r1, _), (r2, _)) = futures_util::future::join(head_op, value_op).await;
+        s.seen(&n, r1)?;
+        s.seen(&n, r2)?;
+        Ok(())
+    }
+
+    /// READs `head_len` bytes at `at` of `node`'s region (returned), and the `len` bytes
+    /// right after them straight into `out` at `out_offset` (no copy): two READs at once.
+    ///
+    /// # Errors
+    /// As [`Regions::read`].
+    #[allow(clippy::too_many_arguments)]
+    pub async fn read_into(
+        self,
+        node: u32,
+        incarnation: u64,
+        at: u64,
+        head_len: u64,
+        out: &Mr<Shared>,
+        out_offset: usize,
+        len: u64,
+    ) -> Result<Vec<u8>> {
+        let n = self.node(node, incarnation)?;
+        let s = &self.pool.shared;
+        let head = head_len as usize;
+        let buf = self.staging(head)?;
+        let from_head = s.at(&n, at, head_len, false).await?;
+        let from_value = s.at(&n, at + head_len, len, false).await?;
+        let head_op = timed(&s.timers, &n, n.qp.read(buf, 0, head as u32, from_head));
+        let value_op = timed(
+            &s.timers,
+            &n,
+            n.qp.read(out.clone(), out_offset, len as u32, from_value),
+        );
+        let ((r1, buf), (r2, _)) = futures_util::future::join(head_op, value_op).await;
+        s.seen(&n, r1)?;
+        s.seen(&n, r2)?;
+        let mut bytes = vec![0; head];
+        buf.read_at(0, &mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Compare-and-swap of the word at `at` of `node`'s region; the old value.
+    ///
+    /// # Errors
+    /// As [`Regions::read`].
+    pub async fn cas(
+        self,
+        node: u32,
+        incarnation: u64,
+        at: u64,
+        expected: u64,
+        swap: u64,
+    ) -> Result<u64> {
+        let n = self.node(node, incarnation)?;
+        let s = &self.pool.shared;
+        let remote = s.at(&n, at, 8, true).await?;
+        s.cas(&n, remote, expected, swap).await
+    }
+
+    /// A block of `len` bytes in one of this client's durable chunks on `node` (claiming a
+    /// chunk `DURABLE_TAG | id` when none has room); `None` when the node has no room.
+    ///
+    /// # Errors
+    /// As [`Regions::read`]; [`CoreError::OutOfLimits`](crate::CoreError::OutOfLimits) for
+    /// a block above the node's largest object.
+    pub async fn alloc(self, node: u32, incarnation: u64, len: u64) -> Result<Option<u64>> {
+        let n = self.node(node, incarnation)?;
+        let chunk = n.desc.layout.chunk_size;
+        let class = size_class(len, chunk).ok_or(Error::Core(crate::CoreError::OutOfLimits {
+            what: "store block bytes (one object per chunk at most)",
+            value: len,
+            min: 1,
+            max: largest_object(chunk),
+        }))?;
+        self.pool
+            .shared
+            .drive_in(&n, Books::Durable, Alloc::new(class))
+            .await
+    }
+
+    /// Frees the block at `offset` of `node` (any client may: a durable block outlives its
+    /// writer).
+    ///
+    /// # Errors
+    /// As [`Regions::read`]; an offset that is no allocated block is refused typed, as a
+    /// [`PoolClient::free`] of such a pointer is.
+    pub async fn free(self, node: u32, incarnation: u64, offset: u64) -> Result<()> {
+        let n = self.node(node, incarnation)?;
+        let ptr = RemotePtr {
+            node,
+            offset,
+            len: 1,
+            incarnation,
+        };
+        let object = self.pool.shared.check_object(&n, ptr, true).await?;
+        self.pool
+            .shared
+            .drive_in(&n, Books::Durable, Free::new(ptr, object))
+            .await
+    }
+}

@@ -1,0 +1,194 @@
+//! Gets of many keys at once: every key's get machine advances in step, and each step's
+//! READs of all keys go out together as pool batches (per server, one list with one
+//! doorbell and one completion), so N small gets cost about as many round trips as one.
+
+use super::Store;
+use crate::format::Kind;
+use crate::get::{Get, GetStep};
+use crate::lookup::{Replica, Src};
+use rdmapool_pool::{Error, Result};
+use std::sync::atomic::Ordering;
+
+/// One key's get, while it runs.
+struct Running {
+    /// Its place in the caller's list.
+    key: usize,
+    replicas: Vec<Replica>,
+    get: Get,
+    /// Its READs of the last step: where they start in the step's combined list, and how
+    /// many.
+    reads: std::ops::Range<usize>,
+}
+
+impl Store {
+    /// The values stored under `keys`, in their order (as [`Store::get`] of each), read
+    /// together: each round of READs of every key goes out as one pool batch per server.
+    /// A striped value's parts are read after its manifest, as by `get`.
+    ///
+    /// # Errors
+    /// Per key, as [`Store::get`].
+    pub async fn get_many(&self, keys: &[&[u8]]) -> Vec<Result<Option<Vec<u8>>>> {
+        for _ in 0..super::write::VIEW_ROUNDS {
+            let number = match self.placing_view().await {
+                Ok(v) => v.number,
+                Err(_) => {
+                    return keys
+                        .iter()
+                        .map(|_| Err(super::view::torn_record()))
+                        .collect()
+                }
+            };
+            if let Some(out) = self.get_many_under(keys, number).await {
+                return out;
+            }
+            // A newer view is in force: read it, and look up again under it.
+            if self.reload_view().await.is_err() {
+                return keys
+                    .iter()
+                    .map(|_| Err(super::view::torn_record()))
+                    .collect();
+            }
+        }
+        keys.iter()
+            .map(|_| {
+                Err(Error::Contended {
+                    what: "store get_many across view changes",
+                    rounds: super::write::VIEW_ROUNDS,
+                })
+            })
+            .collect()
+    }
+
+    /// [`Store::get_many`] under view `number`; `None` when a fence word read in its
+    /// first round names a newer view.
+    async fn get_many_under(
+        &self,
+        keys: &[&[u8]],
+        number: u64,
+    ) -> Option<Vec<Result<Option<Vec<u8>>>>> {
+        let mut out: Vec<Option<Result<Option<Vec<u8>>>>> = (0..keys.len()).map(|_| None).collect();
+        let mut running = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let started = match super::check_user_key(key, 1) {
+                Err(e) => Err(e),
+                Ok(()) => {
+                    self.replicas(key, self.cfg.replicas, super::Purpose::Read)
+                        .await
+                }
+            };
+            match started {
+                Ok((replicas, missing)) => {
+                    let get = Get::hinted(key, &replicas, &self.hints_of(key)).missing(missing);
+                    running.push(Running {
+                        key: i,
+                        replicas,
+                        get,
+                        reads: 0..0,
+                    });
+                }
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        // Bytes of the last step's combined READs (empty before the first step).
+        let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+        let mut again = Vec::new();
+        let mut first = true;
+        while !running.is_empty() {
+            let mut reads = Vec::new();
+            let mut still = Vec::with_capacity(running.len());
+            for mut r in running {
+                let replies: Vec<Option<&[u8]>> = bytes[r.reads.clone()]
+                    .iter()
+                    .map(Option::as_deref)
+                    .collect();
+                let key = keys[r.key];
+                match r.get.advance(&replies) {
+                    // Looked up again by `get`, which looks up to three times before it says so.
+                    Err(Error::Damaged { .. }) => again.push(r.key),
+                    Err(e) => out[r.key] = Some(Err(e)),
+                    Ok(GetStep::Read(list)) => {
+                        let start = reads.len();
+                        for read in list {
+                            let inc = r
+                                .replicas
+                                .iter()
+                                .find(|x| x.node == read.node)
+                                .map_or(0, |x| x.incarnation);
+                            reads.push((read.node, inc, read.at, read.len));
+                        }
+                        r.reads = start..reads.len();
+                        still.push(r);
+                    }
+                    Ok(GetStep::Done(None)) => out[r.key] = Some(Ok(None)),
+                    Ok(GetStep::Done(Some((at, found)))) => {
+                        self.remember_found(key, &r.get, found.block.version);
+                        let mut b = match at {
+                            Src::Read(k) => bytes[r.reads.start + k].take().unwrap_or_default(),
+                            Src::Early(e) => r.get.take_early(e),
+                        };
+                        let block = found.block;
+                        out[r.key] = Some(match block.kind {
+                            Kind::Value => {
+                                b.truncate(block.value.end);
+                                b.drain(..block.value.start);
+                                Ok(Some(b))
+                            }
+                            // Read again whole by `get` (its parts, on other servers).
+                            Kind::Manifest => {
+                                again.push(r.key);
+                                Ok(None)
+                            }
+                            Kind::Tombstone | Kind::Part => Ok(None),
+                        });
+                    }
+                }
+            }
+            running = still;
+            if running.is_empty() {
+                break;
+            }
+            // The fence word of every replica read, beside the first round's READs.
+            let mut fenced: Vec<(u32, u64)> = Vec::new();
+            if first {
+                for r in &running {
+                    for x in &r.replicas {
+                        if !fenced.contains(&(x.node, x.incarnation)) {
+                            fenced.push((x.node, x.incarnation));
+                        }
+                    }
+                }
+                let at = crate::view::VIEW_AT;
+                reads.extend(fenced.iter().map(|&(node, inc)| (node, inc, at, 8)));
+            }
+            bytes = self.pool.regions().reads(&reads).await;
+            if first {
+                first = false;
+                let fences: Vec<Option<u64>> = bytes
+                    .split_off(bytes.len() - fenced.len())
+                    .into_iter()
+                    .map(|b| Some(u64::from_le_bytes(b?.get(..8)?.try_into().ok()?)))
+                    .collect();
+                if Self::fenced_out(&fences, number) {
+                    self.counters.fenced.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+            }
+        }
+        for i in again {
+            out[i] = Some(self.get_value(keys[i]).await);
+        }
+        Some(
+            out.into_iter()
+                .map(|r| {
+                    let r = r.unwrap_or(Ok(None));
+                    match &r {
+                        Ok(Some(_)) => self.counters.hits.fetch_add(1, Ordering::Relaxed),
+                        Ok(None) => self.counters.misses.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => 0,
+                    };
+                    r
+                })
+                .collect(),
+        )
+    }
+}

@@ -1,0 +1,252 @@
+//! Space of writers that are gone (docs/STORE.md section 8): a repair looks at the store
+//! chunks of every client id that holds no lease on the node any more. Blocks allocated
+//! there that no index slot names (a put that died before its publish, a replaced block
+//! whose freeing client died before its grace period passed) are freed once two repairs,
+//! at least twice the grace period apart, found them so; a chunk left empty, or never
+//! formatted, is given back to the pool.
+//!
+//! Only the writer allocates in its chunks, and it is gone, so nothing new can appear in
+//! them; the second look covers frees that were already under way. A writer frozen for
+//! longer than its lease that wakes up may lose the put it was making (as a pool client
+//! does: the lease is the fence).
+
+use super::Store;
+use futures_util::future::join_all;
+use rdmapool_pool::remote::layout::DURABLE_TAG;
+use rdmapool_pool::remote::layout::{self, ChunkShape, CHUNK_MAGIC, CLIENT_SLOT, TABLE_ENTRY};
+use rdmapool_pool::remote::regions::RegionNode;
+use rdmapool_pool::Result;
+use std::collections::HashSet;
+use std::time::Instant;
+
+/// A block seen allocated and unnamed in a dead writer's chunk: node, incarnation, offset.
+pub(super) type Unnamed = (u32, u64, u64);
+
+/// What the last repair found, waiting for the next one's second look.
+pub(super) type Pending = crate::timing::SecondLook<Unnamed>;
+
+/// A store chunk whose writer holds no lease on the node.
+#[derive(Debug)]
+struct DeadChunk {
+    chunk: u64,
+    entry: u64,
+    /// Its object size's shape; `None` when it was never formatted.
+    shape: Option<ChunkShape>,
+    /// Objects allocated in it.
+    allocated: usize,
+    /// Offsets of those no index slot names.
+    unnamed: Vec<u64>,
+}
+
+/// What a reclaim pass did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Reclaimed {
+    pub(super) freed: usize,
+    pub(super) released: usize,
+    pub(super) pending: usize,
+}
+
+fn words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    bytes
+        .chunks_exact(8)
+        .map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8])))
+}
+
+impl Store {
+    /// The client ids that hold a lease slot on `n` now (one READ of the slots' owner
+    /// words; 0, a free slot, among them).
+    pub(super) async fn lease_holders(&self, n: &RegionNode) -> Result<HashSet<u64>> {
+        let l = n.layout;
+        let slots = self
+            .pool
+            .regions()
+            .read(
+                n.node,
+                n.incarnation,
+                l.client_slot(0),
+                l.client_count * CLIENT_SLOT,
+            )
+            .await?;
+        Ok(words(&slots).step_by((CLIENT_SLOT / 8) as usize).collect())
+    }
+
+    /// The store chunks on `n` of writers with no lease there, except the index's, with
+    /// their allocated objects that `named` (every offset an index slot names) leaves out.
+    async fn dead_chunks(&self, n: &RegionNode, named: &HashSet<u64>) -> Result<Vec<DeadChunk>> {
+        if n.isolated {
+            // A tenant's namespace has one writer, this client: none of its chunks is a
+            // gone writer's, and another tenant's are out of its reach.
+            return Ok(Vec::new());
+        }
+        let l = n.layout;
+        let (node, inc) = (n.node, n.incarnation);
+        let leased = self.lease_holders(n).await?;
+        let table = self
+            .pool
+            .regions()
+            .read(node, inc, l.table_entry(0), l.chunk_count * TABLE_ENTRY)
+            .await?;
+        let index = self.index(n).await?.chunk;
+        let dead: Vec<(u64, u64)> = words(&table)
+            .step_by((TABLE_ENTRY / 8) as usize)
+            .enumerate()
+            .map(|(j, e)| (j as u64, e))
+            .filter(|&(j, e)| {
+                e & DURABLE_TAG != 0 && j != index && !leased.contains(&(e & !DURABLE_TAG))
+            })
+            .collect();
+        let mut out = Vec::new();
+        for (chunk, entry) in dead {
+            let at = l.chunk(chunk);
+            let head = self
+                .pool
+                .regions()
+                .read(node, inc, at, layout::chunk::BITMAP)
+                .await?;
+            let h: Vec<u64> = words(&head).collect();
+            if h[0] != CHUNK_MAGIC {
+                out.push(DeadChunk {
+                    chunk,
+                    entry,
+                    shape: None,
+                    allocated: 0,
+                    unnamed: vec![],
+                });
+                continue;
+            }
+            let size = h[(layout::chunk::OBJECT_SIZE / 8) as usize];
+            if !layout::is_class(size, l.chunk_size) {
+                continue; // damaged: left alone
+            }
+            let shape = ChunkShape::new(l.chunk_size, size);
+            let bitmap_words = (l.chunk_size / size).div_ceil(64);
+            let bits = self
+                .pool
+                .regions()
+                .read(node, inc, at + layout::chunk::BITMAP, bitmap_words * 8)
+                .await?;
+            let mut allocated = 0;
+            let mut unnamed = Vec::new();
+            for (w, word) in words(&bits).enumerate() {
+                for b in 0..64 {
+                    let o = w as u64 * 64 + b;
+                    if word & (1 << b) == 0 || o >= shape.object_count {
+                        continue;
+                    }
+                    allocated += 1;
+                    let offset = at + shape.first_object + o * size;
+                    if !named.contains(&offset) {
+                        unnamed.push(offset);
+                    }
+                }
+            }
+            out.push(DeadChunk {
+                chunk,
+                entry,
+                shape: Some(shape),
+                allocated,
+                unnamed,
+            });
+        }
+        Ok(out)
+    }
+
+    /// One reclaim pass over `nodes`, `named` holding per node every offset an index slot
+    /// names (from the repair's scan).
+    pub(super) async fn reclaim(
+        &self,
+        nodes: &[RegionNode],
+        named: &std::collections::HashMap<u32, HashSet<u64>>,
+    ) -> Result<Reclaimed> {
+        let empty = HashSet::new();
+        let mine: HashSet<(u32, u64)> = self.retired_blocks();
+        let mut found: Vec<(RegionNode, Vec<DeadChunk>)> = Vec::new();
+        for n in nodes {
+            let chunks = self
+                .dead_chunks(n, named.get(&n.node).unwrap_or(&empty))
+                .await?;
+            found.push((*n, chunks));
+        }
+        let seen: HashSet<Unnamed> = found
+            .iter()
+            .flat_map(|(n, cs)| {
+                cs.iter()
+                    .flat_map(move |c| c.unnamed.iter().map(move |&at| (n.node, n.incarnation, at)))
+            })
+            .filter(|&(node, _, at)| !mine.contains(&(node, at)))
+            .collect();
+        // The second look: free what the last pass found too, if it was long enough ago.
+        let due = self
+            .reclaim
+            .lock()
+            .look(&seen, Instant::now(), self.cfg.grace * 2);
+        let freed = join_all(due.iter().map(|&(node, inc, at)| async move {
+            ((node, at), self.pool.regions().free(node, inc, at).await)
+        }))
+        .await;
+        let freed: HashSet<(u32, u64)> = freed
+            .into_iter()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(b, _)| b)
+            .collect();
+        let mut out = Reclaimed {
+            freed: freed.len(),
+            pending: self.reclaim.lock().pending(),
+            ..Reclaimed::default()
+        };
+        // Chunks left with nothing allocated go back to the pool.
+        for (n, chunks) in &found {
+            for c in chunks {
+                let gone = c.unnamed.iter().filter(|&&a| freed.contains(&(n.node, a)));
+                let left = c.allocated - gone.count();
+                if left == 0 && self.release(n, c).await {
+                    out.released += 1;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Gives a dead writer's empty (or never formatted) chunk back: its magic zeroed, its
+    /// bitmap read again (anything allocated meanwhile puts the magic back and keeps it),
+    /// then its table entry swapped from the writer's tag to 0.
+    async fn release(&self, n: &RegionNode, c: &DeadChunk) -> bool {
+        let l = n.layout;
+        let (node, inc) = (n.node, n.incarnation);
+        let at = l.chunk(c.chunk);
+        if let Some(shape) = c.shape {
+            let magic = at + layout::chunk::MAGIC;
+            if self
+                .pool
+                .regions()
+                .cas(node, inc, magic, CHUNK_MAGIC, 0)
+                .await
+                .ok()
+                != Some(CHUNK_MAGIC)
+            {
+                return false;
+            }
+            let bitmap_words = (l.chunk_size / shape.object_size).div_ceil(64);
+            let bits = self
+                .pool
+                .regions()
+                .read(node, inc, at + layout::chunk::BITMAP, bitmap_words * 8)
+                .await;
+            if bits.map_or(true, |b| words(&b).any(|w| w != 0)) {
+                let _ = self
+                    .pool
+                    .regions()
+                    .cas(node, inc, magic, 0, CHUNK_MAGIC)
+                    .await;
+                return false;
+            }
+        }
+        let entry = l.table_entry(c.chunk);
+        self.pool
+            .regions()
+            .cas(node, inc, entry, c.entry, 0)
+            .await
+            .ok()
+            == Some(c.entry)
+    }
+}

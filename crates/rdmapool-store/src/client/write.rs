@@ -1,0 +1,307 @@
+//! The put path of [`Store`]: the `Put` machine's steps performed on the pool, each step's
+//! operations on every node at once, and what a finished or failed put leaves to free.
+
+use super::{incarnation, Source, Store};
+use crate::format::Kind;
+use crate::lookup::Replica;
+use crate::put::{Put, PutDone, PutStep, Reply};
+use futures_util::future::join_all;
+use rdmapool_pool::{Error, Result};
+use std::time::Instant;
+
+/// Puts made anew after finding the view changed under them, before giving up.
+pub(super) const VIEW_ROUNDS: u32 = 8;
+
+impl Store {
+    pub(super) async fn write(
+        &self,
+        key: &[u8],
+        value: Source<'_>,
+        kind: Kind,
+        replicas: usize,
+    ) -> Result<PutDone> {
+        self.write_published(key, value, kind, replicas).await.0
+    }
+
+    /// [`Store::write`], and whether the put was published (its version may be visible)
+    /// when it failed.
+    pub(super) async fn write_published(
+        &self,
+        key: &[u8],
+        value: Source<'_>,
+        kind: Kind,
+        replicas: usize,
+    ) -> (Result<PutDone>, bool) {
+        // The frees whose grace period has passed go beside the put, not before it.
+        let (_, out) = futures_util::future::join(
+            self.flush_retired(),
+            self.put_now(key, value, kind, replicas),
+        )
+        .await;
+        out
+    }
+
+    /// A put under the view this client places keys by, fenced (docs/STORE.md section 4):
+    /// once published, the fence word of each replica is read (after the put's swaps there,
+    /// on the same connections); a newer view on any of them means the put was made under
+    /// an old view, so it is not acknowledged: the view is read again and the put made anew
+    /// under it, with a version above the one it published. While data moves, the put's
+    /// version also beats the newest on the previous placement.
+    async fn put_now(
+        &self,
+        key: &[u8],
+        value: Source<'_>,
+        kind: Kind,
+        replicas: usize,
+    ) -> (Result<PutDone>, bool) {
+        let mut floor = None;
+        let mut floor_removed = false;
+        let mut published = false;
+        for _ in 0..VIEW_ROUNDS {
+            let view = match self.placing_view().await {
+                Ok(v) => v,
+                Err(e) => return (Err(e), published),
+            };
+            if view.moving() {
+                // Every replica under either placement must answer: a version this put
+                // does not see could beat it once the key has moved.
+                match self.newest_anywhere(key).await {
+                    Ok(Some((version, tombstone))) if floor.is_none_or(|f| version > f) => {
+                        floor = Some(version);
+                        // A tombstone there: nothing to remove unless it is this put's
+                        // own, published under an older view (made anew).
+                        floor_removed = tombstone && !published;
+                    }
+                    Ok(_) => {}
+                    Err(e) => return (Err(e), published),
+                }
+            }
+            let (result, now_published, placed) = self
+                .put_once(key, value, kind, replicas, (floor, floor_removed))
+                .await;
+            published |= now_published;
+            let done = match result {
+                Ok(d) => d,
+                Err(e) => return (Err(e), published),
+            };
+            let fences = self.fences(&placed).await;
+            if !Self::fenced_out(&fences, view.number) {
+                return (Ok(done), true);
+            }
+            // Made under an old view: not acknowledged; again under the new one.
+            self.counters
+                .fenced
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if done.version > floor {
+                floor = done.version;
+                floor_removed = false;
+            }
+            if let Err(e) = self.reload_view().await {
+                return (Err(e), published);
+            }
+        }
+        (
+            Err(Error::Contended {
+                what: "store put across view changes",
+                rounds: VIEW_ROUNDS,
+            }),
+            published,
+        )
+    }
+
+    /// One put on the key's replicas under the view in force, its version above `floor`:
+    /// what it did, whether it was published, and the replicas it was placed on.
+    async fn put_once(
+        &self,
+        key: &[u8],
+        value: Source<'_>,
+        kind: Kind,
+        replicas: usize,
+        (floor, floor_removed): (Option<crate::Version>, bool),
+    ) -> (Result<PutDone>, bool, Vec<Replica>) {
+        let replicas = match self.replicas(key, replicas, super::Purpose::Write).await {
+            Ok((r, _)) => r,
+            Err(e) => return (Err(e), false, Vec::new()),
+        };
+        let digest = match value.digest() {
+            Ok(d) => d,
+            Err(e) => return (Err(e), false, replicas),
+        };
+        let mut put = match Put::new(key, digest, kind, self.pool.client_id(), &replicas) {
+            Ok(p) => p.hinted(&self.hints_of(key)).at_least(floor, floor_removed),
+            Err(e) => return (Err(e), false, replicas),
+        };
+        let result = self.run_put(&mut put, &replicas, key, value).await;
+        match result {
+            Ok(done) => {
+                if !done.installed.is_empty() {
+                    self.remember(key, done.installed.clone());
+                }
+                self.retire_replaced(key, &replicas, &done.replaced);
+                let due = crate::timing::free_after(Instant::now(), self.cfg.grace);
+                if done.version.is_some() {
+                    self.retire_parts(due, key, &done.superseded);
+                }
+                self.free_now(&replicas, &done.unused).await;
+                (Ok(done), true, replicas)
+            }
+            Err(e) => {
+                let published = put.published();
+                if !published {
+                    self.free_now(&replicas, &put.allocated()).await;
+                }
+                (Err(e), published, replicas)
+            }
+        }
+    }
+
+    pub(super) async fn free_now(&self, replicas: &[Replica], blocks: &[(u32, u64)]) {
+        join_all(blocks.iter().map(|&(node, at)| {
+            self.pool
+                .regions()
+                .free(node, incarnation(replicas, node), at)
+        }))
+        .await;
+    }
+
+    /// Runs `put`'s steps. Its blocks are allocated while its first READs are in flight
+    /// (they do not depend on what is read), so the allocation costs no round trip of its
+    /// own; blocks allocated so and not asked for are freed.
+    pub(super) async fn run_put(
+        &self,
+        put: &mut Put,
+        replicas: &[Replica],
+        key: &[u8],
+        value: Source<'_>,
+    ) -> Result<PutDone> {
+        let mut early = None;
+        let result = self.run_steps(put, replicas, key, value, &mut early).await;
+        if let Some((nodes, offsets)) = early {
+            self.free_now(replicas, &allocated(&nodes, &offsets)).await;
+        }
+        result
+    }
+
+    /// A block of `len` bytes on each of `nodes`: its offset, `None` where the node is
+    /// down, an error where it has no room or failed otherwise.
+    async fn alloc_on(
+        &self,
+        replicas: &[Replica],
+        nodes: &[u32],
+        len: u64,
+    ) -> Vec<Result<Option<u64>>> {
+        join_all(nodes.iter().map(|&node| async move {
+            let inc = incarnation(replicas, node);
+            match self.pool.regions().alloc(node, inc, len).await {
+                Ok(Some(at)) => Ok(Some(at)),
+                Ok(None) => Err(Error::RemoteExhausted { size: len }),
+                Err(Error::NodeDown { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        }))
+        .await
+    }
+
+    async fn run_steps(
+        &self,
+        put: &mut Put,
+        replicas: &[Replica],
+        key: &[u8],
+        value: Source<'_>,
+        early: &mut Option<Early>,
+    ) -> Result<PutDone> {
+        let mut step = put.advance(Reply::Start)?;
+        let mut first = true;
+        loop {
+            step = match step {
+                PutStep::Done(done) => return Ok(done),
+                PutStep::Read(reads) => {
+                    let bytes = if std::mem::take(&mut first) {
+                        let nodes: Vec<u32> = replicas.iter().map(|r| r.node).collect();
+                        let (bytes, offsets) = futures_util::future::join(
+                            self.reads(replicas, &reads),
+                            self.alloc_on(replicas, &nodes, put.block_len()),
+                        )
+                        .await;
+                        *early = Some((nodes, offsets));
+                        bytes
+                    } else {
+                        self.reads(replicas, &reads).await
+                    };
+                    let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
+                    put.advance(Reply::Bytes(&replies))?
+                }
+                PutStep::Alloc { nodes, len } => {
+                    let offsets = match early.take() {
+                        Some((n, o)) if n == nodes && len == put.block_len() => o,
+                        other => {
+                            if let Some((n, o)) = other {
+                                self.free_now(replicas, &allocated(&n, &o)).await;
+                            }
+                            self.alloc_on(replicas, &nodes, len).await
+                        }
+                    };
+                    if let Some(Err(_)) = offsets.iter().find(|o| o.is_err()) {
+                        // Free what did get allocated, then report the first error.
+                        self.free_now(replicas, &allocated(&nodes, &offsets)).await;
+                        return Err(offsets
+                            .into_iter()
+                            .find_map(|o| o.err())
+                            .unwrap_or(Error::RemoteExhausted { size: len }));
+                    }
+                    let offsets: Vec<Option<u64>> =
+                        offsets.into_iter().map(|o| o.ok().flatten()).collect();
+                    put.advance(Reply::Offsets(&offsets))?
+                }
+                PutStep::Write(writes) => {
+                    let ok = join_all(writes.iter().map(|w| async move {
+                        let inc = incarnation(replicas, w.node);
+                        let (node, at) = (w.node, w.at);
+                        match value {
+                            Source::Bytes(v) => {
+                                self.pool
+                                    .regions()
+                                    .write(node, inc, at, &[&w.header, key, v])
+                                    .await
+                            }
+                            Source::Mr(m) => {
+                                let head: [&[u8]; 2] = [&w.header, key];
+                                self.pool
+                                    .regions()
+                                    .write_from(node, inc, at, &head, m)
+                                    .await
+                            }
+                        }
+                        .is_ok()
+                    }))
+                    .await;
+                    put.advance(Reply::Done(&ok))?
+                }
+                PutStep::Swap(swaps) => {
+                    let old = join_all(swaps.iter().map(|s| async move {
+                        let inc = incarnation(replicas, s.node);
+                        self.pool
+                            .regions()
+                            .cas(s.node, inc, s.at, s.expected, s.swap)
+                            .await
+                            .ok()
+                    }))
+                    .await;
+                    put.advance(Reply::Words(&old))?
+                }
+            };
+        }
+    }
+}
+
+/// Blocks allocated ahead of the put's allocation step: the nodes, and each one's answer.
+type Early = (Vec<u32>, Vec<Result<Option<u64>>>);
+
+/// The blocks of an allocation step that were allocated.
+fn allocated(nodes: &[u32], offsets: &[Result<Option<u64>>]) -> Vec<(u32, u64)> {
+    nodes
+        .iter()
+        .zip(offsets)
+        .filter_map(|(&n, o)| o.as_ref().ok().copied().flatten().map(|a| (n, a)))
+        .collect()
+}
