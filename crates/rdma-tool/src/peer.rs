@@ -353,12 +353,9 @@ impl PeerProcess {
         let conn = rdmapool::conn::connect(
             Manager::Tcp,
             self.cm_addr,
-            pd,
-            cq,
-            cq,
-            cfg,
-            self.secret.as_bytes(),
-            Duration::from_secs(30),
+            &rdmapool::conn::ConnectSpec::new(pd, cq, cfg)
+                .private_data(self.secret.as_bytes())
+                .timeout(Duration::from_secs(30)),
         )?;
         let region = RemoteRegion::from_bytes(&conn.private_data)?;
         Ok((conn.qp, region))

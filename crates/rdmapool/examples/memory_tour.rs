@@ -80,7 +80,13 @@ fn client(provider: ProviderKind, addr: SocketAddr) -> rdmapool::Result<()> {
     let (_ctx, pd, engine) = side(provider)?;
     let pool = side_pool(&pd)?;
     let cq = engine.cqs()[0].clone();
-    let conn = connect(&pd, addr, &pd, &cq, &cq, &QpConfig::default(), b"hello", T)?;
+    let conn = connect(
+        &pd,
+        addr,
+        &ConnectSpec::new(&pd, &cq, &QpConfig::default())
+            .private_data(b"hello")
+            .timeout(T),
+    )?;
     println!(
         "client: accepted with {:?}",
         String::from_utf8_lossy(&conn.private_data)

@@ -175,12 +175,7 @@ fn main() -> rdmapool::Result<()> {
             connect(
                 &cpd,
                 cm,
-                &cpd,
-                &cq,
-                &cq,
-                &QpConfig::default(),
-                b"",
-                Duration::from_secs(10),
+                &ConnectSpec::new(&cpd, &cq, &QpConfig::default()).timeout(Duration::from_secs(10)),
             )
         }) {
             let remote = RemoteRegion::from_bytes(&c.private_data)?;

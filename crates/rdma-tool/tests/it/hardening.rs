@@ -1,7 +1,7 @@
 //! What a local user can do to rdma-tool, and bad configurations: each is refused with an
 //! error that names the fix, never a panic, and nothing stops a running peer.
 
-use rdmapool::conn::{connect, Manager};
+use rdmapool::conn::{connect, ConnectSpec, Manager};
 use rdmapool::fabric::SoftConfig;
 use rdmapool::fabric::{Context, QpConfig, RemoteRegion};
 use std::io::{BufRead, BufReader};
@@ -56,19 +56,22 @@ fn a_peer_survives_requests_without_its_secret_and_serves_its_parent() {
     let t = Duration::from_secs(20);
     // Any local user can reach the CM port; guessing wrong is rejected, the peer goes on.
     for guess in [&b"rdma-tool"[..], b"wrong"] {
-        let r = connect(Manager::Tcp, addr, &pd, &cq, &cq, &cfg, guess, t);
+        let r = connect(
+            Manager::Tcp,
+            addr,
+            &ConnectSpec::new(&pd, &cq, &cfg)
+                .private_data(guess)
+                .timeout(t),
+        );
         let err = r.err().expect("refused").to_string();
         assert!(err.contains("reject"), "{err}");
     }
     let conn = connect(
         Manager::Tcp,
         addr,
-        &pd,
-        &cq,
-        &cq,
-        &cfg,
-        SECRET.as_bytes(),
-        t,
+        &ConnectSpec::new(&pd, &cq, &cfg)
+            .private_data(SECRET.as_bytes())
+            .timeout(t),
     )
     .expect("the parent, with the secret, is served");
     let region = RemoteRegion::from_bytes(&conn.private_data).unwrap();

@@ -19,6 +19,7 @@
 
 mod access;
 mod completion;
+mod connect_spec;
 mod device;
 #[doc(hidden)]
 pub mod events;
@@ -40,6 +41,7 @@ mod wr;
 
 pub use access::AccessFlags;
 pub use completion::{Completion, WcOpcode, WcStatus};
+pub use connect_spec::ConnectSpec;
 pub use device::{AtomicCap, DeviceInfo, PortInfo, ProviderKind, ProviderStatus};
 pub use events::QpEvent;
 #[doc(hidden)]

@@ -10,8 +10,8 @@
 //! takes any such options. Everything a provider opens then hangs off its [`ContextOps`].
 
 use super::{
-    AccessFlags, Completion, Cq, DeviceInfo, Endpoint, Pd, ProviderKind, ProviderStatus, Qp,
-    QpCapacity, QpConfig, QpState, RecvWr, SendWr,
+    AccessFlags, Completion, ConnectSpec, Cq, DeviceInfo, Endpoint, Pd, ProviderKind,
+    ProviderStatus, Qp, QpCapacity, QpConfig, QpState, RecvWr, SendWr,
 };
 use crate::Result;
 use std::any::Any;
@@ -39,19 +39,9 @@ pub trait Provider: Sync {
 pub trait ConnectionManager: Sync {
     /// Listens for connection requests on `addr` (port 0 picks one).
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn CmListenerOps>>;
-    /// Connects to a listener at `addr`, sending `private_data`, with a QP on `pd` and these
-    /// CQs; returns the QP (in RTS) and the acceptor's private data as it arrived.
-    #[allow(clippy::too_many_arguments)]
-    fn connect(
-        &self,
-        addr: SocketAddr,
-        pd: &Pd,
-        send_cq: &Cq,
-        recv_cq: &Cq,
-        cfg: &QpConfig,
-        private_data: &[u8],
-        timeout: Duration,
-    ) -> Result<(Qp, Vec<u8>)>;
+    /// Connects to a listener at `addr` with the QP and private data of `spec`; returns the
+    /// QP (in RTS) and the acceptor's private data as it arrived.
+    fn connect(&self, addr: SocketAddr, spec: &ConnectSpec<'_>) -> Result<(Qp, Vec<u8>)>;
 }
 
 /// A listener of a provider's connection manager.

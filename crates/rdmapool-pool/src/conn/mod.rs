@@ -47,7 +47,9 @@
 //!     req.accept(&spd, &scq, &scq, &QpConfig::default(), &region.remote_region().to_bytes())
 //! });
 //! let (cpd, ccq) = (client.alloc_pd()?, client.create_cq(16)?);
-//! let conn = connect(&cpd, addr, &cpd, &ccq, &ccq, &QpConfig::default(), b"hello", Duration::from_secs(10))?;
+//! let cfg = QpConfig::default();
+//! let spec = ConnectSpec::new(&cpd, &ccq, &cfg).private_data(b"hello").timeout(Duration::from_secs(10));
+//! let conn = connect(&cpd, addr, &spec)?;
 //! let remote = RemoteRegion::from_bytes(&conn.private_data)?;
 //! assert_eq!(remote.len, 4096);
 //! let _server_qp = t.join().unwrap()?;
@@ -66,6 +68,7 @@ pub use crate::fabric::private_data::{
 
 use crate::fabric::private_data::check_private;
 use crate::fabric::provider::{CmListenerOps, CmRequestOps, ConnectionManager};
+pub use crate::fabric::ConnectSpec;
 use crate::fabric::{Cq, Pd, ProviderKind, Qp, QpConfig};
 use crate::{Error, Result};
 use std::net::SocketAddr;
@@ -290,8 +293,9 @@ pub struct Connection {
 }
 
 /// Connects through `manager` (a [`Manager`], or a PD or provider for its natural one) to a
-/// [`Listener`] at `addr`, sending `private_data`; returns the QP (on `pd`, in RTS) with the
-/// acceptor's private data. Dropping the QP disconnects.
+/// [`Listener`] at `addr`, with the QP, private data and timeout of `spec`
+/// ([`ConnectSpec`]); returns the QP (on `spec.pd`, in RTS) with the acceptor's private
+/// data. Dropping the QP disconnects.
 ///
 /// Errors: [`CoreError::Rejected`](crate::CoreError::Rejected) with the acceptor's reason; [`CoreError::BadPrivateData`](crate::CoreError::BadPrivateData) (raw
 /// bytes inside) when an RDMA CM peer accepted with unframed private data, after which the
@@ -300,52 +304,26 @@ pub struct Connection {
 /// [`CoreError::Rejected`](crate::CoreError::Rejected): crate::CoreError::Rejected
 /// [`CoreError::BadPrivateData`](crate::CoreError::BadPrivateData): crate::CoreError::BadPrivateData
 /// [`CoreError::Connection`](crate::CoreError::Connection): crate::CoreError::Connection
-#[allow(clippy::too_many_arguments)]
 pub fn connect(
     manager: impl Into<Manager>,
     addr: SocketAddr,
-    pd: &Pd,
-    send_cq: &Cq,
-    recv_cq: &Cq,
-    cfg: &QpConfig,
-    private_data: &[u8],
-    timeout: Duration,
+    spec: &ConnectSpec<'_>,
 ) -> Result<Connection> {
     check_private(
-        private_data,
+        spec.private_data,
         MAX_CONNECT_PRIVATE_DATA,
         "bytes of private data in a connection request",
     )?;
-    let r = connect_with(
-        manager.into(),
-        addr,
-        pd,
-        send_cq,
-        recv_cq,
-        cfg,
-        private_data,
-        timeout,
-    );
-    pd.recorder().record_connection(true, r.is_ok());
+    let r = connect_with(manager.into(), addr, spec);
+    spec.pd.recorder().record_connection(true, r.is_ok());
     r
 }
 
-#[allow(clippy::too_many_arguments)]
-fn connect_with(
-    manager: Manager,
-    addr: SocketAddr,
-    pd: &Pd,
-    send_cq: &Cq,
-    recv_cq: &Cq,
-    cfg: &QpConfig,
-    private_data: &[u8],
-    timeout: Duration,
-) -> Result<Connection> {
+fn connect_with(manager: Manager, addr: SocketAddr, spec: &ConnectSpec<'_>) -> Result<Connection> {
     match manager.native()? {
-        None => tcp::connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout),
+        None => tcp::connect(addr, spec),
         Some(native) => {
-            let (qp, raw) =
-                native.connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout)?;
+            let (qp, raw) = native.connect(addr, spec)?;
             // On a bad frame the QP (and with it the connection) is dropped here.
             let private = decode_private_data(&raw)?.to_vec();
             Ok(Connection {

@@ -5,7 +5,7 @@
 use super::message::{io_err, send, Message, REJ, REP, REQ, RTU};
 use super::pending;
 use super::Connection;
-use crate::fabric::{Cq, Endpoint, Pd, Qp, QpConfig};
+use crate::fabric::{ConnectSpec, Cq, Endpoint, Pd, Qp, QpConfig};
 use crate::{Error, Result};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -95,15 +95,15 @@ impl TcpRequest {
 }
 
 /// Connects to a TCP CM port at `addr`: the requester's side of the handshake.
-pub(super) fn connect(
-    addr: SocketAddr,
-    pd: &Pd,
-    send_cq: &Cq,
-    recv_cq: &Cq,
-    cfg: &QpConfig,
-    private_data: &[u8],
-    timeout: Duration,
-) -> Result<Connection> {
+pub(super) fn connect(addr: SocketAddr, spec: &ConnectSpec<'_>) -> Result<Connection> {
+    let ConnectSpec {
+        pd,
+        send_cq,
+        recv_cq,
+        qp: cfg,
+        private_data,
+        timeout,
+    } = *spec;
     let deadline = Instant::now() + timeout;
     // The QP first, so that the REQ follows the TCP connect at once: a listener counts a
     // connection that has sent nothing as a handshake in progress (bounded per address).

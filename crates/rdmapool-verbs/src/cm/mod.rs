@@ -8,7 +8,7 @@ mod id;
 
 use super::qp::VerbsQp;
 use crate::fabric::provider::{CmListenerOps, CmRequestOps, ConnectionManager};
-use crate::fabric::{Cq, Pd, Qp, QpConfig};
+use crate::fabric::{ConnectSpec, Cq, Pd, Qp, QpConfig};
 use crate::{Error, Result};
 use id::{cm_err, sockaddr_of, CmId, Event};
 use rdmapool_sys as sys;
@@ -87,17 +87,8 @@ impl ConnectionManager for RdmaCm {
         Ok(Box::new(CmListener::bind(addr)?))
     }
 
-    fn connect(
-        &self,
-        addr: SocketAddr,
-        pd: &Pd,
-        send_cq: &Cq,
-        recv_cq: &Cq,
-        cfg: &QpConfig,
-        private_data: &[u8],
-        timeout: Duration,
-    ) -> Result<(Qp, Vec<u8>)> {
-        connect(addr, pd, send_cq, recv_cq, cfg, private_data, timeout)
+    fn connect(&self, addr: SocketAddr, spec: &ConnectSpec<'_>) -> Result<(Qp, Vec<u8>)> {
+        connect(addr, spec)
     }
 }
 
@@ -257,15 +248,15 @@ impl CmRequestOps for CmRequest {
 
 /// Connects to an RDMA CM listener; returns the QP (RTS) and the acceptor's private data as
 /// it arrived (framed and padded).
-fn connect(
-    addr: SocketAddr,
-    pd: &Pd,
-    send_cq: &Cq,
-    recv_cq: &Cq,
-    cfg: &QpConfig,
-    private: &[u8],
-    timeout: Duration,
-) -> Result<(Qp, Vec<u8>)> {
+fn connect(addr: SocketAddr, spec: &ConnectSpec<'_>) -> Result<(Qp, Vec<u8>)> {
+    let ConnectSpec {
+        pd,
+        send_cq,
+        recv_cq,
+        qp: cfg,
+        private_data: private,
+        timeout,
+    } = *spec;
     let deadline = Instant::now() + timeout;
     let cm = CmId::new()?;
     let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;

@@ -36,12 +36,9 @@ fn region_descriptor_travels_in_accept_private_data_and_the_qps_work() {
             let conn = connect(
                 Manager::Tcp,
                 addr,
-                &client.pd,
-                &client.cq,
-                &client.cq,
-                &cfg,
-                b"client-7",
-                T,
+                &ConnectSpec::new(&client.pd, &client.cq, &cfg)
+                    .private_data(b"client-7")
+                    .timeout(T),
             )
             .unwrap();
             let _server_qp = srv.join().unwrap();
@@ -73,12 +70,9 @@ fn reject_reaches_the_requester_with_its_private_data() {
         match connect(
             Manager::Tcp,
             addr,
-            &client.pd,
-            &client.cq,
-            &client.cq,
-            &QpConfig::default(),
-            b"hi",
-            T,
+            &ConnectSpec::new(&client.pd, &client.cq, &QpConfig::default())
+                .private_data(b"hi")
+                .timeout(T),
         ) {
             Err(Error::Core(CoreError::Rejected { private_data, .. })) => {
                 assert_eq!(private_data, b"pool full")
@@ -97,12 +91,9 @@ fn oversized_private_data_is_refused_on_both_sides() {
     let r = connect(
         Manager::Tcp,
         addr,
-        &client.pd,
-        &client.cq,
-        &client.cq,
-        &QpConfig::default(),
-        &too_long,
-        T,
+        &ConnectSpec::new(&client.pd, &client.cq, &QpConfig::default())
+            .private_data(&too_long)
+            .timeout(T),
     );
     assert!(matches!(
         r,
@@ -130,12 +121,9 @@ fn oversized_private_data_is_refused_on_both_sides() {
         let r = connect(
             Manager::Tcp,
             addr,
-            &client.pd,
-            &client.cq,
-            &client.cq,
-            &QpConfig::default(),
-            b"x",
-            T,
+            &ConnectSpec::new(&client.pd, &client.cq, &QpConfig::default())
+                .private_data(b"x")
+                .timeout(T),
         );
         assert!(
             matches!(r, Err(Error::Core(CoreError::Connection { .. }))),
@@ -173,12 +161,9 @@ fn garbage_on_the_cm_port_is_dropped_and_listening_goes_on() {
         let c = connect(
             Manager::Tcp,
             addr,
-            &client.pd,
-            &client.cq,
-            &client.cq,
-            &QpConfig::default(),
-            b"real",
-            T,
+            &ConnectSpec::new(&client.pd, &client.cq, &QpConfig::default())
+                .private_data(b"real")
+                .timeout(T),
         )
         .unwrap();
         assert_eq!(c.private_data, b"ok");
@@ -235,12 +220,9 @@ fn rdma_cm_connects_with_private_data_both_ways_and_rejects() {
         let conn = connect(
             &client.pd, // the natural manager of a verbs PD: RDMA CM
             addr,
-            &client.pd,
-            &client.cq,
-            &client.cq,
-            &cfg,
-            b"over rdma cm",
-            T,
+            &ConnectSpec::new(&client.pd, &client.cq, &cfg)
+                .private_data(b"over rdma cm")
+                .timeout(T),
         )
         .unwrap();
         assert_eq!(conn.qp.state(), QpState::Rts);
@@ -260,7 +242,10 @@ fn rdma_cm_connects_with_private_data_both_ways_and_rejects() {
         assert_eq!(&seen, b"cm!");
         match connect(
             &client.pd, // the natural manager of a verbs PD: RDMA CM
-            addr, &client.pd, &client.cq, &client.cq, &cfg, b"again", T,
+            addr,
+            &ConnectSpec::new(&client.pd, &client.cq, &cfg)
+                .private_data(b"again")
+                .timeout(T),
         ) {
             Err(Error::Core(CoreError::Rejected { private_data, .. })) => {
                 assert_eq!(private_data, b"full")
@@ -293,12 +278,9 @@ fn rdma_cm_reports_what_is_missing_instead_of_panicking() {
     let r = connect(
         Manager::RdmaCm,
         "127.0.0.1:9".parse().unwrap(),
-        &n.pd,
-        &n.cq,
-        &n.cq,
-        &QpConfig::default(),
-        b"x",
-        Duration::from_secs(2),
+        &ConnectSpec::new(&n.pd, &n.cq, &QpConfig::default())
+            .private_data(b"x")
+            .timeout(Duration::from_secs(2)),
     );
     assert!(r.is_err());
 }
@@ -357,12 +339,9 @@ fn the_natural_manager_follows_the_provider_and_a_reject_fits_a_rej() {
         connect(
             Manager::Tcp,
             addr,
-            &client.pd,
-            &client.cq,
-            &client.cq,
-            &QpConfig::default(),
-            data,
-            T,
+            &ConnectSpec::new(&client.pd, &client.cq, &QpConfig::default())
+                .private_data(data)
+                .timeout(T),
         )
     };
     std::thread::scope(|s| {
@@ -451,7 +430,11 @@ fn rdma_cm_negotiates_read_atomic_depths_and_shows_the_raw_private_data() {
             ..QpConfig::default()
         };
         let conn = connect(
-            &client.pd, addr, &client.pd, &client.cq, &client.cq, &cfg, b"one", T,
+            &client.pd,
+            addr,
+            &ConnectSpec::new(&client.pd, &client.cq, &cfg)
+                .private_data(b"one")
+                .timeout(T),
         )
         .unwrap();
         assert_eq!(&conn.raw_private_data[..2], &[0xA7, desc.len() as u8]);

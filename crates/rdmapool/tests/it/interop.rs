@@ -66,12 +66,9 @@ fn a_rust_client_uses_a_c_servers_region_one_sidedly() {
     let conn = connect(
         &n.pd, // verbs: RDMA CM
         SocketAddr::new(ip, 18601),
-        &n.pd,
-        &n.cq,
-        &n.cq,
-        &QpConfig::default(),
-        b"from rust",
-        T,
+        &ConnectSpec::new(&n.pd, &n.cq, &QpConfig::default())
+            .private_data(b"from rust")
+            .timeout(T),
     )
     .unwrap();
     let remote = RemoteRegion::from_bytes(&conn.private_data).unwrap();
@@ -112,12 +109,9 @@ fn an_unframed_accept_from_a_c_server_is_a_typed_error_with_the_raw_bytes() {
     let r = connect(
         Manager::RdmaCm,
         SocketAddr::new(ip, 18602),
-        &n.pd,
-        &n.cq,
-        &n.cq,
-        &QpConfig::default(),
-        b"x",
-        T,
+        &ConnectSpec::new(&n.pd, &n.cq, &QpConfig::default())
+            .private_data(b"x")
+            .timeout(T),
     );
     match r {
         Err(Error::Core(CoreError::BadPrivateData { raw, .. })) => {

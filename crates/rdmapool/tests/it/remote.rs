@@ -234,12 +234,9 @@ fn bad_input_gets_typed_errors_and_damages_nothing() {
     let r = rdmapool::conn::connect(
         &n.pd,
         s.addr(),
-        &n.pd,
-        &n.cq,
-        &n.cq,
-        &QpConfig::default(),
-        b"hello?",
-        Duration::from_secs(5),
+        &rdmapool::conn::ConnectSpec::new(&n.pd, &n.cq, &QpConfig::default())
+            .private_data(b"hello?")
+            .timeout(Duration::from_secs(5)),
     );
     assert!(
         matches!(r, Err(Error::Core(CoreError::Rejected { .. }))),

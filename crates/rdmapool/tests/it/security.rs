@@ -115,8 +115,14 @@ fn idle_connections_on_the_cm_port_delay_nobody() {
     let client = std::thread::spawn(move || {
         let c = node();
         let cfg = config();
-        connect(Manager::Tcp, addr, &c.pd, &c.cq, &c.cq, &cfg, b"hi", WAIT)
-            .map(|conn| conn.qp.qpn())
+        connect(
+            Manager::Tcp,
+            addr,
+            &ConnectSpec::new(&c.pd, &c.cq, &cfg)
+                .private_data(b"hi")
+                .timeout(WAIT),
+        )
+        .map(|conn| conn.qp.qpn())
     });
     let req = listener.get_request(Duration::from_secs(5)).unwrap();
     assert_eq!(req.private_data(), b"hi");
@@ -245,12 +251,9 @@ fn dial_pool(
     connect(
         Manager::from(&n.pd),
         addr,
-        &n.pd,
-        &n.cq,
-        &n.cq,
-        &config(),
-        hello,
-        WAIT,
+        &ConnectSpec::new(&n.pd, &n.cq, &config())
+            .private_data(hello)
+            .timeout(WAIT),
     )
 }
 

@@ -214,12 +214,9 @@ impl TwoSidedClient {
         let c = conn::connect(
             Manager::from(&pd),
             addr,
-            &pd,
-            &cq,
-            &cq,
-            &QpConfig::default(),
-            b"two-sided",
-            WAIT,
+            &conn::ConnectSpec::new(&pd, &cq, &QpConfig::default())
+                .private_data(b"two-sided")
+                .timeout(WAIT),
         )?;
         let mr = pd.alloc_mr(2 * MSG, AccessFlags::LOCAL_WRITE)?;
         Ok(Self {

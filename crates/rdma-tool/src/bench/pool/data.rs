@@ -55,12 +55,9 @@ pub(super) fn data_rows(
     let c = conn::connect(
         Manager::from(&raw_pd),
         server.addr(),
-        &raw_pd,
-        &raw_cq,
-        &raw_cq,
-        &QpConfig::default(),
-        &hello,
-        WAIT,
+        &conn::ConnectSpec::new(&raw_pd, &raw_cq, &QpConfig::default())
+            .private_data(&hello)
+            .timeout(WAIT),
     )?;
     let desc = PoolDescriptor::decode(&c.private_data)?;
     let raw = Bench {

@@ -43,12 +43,9 @@ impl Shared {
             let dial = conn::connect(
                 Manager::from(&self.pd),
                 addr,
-                &self.pd,
-                &cq,
-                &cq,
-                &QpConfig::default(),
-                &hello,
-                left.max(Duration::from_millis(1)),
+                &conn::ConnectSpec::new(&self.pd, &cq, &QpConfig::default())
+                    .private_data(&hello)
+                    .timeout(left.max(Duration::from_millis(1))),
             );
             match dial {
                 Err(Error::Core(crate::CoreError::Rejected { private_data, .. }))

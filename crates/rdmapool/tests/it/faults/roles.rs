@@ -266,12 +266,7 @@ pub fn workload() {
                     let r = connect(
                         &pd,
                         c.addr,
-                        &pd,
-                        &cq,
-                        &cq,
-                        &qp_config(),
-                        b"",
-                        Duration::from_secs(5),
+                        &ConnectSpec::new(&pd, &cq, &qp_config()).timeout(Duration::from_secs(5)),
                     );
                     if let Some(conn) = t.ok("connect", r) {
                         let remote = RemoteRegion::from_bytes(&conn.private_data).unwrap();
