@@ -5,7 +5,8 @@
 //! (no NIC), and the verbs provider (crate `rdmapool-verbs`) drives real hardware. [`devices`]
 //! lists the providers and their devices, and [`fabric::Context::open`] opens one. On them:
 //! registration, buffer pools, the progress engine, connections and the remote memory pool
-//! (crate `rdmapool-pool`), and the replicated object store, [`store`] (crate
+//! (crate `rdmapool-pool`; its etcd membership, crate `rdmapool-etcd`, with the feature
+//! `etcd`), and the replicated object store, [`store`] (crate
 //! `rdmapool-store`), which reaches the pool only through its public seam,
 //! [`remote::regions`]. This crate is the facade: every path is re-exported from the crate
 //! that holds it (docs/ARCHITECTURE.md).
@@ -35,6 +36,23 @@
 #![warn(missing_docs)]
 
 pub use rdmapool_pool::*;
+
+/// The remote memory pool (crate `rdmapool-pool`), with its etcd membership (crate
+/// `rdmapool-etcd`, feature `etcd`).
+#[cfg(not(loom))]
+pub mod remote {
+    pub use rdmapool_pool::remote::*;
+    /// Cluster membership on etcd (crate `rdmapool-etcd`).
+    #[cfg(feature = "etcd")]
+    pub mod etcd {
+        pub use rdmapool_etcd::*;
+    }
+    #[cfg(feature = "etcd")]
+    pub use rdmapool_etcd::{
+        EtcdConfig, EtcdCredentials, EtcdElection, EtcdFollower, EtcdMember, EtcdMembership,
+        EtcdRegistration, EtcdTls, FollowerStats,
+    };
+}
 
 /// The replicated object store (crate `rdmapool-store`; docs/STORE.md).
 #[cfg(not(loom))]

@@ -44,8 +44,6 @@
 pub(crate) mod client;
 pub use client::regions;
 pub(crate) mod descriptor;
-#[cfg(feature = "etcd")]
-pub mod etcd;
 pub(crate) mod hello;
 pub mod isolation;
 pub mod layout;
@@ -58,11 +56,6 @@ pub(crate) mod sweep;
 pub use crate::metrics::ServerStats;
 pub use client::{BatchOutcome, ClientConfig, NodeStats, PoolBatch, PoolClient, DEPARTED_MEMORY};
 pub use descriptor::{PoolDescriptor, DESCRIPTOR_LEN};
-#[cfg(feature = "etcd")]
-pub use etcd::{
-    EtcdConfig, EtcdCredentials, EtcdElection, EtcdFollower, EtcdMember, EtcdMembership,
-    EtcdRegistration, EtcdTls, FollowerStats,
-};
 pub use hello::{
     client_key, client_key_text, ClientHello, HELLO_LEN, MAX_CLOCK_SKEW, MAX_REMEMBERED_HELLOS,
     PROVEN_HELLO_LEN,

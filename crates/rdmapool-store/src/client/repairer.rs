@@ -14,7 +14,7 @@
 //! memory of them lives as long as the [`Repairer`]'s store).
 //!
 //! Where the cluster uses etcd, [`Repairer::start_elected`] elects the repairer through an
-//! etcd lease instead ([`EtcdElection`](rdmapool_pool::remote::EtcdElection), role
+//! etcd lease instead ([`EtcdElection`](rdmapool_etcd::EtcdElection), role
 //! `store-repairer`): one client at a time holds it, the next takes over one TTL after the
 //! holder stops renewing, and no client needs to agree with another about which member is
 //! the lowest up. The elected repairer also changes the store's view as etcd's
@@ -63,7 +63,7 @@ enum Election {
     Word,
     /// An etcd lease.
     #[cfg(feature = "etcd")]
-    Etcd(rdmapool_pool::remote::EtcdElection),
+    Etcd(rdmapool_etcd::EtcdElection),
 }
 
 impl Election {
@@ -115,7 +115,7 @@ pub const VIEW_KEY: &str = "store/view";
 #[cfg(feature = "etcd")]
 fn view_from_etcd(
     store: &Store,
-    election: &rdmapool_pool::remote::EtcdElection,
+    election: &rdmapool_etcd::EtcdElection,
 ) -> Result<Option<(View, RepairReport)>> {
     let known = store.pool.regions().members();
     if known.nodes.is_empty() || known.nodes.iter().any(|n| n.isolated) {
@@ -171,7 +171,7 @@ impl Repairer {
 
     /// Like [`Repairer::start`], with the repairer elected through etcd (`cfg`, role
     /// `store-repairer`, candidate this client's id) instead of the repairer word: for a
-    /// store whose servers come from an [`EtcdMembership`](rdmapool_pool::remote::EtcdMembership).
+    /// store whose servers come from an [`EtcdMembership`](rdmapool_etcd::EtcdMembership).
     ///
     /// The elected repairer is also the store's **view changer** (docs/STORE.md section 4):
     /// whenever the members etcd lists (the servers whose leases live, that this client has
@@ -187,13 +187,10 @@ impl Repairer {
     pub fn start_elected(
         store: Arc<Store>,
         every: Duration,
-        cfg: &rdmapool_pool::remote::EtcdConfig,
+        cfg: &rdmapool_etcd::EtcdConfig,
     ) -> Result<Self> {
-        let election = rdmapool_pool::remote::EtcdElection::new(
-            cfg,
-            "store-repairer",
-            store.pool.client_id(),
-        )?;
+        let election =
+            rdmapool_etcd::EtcdElection::new(cfg, "store-repairer", store.pool.client_id())?;
         Self::spawn(store, every, Election::Etcd(election))
     }
 

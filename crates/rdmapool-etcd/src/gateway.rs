@@ -2,10 +2,10 @@
 //! stream, as an etcd user when credentials are given.
 
 use super::*;
-use crate::{Error, Result};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use parking_lot::Mutex;
+use rdmapool_pool::{Error, Result};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -63,7 +63,7 @@ fn tls_config(tls: &EtcdTls) -> Result<ureq::tls::TlsConfig> {
     use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
     let read = |path: &std::path::Path, what: &str| {
         std::fs::read(path).map_err(|e| {
-            Error::Core(crate::CoreError::BadKey {
+            Error::Core(rdmapool_pool::CoreError::BadKey {
                 what: format!("etcd TLS {what} {}", path.display()),
                 reason: e.to_string(),
             })
@@ -77,7 +77,7 @@ fn tls_config(tls: &EtcdTls) -> Result<ureq::tls::TlsConfig> {
                 Ok(PemItem::Certificate(c)) => out.push(c),
                 Ok(_) => {}
                 Err(e) => {
-                    return Err(Error::Core(crate::CoreError::BadKey {
+                    return Err(Error::Core(rdmapool_pool::CoreError::BadKey {
                         what: format!("etcd TLS {what} {}", path.display()),
                         reason: e.to_string(),
                     }))
@@ -85,7 +85,7 @@ fn tls_config(tls: &EtcdTls) -> Result<ureq::tls::TlsConfig> {
             }
         }
         if out.is_empty() {
-            return Err(Error::Core(crate::CoreError::BadKey {
+            return Err(Error::Core(rdmapool_pool::CoreError::BadKey {
                 what: format!("etcd TLS {what} {}", path.display()),
                 reason: "no PEM certificate in it".into(),
             }));
@@ -98,16 +98,16 @@ fn tls_config(tls: &EtcdTls) -> Result<ureq::tls::TlsConfig> {
     }
     if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
         // The key first: one that others can read is refused whatever the certificate.
-        let pem = crate::fabric::read_private_file(key, "etcd TLS key file")?;
+        let pem = rdmapool_pool::fabric::read_private_file(key, "etcd TLS key file")?;
         let chain = certs(cert, "certificate file")?;
         let key = PrivateKey::from_pem(&pem).map_err(|e| {
-            Error::Core(crate::CoreError::BadKey {
+            Error::Core(rdmapool_pool::CoreError::BadKey {
                 what: format!("etcd TLS key file {}", key.display()),
                 reason: e.to_string(),
             })
         })?;
         check_client_cert(&chain, &pem).map_err(|e| {
-            Error::Core(crate::CoreError::BadKey {
+            Error::Core(rdmapool_pool::CoreError::BadKey {
                 what: format!(
                     "etcd TLS certificate file {} with key file {}",
                     cert.display(),
@@ -162,7 +162,7 @@ pub(super) fn b64(s: &str) -> String {
 }
 
 pub(super) fn malformed(reason: impl Into<String>) -> Error {
-    Error::Core(crate::CoreError::Malformed {
+    Error::Core(rdmapool_pool::CoreError::Malformed {
         what: "etcd response",
         reason: reason.into(),
     })
@@ -352,7 +352,7 @@ impl Gateway {
                         reason: format!("etcd answered {status}: {message}"),
                     }
                 } else {
-                    Error::Core(crate::CoreError::Connection {
+                    Error::Core(rdmapool_pool::CoreError::Connection {
                         peer: url,
                         reason: format!("etcd answered {status}: {message}"),
                     })
@@ -371,7 +371,7 @@ impl Gateway {
                 } else {
                     ""
                 };
-                Error::Core(crate::CoreError::Connection {
+                Error::Core(rdmapool_pool::CoreError::Connection {
                     peer: self.endpoints.join(","),
                     reason: format!("no etcd endpoint answered: {}{hint}", reasons.join("; ")),
                 })
@@ -410,7 +410,7 @@ impl Gateway {
     pub(super) fn revoke(&self, lease: i64) -> Result<()> {
         match self.call("/v3/lease/revoke", &json!({ "ID": lease.to_string() })) {
             // Already gone (expired): what revoking wanted.
-            Err(Error::Core(crate::CoreError::Connection { reason, .. }))
+            Err(Error::Core(rdmapool_pool::CoreError::Connection { reason, .. }))
                 if reason.contains("not found") =>
             {
                 Ok(())

@@ -2,7 +2,7 @@
 
 use super::gateway::*;
 use super::*;
-use crate::{Error, Result};
+use rdmapool_pool::{Error, Result};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -28,7 +28,7 @@ impl EtcdRegistration {
     /// routable address, not `0.0.0.0`.
     pub fn register(cfg: &EtcdConfig, node: u32, addr: SocketAddr) -> Result<Self> {
         if addr.ip().is_unspecified() || addr.port() == 0 {
-            return Err(Error::Core(crate::CoreError::BadSetting {
+            return Err(Error::Core(rdmapool_pool::CoreError::BadSetting {
                 name: "address registered in etcd".into(),
                 value: addr.to_string(),
                 reason: "clients need a routable ip and a port".into(),
@@ -57,7 +57,7 @@ impl EtcdRegistration {
             .name("rdmapool-etcd-lease".into())
             .spawn(move || keep_alive_loop(&g, &l, &s, &r, &k, &value, ttl))
             .map_err(|e| {
-                Error::Core(crate::CoreError::Sys {
+                Error::Core(rdmapool_pool::CoreError::Sys {
                     call: "spawn",
                     source: e,
                 })

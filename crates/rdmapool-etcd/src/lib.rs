@@ -1,4 +1,5 @@
-//! Cluster membership on etcd (feature `etcd`): memory servers register themselves under a
+//! Cluster membership on etcd (crate `rdmapool-etcd`; in `rdmapool` as `rdmapool::remote`'s
+//! etcd items, feature `etcd`): memory servers register themselves under a
 //! key prefix with a lease they keep alive, clients follow the prefix and connect to servers
 //! that join and drop those that leave. Only addresses travel through etcd: a server's pool
 //! descriptor still comes from the connection to it.
@@ -7,9 +8,9 @@
 //!   under it, and renews it from a thread (every third of the TTL). Dropping it revokes the
 //!   lease, so the key goes at once; a server that dies without dropping it (a crash, or
 //!   [`EtcdRegistration::abandon`]) loses the key when the lease runs out, one TTL later.
-//! - [`EtcdMembership`] (client side) is a [`Membership`](crate::remote::Membership) listing the servers registered
+//! - [`EtcdMembership`] (client side) is a [`Membership`](rdmapool_pool::remote::Membership) listing the servers registered
 //!   now, and [`EtcdMembership::follow`] starts an [`EtcdFollower`]: a thread that watches
-//!   the prefix and calls [`PoolClient::add_server`](crate::remote::PoolClient::add_server) / [`PoolClient::remove_server`](crate::remote::PoolClient::remove_server) as keys
+//!   the prefix and calls [`PoolClient::add_server`](rdmapool_pool::remote::PoolClient::add_server) / [`PoolClient::remove_server`](rdmapool_pool::remote::PoolClient::remove_server) as keys
 //!   appear and disappear.
 //! - [`EtcdElection`] elects one holder of a role at a time under `<prefix>/elections/`
 //!   (the store's background repairer, `rdmapool::store::Repairer::start_elected`).
@@ -25,6 +26,7 @@
 //! follower lists the prefix again and reconciles.
 //!
 //! ```no_run
+//! use rdmapool_etcd::*;
 //! use rdmapool_pool::fabric::*;
 //! use rdmapool_pool::remote::*;
 //! use std::sync::Arc;
@@ -42,6 +44,8 @@
 //! # drop((reg, follower)); Ok(()) }
 //! ```
 
+#![warn(missing_docs)]
+
 mod election;
 mod follower;
 mod gateway;
@@ -51,7 +55,7 @@ pub use election::EtcdElection;
 pub use follower::{EtcdFollower, EtcdMember, EtcdMembership, FollowerStats};
 pub use registration::EtcdRegistration;
 
-use crate::{Error, Result};
+use rdmapool_pool::{Error, Result};
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -114,7 +118,7 @@ impl EtcdCredentials {
     /// This user and password (neither may be empty).
     pub fn new(user: &str, password: &str) -> Result<Self> {
         if user.is_empty() || password.is_empty() {
-            return Err(Error::Core(crate::CoreError::BadSetting {
+            return Err(Error::Core(rdmapool_pool::CoreError::BadSetting {
                 name: "etcd credentials".into(),
                 value: user.into(),
                 reason: "need a user name and a password".into(),
@@ -129,9 +133,9 @@ impl EtcdCredentials {
     /// This user, with the password in a file (its first line). The file must be private
     /// to its owner (`chmod 600`), as key files are.
     pub fn with_password_file(user: &str, path: &std::path::Path) -> Result<Self> {
-        let raw = crate::fabric::read_private_file(path, "etcd password file")?;
+        let raw = rdmapool_pool::fabric::read_private_file(path, "etcd password file")?;
         let text = String::from_utf8(raw).map_err(|_| {
-            Error::Core(crate::CoreError::BadKey {
+            Error::Core(rdmapool_pool::CoreError::BadKey {
                 what: format!("etcd password file {}", path.display()),
                 reason: "not UTF-8".into(),
             })
@@ -139,7 +143,7 @@ impl EtcdCredentials {
         Self::new(user, text.lines().next().unwrap_or("").trim_end())
     }
 
-    pub(super) fn password(&self) -> &str {
+    pub(crate) fn password(&self) -> &str {
         &self.password
     }
 }
@@ -170,7 +174,7 @@ impl EtcdConfig {
 
     fn check(&self) -> Result<()> {
         if self.endpoints.is_empty() {
-            return Err(Error::Core(crate::CoreError::BadSetting {
+            return Err(Error::Core(rdmapool_pool::CoreError::BadSetting {
                 name: "etcd endpoints".into(),
                 value: String::new(),
                 reason: "no etcd endpoint given".into(),
@@ -188,14 +192,14 @@ impl EtcdConfig {
                     }
                 }
                 (Some("http"), Some(_)) => {
-                    return Err(Error::Core(crate::CoreError::BadSetting {
+                    return Err(Error::Core(rdmapool_pool::CoreError::BadSetting {
                         name: "etcd endpoint".into(),
                         value: e.clone(),
                         reason: "TLS is configured, so want https://host:port".into(),
                     }))
                 }
                 _ => {
-                    return Err(Error::Core(crate::CoreError::BadSetting {
+                    return Err(Error::Core(rdmapool_pool::CoreError::BadSetting {
                         name: "etcd endpoint".into(),
                         value: e.clone(),
                         reason: "want http://host:port or https://host:port (etcd's JSON \
@@ -207,7 +211,7 @@ impl EtcdConfig {
         }
         if let Some(tls) = &self.tls {
             if tls.cert_file.is_some() != tls.key_file.is_some() {
-                return Err(Error::Core(crate::CoreError::BadSetting {
+                return Err(Error::Core(rdmapool_pool::CoreError::BadSetting {
                     name: "etcd TLS".into(),
                     value: format!("cert_file {:?}, key_file {:?}", tls.cert_file, tls.key_file),
                     reason: "a client certificate needs its key file, and a key its certificate"
@@ -216,14 +220,14 @@ impl EtcdConfig {
             }
         }
         if self.prefix.trim_end_matches('/').is_empty() {
-            return Err(Error::Core(crate::CoreError::BadSetting {
+            return Err(Error::Core(rdmapool_pool::CoreError::BadSetting {
                 name: "etcd key prefix".into(),
                 value: self.prefix.clone(),
                 reason: "must not be empty".into(),
             }));
         }
         if self.ttl < Duration::from_secs(1) {
-            return Err(Error::Core(crate::CoreError::OutOfLimits {
+            return Err(Error::Core(rdmapool_pool::CoreError::OutOfLimits {
                 what: "etcd lease TTL (ms)",
                 value: self.ttl.as_millis() as u64,
                 min: 1000,
@@ -231,7 +235,7 @@ impl EtcdConfig {
             }));
         }
         if self.request_timeout.is_zero() || self.watch_idle.is_zero() {
-            return Err(Error::Core(crate::CoreError::BadSetting {
+            return Err(Error::Core(rdmapool_pool::CoreError::BadSetting {
                 name: "etcd request timeout and watch idle time".into(),
                 value: format!("{:?}, {:?}", self.request_timeout, self.watch_idle),
                 reason: "must be non-zero".into(),
@@ -255,7 +259,7 @@ mod tests {
     use super::follower::*;
     use super::gateway::*;
     use super::*;
-    use crate::remote::Membership;
+    use rdmapool_pool::remote::Membership;
     use serde_json::{json, Value};
     use std::collections::BTreeMap;
 
@@ -276,18 +280,18 @@ mod tests {
         let mut cfg = EtcdConfig::new(vec![], "/p");
         assert!(matches!(
             cfg.check(),
-            Err(Error::Core(crate::CoreError::BadSetting { .. }))
+            Err(Error::Core(rdmapool_pool::CoreError::BadSetting { .. }))
         ));
         cfg.endpoints = vec!["ftp://x:1".into()];
         assert!(
-            matches!(cfg.check(), Err(Error::Core(crate::CoreError::BadSetting { value, .. })) if value == "ftp://x:1")
+            matches!(cfg.check(), Err(Error::Core(rdmapool_pool::CoreError::BadSetting { value, .. })) if value == "ftp://x:1")
         );
         cfg.endpoints = vec!["https://x:1".into()];
         assert!(cfg.check().is_ok());
         cfg.endpoints = vec!["http://x:1".into()];
         cfg.tls = Some(EtcdTls::default());
         assert!(
-            matches!(cfg.check(), Err(Error::Core(crate::CoreError::BadSetting { reason, .. })) if reason.contains("https://")),
+            matches!(cfg.check(), Err(Error::Core(rdmapool_pool::CoreError::BadSetting { reason, .. })) if reason.contains("https://")),
             "TLS with a plain-HTTP endpoint is a mistake, not a downgrade"
         );
         cfg.tls = Some(EtcdTls {
@@ -296,7 +300,7 @@ mod tests {
         });
         cfg.endpoints = vec!["https://x:1".into()];
         assert!(
-            matches!(cfg.check(), Err(Error::Core(crate::CoreError::BadSetting { reason, .. })) if reason.contains("key"))
+            matches!(cfg.check(), Err(Error::Core(rdmapool_pool::CoreError::BadSetting { reason, .. })) if reason.contains("key"))
         );
         cfg.tls = None;
         cfg.endpoints = vec!["http://x:1".into()];
@@ -309,7 +313,7 @@ mod tests {
         cfg.ttl = Duration::from_millis(10);
         assert!(matches!(
             cfg.check(),
-            Err(Error::Core(crate::CoreError::OutOfLimits {
+            Err(Error::Core(rdmapool_pool::CoreError::OutOfLimits {
                 value: 10,
                 min: 1000,
                 ..
@@ -319,7 +323,7 @@ mod tests {
         cfg.prefix = "/".into();
         assert!(matches!(
             cfg.check(),
-            Err(Error::Core(crate::CoreError::BadSetting { .. }))
+            Err(Error::Core(rdmapool_pool::CoreError::BadSetting { .. }))
         ));
     }
 
@@ -373,7 +377,7 @@ mod tests {
         assert_eq!(int(&v, "missing").unwrap(), 0);
         assert!(matches!(
             int(&v, "c"),
-            Err(Error::Core(crate::CoreError::Malformed { .. }))
+            Err(Error::Core(rdmapool_pool::CoreError::Malformed { .. }))
         ));
     }
 
@@ -385,7 +389,7 @@ mod tests {
         let m = EtcdMembership::new(&cfg).unwrap();
         assert!(matches!(
             m.servers(),
-            Err(Error::Core(crate::CoreError::Connection { .. }))
+            Err(Error::Core(rdmapool_pool::CoreError::Connection { .. }))
         ));
     }
 }

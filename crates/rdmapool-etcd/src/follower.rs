@@ -2,10 +2,10 @@
 
 use super::gateway::*;
 use super::*;
-use crate::remote::client::PoolClient;
-use crate::remote::membership::Membership;
-use crate::{Error, Result};
 use parking_lot::Mutex;
+use rdmapool_pool::remote::Membership;
+use rdmapool_pool::remote::PoolClient;
+use rdmapool_pool::{Error, Result};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::BufReader;
@@ -91,7 +91,7 @@ impl EtcdMembership {
             .name("rdmapool-etcd-follow".into())
             .spawn(move || f.run(&s))
             .map_err(|e| {
-                Error::Core(crate::CoreError::Sys {
+                Error::Core(rdmapool_pool::CoreError::Sys {
                     call: "spawn",
                     source: e,
                 })
@@ -362,7 +362,7 @@ impl Follow {
         self.dials.retain(|d| !d.is_finished());
         for e in todo {
             let (client, state) = (self.client.clone(), self.state.clone());
-            let dial = crate::util::spawn_named("rdmapool-etcd-dial", move || {
+            let dial = rdmapool_core::util::spawn_named("rdmapool-etcd-dial", move || {
                 let r = client.add_server(e.member.addr);
                 joined(&state, e, r);
             });

@@ -13,8 +13,8 @@
 
 use super::gateway::{b64, int, malformed, text, Gateway};
 use super::EtcdConfig;
-use crate::Result;
 use parking_lot::Mutex;
+use rdmapool_pool::Result;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -41,28 +41,34 @@ impl EtcdElection {
     /// Nothing is asked of etcd until [`EtcdElection::lead`].
     ///
     /// # Errors
-    /// A bad config ([`CoreError::BadSetting`](crate::CoreError::BadSetting)), or a role name
-    /// that is empty or holds `/`; [`Error::Sys`](crate::Error) when the renewal thread
+    /// A bad config ([`CoreError::BadSetting`](rdmapool_pool::CoreError::BadSetting)), or a role name
+    /// that is empty or holds `/`; [`Error::Sys`](rdmapool_pool::Error) when the renewal thread
     /// cannot start.
     pub fn new(cfg: &EtcdConfig, role: &str, candidate: u64) -> Result<Self> {
         if role.is_empty() || role.contains('/') {
-            return Err(crate::Error::Core(crate::CoreError::BadSetting {
-                name: "etcd election role".into(),
-                value: role.into(),
-                reason: "a non-empty name without '/'".into(),
-            }));
+            return Err(rdmapool_pool::Error::Core(
+                rdmapool_pool::CoreError::BadSetting {
+                    name: "etcd election role".into(),
+                    value: role.into(),
+                    reason: "a non-empty name without '/'".into(),
+                },
+            ));
         }
         let gateway = Arc::new(Gateway::new(cfg)?);
         let lease = Arc::new(Mutex::new(0i64));
         let stop = Arc::new(AtomicBool::new(false));
         let (g, l, s, ttl) = (gateway.clone(), lease.clone(), stop.clone(), cfg.ttl);
-        let thread =
-            crate::util::spawn_named("rdmapool-etcd-elect", move || renew_loop(&g, &l, &s, ttl))?;
+        let thread = rdmapool_core::util::spawn_named("rdmapool-etcd-elect", move || {
+            renew_loop(&g, &l, &s, ttl)
+        })?;
         Ok(Self {
             gateway,
             dir: cfg.dir(),
             key: format!("{}elections/{role}", cfg.dir()),
-            value: format!("{candidate}:{:016x}", crate::util::random_nonzero()?),
+            value: format!(
+                "{candidate}:{:016x}",
+                rdmapool_core::util::random_nonzero()?
+            ),
             ttl: cfg.ttl,
             lease,
             stop,
@@ -94,9 +100,10 @@ impl EtcdElection {
         );
         let v = match v {
             // The lease expired since the renewal thread last saw it: campaign afresh.
-            Err(crate::Error::Core(crate::CoreError::Connection { reason, .. }))
-                if reason.contains("lease not found") =>
-            {
+            Err(rdmapool_pool::Error::Core(rdmapool_pool::CoreError::Connection {
+                reason,
+                ..
+            })) if reason.contains("lease not found") => {
                 *self.lease.lock() = 0;
                 return Ok(false);
             }
@@ -118,11 +125,13 @@ impl EtcdElection {
     /// As [`EtcdElection::lead`]; a `key` that is empty.
     pub fn put_if_leading(&self, key: &str, value: &str) -> Result<Option<i64>> {
         if key.is_empty() {
-            return Err(crate::Error::Core(crate::CoreError::BadSetting {
-                name: "etcd key under the prefix".into(),
-                value: String::new(),
-                reason: "a non-empty key".into(),
-            }));
+            return Err(rdmapool_pool::Error::Core(
+                rdmapool_pool::CoreError::BadSetting {
+                    name: "etcd key under the prefix".into(),
+                    value: String::new(),
+                    reason: "a non-empty key".into(),
+                },
+            ));
         }
         let target = format!("{}{key}", self.dir);
         let v = self.gateway.call(
