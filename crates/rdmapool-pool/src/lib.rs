@@ -41,6 +41,7 @@ pub mod fabric;
 #[cfg(all(feature = "fuzzing", not(loom)))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod loom;
 pub mod metrics;
 pub mod mr;
 mod providers;

@@ -2,12 +2,9 @@
 //! Idle or Posted. Every transition is one compare-and-swap, so exactly one of a racing
 //! "complete" and "cancel" wins, and the loser knows it lost (a completion that loses to a
 //! cancel deregisters what it registered). Checked exhaustively with loom
-//! (`RUSTFLAGS="--cfg loom" cargo test -p rdmapool --release --lib mr::state`).
+//! (`RUSTFLAGS="--cfg loom" cargo test -p rdmapool-pool --release --lib mr::state`).
 
-#[cfg(loom)]
-use loom::sync::atomic::{AtomicU8, Ordering};
-#[cfg(not(loom))]
-use std::sync::atomic::{AtomicU8, Ordering};
+use crate::loom::sync::atomic::{AtomicU8, Ordering};
 
 /// Where a registration request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

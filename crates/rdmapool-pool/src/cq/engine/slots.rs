@@ -8,79 +8,15 @@
 //! operations that waited on one. The parts that race — the hot-slot exchange, the waiters'
 //! store-fence-load handshake, a completion against an abandoning drop, stale completions of
 //! an earlier generation — are checked with loom
-//! (`RUSTFLAGS="--cfg loom" cargo test -p rdmapool --release --lib cq::engine::slots`).
+//! (`RUSTFLAGS="--cfg loom" cargo test -p rdmapool-pool --release --lib cq::engine::slots`).
 
 use crate::fabric::{Completion, WcStatus};
 use crate::{Error, Result};
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
-#[cfg(loom)]
-use loom::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
-#[cfg(not(loom))]
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
-
-/// The locks, and the free list, as loom sees them (the model checker must see every
-/// synchronising access; outside loom they are parking_lot and a lock-free queue).
-#[cfg(not(loom))]
-mod sync {
-    pub(super) use parking_lot::{Mutex, MutexGuard};
-
-    #[inline]
-    pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-        m.lock()
-    }
-
-    /// The free slots: a bounded lock-free queue.
-    pub(super) struct FreeList(crossbeam_queue::ArrayQueue<u32>);
-
-    impl FreeList {
-        pub(super) fn new(cap: usize) -> Self {
-            Self(crossbeam_queue::ArrayQueue::new(cap))
-        }
-        #[inline]
-        pub(super) fn push(&self, i: u32) {
-            // Never full: it holds at most every slot once.
-            let _ = self.0.push(i);
-        }
-        #[inline]
-        pub(super) fn pop(&self) -> Option<u32> {
-            self.0.pop()
-        }
-        pub(super) fn len(&self) -> usize {
-            self.0.len()
-        }
-    }
-}
-
-#[cfg(loom)]
-mod sync {
-    pub(super) use loom::sync::{Mutex, MutexGuard};
-
-    pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-        m.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The free slots, behind a loom lock (the queue's own atomics are not loom's).
-    pub(super) struct FreeList(Mutex<Vec<u32>>);
-
-    impl FreeList {
-        pub(super) fn new(cap: usize) -> Self {
-            Self(Mutex::new(Vec::with_capacity(cap)))
-        }
-        pub(super) fn push(&self, i: u32) {
-            lock(&self.0).push(i);
-        }
-        pub(super) fn pop(&self) -> Option<u32> {
-            lock(&self.0).pop()
-        }
-        pub(super) fn len(&self) -> usize {
-            lock(&self.0).len()
-        }
-    }
-}
-
-use sync::{lock, FreeList, Mutex, MutexGuard};
+use crate::loom::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
+use crate::loom::sync::{lock, BoundedQueue as FreeList, Mutex, MutexGuard};
 
 /// Where completions come from (a CQ, or a fake one in tests).
 pub(crate) trait CompletionSource {

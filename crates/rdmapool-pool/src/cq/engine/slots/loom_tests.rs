@@ -1,5 +1,5 @@
 //! Every interleaving (up to loom's bounds) of the slot table's races:
-//! `RUSTFLAGS="--cfg loom" cargo test -p rdmapool --release --lib cq::engine::slots`.
+//! `RUSTFLAGS="--cfg loom" cargo test -p rdmapool-pool --release --lib cq::engine::slots`.
 
 use super::*;
 use crate::fabric::WcOpcode;
