@@ -28,7 +28,7 @@ impl Store {
     /// # Errors
     /// Per key, as [`Store::get`].
     pub async fn get_many(&self, keys: &[&[u8]]) -> Vec<Result<Option<Vec<u8>>>> {
-        for _ in 0..super::write::VIEW_ROUNDS {
+        for _ in 0..super::put::VIEW_ROUNDS {
             let number = match self.placing_view().await {
                 Ok(v) => v.number,
                 Err(_) => {
@@ -53,7 +53,7 @@ impl Store {
             .map(|_| {
                 Err(Error::Contended {
                     what: "store get_many across view changes",
-                    rounds: super::write::VIEW_ROUNDS,
+                    rounds: super::put::VIEW_ROUNDS,
                 })
             })
             .collect()

@@ -1,18 +1,118 @@
-//! The put path of [`Store`]: the `Put` machine's steps performed on the pool, each step's
-//! operations on every node at once, and what a finished or failed put leaves to free.
+//! Put and remove ([`Store::put`], [`Store::put_with`], [`Store::put_from`],
+//! [`Store::remove`]): the value's source (bytes, or the caller's registered memory, WRITten
+//! from where it is), the `Put` machine's steps performed on the pool, each step's
+//! operations on every node at once, the fence check after them and the put made anew under
+//! a newer view, and what a finished or failed put leaves to free.
 
-use super::{incarnation, Source, Store};
-use crate::format::Kind;
+use super::{check_user_key, incarnation, Store};
+use crate::format::{block_len, Kind, ValueDigest, Version};
 use crate::lookup::Replica;
 use crate::put::{Put, PutDone, PutStep, Reply};
 use futures_util::future::join_all;
-use rdmapool_pool::{Error, Result};
+use rdmapool_pool::fabric::{Mr, RegisteredMemory, Shared};
+use rdmapool_pool::{CoreError, Error, Result};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// Puts made anew after finding the view changed under them, before giving up.
 pub(super) const VIEW_ROUNDS: u32 = 8;
 
 impl Store {
+    /// Stores `value` under `key` (a new version; replicas on the key's servers). Returns
+    /// the version written.
+    ///
+    /// # Errors
+    /// [`CoreError::OutOfLimits`](rdmapool_pool::CoreError::OutOfLimits) for an empty or too long
+    /// key or value (nothing is written), [`Error::NotEnoughReplicas`] when fewer servers are
+    /// live than replicas are asked for, [`Error::NodeDown`] when a replica failed (the
+    /// version may then be visible on the key's first replica), [`Error::IndexFull`],
+    /// [`Error::Contended`], [`Error::RemoteExhausted`] when a replica has no room, even
+    /// after waiting (once, at most a grace period) for the blocks this client replaced to
+    /// come free.
+    pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<Version> {
+        self.put_with(key, value, self.cfg.replicas).await
+    }
+
+    /// [`Store::put`] with `replicas` copies of this version instead of the store's
+    /// [`StoreConfig::replicas`] (a get reads as many replicas as the store is configured
+    /// for, so a version put with fewer survives fewer failures).
+    ///
+    /// # Errors
+    /// As [`Store::put`]; [`CoreError::OutOfLimits`](rdmapool_pool::CoreError::OutOfLimits) for 0
+    /// replicas.
+    pub async fn put_with(&self, key: &[u8], value: &[u8], replicas: usize) -> Result<Version> {
+        self.put_source(key, Source::Bytes(value), replicas).await
+    }
+
+    /// Removes `key`; `false` if no replica held it.
+    ///
+    /// # Errors
+    /// As [`Store::put`].
+    pub async fn remove(&self, key: &[u8]) -> Result<bool> {
+        check_user_key(key, 1)?;
+        let done = self
+            .write(key, Source::Bytes(b""), Kind::Tombstone, self.cfg.replicas)
+            .await?;
+        let removed = done.version.is_some();
+        if removed {
+            self.counters.removes.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(removed)
+    }
+
+    /// [`Store::put`] of the bytes of `value`, a registered view (e.g.
+    /// [`Mr::share`]/[`Mr::share_range`] of a region of this client's protection domain):
+    /// every replica's block (or every part, for a striped value) is WRITten straight from
+    /// `value`'s memory, with no copy on this host; the CPU reads the bytes once, for the
+    /// checksum. `value` must not change until the put returns.
+    ///
+    /// # Errors
+    /// As [`Store::put`].
+    pub async fn put_from(&self, key: &[u8], value: &Mr<Shared>) -> Result<Version> {
+        self.put_source(key, Source::Mr(value), self.cfg.replicas)
+            .await
+    }
+
+    /// [`Store::put_with`] from a source.
+    async fn put_source(&self, key: &[u8], value: Source<'_>, replicas: usize) -> Result<Version> {
+        check_user_key(key, value.len())?;
+        if replicas == 0 {
+            return Err(Error::Core(CoreError::OutOfLimits {
+                what: "store replicas",
+                value: 0,
+                min: 1,
+                max: u64::MAX,
+            }));
+        }
+        let mut waited = false;
+        let version = loop {
+            let put = if block_len(key, value.len()) > self.block_limit() {
+                self.put_striped(key, value, replicas).await
+            } else {
+                match self.write(key, value, Kind::Value, replicas).await {
+                    Ok(done) => done
+                        .version
+                        .ok_or_else(|| self.damaged(key, "a put ended without a version")),
+                    Err(e) => Err(e),
+                }
+            };
+            // Backpressure: no room, but blocks this client replaced wait out their grace
+            // period. Wait for them (at most one grace period), free them, try once more.
+            if let Err(Error::RemoteExhausted { .. }) = &put {
+                if let (false, Some(due)) = (waited, self.retired_due()) {
+                    waited = true;
+                    self.counters.waits_for_room.fetch_add(1, Ordering::Relaxed);
+                    self.pool.regions().sleep_until(due).await;
+                    self.flush_retired().await;
+                    continue;
+                }
+            }
+            break put?;
+        };
+        self.counters.puts.fetch_add(1, Ordering::Relaxed);
+        Ok(version)
+    }
+
     pub(super) async fn write(
         &self,
         key: &[u8],
@@ -304,4 +404,43 @@ fn allocated(nodes: &[u32], offsets: &[Result<Option<u64>>]) -> Vec<(u32, u64)> 
         .zip(offsets)
         .filter_map(|(&n, o)| o.as_ref().ok().copied().flatten().map(|a| (n, a)))
         .collect()
+}
+
+/// A value to put: bytes (copied through a staging buffer), or a registered view whose
+/// bytes are WRITten straight from its memory.
+#[derive(Clone, Copy)]
+pub(crate) enum Source<'a> {
+    Bytes(&'a [u8]),
+    Mr(&'a Mr<Shared>),
+}
+
+impl Source<'_> {
+    pub(super) fn len(&self) -> u64 {
+        match self {
+            Source::Bytes(b) => b.len() as u64,
+            Source::Mr(m) => m.len() as u64,
+        }
+    }
+
+    /// The value's digest (a view's bytes are read for it in pieces, not copied whole).
+    pub(super) fn digest(&self) -> Result<ValueDigest> {
+        match self {
+            Source::Bytes(b) => Ok(ValueDigest::of(b)),
+            Source::Mr(m) => digest_of(m, 0, m.len()),
+        }
+    }
+}
+
+/// The digest of `len` bytes at `offset` of `m`, read in 64 KiB pieces.
+pub(super) fn digest_of(m: &Mr<Shared>, offset: usize, len: usize) -> Result<ValueDigest> {
+    let mut d = ValueDigest::new();
+    let mut piece = vec![0u8; len.min(64 << 10)];
+    let mut at = 0;
+    while at < len {
+        let n = piece.len().min(len - at);
+        m.read_at(offset + at, &mut piece[..n])?;
+        d.update(&piece[..n]);
+        at += n;
+    }
+    Ok(d)
 }

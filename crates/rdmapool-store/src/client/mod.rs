@@ -1,0 +1,234 @@
+//! [`Store`]: the store's machines (`lookup`, `get`, `put`, `root`) run on a [`PoolClient`]:
+//! each step's operations are posted at once, on every node they name, and their answers fed
+//! back. The blocks a put replaced are freed once the grace period has passed (docs/STORE.md
+//! section 8), by this client's later calls or [`Store::flush_retired`].
+//!
+//! A file per concept of the client (issue #42): this file, the type, its configuration and
+//! counters; `put.rs` put and remove, from bytes or from the caller's memory, fenced;
+//! `get.rs` get and every lookup (exists, locate, list, the zero-copy get), with the hints of
+//! where keys were; `many.rs` batches; `stripe.rs` values above a block, in parts;
+//! `replicas.rs` where a key lives (its replicas under the view, their indexes); `view.rs`
+//! the numbered view and its fence; `gc.rs` space (retired blocks, gone writers' chunks);
+//! `repair.rs` the repair; `repairer.rs` the repair that runs by itself.
+
+use super::format::{check_sizes, Version};
+use super::root::Index;
+use rdmapool_pool::remote::{PoolClient, RemotePtr};
+use rdmapool_pool::{Error, Result};
+
+mod gc;
+mod get;
+mod many;
+mod put;
+mod repair;
+mod repairer;
+mod replicas;
+mod stripe;
+mod view;
+use gc::Retired;
+use parking_lot::Mutex;
+use put::{digest_of, Source};
+pub use repair::RepairReport;
+#[cfg(feature = "etcd")]
+pub use repairer::VIEW_KEY;
+pub use repairer::{Repairer, RepairerStats};
+use replicas::{incarnation, Purpose};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How a [`Store`] runs.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Replicas of every object, on distinct servers (default 2).
+    pub replicas: usize,
+    /// How long a replaced or removed block stays untouched before its space is reused
+    /// (default 1 s): a get that started before the replacement and reads it within this
+    /// time reads it whole. A slower get detects the reuse by checksum and reads again.
+    pub grace: Duration,
+    /// The most bytes one block may have (default 256 KiB): a value whose block would be
+    /// larger is **striped**, cut into parts of this size less 100 bytes, each a block of
+    /// its own placed on its own servers, so a get reads them from several servers at once
+    /// (docs/STORE.md section 9). Lowered to the largest block a live server's chunks hold.
+    /// The default keeps each part within the 256 KiB allocation class of 1 MiB chunks.
+    pub part_size: u64,
+    /// How long a removed key's tombstone stays after a repair first found it on each of
+    /// the key's replicas and nowhere else (default 60 s): a later repair of this client
+    /// that finds it so again clears it, freeing its index slots (docs/STORE.md section 8).
+    pub tombstone_hold: Duration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            replicas: 2,
+            grace: Duration::from_secs(1),
+            part_size: 256 << 10,
+            tombstone_hold: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What a store client did (counters since it started).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Puts acknowledged.
+    pub puts: u64,
+    /// Gets that found a value.
+    pub hits: u64,
+    /// Gets that found none.
+    pub misses: u64,
+    /// Removes that removed a value.
+    pub removes: u64,
+    /// Blocks waiting for their grace period before they are freed.
+    pub retired: u64,
+    /// Puts that found no room and waited for the blocks this client replaced to come free
+    /// (backpressure: [`Store::put`]).
+    pub waits_for_room: u64,
+    /// Puts, removes and gets that found a newer view in force on a replica's fence word
+    /// and were made again under it (a put so made under the old view was not
+    /// acknowledged; docs/STORE.md section 4).
+    pub fenced: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    puts: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    removes: AtomicU64,
+    waits_for_room: AtomicU64,
+    fenced: AtomicU64,
+}
+
+/// Where one replica of a key holds its newest block ([`Store::locate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Located {
+    /// The block, as a pool pointer (its `len` is the block's: header, key and value).
+    pub block: RemotePtr,
+    /// The version the block holds.
+    pub version: Version,
+    /// It is a removal's tombstone.
+    pub tombstone: bool,
+}
+
+/// A keyed object store on a pool (docs/STORE.md): get, put and remove are one-sided
+/// operations on the servers' memory, and every object has [`StoreConfig::replicas`]
+/// copies on distinct servers.
+///
+/// ```
+/// use rdmapool_pool::fabric::*;
+/// use rdmapool_pool::remote::*;
+/// use rdmapool_store::{Store, StoreConfig};
+/// # fn main() -> rdmapool_pool::Result<()> {
+/// let ctx = Context::open(SoftConfig::default())?;
+/// let cfg = || ServerConfig { size: 8 << 20, chunk_size: 1 << 20, ..ServerConfig::default() };
+/// let a = MemoryServer::start(&ctx, ServerConfig { node: 1, ..cfg() })?;
+/// let b = MemoryServer::start(&ctx, ServerConfig { node: 2, ..cfg() })?;
+/// let members = StaticMembership::new(vec![a.addr(), b.addr()]);
+/// let pd = ctx.alloc_pd()?;
+/// let pool = PoolClient::connect(&ctx, &pd, &members, ClientConfig::new(42))?;
+/// let store = Store::new(pool, StoreConfig::default())?;
+/// store.block_on(store.put(b"greeting", b"hello, store"))?;
+/// let got = store.block_on(store.get(b"greeting"))?;
+/// assert_eq!(got.as_deref(), Some(&b"hello, store"[..]));
+/// assert!(store.block_on(store.remove(b"greeting"))?);
+/// assert_eq!(store.block_on(store.get(b"greeting"))?, None);
+/// assert_eq!(a.stats().requests_handled + b.stats().requests_handled, 0); // one-sided
+/// # Ok(()) }
+/// ```
+pub struct Store {
+    pool: Arc<PoolClient>,
+    cfg: StoreConfig,
+    /// Each node's index, by node id, with the incarnation it was found in.
+    indexes: Mutex<HashMap<u32, (u64, Index)>>,
+    /// The view this client places keys by, once read (docs/STORE.md section 4).
+    view: Mutex<Option<super::view::View>>,
+    /// Held while a tenant's index is found or made on an isolated node: one at a time,
+    /// so no two indexes of one tenant are made at once (`rdmapool-store/src/root.rs`).
+    making_index: tokio::sync::Mutex<()>,
+    /// Replaced blocks, oldest first, with when they may be freed.
+    retired: Mutex<VecDeque<Retired>>,
+    /// Part keys of replaced striped values, oldest first, with when they may be cleared.
+    retired_parts: Mutex<VecDeque<(Instant, Vec<u8>)>>,
+    /// Blocks the last repair found unnamed in gone writers' chunks (section 8).
+    reclaim: Mutex<gc::Pending>,
+    /// Removed keys the last repair found clean, not yet cleared (section 8).
+    tombstones: Mutex<repair::Tombstones>,
+    /// Where this client last saw each key's blocks, read beside the buckets next time.
+    hints: Mutex<HashMap<Vec<u8>, Hints>>,
+    counters: Counters,
+}
+
+impl Store {
+    /// A store on `pool`'s servers. `pool` may be shared (an `Arc<PoolClient>`), e.g. with
+    /// an etcd membership follower that adds and removes servers as they come and go: the
+    /// store uses the servers live at each call.
+    ///
+    /// # Errors
+    /// [`CoreError::OutOfLimits`](rdmapool_pool::CoreError::OutOfLimits) for 0 replicas.
+    pub fn new(pool: impl Into<Arc<PoolClient>>, cfg: StoreConfig) -> Result<Self> {
+        if cfg.replicas == 0 {
+            return Err(Error::Core(rdmapool_pool::CoreError::OutOfLimits {
+                what: "store replicas",
+                value: 0,
+                min: 1,
+                max: u64::MAX,
+            }));
+        }
+        Ok(Self {
+            pool: pool.into(),
+            cfg,
+            indexes: Mutex::new(HashMap::new()),
+            view: Mutex::new(None),
+            making_index: tokio::sync::Mutex::new(()),
+            retired: Mutex::new(VecDeque::new()),
+            retired_parts: Mutex::new(VecDeque::new()),
+            reclaim: Mutex::new(gc::Pending::default()),
+            tombstones: Mutex::new(HashMap::new()),
+            hints: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+        })
+    }
+
+    /// The pool client underneath.
+    pub fn pool(&self) -> &PoolClient {
+        &self.pool
+    }
+
+    /// Runs `fut` to completion, driving the pool's completions (as
+    /// [`PoolClient::block_on`]).
+    pub fn block_on<F: std::future::Future>(&self, fut: F) -> F::Output {
+        self.pool.block_on(fut)
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> StoreStats {
+        let c = &self.counters;
+        StoreStats {
+            puts: c.puts.load(Ordering::Relaxed),
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            removes: c.removes.load(Ordering::Relaxed),
+            retired: self.retired.lock().len() as u64,
+            waits_for_room: c.waits_for_room.load(Ordering::Relaxed),
+            fenced: c.fenced.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Where a key's blocks were last seen: `(node, slot word)` per replica.
+type Hints = Vec<(u32, u64)>;
+
+/// Keys whose last-seen blocks a client remembers.
+const HINTS: usize = 1 << 16;
+
+/// [`check_sizes`], and the part keys' prefix refused ([`Error::ReservedKey`]).
+fn check_user_key(key: &[u8], value_len: u64) -> Result<()> {
+    check_sizes(key, value_len)?;
+    if super::stripe::is_part_key(key) {
+        return Err(Error::ReservedKey);
+    }
+    Ok(())
+}
