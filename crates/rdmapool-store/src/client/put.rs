@@ -34,7 +34,7 @@ impl Store {
     }
 
     /// [`Store::put`] with `replicas` copies of this version instead of the store's
-    /// [`StoreConfig::replicas`] (a get reads as many replicas as the store is configured
+    /// [`StoreConfig::replicas`](super::StoreConfig::replicas) (a get reads as many replicas as the store is configured
     /// for, so a version put with fewer survives fewer failures).
     ///
     /// # Errors
