@@ -23,9 +23,14 @@
 
 pub use crate::fabric::recorder::{
     opcode_label, snapshot_of, status_label, ContextMetrics, LatencySummary, ObjectCompletions,
-    ServerStats, Snapshot, BUCKETS_SECONDS, DEFAULT_OP_SAMPLE_EVERY, MAX_LISTED, PERCENTILES,
+    Section, Series, SeriesKind, Snapshot, BUCKETS_SECONDS, DEFAULT_OP_SAMPLE_EVERY, MAX_LISTED,
+    PERCENTILES,
 };
 pub use crate::os::pinned_bytes;
+/// A memory server's counters (defined with the pool, `remote::ServerStats`).
+#[cfg(not(loom))]
+pub use crate::remote::ServerStats;
 
-#[cfg(test)]
+// The tests build a memory server's section (the pool is not built under loom).
+#[cfg(all(test, not(loom)))]
 mod tests;

@@ -69,20 +69,18 @@ fn known() -> Snapshot {
             },
         ],
         qps_live: 2,
-        pool_servers: vec![(
-            3,
-            crate::metrics::ServerStats {
-                chunks: 31,
-                chunks_owned: 4,
-                clients: 2,
-                lease_slots: 256,
-                connections: 5,
-                connected: 2,
-                reclaimed_chunks: 1,
-                expired_clients: 1,
-                requests_handled: 0,
-            },
-        )],
+        sections: vec![crate::metrics::ServerStats {
+            chunks: 31,
+            chunks_owned: 4,
+            clients: 2,
+            lease_slots: 256,
+            connections: 5,
+            connected: 2,
+            reclaimed_chunks: 1,
+            expired_clients: 1,
+            requests_handled: 0,
+        }
+        .section(3)],
     }
 }
 

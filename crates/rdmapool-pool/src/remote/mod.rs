@@ -53,7 +53,6 @@ mod placement;
 mod server;
 pub(crate) mod sweep;
 
-pub use crate::metrics::ServerStats;
 pub use client::{BatchOutcome, ClientConfig, NodeStats, PoolBatch, PoolClient, DEPARTED_MEMORY};
 pub use descriptor::{PoolDescriptor, DESCRIPTOR_LEN};
 pub use hello::{
@@ -64,6 +63,7 @@ pub use isolation::Isolation;
 pub use layout::Layout;
 pub use membership::{Membership, StaticMembership};
 pub use placement::{KeyHash, LeastUsed, NodeLoad, Placement, RoundRobin};
+pub use server::ServerStats;
 pub use server::{
     MemoryServer, ServerConfig, MAX_CONNECTIONS_PER_CLIENT, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER,
 };

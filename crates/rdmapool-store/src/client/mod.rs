@@ -13,6 +13,7 @@
 
 use super::format::{check_sizes, Version};
 use super::root::Index;
+use rdmapool_pool::metrics::{Section, Series, SeriesKind};
 use rdmapool_pool::remote::{PoolClient, RemotePtr};
 use rdmapool_pool::{Error, Result};
 
@@ -102,6 +103,42 @@ struct Counters {
     fenced: AtomicU64,
 }
 
+impl Counters {
+    /// The section of client `client`'s store in its context's metrics (`store_clients` in
+    /// JSON, `rdmapool_store_*` in Prometheus, labelled by `client`; docs/METRICS.md).
+    fn section(&self, client: u64) -> Section {
+        let series = |key, metric, help, value: &AtomicU64| Series {
+            key,
+            metric,
+            kind: SeriesKind::Counter,
+            help,
+            value: value.load(Ordering::Relaxed),
+        };
+        Section {
+            family: "store_clients",
+            label: ("client", client),
+            series: vec![
+                series("puts", "store_puts_total", "Store puts acknowledged.", &self.puts),
+                series("hits", "store_hits_total", "Store gets that found a value.", &self.hits),
+                series("misses", "store_misses_total", "Store gets that found none.", &self.misses),
+                series("removes", "store_removes_total", "Store removes that removed a value.", &self.removes),
+                series(
+                    "waits_for_room",
+                    "store_waits_for_room_total",
+                    "Store puts that found no room and waited for replaced blocks to come free.",
+                    &self.waits_for_room,
+                ),
+                series(
+                    "fenced",
+                    "store_fenced_total",
+                    "Store operations that met a newer view on a fence word and were made again under it.",
+                    &self.fenced,
+                ),
+            ],
+        }
+    }
+}
+
 /// Where one replica of a key holds its newest block ([`Store::locate`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Located {
@@ -158,7 +195,7 @@ pub struct Store {
     tombstones: Mutex<repair::Tombstones>,
     /// Where this client last saw each key's blocks, read beside the buckets next time.
     hints: Mutex<HashMap<Vec<u8>, Hints>>,
-    counters: Counters,
+    counters: Arc<Counters>,
 }
 
 impl Store {
@@ -177,8 +214,16 @@ impl Store {
                 max: u64::MAX,
             }));
         }
+        let pool: Arc<PoolClient> = pool.into();
+        // The store's counters in its context's metrics (`store_clients`), while it lives.
+        let counters = Arc::new(Counters::default());
+        let (weak, client) = (Arc::downgrade(&counters), pool.client_id());
+        pool.pd()
+            .recorder()
+            .sources
+            .register(Box::new(move || weak.upgrade().map(|c| c.section(client))));
         Ok(Self {
-            pool: pool.into(),
+            pool,
             cfg,
             indexes: Mutex::new(HashMap::new()),
             view: Mutex::new(None),
@@ -188,7 +233,7 @@ impl Store {
             reclaim: Mutex::new(gc::Pending::default()),
             tombstones: Mutex::new(HashMap::new()),
             hints: Mutex::new(HashMap::new()),
-            counters: Counters::default(),
+            counters,
         })
     }
 

@@ -8,13 +8,14 @@ use rdmapool::remote::*;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-fn listed(ctx: &Context, node: u32) -> Option<ServerStats> {
+/// Server `node`'s section of `ctx`'s metrics, by JSON key (`leases`, `chunks_owned`, ...).
+fn listed(ctx: &Context, node: u32) -> Option<std::collections::HashMap<&'static str, u64>> {
     ctx.metrics()
         .snapshot()
-        .pool_servers
+        .sections
         .into_iter()
-        .find(|&(n, _)| n == node)
-        .map(|(_, s)| s)
+        .find(|s| s.family == "pool_servers" && s.label == ("node", u64::from(node)))
+        .map(|s| s.series.iter().map(|v| (v.key, v.value)).collect())
 }
 
 #[test]
@@ -66,7 +67,16 @@ fn node_stats_unreachable_servers_and_metrics_agree_with_the_server() {
         listed(&n.ctx, 71).is_none(),
         "the client's context runs no server"
     );
-    assert_eq!((m.clients, m.chunks_owned, m.connected), (1, 1, 1), "{m:?}");
+    assert_eq!(
+        (m["leases"], m["chunks_owned"], m["connected"]),
+        (own.clients, own.chunks_owned, own.connected),
+        "{m:?}"
+    );
+    assert_eq!(
+        (m["leases"], m["chunks_owned"], m["connected"]),
+        (1, 1, 1),
+        "{m:?}"
+    );
     let json = ctx.metrics().snapshot().to_json();
     assert!(json.contains("\"node\":71,\"leases\":1,"), "{json}");
     let text = ctx.metrics().snapshot().to_prometheus();

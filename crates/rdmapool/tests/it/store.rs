@@ -560,3 +560,71 @@ fn repair_restores_r_replicas_after_a_restart_and_rebalances_onto_a_joined_serve
         .sum();
     assert_eq!(handled, 0, "repair is one-sided too");
 }
+
+/// Issue #42, item 5: the store reports its own counters through its context's metrics (a
+/// section the layers above core register; core knows nothing of stores), in Prometheus and
+/// JSON, and leaves them when it is dropped.
+#[test]
+fn a_store_reports_its_counters_in_its_contexts_metrics() {
+    let lease = Duration::from_secs(10);
+    let s: Vec<MemoryServer> = (1..=2).map(|n| server(n, lease)).collect();
+    let n = node();
+    let addrs = s.iter().map(|s| s.addr()).collect();
+    let p = PoolClient::connect(
+        &n.ctx,
+        &n.pd,
+        &StaticMembership::new(addrs),
+        ClientConfig::new(77),
+    )
+    .expect("client connects");
+    let st = Store::new(p, StoreConfig::default()).unwrap();
+    for i in 0..3 {
+        st.block_on(st.put(format!("k{i}").as_bytes(), b"v"))
+            .unwrap();
+    }
+    assert!(st.block_on(st.get(b"k0")).unwrap().is_some());
+    assert!(st.block_on(st.get(b"nothing")).unwrap().is_none());
+    assert!(st.block_on(st.remove(b"k1")).unwrap());
+    let snap = n.ctx.metrics().snapshot();
+    let sec = snap
+        .sections
+        .iter()
+        .find(|s| s.family == "store_clients" && s.label == ("client", 77))
+        .expect("the store's section");
+    let value = |key: &str| sec.series.iter().find(|v| v.key == key).unwrap().value;
+    let own = st.stats();
+    assert_eq!(
+        (
+            value("puts"),
+            value("hits"),
+            value("misses"),
+            value("removes")
+        ),
+        (own.puts, own.hits, own.misses, own.removes)
+    );
+    assert_eq!((own.puts, own.hits, own.misses, own.removes), (3, 1, 1, 1));
+    let text = snap.to_prometheus();
+    assert!(
+        text.contains("# TYPE rdmapool_store_puts_total counter\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("rdmapool_store_puts_total{client=\"77\"} 3\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("rdmapool_store_misses_total{client=\"77\"} 1\n"),
+        "{text}"
+    );
+    let json = snap.to_json();
+    assert!(
+        json.contains("\"store_clients\":[{\"client\":77,\"puts\":3,\"hits\":1,\"misses\":1,"),
+        "{json}"
+    );
+    drop(st);
+    let after = n.ctx.metrics().snapshot();
+    assert!(
+        after.sections.iter().all(|s| s.family != "store_clients"),
+        "a dropped store leaves the listing"
+    );
+}

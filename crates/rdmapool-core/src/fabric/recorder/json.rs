@@ -2,7 +2,7 @@
 //! documented in `docs/METRICS.md`; `"schema": 1` names this version of it.
 
 use super::prometheus::status_label;
-use super::{opcode_label, LatencySummary, ObjectCompletions, ServerStats, Snapshot, PERCENTILES};
+use super::{opcode_label, LatencySummary, ObjectCompletions, Section, Snapshot, PERCENTILES};
 use crate::fabric::WcStatus;
 use std::fmt::Write;
 
@@ -57,31 +57,33 @@ fn objects(key: &str, objs: &[ObjectCompletions]) -> String {
     format!("[{}]", items.join(","))
 }
 
-/// The memory servers alive in the process as a JSON array (`pool_servers`).
-fn pool_servers(servers: &[(u32, ServerStats)]) -> String {
-    let items: Vec<String> = servers
-        .iter()
-        .map(|(node, s)| {
-            format!(
-                concat!(
-                    "{{\"node\":{},\"leases\":{},\"lease_slots\":{},\"chunks\":{},",
-                    "\"chunks_owned\":{},\"connections\":{},\"connected\":{},",
-                    "\"requests_handled\":{},\"expired_leases\":{},\"reclaimed_chunks\":{}}}"
-                ),
-                node,
-                s.clients,
-                s.lease_slots,
-                s.chunks,
-                s.chunks_owned,
-                s.connections,
-                s.connected,
-                s.requests_handled,
-                s.expired_clients,
-                s.reclaimed_chunks
-            )
-        })
-        .collect();
-    format!("[{}]", items.join(","))
+/// The sections the layers above core report, a JSON array per family: `,"pool_servers":
+/// [{"node":1,"leases":2,...}]` (nothing for a family with no live section).
+fn sections(sections: &[Section]) -> String {
+    let mut out = String::new();
+    let mut families: Vec<&str> = Vec::new();
+    for s in sections {
+        if !families.contains(&s.family) {
+            families.push(s.family);
+        }
+    }
+    for family in families {
+        let items: Vec<String> = sections
+            .iter()
+            .filter(|s| s.family == family)
+            .map(|s| {
+                let mut members = vec![format!("\"{}\":{}", s.label.0, s.label.1)];
+                members.extend(
+                    s.series
+                        .iter()
+                        .map(|v| format!("\"{}\":{}", v.key, v.value)),
+                );
+                format!("{{{}}}", members.join(","))
+            })
+            .collect();
+        out.push_str(&format!(",\"{family}\":[{}]", items.join(",")));
+    }
+    out
 }
 
 fn latency(l: &LatencySummary) -> String {
@@ -133,7 +135,7 @@ impl Snapshot {
                 "\"registered_bytes\":{},\"pinned_bytes\":{},\"completions\":{{{}}},",
                 "\"op_sample_every\":{},\"op_latency\":{{{}}},",
                 "\"objects\":{{\"tracked\":{},\"cqs_live\":{},\"qps_live\":{},",
-                "\"cqs\":{},\"qps\":{}}},\"pool_servers\":{}}}"
+                "\"cqs\":{},\"qps\":{}}}{}}}"
             ),
             self.pid,
             num(self.uptime_seconds),
@@ -166,7 +168,7 @@ impl Snapshot {
             self.qps_live,
             objects("cq", &self.cqs),
             objects("qp", &self.qps),
-            pool_servers(&self.pool_servers)
+            sections(&self.sections)
         )
     }
 }

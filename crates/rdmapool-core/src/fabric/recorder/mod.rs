@@ -1,8 +1,9 @@
 //! One context's recorder: what the registrations, deregistrations, cache lookups, pool
 //! allocations, connections and completions of the objects opened on that context add up
 //! to, and [`Snapshot`]s of it. Each [`crate::fabric::Context`] owns one; every object made
-//! from the context (PD, MR, CQ, QP, and the registrars, caches, pools, connections and
-//! memory servers built on them) holds it and records into it. Nothing is process-global
+//! from the context (PD, MR, CQ, QP, and the registrars, caches, pools and connections built
+//! on them) holds it and records into it; the layers above core (the pool's memory servers,
+//! the store's clients) report through it as [`Section`]s of their own. Nothing is process-global
 //! but the bytes pinned (an OS fact) and the numbering of CQs.
 //!
 //! Counters are relaxed atomics. The two latency histograms sit behind a mutex each, taken
@@ -14,7 +15,6 @@ use crate::fabric::WcStatus;
 use latency::{latency, merged, Latency};
 use objects::Objects;
 use ops::OpSampler;
-use servers::Servers;
 
 mod context_metrics;
 mod json;
@@ -24,7 +24,7 @@ pub mod objects;
 mod ops;
 mod opt_in;
 mod prometheus;
-mod servers;
+mod sections;
 
 pub use context_metrics::{snapshot_of, ContextMetrics};
 pub use latency::{LatencySummary, BUCKETS_SECONDS, PERCENTILES};
@@ -32,7 +32,7 @@ pub use objects::{ObjectCompletions, MAX_LISTED};
 pub use ops::{opcode_label, DEFAULT_OP_SAMPLE_EVERY};
 use parking_lot::Mutex;
 pub use prometheus::status_label;
-pub use servers::ServerStats;
+pub use sections::{Section, Series, SeriesKind, Source, Sources};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -74,9 +74,9 @@ pub struct Recorder {
     /// Sampled work-request latency (opt-in).
     #[doc(hidden)]
     pub ops: OpSampler,
-    /// The memory servers started on the context.
+    /// What the layers above core report on the context ([`Sources::register`]).
     #[doc(hidden)]
-    pub servers: Servers,
+    pub sources: Sources,
 }
 
 fn add(c: &AtomicU64, n: u64) {
@@ -118,7 +118,7 @@ impl Recorder {
             completions: [const { AtomicU64::new(0) }; WcStatus::ALL.len()],
             objects: Objects::default(),
             ops: OpSampler::default(),
-            servers: Servers::default(),
+            sources: Sources::default(),
         })
     }
 
@@ -227,7 +227,7 @@ impl Recorder {
 }
 
 /// What several recorders hold together, at one moment (the sum of their counters, their
-/// histograms merged, their objects and servers listed together): what an endpoint serving
+/// histograms merged, their objects and sections listed together): what an endpoint serving
 /// several contexts shows.
 #[doc(hidden)]
 pub fn snapshot_of_recorders(recorders: &[&Recorder]) -> Snapshot {
@@ -286,7 +286,7 @@ pub fn snapshot_of_recorders(recorders: &[&Recorder]) -> Snapshot {
         cqs_live,
         qps,
         qps_live,
-        pool_servers: servers::snapshot(recorders.iter().map(|r| &r.servers)),
+        sections: sections::snapshot(recorders.iter().map(|r| &r.sources)),
     }
 }
 
@@ -360,7 +360,7 @@ pub struct Snapshot {
     pub qps: Vec<ObjectCompletions>,
     /// QPs alive now (may exceed `qps.len()`).
     pub qps_live: usize,
-    /// The memory servers (`remote::MemoryServer`) alive on the context, by node id, with
-    /// their counters.
-    pub pool_servers: Vec<(u32, ServerStats)>,
+    /// What the layers above core report (the pool's memory servers, `pool_servers`; the
+    /// store's clients, `store_clients`), by family then label.
+    pub sections: Vec<Section>,
 }

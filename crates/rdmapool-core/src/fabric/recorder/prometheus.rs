@@ -80,28 +80,29 @@ fn series(o: &mut String, name: &str, labels: &str, l: &LatencySummary) {
 }
 
 impl Snapshot {
-    /// The counters of the memory servers alive in the process, labelled by `node` (no
-    /// series when there are none).
-    fn pool_server_series(&self, o: &mut String) {
-        if self.pool_servers.is_empty() {
-            return;
+    /// The sections the layers above core report (memory servers, store clients): each
+    /// metric once, with one line per section that has it, labelled by the section's label
+    /// (no series when there are none).
+    fn section_series(&self, o: &mut String) {
+        let mut metrics: Vec<(&str, &str, &str)> = Vec::new();
+        for sec in &self.sections {
+            for s in &sec.series {
+                if !metrics.iter().any(|&(m, _, _)| m == s.metric) {
+                    let kind = match s.kind {
+                        super::SeriesKind::Counter => "counter",
+                        super::SeriesKind::Gauge => "gauge",
+                    };
+                    metrics.push((s.metric, kind, s.help));
+                }
+            }
         }
-        type Field = fn(&super::ServerStats) -> u64;
-        let series: [(&str, &str, &str, Field); 9] = [
-            ("pool_server_leases", "gauge", "Clients holding a lease slot of the memory server.", |s| s.clients),
-            ("pool_server_lease_slots", "gauge", "Lease slots of the memory server.", |s| s.lease_slots),
-            ("pool_server_chunks", "gauge", "Chunks in the memory server's pool.", |s| s.chunks),
-            ("pool_server_chunks_owned", "gauge", "Chunks a client owns (the rest are free).", |s| s.chunks_owned),
-            ("pool_server_connected", "gauge", "Client connections open now.", |s| s.connected),
-            ("pool_server_connections_total", "counter", "Client connections accepted.", |s| s.connections),
-            ("pool_server_requests_total", "counter", "Two-sided messages the server's CPU handled (allocation and data access are one-sided).", |s| s.requests_handled),
-            ("pool_server_expired_leases_total", "counter", "Leases that ran out.", |s| s.expired_clients),
-            ("pool_server_reclaimed_chunks_total", "counter", "Chunks taken back from expired leases.", |s| s.reclaimed_chunks),
-        ];
-        for (name, kind, help, field) in series {
-            head(o, name, kind, help);
-            for (node, s) in &self.pool_servers {
-                let _ = writeln!(o, "rdmapool_{name}{{node=\"{node}\"}} {}", field(s));
+        for (metric, kind, help) in metrics {
+            head(o, metric, kind, help);
+            for sec in &self.sections {
+                for s in sec.series.iter().filter(|s| s.metric == metric) {
+                    let (label, value) = sec.label;
+                    let _ = writeln!(o, "rdmapool_{metric}{{{label}=\"{value}\"}} {}", s.value);
+                }
             }
         }
     }
@@ -271,7 +272,7 @@ impl Snapshot {
                 status_label(s)
             );
         }
-        self.pool_server_series(&mut o);
+        self.section_series(&mut o);
         if self.objects_tracked {
             per_object(
                 &mut o,

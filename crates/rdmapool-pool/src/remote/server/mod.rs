@@ -4,6 +4,7 @@
 
 mod handshake;
 mod isolated;
+mod stats;
 
 pub(crate) use handshake::{BUSY, UNAUTHENTICATED};
 pub use handshake::{MAX_CONNECTIONS_PER_CLIENT, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER};
@@ -18,10 +19,10 @@ use crate::fabric::{
     AccessFlags, Completion, Context, Cq, Mr, Pd, PreSharedKey, ProviderKind, Qp, RegisteredMemory,
     Shared, WcOpcode,
 };
-use crate::metrics::ServerStats;
 use crate::mr::{HugeOptions, HugeRegion};
 use crate::{Error, Result};
 use parking_lot::Mutex;
+pub use stats::ServerStats;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -410,8 +411,8 @@ impl MemoryServer {
         }
         // Listed in its context's metrics while it lives.
         let weak = Arc::downgrade(&inner);
-        ctx.metrics().0.servers.register(Box::new(move || {
-            weak.upgrade().map(|i| (i.node, i.stats()))
+        ctx.metrics().0.sources.register(Box::new(move || {
+            weak.upgrade().map(|i| i.stats().section(i.node))
         }));
         Ok(Self {
             inner,
