@@ -92,16 +92,23 @@ impl Store {
     /// did not answer). Read after a put's last swap on each, on the same connection, so
     /// after it.
     pub(super) async fn fences(&self, replicas: &[Replica]) -> Vec<Option<u64>> {
-        join_all(replicas.iter().map(|r| async move {
-            let b = self
-                .pool
-                .regions()
-                .read(r.node, r.incarnation, VIEW_AT, 8)
-                .await
-                .ok()?;
-            Some(u64::from_le_bytes(b.get(..8)?.try_into().ok()?))
-        }))
+        join_all(
+            replicas
+                .iter()
+                .map(|r| async move { self.fence_of(r.node, r.incarnation).await.ok() }),
+        )
         .await
+    }
+
+    /// The fence word of `node`: the number of the view it holds.
+    async fn fence_of(&self, node: u32, incarnation: u64) -> Result<u64> {
+        let b = self
+            .pool
+            .regions()
+            .read(node, incarnation, VIEW_AT, 8)
+            .await?;
+        let word: Option<[u8; 8]> = b.get(..8).and_then(|w| w.try_into().ok());
+        Ok(word.map_or(0, u64::from_le_bytes))
     }
 
     /// Whether a view newer than `number` is in force on any of `fences`.
@@ -236,13 +243,7 @@ impl Store {
                 .up_nodes()
                 .into_iter()
                 .map(|n| async move {
-                    let b = self
-                        .pool
-                        .regions()
-                        .read(n.node, n.incarnation, VIEW_AT, 8)
-                        .await
-                        .ok()?;
-                    let fence = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+                    let fence = self.fence_of(n.node, n.incarnation).await.ok()?;
                     (fence == current.number).then_some(n)
                 }),
         )
@@ -274,12 +275,7 @@ impl Store {
     async fn install(&self, nodes: &[RegionNode], next: &View, from: u64) -> Result<()> {
         self.write_body(nodes, next).await?;
         let swapped = join_all(nodes.iter().map(|n| async move {
-            let b = self
-                .pool
-                .regions()
-                .read(n.node, n.incarnation, VIEW_AT, 8)
-                .await?;
-            let held = u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8]));
+            let held = self.fence_of(n.node, n.incarnation).await?;
             if held > from {
                 return Ok(false);
             }

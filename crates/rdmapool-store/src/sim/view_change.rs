@@ -9,7 +9,7 @@
 //! placements while the key moves.
 
 use super::{Cluster, Repairing, Running};
-use crate::format::{Kind, ValueDigest, Version};
+use crate::format::{Block, Kind, ValueDigest, Version};
 use crate::get::{Get, GetStep};
 use crate::lookup::{Replica, Src};
 use crate::put::Put;
@@ -34,8 +34,8 @@ fn replicas(c: &Cluster, nodes: &[u32]) -> Vec<Replica> {
     nodes.iter().map(|&n| c.replica(n)).collect()
 }
 
-/// A get of `KEY` over `nodes` (a tombstone: none).
-fn get(c: &Cluster, nodes: &[u32]) -> Option<Vec<u8>> {
+/// A get of `KEY` over `nodes`: the newest block found (a tombstone too) and its value.
+fn read(c: &Cluster, nodes: &[u32]) -> Option<(Block, Vec<u8>)> {
     let rs = replicas(c, nodes);
     let mut g = Get::new(KEY, &rs);
     let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
@@ -44,32 +44,27 @@ fn get(c: &Cluster, nodes: &[u32]) -> Option<Vec<u8>> {
         match g.advance(&replies).unwrap() {
             GetStep::Read(reads) => bytes = reads.iter().map(|r| c.read(r)).collect(),
             GetStep::Done(None) => return None,
-            GetStep::Done(Some((_, f))) if f.block.tombstone => return None,
             GetStep::Done(Some((at, f))) => {
                 let b = match at {
                     Src::Read(i) => bytes[i].clone().unwrap(),
                     Src::Early(e) => g.take_early(e),
                 };
-                return Some(b[f.block.value].to_vec());
+                let value = b[f.block.value.clone()].to_vec();
+                return Some((f.block, value));
             }
         }
     }
 }
 
+/// A get of `KEY` over `nodes` (a tombstone: none).
+fn get(c: &Cluster, nodes: &[u32]) -> Option<Vec<u8>> {
+    read(c, nodes).and_then(|(block, value)| (!block.tombstone).then_some(value))
+}
+
 /// The newest version of `KEY` over `nodes`, and whether it is a tombstone (a put's
 /// floor while keys move, as `Store::newest_anywhere` finds it).
 fn newest(c: &Cluster, nodes: &[u32]) -> Option<(Version, bool)> {
-    let rs = replicas(c, nodes);
-    let mut g = Get::new(KEY, &rs);
-    let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
-    loop {
-        let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
-        match g.advance(&replies).unwrap() {
-            GetStep::Read(reads) => bytes = reads.iter().map(|r| c.read(r)).collect(),
-            GetStep::Done(None) => return None,
-            GetStep::Done(Some((_, f))) => return Some((f.block.version, f.block.tombstone)),
-        }
-    }
+    read(c, nodes).map(|(block, _)| (block.version, block.tombstone))
 }
 
 /// The writer: its put (or remove) under the view it believes, the fence check after it,
