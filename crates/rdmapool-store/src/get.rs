@@ -8,20 +8,15 @@
 //! is never copied by the store.
 
 use super::decide::{newest, Found};
-use super::lookup::{Lookup, Read, Replica, Src};
+use super::lookup::{read_ops, replies, Lookup, Replica, Src};
+use rdmapool_pool::remote::step::{Answer, Machine, Step};
 use rdmapool_pool::{Error, Result};
+use std::time::Instant;
 
-/// What the get wants next.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum GetStep {
-    /// Perform these READs (all at once) and pass their bytes back in the same order
-    /// (`None` for a read that failed).
-    Read(Vec<Read>),
-    /// Finished: the newest verified block and where its bytes are (a position in the last
-    /// reads, or an early read: [`Get::take_early`]), or `None` when no replica holds the
-    /// key.
-    Done(Option<(Src, Found)>),
-}
+/// How a get ended: the newest verified block and where its bytes are (a position in the
+/// last step's reads, or an early read: [`Get::take_early`]), or `None` when no replica
+/// holds the key.
+pub(crate) type Got = Option<(Src, Found)>;
 
 enum State {
     Start,
@@ -81,11 +76,11 @@ impl Get {
     }
 
     /// The next step, from the bytes of the last step's reads (empty the first time).
-    pub(crate) fn advance(&mut self, replies: &[Option<&[u8]>]) -> Result<GetStep> {
+    fn step(&mut self, replies: &[Option<&[u8]>]) -> Result<Step<Got>> {
         match std::mem::replace(&mut self.state, State::Finished) {
             State::Start => {
                 self.state = State::Buckets;
-                Ok(GetStep::Read(self.lookup.bucket_reads()))
+                Ok(Step::Do(read_ops(&self.lookup.bucket_reads())))
             }
             State::Buckets => {
                 if replies
@@ -106,14 +101,14 @@ impl Get {
                     return self.blocks(&[], bucket_failed);
                 }
                 self.state = State::Blocks { bucket_failed };
-                Ok(GetStep::Read(reads))
+                Ok(Step::Do(read_ops(&reads)))
             }
             State::Blocks { bucket_failed } => self.blocks(replies, bucket_failed),
             State::Finished => Err(Error::OutcomeTaken),
         }
     }
 
-    fn blocks(&mut self, replies: &[Option<&[u8]>], bucket_failed: bool) -> Result<GetStep> {
+    fn blocks(&mut self, replies: &[Option<&[u8]>], bucket_failed: bool) -> Result<Step<Got>> {
         let looked = self.lookup.on_blocks(replies);
         let Some(best) = newest(&looked.found) else {
             // Never "not found" when a candidate could not be read, or when one was the
@@ -133,7 +128,7 @@ impl Get {
                     reason: "every copy of it that was found fails its checksum".into(),
                 });
             }
-            return Ok(GetStep::Done(None));
+            return Ok(Step::Done(None));
         };
         let at = looked
             .found
@@ -142,7 +137,7 @@ impl Get {
             .map_or(Src::Read(0), |k| looked.found_at[k]);
         let best = best.clone();
         self.found = looked.found;
-        Ok(GetStep::Done(Some((at, best))))
+        Ok(Step::Done(Some((at, best))))
     }
 
     fn failed(&self, reason: &str) -> Error {
@@ -150,6 +145,15 @@ impl Get {
             node: self.first,
             reason: reason.into(),
         }
+    }
+}
+
+impl Machine for Get {
+    type Output = Got;
+    type Context = ();
+
+    fn advance(&mut self, _: &mut (), _now: Instant, answers: &[Answer]) -> Result<Step<Got>> {
+        self.step(&replies(answers))
     }
 }
 

@@ -6,6 +6,7 @@ use super::decide::{candidates, newest, verify, Found, SLOTS_PER_BUCKET};
 use super::format::{decode_block, KeyHash, Reject, Slot, Version};
 use super::root::Index;
 use rdmapool_pool::remote::layout::Layout;
+use rdmapool_pool::remote::step::{Answer, Io, Op};
 
 /// The largest block read early, beside the buckets ([`Lookup::hinted`]): for larger
 /// ones the round saved is small beside the transfer, and a stale hint would cost a
@@ -36,6 +37,29 @@ pub(crate) struct Read {
     pub(crate) node: u32,
     pub(crate) at: u64,
     pub(crate) len: u64,
+}
+
+impl Read {
+    /// The read as an operation of the pool's step vocabulary.
+    pub(crate) fn op(&self) -> Op {
+        Op {
+            node: self.node,
+            io: Io::Read {
+                at: self.at,
+                len: self.len,
+            },
+        }
+    }
+}
+
+/// These reads as one step's operations.
+pub(crate) fn read_ops(reads: &[Read]) -> Vec<Op> {
+    reads.iter().map(Read::op).collect()
+}
+
+/// The bytes of each read's answer (`None` for one that failed).
+pub(crate) fn replies(answers: &[Answer]) -> Vec<Option<&[u8]>> {
+    answers.iter().map(Answer::bytes).collect()
 }
 
 /// What one replica holds for the key, as read.

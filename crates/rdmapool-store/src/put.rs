@@ -2,8 +2,9 @@
 //! (docs/STORE.md section 6):
 //!
 //! 1. [`Lookup`] the key on every replica: the newest version anywhere is the one to beat.
-//! 2. Allocate a block on every replica (once; a retried put reuses them), then WRITE each:
-//!    header (version `(newest.seq + 1, writer)`), key, value.
+//! 2. Allocate a block on every replica, beside the first lookup's reads (once; a retried
+//!    put reuses them), then WRITE each: header (version `(newest.seq + 1, writer)`), key,
+//!    and the value, the driver's payload (the machine never holds it).
 //! 3. `CAS` the primary's slot from the word it read to the new block's. Lost: another put
 //!    came first; back to 1. Won: the put's linearization point.
 //! 4. On every other replica, replace the slot's word unless it names a version at least as
@@ -19,11 +20,13 @@ use super::decide::{empty_slot, next_version, replaces};
 use super::format::{
     block_len, encode_header_for, KeyHash, Kind, Slot, ValueDigest, Version, HEADER_LEN,
 };
-use super::lookup::{Looked, Lookup, Replica};
+use super::lookup::{read_ops, replies, Looked, Lookup, Replica};
+use rdmapool_pool::remote::step::{Answer, Io, Machine, Op, Step};
 use rdmapool_pool::{Error, Result};
+use std::time::Instant;
 
 mod steps;
-pub(crate) use steps::{BlockAt, BlockWrite, PutDone, PutStep, Reply, Swap};
+pub(crate) use steps::{BlockAt, PutDone, Swap};
 
 /// How many times a put starts again after losing its primary swap before it gives up.
 pub(crate) const MAX_ROUNDS: u32 = 64;
@@ -32,7 +35,6 @@ pub(crate) const MAX_ROUNDS: u32 = 64;
 enum State {
     Buckets { lookup: Lookup },
     Blocks { lookup: Lookup },
-    Allocated { looked: Looked },
     Written { looked: Looked },
     Primary { looked: Looked, swap: Swap },
     Backups { swaps: Vec<(usize, Swap)> },
@@ -49,8 +51,16 @@ pub(crate) struct Put {
     replicas: Vec<Replica>,
     /// This put's block on each replica, once allocated.
     blocks: Vec<u64>,
-    /// Blocks of an allocation step that failed on some replica.
+    /// Blocks allocated and not (yet) this put's: those of the first step, until the put
+    /// takes them, and all of them when the allocation failed on some replica.
     orphans: Vec<BlockAt>,
+    /// The answers to the allocations of the first step, one per replica, until the put
+    /// takes its blocks.
+    early: Vec<Answer>,
+    /// The first step was asked for.
+    started: bool,
+    /// The last step's reads came with the allocations (the first step): how many reads.
+    allocating: Option<usize>,
     /// The primary's swap was won: the put is visible.
     published: bool,
     /// A repair's copy of an existing version ([`Put::copy`]): no primary, every replica
@@ -99,6 +109,9 @@ impl Put {
             replicas: replicas.to_vec(),
             blocks: Vec::new(),
             orphans: Vec::new(),
+            early: Vec::new(),
+            started: false,
+            allocating: None,
             published: false,
             copy: false,
             backing: false,
@@ -156,7 +169,7 @@ impl Put {
     }
 
     /// The blocks this put allocated: the caller frees them if it gives the put up (an
-    /// error from [`Put::advance`] or its own deadline) while it is not
+    /// error from its [`Machine::advance`] or its own deadline) while it is not
     /// [`published`](Put::published).
     pub(crate) fn allocated(&self) -> Vec<BlockAt> {
         self.replicas
@@ -222,7 +235,11 @@ impl Put {
         }))
     }
 
-    fn read_step(&mut self, mut lookup: Lookup, replies: &[Option<&[u8]>]) -> Result<PutStep> {
+    fn read_step(
+        &mut self,
+        mut lookup: Lookup,
+        replies: &[Option<&[u8]>],
+    ) -> Result<Step<PutDone>> {
         let buckets = replies.len().min(lookup.replica_count());
         self.first_failed(&replies[..buckets], "reading the key's bucket")?;
         let reads = lookup.on_buckets(replies);
@@ -231,12 +248,12 @@ impl Put {
             return self.looked(&lookup, &[]);
         }
         self.state = State::Blocks { lookup };
-        Ok(PutStep::Read(reads))
+        Ok(Step::Do(read_ops(&reads)))
     }
 
     /// From the candidate blocks' bytes (the last replies, or read early): what the
     /// replicas hold, then [`Put::decide`].
-    fn looked(&mut self, lookup: &Lookup, replies: &[Option<&[u8]>]) -> Result<PutStep> {
+    fn looked(&mut self, lookup: &Lookup, replies: &[Option<&[u8]>]) -> Result<Step<PutDone>> {
         let looked = lookup.on_blocks(replies);
         if looked.unread {
             return Err(self.down(0, "reading a candidate block"));
@@ -247,17 +264,13 @@ impl Put {
         self.decide(looked)
     }
 
-    /// From what the first lookup found: the version, then allocation or the writes.
-    fn decide(&mut self, looked: Looked) -> Result<PutStep> {
+    /// From what the first lookup found: the version, then the blocks and the writes.
+    fn decide(&mut self, looked: Looked) -> Result<Step<PutDone>> {
         if self.backing {
             return self.backups(looked);
         }
         if self.copy {
-            self.state = State::Allocated { looked };
-            return Ok(PutStep::Alloc {
-                nodes: self.replicas.iter().map(|r| r.node).collect(),
-                len: self.block_len(),
-            });
+            return self.take_blocks(looked);
         }
         let newest = looked.newest();
         let newest_is_tombstone = looked
@@ -274,16 +287,44 @@ impl Put {
             self.state = State::Finished;
             let mut done = std::mem::replace(&mut self.done, Self::empty_done());
             done.unused = self.allocated();
-            return Ok(PutStep::Done(done));
+            return Ok(Step::Done(done));
         }
         self.version = next_version(newest.max(self.floor), self.writer);
         if self.blocks.is_empty() {
-            self.state = State::Allocated { looked };
-            return Ok(PutStep::Alloc {
-                nodes: self.replicas.iter().map(|r| r.node).collect(),
-                len: self.block_len(),
+            return self.take_blocks(looked);
+        }
+        self.write(looked)
+    }
+
+    /// Takes the blocks the first step allocated, then writes them. A replica without room
+    /// fails the put `RemoteExhausted` (before any that is down fails it `NodeDown`); the
+    /// blocks allocated elsewhere stay [`allocated`](Put::allocated), for the caller.
+    fn take_blocks(&mut self, looked: Looked) -> Result<Step<PutDone>> {
+        let early = std::mem::take(&mut self.early);
+        if early.len() != self.replicas.len() {
+            return Err(Error::Core(rdmapool_pool::CoreError::Malformed {
+                what: "store put allocation",
+                reason: format!(
+                    "{} answers for {} replicas",
+                    early.len(),
+                    self.replicas.len()
+                ),
+            }));
+        }
+        if early.contains(&Answer::Offset(None)) {
+            return Err(Error::RemoteExhausted {
+                size: self.block_len(),
             });
         }
+        let mut blocks = Vec::with_capacity(early.len());
+        for (i, a) in early.iter().enumerate() {
+            match a {
+                Answer::Offset(Some(at)) => blocks.push(*at),
+                _ => return Err(self.down(i, "allocating a block")),
+            }
+        }
+        self.blocks = blocks;
+        self.orphans.clear();
         self.write(looked)
     }
 
@@ -297,7 +338,7 @@ impl Put {
         }
     }
 
-    fn write(&mut self, looked: Looked) -> Result<PutStep> {
+    fn write(&mut self, looked: Looked) -> Result<Step<PutDone>> {
         let mut header = [0; HEADER_LEN];
         encode_header_for(
             &mut header,
@@ -306,22 +347,28 @@ impl Put {
             self.version,
             self.kind,
         )?;
+        // The header and the key; the value follows as the driver's payload.
+        let mut head = Vec::with_capacity(HEADER_LEN + self.key.len());
+        head.extend_from_slice(&header);
+        head.extend_from_slice(&self.key);
         let writes = self
             .replicas
             .iter()
             .zip(&self.blocks)
-            .map(|(r, &at)| BlockWrite {
+            .map(|(r, &at)| Op {
                 node: r.node,
-                at,
-                header,
+                io: Io::WriteWithPayload {
+                    at,
+                    head: head.clone(),
+                },
             })
             .collect();
         self.state = State::Written { looked };
-        Ok(PutStep::Write(writes))
+        Ok(Step::Do(writes))
     }
 
     /// The swaps on the replicas still pending after the primary (or after a lost swap).
-    fn backups(&mut self, looked: Looked) -> Result<PutStep> {
+    fn backups(&mut self, looked: Looked) -> Result<Step<PutDone>> {
         let mut swaps = Vec::new();
         for (k, held) in looked.held.iter().enumerate() {
             let i = self.pending[k];
@@ -337,16 +384,16 @@ impl Put {
         if swaps.is_empty() {
             return Ok(self.finish());
         }
-        let step = PutStep::Swap(swaps.iter().map(|&(_, s)| s).collect());
+        let step = Step::Do(swaps.iter().map(|(_, s)| s.op()).collect());
         self.state = State::Backups { swaps };
         Ok(step)
     }
 
-    fn finish(&mut self) -> PutStep {
+    fn finish(&mut self) -> Step<PutDone> {
         self.state = State::Finished;
         let mut done = std::mem::replace(&mut self.done, Self::empty_done());
         done.version = Some(self.version);
-        PutStep::Done(done)
+        Step::Done(done)
     }
 
     fn replaced(&mut self, swap: &Swap, old: u64) {
@@ -356,30 +403,56 @@ impl Put {
         }
     }
 
-    /// The next step, from the answers to the last one ([`Reply::Start`] the first time).
-    pub(crate) fn advance(&mut self, reply: Reply<'_>) -> Result<PutStep> {
+    /// The next step, from the answers to the last one (none the first time).
+    fn step(&mut self, answers: &[Answer]) -> Result<Step<PutDone>> {
+        let words = |a: &[Answer]| -> Vec<Option<u64>> {
+            a.iter()
+                .map(|a| match a {
+                    Answer::Word(w) => Some(*w),
+                    _ => None,
+                })
+                .collect()
+        };
         let state = std::mem::replace(&mut self.state, State::Finished);
-        match (state, reply) {
-            (State::Buckets { lookup }, Reply::Start) => {
+        match state {
+            State::Buckets { lookup } if !self.started => {
+                // The first step: the buckets, and a block on every replica (what is read
+                // does not change its size), so the allocation costs no round of its own.
+                self.started = true;
                 let reads = lookup.bucket_reads();
+                let mut ops = read_ops(&reads);
+                self.allocating = Some(reads.len());
+                ops.extend(self.replicas.iter().map(|r| Op {
+                    node: r.node,
+                    io: Io::Alloc {
+                        len: self.block_len(),
+                    },
+                }));
                 self.state = State::Buckets { lookup };
-                Ok(PutStep::Read(reads))
+                Ok(Step::Do(ops))
             }
-            (State::Buckets { lookup }, Reply::Bytes(b)) => self.read_step(lookup, b),
-            (State::Blocks { lookup }, Reply::Bytes(b)) => self.looked(&lookup, b),
-            (State::Allocated { looked }, Reply::Offsets(offsets)) => {
-                if let Some(i) = offsets.iter().position(Option::is_none) {
-                    // Keep what was allocated, so the caller can free it.
-                    self.orphans = (self.replicas.iter().zip(offsets))
-                        .filter_map(|(r, o)| o.map(|o| (r.node, o)))
-                        .collect();
-                    return Err(self.down(i, "allocating a block"));
-                }
-                self.blocks = offsets.iter().flatten().copied().collect();
-                self.write(looked)
+            State::Buckets { lookup } => {
+                let reads = match self.allocating.take() {
+                    Some(n) => {
+                        let (reads, allocs) = answers.split_at(n.min(answers.len()));
+                        self.orphans = (self.replicas.iter().zip(allocs))
+                            .filter_map(|(r, a)| match a {
+                                Answer::Offset(Some(at)) => Some((r.node, *at)),
+                                _ => None,
+                            })
+                            .collect();
+                        self.early = allocs.to_vec();
+                        reads
+                    }
+                    None => answers,
+                };
+                self.read_step(lookup, &replies(reads))
             }
-            (State::Written { looked }, Reply::Done(ok)) => {
-                if let Some(i) = ok.iter().position(|&ok| !ok) {
+            State::Blocks { lookup } => self.looked(&lookup, &replies(answers)),
+            State::Written { looked } => {
+                if let Some(i) =
+                    (0..self.replicas.len()).find(|&i| answers.get(i) != Some(&Answer::Written))
+                {
                     return Err(self.down(i, "writing the block"));
                 }
                 if self.copy {
@@ -393,10 +466,10 @@ impl Put {
                     return self.again();
                 };
                 self.state = State::Primary { looked, swap };
-                Ok(PutStep::Swap(vec![swap]))
+                Ok(Step::Do(vec![swap.op()]))
             }
-            (State::Primary { looked, swap }, Reply::Words(old)) => {
-                let Some(&Some(old)) = old.first() else {
+            State::Primary { looked, swap } => {
+                let Some(&Some(old)) = words(answers).first() else {
                     return Err(self.down(0, "the primary's swap"));
                 };
                 if old != swap.expected {
@@ -417,7 +490,8 @@ impl Put {
                 };
                 self.backups(rest)
             }
-            (State::Backups { swaps }, Reply::Words(old)) => {
+            State::Backups { swaps } => {
+                let old = words(answers);
                 for (k, &(i, s)) in swaps.iter().enumerate() {
                     match old.get(k).copied().flatten() {
                         None => return Err(self.down(i, "a replica's swap")),
@@ -435,18 +509,14 @@ impl Put {
                 let lookup = self.lookup_pending();
                 let reads = lookup.bucket_reads();
                 self.state = State::Buckets { lookup };
-                Ok(PutStep::Read(reads))
+                Ok(Step::Do(read_ops(&reads)))
             }
-            (State::Finished, _) => Err(Error::OutcomeTaken),
-            (state, reply) => Err(Error::Core(rdmapool_pool::CoreError::Malformed {
-                what: "store put reply",
-                reason: format!("{reply:?} does not answer {state:?}"),
-            })),
+            State::Finished => Err(Error::OutcomeTaken),
         }
     }
 
     /// The primary moved on: look everything up again (the blocks are kept).
-    fn again(&mut self) -> Result<PutStep> {
+    fn again(&mut self) -> Result<Step<PutDone>> {
         self.rounds += 1;
         if self.rounds > MAX_ROUNDS {
             return Err(self.contended());
@@ -454,7 +524,7 @@ impl Put {
         let lookup = Lookup::new(&self.key, &self.replicas);
         let reads = lookup.bucket_reads();
         self.state = State::Buckets { lookup };
-        Ok(PutStep::Read(reads))
+        Ok(Step::Do(read_ops(&reads)))
     }
 
     fn contended(&self) -> Error {
@@ -462,6 +532,15 @@ impl Put {
             what: "store put",
             rounds: MAX_ROUNDS,
         }
+    }
+}
+
+impl Machine for Put {
+    type Output = PutDone;
+    type Context = ();
+
+    fn advance(&mut self, _: &mut (), _now: Instant, answers: &[Answer]) -> Result<Step<PutDone>> {
+        self.step(answers)
     }
 }
 

@@ -23,8 +23,9 @@
 //! makes its indexes one at a time, so no two indexes of one tenant are made at once.
 
 use rdmapool_pool::remote::layout::{hash64, Layout};
-use rdmapool_pool::remote::regions::{Answer, Io};
+use rdmapool_pool::remote::step::{Answer, Io, Machine, Step};
 use rdmapool_pool::{CoreError, Error, Result};
+use std::time::Instant;
 
 /// Bit 63 of a chunk-table entry or of the root word: the store's.
 pub(crate) use rdmapool_pool::remote::layout::DURABLE_TAG;
@@ -63,15 +64,6 @@ impl Index {
     }
 }
 
-/// What the machine wants next.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum RootStep {
-    /// Perform this and feed back its answer.
-    Io(Io),
-    /// Finished: the node's index.
-    Done(Index),
-}
-
 #[derive(Debug, Clone)]
 enum State {
     Start,
@@ -104,6 +96,7 @@ enum State {
 /// Finds or makes a node's index (see the module's text).
 #[derive(Debug, Clone)]
 pub(crate) struct FindRoot {
+    node: u32,
     layout: Layout,
     writer: u64,
     /// An isolated node: the tenant's own index, found in its own chunks.
@@ -112,9 +105,10 @@ pub(crate) struct FindRoot {
 }
 
 impl FindRoot {
-    /// The machine for the node laid out as `layout`, run by client `writer`.
-    pub(crate) fn new(layout: Layout, writer: u64) -> Self {
+    /// The machine for node `node`, laid out as `layout`, run by client `writer`.
+    pub(crate) fn new(node: u32, layout: Layout, writer: u64) -> Self {
         Self {
+            node,
             layout,
             writer,
             tenant: false,
@@ -123,22 +117,25 @@ impl FindRoot {
     }
 
     /// The machine for tenant `writer`'s own index on an isolated node (module docs).
-    pub(crate) fn tenant(layout: Layout, writer: u64) -> Self {
+    pub(crate) fn tenant(node: u32, layout: Layout, writer: u64) -> Self {
         Self {
             tenant: true,
-            ..Self::new(layout, writer)
+            ..Self::new(node, layout, writer)
         }
     }
 
     /// Isolated: the next of the tenant's store chunks to look at, or a claim of a new one.
-    fn look(&mut self, candidates: Vec<u64>, i: usize) -> Result<RootStep> {
+    fn look(&mut self, candidates: Vec<u64>, i: usize) -> Result<Step<Index>> {
         match candidates.get(i) {
             Some(&chunk) => {
                 self.state = State::Look { candidates, i };
-                Ok(RootStep::Io(Io::Read {
-                    at: self.layout.chunk(chunk),
-                    words: 1,
-                }))
+                Ok(Step::one(
+                    self.node,
+                    Io::Read {
+                        at: self.layout.chunk(chunk),
+                        len: 8,
+                    },
+                ))
             }
             None => self.claim(0),
         }
@@ -165,33 +162,46 @@ impl FindRoot {
         Ok(Index::new(&self.layout, chunk))
     }
 
-    fn claim(&mut self, probe: u64) -> Result<RootStep> {
+    fn claim(&mut self, probe: u64) -> Result<Step<Index>> {
         if probe >= self.layout.chunk_count {
             return Err(Error::RemoteExhausted {
                 size: self.layout.chunk_size,
             });
         }
         self.state = State::Claim { probe };
-        Ok(RootStep::Io(Io::Cas {
-            at: self.layout.table_entry(self.entry(probe)),
-            expected: 0,
-            swap: self.tag(),
-        }))
+        Ok(Step::one(
+            self.node,
+            Io::Cas {
+                at: self.layout.table_entry(self.entry(probe)),
+                expected: 0,
+                swap: self.tag(),
+            },
+        ))
     }
 
-    fn zero(&mut self, chunk: u64, at: u64) -> RootStep {
+    fn zero(&mut self, chunk: u64, at: u64) -> Step<Index> {
         let len = ZERO_PIECE.min(self.layout.chunk_size - at);
         self.state = State::Zero { chunk, at };
-        RootStep::Io(Io::Write {
-            at: self.layout.chunk(chunk) + at,
-            bytes: vec![0; len as usize],
-        })
+        Step::one(
+            self.node,
+            Io::Write {
+                at: self.layout.chunk(chunk) + at,
+                bytes: vec![0; len as usize],
+            },
+        )
     }
 
     /// The next step, from the answer to the last one (`None` the first time).
-    pub(crate) fn advance(&mut self, answer: Option<Answer>) -> Result<RootStep> {
-        let word = |a: Option<Answer>| match a {
-            Some(Answer::Word(w)) => Ok(w),
+    fn step(&mut self, answer: Option<&Answer>) -> Result<Step<Index>> {
+        if answer.is_some_and(Answer::failed) {
+            return Err(Error::NodeDown {
+                node: self.node,
+                reason: "an operation on its store index root failed".into(),
+            });
+        }
+        let word = |a: Option<&Answer>| match a {
+            Some(Answer::Word(w)) => Ok(*w),
+            Some(Answer::Bytes(b)) if b.len() == 8 => Ok(a.map_or(0, Answer::word)),
             other => Err(Error::Core(CoreError::Malformed {
                 what: "store root answer",
                 reason: format!("a word was expected, got {other:?}"),
@@ -200,14 +210,17 @@ impl FindRoot {
         match std::mem::replace(&mut self.state, State::Start) {
             State::Start if self.tenant => {
                 self.state = State::Table;
-                Ok(RootStep::Io(Io::Read {
-                    at: self.layout.table_entry(0),
-                    words: (self.layout.chunk_count * 2) as usize,
-                }))
+                Ok(Step::one(
+                    self.node,
+                    Io::Read {
+                        at: self.layout.table_entry(0),
+                        len: self.layout.chunk_count * 16,
+                    },
+                ))
             }
             State::Table => {
                 let entries = match answer {
-                    Some(Answer::Words(w)) => w,
+                    Some(a @ Answer::Bytes(_)) => a.words(),
                     other => {
                         return Err(Error::Core(CoreError::Malformed {
                             what: "store root answer",
@@ -226,20 +239,23 @@ impl FindRoot {
             }
             State::Look { candidates, i } => {
                 if word(answer)? == u64::from_le_bytes(INDEX_MAGIC) {
-                    return Ok(RootStep::Done(Index::new(&self.layout, candidates[i])));
+                    return Ok(Step::Done(Index::new(&self.layout, candidates[i])));
                 }
                 self.look(candidates, i + 1)
             }
             State::Start => {
                 self.state = State::ReadRoot;
-                Ok(RootStep::Io(Io::Read {
-                    at: ROOT_WORD,
-                    words: 1,
-                }))
+                Ok(Step::one(
+                    self.node,
+                    Io::Read {
+                        at: ROOT_WORD,
+                        len: 8,
+                    },
+                ))
             }
             State::ReadRoot => match word(answer)? {
                 0 => self.claim(0),
-                root => Ok(RootStep::Done(self.named(root)?)),
+                root => Ok(Step::Done(self.named(root)?)),
             },
             State::Claim { probe } => match word(answer)? {
                 0 => Ok(self.zero(self.entry(probe), 0)),
@@ -251,39 +267,57 @@ impl FindRoot {
                     return Ok(self.zero(chunk, next));
                 }
                 self.state = State::Magic { chunk };
-                Ok(RootStep::Io(Io::Write {
-                    at: self.layout.chunk(chunk),
-                    bytes: INDEX_MAGIC.to_vec(),
-                }))
+                Ok(Step::one(
+                    self.node,
+                    Io::Write {
+                        at: self.layout.chunk(chunk),
+                        bytes: INDEX_MAGIC.to_vec(),
+                    },
+                ))
             }
             State::Magic { chunk } if self.tenant => {
-                Ok(RootStep::Done(Index::new(&self.layout, chunk)))
+                Ok(Step::Done(Index::new(&self.layout, chunk)))
             }
             State::Magic { chunk } => {
                 self.state = State::Publish { chunk };
-                Ok(RootStep::Io(Io::Cas {
-                    at: ROOT_WORD,
-                    expected: 0,
-                    swap: DURABLE_TAG | chunk,
-                }))
+                Ok(Step::one(
+                    self.node,
+                    Io::Cas {
+                        at: ROOT_WORD,
+                        expected: 0,
+                        swap: DURABLE_TAG | chunk,
+                    },
+                ))
             }
             State::Publish { chunk } => match word(answer)? {
-                0 => Ok(RootStep::Done(Index::new(&self.layout, chunk))),
+                0 => Ok(Step::Done(Index::new(&self.layout, chunk))),
                 winner => {
                     self.named(winner)?;
                     self.state = State::Release { winner };
-                    Ok(RootStep::Io(Io::Cas {
-                        at: self.layout.table_entry(chunk),
-                        expected: self.tag(),
-                        swap: 0,
-                    }))
+                    Ok(Step::one(
+                        self.node,
+                        Io::Cas {
+                            at: self.layout.table_entry(chunk),
+                            expected: self.tag(),
+                            swap: 0,
+                        },
+                    ))
                 }
             },
             State::Release { winner } => {
                 word(answer)?;
-                Ok(RootStep::Done(self.named(winner)?))
+                Ok(Step::Done(self.named(winner)?))
             }
         }
+    }
+}
+
+impl Machine for FindRoot {
+    type Output = Index;
+    type Context = ();
+
+    fn advance(&mut self, _: &mut (), _now: Instant, answers: &[Answer]) -> Result<Step<Index>> {
+        self.step(answers.first())
     }
 }
 

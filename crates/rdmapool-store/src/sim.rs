@@ -1,16 +1,20 @@
-//! A simulated cluster for the store's machines: each node's region as bytes, one
-//! operation at a time, a bump allocator for blocks, and nodes that can be down. The
-//! drivers here perform a machine's steps the way the store client will, and tests
-//! interleave several machines step by step.
+//! A simulated cluster for the store's machines: each node's region the pool's
+//! [`SimRegion`] (one operation at a time), a bump allocator for blocks beside it, and
+//! nodes that can be down. [`Cluster::perform`] performs an operation of the step
+//! vocabulary as the pool's real driver does; the runs here drive machines with it, and
+//! tests interleave several machines step by step.
 
 use super::format::{block_len, encode_block, KeyHash, Kind, Slot, ValueDigest, Version};
-use super::get::{Get, GetStep};
+use super::get::Get;
 use super::lookup::{Read, Replica};
-use super::put::{Put, PutDone, PutStep, Reply};
+use super::put::{Put, PutDone};
 use super::root::Index;
 use rdmapool_pool::remote::layout::Layout;
+use rdmapool_pool::remote::sim::SimRegion;
+use rdmapool_pool::remote::step::{Answer, Io, Machine, Op, Step};
 use rdmapool_pool::Result;
 use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
 mod repairing;
 pub(super) use repairing::Repairing;
@@ -22,7 +26,7 @@ pub(super) fn layout() -> Layout {
 
 /// Nodes' regions as bytes, each with its index in chunk 0 and blocks from chunk 1 on.
 pub(super) struct Cluster {
-    pub(super) regions: HashMap<u32, Vec<u8>>,
+    pub(super) regions: HashMap<u32, SimRegion>,
     pub(super) replicas: Vec<Replica>,
     next_block: HashMap<u32, u64>,
     pub(super) down: HashSet<u32>,
@@ -37,10 +41,7 @@ impl Cluster {
             buckets: ((1 << 20) - 64) / 64,
         };
         Self {
-            regions: nodes
-                .iter()
-                .map(|&n| (n, vec![0; l.len as usize]))
-                .collect(),
+            regions: nodes.iter().map(|&n| (n, SimRegion::new(l, 1))).collect(),
             replicas: nodes
                 .iter()
                 .map(|&node| Replica {
@@ -65,8 +66,8 @@ impl Cluster {
 
     /// Node `node` restarted: its memory is empty again (index and blocks).
     pub(super) fn wipe(&mut self, node: u32) {
-        if let Some(r) = self.regions.get_mut(&node) {
-            r.fill(0);
+        if let Some(r) = self.regions.get(&node) {
+            r.wipe();
         }
     }
 
@@ -88,7 +89,7 @@ impl Cluster {
         let r = self.replica(node);
         let h = KeyHash::of(key);
         let bucket = r.bucket_at(h) as usize;
-        let region = self.regions.get_mut(&node).unwrap();
+        let mut region = self.regions[&node].bytes();
         region[at as usize..at as usize + block.len()].copy_from_slice(&block);
         let word = Slot::new(h, at, block_len(key, value.len() as u64))
             .unwrap()
@@ -100,57 +101,83 @@ impl Cluster {
         at
     }
 
-    pub(super) fn read(&self, r: &Read) -> Option<Vec<u8>> {
-        if self.down.contains(&r.node) {
-            return None;
+    /// Performs `op` as the pool's driver does: [`Answer::Failed`] on a node that is
+    /// down; an allocation from the node's bump allocator; a write with a payload writes
+    /// `payload` after its head.
+    pub(super) fn perform(&mut self, op: &Op, payload: &[u8]) -> Answer {
+        match &op.io {
+            Io::Alloc { len } if !self.down.contains(&op.node) => {
+                Answer::Offset(self.alloc(op.node, *len))
+            }
+            Io::WriteWithPayload { at, head } if !self.down.contains(&op.node) => {
+                match self.regions.get(&op.node) {
+                    Some(r) => r.write(*at, &[head, payload]),
+                    None => Answer::Failed,
+                }
+            }
+            _ => self.answer(op),
         }
-        let region = &self.regions[&r.node];
-        let end = ((r.at + r.len) as usize).min(region.len());
-        Some(region.get(r.at as usize..end)?.to_vec())
+    }
+
+    /// Performs `op`, one that neither allocates nor writes a payload (a read, a write, a
+    /// compare-and-swap), on the node's region: [`Answer::Failed`] on a node that is down.
+    pub(super) fn answer(&self, op: &Op) -> Answer {
+        if self.down.contains(&op.node) {
+            return Answer::Failed;
+        }
+        self.regions
+            .get(&op.node)
+            .map_or(Answer::Failed, |r| r.apply(&op.io))
+    }
+
+    /// The bytes of `r` (`None`: its node is down).
+    pub(super) fn read(&self, r: &Read) -> Option<Vec<u8>> {
+        match self.answer(&r.op()) {
+            Answer::Bytes(b) => Some(b),
+            _ => None,
+        }
     }
 
     /// Runs a get; a tombstone is "not found".
     pub(super) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let mut g = Get::new(key, &self.replicas);
-        let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+        let now = Instant::now();
+        let mut answers: Vec<Answer> = Vec::new();
         loop {
-            let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
-            match g.advance(&replies)? {
-                GetStep::Read(reads) => bytes = reads.iter().map(|r| self.read(r)).collect(),
-                GetStep::Done(None) => return Ok(None),
-                GetStep::Done(Some((_, f))) if f.block.tombstone => return Ok(None),
-                GetStep::Done(Some((at, f))) => {
+            match g.advance(&mut (), now, &answers)? {
+                Step::Do(ops) => answers = ops.iter().map(|op| self.answer(op)).collect(),
+                Step::Done(None) => return Ok(None),
+                Step::Done(Some((_, f))) if f.block.tombstone => return Ok(None),
+                Step::Done(Some((at, f))) => {
                     let b = match at {
-                        super::lookup::Src::Read(i) => bytes[i].clone().unwrap(),
+                        super::lookup::Src::Read(i) => answers[i].bytes().unwrap().to_vec(),
                         super::lookup::Src::Early(e) => g.take_early(e),
                     };
                     return Ok(Some(b[f.block.value].to_vec()));
                 }
+                Step::Sleep(_) | Step::Wait => answers.clear(),
             }
         }
     }
 
     /// A compare-and-swap of the word at `at` of `node`: the old value (`None`: down).
     pub(super) fn cas(&mut self, node: u32, at: u64, expected: u64, swap: u64) -> Option<u64> {
-        if self.down.contains(&node) {
-            return None;
+        let op = Op {
+            node,
+            io: Io::Cas { at, expected, swap },
+        };
+        match self.perform(&op, &[]) {
+            Answer::Word(w) => Some(w),
+            _ => None,
         }
-        let region = self.regions.get_mut(&node)?;
-        let w = &mut region[at as usize..at as usize + 8];
-        let old = u64::from_le_bytes(w.try_into().ok()?);
-        if old == expected {
-            w.copy_from_slice(&swap.to_le_bytes());
-        }
-        Some(old)
     }
 
     /// Every slot word of `key`'s bucket on `node`.
     pub(super) fn bucket(&self, node: u32, key: &[u8]) -> Vec<u64> {
         let r = self.replica(node);
-        let at = r.bucket_at(KeyHash::of(key)) as usize;
-        self.regions[&node][at..at + 64]
-            .chunks(8)
-            .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+        let at = r.bucket_at(KeyHash::of(key));
+        (0..8)
+            .map(|i| self.regions[&node].load(at + i * 8))
             .collect()
     }
 }
@@ -159,8 +186,8 @@ impl Cluster {
 pub(super) struct Running {
     pub(super) put: Put,
     value: Vec<u8>,
-    key: Vec<u8>,
-    step: Option<PutStep>,
+    /// The operations it asked for and has not been answered.
+    step: Option<Vec<Op>>,
     pub(super) outcome: Option<Result<PutDone>>,
 }
 
@@ -186,7 +213,7 @@ impl Running {
         )
         .expect("valid put")
         .hinted(hints);
-        Self::start(put, key, value)
+        Self::start(put, value)
     }
 
     pub(super) fn remove(c: &Cluster, key: &[u8], writer: u64) -> Self {
@@ -201,7 +228,7 @@ impl Running {
         };
         let put =
             Put::new(key, ValueDigest::of(value), kind, writer, &c.replicas).expect("valid put");
-        Self::start(put, key, value)
+        Self::start(put, value)
     }
 
     /// A repair's copy of `key`'s `version` onto `replicas`.
@@ -214,15 +241,14 @@ impl Running {
     ) -> Self {
         let put =
             Put::copy(key, ValueDigest::of(value), kind, version, replicas).expect("valid copy");
-        Self::start(put, key, value)
+        Self::start(put, value)
     }
 
-    pub(super) fn start(mut put: Put, key: &[u8], value: &[u8]) -> Self {
-        let step = put.advance(Reply::Start);
+    pub(super) fn start(mut put: Put, value: &[u8]) -> Self {
+        let step = put.advance(&mut (), Instant::now(), &[]);
         let mut r = Self {
             put,
             value: value.to_vec(),
-            key: key.to_vec(),
             step: None,
             outcome: None,
         };
@@ -230,10 +256,11 @@ impl Running {
         r
     }
 
-    fn take(&mut self, step: Result<PutStep>) {
+    fn take(&mut self, step: Result<Step<PutDone>>) {
         match step {
-            Ok(PutStep::Done(d)) => self.outcome = Some(Ok(d)),
-            Ok(s) => self.step = Some(s),
+            Ok(Step::Done(d)) => self.outcome = Some(Ok(d)),
+            Ok(Step::Do(ops)) => self.step = Some(ops),
+            Ok(Step::Sleep(_) | Step::Wait) => self.step = Some(Vec::new()),
             Err(e) => self.outcome = Some(Err(e)),
         }
     }
@@ -242,57 +269,26 @@ impl Running {
         self.outcome.is_some()
     }
 
-    /// The pending step's kind, for tests that stop a put at a chosen point.
+    /// Whether the pending step swaps slot words (tests stop a put at a chosen point).
     pub(super) fn next_is_swap(&self) -> bool {
-        matches!(self.step, Some(PutStep::Swap(_)))
+        self.step
+            .as_ref()
+            .is_some_and(|ops| ops.iter().any(|op| matches!(op.io, Io::Cas { .. })))
     }
 
-    /// Whether the pending step is a round of READs.
+    /// Whether the pending step reads.
     pub(super) fn next_is_read(&self) -> bool {
-        matches!(self.step, Some(PutStep::Read(_)))
+        self.step
+            .as_ref()
+            .is_some_and(|ops| ops.iter().any(|op| matches!(op.io, Io::Read { .. })))
     }
 
     /// Performs the pending step on the cluster (every operation of it, one at a time, as
     /// they would land) and advances the machine.
     pub(super) fn step(&mut self, c: &mut Cluster) {
-        let Some(step) = self.step.take() else { return };
-        let next = match step {
-            PutStep::Read(reads) => {
-                let bytes: Vec<Option<Vec<u8>>> = reads.iter().map(|r| c.read(r)).collect();
-                let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
-                self.put.advance(Reply::Bytes(&replies))
-            }
-            PutStep::Alloc { nodes, len } => {
-                let offsets: Vec<Option<u64>> = nodes.iter().map(|&n| c.alloc(n, len)).collect();
-                self.put.advance(Reply::Offsets(&offsets))
-            }
-            PutStep::Write(writes) => {
-                let ok: Vec<bool> = writes
-                    .iter()
-                    .map(|w| {
-                        if c.down.contains(&w.node) {
-                            return false;
-                        }
-                        let region = c.regions.get_mut(&w.node).unwrap();
-                        let mut at = w.at as usize;
-                        for part in [&w.header[..], &self.key, &self.value] {
-                            region[at..at + part.len()].copy_from_slice(part);
-                            at += part.len();
-                        }
-                        true
-                    })
-                    .collect();
-                self.put.advance(Reply::Done(&ok))
-            }
-            PutStep::Swap(swaps) => {
-                let old: Vec<Option<u64>> = swaps
-                    .iter()
-                    .map(|s| c.cas(s.node, s.at, s.expected, s.swap))
-                    .collect();
-                self.put.advance(Reply::Words(&old))
-            }
-            PutStep::Done(_) => unreachable!("a finished put has no step"),
-        };
+        let Some(ops) = self.step.take() else { return };
+        let answers: Vec<Answer> = ops.iter().map(|op| c.perform(op, &self.value)).collect();
+        let next = self.put.advance(&mut (), Instant::now(), &answers);
         self.take(next);
     }
 

@@ -7,10 +7,10 @@
 //! chunk this client owns in its book.
 
 use super::input::Input;
-use crate::remote::client::chunks::{
-    Alloc, Answer, Book, Checked, Free, Io, Machine, Next, Recover,
-};
+use crate::remote::client::chunks::Recover;
+use crate::remote::client::chunks::{Alloc, Answer, Book, Checked, Free, Io, Machine, Step};
 use crate::remote::layout::{self, size_class, Layout};
+use crate::remote::sim::SimRegion;
 use crate::remote::RemotePtr;
 
 const ID: u64 = 7;
@@ -18,9 +18,11 @@ const CHUNK: u64 = 64 << 10;
 /// Object sizes the program allocates (every kind of class of a 64 KiB chunk).
 const SIZES: [u64; 6] = [1, 64, 200, 4096, 16 << 10, 40 << 10];
 
+/// The region (the simulated one the pool's and the store's simulations share) behind a
+/// server that lies now and then.
 struct Node<'a> {
     layout: Layout,
-    words: Vec<u64>,
+    region: SimRegion,
     input: Input<'a>,
     /// Every `lie_every`-th answer is a lie (0: none), of the value `lie`.
     lie_every: u64,
@@ -28,58 +30,46 @@ struct Node<'a> {
 }
 
 impl Node<'_> {
-    fn word(&mut self, at: u64) -> &mut u64 {
-        assert!(at.is_multiple_of(8), "unaligned operation at {at}");
-        assert!(at < self.layout.len, "operation at {at} past the region");
-        &mut self.words[(at / 8) as usize]
-    }
-
     /// Performs `io`; every `lie_every`-th answer is replaced by made-up words.
     fn apply(&mut self, io: &Io) -> Answer {
         self.answers += 1;
         let lie = self.lie_every != 0 && self.answers.is_multiple_of(self.lie_every);
         match io {
-            Io::Cas { at, expected, swap } => {
-                let w = self.word(*at);
-                let old = *w;
-                if old == *expected {
-                    *w = *swap;
-                }
-                Answer::Word(if lie { made_up(self.answers) } else { old })
+            Io::Cas { at, .. } => {
+                assert!(at.is_multiple_of(8), "unaligned operation at {at}");
+                assert!(*at < self.layout.len, "operation at {at} past the region");
             }
-            Io::Read { at, words } => {
+            Io::Read { at, len } => {
+                assert!(at.is_multiple_of(8), "unaligned read at {at}");
                 assert!(
-                    *words >= 1 && *words as u64 * 8 <= CHUNK,
-                    "a read of {words} words"
+                    *len >= 8 && len.is_multiple_of(8) && *len <= CHUNK,
+                    "a read of {len} bytes"
                 );
-                let end = at + *words as u64 * 8;
                 assert!(
-                    end <= self.layout.len,
-                    "a read past the region: {at}+{words} words"
+                    at + len <= self.layout.len,
+                    "a read past the region: {at}+{len}"
                 );
-                let mut v: Vec<u64> = (0..*words as u64).map(|i| *self.word(at + i * 8)).collect();
-                if lie {
-                    for (i, w) in v.iter_mut().enumerate() {
-                        *w = made_up(self.answers + i as u64);
-                    }
-                }
-                if *words == 1 {
-                    Answer::Word(v[0])
-                } else {
-                    Answer::Words(v)
-                }
             }
             Io::Write { at, bytes } => {
+                assert!(at.is_multiple_of(8), "unaligned write at {at}");
                 assert!(
                     bytes.len().is_multiple_of(8) && !bytes.is_empty(),
                     "a write of {}",
                     bytes.len()
                 );
-                for (i, b) in bytes.chunks(8).enumerate() {
-                    *self.word(at + i as u64 * 8) = u64::from_le_bytes(b.try_into().expect("8"));
-                }
-                Answer::Written
             }
+            other => panic!("a pool machine asked for {other:?}"),
+        }
+        let answer = self.region.apply(io);
+        assert!(!answer.failed(), "{io:?} failed on the simulated region");
+        match answer {
+            Answer::Word(_) if lie => Answer::Word(made_up(self.answers)),
+            Answer::Bytes(b) if lie => Answer::Bytes(
+                (0..b.len() as u64 / 8)
+                    .flat_map(|i| made_up(self.answers + i).to_le_bytes())
+                    .collect(),
+            ),
+            a => a,
         }
     }
 }
@@ -96,13 +86,25 @@ fn made_up(n: u64) -> u64 {
 }
 
 /// Runs `m` to its end; panics if it does not end.
-fn drive<M: Machine>(node: &mut Node<'_>, book: &mut Book, mut m: M) -> Option<M::Output> {
-    let mut answer = None;
+fn drive<M: Machine<Context = Book>>(
+    node: &mut Node<'_>,
+    book: &mut Book,
+    mut m: M,
+) -> Option<M::Output> {
+    let mut answers = Vec::new();
+    let now = std::time::Instant::now();
     for _ in 0..(2 * node.layout.chunk_count + 4096 + 8) {
-        match m.advance(book, answer.take()) {
-            Ok(Next::Io(io)) => answer = Some(node.apply(&io)),
-            Ok(Next::Wait) => panic!("one task alone waited for a claim"),
-            Ok(Next::Done(out)) => return Some(out),
+        match m.advance(book, now, &answers) {
+            Ok(Step::Do(ops)) => {
+                assert_eq!(
+                    ops.len(),
+                    1,
+                    "a chunk machine asks for one operation at a time"
+                );
+                answers = ops.iter().map(|op| node.apply(&op.io)).collect();
+            }
+            Ok(Step::Sleep(_) | Step::Wait) => panic!("one task alone waited"),
+            Ok(Step::Done(out)) => return Some(out),
             Err(_) => {
                 m.abandon(book);
                 return None;
@@ -166,15 +168,22 @@ pub(super) fn execute(data: &[u8]) -> Summary {
         }
     }
     let lie_every = u64::from(input.u8() % 8);
+    let region = SimRegion::new(layout, 3);
+    region.bytes().copy_from_slice(
+        &words
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    );
     let mut node = Node {
         layout,
-        words,
+        region,
         input,
         lie_every,
         answers: 0,
     };
     let incarnation = 3;
-    let mut book = Book::new(ID, incarnation, layout);
+    let mut book = Book::new(ID, 1, incarnation, layout);
     drive(&mut node, &mut book, Recover::new());
     summary.recovered = book.owned().len();
     let check_owned = |book: &Book, offset: u64, class: u64| {
@@ -230,17 +239,13 @@ pub(super) fn execute(data: &[u8]) -> Summary {
                     Ok(Checked::ReadHeader { chunk }) => {
                         assert!(chunk < layout.chunk_count);
                         let at = layout.chunk(chunk);
-                        let magic = match node.apply(&Io::Read { at, words: 1 }) {
-                            Answer::Word(w) => w,
-                            other => panic!("{other:?}"),
-                        };
-                        let size = match node.apply(&Io::Read {
-                            at: at + layout::chunk::OBJECT_SIZE,
-                            words: 1,
-                        }) {
-                            Answer::Word(w) => w,
-                            other => panic!("{other:?}"),
-                        };
+                        let magic = node.apply(&Io::Read { at, len: 8 }).word();
+                        let size = node
+                            .apply(&Io::Read {
+                                at: at + layout::chunk::OBJECT_SIZE,
+                                len: 8,
+                            })
+                            .word();
                         match book.on_header(ptr, chunk, magic, size) {
                             Ok(o) => o,
                             Err(_) => continue,
@@ -256,7 +261,7 @@ pub(super) fn execute(data: &[u8]) -> Summary {
             }
             _ => {
                 // Recover again (a restart) into a fresh book.
-                book = Book::new(ID, incarnation, layout);
+                book = Book::new(ID, 1, incarnation, layout);
                 drive(&mut node, &mut book, Recover::new());
                 held.clear();
             }

@@ -7,7 +7,7 @@
 //! slot was seen (by the owner scan or a claim) holding another id.
 
 use super::input::Input;
-use crate::remote::client::takeover::{next_beat, Step, Takeover};
+use crate::remote::client::takeover::{next_beat, Pending, Takeover};
 use std::time::{Duration, Instant};
 
 const ID: u64 = 77;
@@ -42,8 +42,8 @@ pub(super) fn run(data: &[u8]) {
     // Slots seen (by the scan or a claim) held by another id.
     let mut others_at = std::collections::HashSet::new();
     for _ in 0..4096 {
-        match t.step() {
-            Step::ReadOwners => {
+        match t.pending() {
+            Pending::ReadOwners => {
                 let owners: Vec<u64> = (0..slots).map(|_| word(&mut input, 78)).collect();
                 for (s, &o) in owners.iter().enumerate() {
                     if o != 0 && o != ID {
@@ -52,7 +52,7 @@ pub(super) fn run(data: &[u8]) {
                 }
                 t.on_owners(&owners);
             }
-            Step::Claim { slot } => {
+            Pending::Claim { slot } => {
                 assert!(slot < slots, "slot {slot} of {slots}");
                 let old = word(&mut input, 0);
                 if old != 0 && old != ID {
@@ -64,7 +64,7 @@ pub(super) fn run(data: &[u8]) {
                 owner_read = None;
                 t.on_claim(old, now);
             }
-            Step::ReadBeat { slot, at } => {
+            Pending::ReadBeat { slot, at } => {
                 assert!(slot < slots);
                 now = now.max(at) + Duration::from_millis(u64::from(input.u8()));
                 let last = watched.last().map_or(1, |w| w.0);
@@ -72,13 +72,13 @@ pub(super) fn run(data: &[u8]) {
                 watched.push((beat, now));
                 t.on_beat(beat, now);
             }
-            Step::ReadOwner { slot } => {
+            Pending::ReadOwner { slot } => {
                 assert!(slot < slots);
                 let owner = word(&mut input, ID);
                 owner_read = Some(owner);
                 t.on_owner(owner);
             }
-            Step::Renew {
+            Pending::Renew {
                 slot,
                 expected,
                 new,
@@ -92,7 +92,7 @@ pub(super) fn run(data: &[u8]) {
                 renewed_from = Some((expected, new, old));
                 t.on_renewed(old);
             }
-            Step::Taken { slot, beat } => {
+            Pending::Taken { slot, beat } => {
                 assert!(slot < slots);
                 let (expected, new, old) = renewed_from.expect("taken without a renewal");
                 assert_eq!(old, expected, "taken although the swap found another value");
@@ -113,12 +113,12 @@ pub(super) fn run(data: &[u8]) {
                 }
                 return;
             }
-            Step::InUse => {
+            Pending::InUse => {
                 assert_eq!(claimed, Some(ID));
                 assert_eq!(owner_read, Some(ID));
                 return;
             }
-            Step::Full => {
+            Pending::Full => {
                 assert_eq!(
                     others_at.len() as u64,
                     slots,

@@ -51,6 +51,9 @@ pub(crate) mod lease;
 mod membership;
 mod placement;
 mod server;
+#[cfg(any(test, doc, feature = "sim"))]
+pub mod sim;
+pub mod step;
 pub(crate) mod sweep;
 
 pub use client::{BatchOutcome, ClientConfig, NodeStats, PoolBatch, PoolClient, DEPARTED_MEMORY};

@@ -8,16 +8,18 @@
 
 use super::{check_user_key, digest_of, stripe, Located, Purpose, Store, HINTS};
 use crate::format::{decode_split, peek, value_len, Kind, Version, HEADER_LEN};
-use crate::get::{Get, GetStep};
+use crate::get::Get;
 use crate::lookup::{Looked, Replica, Src};
 use crate::lookup::{Lookup, Read};
 use crate::stripe::Manifest;
 use futures_util::future::join_all;
 use rdmapool_pool::fabric::{Mr, RegisteredMemory, Shared};
+use rdmapool_pool::remote::step::{Answer, Machine, Step};
 use rdmapool_pool::remote::RemotePtr;
 use rdmapool_pool::{Error, Result};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 /// How many lookups a get makes before it reports a key whose copies all fail their
 /// checksum as damaged (the first may have raced a reuse after the grace period).
@@ -79,11 +81,10 @@ impl Store {
             let number = self.placing_view().await?.number;
             let (replicas, missing) = self.replicas(key, self.cfg.replicas, Purpose::Read).await?;
             let mut g = Get::hinted(key, &replicas, &self.hints_of(key)).missing(missing);
-            let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+            let mut answers: Vec<Answer> = Vec::new();
             let mut first = true;
             loop {
-                let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
-                match g.advance(&replies) {
+                match g.advance(&mut (), Instant::now(), &answers) {
                     // A reader slower than the grace period finds its block reused under it
                     // (section 8): look again before calling the key damaged.
                     Err(Error::Damaged { .. }) if attempt < DAMAGED_LOOKS => {
@@ -91,12 +92,12 @@ impl Store {
                         continue 'lookup;
                     }
                     Err(e) => return Err(e),
-                    Ok(GetStep::Read(reads)) if first => {
+                    Ok(Step::Do(ops)) if first => {
                         // The fence words beside the first round: a newer view in force
                         // means this placement may be stale (docs/STORE.md section 4).
                         first = false;
-                        let (b, fences) = futures_util::future::join(
-                            self.reads(&replicas, &reads),
+                        let (a, fences) = futures_util::future::join(
+                            self.perform(&replicas, &ops),
                             self.fences(&replicas),
                         )
                         .await;
@@ -112,18 +113,25 @@ impl Store {
                             self.reload_view().await?;
                             continue 'lookup;
                         }
-                        bytes = b;
+                        answers = a?;
                     }
-                    Ok(GetStep::Read(reads)) => bytes = self.reads(&replicas, &reads).await,
-                    Ok(GetStep::Done(Some((at, f)))) => {
+                    Ok(Step::Do(ops)) => answers = self.perform(&replicas, &ops).await?,
+                    Ok(Step::Done(Some((at, f)))) => {
                         self.remember_found(key, &g, f.block.version);
                         let b = match at {
-                            Src::Read(i) => bytes.swap_remove(i).unwrap_or_default(),
+                            Src::Read(i) => match answers
+                                .get_mut(i)
+                                .map(|a| std::mem::replace(a, Answer::Failed))
+                            {
+                                Some(Answer::Bytes(b)) => b,
+                                _ => Vec::new(),
+                            },
                             Src::Early(e) => g.take_early(e),
                         };
                         return Ok(Some((b, f.block)));
                     }
-                    Ok(GetStep::Done(None)) => return Ok(None),
+                    Ok(Step::Done(None)) => return Ok(None),
+                    Ok(Step::Sleep(_) | Step::Wait) => answers.clear(),
                 }
             }
         }

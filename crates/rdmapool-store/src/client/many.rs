@@ -4,8 +4,9 @@
 
 use super::Store;
 use crate::format::Kind;
-use crate::get::{Get, GetStep};
+use crate::get::Get;
 use crate::lookup::{Replica, Src};
+use rdmapool_pool::remote::step::{Answer, Io, Machine, Step};
 use rdmapool_pool::{Error, Result};
 use std::sync::atomic::Ordering;
 
@@ -89,41 +90,51 @@ impl Store {
                 Err(e) => out[i] = Some(Err(e)),
             }
         }
-        // Bytes of the last step's combined READs (empty before the first step).
-        let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+        // Answers to the last step's combined READs (empty before the first step).
+        let mut answers: Vec<Answer> = Vec::new();
+        let now = std::time::Instant::now();
         let mut again = Vec::new();
         let mut first = true;
         while !running.is_empty() {
             let mut reads = Vec::new();
             let mut still = Vec::with_capacity(running.len());
             for mut r in running {
-                let replies: Vec<Option<&[u8]>> = bytes[r.reads.clone()]
-                    .iter()
-                    .map(Option::as_deref)
-                    .collect();
                 let key = keys[r.key];
-                match r.get.advance(&replies) {
+                let mine = answers.get(r.reads.clone()).unwrap_or(&[]);
+                match r.get.advance(&mut (), now, mine) {
                     // Looked up again by `get`, which looks up to three times before it says so.
                     Err(Error::Damaged { .. }) => again.push(r.key),
                     Err(e) => out[r.key] = Some(Err(e)),
-                    Ok(GetStep::Read(list)) => {
+                    Ok(Step::Do(ops)) => {
                         let start = reads.len();
-                        for read in list {
-                            let inc = r
-                                .replicas
-                                .iter()
-                                .find(|x| x.node == read.node)
-                                .map_or(0, |x| x.incarnation);
-                            reads.push((read.node, inc, read.at, read.len));
+                        for op in ops {
+                            if let Io::Read { at, len } = op.io {
+                                let inc = r
+                                    .replicas
+                                    .iter()
+                                    .find(|x| x.node == op.node)
+                                    .map_or(0, |x| x.incarnation);
+                                reads.push((op.node, inc, at, len));
+                            }
                         }
                         r.reads = start..reads.len();
                         still.push(r);
                     }
-                    Ok(GetStep::Done(None)) => out[r.key] = Some(Ok(None)),
-                    Ok(GetStep::Done(Some((at, found)))) => {
+                    Ok(Step::Sleep(_) | Step::Wait) => {
+                        r.reads = 0..0;
+                        still.push(r);
+                    }
+                    Ok(Step::Done(None)) => out[r.key] = Some(Ok(None)),
+                    Ok(Step::Done(Some((at, found)))) => {
                         self.remember_found(key, &r.get, found.block.version);
                         let mut b = match at {
-                            Src::Read(k) => bytes[r.reads.start + k].take().unwrap_or_default(),
+                            Src::Read(k) => match answers.get_mut(r.reads.start + k) {
+                                Some(a) => match std::mem::replace(a, Answer::Failed) {
+                                    Answer::Bytes(b) => b,
+                                    _ => Vec::new(),
+                                },
+                                None => Vec::new(),
+                            },
                             Src::Early(e) => r.get.take_early(e),
                         };
                         let block = found.block;
@@ -160,7 +171,8 @@ impl Store {
                 let at = crate::view::VIEW_AT;
                 reads.extend(fenced.iter().map(|&(node, inc)| (node, inc, at, 8)));
             }
-            bytes = self.pool.regions().reads(&reads).await;
+            // The get machines' reads are all reads: one batch per node, as deep as its queue.
+            let mut bytes = self.pool.regions().reads(&reads).await;
             if first {
                 first = false;
                 let fences: Vec<Option<u64>> = bytes
@@ -173,6 +185,10 @@ impl Store {
                     return None;
                 }
             }
+            answers = bytes
+                .into_iter()
+                .map(|b| b.map_or(Answer::Failed, Answer::Bytes))
+                .collect();
         }
         for i in again {
             out[i] = Some(self.get_value(keys[i]).await);

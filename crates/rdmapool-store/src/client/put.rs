@@ -7,9 +7,10 @@
 use super::{check_user_key, incarnation, Store};
 use crate::format::{block_len, Kind, ValueDigest, Version};
 use crate::lookup::Replica;
-use crate::put::{Put, PutDone, PutStep, Reply};
+use crate::put::{Put, PutDone};
 use futures_util::future::join_all;
 use rdmapool_pool::fabric::{Mr, RegisteredMemory, Shared};
+use rdmapool_pool::remote::regions::Payload;
 use rdmapool_pool::{CoreError, Error, Result};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -231,7 +232,7 @@ impl Store {
             Ok(p) => p.hinted(&self.hints_of(key)).at_least(floor, floor_removed),
             Err(e) => return (Err(e), false, replicas),
         };
-        let result = self.run_put(&mut put, &replicas, key, value).await;
+        let result = self.run_put(&mut put, &replicas, value).await;
         match result {
             Ok(done) => {
                 if !done.installed.is_empty() {
@@ -264,146 +265,27 @@ impl Store {
         .await;
     }
 
-    /// Runs `put`'s steps. Its blocks are allocated while its first READs are in flight
-    /// (they do not depend on what is read), so the allocation costs no round trip of its
-    /// own; blocks allocated so and not asked for are freed.
+    /// Runs `put`'s steps with the pool's driver, the value as the payload its block
+    /// writes end with.
     pub(super) async fn run_put(
         &self,
         put: &mut Put,
         replicas: &[Replica],
-        key: &[u8],
         value: Source<'_>,
     ) -> Result<PutDone> {
-        let mut early = None;
-        let result = self.run_steps(put, replicas, key, value, &mut early).await;
-        if let Some((nodes, offsets)) = early {
-            self.free_now(replicas, &allocated(&nodes, &offsets)).await;
-        }
-        result
-    }
-
-    /// A block of `len` bytes on each of `nodes`: its offset, `None` where the node is
-    /// down, an error where it has no room or failed otherwise.
-    async fn alloc_on(
-        &self,
-        replicas: &[Replica],
-        nodes: &[u32],
-        len: u64,
-    ) -> Vec<Result<Option<u64>>> {
-        join_all(nodes.iter().map(|&node| async move {
-            let inc = incarnation(replicas, node);
-            match self.pool.regions().alloc(node, inc, len).await {
-                Ok(Some(at)) => Ok(Some(at)),
-                Ok(None) => Err(Error::RemoteExhausted { size: len }),
-                Err(Error::NodeDown { .. }) => Ok(None),
-                Err(e) => Err(e),
+        let bytes: [&[u8]; 1];
+        let payload = match value {
+            Source::Bytes(v) => {
+                bytes = [v];
+                Payload::Bytes(&bytes)
             }
-        }))
-        .await
+            Source::Mr(m) => Payload::Mr(m),
+        };
+        self.pool
+            .regions()
+            .drive(put, |node| incarnation(replicas, node), payload)
+            .await
     }
-
-    async fn run_steps(
-        &self,
-        put: &mut Put,
-        replicas: &[Replica],
-        key: &[u8],
-        value: Source<'_>,
-        early: &mut Option<Early>,
-    ) -> Result<PutDone> {
-        let mut step = put.advance(Reply::Start)?;
-        let mut first = true;
-        loop {
-            step = match step {
-                PutStep::Done(done) => return Ok(done),
-                PutStep::Read(reads) => {
-                    let bytes = if std::mem::take(&mut first) {
-                        let nodes: Vec<u32> = replicas.iter().map(|r| r.node).collect();
-                        let (bytes, offsets) = futures_util::future::join(
-                            self.reads(replicas, &reads),
-                            self.alloc_on(replicas, &nodes, put.block_len()),
-                        )
-                        .await;
-                        *early = Some((nodes, offsets));
-                        bytes
-                    } else {
-                        self.reads(replicas, &reads).await
-                    };
-                    let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
-                    put.advance(Reply::Bytes(&replies))?
-                }
-                PutStep::Alloc { nodes, len } => {
-                    let offsets = match early.take() {
-                        Some((n, o)) if n == nodes && len == put.block_len() => o,
-                        other => {
-                            if let Some((n, o)) = other {
-                                self.free_now(replicas, &allocated(&n, &o)).await;
-                            }
-                            self.alloc_on(replicas, &nodes, len).await
-                        }
-                    };
-                    if let Some(Err(_)) = offsets.iter().find(|o| o.is_err()) {
-                        // Free what did get allocated, then report the first error.
-                        self.free_now(replicas, &allocated(&nodes, &offsets)).await;
-                        return Err(offsets
-                            .into_iter()
-                            .find_map(|o| o.err())
-                            .unwrap_or(Error::RemoteExhausted { size: len }));
-                    }
-                    let offsets: Vec<Option<u64>> =
-                        offsets.into_iter().map(|o| o.ok().flatten()).collect();
-                    put.advance(Reply::Offsets(&offsets))?
-                }
-                PutStep::Write(writes) => {
-                    let ok = join_all(writes.iter().map(|w| async move {
-                        let inc = incarnation(replicas, w.node);
-                        let (node, at) = (w.node, w.at);
-                        match value {
-                            Source::Bytes(v) => {
-                                self.pool
-                                    .regions()
-                                    .write(node, inc, at, &[&w.header, key, v])
-                                    .await
-                            }
-                            Source::Mr(m) => {
-                                let head: [&[u8]; 2] = [&w.header, key];
-                                self.pool
-                                    .regions()
-                                    .write_from(node, inc, at, &head, m)
-                                    .await
-                            }
-                        }
-                        .is_ok()
-                    }))
-                    .await;
-                    put.advance(Reply::Done(&ok))?
-                }
-                PutStep::Swap(swaps) => {
-                    let old = join_all(swaps.iter().map(|s| async move {
-                        let inc = incarnation(replicas, s.node);
-                        self.pool
-                            .regions()
-                            .cas(s.node, inc, s.at, s.expected, s.swap)
-                            .await
-                            .ok()
-                    }))
-                    .await;
-                    put.advance(Reply::Words(&old))?
-                }
-            };
-        }
-    }
-}
-
-/// Blocks allocated ahead of the put's allocation step: the nodes, and each one's answer.
-type Early = (Vec<u32>, Vec<Result<Option<u64>>>);
-
-/// The blocks of an allocation step that were allocated.
-fn allocated(nodes: &[u32], offsets: &[Result<Option<u64>>]) -> Vec<(u32, u64)> {
-    nodes
-        .iter()
-        .zip(offsets)
-        .filter_map(|(&n, o)| o.as_ref().ok().copied().flatten().map(|a| (n, a)))
-        .collect()
 }
 
 /// A value to put: bytes (copied through a staging buffer), or a registered view whose

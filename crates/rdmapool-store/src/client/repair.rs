@@ -413,10 +413,7 @@ impl Store {
         replicas: &[Replica],
     ) -> Result<usize> {
         let mut put = Put::copy(key, ValueDigest::of(value), kind, version, replicas)?;
-        match self
-            .run_put(&mut put, replicas, key, Source::Bytes(value))
-            .await
-        {
+        match self.run_put(&mut put, replicas, Source::Bytes(value)).await {
             Ok(done) => {
                 self.retire_replaced(key, replicas, &done.replaced);
                 self.free_now(replicas, &done.unused).await;

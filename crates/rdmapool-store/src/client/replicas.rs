@@ -6,9 +6,11 @@ use super::Store;
 use crate::format::KeyHash;
 use crate::lookup::{Read, Replica};
 use crate::placement;
-use crate::root::{FindRoot, Index, RootStep};
+use crate::root::{FindRoot, Index};
 use futures_util::future::join_all;
+use rdmapool_pool::remote::regions::Payload;
 use rdmapool_pool::remote::regions::RegionNode;
+use rdmapool_pool::remote::step::{Answer, Op};
 use rdmapool_pool::{Error, Result};
 
 impl Store {
@@ -151,22 +153,27 @@ impl Store {
             return Ok(ix); // made meanwhile
         }
         let mut m = match n.isolated {
-            true => FindRoot::tenant(n.layout, self.pool.client_id()),
-            false => FindRoot::new(n.layout, self.pool.client_id()),
+            true => FindRoot::tenant(n.node, n.layout, self.pool.client_id()),
+            false => FindRoot::new(n.node, n.layout, self.pool.client_id()),
         };
-        let mut answer = None;
-        let ix = loop {
-            match m.advance(answer.take())? {
-                RootStep::Io(io) => {
-                    answer = Some(self.pool.regions().io(n.node, n.incarnation, io).await?)
-                }
-                RootStep::Done(ix) => break ix,
-            }
-        };
+        let ix = self
+            .pool
+            .regions()
+            .drive(&mut m, |_| n.incarnation, Payload::None)
+            .await?;
         self.indexes.lock().insert(n.node, (n.incarnation, ix));
         Ok(ix)
     }
 
+    /// Performs a machine's step on `replicas` (the incarnations its operations name).
+    pub(super) async fn perform(&self, replicas: &[Replica], ops: &[Op]) -> Result<Vec<Answer>> {
+        self.pool
+            .regions()
+            .perform(ops, |node| incarnation(replicas, node), Payload::None)
+            .await
+    }
+
+    /// The bytes of `reads` (of a lookup outside a machine), `None` for one that failed.
     pub(super) async fn reads(&self, replicas: &[Replica], reads: &[Read]) -> Vec<Option<Vec<u8>>> {
         join_all(reads.iter().map(|r| async move {
             let inc = incarnation(replicas, r.node);

@@ -2,6 +2,7 @@ use super::super::format::{encode_block, KeyHash, Kind, Slot, Version};
 use super::super::lookup::Src;
 use super::super::sim::Cluster;
 use super::*;
+use std::time::Instant;
 
 fn v(seq: u64, writer: u64) -> Version {
     Version { seq, writer }
@@ -36,7 +37,7 @@ fn a_damaged_block_is_skipped_for_a_replica_that_verifies() {
     let at = c.plant(1, b"k", b"value", v(3, 7));
     c.plant(2, b"k", b"value", v(3, 7));
     // Flip a byte of the value in node 1's memory.
-    c.regions.get_mut(&1).unwrap()[at as usize + 64 + 1 + 2] ^= 0x40;
+    c.regions[&1].bytes()[at as usize + 64 + 1 + 2] ^= 0x40;
     assert_eq!(c.get(b"k").unwrap().unwrap(), b"value");
     // With the good replica down, the damaged copy is no answer and no "not found".
     c.down.insert(2);
@@ -51,8 +52,8 @@ fn damaged_copies_are_never_not_found() {
     let mut c = Cluster::new(&[1, 2]);
     let at1 = c.plant(1, b"k", b"value", v(3, 7));
     let at2 = c.plant(2, b"k", b"value", v(3, 7));
-    c.regions.get_mut(&1).unwrap()[at1 as usize + 64 + 1 + 2] ^= 0x40;
-    c.regions.get_mut(&2).unwrap()[at2 as usize + 64 + 1 + 3] ^= 0x01;
+    c.regions[&1].bytes()[at1 as usize + 64 + 1 + 2] ^= 0x40;
+    c.regions[&2].bytes()[at2 as usize + 64 + 1 + 3] ^= 0x01;
     assert!(
         matches!(c.get(b"k"), Err(Error::Damaged { .. })),
         "{:?}",
@@ -61,7 +62,7 @@ fn damaged_copies_are_never_not_found() {
 
     let mut c = Cluster::new(&[1, 2]);
     let at1 = c.plant(1, b"k", b"value", v(3, 7));
-    c.regions.get_mut(&1).unwrap()[at1 as usize + 64 + 1 + 2] ^= 0x40;
+    c.regions[&1].bytes()[at1 as usize + 64 + 1 + 2] ^= 0x40;
     assert!(
         matches!(c.get(b"k"), Err(Error::Damaged { .. })),
         "{:?}",
@@ -75,7 +76,7 @@ fn a_slot_naming_memory_outside_the_data_area_is_skipped() {
     let h = KeyHash::of(b"k");
     let bucket = c.replicas[0].bucket_at(h) as usize;
     let bad = Slot::new(h, 8, 100).unwrap().word(); // in the region header
-    c.regions.get_mut(&1).unwrap()[bucket..bucket + 8].copy_from_slice(&bad.to_le_bytes());
+    c.regions[&1].bytes()[bucket..bucket + 8].copy_from_slice(&bad.to_le_bytes());
     assert_eq!(c.get(b"k").unwrap(), None);
     c.plant(1, b"k", b"real", v(1, 1));
     assert_eq!(c.get(b"k").unwrap().unwrap(), b"real");
@@ -91,15 +92,11 @@ fn a_remove_during_a_get_is_seen_whole_or_not_at_all() {
     let mut c = Cluster::new(&[1, 2]);
     Running::put(&c, b"k", b"old value", 7).run(&mut c).unwrap();
     let mut g = Get::new(b"k", &c.replicas);
-    let GetStep::Read(buckets) = g.advance(&[]).unwrap() else {
+    let Step::Do(buckets) = g.advance(&mut (), Instant::now(), &[]).unwrap() else {
         panic!("a get reads buckets first")
     };
-    let bytes: Vec<Vec<u8>> = buckets
-        .iter()
-        .map(|r| c.regions[&r.node][r.at as usize..(r.at + r.len) as usize].to_vec())
-        .collect();
-    let replies: Vec<Option<&[u8]>> = bytes.iter().map(|b| Some(b.as_slice())).collect();
-    let GetStep::Read(blocks) = g.advance(&replies).unwrap() else {
+    let answers: Vec<Answer> = buckets.iter().map(|op| c.answer(op)).collect();
+    let Step::Do(blocks) = g.advance(&mut (), Instant::now(), &answers).unwrap() else {
         panic!("then the candidate blocks")
     };
     // Now the remove, and the old blocks' memory reused by another key.
@@ -113,15 +110,13 @@ fn a_remove_during_a_get_is_seen_whole_or_not_at_all() {
             Kind::Value,
         )
         .unwrap();
-        c.regions.get_mut(&node).unwrap()[at as usize..at as usize + other.len()]
-            .copy_from_slice(&other);
+        c.regions[&node].bytes()[at as usize..at as usize + other.len()].copy_from_slice(&other);
     }
-    let bytes: Vec<Vec<u8>> = blocks
-        .iter()
-        .map(|r| c.regions[&r.node][r.at as usize..(r.at + r.len) as usize].to_vec())
-        .collect();
-    let replies: Vec<Option<&[u8]>> = bytes.iter().map(|b| Some(b.as_slice())).collect();
-    assert_eq!(g.advance(&replies).unwrap(), GetStep::Done(None));
+    let answers: Vec<Answer> = blocks.iter().map(|op| c.answer(op)).collect();
+    assert_eq!(
+        g.advance(&mut (), Instant::now(), &answers).unwrap(),
+        Step::Done(None)
+    );
     assert_eq!(
         c.get(b"k").unwrap(),
         None,
@@ -133,24 +128,24 @@ fn a_remove_during_a_get_is_seen_whole_or_not_at_all() {
 /// of reads it took.
 fn hinted_get(c: &Cluster, key: &[u8], hints: &[(u32, u64)]) -> (Option<Vec<u8>>, usize) {
     let mut g = Get::hinted(key, &c.replicas, hints);
-    let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+    let mut answers: Vec<Answer> = Vec::new();
     let mut rounds = 0;
     loop {
-        let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
-        match g.advance(&replies).unwrap() {
-            GetStep::Read(reads) => {
+        match g.advance(&mut (), Instant::now(), &answers).unwrap() {
+            Step::Do(ops) => {
                 rounds += 1;
-                bytes = reads.iter().map(|r| c.read(r)).collect();
+                answers = ops.iter().map(|op| c.answer(op)).collect();
             }
-            GetStep::Done(None) => return (None, rounds),
-            GetStep::Done(Some((_, f))) if f.block.tombstone => return (None, rounds),
-            GetStep::Done(Some((at, f))) => {
+            Step::Done(None) => return (None, rounds),
+            Step::Done(Some((_, f))) if f.block.tombstone => return (None, rounds),
+            Step::Done(Some((at, f))) => {
                 let b = match at {
-                    Src::Read(i) => bytes[i].clone().unwrap(),
+                    Src::Read(i) => answers[i].bytes().unwrap().to_vec(),
                     Src::Early(e) => g.take_early(e),
                 };
                 return (Some(b[f.block.value].to_vec()), rounds);
             }
+            other => panic!("{other:?}"),
         }
     }
 }
@@ -179,8 +174,7 @@ fn a_get_hinted_where_the_key_still_is_takes_one_round_and_a_stale_hint_two() {
     // is verified like any read, never taken for the key.
     for &(node, at, _) in &second.replaced {
         let other = encode_block(b"q", b"someone else", v(1, 9), Kind::Value).unwrap();
-        c.regions.get_mut(&node).unwrap()[at as usize..at as usize + other.len()]
-            .copy_from_slice(&other);
+        c.regions[&node].bytes()[at as usize..at as usize + other.len()].copy_from_slice(&other);
     }
     let (got, _) = hinted_get(&c, b"k", &first.installed);
     assert_eq!(got.as_deref(), Some(&b"second"[..]));

@@ -97,8 +97,7 @@ fn a_full_bucket_is_a_typed_error() {
     // Eight slots of other keys' fingerprints.
     let other = Slot::new(KeyHash(!h.0), 4 << 20, 64).unwrap().word();
     for i in 0..8 {
-        c.regions.get_mut(&1).unwrap()[at + 8 * i..at + 8 * i + 8]
-            .copy_from_slice(&other.to_le_bytes());
+        c.regions[&1].bytes()[at + 8 * i..at + 8 * i + 8].copy_from_slice(&other.to_le_bytes());
     }
     let r = Running::put(&c, b"k", b"v", 7).run(&mut c);
     assert!(matches!(r, Err(Error::IndexFull { node: 1 })), "{r:?}");
@@ -168,14 +167,14 @@ fn a_put_with_a_floor_takes_a_version_above_it_whatever_it_finds() {
     let put = Put::new(b"k", ValueDigest::of(b"two"), Kind::Value, 7, &c.replicas)
         .unwrap()
         .at_least(floor, false);
-    let done = Running::start(put, b"k", b"two").run(&mut c).unwrap();
+    let done = Running::start(put, b"two").run(&mut c).unwrap();
     assert_eq!(done.version, Some(Version { seq: 10, writer: 7 }));
     assert_eq!(c.get(b"k").unwrap().unwrap(), b"two");
     // A floor below what is found changes nothing.
     let put = Put::new(b"k", ValueDigest::of(b"three"), Kind::Value, 3, &c.replicas)
         .unwrap()
         .at_least(Some(Version { seq: 1, writer: 9 }), false);
-    let done = Running::start(put, b"k", b"three").run(&mut c).unwrap();
+    let done = Running::start(put, b"three").run(&mut c).unwrap();
     assert_eq!(done.version, Some(Version { seq: 11, writer: 3 }));
 }
 
@@ -193,9 +192,7 @@ fn a_remove_with_a_floor_writes_its_tombstone_where_its_replicas_hold_nothing() 
             .at_least(floor, floor_removed)
     };
     let mut c2 = Cluster::new(&[1, 2]);
-    let done = Running::start(remove(false), b"k", b"")
-        .run(&mut c2)
-        .unwrap();
+    let done = Running::start(remove(false), b"").run(&mut c2).unwrap();
     assert_eq!(
         done.version,
         Some(Version { seq: 6, writer: 3 }),
@@ -204,18 +201,13 @@ fn a_remove_with_a_floor_writes_its_tombstone_where_its_replicas_hold_nothing() 
     assert_eq!(c2.get(b"k").unwrap(), None);
     // The floor is itself a tombstone (removed there already): nothing to remove.
     let mut c3 = Cluster::new(&[1, 2]);
-    let done = Running::start(remove(true), b"k", b"")
-        .run(&mut c3)
-        .unwrap();
+    let done = Running::start(remove(true), b"").run(&mut c3).unwrap();
     assert_eq!(done.version, None);
     // No floor, nothing held: nothing to remove, as before.
     let mut c4 = Cluster::new(&[1, 2]);
     let plain = Put::new(b"k", ValueDigest::of(b""), Kind::Tombstone, 3, &c4.replicas).unwrap();
     assert_eq!(
-        Running::start(plain, b"k", b"")
-            .run(&mut c4)
-            .unwrap()
-            .version,
+        Running::start(plain, b"").run(&mut c4).unwrap().version,
         None
     );
 }

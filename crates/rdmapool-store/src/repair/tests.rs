@@ -157,7 +157,7 @@ mod simulated {
         let v = Version { seq: 3, writer: 7 };
         c.plant(1, b"k", b"value", v);
         let at = c.plant(2, b"k", b"value", v);
-        c.regions.get_mut(&2).unwrap()[at as usize + 64 + 1 + 2] ^= 0x40;
+        c.regions[&2].bytes()[at as usize + 64 + 1 + 2] ^= 0x40;
         let r = Repairing::new(b"k", &[1, 2], &[1, 2]).run(&mut c);
         assert_eq!(r.plan.as_ref().unwrap().need, [2]);
         assert_eq!(r.cleared, 1);

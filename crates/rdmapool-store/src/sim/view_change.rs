@@ -10,24 +10,24 @@
 
 use super::{Cluster, Repairing, Running};
 use crate::format::{Block, Kind, ValueDigest, Version};
-use crate::get::{Get, GetStep};
+use crate::get::Get;
 use crate::lookup::{Replica, Src};
 use crate::put::Put;
 use crate::view::VIEW_AT;
 use proptest::prelude::*;
+use rdmapool_pool::remote::step::{Answer, Machine, Step};
+use std::time::Instant;
 
 const KEY: &[u8] = b"moving key";
 const OLD: [u32; 2] = [1, 2];
 const NEW: [u32; 2] = [3, 4];
 
 fn fence(c: &Cluster, node: u32) -> u64 {
-    let r = &c.regions[&node][VIEW_AT as usize..VIEW_AT as usize + 8];
-    u64::from_le_bytes(r.try_into().unwrap())
+    c.regions[&node].load(VIEW_AT)
 }
 
 fn set_fence(c: &mut Cluster, node: u32, number: u64) {
-    let r = c.regions.get_mut(&node).unwrap();
-    r[VIEW_AT as usize..VIEW_AT as usize + 8].copy_from_slice(&number.to_le_bytes());
+    c.regions[&node].store(VIEW_AT, number);
 }
 
 fn replicas(c: &Cluster, nodes: &[u32]) -> Vec<Replica> {
@@ -38,15 +38,15 @@ fn replicas(c: &Cluster, nodes: &[u32]) -> Vec<Replica> {
 fn read(c: &Cluster, nodes: &[u32]) -> Option<(Block, Vec<u8>)> {
     let rs = replicas(c, nodes);
     let mut g = Get::new(KEY, &rs);
-    let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+    let mut answers: Vec<Answer> = Vec::new();
     loop {
-        let replies: Vec<Option<&[u8]>> = bytes.iter().map(Option::as_deref).collect();
-        match g.advance(&replies).unwrap() {
-            GetStep::Read(reads) => bytes = reads.iter().map(|r| c.read(r)).collect(),
-            GetStep::Done(None) => return None,
-            GetStep::Done(Some((at, f))) => {
+        match g.advance(&mut (), Instant::now(), &answers).unwrap() {
+            Step::Do(ops) => answers = ops.iter().map(|op| c.answer(op)).collect(),
+            Step::Sleep(_) | Step::Wait => answers.clear(),
+            Step::Done(None) => return None,
+            Step::Done(Some((at, f))) => {
                 let b = match at {
-                    Src::Read(i) => bytes[i].clone().unwrap(),
+                    Src::Read(i) => answers[i].bytes().unwrap().to_vec(),
                     Src::Early(e) => g.take_early(e),
                 };
                 let value = b[f.block.value.clone()].to_vec();
@@ -87,7 +87,7 @@ impl Writer {
             (2, Self::under_new(c, value, kind, None))
         } else {
             let put = Put::new(KEY, ValueDigest::of(value), kind, 7, &replicas(c, &OLD)).unwrap();
-            (1, Running::start(put, KEY, value))
+            (1, Running::start(put, value))
         };
         Self {
             running,
@@ -111,7 +111,7 @@ impl Writer {
         let put = Put::new(KEY, ValueDigest::of(value), kind, 7, &replicas(c, &NEW))
             .unwrap()
             .at_least(floor, removed);
-        Running::start(put, KEY, value)
+        Running::start(put, value)
     }
 
     fn done(&self) -> bool {
@@ -231,7 +231,7 @@ fn without_the_fence_an_acknowledged_put_is_lost() {
         &replicas(&c, &OLD),
     )
     .unwrap();
-    Running::start(put, KEY, b"late").run(&mut c).unwrap();
+    Running::start(put, b"late").run(&mut c).unwrap();
     assert_eq!(
         get(&c, &NEW).as_deref(),
         Some(&b"before"[..]),

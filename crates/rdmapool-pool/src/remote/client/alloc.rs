@@ -2,7 +2,7 @@
 //! bitmaps, empty chunks given back. The decisions are the machines' of `chunks`; this
 //! places an allocation on a node and performs the machines' operations.
 
-use super::chunks::{Alloc, Answer, Free, Io, Machine, Next};
+use super::chunks::{Alloc, Answer, Book, Free, Io, Machine, Step};
 use super::node::Books;
 use super::ops::timed;
 use super::{Node, Shared};
@@ -96,12 +96,18 @@ impl Shared {
     /// Runs `machine` on `node`: performs each operation it asks for and feeds the answer
     /// back. When an operation fails, or this future is dropped before the machine is done,
     /// the machine gives back what it reserved in the book (`Machine::abandon`).
-    pub(super) async fn drive<M: Machine>(&self, node: &Node, machine: M) -> Result<M::Output> {
+    pub(super) async fn drive<M: Machine<Context = Book>>(
+        &self,
+        node: &Node,
+        machine: M,
+    ) -> Result<M::Output> {
         self.drive_in(node, Books::Pool, machine).await
     }
 
-    /// [`Shared::drive`] in the book `which` of `node`.
-    pub(super) async fn drive_in<M: Machine>(
+    /// [`Shared::drive`] in the book `which` of `node`: the real driver of the pool's
+    /// machines (`remote/step.rs`), which lends them the book for each call and wakes the
+    /// tasks waiting for a claim when one ends.
+    pub(super) async fn drive_in<M: Machine<Context = Book>>(
         &self,
         node: &Node,
         which: Books,
@@ -114,7 +120,7 @@ impl Shared {
             machine,
             done: false,
         };
-        let mut answer = None;
+        let mut answers = Vec::new();
         loop {
             // Registered before the book is looked at: a claim released after that look
             // still wakes this task.
@@ -123,16 +129,31 @@ impl Shared {
             claimed.as_mut().enable();
             let next = {
                 let mut book = book.lock();
-                let next = run.machine.advance(&mut book, answer.take());
+                let next = run
+                    .machine
+                    .advance(&mut book, std::time::Instant::now(), &answers);
                 if book.take_released() {
                     notice.notify_waiters();
                 }
                 next?
             };
+            answers.clear();
             match next {
-                Next::Io(io) => answer = Some(self.perform(node, io).await?),
-                Next::Wait => claimed.await,
-                Next::Done(out) => {
+                Step::Do(ops) => {
+                    for op in ops {
+                        answers.push(self.perform(node, op.io).await?);
+                    }
+                }
+                Step::Sleep(until) => {
+                    super::ops::Sleep {
+                        timers: &self.timers,
+                        deadline: until,
+                        timer: None,
+                    }
+                    .await
+                }
+                Step::Wait => claimed.await,
+                Step::Done(out) => {
                     run.done = true;
                     return Ok(out);
                 }
@@ -159,8 +180,20 @@ impl Shared {
                 }
                 .map(Answer::Word)
             }
-            Io::Read { at, words: 1 } => self.read_u64(node, at).await.map(Answer::Word),
-            Io::Read { at, words } => self.read_words(node, at, words).await.map(Answer::Words),
+            Io::Read { at, len } if len.is_multiple_of(8) => {
+                let words = usize::try_from(len / 8).map_err(|_| Error::OutOfBounds {
+                    offset: at,
+                    len,
+                    limit: node.desc.layout.len,
+                })?;
+                let words = match words {
+                    1 => vec![self.read_u64(node, at).await?],
+                    n => self.read_words(node, at, n).await?,
+                };
+                Ok(Answer::Bytes(
+                    words.iter().flat_map(|w| w.to_le_bytes()).collect(),
+                ))
+            }
             Io::Write { at, bytes } => {
                 node.check_up()?;
                 let staging = Arc::new(
@@ -175,6 +208,14 @@ impl Shared {
                 let (r, _) = timed(&self.timers, node, op).await;
                 self.seen(node, r)?;
                 Ok(Answer::Written)
+            }
+            // The pool's machines read whole words and never write a payload or allocate
+            // a block of their own; the store's run through `Regions::perform`.
+            io @ (Io::Read { .. } | Io::WriteWithPayload { .. } | Io::Alloc { .. }) => {
+                Err(Error::Core(crate::CoreError::Malformed {
+                    what: "operation of a pool machine",
+                    reason: format!("{io:?} is not one a node's book driver performs"),
+                }))
             }
         }
     }
@@ -204,14 +245,14 @@ impl Shared {
 }
 
 /// A machine being driven; told to give back what it reserved unless it finished.
-struct Running<'a, M: Machine> {
+struct Running<'a, M: Machine<Context = Book>> {
     node: &'a Node,
     which: Books,
     machine: M,
     done: bool,
 }
 
-impl<M: Machine> Drop for Running<'_, M> {
+impl<M: Machine<Context = Book>> Drop for Running<'_, M> {
     fn drop(&mut self) {
         if self.done {
             return;

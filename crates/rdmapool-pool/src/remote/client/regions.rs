@@ -20,12 +20,12 @@
 //! membership.
 
 use super::chunks::{Alloc, Free};
-pub use super::chunks::{Answer, Io};
 use super::node::Books;
 use super::ops::timed;
 use super::{Node, PoolClient};
 use crate::fabric::{AccessFlags, Mr, RegisteredMemory, Shared};
 use crate::remote::layout::{largest_object, size_class, Layout};
+use crate::remote::step::{Answer, Io, Machine, Op, Step};
 use crate::remote::RemotePtr;
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -59,6 +59,17 @@ pub struct Members {
     /// Members never reached since this client connected (address, why): their node ids
     /// are unknown.
     pub unreached: Vec<(std::net::SocketAddr, String)>,
+}
+
+/// What [`Io::WriteWithPayload`] writes after its head ([`Regions::perform`]).
+#[derive(Clone, Copy)]
+pub enum Payload<'a> {
+    /// Nothing (a step without such writes).
+    None,
+    /// These bytes, one part after another.
+    Bytes(&'a [&'a [u8]]),
+    /// A registered buffer's bytes, written from it without a copy.
+    Mr(&'a Mr<Shared>),
 }
 
 /// Raw, one-sided access to the regions of a [`PoolClient`]'s members (see the module's
@@ -187,7 +198,6 @@ impl<'a> Regions<'a> {
         Ok(n)
     }
 
-    /// Waits until `deadline` without holding a thread (see `ops::Sleep`).
     /// Waits until `deadline` on the pool's timers (the engine's clock, not a thread).
     pub async fn sleep_until(self, deadline: std::time::Instant) {
         super::ops::Sleep {
@@ -198,19 +208,149 @@ impl<'a> Regions<'a> {
         .await
     }
 
-    /// Performs one operation of a word-level machine (the store's index root) on `node`.
-    /// Performs one word-level step of a machine (a pool machine's, or a user's built on
-    /// the same [`Io`] vocabulary) on `node`'s region.
+    /// Performs one word-level operation on `node`'s region, as the pool's own machines'
+    /// driver does (a compare-and-swap of a chunk-table entry of an isolated node goes
+    /// through the server).
     ///
     /// # Errors
     /// [`Error::StalePointer`] for another incarnation, [`Error::NodeDown`], and the
-    /// operation's own errors.
+    /// operation's own errors; [`Io::WriteWithPayload`] and [`Io::Alloc`] are refused
+    /// (they are [`Regions::perform`]'s).
     pub async fn io(self, node: u32, incarnation: u64, io: Io) -> Result<Answer> {
         let n = self.node(node, incarnation)?;
         self.pool.shared.perform(&n, io).await
     }
 
-    /// `len` bytes at `at` of `node`'s region, in one READ.
+    /// The real driver of the [`step`](crate::remote::step) vocabulary: performs `ops`
+    /// at once, every node's at the incarnation `incarnation_of` gives it, and answers
+    /// each in order. Reads go in batches as deep as each node's send queue
+    /// ([`Regions::reads`]); writes, compare-and-swaps and allocations all start together.
+    /// [`Io::WriteWithPayload`] writes its head and then `payload`: its bytes one after
+    /// another, or a registered buffer's, written from it without a copy.
+    ///
+    /// An operation whose node is down or gone (a read, or [`Error::NodeDown`] and
+    /// [`Error::StalePointer`] otherwise) answers [`Answer::Failed`]; any other error of an
+    /// operation (a refusal: an object too large, an isolated node's quota, an offset out
+    /// of bounds) fails the whole step with that error.
+    ///
+    /// # Errors
+    /// That refusal.
+    pub async fn perform(
+        self,
+        ops: &[Op],
+        incarnation_of: impl Fn(u32) -> u64,
+        payload: Payload<'_>,
+    ) -> Result<Vec<Answer>> {
+        let reads: Vec<(usize, (u32, u64, u64, u64))> = ops
+            .iter()
+            .enumerate()
+            .filter_map(|(i, op)| match op.io {
+                Io::Read { at, len } => Some((i, (op.node, incarnation_of(op.node), at, len))),
+                _ => None,
+            })
+            .collect();
+        let batch: Vec<(u32, u64, u64, u64)> = reads.iter().map(|&(_, r)| r).collect();
+        let others = futures_util::future::join_all(
+            ops.iter()
+                .enumerate()
+                .filter(|(_, op)| !matches!(op.io, Io::Read { .. }))
+                .map(|(i, op)| {
+                    let inc = incarnation_of(op.node);
+                    async move { (i, self.perform_one(op, inc, payload).await) }
+                }),
+        );
+        let (bytes, others) = futures_util::future::join(self.reads(&batch), others).await;
+        let mut out = vec![Answer::Failed; ops.len()];
+        for ((i, _), b) in reads.iter().zip(bytes) {
+            out[*i] = b.map_or(Answer::Failed, Answer::Bytes);
+        }
+        for (i, answer) in others {
+            out[i] = answer?;
+        }
+        Ok(out)
+    }
+
+    /// One operation of [`Regions::perform`] other than a read.
+    async fn perform_one(self, op: &Op, incarnation: u64, payload: Payload<'_>) -> Result<Answer> {
+        let node = op.node;
+        let answer = match &op.io {
+            Io::Alloc { len } => self
+                .alloc(node, incarnation, *len)
+                .await
+                .map(Answer::Offset),
+            Io::WriteWithPayload { at, head } => match payload {
+                Payload::None => self.write(node, incarnation, *at, &[head]).await,
+                Payload::Bytes(parts) => {
+                    let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
+                    all.push(head);
+                    all.extend_from_slice(parts);
+                    self.write(node, incarnation, *at, &all).await
+                }
+                Payload::Mr(value) => {
+                    self.write_from(node, incarnation, *at, &[head], value)
+                        .await
+                }
+            }
+            .map(|()| Answer::Written),
+            Io::Write { at, bytes } => self
+                .write(node, incarnation, *at, &[bytes])
+                .await
+                .map(|()| Answer::Written),
+            // As the pool's own machines' compare-and-swaps: a chunk-table entry of an
+            // isolated node is swapped through its server.
+            Io::Cas { .. } => self.io(node, incarnation, op.io.clone()).await,
+            Io::Read { at, len } => self
+                .read(node, incarnation, *at, *len)
+                .await
+                .map(Answer::Bytes),
+        };
+        match answer {
+            Ok(a) => Ok(a),
+            Err(Error::NodeDown { .. } | Error::StalePointer { .. }) => Ok(Answer::Failed),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs `machine` to its end with [`Regions::perform`] (see it for `incarnation_of`
+    /// and `payload`), sleeping on the pool's timers where it asks to. A machine that asks
+    /// to [`Wait`](Step::Wait) for another task is called again at once: no task of this
+    /// seam holds anything a machine waits for.
+    ///
+    /// # Errors
+    /// The machine's, and [`Regions::perform`]'s; the machine is then abandoned.
+    pub async fn drive<M: Machine<Context = ()>>(
+        self,
+        machine: &mut M,
+        incarnation_of: impl Fn(u32) -> u64,
+        payload: Payload<'_>,
+    ) -> Result<M::Output> {
+        let mut answers = Vec::new();
+        loop {
+            let step = match machine.advance(&mut (), std::time::Instant::now(), &answers) {
+                Ok(s) => s,
+                Err(e) => {
+                    machine.abandon(&mut ());
+                    return Err(e);
+                }
+            };
+            answers = match step {
+                Step::Do(ops) => match self.perform(&ops, &incarnation_of, payload).await {
+                    Ok(a) => a,
+                    Err(e) => {
+                        machine.abandon(&mut ());
+                        return Err(e);
+                    }
+                },
+                Step::Sleep(until) => {
+                    self.sleep_until(until).await;
+                    Vec::new()
+                }
+                Step::Wait => Vec::new(),
+                Step::Done(out) => return Ok(out),
+            };
+        }
+    }
+
     /// READs `len` bytes at `at` of `node`'s region.
     ///
     /// # Errors
@@ -233,10 +373,6 @@ impl<'a> Regions<'a> {
         Ok(out)
     }
 
-    /// Many READs `(node, incarnation, at, len)` at once: per node, lists of up to its
-    /// send-queue depth, each with one doorbell and one completion (a pool batch); the
-    /// nodes' lists run at the same time. `None` for a READ that could not be made or whose
-    /// list failed (its node is then marked down, as for a single READ).
     /// READs each `(node, incarnation, at, len)` of `reads`, every node's at once and in
     /// batches as deep as its queue: the bytes, `None` for one that failed.
     pub async fn reads(self, reads: &[(u32, u64, u64, u64)]) -> Vec<Option<Vec<u8>>> {

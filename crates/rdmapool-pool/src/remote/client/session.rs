@@ -2,7 +2,7 @@
 //! the leases alive.
 
 use super::chunks::{Book, Recover};
-use super::takeover::{next_beat, Step, Takeover};
+use super::takeover::{next_beat, Takeover};
 use super::{Node, Shared};
 use crate::conn::{self, Manager};
 use crate::fabric::QpConfig;
@@ -11,6 +11,7 @@ use crate::remote::hello::{unix_now, ClientHello};
 use crate::remote::layout::hash64;
 use crate::remote::layout::{self, STATE_DRAINING};
 use crate::remote::lease::Holder;
+use crate::remote::step::{Machine, Step};
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -115,10 +116,11 @@ impl Shared {
             addr,
             qp: self.engine.wrap(c.qp),
             slot: AtomicU64::new(0),
-            book: Mutex::new(Book::new(self.id, desc.incarnation, desc.layout)),
+            book: Mutex::new(Book::new(self.id, desc.node, desc.incarnation, desc.layout)),
             claimed: tokio::sync::Notify::new(),
             durable_book: Mutex::new(Book::new(
                 crate::remote::layout::DURABLE_TAG | self.id,
+                desc.node,
                 desc.incarnation,
                 desc.layout,
             )),
@@ -298,100 +300,50 @@ impl Shared {
             l.client_count,
             hash64(self.id) % l.client_count,
             crate::util::random_nonzero()?,
-        );
-        let mut renew_sent = None;
+        )
+        .on_node(node.desc.node, l, node.windows.is_some());
         // A takeover watches for half a lease, and may wait out an expiry in progress: two
         // leases and the connect timeout are plenty. A slot that never settles is the
         // server's fault (or its lie), not a reason to hang.
-        let deadline = Instant::now() + 2 * node.desc.lease + self.connect_timeout;
+        let settle = 2 * node.desc.lease + self.connect_timeout;
+        let deadline = Instant::now() + settle;
+        let mut answers = Vec::new();
         loop {
             if Instant::now() > deadline {
                 return Err(Error::NodeDown {
                     node: node.desc.node,
                     reason: format!(
-                        "its lease slot did not settle within {:?} (two leases and the connect \
-                         timeout)",
-                        2 * node.desc.lease + self.connect_timeout
+                        "its lease slot did not settle within {settle:?} (two leases and the \
+                         connect timeout)"
                     ),
                 });
             }
-            match t.step() {
-                Step::ReadOwners => {
-                    let per_slot = (layout::CLIENT_SLOT / 8) as usize;
-                    let words = self
-                        .read_words(node, l.client_slot(0), l.client_count as usize * per_slot)
-                        .await?;
-                    let owners: Vec<u64> = words.iter().step_by(per_slot).copied().collect();
-                    t.on_owners(&owners);
+            let step = t.advance(&mut (), Instant::now(), &answers)?;
+            answers.clear();
+            match step {
+                Step::Do(ops) => {
+                    for op in ops {
+                        answers.push(self.perform(node, op.io).await?);
+                    }
                 }
-                Step::Claim { slot } => {
-                    let at = l.client_slot(slot) + layout::slot::OWNER;
-                    let old = if node.windows.is_some() {
-                        // Isolated: the server gave this id its slot at setup, and owner
-                        // words are the server's (read-only); a held slot is taken over.
-                        let owner = self.read_u64(node, at).await?;
-                        if owner != self.id {
-                            return Err(Error::NodeDown {
-                                node: node.desc.node,
-                                reason: format!(
-                                    "slot {slot} the server gave client {} names {owner:#x} \
-                                     (its lease ended during setup; connect again)",
-                                    self.id
-                                ),
-                            });
-                        }
-                        owner
-                    } else {
-                        let remote = self.at(node, at, 8, true).await?;
-                        self.cas(node, remote, 0, self.id).await?
-                    };
-                    t.on_claim(old, Instant::now());
-                }
-                Step::ReadBeat { slot, at } => {
-                    let wait = at.saturating_duration_since(Instant::now());
+                // Connecting runs this under `engine.run_until` on the caller's thread,
+                // before the lease thread (which wakes the client's timers) runs for the
+                // node: the wait is the thread's, a heartbeat's period at most.
+                Step::Sleep(until) => {
+                    let wait = until
+                        .min(deadline)
+                        .saturating_duration_since(Instant::now());
                     if !wait.is_zero() {
                         std::thread::sleep(wait);
                     }
-                    let beat = self.read_u64(node, l.client_slot(slot) + 8).await?;
-                    t.on_beat(beat, Instant::now());
                 }
-                Step::ReadOwner { slot } => {
-                    let owner = self.read_u64(node, l.client_slot(slot)).await?;
-                    t.on_owner(owner);
-                }
-                Step::Renew {
-                    slot,
-                    expected,
-                    new,
-                } => {
-                    // Renewed at once: a short-lived client that exits before its lease
-                    // thread's first round still leaves a heartbeat the reaper has seen move.
-                    let at = l.client_slot(slot);
-                    renew_sent = Some(Instant::now());
-                    let remote = self.at(node, at + 8, 8, true).await?;
-                    let old = self.cas(node, remote, expected, new).await?;
-                    t.on_renewed(old);
-                }
-                Step::Taken { slot, beat } => {
-                    // The lease counts from that renewal (a takeover watches for half a
-                    // lease: counting from before it would leave a quarter lease to recover).
-                    if let Some(sent) = renew_sent {
-                        node.lease.lock().renewed(sent);
+                Step::Wait => {}
+                Step::Done(taken) => {
+                    if let Some(asked) = taken.renewed {
+                        node.lease.lock().renewed(asked);
                     }
-                    node.beat.store(beat, Ordering::Release);
-                    return Ok(l.client_slot(slot));
-                }
-                Step::InUse => {
-                    return Err(Error::ClientIdInUse {
-                        id: self.id,
-                        node: node.desc.node,
-                    })
-                }
-                Step::Full => {
-                    return Err(Error::LeasesFull {
-                        node: node.desc.node,
-                        slots: l.client_count,
-                    })
+                    node.beat.store(taken.beat, Ordering::Release);
+                    return Ok(taken.slot_at);
                 }
             }
         }

@@ -50,20 +50,23 @@ impl Alloc {
         }
     }
 
-    fn pick(&mut self, book: &mut Book) -> Next<Option<u64>> {
+    fn pick(&mut self, book: &mut Book) -> Step<Option<u64>> {
         if let Some((object, expected)) = book.reserve(self.class) {
             let (at, bit) = object.bit(&book.layout);
             self.state = AllocState::Commit { object, expected };
-            return Next::Io(Io::Cas {
-                at,
-                expected,
-                swap: expected | bit,
-            });
+            return Step::one(
+                book.node,
+                Io::Cas {
+                    at,
+                    expected,
+                    swap: expected | bit,
+                },
+            );
         }
         if !self.claimer {
             if book.claiming {
                 self.state = AllocState::Pick;
-                return Next::Wait;
+                return Step::Wait;
             }
             book.claiming = true;
             self.claimer = true;
@@ -84,23 +87,26 @@ impl Alloc {
         self.claim_next(book, 0)
     }
 
-    fn refresh_next(&mut self, book: &mut Book, mut rest: Vec<u64>) -> Next<Option<u64>> {
+    fn refresh_next(&mut self, book: &mut Book, mut rest: Vec<u64>) -> Step<Option<u64>> {
         let Some(chunk) = rest.pop() else {
             return self.claim_next(book, 0);
         };
         let shape = ChunkShape::new(book.layout.chunk_size, self.class);
         self.state = AllocState::Refresh { chunk, rest };
-        Next::Io(Io::Read {
-            at: book.layout.chunk(chunk) + layout::chunk::BITMAP,
-            words: shape.object_count.div_ceil(64) as usize,
-        })
+        Step::one(
+            book.node,
+            Io::Read {
+                at: book.layout.chunk(chunk) + layout::chunk::BITMAP,
+                len: shape.object_count.div_ceil(64) * 8,
+            },
+        )
     }
 
-    fn claim_next(&mut self, book: &mut Book, k: u64) -> Next<Option<u64>> {
+    fn claim_next(&mut self, book: &mut Book, k: u64) -> Step<Option<u64>> {
         let l = book.layout;
         if k >= l.chunk_count {
             self.drop_claim(book);
-            return Next::Done(None);
+            return Step::Done(None);
         }
         let owned = book.chunks.len() as u64;
         let start = match self.state {
@@ -108,11 +114,14 @@ impl Alloc {
             _ => hash64(book.id ^ owned.wrapping_mul(0x9e37)) % l.chunk_count,
         };
         self.state = AllocState::Claim { start, k };
-        Next::Io(Io::Cas {
-            at: l.table_entry((start + k) % l.chunk_count),
-            expected: 0,
-            swap: book.id,
-        })
+        Step::one(
+            book.node,
+            Io::Cas {
+                at: l.table_entry((start + k) % l.chunk_count),
+                expected: 0,
+                swap: book.id,
+            },
+        )
     }
 
     fn drop_claim(&mut self, book: &mut Book) {
@@ -124,9 +133,16 @@ impl Alloc {
 
 impl Machine for Alloc {
     type Output = Option<u64>;
+    type Context = Book;
 
-    fn advance(&mut self, book: &mut Book, answer: Option<Answer>) -> Result<Next<Option<u64>>> {
+    fn advance(
+        &mut self,
+        book: &mut Book,
+        _now: Instant,
+        answers: &[Answer],
+    ) -> Result<Step<Option<u64>>> {
         over_budget(&mut self.ops, &book.layout)?;
+        let answer = book.answer(answers)?;
         let state = std::mem::replace(&mut self.state, AllocState::Pick);
         let Some(answer) = answer else {
             return Ok(self.pick(book));
@@ -145,7 +161,7 @@ impl Machine for Alloc {
                     }
                     book.used += object.shape.object_size;
                     self.drop_claim(book);
-                    return Ok(Next::Done(Some(
+                    return Ok(Step::Done(Some(
                         l.chunk(object.chunk)
                             + object.shape.first_object
                             + object.number * object.shape.object_size,
@@ -158,11 +174,14 @@ impl Machine for Alloc {
                         object,
                         expected: old,
                     };
-                    Next::Io(Io::Cas {
-                        at,
-                        expected: old,
-                        swap: old | bit,
-                    })
+                    Step::one(
+                        book.node,
+                        Io::Cas {
+                            at,
+                            expected: old,
+                            swap: old | bit,
+                        },
+                    )
                 } else {
                     // Set remotely although our view had it clear: the view lied (a damaged
                     // or hostile bitmap); the bit stays set in the view, pick another.
@@ -211,10 +230,13 @@ impl Machine for Alloc {
                     shape,
                     bitmap_done: false,
                 };
-                Next::Io(Io::Write {
-                    at: l.chunk(chunk) + layout::chunk::BITMAP,
-                    bytes: vec![0; header - layout::chunk::BITMAP as usize],
-                })
+                Step::one(
+                    book.node,
+                    Io::Write {
+                        at: l.chunk(chunk) + layout::chunk::BITMAP,
+                        bytes: vec![0; header - layout::chunk::BITMAP as usize],
+                    },
+                )
             }
             AllocState::Init {
                 chunk,
@@ -236,10 +258,13 @@ impl Machine for Alloc {
                     shape,
                     bitmap_done: true,
                 };
-                Next::Io(Io::Write {
-                    at: l.chunk(chunk),
-                    bytes: h,
-                })
+                Step::one(
+                    book.node,
+                    Io::Write {
+                        at: l.chunk(chunk),
+                        bytes: h,
+                    },
+                )
             }
             AllocState::Init {
                 chunk,

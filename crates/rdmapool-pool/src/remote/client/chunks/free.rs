@@ -41,25 +41,32 @@ impl Free {
 impl Machine for Free {
     type Output = ();
 
-    fn advance(&mut self, book: &mut Book, answer: Option<Answer>) -> Result<Next<()>> {
+    type Context = Book;
+
+    fn advance(&mut self, book: &mut Book, _now: Instant, answers: &[Answer]) -> Result<Step<()>> {
         let l = book.layout;
+        let node = book.node;
         over_budget(&mut self.ops, &l)?;
+        let answer = book.answer(answers)?;
         let (at, bit) = self.object.bit(&l);
         let chunk_at = l.chunk(self.object.chunk);
         let Some(answer) = answer else {
             self.state = FreeState::Start;
-            return Ok(Next::Io(Io::Read { at, words: 1 }));
+            return Ok(Step::one(node, Io::Read { at, len: 8 }));
         };
         let ptr = self.ptr;
         let clear = |expected: u64| {
             if expected & bit == 0 {
                 return Err(Error::NotAllocated(format!("{ptr}: already free")));
             }
-            Ok(Next::Io(Io::Cas {
-                at,
-                expected,
-                swap: expected & !bit,
-            }))
+            Ok(Step::one(
+                node,
+                Io::Cas {
+                    at,
+                    expected,
+                    swap: expected & !bit,
+                },
+            ))
         };
         match self.state {
             FreeState::Start => {
@@ -83,28 +90,34 @@ impl Machine for Free {
                     book.used = book.used.saturating_sub(size);
                 }
                 if !empty {
-                    return Ok(Next::Done(()));
+                    return Ok(Step::Done(()));
                 }
                 // Nothing is allocated in it, and only this client allocates there: give
                 // it back. Zeroing the magic first makes frees of its objects fail cleanly.
                 book.chunks.retain(|c| c.index != chunk);
                 book.shapes.remove(&chunk);
                 self.state = FreeState::Invalidate;
-                Ok(Next::Io(Io::Cas {
-                    at: chunk_at + layout::chunk::MAGIC,
-                    expected: layout::CHUNK_MAGIC,
-                    swap: 0,
-                }))
+                Ok(Step::one(
+                    node,
+                    Io::Cas {
+                        at: chunk_at + layout::chunk::MAGIC,
+                        expected: layout::CHUNK_MAGIC,
+                        swap: 0,
+                    },
+                ))
             }
             FreeState::Invalidate => {
                 self.state = FreeState::Release;
-                Ok(Next::Io(Io::Cas {
-                    at: l.table_entry(self.object.chunk),
-                    expected: book.id,
-                    swap: 0,
-                }))
+                Ok(Step::one(
+                    node,
+                    Io::Cas {
+                        at: l.table_entry(self.object.chunk),
+                        expected: book.id,
+                        swap: 0,
+                    },
+                ))
             }
-            FreeState::Release => Ok(Next::Done(())),
+            FreeState::Release => Ok(Step::Done(())),
         }
     }
 

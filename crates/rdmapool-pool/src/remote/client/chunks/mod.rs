@@ -2,9 +2,10 @@
 //! recovery as state machines without I/O ([`Alloc`], [`Free`], [`Recover`]), as
 //! `takeover` is for the lease slot.
 //!
-//! A machine says which one-sided operation to make next ([`Next::Io`]) and decides from
-//! what it returned ([`Answer`]), updating the book; `alloc.rs` performs the operations on
-//! the node's QP, and the simulated cluster in `sim/` performs them on words in memory,
+//! They are [`Machine`]s of the one vocabulary (`remote/step.rs`), with the node's book as
+//! their context: a machine says which one-sided operation to make next ([`Step::Do`]) and
+//! decides from what it returned ([`Answer`]), updating the book; `alloc.rs` performs the
+//! operations on the node's QP, and the simulated cluster in `sim/` on a `SimRegion`,
 //! interleaving several clients, the server's reaper, freezes and restarts in virtual time.
 //! The same machines run against arbitrary region contents in the `pool_chunks` fuzz target.
 //!
@@ -14,8 +15,10 @@
 use super::super::layout::{self, is_class, ChunkShape, Layout};
 use super::super::RemotePtr;
 use crate::remote::layout::hash64;
+pub(crate) use crate::remote::step::{Answer, Io, Machine, Step};
 use crate::{Error, Result};
 use std::collections::HashMap;
+use std::time::Instant;
 
 mod alloc;
 mod free;
@@ -30,87 +33,6 @@ pub(crate) use recover::Recover;
 #[cfg(feature = "fuzzing")]
 pub(crate) fn spread(x: u64) -> u64 {
     hash64(x)
-}
-
-/// A one-sided operation on the node's region (offsets from the region's start).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Io {
-    /// Compare-and-swap the word at `at` from `expected` to `swap`; answer the old value.
-    Cas {
-        /// The word's offset in the region (8-byte aligned).
-        at: u64,
-        /// The value it must hold.
-        expected: u64,
-        /// The value it then holds.
-        swap: u64,
-    },
-    /// Read `words` 8-byte words at `at`; answer them.
-    Read {
-        /// The first word's offset in the region.
-        at: u64,
-        /// How many words.
-        words: usize,
-    },
-    /// Write `bytes` at `at`, after every earlier operation of the same machine.
-    Write {
-        /// Where, in the region.
-        at: u64,
-        /// What.
-        bytes: Vec<u8>,
-    },
-}
-
-/// What an [`Io`] returned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
-    /// A CAS's old value, or a one-word read.
-    Word(u64),
-    /// A read of several words.
-    Words(Vec<u64>),
-    /// A write landed.
-    Written,
-}
-
-impl Answer {
-    fn words(self) -> Vec<u64> {
-        match self {
-            Answer::Word(w) => vec![w],
-            Answer::Words(w) => w,
-            Answer::Written => Vec::new(),
-        }
-    }
-
-    fn word(self) -> u64 {
-        match self {
-            Answer::Word(w) => w,
-            Answer::Words(w) => w.first().copied().unwrap_or(0),
-            Answer::Written => 0,
-        }
-    }
-}
-
-/// What a machine wants next.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Next<T> {
-    /// Perform this and feed back its answer.
-    Io(Io),
-    /// Another task of this client is claiming a chunk on the node: call again once the
-    /// book's claim is released ([`Book::take_released`]).
-    Wait,
-    /// Finished.
-    Done(T),
-}
-
-/// A state machine of this module: `advance` is called with `None` first, then with the
-/// answer to each [`Next::Io`] it asked for (or again with `None` after [`Next::Wait`]).
-pub(crate) trait Machine {
-    /// What it ends with.
-    type Output;
-    /// The next step, from the answer to the last one.
-    fn advance(&mut self, book: &mut Book, answer: Option<Answer>) -> Result<Next<Self::Output>>;
-    /// The operation asked for failed, or the caller gave up on it (its answer will never
-    /// come): undo what the machine reserved in the book.
-    fn abandon(&mut self, book: &mut Book);
 }
 
 /// A chunk this client owns: its shape and what it knows of its bitmap (the client is the
@@ -168,6 +90,8 @@ impl ChunkView {
 #[derive(Debug)]
 pub(crate) struct Book {
     id: u64,
+    /// The node's id (the machines' operations name it).
+    node: u32,
     incarnation: u64,
     layout: Layout,
     /// The chunks this client owns.
@@ -217,10 +141,11 @@ pub(crate) enum Checked {
 }
 
 impl Book {
-    /// An empty book of client `id` for the node of `incarnation` laid out as `layout`.
-    pub(crate) fn new(id: u64, incarnation: u64, layout: Layout) -> Self {
+    /// An empty book of client `id` for node `node` of `incarnation` laid out as `layout`.
+    pub(crate) fn new(id: u64, node: u32, incarnation: u64, layout: Layout) -> Self {
         Self {
             id,
+            node,
             incarnation,
             layout,
             chunks: Vec::new(),
@@ -256,9 +181,21 @@ impl Book {
     }
 
     /// Whether a claim was released since the last call (then tasks waiting on
-    /// [`Next::Wait`] should be woken).
+    /// [`Step::Wait`] should be woken).
     pub(crate) fn take_released(&mut self) -> bool {
         std::mem::take(&mut self.released)
+    }
+
+    /// The answer to a machine's one operation (`None` on a call without answers); a
+    /// failed operation fails the machine, as a failed operation does in the real driver.
+    fn answer<'a>(&self, answers: &'a [Answer]) -> Result<Option<&'a Answer>> {
+        match answers.first() {
+            Some(Answer::Failed) => Err(Error::NodeDown {
+                node: self.node,
+                reason: "a one-sided operation on its chunks failed".into(),
+            }),
+            a => Ok(a),
+        }
     }
 
     fn release_claim(&mut self) {

@@ -35,25 +35,31 @@ impl Recover {
         }
     }
 
-    fn table(&mut self, l: &Layout, first: u64) -> Next<()> {
+    fn table(&mut self, node: u32, l: &Layout, first: u64) -> Step<()> {
         self.state = RecoverState::Table { first };
         let n = (l.chunk_count - first).min(TABLE_BATCH);
-        Next::Io(Io::Read {
-            at: l.table_entry(first),
-            words: (n * layout::TABLE_ENTRY / 8) as usize,
-        })
+        Step::one(
+            node,
+            Io::Read {
+                at: l.table_entry(first),
+                len: n * layout::TABLE_ENTRY,
+            },
+        )
     }
 
-    fn next_chunk(&mut self, l: &Layout) -> Next<()> {
+    fn next_chunk(&mut self, node: u32, l: &Layout) -> Step<()> {
         match self.owned.pop() {
             Some(chunk) => {
                 self.state = RecoverState::Header { chunk };
-                Next::Io(Io::Read {
-                    at: l.chunk(chunk),
-                    words: (layout::chunk::BITMAP / 8) as usize,
-                })
+                Step::one(
+                    node,
+                    Io::Read {
+                        at: l.chunk(chunk),
+                        len: layout::chunk::BITMAP,
+                    },
+                )
             }
-            None => Next::Done(()),
+            None => Step::Done(()),
         }
     }
 }
@@ -61,10 +67,14 @@ impl Recover {
 impl Machine for Recover {
     type Output = ();
 
-    fn advance(&mut self, book: &mut Book, answer: Option<Answer>) -> Result<Next<()>> {
+    type Context = Book;
+
+    fn advance(&mut self, book: &mut Book, _now: Instant, answers: &[Answer]) -> Result<Step<()>> {
         let l = book.layout;
+        let node = book.node;
+        let answer = book.answer(answers)?;
         let Some(answer) = answer else {
-            return Ok(self.table(&l, 0));
+            return Ok(self.table(node, &l, 0));
         };
         match self.state {
             RecoverState::Table { first } => {
@@ -77,10 +87,10 @@ impl Machine for Recover {
                 }
                 let next = first + TABLE_BATCH;
                 if next < l.chunk_count {
-                    return Ok(self.table(&l, next));
+                    return Ok(self.table(node, &l, next));
                 }
                 self.owned.reverse();
-                Ok(self.next_chunk(&l))
+                Ok(self.next_chunk(node, &l))
             }
             RecoverState::Header { chunk } => {
                 let h = answer.words();
@@ -92,14 +102,17 @@ impl Machine for Recover {
                     && field(layout::chunk::OBJECT_COUNT)
                         == ChunkShape::new(l.chunk_size, size).object_count;
                 if !valid {
-                    return Ok(self.next_chunk(&l));
+                    return Ok(self.next_chunk(node, &l));
                 }
                 let shape = ChunkShape::new(l.chunk_size, size);
                 self.state = RecoverState::Bitmap { chunk, shape };
-                Ok(Next::Io(Io::Read {
-                    at: l.chunk(chunk) + layout::chunk::BITMAP,
-                    words: shape.object_count.div_ceil(64) as usize,
-                }))
+                Ok(Step::one(
+                    node,
+                    Io::Read {
+                        at: l.chunk(chunk) + layout::chunk::BITMAP,
+                        len: shape.object_count.div_ceil(64) * 8,
+                    },
+                ))
             }
             RecoverState::Bitmap { chunk, shape } => {
                 let view = ChunkView::new(chunk, shape, answer.words());
@@ -107,10 +120,8 @@ impl Machine for Recover {
                 book.shapes.insert(chunk, shape.object_size);
                 book.chunks.retain(|c| c.index != chunk);
                 book.chunks.push(view);
-                Ok(self.next_chunk(&l))
+                Ok(self.next_chunk(node, &l))
             }
         }
     }
-
-    fn abandon(&mut self, _book: &mut Book) {}
 }

@@ -8,87 +8,50 @@ impl Cluster {
     /// heartbeat every few milliseconds, whoever else runs).
     pub(super) fn join_step(&mut self, i: usize) {
         for _ in 0..64 {
-            let before = self.now;
-            let waiting = match &self.clients[i].life {
-                Life::Joining { t, .. } => {
-                    matches!(t.step(), Step::ReadBeat { at, .. } if at > self.at(before))
-                }
-                _ => true,
-            };
-            if waiting {
+            if !self.join_once(i) {
                 return;
             }
-            self.join_once(i);
         }
     }
 
-    pub(super) fn join_once(&mut self, i: usize) {
+    /// One step of client `i`'s takeover: performs the operation it asked for and
+    /// advances it; `false` once it waits for a later time (or is not joining).
+    pub(super) fn join_once(&mut self, i: usize) -> bool {
         let now = self.now;
-        let l = self.region.layout;
+        let at = self.at(now);
         let c = &mut self.clients[i];
-        let Life::Joining { t, renew_sent } = &mut c.life else {
-            return;
+        let Life::Joining { t, asked } = &mut c.life else {
+            return false;
         };
-        match t.step() {
-            Step::ReadOwners => {
-                let owners: Vec<u64> = (0..l.client_count)
-                    .map(|s| self.region.load(l.client_slot(s)))
-                    .collect();
-                t.on_owners(&owners);
+        let answers: Vec<Answer> = asked
+            .take()
+            .map(|op| self.region.apply(&op.io))
+            .into_iter()
+            .collect();
+        match t.advance(&mut (), at, &answers) {
+            Ok(Step::Do(ops)) => {
+                *asked = ops.into_iter().next();
+                true
             }
-            Step::Claim { slot } => {
-                let old = self.region.apply(&Io::Cas {
-                    at: l.client_slot(slot),
-                    expected: 0,
-                    swap: c.id,
-                });
-                t.on_claim(
-                    match old {
-                        Answer::Word(w) => w,
-                        _ => unreachable!(),
-                    },
-                    self.t0 + Duration::from_millis(now),
-                );
-            }
-            Step::ReadBeat { slot, at } => {
-                if at > self.t0 + Duration::from_millis(now) {
-                    return; // not yet
-                }
-                let beat = self.region.load(l.client_slot(slot) + 8);
-                t.on_beat(beat, self.t0 + Duration::from_millis(now));
-            }
-            Step::ReadOwner { slot } => t.on_owner(self.region.load(l.client_slot(slot))),
-            Step::Renew {
-                slot,
-                expected,
-                new,
-            } => {
-                *renew_sent = Some(self.t0 + Duration::from_millis(now));
-                let old = self.region.apply(&Io::Cas {
-                    at: l.client_slot(slot) + 8,
-                    expected,
-                    swap: new,
-                });
-                t.on_renewed(match old {
-                    Answer::Word(w) => w,
-                    _ => unreachable!(),
-                });
-            }
-            Step::Taken { slot, beat } => {
-                if let Some(sent) = *renew_sent {
+            Ok(Step::Sleep(_)) => false,
+            Ok(Step::Wait) => unreachable!("a takeover waits for no other task"),
+            Ok(Step::Done(taken)) => {
+                if let Some(sent) = taken.renewed {
                     c.holder.renewed(sent);
                 }
-                c.slot = l.client_slot(slot);
-                c.beat = beat;
+                c.slot = taken.slot_at;
+                c.beat = taken.beat;
                 c.next_renew = now;
                 c.life = Life::Recovering {
                     m: Recover::new(),
                     pending: None,
                 };
                 self.recover_step(i);
+                false
             }
-            Step::InUse => {
+            Err(Error::ClientIdInUse { .. }) => {
                 // The predecessor is alive for the server: wait and try again.
+                let l = self.region.layout;
                 let base = hash64(self.randoms.get());
                 self.randoms.set(self.randoms.get() + 1);
                 c.life = Life::Joining {
@@ -98,11 +61,13 @@ impl Cluster {
                         l.client_count,
                         hash64(c.id) % l.client_count,
                         base,
-                    ),
-                    renew_sent: None,
+                    )
+                    .on_node(NODE, l, false),
+                    asked: None,
                 };
+                false
             }
-            Step::Full => panic!("eight slots, at most four clients: {:?}", self.log),
+            Err(e) => panic!("eight slots, at most four clients: {e}\n{:?}", self.log),
         }
     }
 
@@ -116,14 +81,18 @@ impl Cluster {
         let Life::Recovering { m, pending } = &mut c.life else {
             return;
         };
-        let answer = pending.take().map(|io| self.region.apply(&io));
+        let answers: Vec<Answer> = pending
+            .take()
+            .map(|io| self.region.apply(&io))
+            .into_iter()
+            .collect();
         match m
-            .advance(&mut c.book, answer)
+            .advance(&mut c.book, at, &answers)
             .expect("recovery decides without errors")
         {
-            Next::Io(io) => *pending = Some(io),
-            Next::Wait => unreachable!("recovery claims nothing"),
-            Next::Done(()) => {
+            Step::Do(ops) => *pending = ops.into_iter().next().map(|op| op.io),
+            Step::Sleep(_) | Step::Wait => unreachable!("recovery waits for nothing"),
+            Step::Done(()) => {
                 c.life = Life::Up;
                 self.joined(i);
             }
@@ -143,15 +112,13 @@ impl Cluster {
         let mut recovered = Vec::new();
         for (chunk, shape) in c.book.owned() {
             let base = self.region.layout.chunk(chunk) + shape.first_object;
-            let bits = self.region.apply(&Io::Read {
-                at: self.region.layout.chunk(chunk) + layout::chunk::BITMAP,
-                words: shape.object_count.div_ceil(64) as usize,
-            });
-            let bits = match bits {
-                Answer::Word(w) => vec![w],
-                Answer::Words(w) => w,
-                Answer::Written => unreachable!(),
-            };
+            let bits = self
+                .region
+                .apply(&Io::Read {
+                    at: self.region.layout.chunk(chunk) + layout::chunk::BITMAP,
+                    len: shape.object_count.div_ceil(64) * 8,
+                })
+                .words();
             for obj in 0..shape.object_count {
                 if bits[(obj / 64) as usize] & (1 << (obj % 64)) != 0 {
                     recovered.push(base + obj * shape.object_size);
@@ -316,28 +283,28 @@ impl Cluster {
                     c.life = Life::Down;
                     return;
                 }
-                Some(a)
+                vec![a]
             }
-            None => None,
+            None => Vec::new(),
         };
         let (task, slot) = &mut c.tasks[t];
         let done = match task {
-            Task::Alloc { m, size } => match m.advance(&mut c.book, answer).expect("alloc") {
-                Next::Io(io) => {
-                    *slot = Some(io);
+            Task::Alloc { m, size } => match m.advance(&mut c.book, at, &answer).expect("alloc") {
+                Step::Do(ops) => {
+                    *slot = ops.into_iter().next().map(|op| op.io);
                     None
                 }
-                Next::Wait => None,
-                Next::Done(Some(offset)) => Some(Some((offset, *size))),
-                Next::Done(None) => Some(None),
+                Step::Sleep(_) | Step::Wait => None,
+                Step::Done(Some(offset)) => Some(Some((offset, *size))),
+                Step::Done(None) => Some(None),
             },
-            Task::Free { m, ptr } => match m.advance(&mut c.book, answer) {
-                Ok(Next::Io(io)) => {
-                    *slot = Some(io);
+            Task::Free { m, ptr } => match m.advance(&mut c.book, at, &answer) {
+                Ok(Step::Do(ops)) => {
+                    *slot = ops.into_iter().next().map(|op| op.io);
                     None
                 }
-                Ok(Next::Wait) => None,
-                Ok(Next::Done(())) => {
+                Ok(Step::Sleep(_) | Step::Wait) => None,
+                Ok(Step::Done(())) => {
                     let p = *ptr;
                     c.freeing.retain(|h| h.ptr.offset != p.offset);
                     Some(None)

@@ -1,5 +1,5 @@
-//! A simulated cluster for the client's machines, in virtual time: one node's region as
-//! words in memory, the server's sweep (`remote/sweep.rs`) every quarter lease, and several
+//! A simulated cluster for the client's machines, in virtual time: one node's region (the
+//! [`SimRegion`] the store's simulations use too), the server's sweep (`remote/sweep.rs`) every quarter lease, and several
 //! clients taking their slots ([`Takeover`]), recovering ([`Recover`]), allocating and
 //! freeing ([`Alloc`], [`Free`]) one one-sided operation at a time, renewing their leases
 //! and checking them ([`Holder`]) as the real client does. A proptest chooses the order and
@@ -13,12 +13,14 @@
 //! (nothing, if the server expired the id meanwhile), and a pointer into a restarted
 //! server's old memory is refused as stale.
 
-use super::chunks::{Alloc, Answer, Book, Checked, Free, Io, Machine, Next, Recover};
-use super::takeover::{next_beat, Step, Takeover};
+use super::chunks::{Alloc, Answer, Book, Checked, Free, Io, Machine, Recover};
+use super::takeover::{next_beat, Takeover};
 use crate::remote::layout::hash64;
 use crate::remote::layout::{self, size_class, ChunkShape, Layout};
 use crate::remote::lease::{Holder, Reaper};
-use crate::remote::sweep::{self, Words};
+use crate::remote::sim::SimRegion;
+use crate::remote::step::{Op, Step};
+use crate::remote::sweep;
 use crate::remote::RemotePtr;
 use crate::Error;
 use proptest::prelude::*;
@@ -27,8 +29,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 mod life;
-mod region;
-use region::Region;
+
+/// The simulated node's id.
+const NODE: u32 = 1;
 
 /// An allocation a client holds, with the tag it wrote into the object's first word.
 #[derive(Debug, Clone, Copy)]
@@ -47,7 +50,8 @@ enum Life {
     /// Taking its slot (then recovering, then up).
     Joining {
         t: Takeover,
-        renew_sent: Option<Instant>,
+        /// The operation it asked for, performed at the next step.
+        asked: Option<Op>,
     },
     Recovering {
         m: Recover,
@@ -100,7 +104,7 @@ struct Cluster {
     lease: Duration,
     t0: Instant,
     now: u64,
-    region: Region,
+    region: SimRegion,
     reaper: Reaper,
     next_sweep: u64,
     clients: Vec<Client>,
@@ -124,7 +128,7 @@ impl Cluster {
             lease,
             t0,
             now: 0,
-            region: Region::new(layout, 1),
+            region: SimRegion::new(layout, 1),
             reaper: Reaper::new(lease),
             next_sweep: 0,
             clients: Vec::new(),
@@ -164,10 +168,11 @@ impl Cluster {
                     l.client_count,
                     hash64(id) % l.client_count,
                     self.random(),
-                ),
-                renew_sent: None,
+                )
+                .on_node(NODE, l, false),
+                asked: None,
             },
-            book: Book::new(id, self.region.incarnation, l),
+            book: Book::new(id, NODE, self.region.incarnation, l),
             holder: Holder::new(self.lease, self.at(self.now)),
             slot: 0,
             beat: 0,
@@ -237,7 +242,7 @@ impl Cluster {
             swap: next,
         }) {
             Answer::Word(w) => w,
-            _ => unreachable!(),
+            other => unreachable!("a heartbeat swap answered {other:?}"),
         };
         c.next_renew = now + (self.lease.as_millis() as u64 / 4).max(1);
         if old != c.beat {
@@ -254,7 +259,7 @@ impl Cluster {
     /// client's connection dies and it joins the new incarnation, keeping its old pointers.
     fn restart_server(&mut self) {
         self.incarnations += 1;
-        self.region = Region::new(self.region.layout, self.incarnations);
+        self.region = SimRegion::new(self.region.layout, self.incarnations);
         self.reaper = Reaper::new(self.lease);
         self.log.push(format!("{} ms: server restarted", self.now));
         for i in 0..self.clients.len() {

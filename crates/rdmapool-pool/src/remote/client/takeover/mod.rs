@@ -1,8 +1,10 @@
-//! Taking this client's lease slot on a node, as a state machine without I/O: it says which
-//! one-sided operation to make next ([`Step`]) and decides from what that operation read and
-//! `now`. The driver (`Shared::take_slot`) performs the steps; the tests below run it
-//! against a simulated slot, a simulated old holder and the server's [`Reaper`] in virtual
-//! time.
+//! Taking this client's lease slot on a node, as a [`Machine`] of the shared vocabulary
+//! (`remote/step.rs`): it says which one-sided operation to make next, or until when to
+//! wait, and decides from what that operation read and `now`, a value it is given. The
+//! driver (`Shared::take_slot`) performs the steps, the pool's simulated cluster too, on
+//! its [`SimRegion`](crate::remote::sim::SimRegion); the tests below feed its decisions
+//! (`on_*`, what it waits for: [`Pending`]) against a simulated slot, a simulated old holder
+//! and the server's [`Reaper`] in virtual time.
 //!
 //! The rules: read every slot's owner word; if one holds the id (an earlier run's slot), that
 //! is the slot. Else probe slots from a hash of the id for one whose owner word can be
@@ -18,6 +20,9 @@
 //! that value (its heartbeat counts from another random start), so the renewal fails
 //! instead of being taken for this client's own.
 
+use crate::remote::layout::{self, Layout};
+use crate::remote::step::{Answer, Io, Machine, Step};
+use crate::{Error, Result};
 use std::time::{Duration, Instant};
 
 /// The heartbeat after `beat` (a renewal's swap): never 0, which means "expired".
@@ -28,9 +33,11 @@ pub(crate) fn next_beat(beat: u64) -> u64 {
 /// How often a held slot's heartbeat is read while it is watched.
 pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(5);
 
-/// What the driver does next.
+/// What the machine waits for: the operation it asks for next, or how it ended. Its
+/// [`Machine`] steps say the same in the shared vocabulary; the tests and the lease fuzz
+/// target also read it directly and feed the `on_*` decisions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Step {
+pub(crate) enum Pending {
     /// Read the owner word of every slot; feed them, in slot order, to
     /// [`Takeover::on_owners`].
     ReadOwners,
@@ -83,7 +90,25 @@ pub(crate) struct Takeover {
     /// taken is `Full` after one READ, not after a CAS per slot).
     taken: Vec<bool>,
     state: State,
-    next: Step,
+    next: Pending,
+    /// Run as a machine: the node, its layout, and whether it is isolated (the server gave
+    /// the id its slot at setup and owns the owner words: a claim reads the owner word,
+    /// which must be the id, instead of swapping it).
+    on: Option<(u32, Layout, bool)>,
+    /// When the last renewal was asked for (the lease counts from it).
+    renew_asked: Option<Instant>,
+}
+
+/// How a takeover run as a [`Machine`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Taken {
+    /// The slot's region offset.
+    pub(crate) slot_at: u64,
+    /// Its heartbeat now.
+    pub(crate) beat: u64,
+    /// When the renewal that took it was asked for: the lease counts from then (a takeover
+    /// watches for half a lease; counting from before it would leave a quarter to recover).
+    pub(crate) renewed: Option<Instant>,
 }
 
 impl Takeover {
@@ -99,12 +124,21 @@ impl Takeover {
             k: 0,
             taken: Vec::new(),
             state: State::Scan,
-            next: Step::ReadOwners,
+            next: Pending::ReadOwners,
+            on: None,
+            renew_asked: None,
         };
         if slots == 0 {
-            t.done(Step::Full);
+            t.done(Pending::Full);
         }
         t
+    }
+
+    /// The same takeover, run as a [`Machine`] on node `node` laid out as `layout`
+    /// (`isolated`: the server's record gave the id its slot, see [`Takeover`]'s fields).
+    pub(crate) fn on_node(mut self, node: u32, layout: Layout, isolated: bool) -> Self {
+        self.on = Some((node, layout, isolated));
+        self
     }
 
     /// Every slot's owner word, in slot order. A slot that holds the id already (an earlier
@@ -130,8 +164,10 @@ impl Takeover {
         self.probe();
     }
 
-    /// The next step.
-    pub(crate) fn step(&self) -> Step {
+    /// What it waits for now (the tests and the lease fuzz target feed the `on_*`
+    /// decisions by hand).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn pending(&self) -> Pending {
         self.next
     }
 
@@ -145,13 +181,13 @@ impl Takeover {
         }
         self.state = State::Probe;
         self.next = if self.k >= self.slots {
-            Step::Full
+            Pending::Full
         } else {
-            Step::Claim { slot: self.slot() }
+            Pending::Claim { slot: self.slot() }
         };
     }
 
-    fn done(&mut self, step: Step) {
+    fn done(&mut self, step: Pending) {
         self.state = State::Done;
         self.next = step;
     }
@@ -166,7 +202,7 @@ impl Takeover {
                 before: None,
                 since: now,
             };
-            self.next = Step::ReadBeat { slot, at: now };
+            self.next = Pending::ReadBeat { slot, at: now };
         } else {
             self.k += 1;
             self.probe();
@@ -185,14 +221,14 @@ impl Takeover {
                     before: Some(beat),
                     since: now,
                 };
-                self.next = Step::ReadBeat {
+                self.next = Pending::ReadBeat {
                     slot,
                     at: now + WATCH_EVERY,
                 };
             }
             Some(b) if b != beat => {
                 self.state = State::Moved { beat };
-                self.next = Step::ReadOwner { slot };
+                self.next = Pending::ReadOwner { slot };
             }
             // A heartbeat that stood at 0 is a lease being expired (a live holder's is never
             // 0), not one to take over: claim again until the server releases the slot.
@@ -201,7 +237,7 @@ impl Takeover {
                 self.renew(slot, b, next_beat(b));
             }
             Some(_) => {
-                self.next = Step::ReadBeat {
+                self.next = Pending::ReadBeat {
                     slot,
                     at: now + WATCH_EVERY,
                 };
@@ -219,7 +255,7 @@ impl Takeover {
             // its chunks are taken back (remote/sweep.rs). Claim again until it has.
             self.probe();
         } else if owner == self.id {
-            self.done(Step::InUse);
+            self.done(Pending::InUse);
         } else {
             // The server expired the old lease and cleared the slot: claim it afresh.
             self.probe();
@@ -228,7 +264,7 @@ impl Takeover {
 
     fn renew(&mut self, slot: u64, expected: u64, new: u64) {
         self.state = State::Renewing { expected, new };
-        self.next = Step::Renew {
+        self.next = Pending::Renew {
             slot,
             expected,
             new,
@@ -242,13 +278,116 @@ impl Takeover {
         };
         let slot = self.slot();
         if old == expected {
-            self.done(Step::Taken { slot, beat: new });
+            self.done(Pending::Taken { slot, beat: new });
         } else {
             // Expired (zeroed) between the last look and the renewal, or (claimed afresh) a
             // heartbeat already moving: the slot and its chunks are not this id's as it
             // thought. Claim again.
             self.probe();
         }
+    }
+}
+
+impl Machine for Takeover {
+    type Output = Taken;
+    type Context = ();
+
+    fn advance(&mut self, _: &mut (), now: Instant, answers: &[Answer]) -> Result<Step<Taken>> {
+        let Some((node, l, isolated)) = self.on else {
+            return Err(Error::Core(crate::CoreError::Malformed {
+                what: "lease slot takeover",
+                reason: "run as a machine without its node (Takeover::on_node)".into(),
+            }));
+        };
+        if let Some(answer) = answers.first() {
+            if answer.failed() {
+                return Err(Error::NodeDown {
+                    node,
+                    reason: "an operation on its lease slots failed".into(),
+                });
+            }
+            match self.next {
+                Pending::ReadOwners => {
+                    let per_slot = (layout::CLIENT_SLOT / 8) as usize;
+                    let owners: Vec<u64> = answer.words().into_iter().step_by(per_slot).collect();
+                    self.on_owners(&owners);
+                }
+                Pending::Claim { slot } => {
+                    let old = answer.word();
+                    if isolated && old != self.id {
+                        return Err(Error::NodeDown {
+                            node,
+                            reason: format!(
+                                "slot {slot} the server gave client {} names {old:#x} (its \
+                                 lease ended during setup; connect again)",
+                                self.id
+                            ),
+                        });
+                    }
+                    self.on_claim(old, now);
+                }
+                Pending::ReadBeat { .. } => self.on_beat(answer.word(), now),
+                Pending::ReadOwner { .. } => self.on_owner(answer.word()),
+                Pending::Renew { .. } => self.on_renewed(answer.word()),
+                Pending::Taken { .. } | Pending::InUse | Pending::Full => {}
+            }
+        }
+        let io = match self.next {
+            Pending::ReadOwners => Io::Read {
+                at: l.client_slot(0),
+                len: l.client_count * layout::CLIENT_SLOT,
+            },
+            Pending::Claim { slot } => {
+                let at = l.client_slot(slot) + layout::slot::OWNER;
+                if isolated {
+                    Io::Read { at, len: 8 }
+                } else {
+                    Io::Cas {
+                        at,
+                        expected: 0,
+                        swap: self.id,
+                    }
+                }
+            }
+            Pending::ReadBeat { at, .. } if now < at => return Ok(Step::Sleep(at)),
+            Pending::ReadBeat { slot, .. } => Io::Read {
+                at: l.client_slot(slot) + 8,
+                len: 8,
+            },
+            Pending::ReadOwner { slot } => Io::Read {
+                at: l.client_slot(slot),
+                len: 8,
+            },
+            Pending::Renew {
+                slot,
+                expected,
+                new,
+            } => {
+                // Renewed at once: a short-lived client that exits before its lease
+                // thread's first round still leaves a heartbeat the reaper has seen move.
+                self.renew_asked = Some(now);
+                Io::Cas {
+                    at: l.client_slot(slot) + 8,
+                    expected,
+                    swap: new,
+                }
+            }
+            Pending::Taken { slot, beat } => {
+                return Ok(Step::Done(Taken {
+                    slot_at: l.client_slot(slot),
+                    beat,
+                    renewed: self.renew_asked,
+                }))
+            }
+            Pending::InUse => return Err(Error::ClientIdInUse { id: self.id, node }),
+            Pending::Full => {
+                return Err(Error::LeasesFull {
+                    node,
+                    slots: l.client_count,
+                })
+            }
+        };
+        Ok(Step::one(node, io))
     }
 }
 

@@ -83,27 +83,27 @@ impl Cluster {
 }
 
 /// Runs a takeover starting at `start` ms; returns its end and when it ended (ms).
-fn run(c: &mut Cluster, start: u64) -> (Step, u64) {
+fn run(c: &mut Cluster, start: u64) -> (Pending, u64) {
     let mut t = Takeover::new(ID, Duration::from_millis(c.lease_ms), 1, 0, BASE);
     let mut now = start;
     for _ in 0..100_000 {
         c.advance(now);
-        match t.step() {
-            Step::ReadOwners => t.on_owners(&[c.owner]),
-            Step::Claim { .. } => {
+        match t.pending() {
+            Pending::ReadOwners => t.on_owners(&[c.owner]),
+            Pending::Claim { .. } => {
                 let old = c.owner;
                 if old == 0 {
                     c.owner = ID;
                 }
                 t.on_claim(old, c.at(now));
             }
-            Step::ReadBeat { at, .. } => {
+            Pending::ReadBeat { at, .. } => {
                 now = now.max((at - c.t0).as_millis() as u64);
                 c.advance(now);
                 t.on_beat(c.beat, c.at(now));
             }
-            Step::ReadOwner { .. } => t.on_owner(c.owner),
-            Step::Renew { expected, new, .. } => {
+            Pending::ReadOwner { .. } => t.on_owner(c.owner),
+            Pending::Renew { expected, new, .. } => {
                 let old = c.beat;
                 if old == expected {
                     c.beat = new;
@@ -136,9 +136,9 @@ proptest! {
         let start = dies.saturating_add(restart_after).min(8000);
         let (end, _) = run(&mut c, start);
         if dies_after.is_none() {
-            prop_assert_eq!(end, Step::InUse, "a live holder's id was taken");
+            prop_assert_eq!(end, Pending::InUse, "a live holder's id was taken");
         } else {
-            let Step::Taken { beat, .. } = end else {
+            let Pending::Taken { beat, .. } = end else {
                 return Err(TestCaseError::fail(format!("a dead holder's slot was not taken: {end:?}")));
             };
             prop_assert_eq!(c.owner, ID, "taken, but the slot is not the id's");
@@ -159,19 +159,19 @@ fn the_lease_expiring_between_the_watch_and_the_renewal_is_claimed_afresh() {
     t.on_beat(41, t0);
     t.on_beat(41, t0 + Duration::from_millis(60));
     assert_eq!(
-        t.step(),
-        Step::Renew {
+        t.pending(),
+        Pending::Renew {
             slot: 0,
             expected: 41,
             new: 42
         }
     );
     t.on_renewed(0); // zeroed by the server meanwhile
-    assert_eq!(t.step(), Step::Claim { slot: 0 });
+    assert_eq!(t.pending(), Pending::Claim { slot: 0 });
     t.on_claim(0, t0 + Duration::from_millis(61));
     assert_eq!(
-        t.step(),
-        Step::Renew {
+        t.pending(),
+        Pending::Renew {
             slot: 0,
             expected: 0,
             new: BASE
@@ -179,8 +179,8 @@ fn the_lease_expiring_between_the_watch_and_the_renewal_is_claimed_afresh() {
     );
     t.on_renewed(0);
     assert_eq!(
-        t.step(),
-        Step::Taken {
+        t.pending(),
+        Pending::Taken {
             slot: 0,
             beat: BASE
         }
@@ -200,11 +200,11 @@ fn a_heartbeat_zeroed_while_the_owner_word_still_holds_the_id_is_waited_out() {
     t.on_claim(ID, ms(0));
     t.on_beat(41, ms(0));
     t.on_beat(0, ms(5));
-    assert_eq!(t.step(), Step::ReadOwner { slot: 0 });
+    assert_eq!(t.pending(), Pending::ReadOwner { slot: 0 });
     t.on_owner(ID);
     assert_eq!(
-        t.step(),
-        Step::Claim { slot: 0 },
+        t.pending(),
+        Pending::Claim { slot: 0 },
         "claimed again, not InUse"
     );
     // Still (ID, 0): watched, and a heartbeat standing at 0 is not taken over.
@@ -212,16 +212,16 @@ fn a_heartbeat_zeroed_while_the_owner_word_still_holds_the_id_is_waited_out() {
     t.on_beat(0, ms(6));
     t.on_beat(0, ms(60));
     assert_eq!(
-        t.step(),
-        Step::Claim { slot: 0 },
+        t.pending(),
+        Pending::Claim { slot: 0 },
         "claimed again, not taken over"
     );
     // Released: claimed afresh.
     t.on_claim(0, ms(61));
     t.on_renewed(0);
     assert_eq!(
-        t.step(),
-        Step::Taken {
+        t.pending(),
+        Pending::Taken {
             slot: 0,
             beat: BASE
         }
@@ -237,13 +237,13 @@ fn a_slot_expired_and_claimed_by_another_client_is_never_renewed_as_ours() {
     t.on_owners(&[0]);
     t.on_claim(0, Instant::now());
     t.on_renewed(0);
-    assert_eq!(t.step(), Step::Taken { slot: 0, beat: 5 });
+    assert_eq!(t.pending(), Pending::Taken { slot: 0, beat: 5 });
     let mut u = Takeover::new(78, Duration::from_secs(2), 1, 0, 9);
     u.on_owners(&[0]);
     u.on_claim(0, Instant::now());
     assert_eq!(
-        u.step(),
-        Step::Renew {
+        u.pending(),
+        Pending::Renew {
             slot: 0,
             expected: 0,
             new: 9
@@ -258,15 +258,15 @@ fn the_slot_holding_the_id_is_taken_over_even_past_a_free_one() {
     // id would then hold two slots, and the old one's expiry take the new run's chunks.
     let mut t = Takeover::new(ID, Duration::from_secs(2), 4, 0, BASE);
     t.on_owners(&[5, 0, 6, ID]);
-    assert_eq!(t.step(), Step::Claim { slot: 3 });
+    assert_eq!(t.pending(), Pending::Claim { slot: 3 });
     let mut t = Takeover::new(ID, Duration::from_secs(2), 4, 2, BASE);
     t.on_owners(&[ID, 0, 6, 5]);
-    assert_eq!(t.step(), Step::Claim { slot: 0 });
+    assert_eq!(t.pending(), Pending::Claim { slot: 0 });
     let mut t = Takeover::new(ID, Duration::from_secs(2), 4, 2, BASE);
     t.on_owners(&[5, 0, 0, 5]);
     assert_eq!(
-        t.step(),
-        Step::Claim { slot: 2 },
+        t.pending(),
+        Pending::Claim { slot: 2 },
         "none holds it: probe from the hash"
     );
 }
@@ -278,11 +278,11 @@ fn a_slot_of_the_id_lost_before_the_claim_still_leaves_every_other_slot_to_probe
     // without trying slot 0.
     let mut t = Takeover::new(ID, Duration::from_secs(2), 3, 0, BASE);
     t.on_owners(&[0, 78, ID]);
-    assert_eq!(t.step(), Step::Claim { slot: 2 });
+    assert_eq!(t.pending(), Pending::Claim { slot: 2 });
     t.on_claim(78, Instant::now());
     assert_eq!(
-        t.step(),
-        Step::Claim { slot: 0 },
+        t.pending(),
+        Pending::Claim { slot: 0 },
         "slot 0 was free in the scan"
     );
 }
@@ -293,25 +293,25 @@ fn a_pool_whose_slots_are_all_taken_is_full_after_one_read() {
     // CAS after CAS; the owner scan decides it at once.
     let mut t = Takeover::new(ID, Duration::from_secs(2), 1000, 17, BASE);
     t.on_owners(&[9; 1000]);
-    assert_eq!(t.step(), Step::Full);
+    assert_eq!(t.pending(), Pending::Full);
     // Slots seen taken are not probed; one seen free is, even far from the hash.
     let mut t = Takeover::new(ID, Duration::from_secs(2), 1000, 17, BASE);
     let mut owners = [9; 1000];
     owners[3] = 0;
     t.on_owners(&owners);
-    assert_eq!(t.step(), Step::Claim { slot: 3 });
+    assert_eq!(t.pending(), Pending::Claim { slot: 3 });
 }
 
 #[test]
 fn slots_of_others_are_skipped_and_a_full_pool_says_so() {
     let t0 = Instant::now();
     let mut t = Takeover::new(ID, Duration::from_secs(2), 3, 2, BASE);
-    assert_eq!(t.step(), Step::ReadOwners);
+    assert_eq!(t.pending(), Pending::ReadOwners);
     t.on_owners(&[0, 0, 0]); // all free when scanned, taken by the time of the claims
-    assert_eq!(t.step(), Step::Claim { slot: 2 });
+    assert_eq!(t.pending(), Pending::Claim { slot: 2 });
     t.on_claim(5, t0);
-    assert_eq!(t.step(), Step::Claim { slot: 0 });
+    assert_eq!(t.pending(), Pending::Claim { slot: 0 });
     t.on_claim(6, t0);
     t.on_claim(7, t0);
-    assert_eq!(t.step(), Step::Full);
+    assert_eq!(t.pending(), Pending::Full);
 }
