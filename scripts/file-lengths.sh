@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sanity bound on file length (docs/ARCHITECTURE.md, "A file is a concept"): no Rust file
+# The sanity bound on file length (docs/ARCHITECTURE.md, "Rules the tree keeps": a file is a concept): no Rust file
 # of the workspace passes MAX_LINES lines (1 200), bindgen's output excepted. Prints the
 # longest files and exits 1 naming any over the bound.
 set -euo pipefail
