@@ -214,8 +214,7 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
 
     /// Posts, or waits for room. Ready(Ok) means posted (the future is now `Posted`).
     fn try_post(&mut self, spec: Spec, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        let qp = self.qp;
-        let q = qp;
+        let q = self.qp;
         let s = &q.engine;
         if q.cq != ANY_SOURCE && s.broken[q.cq].load(Ordering::Acquire) {
             return Poll::Ready(Err(Error::Core(crate::CoreError::CqOverrun {
@@ -284,8 +283,7 @@ impl<B: Send + 'static> Future for OpFuture<'_, B> {
             }
             Stage::Finished => panic!("OpFuture polled after it resolved"),
         };
-        let qp = self.qp;
-        let q = qp;
+        let q = self.qp;
         match q.engine.table.look(idx, q) {
             Some(outcome) => self.resolve(outcome.into_result().map(OpCompletion::from)),
             None => self.spin_then_park(idx, cx),
@@ -363,8 +361,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
     /// more than the round trip itself. Past its first microseconds it yields between polls
     /// ([`PollPause`]), so the threads it waits for get a core when all are busy.
     fn spin_then_park(&mut self, idx: u32, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
-        let qp = self.qp;
-        let q = qp;
+        let q = self.qp;
         let s = &q.engine;
         if s.spin.is_zero() || s.table.in_flight() > 1 {
             return self.park(cx);
