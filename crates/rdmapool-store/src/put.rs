@@ -33,12 +33,36 @@ pub(crate) const MAX_ROUNDS: u32 = 64;
 
 #[derive(Debug)]
 enum State {
-    Buckets { lookup: Lookup },
-    Blocks { lookup: Lookup },
-    Written { looked: Looked },
-    Primary { looked: Looked, swap: Swap },
-    Backups { swaps: Vec<(usize, Swap)> },
+    Buckets {
+        lookup: Lookup,
+    },
+    Blocks {
+        lookup: Lookup,
+    },
+    /// Every replica's block written, and the primary's swap right after its write.
+    Publishing {
+        looked: Looked,
+        writes: Vec<(usize, usize)>,
+        primary: Asked,
+    },
+    /// Swaps on replicas after the primary's (every replica's for a copy, after its
+    /// write), each followed by its fence read when the put is [fenced](Put::fenced).
+    Backups {
+        writes: Vec<(usize, usize)>,
+        swaps: Vec<Asked>,
+    },
     Finished,
+}
+
+/// A swap a step asked for: on which replica, and where its answers are in the step.
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    replica: usize,
+    swap: Swap,
+    /// The swap's answer.
+    at: usize,
+    /// The fence read's answer, when the put is fenced.
+    fence: Option<usize>,
 }
 
 /// One put or remove (see the module's text).
@@ -75,6 +99,11 @@ pub(crate) struct Put {
     /// The floor's version is a removal's tombstone ([`Put::at_least`]).
     floor_removed: bool,
     rounds: u32,
+    /// Steps of operations asked for: the put's round trips.
+    trips: u32,
+    /// Read this word (the view's fence word) on each replica right after this put's swap
+    /// there, in the same list ([`Put::fenced`]).
+    fence_at: Option<u64>,
     /// Replicas (by position) that still need this put's version.
     pending: Vec<usize>,
     done: PutDone,
@@ -119,6 +148,8 @@ impl Put {
             floor: None,
             floor_removed: false,
             rounds: 0,
+            trips: 0,
+            fence_at: None,
             pending: (0..replicas.len()).collect(),
             done: Self::empty_done(),
             state: State::Buckets { lookup },
@@ -186,6 +217,20 @@ impl Put {
         self.published
     }
 
+    /// This put, reading the word at `at` (the view's fence word, docs/STORE.md section 4)
+    /// on each replica right after its swap there, in the same list of operations: RC
+    /// order makes the read see the word as it was after the swap, with no round of its
+    /// own. The words read are in [`PutDone::fences`].
+    pub(crate) fn fenced(mut self, at: u64) -> Self {
+        self.fence_at = Some(at);
+        self
+    }
+
+    /// The round trips this put has taken: the steps of operations it asked for.
+    pub(crate) fn round_trips(&self) -> u32 {
+        self.trips
+    }
+
     /// Bytes of this put's block.
     pub(crate) fn block_len(&self) -> u64 {
         block_len(&self.key, self.digest.len())
@@ -248,7 +293,7 @@ impl Put {
             return self.looked(&lookup, &[]);
         }
         self.state = State::Blocks { lookup };
-        Ok(Step::Do(read_ops(&reads)))
+        Ok(self.ask(read_ops(&reads)))
     }
 
     /// From the candidate blocks' bytes (the last replies, or read early): what the
@@ -335,9 +380,14 @@ impl Put {
             unused: Vec::new(),
             superseded: Vec::new(),
             installed: Vec::new(),
+            fences: Vec::new(),
         }
     }
 
+    /// The step that publishes: every replica's block written, and on the primary its
+    /// swap right after its write, in the same list (RC order: the block is whole before
+    /// the slot names it), then the fence read. A copy (no primary) swaps every replica
+    /// that way.
     fn write(&mut self, looked: Looked) -> Result<Step<PutDone>> {
         let mut header = [0; HEADER_LEN];
         encode_header_for(
@@ -351,29 +401,104 @@ impl Put {
         let mut head = Vec::with_capacity(HEADER_LEN + self.key.len());
         head.extend_from_slice(&header);
         head.extend_from_slice(&self.key);
-        let writes = self
-            .replicas
-            .iter()
-            .zip(&self.blocks)
-            .map(|(r, &at)| Op {
-                node: r.node,
+        let mut ops = Vec::with_capacity(self.replicas.len() * 3);
+        let mut writes = Vec::with_capacity(self.replicas.len());
+        let mut swaps = Vec::new();
+        for i in 0..self.replicas.len() {
+            let (node, at) = (self.replicas[i].node, self.blocks[i]);
+            writes.push((i, ops.len()));
+            ops.push(Op {
+                node,
                 io: Io::WriteWithPayload {
                     at,
                     head: head.clone(),
                 },
-            })
-            .collect();
-        self.state = State::Written { looked };
-        Ok(Step::Do(writes))
+            });
+            if !self.copy && i > 0 {
+                continue;
+            }
+            match self.swap_for(i, &looked.held[i])? {
+                Some(swap) => swaps.push(self.swap_ops(i, swap, &mut ops)),
+                None if self.copy => self.done.unused.push((node, at)),
+                // The primary holds a newer version than the lookup's newest: it moved
+                // on meanwhile. Start again.
+                None => return self.again(),
+            }
+        }
+        if self.copy {
+            // Published as soon as its first swap is sent (a copy given up after that
+            // leaves its blocks to repair).
+            self.published = !swaps.is_empty();
+            self.backing = true;
+            self.pending.clear();
+            if swaps.is_empty() {
+                return Ok(self.finish());
+            }
+            self.state = State::Backups { writes, swaps };
+            return Ok(self.ask(ops));
+        }
+        let primary = swaps.pop().expect("the primary's swap");
+        self.state = State::Publishing {
+            looked,
+            writes,
+            primary,
+        };
+        Ok(self.ask(ops))
+    }
+
+    /// Adds `swap` (on replica `i`) to `ops`, then its fence read when the put is fenced.
+    fn swap_ops(&self, i: usize, swap: Swap, ops: &mut Vec<Op>) -> Asked {
+        let at = ops.len();
+        ops.push(swap.op());
+        let fence = self.fence_at.map(|word| {
+            ops.push(Op {
+                node: swap.node,
+                io: Io::Read { at: word, len: 8 },
+            });
+            at + 1
+        });
+        Asked {
+            replica: i,
+            swap,
+            at,
+            fence,
+        }
+    }
+
+    /// A step of operations (counted as a round trip).
+    fn ask(&mut self, ops: Vec<Op>) -> Step<PutDone> {
+        self.trips += 1;
+        Step::Do(ops)
+    }
+
+    /// Notes the fence word read after this put's swap `asked`.
+    fn fence_read(&mut self, asked: &Asked, answers: &[Answer]) {
+        let Some(f) = asked.fence else { return };
+        let word = match answers.get(f) {
+            Some(a @ Answer::Bytes(b)) if b.len() == 8 => Some(a.word()),
+            _ => None,
+        };
+        let node = asked.swap.node;
+        self.done.fences.retain(|&(n, _)| n != node);
+        self.done.fences.push((node, word));
+    }
+
+    /// The first write of `writes` that did not land: the error that fails the put.
+    fn failed_write(&self, writes: &[(usize, usize)], answers: &[Answer]) -> Option<Error> {
+        writes
+            .iter()
+            .find(|&&(_, at)| answers.get(at) != Some(&Answer::Written))
+            .map(|&(i, _)| self.down(i, "writing the block"))
     }
 
     /// The swaps on the replicas still pending after the primary (or after a lost swap).
     fn backups(&mut self, looked: Looked) -> Result<Step<PutDone>> {
+        let mut ops = Vec::new();
         let mut swaps = Vec::new();
         for (k, held) in looked.held.iter().enumerate() {
             let i = self.pending[k];
             match self.swap_for(i, held)? {
-                Some(s) => swaps.push((i, s)),
+                Some(s) => swaps.push(self.swap_ops(i, s, &mut ops)),
                 None => self
                     .done
                     .unused
@@ -384,9 +509,11 @@ impl Put {
         if swaps.is_empty() {
             return Ok(self.finish());
         }
-        let step = Step::Do(swaps.iter().map(|(_, s)| s.op()).collect());
-        self.state = State::Backups { swaps };
-        Ok(step)
+        self.state = State::Backups {
+            writes: Vec::new(),
+            swaps,
+        };
+        Ok(self.ask(ops))
     }
 
     fn finish(&mut self) -> Step<PutDone> {
@@ -405,14 +532,6 @@ impl Put {
 
     /// The next step, from the answers to the last one (none the first time).
     fn step(&mut self, answers: &[Answer]) -> Result<Step<PutDone>> {
-        let words = |a: &[Answer]| -> Vec<Option<u64>> {
-            a.iter()
-                .map(|a| match a {
-                    Answer::Word(w) => Some(*w),
-                    _ => None,
-                })
-                .collect()
-        };
         let state = std::mem::replace(&mut self.state, State::Finished);
         match state {
             State::Buckets { lookup } if !self.started => {
@@ -429,7 +548,7 @@ impl Put {
                     },
                 }));
                 self.state = State::Buckets { lookup };
-                Ok(Step::Do(ops))
+                Ok(self.ask(ops))
             }
             State::Buckets { lookup } => {
                 let reads = match self.allocating.take() {
@@ -449,35 +568,33 @@ impl Put {
                 self.read_step(lookup, &replies(reads))
             }
             State::Blocks { lookup } => self.looked(&lookup, &replies(answers)),
-            State::Written { looked } => {
-                if let Some(i) =
-                    (0..self.replicas.len()).find(|&i| answers.get(i) != Some(&Answer::Written))
-                {
-                    return Err(self.down(i, "writing the block"));
+            State::Publishing {
+                looked,
+                writes,
+                primary,
+            } => {
+                // The primary first: its write, its swap (RC order: after the write), its
+                // fence read.
+                if answers.get(writes[0].1) != Some(&Answer::Written) {
+                    return Err(self.down(0, "writing the block"));
                 }
-                if self.copy {
-                    self.published = true;
-                    self.backing = true;
-                    return self.backups(looked);
-                }
-                let Some(swap) = self.swap_for(0, &looked.held[0])? else {
-                    // The primary holds a newer version than the lookup's newest: it moved
-                    // on meanwhile. Start again.
-                    return self.again();
+                let won = match answers.get(primary.at) {
+                    Some(&Answer::Word(old)) if old == primary.swap.expected => {
+                        self.published = true;
+                        self.backing = true;
+                        self.replaced(&primary.swap, old);
+                        self.fence_read(&primary, answers);
+                        true
+                    }
+                    Some(&Answer::Word(_)) => false,
+                    _ => return Err(self.down(0, "the primary's swap")),
                 };
-                self.state = State::Primary { looked, swap };
-                Ok(Step::Do(vec![swap.op()]))
-            }
-            State::Primary { looked, swap } => {
-                let Some(&Some(old)) = words(answers).first() else {
-                    return Err(self.down(0, "the primary's swap"));
-                };
-                if old != swap.expected {
+                if let Some(e) = self.failed_write(&writes, answers) {
+                    return Err(e);
+                }
+                if !won {
                     return self.again();
                 }
-                self.published = true;
-                self.backing = true;
-                self.replaced(&swap, old);
                 self.pending = (1..self.replicas.len()).collect();
                 if self.pending.is_empty() {
                     return Ok(self.finish());
@@ -490,13 +607,18 @@ impl Put {
                 };
                 self.backups(rest)
             }
-            State::Backups { swaps } => {
-                let old = words(answers);
-                for (k, &(i, s)) in swaps.iter().enumerate() {
-                    match old.get(k).copied().flatten() {
-                        None => return Err(self.down(i, "a replica's swap")),
-                        Some(o) if o == s.expected => self.replaced(&s, o),
-                        Some(_) => self.pending.push(i),
+            State::Backups { writes, swaps } => {
+                if let Some(e) = self.failed_write(&writes, answers) {
+                    return Err(e);
+                }
+                for asked in &swaps {
+                    match answers.get(asked.at) {
+                        Some(&Answer::Word(o)) if o == asked.swap.expected => {
+                            self.replaced(&asked.swap, o);
+                            self.fence_read(asked, answers);
+                        }
+                        Some(&Answer::Word(_)) => self.pending.push(asked.replica),
+                        _ => return Err(self.down(asked.replica, "a replica's swap")),
                     }
                 }
                 if self.pending.is_empty() {
@@ -509,7 +631,7 @@ impl Put {
                 let lookup = self.lookup_pending();
                 let reads = lookup.bucket_reads();
                 self.state = State::Buckets { lookup };
-                Ok(Step::Do(read_ops(&reads)))
+                Ok(self.ask(read_ops(&reads)))
             }
             State::Finished => Err(Error::OutcomeTaken),
         }
@@ -524,7 +646,7 @@ impl Put {
         let lookup = Lookup::new(&self.key, &self.replicas);
         let reads = lookup.bucket_reads();
         self.state = State::Buckets { lookup };
-        Ok(Step::Do(read_ops(&reads)))
+        Ok(self.ask(read_ops(&reads)))
     }
 
     fn contended(&self) -> Error {

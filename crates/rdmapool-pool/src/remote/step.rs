@@ -120,7 +120,10 @@ impl Answer {
     pub fn word(&self) -> u64 {
         match self {
             Answer::Word(w) => *w,
-            other => other.words().first().copied().unwrap_or(0),
+            Answer::Bytes(b) => b
+                .get(..8)
+                .map_or(0, |w| u64::from_le_bytes(w.try_into().expect("8 bytes"))),
+            _ => 0,
         }
     }
 
@@ -162,6 +165,10 @@ pub trait Machine {
 
     /// The next step, from the time and the answers to the last step's operations (none on
     /// the first call, and after [`Step::Sleep`] or [`Step::Wait`]).
+    ///
+    /// `now` is the driver's clock, read before the first call and after each sleep or
+    /// wait at least; the drivers of machines that decide by time (the lease takeover, the
+    /// store's) read it before every call.
     ///
     /// # Errors
     /// The machine's own verdicts (a node that failed it, a damaged record, contention);

@@ -14,7 +14,7 @@ use crate::lookup::{Lookup, Read};
 use crate::stripe::Manifest;
 use futures_util::future::join_all;
 use rdmapool_pool::fabric::{Mr, RegisteredMemory, Shared};
-use rdmapool_pool::remote::step::{Answer, Machine, Step};
+use rdmapool_pool::remote::step::{Answer, Io, Machine, Op, Step};
 use rdmapool_pool::remote::RemotePtr;
 use rdmapool_pool::{Error, Result};
 use std::collections::HashMap;
@@ -92,15 +92,28 @@ impl Store {
                         continue 'lookup;
                     }
                     Err(e) => return Err(e),
-                    Ok(Step::Do(ops)) if first => {
-                        // The fence words beside the first round: a newer view in force
-                        // means this placement may be stale (docs/STORE.md section 4).
+                    Ok(Step::Do(mut ops)) if first => {
+                        // The fence words in the first round, each read on a replica's list
+                        // after its reads: a newer view in force means this placement may
+                        // be stale (docs/STORE.md section 4).
                         first = false;
-                        let (a, fences) = futures_util::future::join(
-                            self.perform(&replicas, &ops),
-                            self.fences(&replicas),
-                        )
-                        .await;
+                        self.counters
+                            .get_round_trips
+                            .fetch_add(1, Ordering::Relaxed);
+                        let asked = ops.len();
+                        ops.extend(replicas.iter().map(|r| Op {
+                            node: r.node,
+                            io: Io::Read {
+                                at: crate::view::VIEW_AT,
+                                len: 8,
+                            },
+                        }));
+                        let mut a = self.perform(&replicas, &ops).await?;
+                        let fences: Vec<Option<u64>> = a
+                            .split_off(asked)
+                            .iter()
+                            .map(|f| f.bytes().map(|_| f.word()))
+                            .collect();
                         if Self::fenced_out(&fences, number) {
                             self.counters.fenced.fetch_add(1, Ordering::Relaxed);
                             views += 1;
@@ -113,9 +126,14 @@ impl Store {
                             self.reload_view().await?;
                             continue 'lookup;
                         }
-                        answers = a?;
+                        answers = a;
                     }
-                    Ok(Step::Do(ops)) => answers = self.perform(&replicas, &ops).await?,
+                    Ok(Step::Do(ops)) => {
+                        self.counters
+                            .get_round_trips
+                            .fetch_add(1, Ordering::Relaxed);
+                        answers = self.perform(&replicas, &ops).await?;
+                    }
                     Ok(Step::Done(Some((at, f)))) => {
                         self.remember_found(key, &g, f.block.version);
                         let b = match at {

@@ -173,6 +173,9 @@ impl Store {
             }
             // The get machines' reads are all reads: one batch per node, as deep as its queue.
             let mut bytes = self.pool.regions().reads(&reads).await;
+            self.counters
+                .get_round_trips
+                .fetch_add(1, Ordering::Relaxed);
             if first {
                 first = false;
                 let fences: Vec<Option<u64>> = bytes

@@ -91,6 +91,14 @@ pub struct StoreStats {
     /// and were made again under it (a put so made under the old view was not
     /// acknowledged; docs/STORE.md section 4).
     pub fenced: u64,
+    /// Round trips the puts and removes took: each list of one-sided operations sent to
+    /// the replicas at once and waited for (the fence reads a put makes beside its swaps
+    /// cost none of their own). A put of a fresh key or with a current hint takes 3 with
+    /// r ≥ 2 and 2 with r = 1 (docs/STORE.md section 6).
+    pub put_round_trips: u64,
+    /// Round trips the gets took (the fence reads beside the first cost none of their
+    /// own): 1 with a current hint, 2 without (docs/STORE.md section 5).
+    pub get_round_trips: u64,
 }
 
 #[derive(Default)]
@@ -101,6 +109,8 @@ struct Counters {
     removes: AtomicU64,
     waits_for_room: AtomicU64,
     fenced: AtomicU64,
+    put_round_trips: AtomicU64,
+    get_round_trips: AtomicU64,
 }
 
 impl Counters {
@@ -133,6 +143,18 @@ impl Counters {
                     "store_fenced_total",
                     "Store operations that met a newer view on a fence word and were made again under it.",
                     &self.fenced,
+                ),
+                series(
+                    "put_round_trips",
+                    "store_put_round_trips_total",
+                    "Round trips store puts and removes took (lists of one-sided operations waited for).",
+                    &self.put_round_trips,
+                ),
+                series(
+                    "get_round_trips",
+                    "store_get_round_trips_total",
+                    "Round trips store gets took (lists of one-sided operations waited for).",
+                    &self.get_round_trips,
                 ),
             ],
         }
@@ -259,6 +281,8 @@ impl Store {
             retired: self.retired.lock().len() as u64,
             waits_for_room: c.waits_for_room.load(Ordering::Relaxed),
             fenced: c.fenced.load(Ordering::Relaxed),
+            put_round_trips: c.put_round_trips.load(Ordering::Relaxed),
+            get_round_trips: c.get_round_trips.load(Ordering::Relaxed),
         }
     }
 }

@@ -185,7 +185,7 @@ impl Store {
                 Ok(d) => d,
                 Err(e) => return (Err(e), published),
             };
-            let fences = self.fences(&placed).await;
+            let fences = self.fences_after(&placed, &done.fences).await;
             if !Self::fenced_out(&fences, view.number) {
                 return (Ok(done), true);
             }
@@ -229,10 +229,16 @@ impl Store {
             Err(e) => return (Err(e), false, replicas),
         };
         let mut put = match Put::new(key, digest, kind, self.pool.client_id(), &replicas) {
-            Ok(p) => p.hinted(&self.hints_of(key)).at_least(floor, floor_removed),
+            Ok(p) => p
+                .hinted(&self.hints_of(key))
+                .at_least(floor, floor_removed)
+                .fenced(crate::view::VIEW_AT),
             Err(e) => return (Err(e), false, replicas),
         };
         let result = self.run_put(&mut put, &replicas, value).await;
+        self.counters
+            .put_round_trips
+            .fetch_add(u64::from(put.round_trips()), Ordering::Relaxed);
         match result {
             Ok(done) => {
                 if !done.installed.is_empty() {

@@ -100,6 +100,37 @@ impl Store {
         .await
     }
 
+    /// The fence words of `replicas` after a put on them: those the put read right after
+    /// its swaps (`read`, by node), and the others read now (a replica the put did not
+    /// swap, as it held a newer version already), in the order of `replicas`.
+    pub(super) async fn fences_after(
+        &self,
+        replicas: &[Replica],
+        read: &[(u32, Option<u64>)],
+    ) -> Vec<Option<u64>> {
+        let missing: Vec<Replica> = replicas
+            .iter()
+            .filter(|r| !read.iter().any(|&(n, _)| n == r.node))
+            .copied()
+            .collect();
+        let mut rest = if missing.is_empty() {
+            Vec::new()
+        } else {
+            self.counters
+                .put_round_trips
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.fences(&missing).await
+        }
+        .into_iter();
+        replicas
+            .iter()
+            .map(|r| match read.iter().find(|&&(n, _)| n == r.node) {
+                Some(&(_, word)) => word,
+                None => rest.next().flatten(),
+            })
+            .collect()
+    }
+
     /// The fence word of `node`: the number of the view it holds.
     async fn fence_of(&self, node: u32, incarnation: u64) -> Result<u64> {
         let b = self

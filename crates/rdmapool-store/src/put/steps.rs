@@ -48,4 +48,7 @@ pub(crate) struct PutDone {
     pub(crate) superseded: Vec<Vec<u8>>,
     /// The slot words it put into replicas' slots, by node: where the key is now.
     pub(crate) installed: Vec<(u32, u64)>,
+    /// For a [fenced](super::Put::fenced) put, the fence word read on each node right
+    /// after its swap there (`None`: the read failed), by node.
+    pub(crate) fences: Vec<(u32, Option<u64>)>,
 }

@@ -211,3 +211,73 @@ fn a_remove_with_a_floor_writes_its_tombstone_where_its_replicas_hold_nothing() 
         None
     );
 }
+
+/// Runs `p` to its end: its outcome, and the round trips it took.
+fn run_counting(mut p: Running, c: &mut Cluster) -> (Result<PutDone>, u32) {
+    while !p.finished() {
+        p.step(c);
+    }
+    let trips = p.put.round_trips();
+    (p.outcome.take().unwrap(), trips)
+}
+
+#[test]
+fn a_put_takes_three_round_trips_with_two_replicas_two_with_one_and_one_more_without_a_hint() {
+    let mut c = Cluster::new(&[1, 2]);
+    let (first, trips) = run_counting(Running::put(&c, b"k", b"one", 7), &mut c);
+    let first = first.unwrap();
+    assert_eq!(trips, 3, "a fresh key: lookup, publish, the backup's swap");
+    let hinted = Running::put_hinted(&c, b"k", b"two", 7, &first.installed);
+    let (second, trips) = run_counting(hinted, &mut c);
+    assert_eq!(trips, 3, "with a current hint");
+    let (_, trips) = run_counting(Running::put(&c, b"k", b"three", 7), &mut c);
+    assert_eq!(
+        trips, 4,
+        "without a hint the block is read in a round of its own"
+    );
+    // A stale hint (the slot moved on) costs its READ, and the round it would have saved.
+    let stale = Running::put_hinted(&c, b"k", b"four", 7, &second.unwrap().installed);
+    assert_eq!(run_counting(stale, &mut c).1, 4);
+    assert_eq!(c.get(b"k").unwrap().unwrap(), b"four");
+    let mut one = Cluster::new(&[1]);
+    assert_eq!(
+        run_counting(Running::put(&one, b"k", b"v", 7), &mut one).1,
+        2,
+        "r = 1"
+    );
+}
+
+#[test]
+fn a_fenced_put_reads_each_fence_word_right_after_its_swap_there_and_costs_no_round() {
+    use crate::view::VIEW_AT;
+    let mut c = Cluster::new(&[1, 2]);
+    c.regions[&1].store(VIEW_AT, 5);
+    c.regions[&2].store(VIEW_AT, 6);
+    let put = Put::new(b"k", ValueDigest::of(b"v"), Kind::Value, 7, &c.replicas)
+        .unwrap()
+        .fenced(VIEW_AT);
+    let (done, trips) = run_counting(Running::start(put, b"v"), &mut c);
+    let done = done.unwrap();
+    assert_eq!(trips, 3);
+    let mut fences = done.fences.clone();
+    fences.sort();
+    assert_eq!(fences, vec![(1, Some(5)), (2, Some(6))]);
+    // A newer version on the backup alone (a copy): the next put beats it on both, and
+    // reads both fences again.
+    let newer = Put::copy(
+        b"k",
+        ValueDigest::of(b"w"),
+        Kind::Value,
+        Version { seq: 9, writer: 1 },
+        &c.replicas[1..],
+    )
+    .unwrap();
+    Running::start(newer, b"w").run(&mut c).unwrap();
+    let put = Put::new(b"k", ValueDigest::of(b"x"), Kind::Value, 7, &c.replicas)
+        .unwrap()
+        .at_least(Some(Version { seq: 1, writer: 7 }), false)
+        .fenced(VIEW_AT);
+    let done = Running::start(put, b"x").run(&mut c).unwrap();
+    assert_eq!(done.version, Some(Version { seq: 10, writer: 7 }));
+    assert_eq!(done.fences.len(), 2, "both swapped: {:?}", done.fences);
+}

@@ -16,6 +16,7 @@ mod frozen;
 mod large;
 mod many;
 mod repairer;
+mod round_trips;
 mod space;
 mod view;
 

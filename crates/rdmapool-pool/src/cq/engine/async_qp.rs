@@ -209,8 +209,16 @@ impl AsyncQp {
     /// send-queue depth of them. (Views, [`Mr<Shared>`](crate::fabric::Shared), mix regions of every origin.)
     pub fn batch<B: RegisteredMemory + Send + 'static>(
         &self,
-        ops: Vec<(WrOp, B, usize, u32)>,
+        mut ops: Vec<(WrOp, B, usize, u32)>,
     ) -> OpFuture<'_, Vec<B>> {
+        if ops.len() == 1 {
+            // A list of one posts as one operation (no list to build, here or at the post).
+            let (op, local, offset, len) = ops.pop().expect("one work request");
+            return match local.sge(offset, len) {
+                Ok(sge) => OpFuture::to_post(&self.inner, Spec::One { op, sge }, vec![local]),
+                Err(e) => OpFuture::failed(&self.inner, e.into(), vec![local]),
+            };
+        }
         let mut list = Vec::with_capacity(ops.len());
         let mut keep = Vec::with_capacity(ops.len());
         let mut refused = None;

@@ -121,6 +121,10 @@ impl Shared {
             done: false,
         };
         let mut answers = Vec::new();
+        // The clock is read before the first call and after each wait: the chunk machines
+        // decide nothing by time, and a reading per operation would cost them more than
+        // some of their operations do (Machine::advance).
+        let mut now = std::time::Instant::now();
         loop {
             // Registered before the book is looked at: a claim released after that look
             // still wakes this task.
@@ -129,9 +133,7 @@ impl Shared {
             claimed.as_mut().enable();
             let next = {
                 let mut book = book.lock();
-                let next = run
-                    .machine
-                    .advance(&mut book, std::time::Instant::now(), &answers);
+                let next = run.machine.advance(&mut book, now, &answers);
                 if book.take_released() {
                     notice.notify_waiters();
                 }
@@ -150,9 +152,13 @@ impl Shared {
                         deadline: until,
                         timer: None,
                     }
-                    .await
+                    .await;
+                    now = std::time::Instant::now();
                 }
-                Step::Wait => claimed.await,
+                Step::Wait => {
+                    claimed.await;
+                    now = std::time::Instant::now();
+                }
                 Step::Done(out) => {
                     run.done = true;
                     return Ok(out);

@@ -61,6 +61,18 @@ pub struct Members {
     pub unreached: Vec<(std::net::SocketAddr, String)>,
 }
 
+/// What an operation of a node's list answers from ([`Regions::perform`]).
+enum Staged {
+    /// A READ of this many bytes into its buffer.
+    Read(usize),
+    /// A compare-and-swap, whose old value lands in its buffer.
+    Cas,
+    /// A WRITE (the last of a head and a payload).
+    Written,
+    /// A head's WRITE, answered by its payload's after it.
+    Skip,
+}
+
 /// What [`Io::WriteWithPayload`] writes after its head ([`Regions::perform`]).
 #[derive(Clone, Copy)]
 pub enum Payload<'a> {
@@ -223,15 +235,21 @@ impl<'a> Regions<'a> {
 
     /// The real driver of the [`step`](crate::remote::step) vocabulary: performs `ops`
     /// at once, every node's at the incarnation `incarnation_of` gives it, and answers
-    /// each in order. Reads go in batches as deep as each node's send queue
-    /// ([`Regions::reads`]); writes, compare-and-swaps and allocations all start together.
-    /// [`Io::WriteWithPayload`] writes its head and then `payload`: its bytes one after
-    /// another, or a registered buffer's, written from it without a copy.
+    /// each in order. Each node's operations go out **in order, as one list with one
+    /// doorbell** (lists as deep as its send queue, one after another), so RC ordering
+    /// holds between them: a WRITE, then a compare-and-swap that publishes what it wrote,
+    /// then a READ that sees both. Allocations run beside the lists. A compare-and-swap of
+    /// an isolated node's chunk-table entry goes through its server, so a node's list
+    /// holding one is performed an operation at a time. [`Io::WriteWithPayload`] writes its
+    /// head and then `payload`: its bytes one after another, or a registered buffer's,
+    /// written from it without a copy.
     ///
-    /// An operation whose node is down or gone (a read, or [`Error::NodeDown`] and
-    /// [`Error::StalePointer`] otherwise) answers [`Answer::Failed`]; any other error of an
-    /// operation (a refusal: an object too large, an isolated node's quota, an offset out
-    /// of bounds) fails the whole step with that error.
+    /// An operation whose node is down or gone (NodeDown, StalePointer, a list whose
+    /// completion failed) answers [`Answer::Failed`], and so does every operation of the
+    /// node's list after one that failed (RC flushes them); an allocation with no room
+    /// answers `Offset(None)`. Any other error (a refusal: an object too large, an offset
+    /// out of bounds or out of an isolated tenant's windows) fails the whole step with
+    /// that error.
     ///
     /// # Errors
     /// That refusal.
@@ -241,31 +259,213 @@ impl<'a> Regions<'a> {
         incarnation_of: impl Fn(u32) -> u64,
         payload: Payload<'_>,
     ) -> Result<Vec<Answer>> {
-        let reads: Vec<(usize, (u32, u64, u64, u64))> = ops
-            .iter()
-            .enumerate()
-            .filter_map(|(i, op)| match op.io {
-                Io::Read { at, len } => Some((i, (op.node, incarnation_of(op.node), at, len))),
-                _ => None,
-            })
-            .collect();
-        let batch: Vec<(u32, u64, u64, u64)> = reads.iter().map(|&(_, r)| r).collect();
-        let others = futures_util::future::join_all(
+        // The nodes, in the order the step first names them (a step names a few).
+        let mut nodes: Vec<u32> = Vec::with_capacity(4);
+        let mut allocs = false;
+        for op in ops {
+            if matches!(op.io, Io::Alloc { .. }) {
+                allocs = true;
+            } else if !nodes.contains(&op.node) {
+                nodes.push(op.node);
+            }
+        }
+        if let ([node], false) = (&nodes[..], allocs) {
+            // One node's list: its answers are the step's. (Boxed: a list's state is large,
+            // and every future that awaits this one would carry it, and move it.)
+            return Box::pin(self.perform_in_order(*node, incarnation_of(*node), ops, payload))
+                .await;
+        }
+        let lists = futures_util::future::join_all(
+            nodes
+                .iter()
+                .map(|&node| self.perform_in_order(node, incarnation_of(node), ops, payload)),
+        );
+        let allocated = futures_util::future::join_all(
             ops.iter()
                 .enumerate()
-                .filter(|(_, op)| !matches!(op.io, Io::Read { .. }))
+                .filter(|(_, op)| matches!(op.io, Io::Alloc { .. }))
                 .map(|(i, op)| {
                     let inc = incarnation_of(op.node);
                     async move { (i, self.perform_one(op, inc, payload).await) }
                 }),
         );
-        let (bytes, others) = futures_util::future::join(self.reads(&batch), others).await;
+        let (lists, allocated) = futures_util::future::join(lists, allocated).await;
         let mut out = vec![Answer::Failed; ops.len()];
-        for ((i, _), b) in reads.iter().zip(bytes) {
-            out[*i] = b.map_or(Answer::Failed, Answer::Bytes);
+        for (&node, answers) in nodes.iter().zip(lists) {
+            let mut answers = answers?.into_iter();
+            for (i, op) in ops.iter().enumerate() {
+                if op.node == node && !matches!(op.io, Io::Alloc { .. }) {
+                    out[i] = answers.next().unwrap_or(Answer::Failed);
+                }
+            }
         }
-        for (i, answer) in others {
+        for (i, answer) in allocated {
             out[i] = answer?;
+        }
+        Ok(out)
+    }
+
+    /// The operations of `ops` on `node` (but allocations), in order as lists with one
+    /// doorbell each: their answers, in that order.
+    async fn perform_in_order(
+        self,
+        node: u32,
+        incarnation: u64,
+        ops: &[Op],
+        payload: Payload<'_>,
+    ) -> Result<Vec<Answer>> {
+        let list = || {
+            ops.iter()
+                .filter(move |op| op.node == node && !matches!(op.io, Io::Alloc { .. }))
+        };
+        let count = list().count();
+        let failed = || vec![Answer::Failed; count];
+        let down = |e: &Error| matches!(e, Error::NodeDown { .. } | Error::StalePointer { .. });
+        let n = match self.node(node, incarnation) {
+            Ok(n) => n,
+            Err(e) if down(&e) => return Ok(failed()),
+            Err(e) => return Err(e),
+        };
+        let table_entry = |io: &Io| {
+            let l = n.desc.layout;
+            matches!(io, Io::Cas { at, .. } if at.checked_sub(l.table_offset).is_some_and(|rel| {
+                rel / crate::remote::layout::TABLE_ENTRY < l.chunk_count
+                    && l.table_entry(rel / crate::remote::layout::TABLE_ENTRY) == *at
+            }))
+        };
+        if n.windows.is_some() && list().any(|op| table_entry(&op.io)) {
+            let mut out = Vec::with_capacity(count);
+            for op in list() {
+                out.push(self.perform_one(op, incarnation, payload).await?);
+            }
+            return Ok(out);
+        }
+        // Stage every operation: its work requests, and what answers it (the last of them).
+        let staged = async {
+            let s = &self.pool.shared;
+            let mut wrs: Vec<(crate::fabric::WrOp, Mr<Shared>, usize, u32)> =
+                Vec::with_capacity(count + 1);
+            for op in list() {
+                let size = |len: u64, at: u64| {
+                    u32::try_from(len).map_err(|_| Error::OutOfBounds {
+                        offset: at,
+                        len,
+                        limit: u64::from(u32::MAX),
+                    })
+                };
+                match &op.io {
+                    Io::Read { at, len } => {
+                        let len32 = size(*len, *at)?;
+                        let buf = self.staging(len32 as usize)?;
+                        let remote = s.at(&n, *at, *len, false).await?;
+                        wrs.push((crate::fabric::WrOp::Read { remote }, buf, 0, len32));
+                    }
+                    Io::Cas { at, expected, swap } => {
+                        let buf = self.staging(8)?;
+                        let remote = s.at(&n, *at, 8, true).await?;
+                        let op = crate::fabric::WrOp::CompareSwap {
+                            remote,
+                            compare: *expected,
+                            swap: *swap,
+                        };
+                        wrs.push((op, buf, 0, 8));
+                    }
+                    Io::Write { at, bytes } => {
+                        let len = size(bytes.len() as u64, *at)?;
+                        let buf = self.staging(bytes.len())?;
+                        buf.write_at(0, bytes)?;
+                        let remote = s.at(&n, *at, u64::from(len), true).await?;
+                        let op = crate::fabric::WrOp::Write { remote, imm: None };
+                        wrs.push((op, buf, 0, len));
+                    }
+                    Io::WriteWithPayload { at, head } => {
+                        let (bytes, value): (&[&[u8]], _) = match payload {
+                            Payload::None => (&[], None),
+                            Payload::Bytes(parts) => (parts, None),
+                            Payload::Mr(value) => (&[], Some(value)),
+                        };
+                        let staged_len = head.len() + bytes.iter().map(|p| p.len()).sum::<usize>();
+                        let len = size(staged_len as u64, *at)?;
+                        let buf = self.staging(staged_len)?;
+                        buf.write_at(0, head)?;
+                        let mut off = head.len();
+                        for p in bytes {
+                            buf.write_at(off, p)?;
+                            off += p.len();
+                        }
+                        let remote = s.at(&n, *at, u64::from(len), true).await?;
+                        let op = crate::fabric::WrOp::Write { remote, imm: None };
+                        wrs.push((op, buf, 0, len));
+                        if let Some(value) = value {
+                            let value_at = at + u64::from(len);
+                            let value_len = size(value.len() as u64, value_at)?;
+                            let remote = s.at(&n, value_at, u64::from(value_len), true).await?;
+                            let op = crate::fabric::WrOp::Write { remote, imm: None };
+                            wrs.push((op, value.clone(), 0, value_len));
+                        }
+                    }
+                    Io::Alloc { .. } => unreachable!("allocations are performed beside the lists"),
+                }
+            }
+            Ok::<_, Error>(wrs)
+        };
+        let wrs = match staged.await {
+            Ok(x) => x,
+            // A list with a hole in it would break the order it promises: none of it goes.
+            Err(e) if down(&e) => return Ok(failed()),
+            Err(e) => return Err(e),
+        };
+        let s = &self.pool.shared;
+        let depth = n.qp.qp().capacity().send.max(1) as usize;
+        let mut out = Vec::with_capacity(count);
+        // What answers each work request, in the order they were staged.
+        let mut kinds = list().flat_map(|op| {
+            let (first, second) = match (&op.io, payload) {
+                (Io::Read { len, .. }, _) => (Staged::Read(*len as usize), None),
+                (Io::Cas { .. }, _) => (Staged::Cas, None),
+                (Io::WriteWithPayload { .. }, Payload::Mr(_)) => {
+                    (Staged::Skip, Some(Staged::Written))
+                }
+                _ => (Staged::Written, None),
+            };
+            std::iter::once(first).chain(second)
+        });
+        let mut ok = true;
+        let mut wrs = wrs;
+        while !wrs.is_empty() {
+            // Lists as deep as the send queue; most steps fit in one.
+            let list = if wrs.len() > depth {
+                let rest = wrs.split_off(depth);
+                std::mem::replace(&mut wrs, rest)
+            } else {
+                std::mem::take(&mut wrs)
+            };
+            let sent = list.len();
+            // After a list that failed, the rest is not sent (RC would flush it).
+            let bufs = if ok {
+                let (r, bufs) = timed(&s.timers, &n, n.qp.batch(list)).await;
+                ok = s.seen(&n, r).is_ok();
+                ok.then_some(bufs)
+            } else {
+                None
+            };
+            let mut bufs = bufs.map(Vec::into_iter);
+            for _ in 0..sent {
+                let Some(kind) = kinds.next() else { break };
+                let buf = bufs.as_mut().and_then(Iterator::next);
+                let answer = match (buf, kind) {
+                    (_, Staged::Skip) => continue,
+                    (None, _) => Answer::Failed,
+                    (Some(b), Staged::Read(len)) => {
+                        let mut v = vec![0; len];
+                        b.read_at(0, &mut v)
+                            .map_or(Answer::Failed, |()| Answer::Bytes(v))
+                    }
+                    (Some(b), Staged::Cas) => b.read_u64(0).map_or(Answer::Failed, Answer::Word),
+                    (Some(_), Staged::Written) => Answer::Written,
+                };
+                out.push(answer);
+            }
         }
         Ok(out)
     }
@@ -274,10 +474,11 @@ impl<'a> Regions<'a> {
     async fn perform_one(self, op: &Op, incarnation: u64, payload: Payload<'_>) -> Result<Answer> {
         let node = op.node;
         let answer = match &op.io {
-            Io::Alloc { len } => self
-                .alloc(node, incarnation, *len)
-                .await
-                .map(Answer::Offset),
+            // An isolated node whose quota for this tenant is used up has no room either.
+            Io::Alloc { len } => match self.alloc(node, incarnation, *len).await {
+                Err(Error::RemoteExhausted { .. }) => Ok(Answer::Offset(None)),
+                other => other.map(Answer::Offset),
+            },
             Io::WriteWithPayload { at, head } => match payload {
                 Payload::None => self.write(node, incarnation, *at, &[head]).await,
                 Payload::Bytes(parts) => {
@@ -374,72 +575,32 @@ impl<'a> Regions<'a> {
     }
 
     /// READs each `(node, incarnation, at, len)` of `reads`, every node's at once and in
-    /// batches as deep as its queue: the bytes, `None` for one that failed.
+    /// lists as deep as its queue ([`Regions::perform`]): the bytes, `None` for one that
+    /// failed.
     pub async fn reads(self, reads: &[(u32, u64, u64, u64)]) -> Vec<Option<Vec<u8>>> {
-        let s = &self.pool.shared;
-        let mut out: Vec<Option<Vec<u8>>> = vec![None; reads.len()];
-        // Per node: the node, and its reads (index, buffer, length, remote address).
-        type Staged = (usize, Mr<Shared>, u32, crate::fabric::RemoteAddr);
-        let mut groups: Vec<(Arc<Node>, Vec<Staged>)> = Vec::new();
-        for (i, &(node, incarnation, at, len)) in reads.iter().enumerate() {
-            let staged = async {
-                let n = match groups.iter().find(|(n, _)| n.desc.node == node) {
-                    Some((n, _)) if n.desc.incarnation == incarnation => n.clone(),
-                    _ => self.node(node, incarnation)?,
-                };
-                let size = u32::try_from(len).map_err(|_| Error::OutOfBounds {
-                    offset: at,
-                    len,
-                    limit: u64::from(u32::MAX),
-                })?;
-                let buf = self.staging(size as usize)?;
-                let remote = s.at(&n, at, len, false).await?;
-                Ok::<_, Error>((n, (i, buf, size, remote)))
-            }
-            .await;
-            if let Ok((n, read)) = staged {
-                match groups.iter_mut().find(|(g, _)| g.desc.node == n.desc.node) {
-                    Some((_, list)) => list.push(read),
-                    None => groups.push((n, vec![read])),
-                }
-            }
+        let ops: Vec<Op> = reads
+            .iter()
+            .map(|&(node, _, at, len)| Op {
+                node,
+                io: Io::Read { at, len },
+            })
+            .collect();
+        let incarnation_of = |node: u32| {
+            reads
+                .iter()
+                .find(|r| r.0 == node)
+                .map_or(0, |&(_, incarnation, _, _)| incarnation)
+        };
+        match self.perform(&ops, incarnation_of, Payload::None).await {
+            Ok(answers) => answers
+                .into_iter()
+                .map(|a| match a {
+                    Answer::Bytes(b) => Some(b),
+                    _ => None,
+                })
+                .collect(),
+            Err(_) => vec![None; reads.len()],
         }
-        let mut lists = Vec::new();
-        for (n, staged) in groups {
-            let depth = n.qp.qp().capacity().send.max(1) as usize;
-            let mut rest = staged.into_iter().peekable();
-            while rest.peek().is_some() {
-                let list: Vec<Staged> = rest.by_ref().take(depth).collect();
-                let n = n.clone();
-                lists.push(async move {
-                    let mut index = Vec::with_capacity(list.len());
-                    let mut ops = Vec::with_capacity(list.len());
-                    for (i, buf, size, remote) in list {
-                        index.push((i, size));
-                        ops.push((crate::fabric::WrOp::Read { remote }, buf, 0, size));
-                    }
-                    let (r, bufs) = timed(&s.timers, &n, n.qp.batch(ops)).await;
-                    let ok = s.seen(&n, r).is_ok();
-                    index
-                        .into_iter()
-                        .zip(bufs)
-                        .map(|((i, size), buf)| {
-                            let bytes = ok.then(|| {
-                                let mut v = vec![0; size as usize];
-                                buf.read_at(0, &mut v).ok().map(|_| v)
-                            });
-                            (i, bytes.flatten())
-                        })
-                        .collect::<Vec<_>>()
-                });
-            }
-        }
-        for done in futures_util::future::join_all(lists).await {
-            for (i, bytes) in done {
-                out[i] = bytes;
-            }
-        }
-        out
     }
 
     /// Writes `parts`, one after another, at `at` of `node`'s region, in one WRITE.
