@@ -144,7 +144,7 @@ impl Cluster {
         let now = Instant::now();
         let mut answers: Vec<Answer> = Vec::new();
         loop {
-            match g.advance(&mut (), now, &answers)? {
+            match g.advance(&mut (), now, &answers)?.listed() {
                 Step::Do(ops) => answers = ops.iter().map(|op| self.answer(op)).collect(),
                 Step::Done(None) => return Ok(None),
                 Step::Done(Some((_, f))) if f.block.tombstone => return Ok(None),
@@ -155,7 +155,7 @@ impl Cluster {
                     };
                     return Ok(Some(b[f.block.value].to_vec()));
                 }
-                Step::Sleep(_) | Step::Wait => answers.clear(),
+                Step::One(_) | Step::Sleep(_) | Step::Wait => answers.clear(),
             }
         }
     }
@@ -260,6 +260,7 @@ impl Running {
         match step {
             Ok(Step::Done(d)) => self.outcome = Some(Ok(d)),
             Ok(Step::Do(ops)) => self.step = Some(ops),
+            Ok(Step::One(op)) => self.step = Some(vec![op]),
             Ok(Step::Sleep(_) | Step::Wait) => self.step = Some(Vec::new()),
             Err(e) => self.outcome = Some(Err(e)),
         }

@@ -1,8 +1,9 @@
 //! 8-byte FAAs through the memory pool on the soft provider (one server and one client in
 //! this process, the server's memory mapped intra-host): `single` awaits one
 //! `fetch_and_add` at a time, `batch` runs them in pool batches of 32 (one list, one
-//! completion each). Meant for instruction counts per operation, which are repeatable on a
-//! noisy machine: run two counts and take the difference.
+//! completion each), and `alloc` allocates 64 bytes and frees them, one pair at a time.
+//! Meant for instruction counts per operation, which are repeatable on a noisy machine:
+//! run two counts and take the difference.
 //!
 //! ```sh
 //! cargo build --release -p rdmapool --example pool_batch
@@ -33,6 +34,14 @@ fn main() -> rdmapool::Result<()> {
     let client = PoolClient::connect(&ctx, &pd, &members, ClientConfig::new(7))?;
     let ptr = client.block_on(client.alloc(64, None))?;
     let t = std::time::Instant::now();
+    if mode == "alloc" {
+        for _ in 0..n {
+            let p = client.block_on(client.alloc(64, None))?;
+            client.block_on(client.free(p))?;
+        }
+        println!("alloc: {n} pairs, {:?} each", t.elapsed() / n.max(1) as u32);
+        return Ok(());
+    }
     if mode == "single" {
         for _ in 0..n {
             client.block_on(client.fetch_and_add(ptr, 0, 1))?;

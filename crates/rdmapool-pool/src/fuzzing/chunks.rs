@@ -95,14 +95,8 @@ fn drive<M: Machine<Context = Book>>(
     let now = std::time::Instant::now();
     for _ in 0..(2 * node.layout.chunk_count + 4096 + 8) {
         match m.advance(book, now, &answers) {
-            Ok(Step::Do(ops)) => {
-                assert_eq!(
-                    ops.len(),
-                    1,
-                    "a chunk machine asks for one operation at a time"
-                );
-                answers = ops.iter().map(|op| node.apply(&op.io)).collect();
-            }
+            Ok(Step::One(op)) => answers = vec![node.apply(&op.io)],
+            Ok(Step::Do(ops)) => panic!("a chunk machine asks one operation at a time: {ops:?}"),
             Ok(Step::Sleep(_) | Step::Wait) => panic!("one task alone waited"),
             Ok(Step::Done(out)) => return Some(out),
             Err(_) => {

@@ -139,6 +139,10 @@ pub enum Step<T> {
     /// Perform these at once (each node's in order, on its connection) and answer each, in
     /// this order.
     Do(Vec<Op>),
+    /// Perform this one operation and answer it: [`Step::Do`] of one, without a list (the
+    /// pool's machines ask one operation at a time, and a list per operation would cost
+    /// them an allocation each).
+    One(Op),
     /// Call again, with no answers, at this time or later.
     Sleep(Instant),
     /// Another task of this client holds what the machine needs (a chunk claim on the
@@ -151,7 +155,16 @@ pub enum Step<T> {
 impl<T> Step<T> {
     /// A step of one operation.
     pub fn one(node: u32, io: Io) -> Self {
-        Step::Do(vec![Op { node, io }])
+        Step::One(Op { node, io })
+    }
+
+    /// The same step, a single operation as a list of one ([`Step::Do`]): for drivers that
+    /// perform lists only.
+    pub fn listed(self) -> Self {
+        match self {
+            Step::One(op) => Step::Do(vec![op]),
+            other => other,
+        }
     }
 }
 
@@ -201,7 +214,7 @@ pub fn drive_sim<M: Machine>(
 ) -> Result<M::Output> {
     let mut answers = Vec::new();
     loop {
-        let step = machine.advance(cx, *clock, &answers);
+        let step = machine.advance(cx, *clock, &answers).map(Step::listed);
         let step = match step {
             Ok(s) => s,
             Err(e) => {
@@ -212,6 +225,7 @@ pub fn drive_sim<M: Machine>(
         answers.clear();
         match step {
             Step::Do(ops) => answers = ops.iter().map(&mut perform).collect(),
+            Step::One(_) => unreachable!("listed"),
             Step::Sleep(until) => *clock = (*clock).max(until),
             Step::Wait => {
                 machine.abandon(cx);

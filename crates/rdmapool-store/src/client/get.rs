@@ -84,7 +84,10 @@ impl Store {
             let mut answers: Vec<Answer> = Vec::new();
             let mut first = true;
             loop {
-                match g.advance(&mut (), Instant::now(), &answers) {
+                match g
+                    .advance(&mut (), Instant::now(), &answers)
+                    .map(Step::listed)
+                {
                     // A reader slower than the grace period finds its block reused under it
                     // (section 8): look again before calling the key damaged.
                     Err(Error::Damaged { .. }) if attempt < DAMAGED_LOOKS => {
@@ -149,7 +152,7 @@ impl Store {
                         return Ok(Some((b, f.block)));
                     }
                     Ok(Step::Done(None)) => return Ok(None),
-                    Ok(Step::Sleep(_) | Step::Wait) => answers.clear(),
+                    Ok(Step::One(_) | Step::Sleep(_) | Step::Wait) => answers.clear(),
                 }
             }
         }

@@ -101,7 +101,7 @@ impl Store {
             for mut r in running {
                 let key = keys[r.key];
                 let mine = answers.get(r.reads.clone()).unwrap_or(&[]);
-                match r.get.advance(&mut (), now, mine) {
+                match r.get.advance(&mut (), now, mine).map(Step::listed) {
                     // Looked up again by `get`, which looks up to three times before it says so.
                     Err(Error::Damaged { .. }) => again.push(r.key),
                     Err(e) => out[r.key] = Some(Err(e)),
@@ -120,7 +120,7 @@ impl Store {
                         r.reads = start..reads.len();
                         still.push(r);
                     }
-                    Ok(Step::Sleep(_) | Step::Wait) => {
+                    Ok(Step::One(_) | Step::Sleep(_) | Step::Wait) => {
                         r.reads = 0..0;
                         still.push(r);
                     }

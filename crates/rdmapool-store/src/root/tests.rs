@@ -17,7 +17,11 @@ fn run(region: &SimRegion, machines: &mut [FindRoot], turns: &[usize]) -> Vec<In
         if done[m].is_some() {
             continue;
         }
-        match machines[m].advance(&mut (), now, &answers[m]).unwrap() {
+        match machines[m]
+            .advance(&mut (), now, &answers[m])
+            .unwrap()
+            .listed()
+        {
             Step::Do(ops) => answers[m] = ops.iter().map(|op| region.apply(&op.io)).collect(),
             Step::Done(ix) => done[m] = Some(ix),
             other => panic!("{other:?}"),
@@ -63,7 +67,10 @@ fn a_client_finds_an_index_that_exists_and_refuses_a_damaged_root() {
     let mut m = FindRoot::new(1, l, 5);
     assert!(matches!(
         m.step(None),
-        Ok(Step::Do(ops)) if matches!(ops[..], [Op { node: 1, io: Io::Read { at: ROOT_WORD, .. } }])
+        Ok(Step::One(Op {
+            node: 1,
+            io: Io::Read { at: ROOT_WORD, .. }
+        }))
     ));
     assert_eq!(
         m.step(Some(&Answer::Word(DURABLE_TAG | 3))).unwrap(),
@@ -89,7 +96,13 @@ fn a_node_without_a_free_chunk_is_exhausted_typed() {
     m.step(None).unwrap();
     let mut step = m.step(Some(&Answer::Word(0)));
     for _ in 0..l.chunk_count {
-        assert!(matches!(&step, Ok(Step::Do(ops)) if matches!(ops[0].io, Io::Cas { .. })));
+        assert!(matches!(
+            &step,
+            Ok(Step::One(Op {
+                io: Io::Cas { .. },
+                ..
+            }))
+        ));
         step = m.step(Some(&Answer::Word(42)));
     }
     assert!(matches!(step, Err(Error::RemoteExhausted { .. })));

@@ -40,9 +40,13 @@ fn read(c: &Cluster, nodes: &[u32]) -> Option<(Block, Vec<u8>)> {
     let mut g = Get::new(KEY, &rs);
     let mut answers: Vec<Answer> = Vec::new();
     loop {
-        match g.advance(&mut (), Instant::now(), &answers).unwrap() {
+        match g
+            .advance(&mut (), Instant::now(), &answers)
+            .unwrap()
+            .listed()
+        {
             Step::Do(ops) => answers = ops.iter().map(|op| c.answer(op)).collect(),
-            Step::Sleep(_) | Step::Wait => answers.clear(),
+            Step::One(_) | Step::Sleep(_) | Step::Wait => answers.clear(),
             Step::Done(None) => return None,
             Step::Done(Some((at, f))) => {
                 let b = match at {

@@ -120,7 +120,10 @@ impl Shared {
             machine,
             done: false,
         };
-        let mut answers = Vec::new();
+        // The answers to the last step: the pool's machines ask for one operation at a time
+        // (kept without a heap allocation), a step of several goes in `many`.
+        let mut one: Option<Answer> = None;
+        let mut many: Vec<Answer> = Vec::new();
         // The clock is read before the first call and after each wait: the chunk machines
         // decide nothing by time, and a reading per operation would cost them more than
         // some of their operations do (Machine::advance).
@@ -133,17 +136,24 @@ impl Shared {
             claimed.as_mut().enable();
             let next = {
                 let mut book = book.lock();
-                let next = run.machine.advance(&mut book, now, &answers);
+                let answers = if many.is_empty() {
+                    one.as_slice()
+                } else {
+                    &many[..]
+                };
+                let next = run.machine.advance(&mut book, now, answers);
                 if book.take_released() {
                     notice.notify_waiters();
                 }
                 next?
             };
-            answers.clear();
+            one = None;
+            many.clear();
             match next {
+                Step::One(op) => one = Some(self.perform(node, op.io).await?),
                 Step::Do(ops) => {
                     for op in ops {
-                        answers.push(self.perform(node, op.io).await?);
+                        many.push(self.perform(node, op.io).await?);
                     }
                 }
                 Step::Sleep(until) => {
@@ -192,10 +202,11 @@ impl Shared {
                     len,
                     limit: node.desc.layout.len,
                 })?;
-                let words = match words {
-                    1 => vec![self.read_u64(node, at).await?],
-                    n => self.read_words(node, at, n).await?,
-                };
+                if words == 1 {
+                    let word = self.read_u64(node, at).await?;
+                    return Ok(Answer::Bytes(word.to_le_bytes().to_vec()));
+                }
+                let words = self.read_words(node, at, words).await?;
                 Ok(Answer::Bytes(
                     words.iter().flat_map(|w| w.to_le_bytes()).collect(),
                 ))

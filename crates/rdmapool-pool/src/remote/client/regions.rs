@@ -527,7 +527,10 @@ impl<'a> Regions<'a> {
     ) -> Result<M::Output> {
         let mut answers = Vec::new();
         loop {
-            let step = match machine.advance(&mut (), std::time::Instant::now(), &answers) {
+            let step = match machine
+                .advance(&mut (), std::time::Instant::now(), &answers)
+                .map(Step::listed)
+            {
                 Ok(s) => s,
                 Err(e) => {
                     machine.abandon(&mut ());
@@ -546,7 +549,7 @@ impl<'a> Regions<'a> {
                     self.sleep_until(until).await;
                     Vec::new()
                 }
-                Step::Wait => Vec::new(),
+                Step::One(_) | Step::Wait => Vec::new(),
                 Step::Done(out) => return Ok(out),
             };
         }

@@ -318,7 +318,7 @@ impl Shared {
                     ),
                 });
             }
-            let step = t.advance(&mut (), Instant::now(), &answers)?;
+            let step = t.advance(&mut (), Instant::now(), &answers)?.listed();
             answers.clear();
             match step {
                 Step::Do(ops) => {
@@ -337,7 +337,7 @@ impl Shared {
                         std::thread::sleep(wait);
                     }
                 }
-                Step::Wait => {}
+                Step::One(_) | Step::Wait => {}
                 Step::Done(taken) => {
                     if let Some(asked) = taken.renewed {
                         node.lease.lock().renewed(asked);

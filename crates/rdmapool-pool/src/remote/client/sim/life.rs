@@ -29,10 +29,11 @@ impl Cluster {
             .into_iter()
             .collect();
         match t.advance(&mut (), at, &answers) {
-            Ok(Step::Do(ops)) => {
-                *asked = ops.into_iter().next();
+            Ok(Step::One(op)) => {
+                *asked = Some(op);
                 true
             }
+            Ok(Step::Do(ops)) => unreachable!("a takeover asks one operation at a time: {ops:?}"),
             Ok(Step::Sleep(_)) => false,
             Ok(Step::Wait) => unreachable!("a takeover waits for no other task"),
             Ok(Step::Done(taken)) => {
@@ -90,7 +91,8 @@ impl Cluster {
             .advance(&mut c.book, at, &answers)
             .expect("recovery decides without errors")
         {
-            Step::Do(ops) => *pending = ops.into_iter().next().map(|op| op.io),
+            Step::One(op) => *pending = Some(op.io),
+            Step::Do(ops) => unreachable!("recovery asks one operation at a time: {ops:?}"),
             Step::Sleep(_) | Step::Wait => unreachable!("recovery waits for nothing"),
             Step::Done(()) => {
                 c.life = Life::Up;
@@ -290,19 +292,21 @@ impl Cluster {
         let (task, slot) = &mut c.tasks[t];
         let done = match task {
             Task::Alloc { m, size } => match m.advance(&mut c.book, at, &answer).expect("alloc") {
-                Step::Do(ops) => {
-                    *slot = ops.into_iter().next().map(|op| op.io);
+                Step::One(op) => {
+                    *slot = Some(op.io);
                     None
                 }
+                Step::Do(ops) => unreachable!("one operation at a time: {ops:?}"),
                 Step::Sleep(_) | Step::Wait => None,
                 Step::Done(Some(offset)) => Some(Some((offset, *size))),
                 Step::Done(None) => Some(None),
             },
             Task::Free { m, ptr } => match m.advance(&mut c.book, at, &answer) {
-                Ok(Step::Do(ops)) => {
-                    *slot = ops.into_iter().next().map(|op| op.io);
+                Ok(Step::One(op)) => {
+                    *slot = Some(op.io);
                     None
                 }
+                Ok(Step::Do(ops)) => unreachable!("one operation at a time: {ops:?}"),
                 Ok(Step::Sleep(_) | Step::Wait) => None,
                 Ok(Step::Done(())) => {
                     let p = *ptr;
