@@ -43,6 +43,24 @@ impl Store {
         self.flush_blocks().await + self.flush_parts().await
     }
 
+    /// [`Store::flush_retired`] when it is worth a put's while (the batching rule of
+    /// [`crate::timing::free_now`] for blocks; due parts always, as striped puts are
+    /// rare and large); how many blocks.
+    pub(super) async fn flush_batched(&self) -> usize {
+        let now = Instant::now();
+        let (due, first_due) = {
+            let r = self.retired.lock();
+            let due = r.iter().take_while(|b| now >= b.due).count();
+            (due, r.front().map(|b| b.due))
+        };
+        let blocks = if crate::timing::free_now(due, first_due, now, self.cfg.grace) {
+            self.flush_blocks().await
+        } else {
+            0
+        };
+        blocks + self.flush_parts().await
+    }
+
     /// When the last of the blocks and parts this client retired comes due (the queues
     /// are in order of their due times), or `None` when none waits.
     pub(super) fn retired_due(&self) -> Option<Instant> {

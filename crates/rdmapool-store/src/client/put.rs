@@ -133,9 +133,10 @@ impl Store {
         kind: Kind,
         replicas: usize,
     ) -> (Result<PutDone>, bool) {
-        // The frees whose grace period has passed go beside the put, not before it.
+        // The frees whose grace period has passed go beside the put, not before it, and in
+        // batches: most puts take none (docs/STORE.md section 8).
         let (_, out) = futures_util::future::join(
-            self.flush_retired(),
+            self.flush_batched(),
             self.put_now(key, value, kind, replicas),
         )
         .await;

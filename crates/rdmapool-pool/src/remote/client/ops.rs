@@ -347,7 +347,7 @@ impl Shared {
 
     /// Checks `ptr` against the object it names ([`Book::check`]): free for this client's
     /// own chunks and those whose size class is cached, two 8-byte READs of the chunk
-    /// header otherwise. With `fresh`, a chunk that is not this client's is always read.
+    /// header at once (one round trip) otherwise. With `fresh`, a chunk that is not this client's is always read.
     pub(super) async fn check_object(
         &self,
         node: &Node,
@@ -358,13 +358,13 @@ impl Shared {
             Checked::Known(object) => return Ok(object),
             Checked::ReadHeader { chunk } => chunk,
         };
+        // The magic and the object size at once: one round trip, two scratch words.
         let at = node.desc.layout.chunk(chunk);
-        let magic = self.read_u64(node, at + layout::chunk::MAGIC).await?;
-        let size = if magic == layout::CHUNK_MAGIC {
-            self.read_u64(node, at + layout::chunk::OBJECT_SIZE).await?
-        } else {
-            0
-        };
-        node.book.lock().on_header(ptr, chunk, magic, size)
+        let (magic, size) = futures_util::future::join(
+            self.read_u64(node, at + layout::chunk::MAGIC),
+            self.read_u64(node, at + layout::chunk::OBJECT_SIZE),
+        )
+        .await;
+        node.book.lock().on_header(ptr, chunk, magic?, size?)
     }
 }

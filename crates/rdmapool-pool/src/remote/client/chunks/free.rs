@@ -3,7 +3,8 @@
 use super::*;
 
 /// Freeing the object a checked pointer names: its bit is cleared with CAS (refused when
-/// clear already); when that empties one of this client's chunks, the chunk is given back
+/// clear already), from the word the book knows in this client's own chunks (one round
+/// trip) or from a READ of it elsewhere (two); when that empties one of this client's chunks, the chunk is given back
 /// (its magic zeroed, then its table entry released).
 #[derive(Debug)]
 pub(crate) struct Free {
@@ -15,7 +16,7 @@ pub(crate) struct Free {
 
 #[derive(Debug)]
 enum FreeState {
-    /// Read the bitmap word.
+    /// Read the bitmap word (the book did not know it).
     Start,
     /// Clearing the bit from the word's value `expected`.
     Clear { expected: u64 },
@@ -50,10 +51,6 @@ impl Machine for Free {
         let answer = book.answer(answers)?;
         let (at, bit) = self.object.bit(&l);
         let chunk_at = l.chunk(self.object.chunk);
-        let Some(answer) = answer else {
-            self.state = FreeState::Start;
-            return Ok(Step::one(node, Io::Read { at, len: 8 }));
-        };
         let ptr = self.ptr;
         let clear = |expected: u64| {
             if expected & bit == 0 {
@@ -67,6 +64,22 @@ impl Machine for Free {
                     swap: expected & !bit,
                 },
             ))
+        };
+        let Some(answer) = answer else {
+            // In a chunk of this client's the book knows the word: swap from it at once
+            // (a word changed meanwhile fails the swap, whose answer is the word to try
+            // next). Elsewhere, or if the book has the bit clear, read the word first.
+            let number = self.object.number;
+            let known = book
+                .view(self.object.chunk)
+                .map(|c| c.bits[(number / 64) as usize])
+                .filter(|w| w & bit != 0);
+            if let Some(expected) = known {
+                self.state = FreeState::Clear { expected };
+                return clear(expected);
+            }
+            self.state = FreeState::Start;
+            return Ok(Step::one(node, Io::Read { at, len: 8 }));
         };
         match self.state {
             FreeState::Start => {
@@ -124,5 +137,102 @@ impl Machine for Free {
     fn abandon(&mut self, _book: &mut Book) {
         // Nothing reserved: a bit cleared remotely whose answer was lost is seen clear by
         // the next look, and a chunk half given back stays this id's until its lease ends.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Alloc, Checked, Recover};
+    use super::*;
+    use crate::remote::sim::SimRegion;
+    use crate::remote::step::drive_sim;
+
+    const CHUNK: u64 = 64 << 10;
+    const INCARNATION: u64 = 3;
+
+    /// Runs `m` on `region`; its output and how many round trips it took (these machines
+    /// ask one operation a round).
+    fn run<M: Machine<Context = Book>>(
+        mut m: M,
+        book: &mut Book,
+        region: &SimRegion,
+    ) -> (Result<M::Output>, usize) {
+        let mut rounds = 0;
+        let mut clock = Instant::now();
+        let out = drive_sim(&mut m, book, &mut clock, |op| {
+            rounds += 1;
+            region.apply(&op.io)
+        });
+        (out, rounds)
+    }
+
+    fn ptr(offset: u64) -> RemotePtr {
+        RemotePtr {
+            node: 1,
+            offset,
+            len: 64,
+            incarnation: INCARNATION,
+        }
+    }
+
+    /// The object `ptr` names, as a free checks it (`fresh`), reading the chunk header
+    /// from the region when the book asks.
+    fn object(book: &mut Book, region: &SimRegion, p: RemotePtr) -> Object {
+        match book.check(p, true).unwrap() {
+            Checked::Known(o) => o,
+            Checked::ReadHeader { chunk } => {
+                let at = book.layout.chunk(chunk);
+                let magic = region.load(at + layout::chunk::MAGIC);
+                let size = region.load(at + layout::chunk::OBJECT_SIZE);
+                book.on_header(p, chunk, magic, size).unwrap()
+            }
+        }
+    }
+
+    #[test]
+    fn a_free_swaps_at_once_in_the_clients_own_chunk_and_reads_the_word_first_elsewhere() {
+        let l = Layout::new(4 * CHUNK, CHUNK, 4).unwrap();
+        let region = SimRegion::new(l, INCARNATION);
+        let mut owner = Book::new(7, 1, INCARNATION, l);
+        let mut other = Book::new(8, 1, INCARNATION, l);
+        run(Recover::new(), &mut owner, &region).0.unwrap();
+        run(Recover::new(), &mut other, &region).0.unwrap();
+        let at: Vec<u64> = (0..4)
+            .map(|_| run(Alloc::new(64), &mut owner, &region).0.unwrap().unwrap())
+            .collect();
+        let chunk = l.chunk_of(at[0]).unwrap();
+        let bitmap = l.chunk(chunk) + layout::chunk::BITMAP;
+        assert_eq!(region.load(bitmap), 0b1111);
+
+        // The owner's book knows the word: one round trip, the swap.
+        let o = object(&mut owner, &region, ptr(at[0]));
+        let (freed, rounds) = run(Free::new(ptr(at[0]), o), &mut owner, &region);
+        assert!(freed.is_ok(), "{freed:?}");
+        assert_eq!(rounds, 1);
+        assert_eq!(region.load(bitmap), 0b1110);
+
+        // Another client (any may free a durable block) reads the word, then swaps.
+        let o = object(&mut other, &region, ptr(at[1]));
+        let (freed, rounds) = run(Free::new(ptr(at[1]), o), &mut other, &region);
+        assert!(freed.is_ok(), "{freed:?}");
+        assert_eq!(rounds, 2);
+        assert_eq!(region.load(bitmap), 0b1100);
+
+        // The owner's word is stale now (bit 1 cleared by the other): its swap fails, and
+        // the answer is the word it swaps from next. Nothing else is cleared.
+        let o = object(&mut owner, &region, ptr(at[2]));
+        let (freed, rounds) = run(Free::new(ptr(at[2]), o), &mut owner, &region);
+        assert!(freed.is_ok(), "{freed:?}");
+        assert_eq!(rounds, 2);
+        assert_eq!(region.load(bitmap), 0b1000);
+
+        // A second free of the same object is refused, whoever asks.
+        let o = object(&mut owner, &region, ptr(at[2]));
+        let (twice, _) = run(Free::new(ptr(at[2]), o), &mut owner, &region);
+        assert!(matches!(twice, Err(Error::NotAllocated(_))), "{twice:?}");
+        let o = object(&mut other, &region, ptr(at[0]));
+        let (twice, _) = run(Free::new(ptr(at[0]), o), &mut other, &region);
+        assert!(matches!(twice, Err(Error::NotAllocated(_))), "{twice:?}");
+        assert_eq!(region.load(bitmap), 0b1000);
     }
 }
