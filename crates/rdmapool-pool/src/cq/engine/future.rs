@@ -301,7 +301,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
         // Posted: the slot holds our waker, so a completion wakes us.
         match self.try_post(spec, cx) {
             Poll::Ready(Ok(())) => {
-                if self.qp.engine.spin.is_zero() {
+                if self.qp.engine.future_spin().is_zero() {
                     return self.park(cx);
                 }
                 // One look at the CQ, no spin: a request that completed while it
@@ -363,7 +363,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
     fn spin_then_park(&mut self, idx: u32, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
         let q = self.qp;
         let s = &q.engine;
-        if s.spin.is_zero() || s.table.in_flight() > 1 {
+        if s.future_spin().is_zero() || s.table.in_flight() > 1 {
             return self.park(cx);
         }
         if s.event_driven {
@@ -431,7 +431,7 @@ impl<B: Send + 'static> OpFuture<'_, B> {
                 return self.resolve(outcome.into_result().map(OpCompletion::from));
             }
             let now = std::time::Instant::now();
-            if now >= *until.get_or_insert(now + s.spin) || s.table.in_flight() > 1 {
+            if now >= *until.get_or_insert(now + s.future_spin()) || s.table.in_flight() > 1 {
                 return Poll::Pending;
             }
             pause.pause();

@@ -1,8 +1,10 @@
 //! The progress engine: configuration, counters and the [`Engine`] handle. The parts live
 //! next to it: the slot table (`slots`), the operation future (`future`), the async QP
-//! (`async_qp`) and who polls the CQs (`drivers`); QP placement is [`super::CqPool`].
+//! (`async_qp`), who polls the CQs (`drivers`) and how a caller-driven wait spins, then
+//! sleeps (`caller`); QP placement is [`super::CqPool`].
 
 mod async_qp;
+mod caller;
 mod drivers;
 mod future;
 mod qp_shared;
@@ -30,7 +32,10 @@ pub enum Progress {
     /// One busy-polling thread per CQ (it naps 50 µs after ~2000 empty polls). Lowest
     /// latency; burns a core per CQ while there is traffic.
     BusyPoll,
-    /// Nobody polls but the caller, through [`Engine::progress`].
+    /// Nobody polls but the caller, through [`Engine::progress`] or
+    /// [`Engine::run_until`], which polls while a completion is plausibly near (an
+    /// adaptive budget, [`EngineConfig::spin`] at most) and then sleeps on the CQs'
+    /// completion channels.
     Caller,
     /// Event-driven: one tokio task per CQ waits on the completion channel (`AsyncFd`),
     /// then acknowledges, re-arms and drains until the channel would block. Needs a tokio
@@ -50,7 +55,9 @@ pub struct EngineConfig {
     /// How long a future that is the engine's only operation in flight polls its CQ for
     /// its own completion before it parks (zero: never). Waking a parked thread costs more
     /// than a round trip on fast paths; with more operations in flight one wake-up serves
-    /// many, and futures park at once.
+    /// many, and futures park at once. With [`Progress::Caller`], the longest a
+    /// [`Engine::run_until`] polls before it sleeps on the completion channels (less after
+    /// polls that ran out: the budget adapts, see `cq/engine/caller.rs`).
     pub spin: Duration,
 }
 
@@ -74,8 +81,12 @@ pub struct EngineStats {
     pub completions: u64,
     /// CQs that overran (their QPs' operations failed with [`CoreError::CqOverrun`](crate::CoreError::CqOverrun)).
     pub overruns: u64,
-    /// Event-driven mode: wake-ups by the completion channel.
+    /// Wake-ups by the completion channel: of the event tasks (event-driven mode), or of
+    /// [`Engine::run_until`]'s sleeps (caller-driven).
     pub wakeups: u64,
+    /// Caller-driven: how long a wait polls now before it sleeps on the completion
+    /// channels (adaptive, [`EngineConfig::spin`] at most; zero otherwise).
+    pub caller_spin: Duration,
 }
 
 /// What the engine's handles, QPs and progress drivers share.
@@ -104,6 +115,13 @@ struct Shared {
     /// Futures polling the CQs for their own completion right now (event mode: the event
     /// loop arms no CQ for them; busy-poll mode: the threads leave the CQs to them).
     spinners: AtomicUsize,
+    /// Caller-driven progress: nobody else polls the CQs, so [`Engine::run_until`] sleeps
+    /// on their channels once its spin budget ran out.
+    caller_driven: bool,
+    /// The spin budget of [`Engine::run_until`]'s waits (caller-driven), and its value in
+    /// nanoseconds for the futures' own spins to read without a lock.
+    caller_spin: parking_lot::Mutex<crate::util::spin::AdaptiveSpin>,
+    caller_spin_ns: AtomicU64,
 }
 
 /// A spinner counted by [`Shared::keep_threads_off`], uncounted when dropped (a panic in
@@ -117,6 +135,18 @@ impl Drop for SpinnerGuard<'_> {
 }
 
 impl Shared {
+    /// How long a future that is the only operation in flight spins before it parks: the
+    /// configured [`EngineConfig::spin`], or, caller-driven, the adaptive budget
+    /// (`caller.rs`).
+    #[inline]
+    fn future_spin(&self) -> Duration {
+        if self.caller_driven {
+            Duration::from_nanos(self.caller_spin_ns.load(Ordering::Relaxed))
+        } else {
+            self.spin
+        }
+    }
+
     #[inline]
     fn cq(&self, i: usize) -> &Cq {
         &self.pool.cqs()[i]
@@ -279,6 +309,9 @@ impl Engine {
             thread_polled: cfg.progress == Progress::BusyPoll,
             armed: (0..n).map(|_| AtomicBool::new(false)).collect(),
             spinners: AtomicUsize::new(0),
+            caller_driven: cfg.progress == Progress::Caller,
+            caller_spin: caller::budget(cfg.spin),
+            caller_spin_ns: AtomicU64::new(cfg.spin.as_nanos() as u64),
         });
         let progressors = Progressors::start(shared.clone(), &cfg)?;
         Ok(Self {
@@ -310,8 +343,11 @@ impl Engine {
         self.shared.poll_once(cq, &mut buf)
     }
 
-    /// Runs `fut` to completion on this thread, progressing the engine between polls: the
-    /// caller-driven busy-poll loop, with no thread hand-off (the lowest latency).
+    /// Runs `fut` to completion on this thread, progressing the engine between polls, with
+    /// no thread hand-off (the lowest latency). Caller-driven, it polls while a completion
+    /// is plausibly near and then sleeps on the CQs' completion channels, a millisecond at
+    /// most between polls of `fut` (`cq/engine/caller.rs` has the rule); in the other modes
+    /// it polls until `fut` is done.
     ///
     /// ```
     /// # use rdmapool_pool::cq::{Engine, EngineConfig, Progress};
@@ -347,12 +383,30 @@ impl Engine {
         // Past its first microseconds the loop yields between polls, so that on a machine
         // with more busy threads than cores the threads this one waits for get a core.
         let mut pause = PollPause::new();
+        if !self.shared.caller_driven {
+            // Threads or tasks poll the CQs too: the loop only spins.
+            loop {
+                self.progress_into(&mut buf);
+                if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                    return v;
+                }
+                pause.pause();
+            }
+        }
+        // Caller-driven: poll while the budget allows, then sleep on the completion
+        // channels (`caller.rs`).
+        let mut wait = caller::CallerWait::start(&self.shared);
         loop {
             self.progress_into(&mut buf);
             if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                wait.done();
                 return v;
             }
-            pause.pause();
+            if wait.spinning() {
+                pause.pause();
+            } else {
+                wait.sleep();
+            }
         }
     }
 
@@ -363,6 +417,11 @@ impl Engine {
             completions: self.shared.completions.load(Ordering::Relaxed),
             overruns: self.shared.overruns.load(Ordering::Relaxed),
             wakeups: self.shared.wakeups.load(Ordering::Relaxed),
+            caller_spin: if self.shared.caller_driven {
+                self.shared.future_spin()
+            } else {
+                Duration::ZERO
+            },
         }
     }
 

@@ -393,3 +393,77 @@ async fn spinners_parked_futures_and_dropped_futures_mixed_lose_no_completion() 
         assert!(got[..] == pattern(1 << 16, 3)[4096..9 * 4096], "{t:?}");
     }
 }
+
+#[test]
+fn a_caller_driven_wait_sleeps_on_the_completion_channel_once_its_spins_run_out() {
+    // Nothing polls the CQ but the waiting thread. A RECV whose message another thread
+    // sends 20 ms later: a wait that only spun would keep its core busy all that time.
+    // This one polls for its budget (5 ms at most here), then sleeps on the completion
+    // channel, and the message's completion wakes it (a wake-up; a sleep whose slice ran
+    // out is none). Each spin that ran out halves the next: after a dozen such waits the
+    // budget is gone. Operations whose completions come within the longest spin bring it
+    // back (on TCP, where a WRITE's completion takes a round trip; intra-host it is there
+    // at the post, and no wait happens).
+    let max = std::time::Duration::from_millis(5);
+    for t in transports() {
+        let s = setup_with(
+            1,
+            t,
+            config(),
+            EngineConfig {
+                progress: Progress::Caller,
+                spin: max,
+                ..EngineConfig::default()
+            },
+        );
+        assert_eq!(s.engine.stats().caller_spin, max, "{t:?}");
+        let inbox = Arc::new(s._a.pd.alloc_mr(64, AccessFlags::all_remote()).unwrap());
+        let message = s._b.pd.alloc_mr(64, AccessFlags::all_remote()).unwrap();
+        message.write_at(0, b"late").unwrap();
+        let peer = &s._peers[0];
+        for round in 0..16u64 {
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    peer.post_send(&[SendWr {
+                        wr_id: round,
+                        op: WrOp::Send { imm: None },
+                        sg_list: &[message.sge(0, 4).unwrap()],
+                        signaled: false,
+                    }])
+                    .unwrap();
+                });
+                let (r, _) = s.engine.run_until(s.qps[0].recv(Mr::share(&inbox), 0, 64));
+                r.unwrap_or_else(|e| panic!("{t:?} round {round}: {e}"));
+            });
+            let mut got = [0u8; 4];
+            inbox.read_at(0, &mut got).unwrap();
+            assert_eq!(&got, b"late", "{t:?} round {round}");
+        }
+        let stats = s.engine.stats();
+        assert!(stats.wakeups > 0, "{t:?}: no wait was woken by the channel");
+        assert_eq!(
+            stats.caller_spin,
+            std::time::Duration::ZERO,
+            "{t:?}: spins that ran out sixteen times"
+        );
+        if t == Transport::Tcp {
+            for _ in 0..100 {
+                let (r, _) = s.engine.run_until(s.qps[0].write(
+                    Mr::share(&inbox),
+                    0,
+                    8,
+                    s.target.remote_at(0).unwrap(),
+                ));
+                r.unwrap();
+                if s.engine.stats().caller_spin > std::time::Duration::ZERO {
+                    break;
+                }
+            }
+            assert!(
+                s.engine.stats().caller_spin >= max / 8,
+                "{t:?}: completions within the longest spin did not bring it back"
+            );
+        }
+    }
+}
