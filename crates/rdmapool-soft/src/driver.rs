@@ -10,7 +10,7 @@
 //! Applications that poll do the same work themselves, without waiting (`Cq::poll`); the QP
 //! lock makes sure only one of them does it at a time.
 
-use super::waker::{epoll, EventFd};
+use super::waker::{epoll, epoll_wait, EventFd};
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -27,8 +27,10 @@ pub(crate) trait Drive: Send + Sync {
     fn drive(&self, now: Instant) -> std::result::Result<Option<Instant>, ()>;
 }
 
-/// How soon the thread retries a QP that was busy.
-const BUSY_RETRY: Duration = Duration::from_millis(1);
+/// How soon the thread retries a QP that was busy (its data left unread by whoever held
+/// it: a thread that polls the CQ, then sleeps on its channel, waits for this retry).
+/// Timed to the microsecond where the kernel has `epoll_pwait2`.
+const BUSY_RETRY: Duration = Duration::from_micros(20);
 /// `sleeping_until` while the thread is awake and scanning.
 const SCANNING: u64 = 0;
 /// `sleeping_until` when no deadline is pending.
@@ -149,22 +151,8 @@ impl Driver {
         // The earliest deadline known (a lower bound: waking early only costs a scan).
         let mut next: Option<Instant> = None;
         while !self.stop.load(Ordering::SeqCst) {
-            let timeout_ms = match next {
-                None => -1,
-                Some(t) => {
-                    let us = t.saturating_duration_since(Instant::now()).as_micros();
-                    us.div_ceil(1000).min(i32::MAX as u128) as i32
-                }
-            };
-            // SAFETY: our epoll descriptor and a local array of the length given.
-            let n = unsafe {
-                libc::epoll_wait(
-                    self.epoll.as_raw_fd(),
-                    events.as_mut_ptr(),
-                    events.len() as i32,
-                    timeout_ms,
-                )
-            };
+            let timeout = next.map(|t| t.saturating_duration_since(Instant::now()));
+            let n = epoll_wait(&self.epoll, &mut events, timeout) as i32;
             // From here until the store below, a QP that starts a request pokes us: we may
             // not see it in the scan.
             self.sleeping_until.store(SCANNING, Ordering::SeqCst);

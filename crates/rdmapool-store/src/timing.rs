@@ -20,27 +20,6 @@ pub(crate) fn free_after(replaced: Instant, grace: Duration) -> Instant {
     replaced + grace
 }
 
-/// How many replaced blocks wait, due, before a put frees them beside itself: a free costs
-/// round trips of its own (the block's header, the chunk's, its bitmap word, the swap), so
-/// frees go in batches, and most puts take none beside them.
-pub(crate) const FREE_BATCH: usize = 32;
-
-/// Whether a put at `now` frees the replaced blocks whose grace period has passed: `due`
-/// of them, the first due since `first_due`. In batches of [`FREE_BATCH`], or whatever is
-/// due once the first has waited a further grace period, so a client that puts rarely
-/// still gives its space back within two grace periods of a replacement.
-pub(crate) fn free_now(
-    due: usize,
-    first_due: Option<Instant>,
-    now: Instant,
-    grace: Duration,
-) -> bool {
-    match first_due {
-        Some(t) if due > 0 => due >= FREE_BATCH || now.saturating_duration_since(t) >= grace,
-        _ => false,
-    }
-}
-
 /// What a repair does with a clean tombstone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TombstoneRule {
@@ -130,22 +109,6 @@ mod tests {
         let due = free_after(at(t0, 100), GRACE);
         assert!(at(t0, 119) < due, "freed inside the grace period");
         assert!(at(t0, 120) >= due);
-    }
-
-    #[test]
-    fn due_blocks_are_freed_in_batches_or_once_the_first_waited_a_further_grace_period() {
-        let t0 = Instant::now();
-        // Nothing due: nothing to free, however late.
-        assert!(!free_now(0, None, at(t0, 10_000), GRACE));
-        assert!(!free_now(0, Some(t0), at(t0, 10_000), GRACE));
-        // A few due, just now: they wait for company.
-        assert!(!free_now(2, Some(t0), t0, GRACE));
-        assert!(!free_now(FREE_BATCH - 1, Some(t0), at(t0, 19), GRACE));
-        // A batch: at once.
-        assert!(free_now(FREE_BATCH, Some(t0), t0, GRACE));
-        // A few, the first due a grace period ago: freed (within two grace periods of
-        // their replacement).
-        assert!(free_now(1, Some(t0), at(t0, 20), GRACE));
     }
 
     #[test]

@@ -27,7 +27,7 @@ use nics::Nic;
 
 use super::context::{ConnSlot, CtxShared};
 use super::peer::{own_uid, PeerInfo};
-use super::waker::EventFd;
+use super::waker::{epoll_wait, EventFd};
 use crate::util::spin::AdaptiveSpin;
 use accept::{AcceptOutcome, Accepted};
 use conn::{End, Serving, Wait};
@@ -387,49 +387,4 @@ impl Loop {
             }
         }
     }
-}
-
-/// Waits for events on `epoll` for at most `timeout` (forever: `None`), to the microsecond
-/// where the kernel has `epoll_pwait2`. Returns how many arrived (0 on timeout or signal).
-fn epoll_wait(
-    epoll: &OwnedFd,
-    events: &mut [libc::epoll_event],
-    timeout: Option<Duration>,
-) -> usize {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static NO_PWAIT2: AtomicBool = AtomicBool::new(false);
-    let max = events.len() as libc::c_int;
-    if !NO_PWAIT2.load(Ordering::Relaxed) {
-        let ts = timeout.map(|t| libc::timespec {
-            tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
-            tv_nsec: t.subsec_nanos() as libc::c_long,
-        });
-        let tsp = ts
-            .as_ref()
-            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-        // SAFETY: our epoll descriptor, a local array of the length given, a local timespec
-        // (or null: wait forever) and no signal mask.
-        let n = unsafe {
-            libc::epoll_pwait2(
-                epoll.as_raw_fd(),
-                events.as_mut_ptr(),
-                max,
-                tsp,
-                std::ptr::null(),
-            )
-        };
-        if n >= 0 {
-            return n as usize;
-        }
-        if std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS) {
-            return 0;
-        }
-        NO_PWAIT2.store(true, Ordering::Relaxed);
-    }
-    let ms = timeout.map_or(-1, |t| {
-        t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
-    });
-    // SAFETY: our epoll descriptor and a local array of the length given.
-    let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), events.as_mut_ptr(), max, ms) };
-    n.max(0) as usize
 }

@@ -19,10 +19,13 @@ use futures_util::future::join_all;
 use rdmapool_pool::remote::layout::DURABLE_TAG;
 use rdmapool_pool::remote::layout::{self, ChunkShape, CHUNK_MAGIC, CLIENT_SLOT, TABLE_ENTRY};
 use rdmapool_pool::remote::regions::RegionNode;
-use rdmapool_pool::Error;
 use rdmapool_pool::Result;
 use std::collections::HashSet;
 use std::time::Instant;
+
+/// The most replaced blocks a put frees beside itself (what a few puts of r = 2 replace:
+/// the frees keep up with the puts, and take no longer than the put they go beside).
+pub(super) const FREES_PER_PUT: usize = 8;
 
 /// A block waiting for its grace period to pass before it is freed, with what it held (the
 /// free checks that it still holds it).
@@ -43,22 +46,11 @@ impl Store {
         self.flush_blocks().await + self.flush_parts().await
     }
 
-    /// [`Store::flush_retired`] when it is worth a put's while (the batching rule of
-    /// [`crate::timing::free_now`] for blocks; due parts always, as striped puts are
-    /// rare and large); how many blocks.
-    pub(super) async fn flush_batched(&self) -> usize {
-        let now = Instant::now();
-        let (due, first_due) = {
-            let r = self.retired.lock();
-            let due = r.iter().take_while(|b| now >= b.due).count();
-            (due, r.front().map(|b| b.due))
-        };
-        let blocks = if crate::timing::free_now(due, first_due, now, self.cfg.grace) {
-            self.flush_blocks().await
-        } else {
-            0
-        };
-        blocks + self.flush_parts().await
+    /// The frees a put makes beside itself: at most [`FREES_PER_PUT`] of the blocks whose
+    /// grace period has passed (a put after a quiet spell does not pay for all of them at
+    /// once), and the due parts of striped values; how many blocks.
+    pub(super) async fn flush_some(&self) -> usize {
+        self.free_due(FREES_PER_PUT).await + self.flush_parts().await
     }
 
     /// When the last of the blocks and parts this client retired comes due (the queues
@@ -70,35 +62,32 @@ impl Store {
     }
 
     async fn flush_blocks(&self) -> usize {
+        self.free_due(usize::MAX).await
+    }
+
+    /// Frees up to `most` of the blocks whose grace period has passed, all at once; how
+    /// many it freed.
+    async fn free_due(&self, most: usize) -> usize {
         let now = Instant::now();
         let due: Vec<Retired> = {
             let mut r = self.retired.lock();
-            let n = r.iter().take_while(|b| now >= b.due).count();
+            let n = r.iter().take(most).take_while(|b| now >= b.due).count();
             r.drain(..n).collect()
         };
-        let freed = join_all(due.iter().map(|b| async move {
-            // Free it only if it still holds what was retired: a block repair reclaimed
+        let freed = join_all(due.iter().map(|b| {
+            // Freed only if it still holds what was retired: a block repair reclaimed
             // meanwhile (docs/STORE.md section 8) may hold someone else's object now.
             let head = (HEADER_LEN + b.key.len()) as u64;
-            let bytes = self
-                .pool
+            let still_its =
+                |bytes: &[u8]| matches!(peek(bytes), Some(p) if p.key == b.key && p.version == b.version);
+            self.pool
                 .regions()
-                .read(b.node, b.incarnation, b.at, head)
-                .await?;
-            match peek(&bytes) {
-                Some(p) if p.key == b.key && p.version == b.version => {
-                    self.pool.regions().free(b.node, b.incarnation, b.at).await
-                }
-                _ => Err(Error::NotAllocated(format!(
-                    "store block at {} of node {}: reclaimed since it was retired",
-                    b.at, b.node
-                ))),
-            }
+                .free_if(b.node, b.incarnation, b.at, head, still_its)
         }))
         .await;
         // A block that cannot be freed now (its node is down, or restarted and its memory
         // gone) is left: repair reclaims unnamed blocks (docs/STORE.md section 8).
-        freed.iter().filter(|r| r.is_ok()).count()
+        freed.iter().filter(|r| matches!(r, Ok(true))).count()
     }
 
     /// Queues blocks of `key` a put or a repair replaced, each `(node, incarnation, offset,

@@ -133,13 +133,12 @@ impl Store {
         kind: Kind,
         replicas: usize,
     ) -> (Result<PutDone>, bool) {
-        // The frees whose grace period has passed go beside the put, not before it, and in
-        // batches: most puts take none (docs/STORE.md section 8).
-        let (_, out) = futures_util::future::join(
-            self.flush_batched(),
-            self.put_now(key, value, kind, replicas),
-        )
-        .await;
+        // The frees whose grace period has passed go beside the put, not before it, a few
+        // at a time; each takes two round trips, fewer than the put (docs/STORE.md
+        // section 8).
+        let (_, out) =
+            futures_util::future::join(self.flush_some(), self.put_now(key, value, kind, replicas))
+                .await;
         out
     }
 

@@ -402,7 +402,7 @@ impl Engine {
                 wait.done();
                 return v;
             }
-            if wait.spinning() {
+            if wait.pending() {
                 pause.pause();
             } else {
                 wait.sleep();

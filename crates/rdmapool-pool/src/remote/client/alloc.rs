@@ -242,7 +242,7 @@ impl Shared {
     /// only a snapshot: another client may free it, or allocate it again, right after.
     pub(super) async fn check_live(&self, ptr: RemotePtr) -> Result<()> {
         let node = self.node_of(ptr)?;
-        let object = self.check_object(&node, ptr, true).await?;
+        let object = self.check_object(&node, Books::Pool, ptr, true).await?;
         let (at, bit) = object.bit(&node.desc.layout);
         if self.read_u64(&node, at).await? & bit == 0 {
             return Err(Error::NotAllocated(format!(
@@ -256,7 +256,7 @@ impl Shared {
     /// Frees the object `ptr` names (the decisions are [`Free`]'s).
     pub(super) async fn free(&self, ptr: RemotePtr) -> Result<()> {
         let node = self.node_of(ptr)?;
-        let object = self.check_object(&node, ptr, true).await?;
+        let object = self.check_object(&node, Books::Pool, ptr, true).await?;
         self.drive(&node, Free::new(ptr, object)).await
     }
 }

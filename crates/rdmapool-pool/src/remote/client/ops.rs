@@ -2,6 +2,7 @@
 //! after which its node is declared down, and the lookups of nodes and pointers.
 
 use super::chunks::{Checked, Object};
+use super::node::Books;
 use super::{Node, Shared, Word, SCRATCH_WORDS};
 use crate::fabric::Mr;
 use crate::fabric::RemoteAddr;
@@ -338,23 +339,25 @@ impl Shared {
             });
         }
         let node = self.node_of(ptr)?;
-        self.check_object(&node, ptr, false).await?;
+        self.check_object(&node, Books::Pool, ptr, false).await?;
         let remote = self
             .at(&node, ptr.offset + offset, len.max(1), true)
             .await?;
         Ok((node, remote))
     }
 
-    /// Checks `ptr` against the object it names ([`Book::check`]): free for this client's
-    /// own chunks and those whose size class is cached, two 8-byte READs of the chunk
+    /// Checks `ptr` against the object it names in book `which` ([`Book::check`]): free
+    /// for this client's own chunks and those whose size class is cached, two 8-byte READs of the chunk
     /// header at once (one round trip) otherwise. With `fresh`, a chunk that is not this client's is always read.
     pub(super) async fn check_object(
         &self,
         node: &Node,
+        which: Books,
         ptr: RemotePtr,
         fresh: bool,
     ) -> Result<Object> {
-        let chunk = match node.book.lock().check(ptr, fresh)? {
+        let (book, _) = node.book_of(which);
+        let chunk = match book.lock().check(ptr, fresh)? {
             Checked::Known(object) => return Ok(object),
             Checked::ReadHeader { chunk } => chunk,
         };
@@ -365,6 +368,6 @@ impl Shared {
             self.read_u64(node, at + layout::chunk::OBJECT_SIZE),
         )
         .await;
-        node.book.lock().on_header(ptr, chunk, magic?, size?)
+        book.lock().on_header(ptr, chunk, magic?, size?)
     }
 }

@@ -750,16 +750,59 @@ impl<'a> Regions<'a> {
     /// [`PoolClient::free`] of such a pointer is.
     pub async fn free(self, node: u32, incarnation: u64, offset: u64) -> Result<()> {
         let n = self.node(node, incarnation)?;
-        let ptr = RemotePtr {
-            node,
-            offset,
-            len: 1,
-            incarnation,
-        };
-        let object = self.pool.shared.check_object(&n, ptr, true).await?;
+        let ptr = Self::block(node, incarnation, offset);
+        let object = self
+            .pool
+            .shared
+            .check_object(&n, Books::Durable, ptr, true)
+            .await?;
         self.pool
             .shared
             .drive_in(&n, Books::Durable, Free::new(ptr, object))
             .await
+    }
+
+    /// [`Regions::free`] of the block at `offset` of `node` only if its first `head` bytes
+    /// pass `still_its`: the caller's check that the block still holds what it meant to
+    /// free (another client may have freed and reused it meanwhile). Those bytes are READ
+    /// in the same round trip as the chunk header the free checks, so a free takes two
+    /// round trips (one READ round, the swap), one less than a READ and then a free.
+    /// `Ok(false)`: `still_its` refused, nothing was freed.
+    ///
+    /// # Errors
+    /// As [`Regions::free`].
+    pub async fn free_if(
+        self,
+        node: u32,
+        incarnation: u64,
+        offset: u64,
+        head: u64,
+        still_its: impl FnOnce(&[u8]) -> bool,
+    ) -> Result<bool> {
+        let n = self.node(node, incarnation)?;
+        let ptr = Self::block(node, incarnation, offset);
+        let shared = &self.pool.shared;
+        let (bytes, object) = futures_util::future::join(
+            self.read(node, incarnation, offset, head),
+            shared.check_object(&n, Books::Durable, ptr, true),
+        )
+        .await;
+        if !still_its(&bytes?) {
+            return Ok(false);
+        }
+        shared
+            .drive_in(&n, Books::Durable, Free::new(ptr, object?))
+            .await?;
+        Ok(true)
+    }
+
+    /// The pointer a durable block's free checks.
+    fn block(node: u32, incarnation: u64, offset: u64) -> RemotePtr {
+        RemotePtr {
+            node,
+            offset,
+            len: 1,
+            incarnation,
+        }
     }
 }

@@ -160,3 +160,38 @@ fn puts_that_outrun_the_grace_period_wait_for_the_blocks_they_replaced() {
         Some(value(23, 96 << 10))
     );
 }
+
+#[test]
+fn a_put_frees_a_few_due_blocks_beside_itself_and_flush_retired_the_rest() {
+    // 40 keys replaced once: 80 blocks (r = 2) wait out the grace period. After it, each put
+    // frees 8 of them beside itself (and retires 2 of its own); flush_retired frees every
+    // one due, and the space is the pool's again.
+    let lease = Duration::from_secs(10);
+    let (a, b) = (server(1, lease), server(2, lease));
+    let st = store(&[&a, &b], 7, 2);
+    let keys = 40;
+    for round in 0..2 {
+        for i in 0..keys {
+            let key = format!("k{i}");
+            st.block_on(st.put(key.as_bytes(), &value(i + round, 100)))
+                .unwrap();
+        }
+    }
+    assert_eq!(st.stats().retired, 2 * keys as u64);
+    std::thread::sleep(Duration::from_millis(120)); // past the 50 ms grace period
+    st.block_on(st.put(b"k0", &value(7, 100))).unwrap();
+    assert_eq!(
+        st.stats().retired,
+        2 * keys as u64 - 8 + 2,
+        "one put freed 8 due blocks beside itself and retired its 2"
+    );
+    std::thread::sleep(Duration::from_millis(120));
+    let freed = st.block_on(st.flush_retired());
+    assert_eq!(freed, 2 * keys - 8 + 2, "every due block freed");
+    assert_eq!(st.stats().retired, 0);
+    for i in 0..keys {
+        let key = format!("k{i}");
+        let want = if i == 0 { value(7, 100) } else { value(i + 1, 100) };
+        assert_eq!(st.block_on(st.get(key.as_bytes())).unwrap(), Some(want), "{key}");
+    }
+}
