@@ -191,7 +191,15 @@ fn a_put_frees_a_few_due_blocks_beside_itself_and_flush_retired_the_rest() {
     assert_eq!(st.stats().retired, 0);
     for i in 0..keys {
         let key = format!("k{i}");
-        let want = if i == 0 { value(7, 100) } else { value(i + 1, 100) };
-        assert_eq!(st.block_on(st.get(key.as_bytes())).unwrap(), Some(want), "{key}");
+        let want = if i == 0 {
+            value(7, 100)
+        } else {
+            value(i + 1, 100)
+        };
+        assert_eq!(
+            st.block_on(st.get(key.as_bytes())).unwrap(),
+            Some(want),
+            "{key}"
+        );
     }
 }
