@@ -21,7 +21,7 @@ pub(crate) mod takeover;
 pub use batch::{BatchOutcome, PoolBatch};
 pub use stats::NodeStats;
 
-use node::{Node, Scratch, Word};
+use node::{Books, Node, Scratch, Word};
 use ops::{timed, Timers};
 
 use super::layout::ChunkShape;

@@ -2,8 +2,7 @@
 //! after which its node is declared down, and the lookups of nodes and pointers.
 
 use super::chunks::{Checked, Object};
-use super::node::Books;
-use super::{Node, Shared, Word, SCRATCH_WORDS};
+use super::{Books, Node, Shared, Word, SCRATCH_WORDS};
 use crate::fabric::Mr;
 use crate::fabric::RemoteAddr;
 use crate::remote::layout::{self, ChunkShape};
