@@ -163,9 +163,10 @@ fn puts_that_outrun_the_grace_period_wait_for_the_blocks_they_replaced() {
 
 #[test]
 fn a_put_frees_a_few_due_blocks_beside_itself_and_flush_retired_the_rest() {
-    // 40 keys replaced once: 80 blocks (r = 2) wait out the grace period. After it, each put
-    // frees 8 of them beside itself (and retires 2 of its own); flush_retired frees every
-    // one due, and the space is the pool's again.
+    // 40 keys replaced once retire 80 blocks (r = 2); on a slow device some come due, and
+    // are freed, while the later puts run, so the count left is read, not assumed. Once
+    // the grace period has passed for all of them, one put frees 8 of them beside itself
+    // (all of them if fewer) and retires 2 of its own; flush_retired frees every one due.
     let lease = Duration::from_secs(10);
     let (a, b) = (server(1, lease), server(2, lease));
     let st = store(&[&a, &b], 7, 2);
@@ -177,17 +178,22 @@ fn a_put_frees_a_few_due_blocks_beside_itself_and_flush_retired_the_rest() {
                 .unwrap();
         }
     }
-    assert_eq!(st.stats().retired, 2 * keys as u64);
+    let waiting = st.stats().retired;
+    assert!(
+        (2..=2 * keys as u64).contains(&waiting),
+        "the last put's 2 blocks at least: {waiting}"
+    );
     std::thread::sleep(Duration::from_millis(120)); // past the 50 ms grace period
     st.block_on(st.put(b"k0", &value(7, 100))).unwrap();
+    let left = waiting - waiting.min(8) + 2;
     assert_eq!(
         st.stats().retired,
-        2 * keys as u64 - 8 + 2,
-        "one put freed 8 due blocks beside itself and retired its 2"
+        left,
+        "one put freed min(8, {waiting}) due blocks beside itself and retired its 2"
     );
     std::thread::sleep(Duration::from_millis(120));
     let freed = st.block_on(st.flush_retired());
-    assert_eq!(freed, 2 * keys - 8 + 2, "every due block freed");
+    assert_eq!(freed as u64, left, "every due block freed");
     assert_eq!(st.stats().retired, 0);
     for i in 0..keys {
         let key = format!("k{i}");
