@@ -43,7 +43,7 @@ impl Store {
     /// Frees the replaced blocks whose grace period has passed, and clears the parts of
     /// replaced striped values whose grace period has passed; how many blocks.
     pub async fn flush_retired(&self) -> usize {
-        self.flush_blocks().await + self.flush_parts().await
+        self.free_due(usize::MAX).await + self.flush_parts().await
     }
 
     /// The frees a put makes beside itself: at most [`FREES_PER_PUT`] of the blocks whose
@@ -59,10 +59,6 @@ impl Store {
         let blocks = self.retired.lock().back().map(|b| b.due);
         let parts = self.retired_parts.lock().back().map(|(t, _)| *t);
         blocks.max(parts)
-    }
-
-    async fn flush_blocks(&self) -> usize {
-        self.free_due(usize::MAX).await
     }
 
     /// Frees up to `most` of the blocks whose grace period has passed, all at once; how

@@ -15,9 +15,9 @@
 //! completion of the engine to the next (a store put waits for three in a row): a spin
 //! that a completion ended keeps (or grows back) the budget; one that ran out halves it,
 //! down to none (the wait sleeps at once); a sleep that a completion ended within the
-//! longest spin makes the next spin twice that long. So one client whose round trips take 20 µs spins through them, while
-//! eight clients sharing two cores, whose spins keep running out, sleep and leave the cores
-//! to the threads they wait for.
+//! longest spin makes the next spin twice that long. So one client whose round trips take
+//! 20 µs spins through them, while eight clients sharing two cores, whose spins keep
+//! running out, sleep and leave the cores to the threads they wait for.
 //!
 //! A sleep lasts [`SLEEP_SLICE`] at most: the future may wait for something no completion
 //! announces (a deadline, another thread's work), and it is polled again after each slice.

@@ -346,8 +346,9 @@ impl Shared {
     }
 
     /// Checks `ptr` against the object it names in book `which` ([`Book::check`]): free
-    /// for this client's own chunks and those whose size class is cached, two 8-byte READs of the chunk
-    /// header at once (one round trip) otherwise. With `fresh`, a chunk that is not this client's is always read.
+    /// for this client's own chunks and those whose size class is cached, two 8-byte READs
+    /// of the chunk header at once (one round trip) otherwise. With `fresh`, a chunk that
+    /// is not this client's is always read.
     pub(super) async fn check_object(
         &self,
         node: &Node,
