@@ -2,19 +2,24 @@
 //! (docs/STORE.md section 6):
 //!
 //! 1. [`Lookup`] the key on every replica: the newest version anywhere is the one to beat.
-//! 2. Allocate a block on every replica, beside the first lookup's reads (once; a retried
-//!    put reuses them), then WRITE each: header (version `(newest.seq + 1, writer)`), key,
-//!    and the value, the driver's payload (the machine never holds it).
-//! 3. `CAS` the primary's slot from the word it read to the new block's. Lost: another put
-//!    came first; back to 1. Won: the put's linearization point.
-//! 4. On every other replica, replace the slot's word unless it names a version at least as
-//!    high; a lost swap there repeats 1 and 4 for that replica alone.
+//!    Allocate a block on every replica beside the lookup's first reads (once; a put made
+//!    again reuses them where no slot names them).
+//! 2. On every replica at once, in one list each: WRITE the block (header with version
+//!    `(newest.seq + 1, writer)`, key, and the value, the driver's payload: the machine
+//!    never holds it), then `CAS` the slot from the word read to the new block's, then
+//!    read the fence word. The primary's swap decides: lost, another put came first (back
+//!    to 1, its version is now the one to beat); won, the put's linearization point.
+//! 3. A replica other than the primary whose swap was lost is looked up again, and gets
+//!    the put's version unless it holds a version at least as high.
+//!
+//! With a current hint ([`Put::current`]: the key's slot words on every replica, seen
+//! lately, and blocks allocated before) step 1 is skipped: the put is one round trip.
 //!
 //! Every replica must answer: a replica that fails fails the put (`Error::NodeDown`), which
-//! may then already be visible on the primary (as a timed-out write may have landed). The
-//! caller retries once membership has moved on, and repair completes what a failed put left.
-//! The blocks a put replaced are returned, to be freed after the grace period; its own
-//! blocks that were not published are returned too, to be freed at once.
+//! may then already be visible (as a timed-out write may have landed). The caller retries
+//! once membership has moved on, and repair completes what a failed put left. The blocks a
+//! put replaced are returned, to be freed after the grace period; its own blocks that no
+//! slot names are returned too, to be freed at once.
 
 use super::decide::{empty_slot, next_version, replaces};
 use super::format::{
@@ -26,7 +31,7 @@ use rdmapool_pool::{Error, Result};
 use std::time::Instant;
 
 mod steps;
-pub(crate) use steps::{BlockAt, PutDone, Swap};
+pub(crate) use steps::{BlockAt, PutDone, SlotSeen, Swap};
 
 /// How many times a put starts again after losing its primary swap before it gives up.
 pub(crate) const MAX_ROUNDS: u32 = 64;
@@ -39,16 +44,16 @@ enum State {
     Blocks {
         lookup: Lookup,
     },
-    /// Every replica's block written, and the primary's swap right after its write.
+    /// Every replica's block written and its slot swapped right after it, on all replicas
+    /// in one step: the primary's swap decides, the others' go beside it (a copy has no
+    /// primary: each swap stands alone).
     Publishing {
-        looked: Looked,
         writes: Vec<(usize, usize)>,
-        primary: Asked,
+        swaps: Vec<Asked>,
     },
-    /// Swaps on replicas after the primary's (every replica's for a copy, after its
-    /// write), each followed by its fence read when the put is [fenced](Put::fenced).
+    /// Swaps on replicas whose swap was lost, after looking them up again, each followed by
+    /// its fence read when the put is [fenced](Put::fenced).
     Backups {
-        writes: Vec<(usize, usize)>,
         swaps: Vec<Asked>,
     },
     Finished,
@@ -65,6 +70,26 @@ struct Asked {
     fence: Option<usize>,
 }
 
+/// What an allocation a step asked for is for (by replica position).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AllocFor {
+    /// The put's block there, taken once the first lookup says a block is needed.
+    Own(usize),
+    /// A new block there, where a slot names this put's last one (its swap there won
+    /// while the primary's was lost): the put made again must not write over it.
+    Renew(usize),
+    /// A block for a later put of this client ([`Put::spare`]).
+    Spare(usize),
+}
+
+impl AllocFor {
+    fn replica(self) -> usize {
+        match self {
+            AllocFor::Own(i) | AllocFor::Renew(i) | AllocFor::Spare(i) => i,
+        }
+    }
+}
+
 /// One put or remove (see the module's text).
 pub(crate) struct Put {
     key: Vec<u8>,
@@ -75,18 +100,34 @@ pub(crate) struct Put {
     replicas: Vec<Replica>,
     /// This put's block on each replica, once allocated.
     blocks: Vec<u64>,
+    /// Per replica: a slot names this put's block there (its swap won, or its answer was
+    /// lost and it may have landed).
+    named: Vec<bool>,
+    /// Per replica: a swap of this put's block there is asked and not answered.
+    asked: Vec<bool>,
     /// Blocks allocated and not (yet) this put's: those of the first step, until the put
     /// takes them, and all of them when the allocation failed on some replica.
     orphans: Vec<BlockAt>,
     /// The answers to the allocations of the first step, one per replica, until the put
     /// takes its blocks.
     early: Vec<Answer>,
+    /// Allocations the next step asks for, beside its other operations.
+    to_alloc: Vec<AllocFor>,
+    /// The allocations the last step asked for: where their answers start, and what each
+    /// is for.
+    allocs: Option<(usize, Vec<AllocFor>)>,
+    /// Replicas on which the first step allocates a block for a later put.
+    spares_for: Vec<usize>,
+    /// Those blocks, once allocated: the caller's ([`PutDone::spares`], [`Put::spares`]).
+    spare_blocks: Vec<BlockAt>,
+    /// Where the key's slots were seen lately, on every replica: the put publishes in its
+    /// first step ([`Put::current`]).
+    current: Option<Vec<SlotSeen>>,
+    /// The words the put's swaps found or installed, by node: the blocks its next lookup
+    /// reads beside the buckets.
+    seen_words: Vec<(u32, u64)>,
     /// The first step was asked for.
     started: bool,
-    /// The last step's reads came with the allocations (the first step): how many reads.
-    allocating: Option<usize>,
-    /// The primary's swap was won: the put is visible.
-    published: bool,
     /// A repair's copy of an existing version ([`Put::copy`]): no primary, every replica
     /// is a backup.
     copy: bool,
@@ -137,11 +178,17 @@ impl Put {
             writer,
             replicas: replicas.to_vec(),
             blocks: Vec::new(),
+            named: vec![false; replicas.len()],
+            asked: vec![false; replicas.len()],
             orphans: Vec::new(),
             early: Vec::new(),
+            to_alloc: Vec::new(),
+            allocs: None,
+            spares_for: Vec::new(),
+            spare_blocks: Vec::new(),
+            current: None,
+            seen_words: Vec::new(),
             started: false,
-            allocating: None,
-            published: false,
             copy: false,
             backing: false,
             version: Version { seq: 0, writer },
@@ -159,8 +206,7 @@ impl Put {
     /// A repair's copy of `key`'s existing `version` (its value's digest `digest`) onto
     /// `replicas`: a block with exactly that version's bytes is written on each, and put
     /// into the key's slot there unless the slot already names a version at least as high
-    /// (docs/STORE.md section 7). There is no primary: the copy is "published" as soon as
-    /// its first swap is sent, so a copy given up after that leaves its blocks to repair.
+    /// (docs/STORE.md section 7). There is no primary: each swap stands alone.
     pub(crate) fn copy(
         key: &[u8],
         digest: ValueDigest,
@@ -199,22 +245,76 @@ impl Put {
         self
     }
 
-    /// The blocks this put allocated: the caller frees them if it gives the put up (an
-    /// error from its [`Machine::advance`] or its own deadline) while it is not
-    /// [`published`](Put::published).
+    /// The same put, publishing in its first step, with no lookup (docs/STORE.md section
+    /// 6, "One round trip"): `seen` is the key's slot on every replica (in the replicas'
+    /// order) as this client saw it lately, and `blocks` a block of this put's size class
+    /// on each, allocated before (an earlier put's [spares](Put::spare)). The version is
+    /// above every version seen; each replica's list is the block's WRITE, the swap from
+    /// the word seen and the fence read. A swap lost to a put this client did not see
+    /// is answered as in any put (the primary's: looked up again; another's: that replica
+    /// looked up again). Only a value put over values: a remove must know whether there
+    /// is anything to remove, and a put over a striped value must read its manifest (its
+    /// parts are to be cleared). Otherwise, or when `seen` or `blocks` do not cover the
+    /// replicas, the put is unchanged.
+    ///
+    /// The caller's rule (the store client's): `seen` is younger than a fraction of the
+    /// grace period, so none of the blocks it names can have been freed and reused under
+    /// the same word since (docs/STORE.md section 8).
+    pub(crate) fn current(mut self, seen: &[SlotSeen], blocks: &[u64]) -> Self {
+        let covers = seen.len() == self.replicas.len()
+            && blocks.len() == self.replicas.len()
+            && seen
+                .iter()
+                .zip(&self.replicas)
+                .all(|(s, r)| s.node == r.node && s.kind == Kind::Value && s.slot < 8);
+        if self.kind == Kind::Value && !self.copy && covers {
+            self.current = Some(seen.to_vec());
+            self.blocks = blocks.to_vec();
+        }
+        self
+    }
+
+    /// This put, also allocating in its first step a block on each of the replicas at
+    /// positions `on` for a later put of this client: in [`PutDone::spares`], or
+    /// [`Put::spares`] if the put fails.
+    pub(crate) fn spare(mut self, on: &[usize]) -> Self {
+        self.spares_for = on
+            .iter()
+            .copied()
+            .filter(|&i| i < self.replicas.len())
+            .collect();
+        self
+    }
+
+    /// Whether the put publishes in its first step ([`Put::current`] took), before it
+    /// starts.
+    pub(crate) fn publishes_first(&self) -> bool {
+        self.current.is_some()
+    }
+
+    /// The blocks this put allocated that no slot names: the caller frees them if it gives
+    /// the put up (an error from its [`Machine::advance`] or its own deadline). Those a swap
+    /// won (or may have: its answer was lost) are left to repair.
     pub(crate) fn allocated(&self) -> Vec<BlockAt> {
         self.replicas
             .iter()
             .zip(&self.blocks)
-            .map(|(r, &b)| (r.node, b))
+            .enumerate()
+            .filter(|&(i, _)| !self.named[i] && !self.asked[i])
+            .map(|(_, (r, &b))| (r.node, b))
             .chain(self.orphans.iter().copied())
             .collect()
     }
 
-    /// Whether the primary's swap was won: the version is visible, and a put given up
-    /// after this leaves its blocks to repair (some replicas may name them).
+    /// The blocks allocated for later puts ([`Put::spare`]) so far.
+    pub(crate) fn spares(&self) -> &[BlockAt] {
+        &self.spare_blocks
+    }
+
+    /// Whether a swap of this put may have landed: the version may be visible, and a put
+    /// given up after this leaves the blocks slots may name to repair.
     pub(crate) fn published(&self) -> bool {
-        self.published
+        self.named.iter().chain(&self.asked).any(|&b| b)
     }
 
     /// This put, reading the word at `at` (the view's fence word, docs/STORE.md section 4)
@@ -250,10 +350,11 @@ impl Put {
         }
     }
 
-    /// The replicas of `pending`, for a lookup there.
+    /// The replicas of `pending`, for a lookup there, reading beside their buckets the
+    /// blocks their last swaps found.
     fn lookup_pending(&self) -> Lookup {
         let rs: Vec<Replica> = self.pending.iter().map(|&i| self.replicas[i]).collect();
-        Lookup::new(&self.key, &rs)
+        Lookup::new(&self.key, &rs).hinted(&self.seen_words)
     }
 
     /// The swap that puts this put's block into replica `i`'s slot, given what it holds;
@@ -332,6 +433,7 @@ impl Put {
             self.state = State::Finished;
             let mut done = std::mem::replace(&mut self.done, Self::empty_done());
             done.unused = self.allocated();
+            done.spares = std::mem::take(&mut self.spare_blocks);
             return Ok(Step::Done(done));
         }
         self.version = next_version(newest.max(self.floor), self.writer);
@@ -381,13 +483,17 @@ impl Put {
             superseded: Vec::new(),
             installed: Vec::new(),
             fences: Vec::new(),
+            seen: Vec::new(),
+            spares: Vec::new(),
         }
     }
 
-    /// The step that publishes: every replica's block written, and on the primary its
-    /// swap right after its write, in the same list (RC order: the block is whole before
-    /// the slot names it), then the fence read. A copy (no primary) swaps every replica
-    /// that way.
+    /// The step that publishes: on every replica its block written, then its swap right
+    /// after it in the same list (RC order: the block is whole before the slot names it),
+    /// then the fence read; every replica at once, so a put takes the same round trips
+    /// whatever `r`. A replica that holds a version at least as high gets neither (its
+    /// block is unused); the primary holding one means it moved on since the lookup: the
+    /// put starts again.
     fn write(&mut self, looked: Looked) -> Result<Step<PutDone>> {
         let mut header = [0; HEADER_LEN];
         encode_header_for(
@@ -403,51 +509,35 @@ impl Put {
         head.extend_from_slice(&self.key);
         let mut ops = Vec::with_capacity(self.replicas.len() * 3);
         let mut writes = Vec::with_capacity(self.replicas.len());
-        let mut swaps = Vec::new();
+        let mut swaps = Vec::with_capacity(self.replicas.len());
         for i in 0..self.replicas.len() {
-            let (node, at) = (self.replicas[i].node, self.blocks[i]);
+            let Some(swap) = self.swap_for(i, &looked.held[i])? else {
+                if i == 0 && !self.copy {
+                    return self.again();
+                }
+                continue;
+            };
             writes.push((i, ops.len()));
             ops.push(Op {
-                node,
+                node: self.replicas[i].node,
                 io: Io::WriteWithPayload {
-                    at,
+                    at: self.blocks[i],
                     head: head.clone(),
                 },
             });
-            if !self.copy && i > 0 {
-                continue;
-            }
-            match self.swap_for(i, &looked.held[i])? {
-                Some(swap) => swaps.push(self.swap_ops(i, swap, &mut ops)),
-                None if self.copy => self.done.unused.push((node, at)),
-                // The primary holds a newer version than the lookup's newest: it moved
-                // on meanwhile. Start again.
-                None => return self.again(),
-            }
+            swaps.push(self.swap_ops(i, swap, &mut ops));
         }
-        if self.copy {
-            // Published as soon as its first swap is sent (a copy given up after that
-            // leaves its blocks to repair).
-            self.published = !swaps.is_empty();
-            self.backing = true;
-            self.pending.clear();
-            if swaps.is_empty() {
-                return Ok(self.finish());
-            }
-            self.state = State::Backups { writes, swaps };
-            return Ok(self.ask(ops));
+        self.pending.clear();
+        if swaps.is_empty() {
+            return Ok(self.finish());
         }
-        let primary = swaps.pop().expect("the primary's swap");
-        self.state = State::Publishing {
-            looked,
-            writes,
-            primary,
-        };
+        self.state = State::Publishing { writes, swaps };
         Ok(self.ask(ops))
     }
 
     /// Adds `swap` (on replica `i`) to `ops`, then its fence read when the put is fenced.
-    fn swap_ops(&self, i: usize, swap: Swap, ops: &mut Vec<Op>) -> Asked {
+    fn swap_ops(&mut self, i: usize, swap: Swap, ops: &mut Vec<Op>) -> Asked {
+        self.asked[i] = true;
         let at = ops.len();
         ops.push(swap.op());
         let fence = self.fence_at.map(|word| {
@@ -465,10 +555,58 @@ impl Put {
         }
     }
 
-    /// A step of operations (counted as a round trip).
-    fn ask(&mut self, ops: Vec<Op>) -> Step<PutDone> {
+    /// A step of operations (counted as a round trip), with the allocations asked for
+    /// beside it.
+    fn ask(&mut self, mut ops: Vec<Op>) -> Step<PutDone> {
         self.trips += 1;
+        let wanted = std::mem::take(&mut self.to_alloc);
+        self.allocs = None;
+        if !wanted.is_empty() {
+            let len = self.block_len();
+            self.allocs = Some((ops.len(), wanted.clone()));
+            ops.extend(wanted.iter().map(|f| Op {
+                node: self.replicas[f.replica()].node,
+                io: Io::Alloc { len },
+            }));
+        }
         Step::Do(ops)
+    }
+
+    /// Takes the answers to the allocations the last step asked for (`wanted`).
+    fn allocated_now(&mut self, wanted: &[AllocFor], answers: &[Answer]) -> Result<()> {
+        let mut own = Vec::new();
+        for (k, &f) in wanted.iter().enumerate() {
+            let a = answers.get(k).cloned().unwrap_or(Answer::Failed);
+            let i = f.replica();
+            let node = self.replicas[i].node;
+            match (f, a) {
+                (AllocFor::Own(_), a) => own.push(a),
+                (AllocFor::Spare(_), Answer::Offset(Some(at))) => {
+                    self.spare_blocks.push((node, at));
+                }
+                (AllocFor::Spare(_), _) => {}
+                (AllocFor::Renew(_), Answer::Offset(Some(at))) => {
+                    self.blocks[i] = at;
+                    self.named[i] = false;
+                }
+                (AllocFor::Renew(_), Answer::Offset(None)) => {
+                    return Err(Error::RemoteExhausted {
+                        size: self.block_len(),
+                    })
+                }
+                (AllocFor::Renew(_), _) => return Err(self.down(i, "allocating a block")),
+            }
+        }
+        if !own.is_empty() {
+            self.orphans = (self.replicas.iter().zip(&own))
+                .filter_map(|(r, a)| match a {
+                    Answer::Offset(Some(at)) => Some((r.node, *at)),
+                    _ => None,
+                })
+                .collect();
+            self.early = own;
+        }
+        Ok(())
     }
 
     /// Notes the fence word read after this put's swap `asked`.
@@ -491,159 +629,198 @@ impl Put {
             .map(|&(i, _)| self.down(i, "writing the block"))
     }
 
-    /// The swaps on the replicas still pending after the primary (or after a lost swap).
+    /// The answers to `swaps`: each won swap's block is named (and what it replaced noted),
+    /// each lost one's replica is returned, to look up again; a swap without an answer may
+    /// have landed, so its block counts as named, and the first such replica is returned
+    /// too. Also whether the primary's swap won.
+    fn settle(&mut self, swaps: &[Asked], answers: &[Answer]) -> Settled {
+        let mut out = Settled::default();
+        for asked in swaps {
+            let i = asked.replica;
+            self.asked[i] = false;
+            let node = asked.swap.node;
+            self.seen_words.retain(|&(n, _)| n != node);
+            match answers.get(asked.at) {
+                Some(&Answer::Word(old)) if old == asked.swap.expected => {
+                    self.named[i] = true;
+                    self.replaced(i, &asked.swap, old);
+                    self.fence_read(asked, answers);
+                    self.seen_words.push((node, asked.swap.swap));
+                    out.primary_won |= i == 0 && !self.copy;
+                }
+                Some(&Answer::Word(now)) => {
+                    self.seen_words.push((node, now));
+                    out.lost.push(i);
+                }
+                _ => {
+                    self.named[i] = true;
+                    out.failed.get_or_insert(i);
+                }
+            }
+        }
+        out
+    }
+
+    /// The swaps on the replicas still pending, from what their lookup found.
     fn backups(&mut self, looked: Looked) -> Result<Step<PutDone>> {
         let mut ops = Vec::new();
         let mut swaps = Vec::new();
+        let pending = std::mem::take(&mut self.pending);
         for (k, held) in looked.held.iter().enumerate() {
-            let i = self.pending[k];
-            match self.swap_for(i, held)? {
-                Some(s) => swaps.push(self.swap_ops(i, s, &mut ops)),
-                None => self
-                    .done
-                    .unused
-                    .push((self.replicas[i].node, self.blocks[i])),
+            let i = pending[k];
+            if let Some(s) = self.swap_for(i, held)? {
+                swaps.push(self.swap_ops(i, s, &mut ops));
             }
         }
-        self.pending.clear();
         if swaps.is_empty() {
             return Ok(self.finish());
         }
-        self.state = State::Backups {
-            writes: Vec::new(),
-            swaps,
-        };
+        self.state = State::Backups { swaps };
         Ok(self.ask(ops))
     }
 
+    /// The put is done: its blocks that no slot names (a replica held a version at least
+    /// as high) are unused.
     fn finish(&mut self) -> Step<PutDone> {
         self.state = State::Finished;
         let mut done = std::mem::replace(&mut self.done, Self::empty_done());
+        done.unused.extend(self.allocated());
+        done.spares = std::mem::take(&mut self.spare_blocks);
         done.version = Some(self.version);
         Step::Done(done)
     }
 
-    fn replaced(&mut self, swap: &Swap, old: u64) {
+    /// Notes this put's swap on replica `i` won over `old`.
+    fn replaced(&mut self, i: usize, swap: &Swap, old: u64) {
+        self.done.installed.retain(|&(n, _)| n != swap.node);
         self.done.installed.push((swap.node, swap.swap));
+        let bucket = self.replicas[i].bucket_at(self.h);
+        self.done.seen.retain(|s| s.node != swap.node);
+        self.done.seen.push(SlotSeen {
+            node: swap.node,
+            slot: (swap.at.saturating_sub(bucket) / 8) as usize,
+            word: swap.swap,
+            version: self.version,
+            kind: self.kind,
+        });
         if let (Some(s), Some(v)) = (Slot::from_word(old), swap.replacing) {
             self.done.replaced.push((swap.node, s.offset, v));
         }
     }
 
+    /// The first step: with a current hint ([`Put::current`]), the publishing step itself;
+    /// otherwise the buckets (and the hinted blocks), with a block allocated on every
+    /// replica beside them (what is read does not change its size), so the allocation
+    /// costs no round of its own. Spares are allocated beside either.
+    fn first(&mut self, lookup: Lookup) -> Result<Step<PutDone>> {
+        self.started = true;
+        let spares: Vec<AllocFor> = self
+            .spares_for
+            .iter()
+            .map(|&i| AllocFor::Spare(i))
+            .collect();
+        if let Some(seen) = self.current.take() {
+            self.to_alloc = spares;
+            let newest = seen.iter().map(|s| s.version).max();
+            self.version = next_version(newest.max(self.floor), self.writer);
+            let looked = Looked {
+                held: seen
+                    .iter()
+                    .map(|s| super::lookup::Held {
+                        answered: true,
+                        bucket: Vec::new(),
+                        current: Some((s.slot, s.word, s.version)),
+                    })
+                    .collect(),
+                ..Looked::default()
+            };
+            return self.write(looked);
+        }
+        self.to_alloc = (0..self.replicas.len()).map(AllocFor::Own).collect();
+        self.to_alloc.extend(spares);
+        let reads = lookup.bucket_reads();
+        self.state = State::Buckets { lookup };
+        Ok(self.ask(read_ops(&reads)))
+    }
+
     /// The next step, from the answers to the last one (none the first time).
     fn step(&mut self, answers: &[Answer]) -> Result<Step<PutDone>> {
+        let answers = match self.allocs.take() {
+            Some((at, wanted)) => {
+                let (rest, allocs) = answers.split_at(at.min(answers.len()));
+                self.allocated_now(&wanted, allocs)?;
+                rest
+            }
+            None => answers,
+        };
         let state = std::mem::replace(&mut self.state, State::Finished);
         match state {
-            State::Buckets { lookup } if !self.started => {
-                // The first step: the buckets, and a block on every replica (what is read
-                // does not change its size), so the allocation costs no round of its own.
-                self.started = true;
-                let reads = lookup.bucket_reads();
-                let mut ops = read_ops(&reads);
-                self.allocating = Some(reads.len());
-                ops.extend(self.replicas.iter().map(|r| Op {
-                    node: r.node,
-                    io: Io::Alloc {
-                        len: self.block_len(),
-                    },
-                }));
-                self.state = State::Buckets { lookup };
-                Ok(self.ask(ops))
-            }
-            State::Buckets { lookup } => {
-                let reads = match self.allocating.take() {
-                    Some(n) => {
-                        let (reads, allocs) = answers.split_at(n.min(answers.len()));
-                        self.orphans = (self.replicas.iter().zip(allocs))
-                            .filter_map(|(r, a)| match a {
-                                Answer::Offset(Some(at)) => Some((r.node, *at)),
-                                _ => None,
-                            })
-                            .collect();
-                        self.early = allocs.to_vec();
-                        reads
-                    }
-                    None => answers,
-                };
-                self.read_step(lookup, &replies(reads))
-            }
+            State::Buckets { lookup } if !self.started => self.first(lookup),
+            State::Buckets { lookup } => self.read_step(lookup, &replies(answers)),
             State::Blocks { lookup } => self.looked(&lookup, &replies(answers)),
-            State::Publishing {
-                looked,
-                writes,
-                primary,
-            } => {
-                // The primary first: its write, its swap (RC order: after the write), its
-                // fence read.
-                if answers.get(writes[0].1) != Some(&Answer::Written) {
-                    return Err(self.down(0, "writing the block"));
-                }
-                let won = match answers.get(primary.at) {
-                    Some(&Answer::Word(old)) if old == primary.swap.expected => {
-                        self.published = true;
-                        self.backing = true;
-                        self.replaced(&primary.swap, old);
-                        self.fence_read(&primary, answers);
-                        true
-                    }
-                    Some(&Answer::Word(_)) => false,
-                    _ => return Err(self.down(0, "the primary's swap")),
-                };
+            State::Publishing { writes, swaps } => {
+                let settled = self.settle(&swaps, answers);
                 if let Some(e) = self.failed_write(&writes, answers) {
                     return Err(e);
                 }
-                if !won {
+                if let Some(i) = settled.failed {
+                    return Err(self.down(i, "a swap"));
+                }
+                if !self.copy && !settled.primary_won {
+                    // Another put came first on the primary: look everything up again.
                     return self.again();
                 }
-                self.pending = (1..self.replicas.len()).collect();
-                if self.pending.is_empty() {
-                    return Ok(self.finish());
-                }
-                // The first lookup's view of the backups; a swap it makes that is lost is
-                // looked up again.
-                let rest = Looked {
-                    held: looked.held[1..].to_vec(),
-                    ..Looked::default()
-                };
-                self.backups(rest)
+                // The primary's swap is the put's linearization point; a replica whose
+                // swap was lost is looked up again, and gets this put's version unless it
+                // holds a higher one.
+                self.backing = true;
+                self.look_again(settled.lost)
             }
-            State::Backups { writes, swaps } => {
-                if let Some(e) = self.failed_write(&writes, answers) {
-                    return Err(e);
-                }
-                for asked in &swaps {
-                    match answers.get(asked.at) {
-                        Some(&Answer::Word(o)) if o == asked.swap.expected => {
-                            self.replaced(&asked.swap, o);
-                            self.fence_read(asked, answers);
-                        }
-                        Some(&Answer::Word(_)) => self.pending.push(asked.replica),
-                        _ => return Err(self.down(asked.replica, "a replica's swap")),
-                    }
-                }
-                if self.pending.is_empty() {
-                    return Ok(self.finish());
+            State::Backups { swaps } => {
+                let settled = self.settle(&swaps, answers);
+                if let Some(i) = settled.failed {
+                    return Err(self.down(i, "a replica's swap"));
                 }
                 self.rounds += 1;
-                if self.rounds > MAX_ROUNDS {
+                if self.rounds > MAX_ROUNDS && !settled.lost.is_empty() {
                     return Err(self.contended());
                 }
-                let lookup = self.lookup_pending();
-                let reads = lookup.bucket_reads();
-                self.state = State::Buckets { lookup };
-                Ok(self.ask(read_ops(&reads)))
+                self.look_again(settled.lost)
             }
             State::Finished => Err(Error::OutcomeTaken),
         }
     }
 
-    /// The primary moved on: look everything up again (the blocks are kept).
+    /// Looks up the replicas in `lost` again (their swaps were lost), or finishes.
+    fn look_again(&mut self, lost: Vec<usize>) -> Result<Step<PutDone>> {
+        if lost.is_empty() {
+            return Ok(self.finish());
+        }
+        self.pending = lost;
+        let lookup = self.lookup_pending();
+        let reads = lookup.bucket_reads();
+        self.state = State::Buckets { lookup };
+        Ok(self.ask(read_ops(&reads)))
+    }
+
+    /// The primary moved on: look everything up again, reading beside the buckets the
+    /// blocks the swaps found. The blocks are kept, but where a swap of this put won (a
+    /// replica other than the primary), a slot names its block: a new one is allocated
+    /// there beside the lookup, and the put made again replaces the old one like any.
     fn again(&mut self) -> Result<Step<PutDone>> {
         self.rounds += 1;
         if self.rounds > MAX_ROUNDS {
             return Err(self.contended());
         }
-        let lookup = Lookup::new(&self.key, &self.replicas);
+        if !self.blocks.is_empty() {
+            for i in 0..self.replicas.len() {
+                if self.named[i] {
+                    self.to_alloc.push(AllocFor::Renew(i));
+                }
+            }
+        }
+        self.pending = (0..self.replicas.len()).collect();
+        let lookup = Lookup::new(&self.key, &self.replicas).hinted(&self.seen_words);
         let reads = lookup.bucket_reads();
         self.state = State::Buckets { lookup };
         Ok(self.ask(read_ops(&reads)))
@@ -655,6 +832,17 @@ impl Put {
             rounds: MAX_ROUNDS,
         }
     }
+}
+
+/// What the answers to a step's swaps said ([`Put::settle`]).
+#[derive(Debug, Default)]
+struct Settled {
+    /// Replicas whose swap was lost (the slot held another word).
+    lost: Vec<usize>,
+    /// The first replica whose swap was not answered.
+    failed: Option<usize>,
+    /// The primary's swap won.
+    primary_won: bool,
 }
 
 impl Machine for Put {

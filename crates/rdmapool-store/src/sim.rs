@@ -71,7 +71,9 @@ impl Cluster {
         }
     }
 
-    fn alloc(&mut self, node: u32, len: u64) -> Option<u64> {
+    /// A block of `len` bytes on `node`, as an allocation of the step vocabulary answers
+    /// (`None`: down, or no room).
+    pub(super) fn alloc(&mut self, node: u32, len: u64) -> Option<u64> {
         if self.down.contains(&node) {
             return None;
         }
@@ -188,6 +190,9 @@ pub(super) struct Running {
     value: Vec<u8>,
     /// The operations it asked for and has not been answered.
     step: Option<Vec<Op>>,
+    /// The answers to the pending step's first operations, performed one at a time
+    /// ([`Running::step_op`]).
+    answered: Vec<Answer>,
     pub(super) outcome: Option<Result<PutDone>>,
 }
 
@@ -250,6 +255,7 @@ impl Running {
             put,
             value: value.to_vec(),
             step: None,
+            answered: Vec::new(),
             outcome: None,
         };
         r.take(step);
@@ -277,6 +283,16 @@ impl Running {
             .is_some_and(|ops| ops.iter().any(|op| matches!(op.io, Io::Cas { .. })))
     }
 
+    /// The nodes the pending step allocates on.
+    pub(super) fn pending_allocs(&self) -> Vec<u32> {
+        self.step
+            .iter()
+            .flatten()
+            .filter(|op| matches!(op.io, Io::Alloc { .. }))
+            .map(|op| op.node)
+            .collect()
+    }
+
     /// Whether the pending step reads.
     pub(super) fn next_is_read(&self) -> bool {
         self.step
@@ -291,6 +307,27 @@ impl Running {
         let answers: Vec<Answer> = ops.iter().map(|op| c.perform(op, &self.value)).collect();
         let next = self.put.advance(&mut (), Instant::now(), &answers);
         self.take(next);
+    }
+
+    /// Performs the pending step's next operation alone, and advances the machine once
+    /// all of them are answered. Other machines' operations may land between two of a
+    /// step's: RC keeps a list in order on its node, but never makes it atomic, and lists
+    /// on different nodes land independently (any schedule that keeps each node's order is
+    /// one of these, as operations on different nodes commute).
+    pub(super) fn step_op(&mut self, c: &mut Cluster) {
+        let Some(ops) = self.step.as_ref() else {
+            return;
+        };
+        if let Some(op) = ops.get(self.answered.len()) {
+            let a = c.perform(op, &self.value);
+            self.answered.push(a);
+        }
+        if self.answered.len() >= ops.len() {
+            self.step = None;
+            let answers = std::mem::take(&mut self.answered);
+            let next = self.put.advance(&mut (), Instant::now(), &answers);
+            self.take(next);
+        }
     }
 
     /// Runs to the end.

@@ -6,7 +6,7 @@
 //! READs the newest one's value straight into the caller's buffer and verifies it there; a
 //! copy that fails its checksum is skipped for the next.
 
-use super::{check_user_key, digest_of, stripe, Located, Purpose, Store, HINTS};
+use super::{check_user_key, digest_of, stripe, Located, Purpose, Store};
 use crate::format::{decode_split, peek, value_len, Kind, Version, HEADER_LEN};
 use crate::get::Get;
 use crate::lookup::{Looked, Replica, Src};
@@ -80,6 +80,7 @@ impl Store {
         'lookup: loop {
             let number = self.placing_view().await?.number;
             let (replicas, missing) = self.replicas(key, self.cfg.replicas, Purpose::Read).await?;
+            let since = Instant::now();
             let mut g = Get::hinted(key, &replicas, &self.hints_of(key)).missing(missing);
             let mut answers: Vec<Answer> = Vec::new();
             let mut first = true;
@@ -138,7 +139,7 @@ impl Store {
                         answers = self.perform(&replicas, &ops).await?;
                     }
                     Ok(Step::Done(Some((at, f)))) => {
-                        self.remember_found(key, &g, f.block.version);
+                        self.remember_found(key, &g, since);
                         let b = match at {
                             Src::Read(i) => match answers
                                 .get_mut(i)
@@ -156,32 +157,6 @@ impl Store {
                 }
             }
         }
-    }
-
-    /// Where this client last saw `key`'s blocks: `(node, slot word)`.
-    pub(super) fn hints_of(&self, key: &[u8]) -> Vec<(u32, u64)> {
-        self.hints.lock().get(key).cloned().unwrap_or_default()
-    }
-
-    /// Notes where a finished get found `key`'s blocks of `version` (the current ones).
-    pub(super) fn remember_found(&self, key: &[u8], get: &Get, version: Version) {
-        let current: Vec<(u32, u64)> = get
-            .found()
-            .iter()
-            .filter(|x| x.block.version == version)
-            .map(|x| (x.node, x.word))
-            .collect();
-        self.remember(key, current);
-    }
-
-    /// Notes where `key`'s current blocks are (a bounded memory: it starts afresh when
-    /// full).
-    pub(super) fn remember(&self, key: &[u8], at: Vec<(u32, u64)>) {
-        let mut h = self.hints.lock();
-        if h.len() >= HINTS && !h.contains_key(key) {
-            h.clear();
-        }
-        h.insert(key.to_vec(), at);
     }
 
     /// Whether `key` holds a value (a striped value's parts are not read).

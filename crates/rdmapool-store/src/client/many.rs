@@ -69,6 +69,7 @@ impl Store {
     ) -> Option<Vec<Result<Option<Vec<u8>>>>> {
         let mut out: Vec<Option<Result<Option<Vec<u8>>>>> = (0..keys.len()).map(|_| None).collect();
         let mut running = Vec::new();
+        let since = std::time::Instant::now();
         for (i, key) in keys.iter().enumerate() {
             let started = match super::check_user_key(key, 1) {
                 Err(e) => Err(e),
@@ -126,7 +127,7 @@ impl Store {
                     }
                     Ok(Step::Done(None)) => out[r.key] = Some(Ok(None)),
                     Ok(Step::Done(Some((at, found)))) => {
-                        self.remember_found(key, &r.get, found.block.version);
+                        self.remember_found(key, &r.get, since);
                         let mut b = match at {
                             Src::Read(k) => match answers.get_mut(r.reads.start + k) {
                                 Some(a) => match std::mem::replace(a, Answer::Failed) {

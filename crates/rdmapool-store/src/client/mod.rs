@@ -5,8 +5,8 @@
 //!
 //! A file per concept of the client (issue #42): this file, the type, its configuration and
 //! counters; `put.rs` put and remove, from bytes or from the caller's memory, fenced;
-//! `get.rs` get and every lookup (exists, locate, list, the zero-copy get), with the hints of
-//! where keys were; `many.rs` batches; `stripe.rs` values above a block, in parts;
+//! `get.rs` get and every lookup (exists, locate, list, the zero-copy get); `hints.rs` what
+//! it keeps to save round trips (where keys were, blocks allocated ahead); `many.rs` batches; `stripe.rs` values above a block, in parts;
 //! `replicas.rs` where a key lives (its replicas under the view, their indexes); `view.rs`
 //! the numbered view and its fence; `gc.rs` space (retired blocks, gone writers' chunks);
 //! `repair.rs` the repair; `repairer.rs` the repair that runs by itself.
@@ -19,6 +19,7 @@ use rdmapool_pool::{Error, Result};
 
 mod gc;
 mod get;
+mod hints;
 mod many;
 mod put;
 mod repair;
@@ -215,8 +216,14 @@ pub struct Store {
     reclaim: Mutex<gc::Pending>,
     /// Removed keys the last repair found clean, not yet cleared (section 8).
     tombstones: Mutex<repair::Tombstones>,
-    /// Where this client last saw each key's blocks, read beside the buckets next time.
-    hints: Mutex<HashMap<Vec<u8>, Hints>>,
+    /// Where this client last saw each key's blocks, read beside the buckets next time
+    /// (`hints.rs`).
+    hints: Mutex<HashMap<Vec<u8>, hints::Hint>>,
+    /// Blocks allocated ahead for this client's next puts, by node, incarnation and size
+    /// class (`hints.rs`).
+    spares: Mutex<HashMap<(u32, u64, u64), Vec<u64>>>,
+    /// One put of a key at a time from this client (`hints.rs`).
+    put_locks: Box<[tokio::sync::Mutex<()>]>,
     counters: Arc<Counters>,
 }
 
@@ -255,6 +262,10 @@ impl Store {
             reclaim: Mutex::new(gc::Pending::default()),
             tombstones: Mutex::new(HashMap::new()),
             hints: Mutex::new(HashMap::new()),
+            spares: Mutex::new(HashMap::new()),
+            put_locks: (0..hints::PUT_LOCKS)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
             counters,
         })
     }
@@ -286,12 +297,6 @@ impl Store {
         }
     }
 }
-
-/// Where a key's blocks were last seen: `(node, slot word)` per replica.
-type Hints = Vec<(u32, u64)>;
-
-/// Keys whose last-seen blocks a client remembers.
-const HINTS: usize = 1 << 16;
 
 /// [`check_sizes`], and the part keys' prefix refused ([`Error::ReservedKey`]).
 fn check_user_key(key: &[u8], value_len: u64) -> Result<()> {

@@ -136,9 +136,12 @@ impl Store {
         // The frees whose grace period has passed go beside the put, not before it, a few
         // at a time; each takes two round trips, fewer than the put (docs/STORE.md
         // section 8).
-        let (_, out) =
-            futures_util::future::join(self.flush_some(), self.put_now(key, value, kind, replicas))
-                .await;
+        let put = async {
+            // One put of a key at a time from this client (`hints.rs`).
+            let _one = self.put_lock(key).lock().await;
+            self.put_now(key, value, kind, replicas).await
+        };
+        let (_, out) = futures_util::future::join(self.flush_some(), put).await;
         out
     }
 
@@ -228,6 +231,7 @@ impl Store {
             Ok(d) => d,
             Err(e) => return (Err(e), false, replicas),
         };
+        let since = Instant::now();
         let mut put = match Put::new(key, digest, kind, self.pool.client_id(), &replicas) {
             Ok(p) => p
                 .hinted(&self.hints_of(key))
@@ -235,15 +239,30 @@ impl Store {
                 .fenced(crate::view::VIEW_AT),
             Err(e) => return (Err(e), false, replicas),
         };
+        // A value put publishes in one round trip from a current hint and spare blocks,
+        // and allocates the next put's spares beside itself (docs/STORE.md section 6).
+        let len = put.block_len();
+        if Self::saves_rounds(kind) {
+            if let Some(seen) = self.current_hint(key, &replicas, since) {
+                if let Some(blocks) = self.take_spares(&replicas, len) {
+                    put = put.current(&seen, &blocks);
+                    if !put.publishes_first() {
+                        let taken: Vec<(u32, u64)> =
+                            replicas.iter().map(|r| r.node).zip(blocks).collect();
+                        self.keep_spares(&replicas, len, &taken);
+                    }
+                }
+            }
+            put = put.spare(&self.lacking_spares(&replicas, len));
+        }
         let result = self.run_put(&mut put, &replicas, value).await;
         self.counters
             .put_round_trips
             .fetch_add(u64::from(put.round_trips()), Ordering::Relaxed);
         match result {
             Ok(done) => {
-                if !done.installed.is_empty() {
-                    self.remember(key, done.installed.clone());
-                }
+                self.keep_spares(&replicas, len, &done.spares);
+                self.remember(key, since, done.seen.clone());
                 self.retire_replaced(key, &replicas, &done.replaced);
                 let due = crate::timing::free_after(Instant::now(), self.cfg.grace);
                 if done.version.is_some() {
@@ -253,11 +272,10 @@ impl Store {
                 (Ok(done), true, replicas)
             }
             Err(e) => {
-                let published = put.published();
-                if !published {
-                    self.free_now(&replicas, &put.allocated()).await;
-                }
-                (Err(e), published, replicas)
+                self.keep_spares(&replicas, len, put.spares());
+                // Blocks no slot names (a swap that won, or may have, leaves its own).
+                self.free_now(&replicas, &put.allocated()).await;
+                (Err(e), put.published(), replicas)
             }
         }
     }

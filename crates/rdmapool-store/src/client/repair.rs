@@ -420,9 +420,8 @@ impl Store {
                 Ok(replicas.len() - done.unused.len())
             }
             Err(e) => {
-                if !put.published() {
-                    self.free_now(replicas, &put.allocated()).await;
-                }
+                // Blocks no slot names (a swap that won, or may have, leaves its own).
+                self.free_now(replicas, &put.allocated()).await;
                 Err(e)
             }
         }

@@ -1,6 +1,6 @@
 //! What a [`Put`](super::Put) swaps and how it ended.
 
-use crate::format::Version;
+use crate::format::{Kind, Version};
 use rdmapool_pool::remote::step::{Io, Op};
 
 /// A compare-and-swap of the index word at `at` of `node`.
@@ -51,4 +51,25 @@ pub(crate) struct PutDone {
     /// For a [fenced](super::Put::fenced) put, the fence word read on each node right
     /// after its swap there (`None`: the read failed), by node.
     pub(crate) fences: Vec<(u32, Option<u64>)>,
+    /// The slots it put its block into, by node, as a hint for this client's next put of
+    /// the key ([`Put::current`](super::Put::current)).
+    pub(crate) seen: Vec<SlotSeen>,
+    /// Blocks allocated for later puts ([`Put::spare`](super::Put::spare)): the caller's.
+    pub(crate) spares: Vec<BlockAt>,
+}
+
+/// A replica's slot of a key as a client saw it (its own swap installed it, or a lookup
+/// read it): the hint a put publishes from in one round trip
+/// ([`Put::current`](super::Put::current)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlotSeen {
+    pub(crate) node: u32,
+    /// The slot's position in the key's bucket.
+    pub(crate) slot: usize,
+    /// The word it held.
+    pub(crate) word: u64,
+    /// The version of the block that word names.
+    pub(crate) version: Version,
+    /// What that block held.
+    pub(crate) kind: Kind,
 }

@@ -1,4 +1,5 @@
-use super::super::format::{KeyHash, Slot};
+use super::super::format::{block_len, KeyHash, Slot};
+use super::super::lookup::Replica;
 use super::super::sim::{Cluster, Running};
 use super::*;
 use proptest::prelude::*;
@@ -52,35 +53,49 @@ fn a_remove_puts_a_tombstone_and_a_remove_of_nothing_writes_nothing() {
 }
 
 #[test]
-fn a_writer_that_dies_before_its_primary_swap_changes_nothing_a_reader_sees() {
+fn a_writer_that_dies_with_its_swaps_asked_changes_nothing_a_reader_sees_and_leaves_its_blocks() {
     let mut c = Cluster::new(&[1, 2]);
     Running::put(&c, b"k", b"old", 7).run(&mut c).unwrap();
     let mut dying = Running::put(&c, b"k", b"new", 8);
-    while !dying.next_is_swap() {
-        dying.step(&mut c); // blocks written on both replicas, not published
-    }
-    assert!(!dying.put.published());
-    assert_eq!(c.get(b"k").unwrap().unwrap(), b"old");
+    assert!(!dying.put.published(), "only the lookup is asked");
     assert_eq!(
         dying.put.allocated().len(),
-        2,
-        "its blocks, for the caller or repair to free"
+        0,
+        "nothing allocated before the lookup's step is answered"
+    );
+    while !dying.next_is_swap() {
+        dying.step(&mut c);
+    }
+    // The publishing step is asked and not performed: the writer dies here.
+    assert_eq!(c.get(b"k").unwrap().unwrap(), b"old");
+    assert!(
+        dying.put.published(),
+        "its swaps may land: the version may become visible"
+    );
+    assert!(
+        dying.put.allocated().is_empty(),
+        "slots may name its blocks: none is the caller's to free"
     );
 }
 
 #[test]
-fn a_backup_that_fails_after_the_primary_swap_fails_the_put_as_published() {
+fn a_backup_that_fails_while_the_primary_swaps_fails_the_put_as_published() {
     let mut c = Cluster::new(&[1, 2]);
     let mut p = Running::put(&c, b"k", b"v", 7);
     while !p.next_is_swap() {
         p.step(&mut c);
     }
-    p.step(&mut c); // the primary's swap
-    assert!(p.put.published());
+    // Every replica's write and swap are one step; the backup fails under it.
     let backup = c.replicas[1].node;
     c.down.insert(backup);
-    let outcome = p.run(&mut c);
+    p.step(&mut c);
+    assert!(p.put.published());
+    let outcome = p.outcome.take().unwrap();
     assert!(matches!(outcome, Err(Error::NodeDown { node, .. }) if node == backup));
+    assert!(
+        p.put.allocated().is_empty(),
+        "the backup's swap has no answer and may have landed: its block is left to repair"
+    );
     c.down.clear();
     assert_eq!(
         c.get(b"k").unwrap().unwrap(),
@@ -104,11 +119,12 @@ fn a_full_bucket_is_a_typed_error() {
 }
 
 proptest! {
-    /// Two or three puts of one key, their operations interleaved in any order: each ends
-    /// with its own version, every replica ends naming the highest, and a get reads it.
-    /// Over a planted value, the puts read its blocks early (hinted).
+    /// Two or three puts of one key, their operations interleaved one by one in any order
+    /// (a step's operations land one at a time, others' between them): each ends with its
+    /// own version, every replica ends naming the highest, and a get reads it. Over a
+    /// planted value, the puts read its blocks early (hinted).
     #[test]
-    fn racing_puts_end_in_one_winner_everywhere(order in proptest::collection::vec(0usize..3, 1..200), writers in 2usize..4, planted: bool) {
+    fn racing_puts_end_in_one_winner_everywhere(order in proptest::collection::vec(0usize..3, 1..600), writers in 2usize..4, planted: bool) {
         let mut c = Cluster::new(&[1, 2, 3]);
         c.replicas.truncate(2); // r = 2 of the three nodes
         // A planted value's slot words are the writers' hints (read beside the buckets;
@@ -124,7 +140,7 @@ proptest! {
         while puts.iter().any(|p| !p.finished()) {
             let w = turns.next().unwrap_or(0) % writers;
             let w = (w..w + writers).map(|k| k % writers).find(|&k| !puts[k].finished()).unwrap();
-            puts[w].step(&mut c);
+            puts[w].step_op(&mut c);
         }
         let versions: Vec<Version> = puts.iter_mut().map(|p| p.outcome.take().unwrap().unwrap().version.unwrap()).collect();
         let top = *versions.iter().max().unwrap();
@@ -222,22 +238,28 @@ fn run_counting(mut p: Running, c: &mut Cluster) -> (Result<PutDone>, u32) {
 }
 
 #[test]
-fn a_put_takes_three_round_trips_with_two_replicas_two_with_one_and_one_more_without_a_hint() {
+fn a_put_takes_two_round_trips_whatever_r_and_one_more_without_a_hint() {
     let mut c = Cluster::new(&[1, 2]);
     let (first, trips) = run_counting(Running::put(&c, b"k", b"one", 7), &mut c);
     let first = first.unwrap();
-    assert_eq!(trips, 3, "a fresh key: lookup, publish, the backup's swap");
+    assert_eq!(trips, 2, "a fresh key: lookup, publish on both replicas");
     let hinted = Running::put_hinted(&c, b"k", b"two", 7, &first.installed);
     let (second, trips) = run_counting(hinted, &mut c);
-    assert_eq!(trips, 3, "with a current hint");
+    assert_eq!(trips, 2, "with a hint");
     let (_, trips) = run_counting(Running::put(&c, b"k", b"three", 7), &mut c);
     assert_eq!(
-        trips, 4,
+        trips, 3,
         "without a hint the block is read in a round of its own"
     );
     // A stale hint (the slot moved on) costs its READ, and the round it would have saved.
     let stale = Running::put_hinted(&c, b"k", b"four", 7, &second.unwrap().installed);
-    assert_eq!(run_counting(stale, &mut c).1, 4);
+    assert_eq!(run_counting(stale, &mut c).1, 3);
+    let mut three = Cluster::new(&[1, 2, 3]);
+    assert_eq!(
+        run_counting(Running::put(&three, b"k", b"v", 7), &mut three).1,
+        2,
+        "r = 3"
+    );
     assert_eq!(c.get(b"k").unwrap().unwrap(), b"four");
     let mut one = Cluster::new(&[1]);
     assert_eq!(
@@ -258,7 +280,7 @@ fn a_fenced_put_reads_each_fence_word_right_after_its_swap_there_and_costs_no_ro
         .fenced(VIEW_AT);
     let (done, trips) = run_counting(Running::start(put, b"v"), &mut c);
     let done = done.unwrap();
-    assert_eq!(trips, 3);
+    assert_eq!(trips, 2);
     let mut fences = done.fences.clone();
     fences.sort();
     assert_eq!(fences, vec![(1, Some(5)), (2, Some(6))]);
@@ -280,4 +302,201 @@ fn a_fenced_put_reads_each_fence_word_right_after_its_swap_there_and_costs_no_ro
     let done = Running::start(put, b"x").run(&mut c).unwrap();
     assert_eq!(done.version, Some(Version { seq: 10, writer: 7 }));
     assert_eq!(done.fences.len(), 2, "both swapped: {:?}", done.fences);
+}
+
+/// `done.seen` in the order of `replicas`.
+fn seen_in(done: &PutDone, replicas: &[Replica]) -> Vec<SlotSeen> {
+    replicas
+        .iter()
+        .filter_map(|r| done.seen.iter().find(|s| s.node == r.node).copied())
+        .collect()
+}
+
+/// A block for `value` under `key` on each of `replicas`, allocated outside any put.
+fn blocks_for(c: &mut Cluster, replicas: &[Replica], key: &[u8], value: &[u8]) -> Vec<u64> {
+    replicas
+        .iter()
+        .map(|r| c.alloc(r.node, block_len(key, value.len() as u64)).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_put_from_a_current_hint_publishes_in_one_round_trip_on_every_replica() {
+    for nodes in [&[1u32][..], &[1, 2], &[1, 2, 3]] {
+        let mut c = Cluster::new(nodes);
+        let all: Vec<usize> = (0..nodes.len()).collect();
+        let put = Put::new(b"k", ValueDigest::of(b"one"), Kind::Value, 7, &c.replicas)
+            .unwrap()
+            .spare(&all);
+        let first = Running::start(put, b"one").run(&mut c).unwrap();
+        assert_eq!(first.spares.len(), nodes.len(), "a spare on every replica");
+        let blocks: Vec<u64> = c
+            .replicas
+            .iter()
+            .map(|r| first.spares.iter().find(|s| s.0 == r.node).unwrap().1)
+            .collect();
+        let put = Put::new(b"k", ValueDigest::of(b"two"), Kind::Value, 7, &c.replicas)
+            .unwrap()
+            .current(&seen_in(&first, &c.replicas), &blocks)
+            .spare(&all);
+        assert!(put.publishes_first());
+        let (done, trips) = run_counting(Running::start(put, b"two"), &mut c);
+        let done = done.unwrap();
+        assert_eq!(
+            trips,
+            1,
+            "r = {}: write, swap and fence read in one list each",
+            nodes.len()
+        );
+        assert_eq!(done.version, Some(Version { seq: 2, writer: 7 }));
+        assert_eq!(
+            done.replaced.len(),
+            nodes.len(),
+            "the old block on each replica"
+        );
+        assert!(done.unused.is_empty());
+        assert_eq!(
+            done.spares.len(),
+            nodes.len(),
+            "the next put's blocks, beside it"
+        );
+        for &node in nodes {
+            c.down = nodes.iter().copied().filter(|&n| n != node).collect();
+            assert_eq!(c.get(b"k").unwrap().unwrap(), b"two", "node {node} alone");
+        }
+    }
+}
+
+#[test]
+fn a_put_from_a_stale_hint_is_made_again_above_the_version_it_did_not_see() {
+    let mut c = Cluster::new(&[1, 2]);
+    let first = Running::put(&c, b"k", b"one", 7).run(&mut c).unwrap();
+    let seen = seen_in(&first, &c.replicas);
+    // Another client's put comes between: the hint is stale on both replicas.
+    Running::put(&c, b"k", b"other", 8).run(&mut c).unwrap();
+    let replicas = c.replicas.clone();
+    let blocks = blocks_for(&mut c, &replicas, b"k", b"two");
+    let put = Put::new(b"k", ValueDigest::of(b"two"), Kind::Value, 7, &c.replicas)
+        .unwrap()
+        .current(&seen, &blocks);
+    let (done, trips) = run_counting(Running::start(put, b"two"), &mut c);
+    let done = done.unwrap();
+    assert_eq!(
+        done.version,
+        Some(Version { seq: 3, writer: 7 }),
+        "above the version the hint did not know"
+    );
+    assert_eq!(
+        trips, 3,
+        "the lost swaps, a lookup reading the blocks they found, the publish"
+    );
+    assert!(
+        done.unused.is_empty(),
+        "its blocks were used when made again"
+    );
+    assert_eq!(c.get(b"k").unwrap().unwrap(), b"two");
+}
+
+#[test]
+fn a_put_whose_backup_swap_won_while_the_primary_lost_is_made_again_in_new_blocks_there() {
+    let mut c = Cluster::new(&[1, 2]);
+    let first = Running::put(&c, b"k", b"one", 7).run(&mut c).unwrap();
+    let seen = seen_in(&first, &c.replicas);
+    let replicas = c.replicas.clone();
+    // Another put swaps the primary alone first (a copy onto it, as a put's first swap).
+    let other = Running::copy(
+        &replicas[..1],
+        b"k",
+        b"other",
+        Kind::Value,
+        Version { seq: 2, writer: 8 },
+    );
+    other.run(&mut c).unwrap();
+    let blocks = blocks_for(&mut c, &replicas, b"k", b"two");
+    let put = Put::new(b"k", ValueDigest::of(b"two"), Kind::Value, 7, &replicas)
+        .unwrap()
+        .current(&seen, &blocks);
+    let mut p = Running::start(put, b"two");
+    p.step(&mut c); // the primary's swap lost, the backup's won
+    assert!(p.put.published(), "visible on the backup");
+    let renewing = p.pending_allocs();
+    assert_eq!(
+        renewing,
+        vec![replicas[1].node],
+        "a new block where a slot names the old"
+    );
+    let done = p.run(&mut c).unwrap();
+    assert_eq!(done.version, Some(Version { seq: 3, writer: 7 }));
+    assert!(
+        done.replaced.iter().any(|&(n, at, v)| n == replicas[1].node
+            && at == blocks[1]
+            && v == Version { seq: 2, writer: 7 }),
+        "its own first block on the backup is replaced like any: {:?}",
+        done.replaced
+    );
+    for node in [1, 2] {
+        c.down = [3 - node].into();
+        assert_eq!(c.get(b"k").unwrap().unwrap(), b"two", "node {node} alone");
+    }
+}
+
+proptest! {
+    /// Puts of one key from current hints (one round trip when nothing came between),
+    /// from plain hints and without, their operations interleaved one by one in any
+    /// order, with r = 2 or 3: versions are distinct, every replica ends naming the
+    /// highest, and a put made afterwards from the (now stale) hint goes above it.
+    #[test]
+    fn racing_puts_from_current_hints_end_in_one_winner_everywhere(
+        order in proptest::collection::vec(0usize..3, 1..600),
+        writers in 2usize..4,
+        current in 0u8..8,
+        r in 2usize..4,
+    ) {
+        let mut c = Cluster::new(&[1, 2, 3]);
+        c.replicas.truncate(r);
+        let planted = Running::put(&c, b"k", b"before", 99).run(&mut c).unwrap();
+        let seen = seen_in(&planted, &c.replicas);
+        let replicas = c.replicas.clone();
+        let values: Vec<Vec<u8>> = (0..writers).map(|w| format!("value of {w}").into_bytes()).collect();
+        let mut puts: Vec<Running> = (0..writers).map(|w| {
+            if current & (1 << w) != 0 {
+                let blocks = blocks_for(&mut c, &replicas, b"k", &values[w]);
+                let put = Put::new(b"k", ValueDigest::of(&values[w]), Kind::Value, w as u64 + 1, &replicas)
+                    .unwrap()
+                    .current(&seen, &blocks);
+                Running::start(put, &values[w])
+            } else {
+                Running::put_hinted(&c, b"k", &values[w], w as u64 + 1, &planted.installed)
+            }
+        }).collect();
+        let mut turns = order.into_iter();
+        while puts.iter().any(|p| !p.finished()) {
+            let w = turns.next().unwrap_or(0) % writers;
+            let w = (w..w + writers).map(|k| k % writers).find(|&k| !puts[k].finished()).unwrap();
+            puts[w].step_op(&mut c);
+        }
+        let versions: Vec<Version> = puts.iter_mut().map(|p| p.outcome.take().unwrap().unwrap().version.unwrap()).collect();
+        let top = *versions.iter().max().unwrap();
+        let winner = versions.iter().position(|&v| v == top).unwrap();
+        let mut distinct = versions.clone();
+        distinct.sort();
+        distinct.dedup();
+        prop_assert_eq!(distinct.len(), versions.len(), "versions {:?}", versions);
+        for node in 1..=r as u32 {
+            c.down = (1..=3).filter(|&n| n != node).collect();
+            prop_assert_eq!(c.get(b"k").unwrap().unwrap(), values[winner].clone(), "node {} alone", node);
+        }
+        c.down.clear();
+        // A late put from the planted (now stale) hint.
+        let blocks = blocks_for(&mut c, &replicas, b"k", b"late");
+        let put = Put::new(b"k", ValueDigest::of(b"late"), Kind::Value, 50, &replicas)
+            .unwrap()
+            .current(&seen, &blocks);
+        let late = Running::start(put, b"late").run(&mut c).unwrap();
+        prop_assert!(late.version.unwrap() > top, "{:?} after {:?}", late.version, top);
+        for node in 1..=r as u32 {
+            c.down = (1..=3).filter(|&n| n != node).collect();
+            prop_assert_eq!(c.get(b"k").unwrap().unwrap(), b"late".to_vec(), "node {} alone", node);
+        }
+    }
 }

@@ -64,14 +64,21 @@ fn a_frozen_server_keeps_its_keys_and_both_clients_agree_once_it_answers() {
     frozen.stop();
     // The first client finds node 1 down (its first operation there runs out at the
     // deadline); its keys' puts are refused, typed, and the others acknowledged.
+    // The put that finds it down may be visible on the key's other replica (its swaps
+    // went out with its writes, as a put that times out may have landed): not
+    // acknowledged, but a get may read it.
     let (mut done, mut refused) = (0, 0);
+    let mut maybe: HashMap<String, Vec<u8>> = HashMap::new();
     for k in &keys {
         match first.block_on(first.put(k.as_bytes(), b"v2")) {
             Ok(_) => {
                 done += 1;
                 acked.insert(k.clone(), b"v2".to_vec());
             }
-            Err(Error::NodeDown { node: 1, .. }) => refused += 1,
+            Err(Error::NodeDown { node: 1, .. }) => {
+                refused += 1;
+                maybe.insert(k.clone(), b"v2".to_vec());
+            }
             Err(e) => panic!("{k}: {e}"),
         }
     }
@@ -79,7 +86,10 @@ fn a_frozen_server_keeps_its_keys_and_both_clients_agree_once_it_answers() {
     // Gets read around it.
     for k in &keys {
         let got = first.block_on(first.get(k.as_bytes())).unwrap();
-        assert_eq!(got.as_deref(), Some(&acked[k][..]), "{k} while frozen");
+        assert!(
+            got.as_deref() == Some(&acked[k][..]) || got == maybe.get(k).cloned(),
+            "{k} while frozen: {got:?}"
+        );
     }
 
     frozen.signal(libc::SIGCONT);
