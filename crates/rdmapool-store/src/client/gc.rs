@@ -15,17 +15,27 @@
 use super::{incarnation, Store};
 use crate::format::{peek, Version, HEADER_LEN};
 use crate::lookup::Replica;
-use futures_util::future::join_all;
+use futures_util::future::{join_all, BoxFuture, Either};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use rdmapool_pool::remote::layout::DURABLE_TAG;
 use rdmapool_pool::remote::layout::{self, ChunkShape, CHUNK_MAGIC, CLIENT_SLOT, TABLE_ENTRY};
 use rdmapool_pool::remote::regions::RegionNode;
 use rdmapool_pool::Result;
 use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
-/// The most replaced blocks a put frees beside itself (what a few puts of r = 2 replace:
-/// the frees keep up with the puts, and take no longer than the put they go beside).
+/// The most replaced blocks a put starts freeing (what a few puts of r = 2 replace: the
+/// frees keep up with the puts).
 pub(super) const FREES_PER_PUT: usize = 8;
+
+/// The most frees under way at once.
+const FREES_IN_FLIGHT: usize = 64;
+
+/// A free under way: whether it freed its block.
+pub(super) type Freeing = FuturesUnordered<BoxFuture<'static, bool>>;
 
 /// A block waiting for its grace period to pass before it is freed, with what it held (the
 /// free checks that it still holds it).
@@ -40,17 +50,38 @@ pub(super) struct Retired {
 }
 
 impl Store {
-    /// Frees the replaced blocks whose grace period has passed, and clears the parts of
-    /// replaced striped values whose grace period has passed; how many blocks.
+    /// Frees the replaced blocks whose grace period has passed (and waits for the frees
+    /// under way), and clears the parts of replaced striped values whose grace period has
+    /// passed; how many blocks.
     pub async fn flush_retired(&self) -> usize {
-        self.free_due(usize::MAX).await + self.flush_parts().await
+        let mut freed = 0;
+        loop {
+            self.start_frees(usize::MAX);
+            std::future::poll_fn(|cx| {
+                let (n, left) = self.drive_frees(cx);
+                freed += n;
+                if left == 0 {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            if self.due_now() == 0 {
+                break;
+            }
+        }
+        freed + self.flush_parts().await
     }
 
-    /// The frees a put makes beside itself: at most [`FREES_PER_PUT`] of the blocks whose
-    /// grace period has passed (a put after a quiet spell does not pay for all of them at
-    /// once), and the due parts of striped values; how many blocks.
-    pub(super) async fn flush_some(&self) -> usize {
-        self.free_due(FREES_PER_PUT).await + self.flush_parts().await
+    /// How many retired blocks are due now.
+    fn due_now(&self) -> usize {
+        let now = Instant::now();
+        self.retired
+            .lock()
+            .iter()
+            .take_while(|b| now >= b.due)
+            .count()
     }
 
     /// When the last of the blocks and parts this client retired comes due (the queues
@@ -61,29 +92,71 @@ impl Store {
         blocks.max(parts)
     }
 
-    /// Frees up to `most` of the blocks whose grace period has passed, all at once; how
-    /// many it freed.
-    async fn free_due(&self, most: usize) -> usize {
+    /// Starts freeing up to `most` of the blocks whose grace period has passed, as many as
+    /// there is room for under way ([`FREES_IN_FLIGHT`]). They go on while this client's
+    /// later puts and removes run ([`Store::beside_frees`]), and `flush_retired` waits for
+    /// them.
+    pub(super) fn start_frees(&self, most: usize) {
         let now = Instant::now();
+        let freeing = self.freeing.lock();
+        let room = FREES_IN_FLIGHT.saturating_sub(freeing.len()).min(most);
         let due: Vec<Retired> = {
             let mut r = self.retired.lock();
-            let n = r.iter().take(most).take_while(|b| now >= b.due).count();
+            let n = r.iter().take(room).take_while(|b| now >= b.due).count();
             r.drain(..n).collect()
         };
-        let freed = join_all(due.iter().map(|b| {
-            // Freed only if it still holds what was retired: a block repair reclaimed
-            // meanwhile (docs/STORE.md section 8) may hold someone else's object now.
+        for b in due {
+            freeing.push(self.free_retired(b));
+        }
+    }
+
+    /// The free of a retired block, freed only if it still holds what was retired: a
+    /// block repair reclaimed meanwhile (docs/STORE.md section 8) may hold someone else's
+    /// object now. Two round trips: the block's header and key READ beside the chunk
+    /// header the free checks, then the bitmap's swap. A block that cannot be freed now
+    /// (its node is down, or restarted and its memory gone) is left: repair reclaims
+    /// unnamed blocks.
+    fn free_retired(&self, b: Retired) -> BoxFuture<'static, bool> {
+        let pool = Arc::clone(&self.pool);
+        Box::pin(async move {
             let head = (HEADER_LEN + b.key.len()) as u64;
-            let still_its =
-                |bytes: &[u8]| matches!(peek(bytes), Some(p) if p.key == b.key && p.version == b.version);
-            self.pool
-                .regions()
-                .free_if(b.node, b.incarnation, b.at, head, still_its)
-        }))
-        .await;
-        // A block that cannot be freed now (its node is down, or restarted and its memory
-        // gone) is left: repair reclaims unnamed blocks (docs/STORE.md section 8).
-        freed.iter().filter(|r| matches!(r, Ok(true))).count()
+            let still_its = |bytes: &[u8]| matches!(peek(bytes), Some(p) if p.key == b.key && p.version == b.version);
+            matches!(
+                pool.regions()
+                    .free_if(b.node, b.incarnation, b.at, head, still_its)
+                    .await,
+                Ok(true)
+            )
+        })
+    }
+
+    /// Polls the frees under way: how many finished and freed their block on this poll,
+    /// and how many are still under way.
+    fn drive_frees(&self, cx: &mut Context<'_>) -> (usize, usize) {
+        let mut freeing = self.freeing.lock();
+        let mut freed = 0;
+        while let Poll::Ready(Some(ok)) = freeing.poll_next_unpin(cx) {
+            freed += usize::from(ok);
+        }
+        self.counters
+            .freed
+            .fetch_add(freed as u64, std::sync::atomic::Ordering::Relaxed);
+        (freed, freeing.len())
+    }
+
+    /// Runs `fut`, driving the frees under way while it waits, and returns its output as
+    /// soon as it has it: a put does not wait for the frees beside it (docs/STORE.md
+    /// section 8); what is left goes on beside the next one.
+    pub(super) async fn beside_frees<F: Future>(&self, fut: F) -> F::Output {
+        let drive = std::future::poll_fn(|cx| {
+            self.drive_frees(cx);
+            Poll::<()>::Pending
+        });
+        let (fut, drive) = (std::pin::pin!(fut), std::pin::pin!(drive));
+        match futures_util::future::select(fut, drive).await {
+            Either::Left((out, _)) => out,
+            Either::Right(((), _)) => unreachable!("driving the frees never ends by itself"),
+        }
     }
 
     /// Queues blocks of `key` a put or a repair replaced, each `(node, incarnation, offset,

@@ -85,6 +85,9 @@ pub struct StoreStats {
     pub removes: u64,
     /// Blocks waiting for their grace period before they are freed.
     pub retired: u64,
+    /// Replaced blocks this client freed after their grace period (the frees start beside
+    /// a put and finish beside later ones, or in [`Store::flush_retired`]).
+    pub freed: u64,
     /// Puts that found no room and waited for the blocks this client replaced to come free
     /// (backpressure: [`Store::put`]).
     pub waits_for_room: u64,
@@ -94,8 +97,8 @@ pub struct StoreStats {
     pub fenced: u64,
     /// Round trips the puts and removes took: each list of one-sided operations sent to
     /// the replicas at once and waited for (the fence reads a put makes beside its swaps
-    /// cost none of their own). A put of a fresh key or with a current hint takes 3 with
-    /// r ≥ 2 and 2 with r = 1 (docs/STORE.md section 6).
+    /// cost none of their own). Whatever `r`, a put takes 1 from a current hint, 2 for a
+    /// fresh key or with an older hint, 3 without a hint (docs/STORE.md section 6).
     pub put_round_trips: u64,
     /// Round trips the gets took (the fence reads beside the first cost none of their
     /// own): 1 with a current hint, 2 without (docs/STORE.md section 5).
@@ -109,6 +112,7 @@ struct Counters {
     misses: AtomicU64,
     removes: AtomicU64,
     waits_for_room: AtomicU64,
+    freed: AtomicU64,
     fenced: AtomicU64,
     put_round_trips: AtomicU64,
     get_round_trips: AtomicU64,
@@ -138,6 +142,12 @@ impl Counters {
                     "store_waits_for_room_total",
                     "Store puts that found no room and waited for replaced blocks to come free.",
                     &self.waits_for_room,
+                ),
+                series(
+                    "freed",
+                    "store_freed_total",
+                    "Replaced blocks a store client freed after their grace period.",
+                    &self.freed,
                 ),
                 series(
                     "fenced",
@@ -210,6 +220,8 @@ pub struct Store {
     making_index: tokio::sync::Mutex<()>,
     /// Replaced blocks, oldest first, with when they may be freed.
     retired: Mutex<VecDeque<Retired>>,
+    /// The frees of retired blocks under way (`gc.rs`).
+    freeing: Mutex<gc::Freeing>,
     /// Part keys of replaced striped values, oldest first, with when they may be cleared.
     retired_parts: Mutex<VecDeque<(Instant, Vec<u8>)>>,
     /// Blocks the last repair found unnamed in gone writers' chunks (section 8).
@@ -258,6 +270,7 @@ impl Store {
             view: Mutex::new(None),
             making_index: tokio::sync::Mutex::new(()),
             retired: Mutex::new(VecDeque::new()),
+            freeing: Mutex::new(gc::Freeing::new()),
             retired_parts: Mutex::new(VecDeque::new()),
             reclaim: Mutex::new(gc::Pending::default()),
             tombstones: Mutex::new(HashMap::new()),
@@ -291,6 +304,7 @@ impl Store {
             removes: c.removes.load(Ordering::Relaxed),
             retired: self.retired.lock().len() as u64,
             waits_for_room: c.waits_for_room.load(Ordering::Relaxed),
+            freed: c.freed.load(Ordering::Relaxed),
             fenced: c.fenced.load(Ordering::Relaxed),
             put_round_trips: c.put_round_trips.load(Ordering::Relaxed),
             get_round_trips: c.get_round_trips.load(Ordering::Relaxed),

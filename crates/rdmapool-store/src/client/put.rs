@@ -133,15 +133,16 @@ impl Store {
         kind: Kind,
         replicas: usize,
     ) -> (Result<PutDone>, bool) {
-        // The frees whose grace period has passed go beside the put, not before it, a few
-        // at a time; each takes two round trips, fewer than the put (docs/STORE.md
+        // The frees whose grace period has passed start beside the put, a few at a time,
+        // and go on beside the next ones: the put does not wait for them (docs/STORE.md
         // section 8).
+        self.start_frees(super::gc::FREES_PER_PUT);
         let put = async {
             // One put of a key at a time from this client (`hints.rs`).
             let _one = self.put_lock(key).lock().await;
             self.put_now(key, value, kind, replicas).await
         };
-        let (_, out) = futures_util::future::join(self.flush_some(), put).await;
+        let (_, out) = futures_util::future::join(self.flush_parts(), self.beside_frees(put)).await;
         out
     }
 
