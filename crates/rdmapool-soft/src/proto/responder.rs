@@ -38,6 +38,18 @@ pub struct ReadOut {
     len: u32,
 }
 
+/// The largest READ whose data goes into the connection's send queue, copied, with the
+/// answers around it (one send for many), rather than straight from its region by a send
+/// of its own: a system call costs more than copying this much.
+pub const COPY_READ_MAX: u32 = 8 << 10;
+
+impl ReadOut {
+    /// The bytes it reads.
+    pub fn bytes(&self) -> u32 {
+        self.len
+    }
+}
+
 /// A request that waits (for the QP to reach RTR or RTS, or for a posted receive).
 struct Stall {
     req: Request,
@@ -461,6 +473,27 @@ fn recv_done(
         imm,
         qp_num: qp.qpn(),
     });
+}
+
+/// [`read_frame`], the frame appended to `out`: the header, then the data copied from the
+/// region while it stays registered (for READs up to [`COPY_READ_MAX`]).
+pub fn read_frame_into(qp: &dyn TargetQp, read: &ReadOut, out: &mut Vec<u8>) {
+    read_frame(qp, read, |hdr, data| {
+        out.extend_from_slice(hdr);
+        if let Some((addr, len)) = data {
+            out.reserve(len);
+            let at = out.len();
+            // SAFETY: the range passed the access check of a region that `read_frame` keeps
+            // registered during this call. Its memory, which the peers' WRITEs and atomics
+            // may change meanwhile (as RDMA allows: a READ racing a WRITE may see either), is
+            // read through a raw pointer, never a reference, into the spare room `reserve`
+            // made, which `set_len` then counts.
+            unsafe {
+                std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr().add(at), len);
+                out.set_len(at + len);
+            }
+        }
+    })
 }
 
 /// Builds the answer to a READ while its region stays registered: `send` gets the header and

@@ -36,6 +36,8 @@ struct SendSide {
     conn: Option<OwnedFd>,
     /// Bytes read from the connection that the requester has not used yet.
     rx: RxBuf,
+    /// Frames of the list being posted, to go out in one send at its end (`wire.rs`).
+    tx: Vec<u8>,
     /// Set when the peer is on this host: the zero-copy path's state.
     local: Option<LocalPeer>,
     /// Entries the requester finished, counted from creation: each holds its slot until the
@@ -113,6 +115,7 @@ impl SoftQp {
                 req: Requester::new(cfg.max_send_wr, cfg.timeout, ctx.max_msg),
                 conn: None,
                 rx: RxBuf::new(),
+                tx: Vec::new(),
                 local: None,
                 retired: 0,
                 unreported: 0,

@@ -74,6 +74,10 @@ impl SoftQp {
                 break;
             }
         }
+        // A list refused part way: what it put on the wire goes.
+        if !sq.tx.is_empty() {
+            self.send_pending(&mut sq, false, clock.precise());
+        }
         self.drain_done(&mut sq);
         self.publish_busy(&sq);
         result

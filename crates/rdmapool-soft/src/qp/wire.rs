@@ -1,6 +1,6 @@
-//! The requester half on the wire: a request's frame out (header plus gathered payload),
-//! responses in (applied as they arrive, never waited for), and completions retired in
-//! posting order.
+//! The requester half on the wire: requests' frames out (header plus gathered payload; a
+//! list's small ones together, in one send), responses in (applied as they arrive, never
+//! waited for), and completions retired in posting order.
 
 use super::{SendSide, SoftQp};
 use crate::cq::Release;
@@ -13,10 +13,20 @@ use arrayvec::ArrayVec;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Instant;
 
+/// A request whose payload is at most this is copied, header and payload, into the send
+/// side's pending bytes, and goes out with the rest of its list in one send (a send of its
+/// own per request cost a system call each); a larger one goes from its region.
+const COPY_SEND_MAX: u32 = 8 << 10;
+
+/// Pending bytes go out once there are this many, before the list's end.
+const PENDING_MAX: usize = 64 << 10;
+
 impl SoftQp {
     /// Puts one request on the wire (header plus gathered payload) and hands it back to the
-    /// requester. While the socket is full, responses are applied (never waited for), so
-    /// neither side can wait on the other forever.
+    /// requester: a small one into the pending bytes, sent at the end of its list
+    /// (`more` false); a large one from its region, after what is pending. While the socket
+    /// is full, responses are applied (never waited for), so neither side can wait on the
+    /// other forever.
     pub(super) fn transmit(
         &self,
         sq: &mut SendSide,
@@ -25,6 +35,23 @@ impl SoftQp {
         more: bool,
         now: Instant,
     ) {
+        if req.payload_len() <= COPY_SEND_MAX {
+            let before = sq.tx.len();
+            sq.tx.extend_from_slice(&req.encode());
+            if req.payload_len() > 0 && !Self::copy_payload(&mut sq.tx, &e) {
+                // Deregistered between the check and now.
+                sq.tx.truncate(before);
+                return sq.req.finish(e, WcStatus::LocProtErr);
+            }
+            self.on_the_wire(sq, e, now);
+            if !more || sq.tx.len() >= PENDING_MAX {
+                self.send_pending(sq, more, now);
+            }
+            return;
+        }
+        if !self.send_pending(sq, true, now) {
+            return sq.req.finish(e, WcStatus::WrFlushErr);
+        }
         let hdr = req.encode();
         let fd = sq
             .conn
@@ -33,21 +60,14 @@ impl SoftQp {
             .expect("RTS has a connection");
         let mut iov = IoVecs::new();
         iov.push(hdr.as_ptr(), hdr.len());
-        let payload = req.payload_len() > 0;
         let sent = {
-            let held: Option<ArrayVec<_, MAX_SGE>> = if payload {
-                e.local.iter().map(|r| r.mr.hold()).collect()
-            } else {
-                Some(ArrayVec::new())
-            };
+            let held: Option<ArrayVec<_, MAX_SGE>> = e.local.iter().map(|r| r.mr.hold()).collect();
             match held {
                 // Deregistered between the check and now.
                 None => None,
                 Some(_held) => {
-                    if payload {
-                        for r in &e.local {
-                            iov.push(r.addr as *const u8, r.len as usize);
-                        }
+                    for r in &e.local {
+                        iov.push(r.addr as *const u8, r.len as usize);
                     }
                     let deadline = now + self.cfg.timeout;
                     // SAFETY: the header is on our stack and each payload piece lies inside
@@ -64,20 +84,84 @@ impl SoftQp {
         let Some(sent) = sent else {
             return sq.req.finish(e, WcStatus::LocProtErr);
         };
+        self.on_the_wire(sq, e, now);
+        if let Err(err) = sent {
+            tracing::debug!(qpn = self.qpn, "send failed: {err}");
+            self.lose_connection(sq, WcStatus::RetryExcErr);
+        }
+    }
+
+    /// Appends `e`'s payload to `tx`, copied from its regions while they stay registered;
+    /// false when one was deregistered (the caller takes back what it appended).
+    fn copy_payload(tx: &mut Vec<u8>, e: &Entry) -> bool {
+        let held: Option<ArrayVec<_, MAX_SGE>> = e.local.iter().map(|r| r.mr.hold()).collect();
+        if held.is_none() {
+            return false;
+        }
+        for r in &e.local {
+            let (len, at) = (r.len as usize, tx.len());
+            tx.reserve(len);
+            // SAFETY: the piece lies inside a region whose registration `held` keeps for the
+            // copy; its memory is read through a raw pointer, never a reference, into the
+            // spare room `reserve` made, which `set_len` counts.
+            unsafe {
+                std::ptr::copy_nonoverlapping(r.addr as *const u8, tx.as_mut_ptr().add(at), len);
+                tx.set_len(at + len);
+            }
+        }
+        true
+    }
+
+    /// Hands an entry whose frame is on its way back to the requester, and has the NIC's
+    /// thread watch for its response and its timeout.
+    fn on_the_wire(&self, sq: &mut SendSide, e: Entry, now: Instant) {
         if sq.req.sent(e, now) {
             if self.send_cq.is_armed() {
-                // The CQ was armed while nothing awaited a response, so the NIC's thread does
-                // not watch this connection yet: without this, the response would wake nobody.
-                self.ctx.driver.arm(fd);
+                if let Some(fd) = sq.conn.as_ref().map(|c| c.as_raw_fd()) {
+                    // The CQ was armed while nothing awaited a response, so the NIC's thread
+                    // does not watch this connection yet: without this, the response would
+                    // wake nobody.
+                    self.ctx.driver.arm(fd);
+                }
             }
             if let Some(d) = sq.req.poll_timeout() {
                 self.ctx.driver.deadline(d);
             }
         }
+    }
+
+    /// Sends the pending bytes (small requests' frames) in one send. False when the
+    /// connection failed (the requester then completes what was on it).
+    pub(super) fn send_pending(&self, sq: &mut SendSide, more: bool, now: Instant) -> bool {
+        if sq.tx.is_empty() {
+            return true;
+        }
+        let mut tx = std::mem::take(&mut sq.tx);
+        let sent = match sq.conn.as_ref().map(|c| c.as_raw_fd()) {
+            Some(fd) if !sq.req.is_broken() => {
+                let mut iov = IoVecs::new();
+                iov.push(tx.as_ptr(), tx.len());
+                // SAFETY: the piece is `tx`, owned here and not touched until the send ends.
+                unsafe {
+                    io::send_all(fd, &mut iov, now + self.cfg.timeout, more, || {
+                        self.receive(sq, fd);
+                        !sq.req.is_broken()
+                    })
+                }
+            }
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "no connection",
+            )),
+        };
+        tx.clear();
+        sq.tx = tx;
         if let Err(err) = sent {
             tracing::debug!(qpn = self.qpn, "send failed: {err}");
             self.lose_connection(sq, WcStatus::RetryExcErr);
+            return false;
         }
+        true
     }
 
     /// The connection is dead: the requester completes what was on it, and it is closed.

@@ -1,7 +1,8 @@
 //! One connection after its handshake: bytes in, through the [`Responder`], and its answers
 //! out, without ever blocking the loop that serves it. What cannot be sent now waits in the
 //! connection (and no more requests are taken meanwhile); READ data leaves straight from
-//! registered memory, even across several writes.
+//! registered memory, even across several writes, but a small READ's is copied in with the
+//! replies around it (one send for many).
 
 use super::super::context::CtxShared;
 use super::super::io::{self, IoVecs, RxBuf};
@@ -274,6 +275,8 @@ impl Serving {
             let next = match self.resp.peek_output() {
                 None => break,
                 Some(Output::Reply(_)) => Next::Reply,
+                // A small READ's data is copied into the send queue with the replies.
+                Some(Output::Read(r)) if r.bytes() <= responder::COPY_READ_MAX => Next::Reply,
                 Some(Output::Read(_)) => Next::Read,
                 Some(&Output::Map { seq, rkey }) => Next::Map { seq, rkey },
             };
@@ -289,6 +292,13 @@ impl Serving {
             match self.resp.poll_output() {
                 Some(Output::Reply(r)) => {
                     self.tx.extend_from_slice(&r.encode());
+                    if self.tx.len() >= TX_BATCH * RESP_LEN && !self.flush(fd)? {
+                        any = true;
+                        break;
+                    }
+                }
+                Some(Output::Read(read)) if read.bytes() <= responder::COPY_READ_MAX => {
+                    responder::read_frame_into(qp, &read, &mut self.tx);
                     if self.tx.len() >= TX_BATCH * RESP_LEN && !self.flush(fd)? {
                         any = true;
                         break;

@@ -365,3 +365,67 @@ fn an_armed_cq_signals_its_event_fd_once_per_arming() {
         }
     }
 }
+
+#[test]
+fn a_list_of_small_and_large_requests_lands_in_order() {
+    // Over TCP a list's small requests go out together (copied into one send) and a large
+    // payload from its region, and the target answers small READs together and a large
+    // READ from its region: every request still lands, and answers, in posting order.
+    const LARGE: usize = 32 << 10;
+    for t in transports() {
+        let (a, b) = (node_on(t), node_on(t));
+        let (qa, _qb) = pair(&a, &b, &config());
+        let target = b.pd.alloc_mr(64 << 10, ALL).unwrap();
+        let src = a.pd.alloc_mr(64 << 10, ALL).unwrap();
+        let dst = a.pd.alloc_mr(64 << 10, ALL).unwrap();
+        let (small_a, large_b, small_c) = (pattern(100, 1), pattern(LARGE, 2), pattern(100, 3));
+        src.write_at(0, &small_a).unwrap();
+        src.write_at(4096, &large_b).unwrap();
+        src.write_at(40_000, &small_c).unwrap();
+        let at = |off: usize| target.remote_at(off).unwrap();
+        let sg_a = [src.sge(0, 100).unwrap()];
+        let sg_b = [src.sge(4096, LARGE as u32).unwrap()];
+        let sg_c = [src.sge(40_000, 100).unwrap()];
+        let sg_r1 = [dst.sge(0, 100).unwrap()];
+        let sg_r2 = [dst.sge(1000, 200).unwrap()];
+        let sg_r3 = [dst.sge(8192, LARGE as u32).unwrap()];
+        let sg_r4 = [dst.sge(50_000, 200).unwrap()];
+        let list = [
+            write_wr(1, at(0), &sg_a),
+            write_wr(2, at(0), &sg_b), // over the small one
+            read_wr(3, at(0), &sg_r1),
+            write_wr(4, at(50), &sg_c), // over the large one
+            read_wr(5, at(0), &sg_r2),
+            read_wr(6, at(0), &sg_r3), // a large READ between small ones
+            write_wr(7, at(60), &sg_a),
+            read_wr(8, at(0), &sg_r4),
+        ];
+        qa.post_send(&list).unwrap();
+        let got = a.cq.wait(list.len(), WAIT).unwrap();
+        let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+        assert_eq!(ids, (1..=8).collect::<Vec<_>>(), "{t:?}: in posting order");
+        assert!(got.iter().all(Completion::is_ok), "{t:?}: {got:?}");
+        // What the target held after request 4, and after request 7.
+        let mut after_4 = large_b.clone();
+        after_4[50..150].copy_from_slice(&small_c);
+        let mut after_7 = after_4.clone();
+        after_7[60..160].copy_from_slice(&small_a);
+        let read = |off: usize, len: usize| {
+            let mut v = vec![0u8; len];
+            dst.read_at(off, &mut v).unwrap();
+            v
+        };
+        assert_eq!(read(0, 100), large_b[..100], "{t:?}: READ 3 after WRITE 2");
+        assert_eq!(
+            read(1000, 200),
+            after_4[..200],
+            "{t:?}: READ 5 after WRITE 4"
+        );
+        assert_eq!(read(8192, LARGE), after_4, "{t:?}: the large READ 6");
+        assert_eq!(
+            read(50_000, 200),
+            after_7[..200],
+            "{t:?}: READ 8 after WRITE 7"
+        );
+    }
+}
