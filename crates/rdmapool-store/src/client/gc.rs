@@ -27,15 +27,17 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-/// The most replaced blocks a put starts freeing (what a few puts of r = 2 replace: the
-/// frees keep up with the puts).
-pub(super) const FREES_PER_PUT: usize = 8;
+/// The most replaced blocks a put starts freeing, in batches (one per node).
+pub(super) const FREES_PER_PUT: usize = 32;
 
-/// The most frees under way at once.
-const FREES_IN_FLIGHT: usize = 64;
+/// The most batches of frees under way at once.
+const BATCHES_IN_FLIGHT: usize = 4;
 
-/// A free under way: whether it freed its block.
-pub(super) type Freeing = FuturesUnordered<BoxFuture<'static, bool>>;
+/// Due blocks past which a put waits for the frees under way (they fell behind).
+const BEHIND: usize = 4 * FREES_PER_PUT;
+
+/// A batch of frees under way: how many blocks it freed.
+pub(super) type Freeing = FuturesUnordered<BoxFuture<'static, usize>>;
 
 /// A block waiting for its grace period to pass before it is freed, with what it held (the
 /// free checks that it still holds it).
@@ -92,51 +94,85 @@ impl Store {
         blocks.max(parts)
     }
 
-    /// Starts freeing up to `most` of the blocks whose grace period has passed, as many as
-    /// there is room for under way ([`FREES_IN_FLIGHT`]). They go on while this client's
-    /// later puts and removes run ([`Store::beside_frees`]), and `flush_retired` waits for
-    /// them.
+    /// Starts freeing up to `most` of the blocks whose grace period has passed, a batch
+    /// per node, if fewer than [`BATCHES_IN_FLIGHT`] are under way. They go on while this
+    /// client's later puts and removes run ([`Store::beside_frees`]), and `flush_retired`
+    /// waits for them.
     pub(super) fn start_frees(&self, most: usize) {
         let now = Instant::now();
         let freeing = self.freeing.lock();
-        let room = FREES_IN_FLIGHT.saturating_sub(freeing.len()).min(most);
+        if freeing.len() >= BATCHES_IN_FLIGHT {
+            return;
+        }
         let due: Vec<Retired> = {
             let mut r = self.retired.lock();
-            let n = r.iter().take(room).take_while(|b| now >= b.due).count();
+            let n = r.iter().take(most).take_while(|b| now >= b.due).count();
             r.drain(..n).collect()
         };
+        let mut by_node: Vec<Vec<Retired>> = Vec::new();
         for b in due {
-            freeing.push(self.free_retired(b));
+            match by_node
+                .iter_mut()
+                .find(|g| (g[0].node, g[0].incarnation) == (b.node, b.incarnation))
+            {
+                Some(g) => g.push(b),
+                None => by_node.push(vec![b]),
+            }
+        }
+        for batch in by_node {
+            freeing.push(self.free_retired(batch));
         }
     }
 
-    /// The free of a retired block, freed only if it still holds what was retired: a
-    /// block repair reclaimed meanwhile (docs/STORE.md section 8) may hold someone else's
-    /// object now. Two round trips: the block's header and key READ beside the chunk
-    /// header the free checks, then the bitmap's swap. A block that cannot be freed now
-    /// (its node is down, or restarted and its memory gone) is left: repair reclaims
-    /// unnamed blocks.
-    fn free_retired(&self, b: Retired) -> BoxFuture<'static, bool> {
+    /// The frees of retired blocks of one node, each freed only if it still holds what was
+    /// retired: a block repair reclaimed meanwhile (docs/STORE.md section 8) may hold
+    /// someone else's object now. Two round trips for the batch (`Regions::free_many_if`):
+    /// the blocks' headers and keys READ beside the chunk headers the frees check, then one
+    /// swap per bitmap word. A block that cannot be freed now (its node is down, or
+    /// restarted and its memory gone) is left: repair reclaims unnamed blocks.
+    fn free_retired(&self, batch: Vec<Retired>) -> BoxFuture<'static, usize> {
         let pool = Arc::clone(&self.pool);
         Box::pin(async move {
-            let head = (HEADER_LEN + b.key.len()) as u64;
-            let still_its = |bytes: &[u8]| matches!(peek(bytes), Some(p) if p.key == b.key && p.version == b.version);
-            matches!(
-                pool.regions()
-                    .free_if(b.node, b.incarnation, b.at, head, still_its)
-                    .await,
-                Ok(true)
-            )
+            let (node, incarnation) = (batch[0].node, batch[0].incarnation);
+            let blocks: Vec<(u64, u64)> = batch
+                .iter()
+                .map(|b| (b.at, (HEADER_LEN + b.key.len()) as u64))
+                .collect();
+            let still_its = |i: usize, bytes: &[u8]| {
+                let b = &batch[i];
+                matches!(peek(bytes), Some(p) if p.key == b.key && p.version == b.version)
+            };
+            pool.regions()
+                .free_many_if(node, incarnation, &blocks, still_its)
+                .await
+                .unwrap_or(0)
         })
     }
 
-    /// Polls the frees under way: how many finished and freed their block on this poll,
-    /// and how many are still under way.
+    /// Whether the frees fell behind: more blocks are due than a few puts start freeing.
+    pub(super) fn frees_behind(&self) -> bool {
+        self.due_now() > BEHIND
+    }
+
+    /// Waits for the frees under way.
+    pub(super) async fn frees_under_way(&self) {
+        std::future::poll_fn(|cx| {
+            if self.drive_frees(cx).1 == 0 {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+
+    /// Polls the frees under way: how many blocks the batches that finished on this poll
+    /// freed, and how many batches are still under way.
     fn drive_frees(&self, cx: &mut Context<'_>) -> (usize, usize) {
         let mut freeing = self.freeing.lock();
         let mut freed = 0;
-        while let Poll::Ready(Some(ok)) = freeing.poll_next_unpin(cx) {
-            freed += usize::from(ok);
+        while let Poll::Ready(Some(n)) = freeing.poll_next_unpin(cx) {
+            freed += n;
         }
         self.counters
             .freed

@@ -133,16 +133,22 @@ impl Store {
         kind: Kind,
         replicas: usize,
     ) -> (Result<PutDone>, bool) {
-        // The frees whose grace period has passed start beside the put, a few at a time,
-        // and go on beside the next ones: the put does not wait for them (docs/STORE.md
-        // section 8).
+        // The frees whose grace period has passed start beside the put, in batches, and go
+        // on beside the next ones: the put does not wait for them, unless they fell behind
+        // (docs/STORE.md section 8).
         self.start_frees(super::gc::FREES_PER_PUT);
         let put = async {
             // One put of a key at a time from this client (`hints.rs`).
             let _one = self.put_lock(key).lock().await;
             self.put_now(key, value, kind, replicas).await
         };
-        let (_, out) = futures_util::future::join(self.flush_parts(), self.beside_frees(put)).await;
+        let behind = async {
+            if self.frees_behind() {
+                self.frees_under_way().await;
+            }
+            self.flush_parts().await
+        };
+        let (_, out) = futures_util::future::join(behind, self.beside_frees(put)).await;
         out
     }
 

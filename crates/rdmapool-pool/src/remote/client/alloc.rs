@@ -257,7 +257,7 @@ impl Shared {
     pub(super) async fn free(&self, ptr: RemotePtr) -> Result<()> {
         let node = self.node_of(ptr)?;
         let object = self.check_object(&node, Books::Pool, ptr, true).await?;
-        self.drive(&node, Free::new(ptr, object)).await
+        self.drive(&node, Free::new(ptr, object)).await.map(drop)
     }
 }
 

@@ -19,7 +19,7 @@
 //! [`Regions::free`]; a member that is down stays listed (up = false) until it leaves the
 //! membership.
 
-use super::chunks::{Alloc, Free};
+use super::chunks::{Alloc, Free, Object};
 use super::node::Books;
 use super::ops::timed;
 use super::{Node, PoolClient};
@@ -760,6 +760,7 @@ impl<'a> Regions<'a> {
             .shared
             .drive_in(&n, Books::Durable, Free::new(ptr, object))
             .await
+            .map(drop)
     }
 
     /// [`Regions::free`] of the block at `offset` of `node` only if its first `head` bytes
@@ -794,6 +795,70 @@ impl<'a> Regions<'a> {
             .drive_in(&n, Books::Durable, Free::new(ptr, object?))
             .await?;
         Ok(true)
+    }
+
+    /// [`Regions::free_if`] of many blocks of `node` at once, each `(offset, head)`: their
+    /// first `head` bytes are READ in one list, together with the chunk headers the frees
+    /// check, and those that pass `still_its(i, bytes)` (`i` their position in `blocks`)
+    /// are freed with **one swap per bitmap word** they share, the swaps of different words
+    /// at once: two round trips whatever their number (frees one by one of blocks in one
+    /// word would take one round trip each, every swap but one losing to another). A block
+    /// whose READ or check fails, or whose bit is clear already, is left. Returns how many
+    /// it freed.
+    ///
+    /// # Errors
+    /// [`Error::StalePointer`] for another incarnation, [`Error::NodeDown`].
+    pub async fn free_many_if(
+        self,
+        node: u32,
+        incarnation: u64,
+        blocks: &[(u64, u64)],
+        still_its: impl Fn(usize, &[u8]) -> bool,
+    ) -> Result<usize> {
+        let n = self.node(node, incarnation)?;
+        let shared = &self.pool.shared;
+        let reads: Vec<Op> = blocks
+            .iter()
+            .map(|&(at, len)| Op {
+                node,
+                io: Io::Read { at, len },
+            })
+            .collect();
+        let checks = futures_util::future::join_all(blocks.iter().map(|&(at, _)| {
+            let ptr = Self::block(node, incarnation, at);
+            shared.check_object(&n, Books::Durable, ptr, true)
+        }));
+        let (answers, objects) = futures_util::future::join(
+            self.perform(&reads, |_| incarnation, Payload::None),
+            checks,
+        )
+        .await;
+        // The blocks to free, by bitmap word: the first one's pointer, and the objects.
+        let mut words: Vec<(RemotePtr, Vec<Object>)> = Vec::new();
+        for (i, (answer, object)) in answers?.iter().zip(objects).enumerate() {
+            let (Some(bytes), Ok(object)) = (answer.bytes(), object) else {
+                continue;
+            };
+            if !still_its(i, bytes) {
+                continue;
+            }
+            let word = |o: &Object| (o.chunk, o.number / 64);
+            match words
+                .iter_mut()
+                .find(|(_, os)| word(&os[0]) == word(&object))
+            {
+                Some((_, os)) => os.push(object),
+                None => words.push((Self::block(node, incarnation, blocks[i].0), vec![object])),
+            }
+        }
+        let freed = futures_util::future::join_all(words.iter().map(|(ptr, objects)| async {
+            match Free::together(*ptr, objects) {
+                Some(m) => shared.drive_in(&n, Books::Durable, m).await.unwrap_or(0),
+                None => 0,
+            }
+        }))
+        .await;
+        Ok(freed.into_iter().map(|c| c as usize).sum())
     }
 
     /// The pointer a durable block's free checks.

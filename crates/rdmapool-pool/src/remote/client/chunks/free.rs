@@ -4,12 +4,21 @@ use super::*;
 
 /// Freeing the object a checked pointer names: its bit is cleared with CAS (refused when
 /// clear already), from the word the book knows in this client's own chunks (one round
-/// trip) or from a READ of it elsewhere (two); when that empties one of this client's chunks, the chunk is given back
-/// (its magic zeroed, then its table entry released).
+/// trip) or from a READ of it elsewhere (two); when that empties one of this client's
+/// chunks, the chunk is given back (its magic zeroed, then its table entry released).
+/// [`Free::together`] clears the bits of several objects of one bitmap word with one CAS.
+/// The output is how many bits it cleared.
 #[derive(Debug)]
 pub(crate) struct Free {
     ptr: RemotePtr,
     object: Object,
+    /// The bits to clear, all in `object`'s bitmap word.
+    mask: u64,
+    /// One object: a bit found clear is an error ([`Error::NotAllocated`]). Several: bits
+    /// found clear are left (freed by another meanwhile), the others cleared.
+    single: bool,
+    /// How many bits its CAS cleared.
+    cleared: u32,
     state: FreeState,
     ops: u64,
 }
@@ -18,7 +27,7 @@ pub(crate) struct Free {
 enum FreeState {
     /// Read the bitmap word (the book did not know it).
     Start,
-    /// Clearing the bit from the word's value `expected`.
+    /// Clearing the bits from the word's value `expected`.
     Clear { expected: u64 },
     /// Zeroing the emptied chunk's magic.
     Invalidate,
@@ -30,31 +39,58 @@ impl Free {
     /// Frees `object`, which `ptr` names (from [`Book::check`] with `fresh`, or
     /// [`Book::on_header`]).
     pub(crate) fn new(ptr: RemotePtr, object: Object) -> Self {
+        let mask = 1u64 << (object.number % 64);
         Self {
             ptr,
             object,
+            mask,
+            single: true,
+            cleared: 0,
             state: FreeState::Start,
             ops: 0,
         }
     }
+
+    /// Frees `objects` (from [`Book::check`] with `fresh`), whose bits are all in one
+    /// bitmap word, with one CAS; `ptr` names the first (for errors). `None` when they are
+    /// not all in one word, or none is given.
+    pub(crate) fn together(ptr: RemotePtr, objects: &[Object]) -> Option<Self> {
+        let first = *objects.first()?;
+        let word = |o: &Object| (o.chunk, o.number / 64);
+        if objects.iter().any(|o| word(o) != word(&first)) {
+            return None;
+        }
+        let mask = objects.iter().fold(0, |m, o| m | 1u64 << (o.number % 64));
+        Some(Self {
+            mask,
+            single: false,
+            ..Self::new(ptr, first)
+        })
+    }
 }
 
 impl Machine for Free {
-    type Output = ();
+    type Output = u32;
 
     type Context = Book;
 
-    fn advance(&mut self, book: &mut Book, _now: Instant, answers: &[Answer]) -> Result<Step<()>> {
+    fn advance(&mut self, book: &mut Book, _now: Instant, answers: &[Answer]) -> Result<Step<u32>> {
         let l = book.layout;
         let node = book.node;
         over_budget(&mut self.ops, &l)?;
         let answer = book.answer(answers)?;
-        let (at, bit) = self.object.bit(&l);
+        let (at, _) = self.object.bit(&l);
+        let bit = self.mask;
         let chunk_at = l.chunk(self.object.chunk);
         let ptr = self.ptr;
+        let single = self.single;
         let clear = |expected: u64| {
             if expected & bit == 0 {
-                return Err(Error::NotAllocated(format!("{ptr}: already free")));
+                if single {
+                    return Err(Error::NotAllocated(format!("{ptr}: already free")));
+                }
+                // Every one freed by another meanwhile: nothing to clear.
+                return Ok(Step::Done(0));
             }
             Ok(Step::one(
                 node,
@@ -73,7 +109,7 @@ impl Machine for Free {
             let known = book
                 .view(self.object.chunk)
                 .map(|c| c.bits[(number / 64) as usize])
-                .filter(|w| w & bit != 0);
+                .filter(|w| w & bit == bit);
             if let Some(expected) = known {
                 self.state = FreeState::Clear { expected };
                 return clear(expected);
@@ -94,7 +130,8 @@ impl Machine for Free {
                     return clear(old);
                 }
                 let number = self.object.number;
-                let size = self.object.shape.object_size;
+                let cleared = (expected & bit).count_ones();
+                let size = self.object.shape.object_size * u64::from(cleared);
                 let chunk = self.object.chunk;
                 let mut empty = false;
                 if let Some(c) = book.view(chunk) {
@@ -102,8 +139,9 @@ impl Machine for Free {
                     empty = c.is_empty();
                     book.used = book.used.saturating_sub(size);
                 }
+                self.cleared = cleared;
                 if !empty {
-                    return Ok(Step::Done(()));
+                    return Ok(Step::Done(cleared));
                 }
                 // Nothing is allocated in it, and only this client allocates there: give
                 // it back. Zeroing the magic first makes frees of its objects fail cleanly.
@@ -130,7 +168,7 @@ impl Machine for Free {
                     },
                 ))
             }
-            FreeState::Release => Ok(Step::Done(())),
+            FreeState::Release => Ok(Step::Done(self.cleared)),
         }
     }
 
@@ -234,5 +272,54 @@ mod tests {
         let (twice, _) = run(Free::new(ptr(at[0]), o), &mut other, &region);
         assert!(matches!(twice, Err(Error::NotAllocated(_))), "{twice:?}");
         assert_eq!(region.load(bitmap), 0b1000);
+    }
+
+    #[test]
+    fn objects_of_one_bitmap_word_are_freed_together_with_one_swap() {
+        let l = Layout::new(4 * CHUNK, CHUNK, 4).unwrap();
+        let region = SimRegion::new(l, INCARNATION);
+        let mut owner = Book::new(7, 1, INCARNATION, l);
+        let mut other = Book::new(8, 1, INCARNATION, l);
+        run(Recover::new(), &mut owner, &region).0.unwrap();
+        run(Recover::new(), &mut other, &region).0.unwrap();
+        let at: Vec<u64> = (0..70)
+            .map(|_| run(Alloc::new(64), &mut owner, &region).0.unwrap().unwrap())
+            .collect();
+        let chunk = l.chunk_of(at[0]).unwrap();
+        let bitmap = l.chunk(chunk) + layout::chunk::BITMAP;
+        assert_eq!(region.load(bitmap), u64::MAX);
+        let freed = |(out, rounds): (Result<u32>, usize)| (out.unwrap(), rounds);
+        let objects = |book: &mut Book, which: &[usize]| -> Vec<Object> {
+            which
+                .iter()
+                .map(|&i| object(book, &region, ptr(at[i])))
+                .collect()
+        };
+
+        // Three of the owner's objects in the first word: one swap, one round trip.
+        let os = objects(&mut owner, &[0, 5, 9]);
+        let m = Free::together(ptr(at[0]), &os).unwrap();
+        assert_eq!(freed(run(m, &mut owner, &region)), (3, 1));
+        assert_eq!(region.load(bitmap), !(1 | 1 << 5 | 1 << 9));
+
+        // Another client, with one of its objects already free: it reads the word, swaps
+        // the others' bits, and leaves the free one.
+        let os = objects(&mut other, &[5, 6, 7]);
+        let m = Free::together(ptr(at[5]), &os).unwrap();
+        assert_eq!(freed(run(m, &mut other, &region)), (2, 2));
+        assert_eq!(
+            region.load(bitmap),
+            !(1 | 1 << 5 | 1 << 6 | 1 << 7 | 1 << 9)
+        );
+
+        // All of them free already: nothing to swap.
+        let os = objects(&mut other, &[0, 9]);
+        let m = Free::together(ptr(at[0]), &os).unwrap();
+        assert_eq!(freed(run(m, &mut other, &region)), (0, 1));
+
+        // Objects of two words are not freed together.
+        let os = objects(&mut owner, &[1, 65]);
+        assert!(Free::together(ptr(at[1]), &os).is_none());
+        assert!(Free::together(ptr(at[1]), &[]).is_none());
     }
 }

@@ -308,7 +308,7 @@ impl Cluster {
                 }
                 Ok(Step::Do(ops)) => unreachable!("one operation at a time: {ops:?}"),
                 Ok(Step::Sleep(_) | Step::Wait) => None,
-                Ok(Step::Done(())) => {
+                Ok(Step::Done(_)) => {
                     let p = *ptr;
                     c.freeing.retain(|h| h.ptr.offset != p.offset);
                     Some(None)
