@@ -118,6 +118,37 @@ fn a_full_bucket_is_a_typed_error() {
     assert!(matches!(r, Err(Error::IndexFull { node: 1 })), "{r:?}");
 }
 
+/// Runs `puts` to their ends, their operations interleaved one at a time in the order
+/// `order` picks (then the first unfinished): the highest version they took, and whose it
+/// is. Each must succeed with a version of its own.
+fn race(
+    puts: &mut [Running],
+    order: Vec<usize>,
+    c: &mut Cluster,
+) -> std::result::Result<(Version, usize), TestCaseError> {
+    let writers = puts.len();
+    let mut turns = order.into_iter();
+    while puts.iter().any(|p| !p.finished()) {
+        let w = turns.next().unwrap_or(0) % writers;
+        let w = (w..w + writers)
+            .map(|k| k % writers)
+            .find(|&k| !puts[k].finished())
+            .unwrap();
+        puts[w].step_op(c);
+    }
+    let versions: Vec<Version> = puts
+        .iter_mut()
+        .map(|p| p.outcome.take().unwrap().unwrap().version.unwrap())
+        .collect();
+    let top = *versions.iter().max().unwrap();
+    let winner = versions.iter().position(|&v| v == top).unwrap();
+    let mut distinct = versions.clone();
+    distinct.sort();
+    distinct.dedup();
+    prop_assert_eq!(distinct.len(), versions.len(), "versions {:?}", versions);
+    Ok((top, winner))
+}
+
 proptest! {
     /// Two or three puts of one key, their operations interleaved one by one in any order
     /// (a step's operations land one at a time, others' between them): each ends with its
@@ -136,19 +167,7 @@ proptest! {
         };
         let values: Vec<Vec<u8>> = (0..writers).map(|w| format!("value of {w}").into_bytes()).collect();
         let mut puts: Vec<Running> = (0..writers).map(|w| Running::put_hinted(&c, b"k", &values[w], w as u64 + 1, &hints)).collect();
-        let mut turns = order.into_iter();
-        while puts.iter().any(|p| !p.finished()) {
-            let w = turns.next().unwrap_or(0) % writers;
-            let w = (w..w + writers).map(|k| k % writers).find(|&k| !puts[k].finished()).unwrap();
-            puts[w].step_op(&mut c);
-        }
-        let versions: Vec<Version> = puts.iter_mut().map(|p| p.outcome.take().unwrap().unwrap().version.unwrap()).collect();
-        let top = *versions.iter().max().unwrap();
-        let winner = versions.iter().position(|&v| v == top).unwrap();
-        let mut distinct = versions.clone();
-        distinct.sort();
-        distinct.dedup();
-        prop_assert_eq!(distinct.len(), versions.len(), "versions {:?}", versions);
+        let (top, winner) = race(&mut puts, order, &mut c)?;
         prop_assert_eq!(c.get(b"k").unwrap().unwrap(), values[winner].clone());
         for node in [1, 2] {
             c.down = [3 - node].into();
@@ -469,19 +488,7 @@ proptest! {
                 Running::put_hinted(&c, b"k", &values[w], w as u64 + 1, &planted.installed)
             }
         }).collect();
-        let mut turns = order.into_iter();
-        while puts.iter().any(|p| !p.finished()) {
-            let w = turns.next().unwrap_or(0) % writers;
-            let w = (w..w + writers).map(|k| k % writers).find(|&k| !puts[k].finished()).unwrap();
-            puts[w].step_op(&mut c);
-        }
-        let versions: Vec<Version> = puts.iter_mut().map(|p| p.outcome.take().unwrap().unwrap().version.unwrap()).collect();
-        let top = *versions.iter().max().unwrap();
-        let winner = versions.iter().position(|&v| v == top).unwrap();
-        let mut distinct = versions.clone();
-        distinct.sort();
-        distinct.dedup();
-        prop_assert_eq!(distinct.len(), versions.len(), "versions {:?}", versions);
+        let (top, winner) = race(&mut puts, order, &mut c)?;
         for node in 1..=r as u32 {
             c.down = (1..=3).filter(|&n| n != node).collect();
             prop_assert_eq!(c.get(b"k").unwrap().unwrap(), values[winner].clone(), "node {} alone", node);

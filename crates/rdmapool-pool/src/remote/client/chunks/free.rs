@@ -227,19 +227,46 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_free_swaps_at_once_in_the_clients_own_chunk_and_reads_the_word_first_elsewhere() {
+    /// A region, the books of its owner (client 7, which allocated `n` objects of 64 bytes)
+    /// and of another client (8), the objects, and their chunk's first bitmap word.
+    struct Scene {
+        region: SimRegion,
+        owner: Book,
+        other: Book,
+        at: Vec<u64>,
+        bitmap: u64,
+    }
+
+    fn scene(n: usize) -> Scene {
         let l = Layout::new(4 * CHUNK, CHUNK, 4).unwrap();
         let region = SimRegion::new(l, INCARNATION);
         let mut owner = Book::new(7, 1, INCARNATION, l);
         let mut other = Book::new(8, 1, INCARNATION, l);
         run(Recover::new(), &mut owner, &region).0.unwrap();
         run(Recover::new(), &mut other, &region).0.unwrap();
-        let at: Vec<u64> = (0..4)
+        let at: Vec<u64> = (0..n)
             .map(|_| run(Alloc::new(64), &mut owner, &region).0.unwrap().unwrap())
             .collect();
         let chunk = l.chunk_of(at[0]).unwrap();
         let bitmap = l.chunk(chunk) + layout::chunk::BITMAP;
+        Scene {
+            region,
+            owner,
+            other,
+            at,
+            bitmap,
+        }
+    }
+
+    #[test]
+    fn a_free_swaps_at_once_in_the_clients_own_chunk_and_reads_the_word_first_elsewhere() {
+        let Scene {
+            region,
+            mut owner,
+            mut other,
+            at,
+            bitmap,
+        } = scene(4);
         assert_eq!(region.load(bitmap), 0b1111);
 
         // The owner's book knows the word: one round trip, the swap.
@@ -276,17 +303,13 @@ mod tests {
 
     #[test]
     fn objects_of_one_bitmap_word_are_freed_together_with_one_swap() {
-        let l = Layout::new(4 * CHUNK, CHUNK, 4).unwrap();
-        let region = SimRegion::new(l, INCARNATION);
-        let mut owner = Book::new(7, 1, INCARNATION, l);
-        let mut other = Book::new(8, 1, INCARNATION, l);
-        run(Recover::new(), &mut owner, &region).0.unwrap();
-        run(Recover::new(), &mut other, &region).0.unwrap();
-        let at: Vec<u64> = (0..70)
-            .map(|_| run(Alloc::new(64), &mut owner, &region).0.unwrap().unwrap())
-            .collect();
-        let chunk = l.chunk_of(at[0]).unwrap();
-        let bitmap = l.chunk(chunk) + layout::chunk::BITMAP;
+        let Scene {
+            region,
+            mut owner,
+            mut other,
+            at,
+            bitmap,
+        } = scene(70);
         assert_eq!(region.load(bitmap), u64::MAX);
         let freed = |(out, rounds): (Result<u32>, usize)| (out.unwrap(), rounds);
         let objects = |book: &mut Book, which: &[usize]| -> Vec<Object> {
