@@ -167,7 +167,7 @@ proptest! {
         };
         let values: Vec<Vec<u8>> = (0..writers).map(|w| format!("value of {w}").into_bytes()).collect();
         let mut puts: Vec<Running> = (0..writers).map(|w| Running::put_hinted(&c, b"k", &values[w], w as u64 + 1, &hints)).collect();
-        let (top, winner) = race(&mut puts, order, &mut c)?;
+        let (_, winner) = race(&mut puts, order, &mut c)?;
         prop_assert_eq!(c.get(b"k").unwrap().unwrap(), values[winner].clone());
         for node in [1, 2] {
             c.down = [3 - node].into();
