@@ -167,7 +167,8 @@ fn puts_that_outrun_the_grace_period_wait_for_the_blocks_they_replaced() {
 #[test]
 fn a_put_frees_a_few_due_blocks_beside_itself_and_flush_retired_the_rest() {
     // 40 keys replaced once retire 80 blocks (r = 2); on a slow device some come due, and
-    // are freed, while the later puts run, so the count left is read, not assumed. Once
+    // are freed, while the later puts run or in the flush after them, so the count left is
+    // read, not assumed. Once
     // the grace period has passed for all of them, one put starts freeing 32 of them beside
     // itself (all of them if fewer) and retires 2 of its own; flush_retired frees every one
     // due, and waits for those under way.
@@ -182,11 +183,11 @@ fn a_put_frees_a_few_due_blocks_beside_itself_and_flush_retired_the_rest() {
                 .unwrap();
         }
     }
+    // Frees started during the loop (on a slow device, where some came due) finish here,
+    // with any other due by now, so none is under way when the put below starts its own.
+    st.block_on(st.flush_retired());
     let waiting = st.stats().retired;
-    assert!(
-        (2..=2 * keys as u64).contains(&waiting),
-        "the last put's 2 blocks at least: {waiting}"
-    );
+    assert!(waiting <= 2 * keys as u64, "{waiting} retired");
     std::thread::sleep(Duration::from_millis(120)); // past the 50 ms grace period
     let freed_before = st.stats().freed;
     st.block_on(st.put(b"k0", &value(7, 100))).unwrap();
