@@ -1,0 +1,506 @@
+//! `Store`: the replicated store (`rdmapool::store::Store`) from Python. Every call releases
+//! the GIL while it runs; the batch calls run all their keys' operations at once, each step
+//! of every key in flight together.
+
+use crate::buffer::RegisteredBuffer;
+use crate::connect::{self, Join};
+use crate::errors::{bad_arg, raise, to_py, IntoPyResult};
+use futures_util::future::join_all;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use rdmapool::remote::EtcdFollower;
+use rdmapool::store::{Store as RustStore, StoreConfig, Version};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A client of the replicated store (`rdmapool.Store` in Python; docs/PYTHON.md).
+#[pyclass(frozen, module = "rdmapool", name = "Store")]
+pub struct Store {
+    store: Arc<RustStore>,
+    _follower: Option<EtcdFollower>,
+    /// Value bytes this binding copied between Python objects and Rust memory (`put` of a
+    /// non-`bytes` value, `get`'s result); the zero-copy calls add nothing.
+    copied: AtomicU64,
+    /// Value bytes the zero-copy calls moved.
+    zero_copy: AtomicU64,
+    closed: AtomicBool,
+}
+
+/// A key: `bytes`, or a `str` (its UTF-8 bytes).
+pub fn key_of(py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(b) = key.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    if let Ok(s) = key.cast::<PyString>() {
+        return Ok(s.to_str()?.as_bytes().to_vec());
+    }
+    Err(bad_arg(
+        py,
+        format!(
+            "a key is bytes or str, not {}",
+            key.get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        ),
+    ))
+}
+
+fn keys_of(py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
+    keys.try_iter()?
+        .map(|k| key_of(py, &k?))
+        .collect::<PyResult<Vec<_>>>()
+}
+
+fn version<'py>(py: Python<'py>, v: Version) -> PyResult<Bound<'py, PyAny>> {
+    Ok((v.seq, v.writer).into_pyobject(py)?.into_any())
+}
+
+fn seconds(py: Python<'_>, what: &str, s: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            bad_arg(
+                py,
+                format!("{what}: {s} s (want a positive number of seconds)"),
+            )
+        })
+}
+
+/// Raises `BatchError` when any of `results` failed: its `results` attribute holds every
+/// key's outcome, the exception in place of each failed one; else the outcomes.
+fn batch<'py, T>(
+    py: Python<'py>,
+    what: &str,
+    results: Vec<rdmapool::Result<T>>,
+    ok: impl Fn(Python<'py>, T) -> PyResult<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let mut out = Vec::with_capacity(results.len());
+    let mut failed = 0;
+    let mut first = None;
+    for r in results {
+        match r {
+            Ok(v) => out.push(ok(py, v)?),
+            Err(e) => {
+                failed += 1;
+                let exc = to_py(py, e);
+                first.get_or_insert_with(|| exc.to_string());
+                out.push(exc.into_value(py).into_bound(py).into_any());
+            }
+        }
+    }
+    let list = PyList::new(py, out)?;
+    if failed > 0 {
+        let err = raise(
+            py,
+            "BatchError",
+            format!(
+                "{what}: {failed} of {} keys failed (the first: {})",
+                list.len(),
+                first.unwrap_or_default()
+            ),
+        );
+        err.value(py).setattr("results", &list)?;
+        return Err(err);
+    }
+    Ok(list)
+}
+
+impl Store {
+    /// The Rust store, refused once closed.
+    pub fn inner(&self, py: Python<'_>) -> PyResult<&RustStore> {
+        self.store(py)
+    }
+
+    fn store(&self, py: Python<'_>) -> PyResult<&RustStore> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(raise(py, "RdmapoolError", "the store is closed".into()));
+        }
+        Ok(&self.store)
+    }
+
+    fn views<'a>(
+        py: Python<'_>,
+        what: &str,
+        keys: usize,
+        views: &'a [PyRef<'a, RegisteredBuffer>],
+    ) -> PyResult<()> {
+        if keys != views.len() {
+            return Err(bad_arg(
+                py,
+                format!("{what}: {keys} keys but {} buffers", views.len()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl Store {
+    /// Joins the servers (or the etcd membership) as a store client; see docs/PYTHON.md.
+    #[new]
+    #[pyo3(signature = (servers=None, *, etcd=None, etcd_prefix=connect::ETCD_PREFIX.to_string(),
+        replicas=2, client_id=None, key_file=None, client_key_file=None, grace=1.0,
+        part_size=256 * 1024, provider="soft".to_string(), device=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        servers: Option<&Bound<'_, PyAny>>,
+        etcd: Option<&Bound<'_, PyAny>>,
+        etcd_prefix: String,
+        replicas: usize,
+        client_id: Option<u64>,
+        key_file: Option<String>,
+        client_key_file: Option<String>,
+        grace: f64,
+        part_size: u64,
+        provider: String,
+        device: Option<String>,
+    ) -> PyResult<Self> {
+        let cfg = StoreConfig {
+            replicas,
+            grace: seconds(py, "grace", grace)?,
+            part_size,
+            ..StoreConfig::default()
+        };
+        let joined = connect::join(
+            py,
+            Join {
+                servers: connect::server_list(servers)?,
+                etcd: connect::server_list(etcd)?,
+                etcd_prefix,
+                client_id,
+                key_file,
+                client_key_file,
+                provider,
+                device,
+            },
+        )?;
+        let store = RustStore::new(joined.client, cfg).py(py)?;
+        Ok(Self {
+            store: Arc::new(store),
+            _follower: joined._follower,
+            copied: AtomicU64::new(0),
+            zero_copy: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// This client's id.
+    #[getter]
+    fn client_id(&self) -> u64 {
+        self.store.pool().client_id()
+    }
+
+    /// Stores `value` (bytes or any buffer) under `key`; returns its version `(seq, writer)`.
+    fn put<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        value: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.store(py)?;
+        let key = key_of(py, key)?;
+        let v = if let Ok(b) = value.cast::<PyBytes>() {
+            // `bytes` is immutable: read in place while the caller's reference keeps it.
+            let bytes = b.as_bytes();
+            py.detach(|| store.block_on(store.put(&key, bytes)))
+        } else {
+            let copy: Vec<u8> = copy_of(value)?;
+            self.copied.fetch_add(copy.len() as u64, Ordering::Relaxed);
+            py.detach(|| store.block_on(store.put(&key, &copy)))
+        };
+        version(py, v.py(py)?)
+    }
+
+    /// The value stored under `key`, or `None`.
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let store = self.store(py)?;
+        let key = key_of(py, key)?;
+        let got = py.detach(|| store.block_on(store.get(&key))).py(py)?;
+        Ok(got.map(|v| {
+            self.copied.fetch_add(v.len() as u64, Ordering::Relaxed);
+            PyBytes::new(py, &v)
+        }))
+    }
+
+    /// Removes `key`; True when it held a value.
+    fn remove(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let store = self.store(py)?;
+        let key = key_of(py, key)?;
+        py.detach(|| store.block_on(store.remove(&key))).py(py)
+    }
+
+    /// True when `key` holds a value.
+    fn exists(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let store = self.store(py)?;
+        let key = key_of(py, key)?;
+        py.detach(|| store.block_on(store.exists(&key))).py(py)
+    }
+
+    /// The keys that start with `prefix` and hold a value, sorted.
+    #[pyo3(signature = (prefix=None))]
+    fn list<'py>(
+        &self,
+        py: Python<'py>,
+        prefix: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let store = self.store(py)?;
+        let prefix = match prefix {
+            Some(p) => key_of(py, p)?,
+            None => Vec::new(),
+        };
+        let keys = py.detach(|| store.block_on(store.list(&prefix))).py(py)?;
+        Ok(keys.iter().map(|k| PyBytes::new(py, k)).collect())
+    }
+
+    /// Registers `buffer` (any object with the buffer protocol, C-contiguous) with this
+    /// client, for the zero-copy calls.
+    fn register(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<RegisteredBuffer> {
+        let store = self.store(py)?;
+        RegisteredBuffer::register(py, store.pool().pd(), buffer)
+    }
+
+    /// Stores the bytes of the registered `view` under `key`, WRITten from its memory with
+    /// no copy; returns the version. The bytes must not change until it returns.
+    fn put_from<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        view: PyRef<'py, RegisteredBuffer>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.store(py)?;
+        let key = key_of(py, key)?;
+        let mr = view.shared(py, store.pool().pd())?;
+        let v = py
+            .detach(|| store.block_on(store.put_from(&key, &mr)))
+            .py(py)?;
+        self.zero_copy
+            .fetch_add(view.len() as u64, Ordering::Relaxed);
+        version(py, v)
+    }
+
+    /// Reads the value of `key` into the registered, writable `view` from its start, with
+    /// no copy: its length, or `None` when the key holds no value. Raises `OutOfLimits` when
+    /// the value is longer than the view.
+    fn get_into(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        view: PyRef<'_, RegisteredBuffer>,
+    ) -> PyResult<Option<usize>> {
+        let store = self.store(py)?;
+        let key = key_of(py, key)?;
+        let mr = view.writable(py, store.pool().pd(), "get_into")?;
+        let n = py
+            .detach(|| store.block_on(store.get_into(&key, &mr)))
+            .py(py)?;
+        self.zero_copy
+            .fetch_add(n.unwrap_or(0) as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// `put_from` of every key from its view, all at once: the versions, in order. Raises
+    /// `BatchError` (with every key's outcome in `.results`) when any key fails.
+    fn batch_put_from<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        views: Vec<PyRef<'py, RegisteredBuffer>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let store = self.store(py)?;
+        let keys = keys_of(py, keys)?;
+        Self::views(py, "batch_put_from", keys.len(), &views)?;
+        let mrs = views
+            .iter()
+            .map(|v| v.shared(py, store.pool().pd()))
+            .collect::<PyResult<Vec<_>>>()?;
+        let results = py.detach(|| {
+            store.block_on(join_all(
+                keys.iter().zip(&mrs).map(|(k, mr)| store.put_from(k, mr)),
+            ))
+        });
+        let moved: usize = views.iter().map(|v| v.len()).sum();
+        self.zero_copy.fetch_add(moved as u64, Ordering::Relaxed);
+        batch(py, "batch_put_from", results, version)
+    }
+
+    /// `get_into` of every key into its view, all at once: each value's length, or `None`
+    /// for a key with no value. Raises `BatchError` when any key fails.
+    fn batch_get_into<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        views: Vec<PyRef<'py, RegisteredBuffer>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let store = self.store(py)?;
+        let keys = keys_of(py, keys)?;
+        Self::views(py, "batch_get_into", keys.len(), &views)?;
+        let mrs = views
+            .iter()
+            .map(|v| v.writable(py, store.pool().pd(), "batch_get_into"))
+            .collect::<PyResult<Vec<_>>>()?;
+        let results = py.detach(|| {
+            store.block_on(join_all(
+                keys.iter().zip(&mrs).map(|(k, mr)| store.get_into(k, mr)),
+            ))
+        });
+        let moved: usize = results.iter().filter_map(|r| *r.as_ref().ok()?).sum();
+        self.zero_copy.fetch_add(moved as u64, Ordering::Relaxed);
+        batch(py, "batch_get_into", results, |py, n: Option<usize>| {
+            Ok(n.into_pyobject(py)?.into_any())
+        })
+    }
+
+    /// `exists` of every key, all at once. Raises `BatchError` when any key fails.
+    fn batch_exists<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let store = self.store(py)?;
+        let keys = keys_of(py, keys)?;
+        let results = py.detach(|| store.block_on(join_all(keys.iter().map(|k| store.exists(k)))));
+        batch(py, "batch_exists", results, |py, b: bool| {
+            Ok(pyo3::types::PyBool::new(py, b).to_owned().into_any())
+        })
+    }
+
+    /// The values of `keys` (bytes, or `None` for a key with none), read together in
+    /// rounds of one list per server. Raises `BatchError` when any key fails.
+    fn get_many<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let store = self.store(py)?;
+        let keys = keys_of(py, keys)?;
+        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let results = py.detach(|| store.block_on(store.get_many(&refs)));
+        let copied: usize = results
+            .iter()
+            .filter_map(|r| r.as_ref().ok()?.as_ref().map(Vec::len))
+            .sum();
+        self.copied.fetch_add(copied as u64, Ordering::Relaxed);
+        batch(py, "get_many", results, |py, v: Option<Vec<u8>>| {
+            Ok(match v {
+                Some(v) => PyBytes::new(py, &v).into_any(),
+                None => py.None().into_bound(py),
+            })
+        })
+    }
+
+    /// `put` of every key with its value, all at once: the versions. Raises `BatchError`
+    /// when any key fails.
+    fn put_many<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        values: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let store = self.store(py)?;
+        let keys = keys_of(py, keys)?;
+        let values = values
+            .try_iter()?
+            .map(|v| copy_of(&v?))
+            .collect::<PyResult<Vec<Vec<u8>>>>()?;
+        if keys.len() != values.len() {
+            return Err(bad_arg(
+                py,
+                format!("put_many: {} keys but {} values", keys.len(), values.len()),
+            ));
+        }
+        let copied: usize = values.iter().map(Vec::len).sum();
+        self.copied.fetch_add(copied as u64, Ordering::Relaxed);
+        let results = py.detach(|| {
+            store.block_on(join_all(
+                keys.iter().zip(&values).map(|(k, v)| store.put(k, v)),
+            ))
+        });
+        batch(py, "put_many", results, version)
+    }
+
+    /// Copies every replica of every key to where the current servers want it, and frees
+    /// what gone writers left (docs/STORE.md section 7): the report, as a dict.
+    fn repair<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let store = self.store(py)?;
+        let r = py.detach(|| store.block_on(store.repair())).py(py)?;
+        let d = PyDict::new(py);
+        d.set_item("nodes", r.nodes)?;
+        d.set_item("keys", r.keys)?;
+        d.set_item("copied", r.copied)?;
+        d.set_item("cleared", r.cleared)?;
+        d.set_item("unreadable", r.unreadable)?;
+        d.set_item("failed", r.failed)?;
+        d.set_item("deferred", r.deferred)?;
+        d.set_item("conflicts", r.conflicts)?;
+        d.set_item("reclaimed", r.reclaimed)?;
+        d.set_item("released", r.released)?;
+        d.set_item("tombstones_cleared", r.tombstones_cleared)?;
+        Ok(d)
+    }
+
+    /// This client's counters, as a dict (`StoreStats`, and what the binding copied).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.store.stats();
+        let d = PyDict::new(py);
+        d.set_item("puts", s.puts)?;
+        d.set_item("hits", s.hits)?;
+        d.set_item("misses", s.misses)?;
+        d.set_item("removes", s.removes)?;
+        d.set_item("retired", s.retired)?;
+        d.set_item("freed", s.freed)?;
+        d.set_item("waits_for_room", s.waits_for_room)?;
+        d.set_item("fenced", s.fenced)?;
+        d.set_item("put_round_trips", s.put_round_trips)?;
+        d.set_item("get_round_trips", s.get_round_trips)?;
+        d.set_item("bytes_copied", self.copied.load(Ordering::Relaxed))?;
+        d.set_item("bytes_zero_copy", self.zero_copy.load(Ordering::Relaxed))?;
+        Ok(d)
+    }
+
+    /// Frees the blocks this client replaced once their grace period is over, then closes
+    /// the client: later calls raise. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            let store = &self.store;
+            py.detach(|| {
+                store.block_on(store.flush_retired());
+            });
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close(py);
+        false
+    }
+}
+
+/// A copy of the bytes of `value` (bytes, bytearray, memoryview, or any C-contiguous
+/// buffer).
+pub fn copy_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(b) = value.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    let buf = pyo3::buffer::PyBuffer::<u8>::get(value).or_else(|_| {
+        // Any other element type: its bytes, through a byte-format memoryview.
+        let mv = value
+            .py()
+            .import("builtins")?
+            .getattr("memoryview")?
+            .call1((value,))?
+            .call_method1("cast", ("B",))?;
+        pyo3::buffer::PyBuffer::<u8>::get(&mv)
+    })?;
+    buf.to_vec(value.py())
+}

@@ -1,0 +1,137 @@
+"""The store's calls, their results and their errors."""
+
+from __future__ import annotations
+
+import pytest
+
+import rdmapool
+
+
+def test_put_get_remove_exists(store):
+    seq, writer = store.put(b"a", b"one")
+    assert (seq, writer) == (1, store.client_id)
+    assert store.get(b"a") == b"one"
+    assert store.get("a") == b"one"  # a str key is its UTF-8 bytes
+    assert store.exists(b"a") and not store.exists(b"b")
+    assert store.put(b"a", bytearray(b"two"))[0] == 2
+    assert store.get(b"a") == b"two"
+    assert store.remove(b"a") is True
+    assert store.get(b"a") is None
+    assert store.remove(b"a") is False
+
+
+def test_values_of_every_buffer_kind(store):
+    import array
+
+    store.put(b"mv", memoryview(b"xyz")[1:])
+    assert store.get(b"mv") == b"yz"
+    store.put(b"arr", array.array("I", [1, 2]))
+    assert store.get(b"arr") == array.array("I", [1, 2]).tobytes()
+    with pytest.raises(rdmapool.OutOfLimits):
+        store.put(b"empty", b"")  # a value has at least one byte
+    assert store.get(b"empty") is None
+
+
+def test_a_second_client_reads_what_the_first_wrote(addrs, store):
+    store.put(b"shared", b"x" * 10000)
+    with rdmapool.Store(addrs) as other:
+        assert other.get(b"shared") == b"x" * 10000
+
+
+def test_list_get_many_put_many(store):
+    keys = [f"user:{i}".encode() for i in range(20)]
+    versions = store.put_many(keys, [k + b"!" for k in keys])
+    assert [v[0] for v in versions] == [1] * 20
+    assert store.list(b"user:1") == sorted(k for k in keys if k.startswith(b"user:1"))
+    got = store.get_many(keys + [b"missing"])
+    assert got == [k + b"!" for k in keys] + [None]
+    assert set(store.list()) == set(keys)
+
+
+def test_stats_count_hits_misses_and_copies(store):
+    store.put(b"k", b"12345")
+    store.get(b"k")
+    store.get(b"nothing")
+    s = store.stats()
+    assert (s["puts"], s["hits"], s["misses"]) == (1, 1, 1)
+    assert s["bytes_copied"] == 5  # the value of get; put of bytes reads them in place
+    assert s["bytes_zero_copy"] == 0
+    assert s["put_round_trips"] >= 1 and s["get_round_trips"] >= 1
+
+
+def test_repair_reports_a_clean_cluster(store):
+    store.put(b"k", b"v")
+    r = store.repair()
+    assert r["failed"] == 0 and r["unreadable"] == 0 and r["keys"] >= 1
+
+
+def test_a_striped_value_comes_back_whole(addrs):
+    with rdmapool.Store(addrs, part_size=64 << 10) as s:
+        big = bytes(range(256)) * 1200  # 300 KiB: five parts
+        s.put(b"big", big)
+        assert s.get(b"big") == big
+
+
+@pytest.mark.parametrize("key", [123, None, 1.5, ["k"]])
+def test_a_key_that_is_not_bytes_or_str_is_refused(store, key):
+    with pytest.raises(rdmapool.OutOfLimits):
+        store.put(key, b"v")
+    with pytest.raises(ValueError):
+        store.get(key)
+
+
+def test_keys_too_long_and_reserved_are_refused_and_nothing_is_lost(store):
+    store.put(b"keep", b"me")
+    with pytest.raises(rdmapool.OutOfLimits):
+        store.put(b"k" * 70000, b"v")
+    assert store.get(b"keep") == b"me"
+
+
+def test_bad_settings_are_refused(addrs):
+    with pytest.raises(rdmapool.OutOfLimits):
+        rdmapool.Store(addrs, replicas=0)
+    for grace in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(rdmapool.OutOfLimits):
+            rdmapool.Store(addrs, grace=grace)
+    with pytest.raises(rdmapool.OutOfLimits):
+        rdmapool.Store(addrs, provider="nic")
+    with pytest.raises(rdmapool.OutOfLimits):
+        rdmapool.Store([])
+    with pytest.raises(rdmapool.OutOfLimits):
+        rdmapool.Store()
+    with pytest.raises(rdmapool.OutOfLimits):
+        rdmapool.Store(addrs, etcd="http://127.0.0.1:1")
+    with pytest.raises(rdmapool.RdmapoolError):
+        rdmapool.Store(["not an address"])
+    with pytest.raises(OverflowError):
+        rdmapool.Store(addrs, client_id=-1)
+
+
+def test_no_reachable_server_raises_a_library_error():
+    with pytest.raises(rdmapool.RdmapoolError):
+        rdmapool.Store(["127.0.0.1:1"])
+
+
+def test_more_replicas_than_servers_cannot_put(addrs):
+    with rdmapool.Store(addrs, replicas=4) as s:
+        with pytest.raises(rdmapool.RdmapoolError):
+            s.put(b"k", b"v")
+
+
+def test_a_closed_store_refuses_calls(addrs):
+    s = rdmapool.Store(addrs)
+    s.put(b"k", b"v")
+    s.close()
+    s.close()  # idempotent
+    with pytest.raises(rdmapool.RdmapoolError, match="closed"):
+        s.get(b"k")
+
+
+def test_a_missing_key_file_is_a_typed_error(addrs, tmp_path):
+    with pytest.raises(rdmapool.RdmapoolError):
+        rdmapool.Store(addrs, key_file=str(tmp_path / "none"))
+
+
+def test_devices_lists_the_soft_provider():
+    soft = [d for d in rdmapool.devices() if d["provider"] == "soft"]
+    assert soft and soft[0]["available"] and soft[0]["devices"]
