@@ -37,4 +37,6 @@ while read -r name version; do
 done <<<"$names"
 echo "removed $removed earlier unpacked copies and build fingerprints of this workspace's crates"
 
-cargo package --workspace "$@"
+# rdmapool-py is not published to crates.io (publish = false): it ships as a Python wheel,
+# which scripts/python-check.sh builds and checks.
+cargo package --workspace --exclude rdmapool-py "$@"
