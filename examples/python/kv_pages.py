@@ -11,7 +11,7 @@ the prefix can fetch the page instead of computing it again. This example:
 4. kills one server, then fetches every page with ``batch_get_into`` into a fresh tensor,
    and checks each byte.
 
-Run it from the repository's root after ``pip install ./crates/rdmapool-py``::
+Run it from the repository's root after ``pip install ./crates/rdmapool-py numpy``::
 
     python examples/python/kv_pages.py
 """
@@ -45,7 +45,7 @@ def page_keys(tokens: list[int]) -> list[bytes]:
 
 def start_server(node: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rdmapool.server", "--node", str(node), "--size", "32M"],
+        [sys.executable, "-m", "rdmapool.server", "--node", str(node), "--size", "6M"],
         stdout=subprocess.PIPE,
         text=True,
     )

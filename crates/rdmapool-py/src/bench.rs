@@ -23,7 +23,7 @@ pub fn rust_batches(
 ) -> PyResult<f64> {
     let s = store.inner(py)?;
     let views = (0..keys.len())
-        .map(|i| buffer.view_of(py, s.pool().pd(), i * page, page))
+        .map(|i| buffer.view_of(py, store.owner(), i * page, page))
         .collect::<PyResult<Vec<_>>>()?;
     let failed = py.detach(|| {
         let t = std::time::Instant::now();

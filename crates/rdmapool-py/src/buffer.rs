@@ -12,6 +12,7 @@ use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PySlice};
 use rdmapool::fabric::{AccessFlags, Mr, Pd, Shared, StableBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A Python object's exported bytes, kept exported while the value lives.
@@ -40,17 +41,23 @@ unsafe impl StableBuf for PythonMemory {
 #[pyclass(frozen, module = "rdmapool", name = "RegisteredBuffer")]
 pub struct RegisteredBuffer {
     mr: Arc<Mr<PythonMemory>>,
-    /// The protection domain it was registered with (its address, as an identity): a
-    /// client refuses buffers of another one, whose keys its operations cannot use.
-    pd: usize,
+    /// The client it was registered by ([`new_owner`]): a client refuses buffers of
+    /// another one, whose protection domain's keys its operations cannot use.
+    owner: u64,
     readonly: bool,
     offset: usize,
     len: usize,
 }
 
+/// A number no other client of this process has: what a client's buffers are marked with.
+pub fn new_owner() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 impl RegisteredBuffer {
-    /// Registers `obj`'s exported bytes with `pd`.
-    pub fn register(py: Python<'_>, pd: &Pd, obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+    /// Registers `obj`'s exported bytes with `pd`, the protection domain of client `owner`.
+    pub fn register(py: Python<'_>, pd: &Pd, owner: u64, obj: &Bound<'_, PyAny>) -> PyResult<Self> {
         let export = PyUntypedBuffer::get(obj)?;
         if !export.is_c_contiguous() {
             return Err(bad_arg(
@@ -74,17 +81,17 @@ impl RegisteredBuffer {
             .py(py)?;
         Ok(Self {
             mr: Arc::new(mr),
-            pd: pd as *const Pd as usize,
+            owner,
             readonly,
             offset: 0,
             len,
         })
     }
 
-    /// A view of this buffer's bytes for one operation on a client of `pd`, keeping the
+    /// A view of this buffer's bytes for one operation of client `owner`, keeping the
     /// registration alive; refused when it was registered by another client.
-    pub fn shared(&self, py: Python<'_>, pd: &Pd) -> PyResult<Mr<Shared>> {
-        if self.pd != pd as *const Pd as usize {
+    pub fn shared(&self, py: Python<'_>, owner: u64) -> PyResult<Mr<Shared>> {
+        if self.owner != owner {
             return Err(bad_arg(
                 py,
                 "the buffer was registered by another client: register it with the client \
@@ -95,26 +102,26 @@ impl RegisteredBuffer {
     }
 
     /// This buffer's view, refused when it is read-only (`what` names the call).
-    pub fn writable(&self, py: Python<'_>, pd: &Pd, what: &str) -> PyResult<Mr<Shared>> {
+    pub fn writable(&self, py: Python<'_>, owner: u64, what: &str) -> PyResult<Mr<Shared>> {
         if self.readonly {
             return Err(bad_arg(
                 py,
                 format!("{what}: the buffer is read-only (register a writable object)"),
             ));
         }
-        self.shared(py, pd)
+        self.shared(py, owner)
     }
 
-    /// A view of `length` bytes at `offset` of this one, for an operation of a client of
-    /// `pd` (as `shared`).
+    /// A view of `length` bytes at `offset` of this one, for an operation of client `owner`
+    /// (as `shared`).
     pub fn view_of(
         &self,
         py: Python<'_>,
-        pd: &Pd,
+        owner: u64,
         offset: usize,
         length: usize,
     ) -> PyResult<Mr<Shared>> {
-        self.sub(py, offset, length)?.shared(py, pd)
+        self.sub(py, offset, length)?.shared(py, owner)
     }
 
     /// Bytes in this view.
@@ -137,7 +144,7 @@ impl RegisteredBuffer {
         }
         Ok(Self {
             mr: self.mr.clone(),
-            pd: self.pd,
+            owner: self.owner,
             readonly: self.readonly,
             offset: self.offset + offset,
             len: length,

@@ -77,7 +77,7 @@ fn fresh_client_id() -> u64 {
             .map_or(0, |d| d.as_nanos() as u64);
         b = (t ^ u64::from(std::process::id())).to_le_bytes();
     }
-    (1u64 << 62) | (u64::from_le_bytes(b) & ((1u64 << 62) - 1)) | (1 << 40)
+    (1u64 << 62) | (u64::from_le_bytes(b) & ((1u64 << 62) - 1))
 }
 
 /// Joins the cluster `join` names (the GIL released while connecting).

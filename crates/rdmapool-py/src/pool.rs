@@ -65,6 +65,8 @@ impl RemotePtr {
 #[pyclass(frozen, module = "rdmapool", name = "PoolClient")]
 pub struct PoolClient {
     client: Arc<RustClient>,
+    /// What this client's registered buffers are marked with (`buffer::new_owner`).
+    owner: u64,
     _follower: Option<EtcdFollower>,
     /// Registered buffers `read` and `write` copy through, reused.
     scratch: Mutex<Vec<Mr<Alloc>>>,
@@ -138,6 +140,7 @@ impl PoolClient {
         )?;
         Ok(Self {
             client: joined.client,
+            owner: crate::buffer::new_owner(),
             _follower: joined._follower,
             scratch: Mutex::new(Vec::new()),
         })
@@ -211,7 +214,7 @@ impl PoolClient {
         offset: u64,
     ) -> PyResult<()> {
         let len = Self::span(py, &ptr.0, offset, Some(view.len() as u64))?;
-        let mr = view.shared(py, self.client.pd())?;
+        let mr = view.shared(py, self.owner)?;
         let (c, p) = (&self.client, ptr.0);
         py.detach(|| c.block_on(c.write(p, offset, mr, 0, len)).0)
             .py(py)
@@ -228,7 +231,7 @@ impl PoolClient {
         offset: u64,
     ) -> PyResult<()> {
         let len = Self::span(py, &ptr.0, offset, Some(view.len() as u64))?;
-        let mr = view.writable(py, self.client.pd(), "read_into")?;
+        let mr = view.writable(py, self.owner, "read_into")?;
         let (c, p) = (&self.client, ptr.0);
         py.detach(|| c.block_on(c.read(p, offset, mr, 0, len)).0)
             .py(py)
@@ -259,7 +262,7 @@ impl PoolClient {
     /// Registers `buffer` (any C-contiguous object with the buffer protocol) for
     /// `read_into`, `write_from` and `batch`.
     fn register(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<RegisteredBuffer> {
-        RegisteredBuffer::register(py, self.client.pd(), buffer)
+        RegisteredBuffer::register(py, self.client.pd(), self.owner, buffer)
     }
 
     /// Runs operations together: per server, one list with one doorbell. Each operation is
@@ -293,19 +296,19 @@ impl PoolClient {
                         b.read(
                             p,
                             opt(3)?,
-                            view.writable(py, self.client.pd(), "batch read")?,
+                            view.writable(py, self.owner, "batch read")?,
                             0,
                             len,
                         );
                     } else {
-                        b.write(p, opt(3)?, view.shared(py, self.client.pd())?, 0, len);
+                        b.write(p, opt(3)?, view.shared(py, self.owner)?, 0, len);
                     }
                 }
                 ("cas", 5) => {
-                    b.compare_and_swap(p, opt(2)?, opt(3)?, opt(4)?);
+                    b.compare_and_swap(p, aligned(py, &p, opt(2)?)?, opt(3)?, opt(4)?);
                 }
                 ("faa", 4) => {
-                    b.fetch_and_add(p, opt(2)?, opt(3)?);
+                    b.fetch_and_add(p, aligned(py, &p, opt(2)?)?, opt(3)?);
                 }
                 _ => {
                     return Err(bad_arg(
@@ -335,4 +338,16 @@ impl PoolClient {
             .collect::<PyResult<_>>()?;
         PyList::new(py, out)
     }
+}
+
+/// `offset`, when the word at `offset` of `ptr` is 8-byte aligned, as RDMA atomics need
+/// (checked before a batch is posted: one misaligned atomic would fail its whole list).
+fn aligned(py: Python<'_>, ptr: &RustPtr, offset: u64) -> PyResult<u64> {
+    if !ptr.offset.wrapping_add(offset).is_multiple_of(8) {
+        return Err(bad_arg(
+            py,
+            format!("an atomic at offset {offset} of {ptr}: the word is not 8-byte aligned"),
+        ));
+    }
+    Ok(offset)
 }

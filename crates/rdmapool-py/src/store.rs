@@ -6,25 +6,30 @@ use crate::buffer::RegisteredBuffer;
 use crate::connect::{self, Join};
 use crate::errors::{bad_arg, raise, to_py, IntoPyResult};
 use futures_util::future::join_all;
+use parking_lot::RwLock;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use rdmapool::remote::EtcdFollower;
 use rdmapool::store::{Store as RustStore, StoreConfig, Version};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// A client of the replicated store (`rdmapool.Store` in Python; docs/PYTHON.md).
 #[pyclass(frozen, module = "rdmapool", name = "Store")]
 pub struct Store {
-    store: Arc<RustStore>,
+    /// The store, until `close` takes it (its pool client's lease and connections end
+    /// with the last call under way).
+    store: RwLock<Option<Arc<RustStore>>>,
+    client_id: u64,
+    /// What this client's registered buffers are marked with (`buffer::new_owner`).
+    owner: u64,
     _follower: Option<EtcdFollower>,
     /// Value bytes this binding copied between Python objects and Rust memory (`put` of a
     /// non-`bytes` value, `get`'s result); the zero-copy calls add nothing.
     copied: AtomicU64,
     /// Value bytes the zero-copy calls moved.
     zero_copy: AtomicU64,
-    closed: AtomicBool,
 }
 
 /// A key: `bytes`, or a `str` (its UTF-8 bytes).
@@ -109,15 +114,20 @@ fn batch<'py, T>(
 
 impl Store {
     /// The Rust store, refused once closed.
-    pub fn inner(&self, py: Python<'_>) -> PyResult<&RustStore> {
+    pub fn inner(&self, py: Python<'_>) -> PyResult<Arc<RustStore>> {
         self.store(py)
     }
 
-    fn store(&self, py: Python<'_>) -> PyResult<&RustStore> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(raise(py, "RdmapoolError", "the store is closed".into()));
-        }
-        Ok(&self.store)
+    /// What this client's registered buffers are marked with.
+    pub fn owner(&self) -> u64 {
+        self.owner
+    }
+
+    fn store(&self, py: Python<'_>) -> PyResult<Arc<RustStore>> {
+        self.store
+            .read()
+            .clone()
+            .ok_or_else(|| raise(py, "RdmapoolError", "the store is closed".into()))
     }
 
     fn views<'a>(
@@ -177,20 +187,22 @@ impl Store {
                 device,
             },
         )?;
+        let client_id = joined.client.client_id();
         let store = RustStore::new(joined.client, cfg).py(py)?;
         Ok(Self {
-            store: Arc::new(store),
+            store: RwLock::new(Some(Arc::new(store))),
+            client_id,
+            owner: crate::buffer::new_owner(),
             _follower: joined._follower,
             copied: AtomicU64::new(0),
             zero_copy: AtomicU64::new(0),
-            closed: AtomicBool::new(false),
         })
     }
 
     /// This client's id.
     #[getter]
     fn client_id(&self) -> u64 {
-        self.store.pool().client_id()
+        self.client_id
     }
 
     /// Stores `value` (bytes or any buffer) under `key`; returns its version `(seq, writer)`.
@@ -263,7 +275,7 @@ impl Store {
     /// client, for the zero-copy calls.
     fn register(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<RegisteredBuffer> {
         let store = self.store(py)?;
-        RegisteredBuffer::register(py, store.pool().pd(), buffer)
+        RegisteredBuffer::register(py, store.pool().pd(), self.owner, buffer)
     }
 
     /// Stores the bytes of the registered `view` under `key`, WRITten from its memory with
@@ -276,7 +288,7 @@ impl Store {
     ) -> PyResult<Bound<'py, PyAny>> {
         let store = self.store(py)?;
         let key = key_of(py, key)?;
-        let mr = view.shared(py, store.pool().pd())?;
+        let mr = view.shared(py, self.owner)?;
         let v = py
             .detach(|| store.block_on(store.put_from(&key, &mr)))
             .py(py)?;
@@ -296,7 +308,7 @@ impl Store {
     ) -> PyResult<Option<usize>> {
         let store = self.store(py)?;
         let key = key_of(py, key)?;
-        let mr = view.writable(py, store.pool().pd(), "get_into")?;
+        let mr = view.writable(py, self.owner, "get_into")?;
         let n = py
             .detach(|| store.block_on(store.get_into(&key, &mr)))
             .py(py)?;
@@ -318,14 +330,19 @@ impl Store {
         Self::views(py, "batch_put_from", keys.len(), &views)?;
         let mrs = views
             .iter()
-            .map(|v| v.shared(py, store.pool().pd()))
+            .map(|v| v.shared(py, self.owner))
             .collect::<PyResult<Vec<_>>>()?;
         let results = py.detach(|| {
             store.block_on(join_all(
                 keys.iter().zip(&mrs).map(|(k, mr)| store.put_from(k, mr)),
             ))
         });
-        let moved: usize = views.iter().map(|v| v.len()).sum();
+        let moved: usize = views
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(v, _)| v.len())
+            .sum();
         self.zero_copy.fetch_add(moved as u64, Ordering::Relaxed);
         batch(py, "batch_put_from", results, version)
     }
@@ -343,7 +360,7 @@ impl Store {
         Self::views(py, "batch_get_into", keys.len(), &views)?;
         let mrs = views
             .iter()
-            .map(|v| v.writable(py, store.pool().pd(), "batch_get_into"))
+            .map(|v| v.writable(py, self.owner, "batch_get_into"))
             .collect::<PyResult<Vec<_>>>()?;
         let results = py.detach(|| {
             store.block_on(join_all(
@@ -447,7 +464,7 @@ impl Store {
 
     /// This client's counters, as a dict (`StoreStats`, and what the binding copied).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.store.stats();
+        let s = self.store(py)?.stats();
         let d = PyDict::new(py);
         d.set_item("puts", s.puts)?;
         d.set_item("hits", s.hits)?;
@@ -465,12 +482,14 @@ impl Store {
     }
 
     /// Frees the blocks this client replaced once their grace period is over, then closes
-    /// the client: later calls raise. Idempotent.
+    /// the client: later calls raise, and its client id is free again once calls under way
+    /// in other threads end. Idempotent.
     fn close(&self, py: Python<'_>) {
-        if !self.closed.swap(true, Ordering::AcqRel) {
-            let store = &self.store;
-            py.detach(|| {
+        let taken = self.store.write().take();
+        if let Some(store) = taken {
+            py.detach(move || {
                 store.block_on(store.flush_retired());
+                drop(store);
             });
         }
     }

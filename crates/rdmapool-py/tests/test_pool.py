@@ -57,6 +57,10 @@ def test_zero_copy_and_batches(pool):
     assert bytes(dst_mem[:32]) == b"B" * 32
     with pytest.raises(rdmapool.OutOfLimits):
         pool.batch([("swap", ptr, 0, 1)])
+    # A misaligned atomic is refused before anything is posted (it would fail its list).
+    with pytest.raises(rdmapool.OutOfLimits, match="aligned"):
+        pool.batch([("faa", counter, 0, 1), ("faa", counter, 4, 1)])
+    assert int.from_bytes(pool.read(counter, 0, 8), "little") == 9
 
 
 def test_out_of_bounds_is_refused_before_anything_is_posted(pool):

@@ -135,3 +135,13 @@ def test_a_missing_key_file_is_a_typed_error(addrs, tmp_path):
 def test_devices_lists_the_soft_provider():
     soft = [d for d in rdmapool.devices() if d["provider"] == "soft"]
     assert soft and soft[0]["available"] and soft[0]["devices"]
+
+
+def test_close_ends_the_client_so_its_id_can_join_again(addrs):
+    s = rdmapool.Store(addrs, client_id=7)
+    s.put(b"k", b"v")
+    with pytest.raises(rdmapool.ClientIdInUse):
+        rdmapool.Store(addrs, client_id=7)
+    s.close()
+    with rdmapool.Store(addrs, client_id=7) as again:
+        assert again.get(b"k") == b"v"

@@ -11,6 +11,13 @@ def devices() -> list[dict[str, Any]]:
     """The RDMA providers built in (``soft``, ``verbs``): ``provider``, ``available``,
     ``unavailable`` (why not, or None) and ``devices`` (names)."""
 
+def rust_batches(
+    store: Store, keys: list[bytes], buffer: RegisteredBuffer, page: int, rounds: int, put: bool
+) -> float:
+    """For ``python -m rdmapool.bench``: ``rounds`` batches of ``put_from`` (or ``get_into``)
+    of every key at once, page ``i`` at ``i * page`` of ``buffer``, looped in Rust; the
+    seconds they took."""
+
 Key = bytes | str
 """A key: bytes, or a str (its UTF-8 bytes)."""
 

@@ -4,8 +4,8 @@ redis-server, in one run.
 
 For each page size (4 KiB and 64 KiB by default), a batch is 128 pages: ``batch_put_from``
 then ``batch_get_into`` of 128 keys, against ``rdmapool._rdmapool.rust_batches`` (the same
-``put_from``/``get_into`` futures run at once, looped in Rust) and a redis-py pipeline of
-one MSET / one MGET of the same 128 keys and bytes. The store's three memory servers run in
+``put_from``/``get_into`` futures run at once, looped in Rust) and redis-py's one MSET /
+one MGET of the same 128 keys and bytes (one round trip each, as a pipeline would take). The store's three memory servers run in
 this process (the soft provider's intra-host path); redis-server listens on loopback.
 
 Each figure is the median of ``--repeat`` alternating runs of ``--seconds`` each. Prints a
