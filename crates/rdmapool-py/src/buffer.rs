@@ -58,7 +58,20 @@ pub fn new_owner() -> u64 {
 impl RegisteredBuffer {
     /// Registers `obj`'s exported bytes with `pd`, the protection domain of client `owner`.
     pub fn register(py: Python<'_>, pd: &Pd, owner: u64, obj: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let export = PyUntypedBuffer::get(obj)?;
+        let export = match PyUntypedBuffer::get(obj) {
+            Ok(export) => export,
+            // A DLPack producer without the buffer protocol (a CPU torch tensor, a JAX or
+            // CuPy host array): NumPy's view of the same memory, which keeps the producer's
+            // capsule, and so the memory, alive while the registration holds it.
+            Err(e) if obj.hasattr("__dlpack__")? => {
+                let array = py
+                    .import("numpy")
+                    .and_then(|np| np.call_method1("from_dlpack", (obj,)))
+                    .map_err(|_| e)?;
+                PyUntypedBuffer::get(&array)?
+            }
+            Err(e) => return Err(e),
+        };
         if !export.is_c_contiguous() {
             return Err(bad_arg(
                 py,

@@ -133,3 +133,29 @@ def test_batches_check_their_lengths_and_report_each_key(store):
     assert results[0] == 8 and results[2] is None
     assert isinstance(results[1], rdmapool.OutOfLimits)
     assert buf.tobytes()[:8] == b"y" * 8
+
+
+class _DlpackOnly:
+    """A DLPack producer with no buffer protocol (as a CPU torch tensor)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_a_dlpack_producer_registers_its_own_memory(store):
+    src_array = np.arange(256, dtype=np.float32)
+    src = store.register(_DlpackOnly(src_array))
+    store.put_from(b"dl", src)
+    out_array = np.zeros(256, dtype=np.float32)
+    producer = _DlpackOnly(out_array)
+    dst = store.register(producer)
+    del producer
+    gc.collect()
+    assert store.get_into(b"dl", dst) == 1024
+    assert np.array_equal(out_array, src_array), "written into the producer's memory, no copy"
