@@ -167,7 +167,7 @@ impl Lookup {
 
     /// The READ of the block a slot word names on replica `r`: its length bound, clipped to
     /// its chunk; `None` outside the data area.
-    fn block_read(r: &Replica, word: u64) -> Option<Read> {
+    pub(crate) fn block_read(r: &Replica, word: u64) -> Option<Read> {
         let s = Slot::from_word(word)?;
         let chunk = r.layout.chunk_of(s.offset)?;
         let chunk_end = r.layout.chunk(chunk) + r.layout.chunk_size;
@@ -206,6 +206,15 @@ impl Lookup {
             .get_mut(e)
             .map(|(_, _, b)| std::mem::take(b))
             .unwrap_or_default()
+    }
+
+    /// The slot (position in its bucket, and word) that named the block of read `k` of the
+    /// last [`Lookup::on_buckets`].
+    pub(crate) fn read_slot(&self, k: usize) -> Option<(usize, u64)> {
+        self.plan
+            .iter()
+            .find(|&&(_, _, _, src)| src == Src::Read(k))
+            .map(|&(_, slot, word, _)| (slot, word))
     }
 
     /// From the buckets' bytes (`None`: that read failed), followed by the hinted blocks'

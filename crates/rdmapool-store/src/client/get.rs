@@ -7,10 +7,11 @@
 //! copy that fails its checksum is skipped for the next.
 
 use super::{check_user_key, digest_of, stripe, Located, Purpose, Store};
-use crate::format::{decode_split, peek, value_len, Kind, Version, HEADER_LEN};
+use crate::format::{decode_split, peek, value_len, KeyHash, Kind, Slot, Version, HEADER_LEN};
 use crate::get::Get;
 use crate::lookup::{Looked, Replica, Src};
 use crate::lookup::{Lookup, Read};
+use crate::put::SlotSeen;
 use crate::stripe::Manifest;
 use futures_util::future::join_all;
 use rdmapool_pool::fabric::{Mr, RegisteredMemory, Shared};
@@ -34,6 +35,9 @@ const PARTS_AT_ONCE: usize = 8;
 struct Candidate {
     node: u32,
     incarnation: u64,
+    /// The slot naming it in the key's bucket there, and the slot's word.
+    slot: usize,
+    word: u64,
     at: u64,
     version: Version,
     kind: Kind,
@@ -42,8 +46,8 @@ struct Candidate {
 
 /// What reading a candidate's value into the caller's buffer gave.
 enum Into {
-    /// The value, verified: its length and CRC-32.
-    Read(usize, u32),
+    /// The value, verified: its length, CRC-32 and version.
+    Read(usize, u32, Version),
     /// The newest verified block is not of the kind looked for (a tombstone, or a
     /// manifest where a part was expected).
     Other(Kind),
@@ -316,11 +320,30 @@ impl Store {
     }
 
     async fn get_into_rounds(&self, key: &[u8], out: &Mr<Shared>) -> Result<Option<usize>> {
+        if let Some(n) = self.get_into_from_hint(key, out).await? {
+            return Ok(Some(n));
+        }
         for _ in 0..ROUNDS {
+            let since = Instant::now();
             let cands = self.candidates(key).await?;
             match self.read_into(key, &cands, Kind::Value, out, 0).await? {
                 None | Some(Into::Other(Kind::Tombstone)) => return Ok(None),
-                Some(Into::Read(n, _)) => return Ok(Some(n)),
+                Some(Into::Read(n, _, version)) => {
+                    // Where the value is, for the next get into memory in one round.
+                    let slots = cands
+                        .iter()
+                        .filter(|c| c.version == version)
+                        .map(|c| SlotSeen {
+                            node: c.node,
+                            slot: c.slot,
+                            word: c.word,
+                            version,
+                            kind: c.kind,
+                        })
+                        .collect();
+                    self.remember(key, since, slots);
+                    return Ok(Some(n));
+                }
                 Some(Into::Other(Kind::Manifest)) => {
                     // Striped: the manifest is small; read it whole, then each part straight
                     // into its place in `out`.
@@ -362,7 +385,7 @@ impl Store {
             .await;
             for (&i, r) in batch.iter().zip(got) {
                 match r? {
-                    Some(Into::Read(n, crc)) if n == m.range(i).len() && crc == m.crcs[i] => {}
+                    Some(Into::Read(n, crc, _)) if n == m.range(i).len() && crc == m.crcs[i] => {}
                     Some(Into::Read(..)) => {
                         return Err(self.damaged(key, &format!("part {i} is not the manifest's")))
                     }
@@ -402,6 +425,9 @@ impl Store {
             }
             self.reload_view().await?;
         };
+        self.counters
+            .get_round_trips
+            .fetch_add(1, Ordering::Relaxed);
         if buckets.iter().all(Option::is_none) {
             return Err(Error::NodeDown {
                 node: replicas.first().map_or(0, |r| r.node),
@@ -419,8 +445,13 @@ impl Store {
             })
             .collect();
         let heads = self.reads(&replicas, &reads).await;
+        if !reads.is_empty() {
+            self.counters
+                .get_round_trips
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let mut out = Vec::new();
-        for (r, bytes) in reads.iter().zip(&heads) {
+        for (k, (r, bytes)) in reads.iter().zip(&heads).enumerate() {
             let Some(bytes) = bytes else {
                 return Err(Error::NodeDown {
                     node: r.node,
@@ -433,10 +464,15 @@ impl Store {
             let Some(rep) = replicas.iter().find(|x| x.node == r.node) else {
                 continue;
             };
+            let Some((slot, word)) = lookup.read_slot(k) else {
+                continue;
+            };
             if p.key == key {
                 out.push(Candidate {
                     node: r.node,
                     incarnation: rep.incarnation,
+                    slot,
+                    word,
                     at: r.at,
                     version: p.version,
                     kind: p.kind,
@@ -480,6 +516,9 @@ impl Store {
                     c.value_len,
                 )
                 .await;
+            self.counters
+                .get_round_trips
+                .fetch_add(1, Ordering::Relaxed);
             let head = match read {
                 Ok(h) => h,
                 Err(e) => {
@@ -490,7 +529,11 @@ impl Store {
             let digest = digest_of(out, offset, c.value_len as usize)?;
             match decode_split(&head, key, &digest) {
                 Ok(b) if b.version == c.version && b.kind == want => {
-                    return Ok(Some(Into::Read(c.value_len as usize, digest.crc())))
+                    return Ok(Some(Into::Read(
+                        c.value_len as usize,
+                        digest.crc(),
+                        c.version,
+                    )))
                 }
                 _ => continue, // replaced and reused, torn, or damaged: the next copy
             }
@@ -499,6 +542,95 @@ impl Store {
             Some(e) => Err(e),
             None if cands.is_empty() => Ok(None),
             None => Err(self.damaged(key, "no copy of it verifies")),
+        }
+    }
+
+    /// The zero-copy get in one round, from where this client last saw `key`
+    /// (docs/STORE.md section 5): beside every replica's bucket and fence word, the hinted
+    /// block of the first replica is READ, its header and key into a staging buffer and the
+    /// rest straight into `out`. The value's length when every replica's bucket still
+    /// names the block the hint names there and no other slot of it may be the key's, the
+    /// view is unchanged, and the block verifies with the hinted version; otherwise `None`
+    /// (the lookup in rounds follows, which writes over what landed in `out`).
+    async fn get_into_from_hint(&self, key: &[u8], out: &Mr<Shared>) -> Result<Option<usize>> {
+        let Some(seen) = self.hint_slots(key) else {
+            return Ok(None);
+        };
+        let number = self.placing_view().await?.number;
+        let (replicas, missing) = self.replicas(key, self.cfg.replicas, Purpose::Read).await?;
+        let hinted: Option<Vec<SlotSeen>> = replicas
+            .iter()
+            .map(|r| seen.iter().find(|s| s.node == r.node).copied())
+            .collect();
+        let (Some(hinted), Some(first)) = (hinted, replicas.first()) else {
+            return Ok(None);
+        };
+        let version = hinted[0].version;
+        if missing > 0
+            || hinted
+                .iter()
+                .any(|s| s.version != version || s.kind != Kind::Value)
+        {
+            return Ok(None);
+        }
+        let head_len = (HEADER_LEN + key.len()) as u64;
+        let Some(block) = Lookup::block_read(first, hinted[0].word) else {
+            return Ok(None);
+        };
+        let value_part = block.len.saturating_sub(head_len).min(out.len() as u64);
+        if value_part == 0 {
+            return Ok(None);
+        }
+        let since = Instant::now();
+        let lookup = Lookup::new(key, &replicas);
+        let (buckets, fences, head) = futures_util::future::join3(
+            self.reads(&replicas, &lookup.bucket_reads()),
+            self.fences(&replicas),
+            self.pool.regions().read_into(
+                first.node,
+                first.incarnation,
+                block.at,
+                head_len,
+                out,
+                0,
+                value_part,
+            ),
+        )
+        .await;
+        self.counters
+            .get_round_trips
+            .fetch_add(1, Ordering::Relaxed);
+        if fences.iter().any(Option::is_none) || Self::fenced_out(&fences, number) {
+            return Ok(None);
+        }
+        let fingerprint = KeyHash::of(key).fingerprint();
+        for (s, bucket) in hinted.iter().zip(&buckets) {
+            let Some(bucket) = bucket else {
+                return Ok(None);
+            };
+            for (i, w) in bucket.chunks_exact(8).enumerate() {
+                let w = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
+                let changed = i == s.slot && w != s.word;
+                let other =
+                    i != s.slot && Slot::from_word(w).is_some_and(|x| x.fingerprint == fingerprint);
+                if changed || other {
+                    return Ok(None);
+                }
+            }
+        }
+        let Ok(head) = head else {
+            return Ok(None);
+        };
+        let Some(len) = value_len(&head).filter(|&l| l > 0 && l <= value_part) else {
+            return Ok(None);
+        };
+        let digest = digest_of(out, 0, len as usize)?;
+        match decode_split(&head, key, &digest) {
+            Ok(b) if b.version == version && b.kind == Kind::Value => {
+                self.remember(key, since, hinted);
+                Ok(Some(len as usize))
+            }
+            _ => Ok(None),
         }
     }
 

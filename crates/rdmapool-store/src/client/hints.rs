@@ -46,6 +46,11 @@ impl Store {
             .unwrap_or_default()
     }
 
+    /// Where this client last saw `key`'s blocks, with their versions and kinds.
+    pub(super) fn hint_slots(&self, key: &[u8]) -> Option<Vec<SlotSeen>> {
+        self.hints.lock().get(key).map(|h| h.slots.clone())
+    }
+
     /// `key`'s slots on every one of `replicas` (in their order) if this client saw them
     /// all less than a fraction of the grace period ago, before `now`.
     pub(super) fn current_hint(

@@ -159,6 +159,13 @@ fn child_entry() {
             // A restarted writer numbers its values on from here (ids stay unique).
             let mut n: u64 = env("START_N").parse().unwrap();
             let st = open_store(id);
+            // Half the gets read into registered memory (`get_into`: one round from a hint).
+            let into = rdmapool::fabric::Mr::share(&std::sync::Arc::new(
+                st.pool()
+                    .pd()
+                    .alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE)
+                    .unwrap(),
+            ));
             let until = Instant::now() + Duration::from_secs(env("SECS").parse().unwrap());
             let mut log = std::io::BufWriter::new(std::fs::File::create(env("LOG")).unwrap());
             let mut rng = (id ^ seed.wrapping_mul(0xa076_1d64_78bd_642f) ^ n)
@@ -201,8 +208,17 @@ fn child_entry() {
                     let r = st.block_on(st.put(key.as_bytes(), &value_of(&vid)));
                     let o = if r.is_ok() { Outcome::Ok } else { Outcome::Err };
                     ("put", Some(vid), o)
-                } else if roll < 17 {
+                } else if roll < 14 {
                     ("get", None, outcome_of(st.block_on(st.get(key.as_bytes()))))
+                } else if roll < 17 {
+                    let got = st.block_on(st.get_into(key.as_bytes(), &into)).map(|n| {
+                        n.map(|n| {
+                            let mut bytes = vec![0u8; n];
+                            into.read_at(0, &mut bytes).unwrap();
+                            bytes
+                        })
+                    });
+                    ("get", None, outcome_of(got))
                 } else {
                     let r = st.block_on(st.remove(key.as_bytes()));
                     (

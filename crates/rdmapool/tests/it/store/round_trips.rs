@@ -113,6 +113,78 @@ fn puts_and_gets_take_the_round_trips_the_store_promises() {
     );
 }
 
+/// The zero-copy get (`get_into`) takes 1 round with a current hint, as `get`; without
+/// one, 3 (buckets, candidates' headers, the value into the buffer), which leave it a
+/// hint. A stale hint, or a key removed meanwhile, costs its round and then reads right.
+#[test]
+fn a_get_into_memory_takes_one_round_from_a_hint() {
+    let lease = Duration::from_secs(10);
+    let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
+    let refs: Vec<&MemoryServer> = s.iter().collect();
+    let store = |id| {
+        let cfg = StoreConfig {
+            grace: Duration::from_secs(600),
+            ..StoreConfig::default()
+        };
+        Store::new(pool(&refs, id), cfg).expect("store")
+    };
+    let (writer, reader) = (store(1), store(2));
+    let buffer = |st: &Store| {
+        let mr = st
+            .pool()
+            .pd()
+            .alloc_mr(4096, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        rdmapool::fabric::Mr::share(&Arc::new(mr))
+    };
+    let (wout, rout) = (buffer(&writer), buffer(&reader));
+    let into = |out: &rdmapool::fabric::Mr<rdmapool::fabric::Shared>,
+                want: Option<&'static [u8]>| {
+        let out = out.clone();
+        move |st: &Store| {
+            let n = st.block_on(st.get_into(b"page", &out)).unwrap();
+            assert_eq!(n, want.map(<[u8]>::len));
+            if let Some(want) = want {
+                let mut got = vec![0u8; want.len()];
+                out.read_at(0, &mut got).unwrap();
+                assert_eq!(got, want);
+            }
+        }
+    };
+    writer
+        .block_on(writer.put(b"page", b"kv page one"))
+        .unwrap();
+    assert_eq!(
+        trips(&writer, into(&wout, Some(b"kv page one"))),
+        (0, 1),
+        "its own put's hint"
+    );
+    assert_eq!(
+        trips(&reader, into(&rout, Some(b"kv page one"))),
+        (0, 3),
+        "no hint"
+    );
+    assert_eq!(
+        trips(&reader, into(&rout, Some(b"kv page one"))),
+        (0, 1),
+        "the hint it found"
+    );
+    writer
+        .block_on(writer.put(b"page", b"kv page two, longer"))
+        .unwrap();
+    assert_eq!(
+        trips(&reader, into(&rout, Some(b"kv page two, longer"))),
+        (0, 4),
+        "a stale hint: its round, then the lookup"
+    );
+    assert!(writer.block_on(writer.remove(b"page")).unwrap());
+    let (_, rounds) = trips(&reader, into(&rout, None));
+    assert!(
+        rounds >= 2,
+        "a removed key: the hint's round, then the lookup ({rounds})"
+    );
+}
+
 /// A get of `k` that finds nothing.
 fn get_none(k: &'static [u8]) -> impl FnOnce(&Store) {
     move |st: &Store| assert_eq!(st.block_on(st.get(k)).unwrap(), None)
