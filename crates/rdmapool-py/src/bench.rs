@@ -8,8 +8,8 @@ use futures_util::future::join_all;
 use pyo3::prelude::*;
 
 /// Runs `rounds` batches of `len(keys)` pages of `page` bytes between `buffer` (page `i` at
-/// `i * page`) and the store through the Rust API (`put_from` or `get_into` of every key at
-/// once, as the Python batch calls do); returns the seconds they took. A failed key fails
+/// `i * page`) and the store through the Rust API (`put_from` of every key at once, or
+/// `get_into_many`, as the Python batch calls do); returns the seconds they took. A failed key fails
 /// the run.
 #[pyfunction]
 pub fn rust_batches(
@@ -34,9 +34,10 @@ pub fn rust_batches(
                 ));
                 r.into_iter().find_map(Result::err)
             } else {
-                let r = s.block_on(join_all(
-                    keys.iter().zip(&views).map(|(k, v)| s.get_into(k, v)),
-                ));
+                let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                let outs: Vec<&rdmapool::fabric::Mr<rdmapool::fabric::Shared>> =
+                    views.iter().collect();
+                let r = s.block_on(s.get_into_many(&keys, &outs));
                 r.into_iter().find_map(Result::err)
             };
             if let Some(e) = bad {

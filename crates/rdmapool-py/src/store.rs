@@ -9,6 +9,7 @@ use futures_util::future::join_all;
 use parking_lot::RwLock;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use rdmapool::fabric::{Mr, Shared};
 use rdmapool::remote::EtcdFollower;
 use rdmapool::store::{Store as RustStore, StoreConfig, Version};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -347,8 +348,9 @@ impl Store {
         batch(py, "batch_put_from", results, version)
     }
 
-    /// `get_into` of every key into its view, all at once: each value's length, or `None`
-    /// for a key with no value. Raises `BatchError` when any key fails.
+    /// `get_into` of every key into its view: each value's length, or `None` for a key
+    /// with no value. Keys this client saw lately take one round together (per server,
+    /// one list); the others are looked up at once. Raises `BatchError` when any key fails.
     fn batch_get_into<'py>(
         &self,
         py: Python<'py>,
@@ -363,9 +365,9 @@ impl Store {
             .map(|v| v.writable(py, self.owner, "batch_get_into"))
             .collect::<PyResult<Vec<_>>>()?;
         let results = py.detach(|| {
-            store.block_on(join_all(
-                keys.iter().zip(&mrs).map(|(k, mr)| store.get_into(k, mr)),
-            ))
+            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            let outs: Vec<&Mr<Shared>> = mrs.iter().collect();
+            store.block_on(store.get_into_many(&keys, &outs))
         });
         let moved: usize = results.iter().filter_map(|r| *r.as_ref().ok()?).sum();
         self.zero_copy.fetch_add(moved as u64, Ordering::Relaxed);

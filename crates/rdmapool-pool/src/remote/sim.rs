@@ -92,7 +92,7 @@ impl SimRegion {
                 Answer::Bytes(b[*at as usize..(*at + *len) as usize].to_vec())
             }
             Io::Write { at, bytes } => self.write(*at, &[bytes]),
-            Io::WriteWithPayload { .. } | Io::Alloc { .. } => Answer::Failed,
+            Io::WriteWithPayload { .. } | Io::ReadInto { .. } | Io::Alloc { .. } => Answer::Failed,
         }
     }
 

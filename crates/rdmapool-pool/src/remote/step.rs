@@ -43,6 +43,17 @@ pub enum Io {
         /// How many bytes.
         len: u64,
     },
+    /// Read `len` bytes at `at` straight into destination `into` of the step's payload
+    /// (a registered buffer and an offset in it: a store get's value, READ into the
+    /// caller's memory with no copy); answers [`Answer::Written`] once the bytes landed.
+    ReadInto {
+        /// The first byte's offset in the region.
+        at: u64,
+        /// How many bytes.
+        len: u64,
+        /// Which destination of the payload ([`Payload::Into`](crate::remote::regions::Payload::Into)).
+        into: usize,
+    },
     /// Write `bytes` at `at`, after every earlier operation of the same machine on the
     /// node; answers [`Answer::Written`].
     Write {

@@ -7,7 +7,7 @@
 //! copy that fails its checksum is skipped for the next.
 
 use super::{check_user_key, digest_of, stripe, Located, Purpose, Store};
-use crate::format::{decode_split, peek, value_len, KeyHash, Kind, Slot, Version, HEADER_LEN};
+use crate::format::{decode_split, peek, value_len, Kind, Version, HEADER_LEN};
 use crate::get::Get;
 use crate::lookup::{Looked, Replica, Src};
 use crate::lookup::{Lookup, Read};
@@ -309,20 +309,31 @@ impl Store {
     /// (nothing read).
     pub async fn get_into(&self, key: &[u8], out: &Mr<Shared>) -> Result<Option<usize>> {
         check_user_key(key, 1)?;
-        let got = self.get_into_rounds(key, out).await?;
-        let counter = if got.is_some() {
+        let got = match self.get_into_from_hints(&[key], &[out]).await[0] {
+            Some(n) => Some(n),
+            None => self.get_into_looked_up(key, out).await?,
+        };
+        self.count_get(got.is_some());
+        Ok(got)
+    }
+
+    /// Counts a get that found a value (a hit) or none (a miss).
+    pub(super) fn count_get(&self, hit: bool) {
+        let counter = if hit {
             &self.counters.hits
         } else {
             &self.counters.misses
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        Ok(got)
     }
 
-    async fn get_into_rounds(&self, key: &[u8], out: &Mr<Shared>) -> Result<Option<usize>> {
-        if let Some(n) = self.get_into_from_hint(key, out).await? {
-            return Ok(Some(n));
-        }
+    /// [`Store::get_into`] by a lookup in rounds: buckets, the candidates' headers, then
+    /// the newest one's value into `out` (it leaves a hint for the next).
+    pub(super) async fn get_into_looked_up(
+        &self,
+        key: &[u8],
+        out: &Mr<Shared>,
+    ) -> Result<Option<usize>> {
         for _ in 0..ROUNDS {
             let since = Instant::now();
             let cands = self.candidates(key).await?;
@@ -542,95 +553,6 @@ impl Store {
             Some(e) => Err(e),
             None if cands.is_empty() => Ok(None),
             None => Err(self.damaged(key, "no copy of it verifies")),
-        }
-    }
-
-    /// The zero-copy get in one round, from where this client last saw `key`
-    /// (docs/STORE.md section 5): beside every replica's bucket and fence word, the hinted
-    /// block of the first replica is READ, its header and key into a staging buffer and the
-    /// rest straight into `out`. The value's length when every replica's bucket still
-    /// names the block the hint names there and no other slot of it may be the key's, the
-    /// view is unchanged, and the block verifies with the hinted version; otherwise `None`
-    /// (the lookup in rounds follows, which writes over what landed in `out`).
-    async fn get_into_from_hint(&self, key: &[u8], out: &Mr<Shared>) -> Result<Option<usize>> {
-        let Some(seen) = self.hint_slots(key) else {
-            return Ok(None);
-        };
-        let number = self.placing_view().await?.number;
-        let (replicas, missing) = self.replicas(key, self.cfg.replicas, Purpose::Read).await?;
-        let hinted: Option<Vec<SlotSeen>> = replicas
-            .iter()
-            .map(|r| seen.iter().find(|s| s.node == r.node).copied())
-            .collect();
-        let (Some(hinted), Some(first)) = (hinted, replicas.first()) else {
-            return Ok(None);
-        };
-        let version = hinted[0].version;
-        if missing > 0
-            || hinted
-                .iter()
-                .any(|s| s.version != version || s.kind != Kind::Value)
-        {
-            return Ok(None);
-        }
-        let head_len = (HEADER_LEN + key.len()) as u64;
-        let Some(block) = Lookup::block_read(first, hinted[0].word) else {
-            return Ok(None);
-        };
-        let value_part = block.len.saturating_sub(head_len).min(out.len() as u64);
-        if value_part == 0 {
-            return Ok(None);
-        }
-        let since = Instant::now();
-        let lookup = Lookup::new(key, &replicas);
-        let (buckets, fences, head) = futures_util::future::join3(
-            self.reads(&replicas, &lookup.bucket_reads()),
-            self.fences(&replicas),
-            self.pool.regions().read_into(
-                first.node,
-                first.incarnation,
-                block.at,
-                head_len,
-                out,
-                0,
-                value_part,
-            ),
-        )
-        .await;
-        self.counters
-            .get_round_trips
-            .fetch_add(1, Ordering::Relaxed);
-        if fences.iter().any(Option::is_none) || Self::fenced_out(&fences, number) {
-            return Ok(None);
-        }
-        let fingerprint = KeyHash::of(key).fingerprint();
-        for (s, bucket) in hinted.iter().zip(&buckets) {
-            let Some(bucket) = bucket else {
-                return Ok(None);
-            };
-            for (i, w) in bucket.chunks_exact(8).enumerate() {
-                let w = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
-                let changed = i == s.slot && w != s.word;
-                let other =
-                    i != s.slot && Slot::from_word(w).is_some_and(|x| x.fingerprint == fingerprint);
-                if changed || other {
-                    return Ok(None);
-                }
-            }
-        }
-        let Ok(head) = head else {
-            return Ok(None);
-        };
-        let Some(len) = value_len(&head).filter(|&l| l > 0 && l <= value_part) else {
-            return Ok(None);
-        };
-        let digest = digest_of(out, 0, len as usize)?;
-        match decode_split(&head, key, &digest) {
-            Ok(b) if b.version == version && b.kind == Kind::Value => {
-                self.remember(key, since, hinted);
-                Ok(Some(len as usize))
-            }
-            _ => Ok(None),
         }
     }
 

@@ -1,11 +1,14 @@
 //! Gets of many keys at once: every key's get machine advances in step, and each step's
 //! READs of all keys go out together as pool batches (per server, one list with one
-//! doorbell and one completion), so N small gets cost about as many round trips as one.
+//! doorbell and one completion), so N small gets cost about as many round trips as one;
+//! and gets of many keys into the caller's memory (`get_into_many`).
 
 use super::Store;
 use crate::format::Kind;
 use crate::get::Get;
 use crate::lookup::{Replica, Src};
+use futures_util::future::join_all;
+use rdmapool_pool::fabric::{Mr, Shared};
 use rdmapool_pool::remote::step::{Answer, Io, Machine, Step};
 use rdmapool_pool::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -22,6 +25,59 @@ struct Running {
 }
 
 impl Store {
+    /// The values of `keys` READ straight into `outs` (key `i` into `outs[i]`, from its
+    /// start), as [`Store::get_into`] of each, with no copy on this host: per key, the
+    /// value's length or `None`. Every key this client saw lately is read in one round, all
+    /// of them together (per server, one list: `into.rs`); the others are looked up, all at
+    /// once, as `get_into` does.
+    ///
+    /// # Errors
+    /// Per key, as [`Store::get_into`]; every key fails with
+    /// [`CoreError::OutOfLimits`](rdmapool_pool::CoreError::OutOfLimits) when `outs` is not
+    /// as long as `keys`.
+    pub async fn get_into_many(
+        &self,
+        keys: &[&[u8]],
+        outs: &[&Mr<Shared>],
+    ) -> Vec<Result<Option<usize>>> {
+        if keys.len() != outs.len() {
+            let wrong = || {
+                Err(Error::Core(rdmapool_pool::CoreError::OutOfLimits {
+                    what: "get_into_many buffers (one per key)",
+                    value: outs.len() as u64,
+                    min: keys.len() as u64,
+                    max: keys.len() as u64,
+                }))
+            };
+            return keys.iter().map(|_| wrong()).collect();
+        }
+        let checked: Vec<Result<()>> = keys.iter().map(|k| super::check_user_key(k, 1)).collect();
+        let valid: Vec<usize> = (0..keys.len()).filter(|&i| checked[i].is_ok()).collect();
+        let vkeys: Vec<&[u8]> = valid.iter().map(|&i| keys[i]).collect();
+        let vouts: Vec<&Mr<Shared>> = valid.iter().map(|&i| outs[i]).collect();
+        let first = self.get_into_from_hints(&vkeys, &vouts).await;
+        let rest: Vec<usize> = (0..valid.len()).filter(|&j| first[j].is_none()).collect();
+        let looked = join_all(
+            rest.iter()
+                .map(|&j| self.get_into_looked_up(vkeys[j], vouts[j])),
+        )
+        .await;
+        let mut out: Vec<Result<Option<usize>>> =
+            checked.into_iter().map(|c| c.map(|()| None)).collect();
+        for (j, &i) in valid.iter().enumerate() {
+            if let Some(n) = first[j] {
+                out[i] = Ok(Some(n));
+            }
+        }
+        for (&j, r) in rest.iter().zip(looked) {
+            out[valid[j]] = r;
+        }
+        for found in out.iter().flatten() {
+            self.count_get(found.is_some());
+        }
+        out
+    }
+
     /// The values stored under `keys`, in their order (as [`Store::get`] of each), read
     /// together: each round of READs of every key goes out as one pool batch per server.
     /// A striped value's parts are read after its manifest, as by `get`.

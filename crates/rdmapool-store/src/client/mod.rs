@@ -5,7 +5,8 @@
 //!
 //! A file per concept of the client (issue #42): this file, the type, its configuration and
 //! counters; `put.rs` put and remove, from bytes or from the caller's memory, fenced;
-//! `get.rs` get and every lookup (exists, locate, list, the zero-copy get); `hints.rs` what
+//! `get.rs` get and every lookup (exists, locate, list, the zero-copy get); `into.rs` the
+//! zero-copy gets in one round from hints; `hints.rs` what
 //! it keeps to save round trips (where keys were, blocks allocated ahead); `many.rs` batches; `stripe.rs` values above a block, in parts;
 //! `replicas.rs` where a key lives (its replicas under the view, their indexes); `view.rs`
 //! the numbered view and its fence; `gc.rs` space (retired blocks, gone writers' chunks);
@@ -20,6 +21,7 @@ use rdmapool_pool::{Error, Result};
 mod gc;
 mod get;
 mod hints;
+mod into;
 mod many;
 mod put;
 mod repair;

@@ -228,12 +228,13 @@ impl Shared {
             }
             // The pool's machines read whole words and never write a payload or allocate
             // a block of their own; the store's run through `Regions::perform`.
-            io @ (Io::Read { .. } | Io::WriteWithPayload { .. } | Io::Alloc { .. }) => {
-                Err(Error::Core(crate::CoreError::Malformed {
-                    what: "operation of a pool machine",
-                    reason: format!("{io:?} is not one a node's book driver performs"),
-                }))
-            }
+            io @ (Io::Read { .. }
+            | Io::ReadInto { .. }
+            | Io::WriteWithPayload { .. }
+            | Io::Alloc { .. }) => Err(Error::Core(crate::CoreError::Malformed {
+                what: "operation of a pool machine",
+                reason: format!("{io:?} is not one a node's book driver performs"),
+            })),
         }
     }
 

@@ -82,6 +82,9 @@ pub enum Payload<'a> {
     Bytes(&'a [&'a [u8]]),
     /// A registered buffer's bytes, written from it without a copy.
     Mr(&'a Mr<Shared>),
+    /// Where each [`Io::ReadInto`] of the step lands: a registered buffer and the offset in
+    /// it, by the operation's `into`.
+    Into(&'a [(&'a Mr<Shared>, usize)]),
 }
 
 /// Raw, one-sided access to the regions of a [`PoolClient`]'s members (see the module's
@@ -360,6 +363,17 @@ impl<'a> Regions<'a> {
                         let remote = s.at(&n, *at, *len, false).await?;
                         wrs.push((crate::fabric::WrOp::Read { remote }, buf, 0, len32));
                     }
+                    Io::ReadInto { at, len, into } => {
+                        let len32 = size(*len, *at)?;
+                        let (out, offset) = destination(payload, *into, len32)?;
+                        let remote = s.at(&n, *at, *len, false).await?;
+                        wrs.push((
+                            crate::fabric::WrOp::Read { remote },
+                            out.clone(),
+                            offset,
+                            len32,
+                        ));
+                    }
                     Io::Cas { at, expected, swap } => {
                         let buf = self.staging(8)?;
                         let remote = s.at(&n, *at, 8, true).await?;
@@ -380,7 +394,7 @@ impl<'a> Regions<'a> {
                     }
                     Io::WriteWithPayload { at, head } => {
                         let (bytes, value): (&[&[u8]], _) = match payload {
-                            Payload::None => (&[], None),
+                            Payload::None | Payload::Into(_) => (&[], None),
                             Payload::Bytes(parts) => (parts, None),
                             Payload::Mr(value) => (&[], Some(value)),
                         };
@@ -422,6 +436,7 @@ impl<'a> Regions<'a> {
         let mut kinds = list().flat_map(|op| {
             let (first, second) = match (&op.io, payload) {
                 (Io::Read { len, .. }, _) => (Staged::Read(*len as usize), None),
+                (Io::ReadInto { .. }, _) => (Staged::Written, None),
                 (Io::Cas { .. }, _) => (Staged::Cas, None),
                 (Io::WriteWithPayload { .. }, Payload::Mr(_)) => {
                     (Staged::Skip, Some(Staged::Written))
@@ -479,8 +494,24 @@ impl<'a> Regions<'a> {
                 Err(Error::RemoteExhausted { .. }) => Ok(Answer::Offset(None)),
                 other => other.map(Answer::Offset),
             },
+            Io::ReadInto { at, len, into } => {
+                let len32 = u32::try_from(*len).map_err(|_| Error::OutOfBounds {
+                    offset: *at,
+                    len: *len,
+                    limit: u64::from(u32::MAX),
+                })?;
+                let (out, offset) = destination(payload, *into, len32)?;
+                let n = self.node(node, incarnation)?;
+                let s = &self.pool.shared;
+                let remote = s.at(&n, *at, *len, false).await?;
+                let op = n.qp.read(out.clone(), offset, len32, remote);
+                let (r, _) = timed(&s.timers, &n, op).await;
+                s.seen(&n, r).map(|_| Answer::Written)
+            }
             Io::WriteWithPayload { at, head } => match payload {
-                Payload::None => self.write(node, incarnation, *at, &[head]).await,
+                Payload::None | Payload::Into(_) => {
+                    self.write(node, incarnation, *at, &[head]).await
+                }
                 Payload::Bytes(parts) => {
                     let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
                     all.push(head);
@@ -870,4 +901,33 @@ impl<'a> Regions<'a> {
             incarnation,
         }
     }
+}
+
+/// Destination `into` of `payload` ([`Payload::Into`]), checked to hold `len` bytes at its
+/// offset.
+fn destination<'a>(payload: Payload<'a>, into: usize, len: u32) -> Result<(&'a Mr<Shared>, usize)> {
+    let Payload::Into(dests) = payload else {
+        return Err(Error::Core(crate::CoreError::Malformed {
+            what: "read into a destination",
+            reason: "the step's payload names no destinations".into(),
+        }));
+    };
+    let &(out, offset) = dests.get(into).ok_or_else(|| {
+        Error::Core(crate::CoreError::Malformed {
+            what: "read into a destination",
+            reason: format!("destination {into} of {}", dests.len()),
+        })
+    })?;
+    if offset
+        .checked_add(len as usize)
+        .is_none_or(|end| end > out.len())
+    {
+        return Err(Error::Core(crate::CoreError::OutOfRange {
+            what: "read into a destination",
+            offset: offset as u64,
+            len: u64::from(len),
+            limit: out.len() as u64,
+        }));
+    }
+    Ok((out, offset))
 }

@@ -185,6 +185,81 @@ fn a_get_into_memory_takes_one_round_from_a_hint() {
     );
 }
 
+/// `get_into_many`: every key with a hint in one round for all of them; a key another
+/// client changed meanwhile is looked up after, and every answer is the current value.
+#[test]
+fn gets_of_many_keys_into_memory_take_one_round_together() {
+    let lease = Duration::from_secs(10);
+    let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
+    let refs: Vec<&MemoryServer> = s.iter().collect();
+    let store = |id| {
+        let cfg = StoreConfig {
+            grace: Duration::from_secs(600),
+            ..StoreConfig::default()
+        };
+        Store::new(pool(&refs, id), cfg).expect("store")
+    };
+    let (writer, other) = (store(1), store(2));
+    let keys: Vec<Vec<u8>> = (0..16).map(|i| format!("page:{i}").into_bytes()).collect();
+    let value = |i: usize, round: u8| vec![round; 100 + i * 10];
+    for (i, k) in keys.iter().enumerate() {
+        writer.block_on(writer.put(k, &value(i, 1))).unwrap();
+    }
+    let mr = Arc::new(
+        writer
+            .pool()
+            .pd()
+            .alloc_mr(16 * 4096, AccessFlags::LOCAL_WRITE)
+            .unwrap(),
+    );
+    let outs: Vec<rdmapool::fabric::Mr<rdmapool::fabric::Shared>> = (0..16)
+        .map(|i| rdmapool::fabric::Mr::share_range(&mr, i * 4096, 4096).unwrap())
+        .collect();
+    let out_refs: Vec<&rdmapool::fabric::Mr<rdmapool::fabric::Shared>> = outs.iter().collect();
+    let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    let check = |st: &Store, want: &dyn Fn(usize) -> Option<Vec<u8>>| {
+        let got = st.block_on(st.get_into_many(&key_refs, &out_refs));
+        for (i, g) in got.into_iter().enumerate() {
+            let want = want(i);
+            assert_eq!(g.unwrap(), want.as_ref().map(Vec::len), "key {i}");
+            if let Some(want) = want {
+                let mut bytes = vec![0u8; want.len()];
+                outs[i].read_at(0, &mut bytes).unwrap();
+                assert_eq!(bytes, want, "key {i}");
+            }
+        }
+    };
+    assert_eq!(
+        trips(&writer, |st| check(st, &|i| Some(value(i, 1)))),
+        (0, 1),
+        "sixteen keys, one round"
+    );
+    // Another client changes two keys: they are looked up; the fourteen others still
+    // take the one round.
+    other.block_on(other.put(&keys[3], &value(3, 2))).unwrap();
+    assert!(other.block_on(other.remove(&keys[7])).unwrap());
+    let want = |i: usize| match i {
+        3 => Some(value(3, 2)),
+        7 => None,
+        _ => Some(value(i, 1)),
+    };
+    let (_, rounds) = trips(&writer, |st| check(st, &want));
+    assert!(
+        rounds > 1 && rounds <= 1 + 2 * 3,
+        "one round, then two lookups: {rounds}"
+    );
+    assert_eq!(
+        trips(&writer, |st| check(st, &want)),
+        (0, 3),
+        "key 7 is looked up (no value leaves no hint)"
+    );
+    // Buffers and keys must pair up.
+    let short = writer.block_on(writer.get_into_many(&key_refs, &out_refs[..3]));
+    assert!(short
+        .iter()
+        .all(|r| matches!(r, Err(Error::Core(CoreError::OutOfLimits { .. })))));
+}
+
 /// A get of `k` that finds nothing.
 fn get_none(k: &'static [u8]) -> impl FnOnce(&Store) {
     move |st: &Store| assert_eq!(st.block_on(st.get(k)).unwrap(), None)
