@@ -40,4 +40,4 @@ echo "-- the examples in the package's docstrings"
 (cd target && "../$venv/bin/python" -m pytest -q -p no:cacheprovider --doctest-modules --pyargs rdmapool)
 
 echo "-- python -m rdmapool.bench, briefly (figures come from quiet runs: docs/BENCHMARKS.md)"
-"$venv/bin/python" -m rdmapool.bench --seconds 0.1 --repeat 1 --json
+"$venv/bin/python" -m rdmapool.bench --seconds 0.1 --repeat 1 --server-size $((256 << 20)) --json

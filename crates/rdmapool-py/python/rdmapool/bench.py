@@ -4,9 +4,10 @@ redis-server, in one run.
 
 For each page size (4 KiB and 64 KiB by default), a batch is 128 pages: ``batch_put_from``
 then ``batch_get_into`` of 128 keys, against ``rdmapool._rdmapool.rust_batches`` (the same
-``put_from``/``get_into`` futures run at once, looped in Rust) and redis-py's one MSET /
-one MGET of the same 128 keys and bytes (one round trip each, as a pipeline would take). The store's three memory servers run in
-this process (the soft provider's intra-host path); redis-server listens on loopback.
+``put_from`` futures run at once, or ``get_into_many``, looped in Rust) and redis-py's one
+MSET / one MGET of the same 128 keys and bytes (one round trip each, as a pipeline would
+take). The store's three memory servers run in this process (the soft provider's
+intra-host path); redis-server listens on loopback.
 
 Each figure is the median of ``--repeat`` alternating runs of ``--seconds`` each. Prints a
 table, or with ``--json`` one object per row: ``op``, ``page``, ``metric`` (``rate``, in
@@ -86,9 +87,11 @@ class _Redis:
         self.proc.wait()
 
 
-def run(pages: list[int], seconds: float, repeat: int, with_redis: bool) -> list[dict[str, Any]]:
+def run(
+    pages: list[int], seconds: float, repeat: int, with_redis: bool, server_size: int
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    servers = [MemoryServer(256 << 20, node=n, chunk_size=4 << 20) for n in (1, 2, 3)]
+    servers = [MemoryServer(server_size, node=n, chunk_size=4 << 20) for n in (1, 2, 3)]
     redis = _Redis() if with_redis else None
     try:
         store = Store([s.addr for s in servers], grace=0.1)
@@ -157,6 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=1.0, help="per measured run (1.0)")
     p.add_argument("--repeat", type=int, default=3, help="alternating runs per figure (3)")
     p.add_argument("--no-redis", action="store_true", help="leave out redis-py")
+    p.add_argument(
+        "--server-size",
+        type=int,
+        default=1 << 30,
+        help="bytes per memory server (1 GiB: room for the blocks puts replace during the "
+        "0.1 s grace period at 64 KiB; the soft provider pins them, so this needs a "
+        "memlock limit of 3 GiB or more)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per row")
     a = p.parse_args(argv)
     pages = [int(x) for x in a.pages.split(",")]
@@ -164,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if with_redis and shutil.which("redis-server") is None:
         print("redis-server not found: leaving redis-py out (--no-redis)", file=sys.stderr)
         with_redis = False
-    rows = run(pages, a.seconds, max(1, a.repeat), with_redis)
+    rows = run(pages, a.seconds, max(1, a.repeat), with_redis, a.server_size)
     if a.json:
         for r in rows:
             print(json.dumps(r))
