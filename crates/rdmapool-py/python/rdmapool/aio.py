@@ -60,49 +60,63 @@ class AsyncStore(_OnThreads):
         return self.store.register(buffer)
 
     async def put(self, key: bytes | str, value: Any) -> tuple[int, int]:
+        """``Store.put``, awaited."""
         return await self._run(self.store.put, key, value)
 
     async def get(self, key: bytes | str) -> bytes | None:
+        """``Store.get``, awaited."""
         return await self._run(self.store.get, key)
 
     async def remove(self, key: bytes | str) -> bool:
+        """``Store.remove``, awaited."""
         return await self._run(self.store.remove, key)
 
     async def exists(self, key: bytes | str) -> bool:
+        """``Store.exists``, awaited."""
         return await self._run(self.store.exists, key)
 
     async def list(self, prefix: bytes | str | None = None) -> list[bytes]:
+        """``Store.list``, awaited."""
         return await self._run(self.store.list, prefix)
 
     async def put_from(self, key: bytes | str, view: RegisteredBuffer) -> tuple[int, int]:
+        """``Store.put_from``, awaited."""
         return await self._run(self.store.put_from, key, view)
 
     async def get_into(self, key: bytes | str, view: RegisteredBuffer) -> int | None:
+        """``Store.get_into``, awaited."""
         return await self._run(self.store.get_into, key, view)
 
     async def batch_put_from(
         self, keys: Sequence[bytes | str], views: Sequence[RegisteredBuffer]
     ) -> list[tuple[int, int]]:
+        """``Store.batch_put_from``, awaited."""
         return await self._run(self.store.batch_put_from, keys, views)
 
     async def batch_get_into(
         self, keys: Sequence[bytes | str], views: Sequence[RegisteredBuffer]
     ) -> list[int | None]:
+        """``Store.batch_get_into``, awaited."""
         return await self._run(self.store.batch_get_into, keys, views)
 
     async def batch_exists(self, keys: Sequence[bytes | str]) -> list[bool]:
+        """``Store.batch_exists``, awaited."""
         return await self._run(self.store.batch_exists, keys)
 
     async def get_many(self, keys: Sequence[bytes | str]) -> list[bytes | None]:
+        """``Store.get_many``, awaited."""
         return await self._run(self.store.get_many, keys)
 
     async def put_many(self, keys: Sequence[bytes | str], values: Sequence[Any]) -> list[tuple[int, int]]:
+        """``Store.put_many``, awaited."""
         return await self._run(self.store.put_many, keys, values)
 
     async def repair(self) -> dict[str, int]:
+        """``Store.repair``, awaited."""
         return await self._run(self.store.repair)
 
     def stats(self) -> dict[str, int]:
+        """``Store.stats`` (counters only: it does not block)."""
         return self.store.stats()
 
     async def close(self) -> None:
@@ -125,34 +139,45 @@ class AsyncPoolClient(_OnThreads):
         self.client = PoolClient(*args, **kwargs)
 
     def register(self, buffer: Any) -> RegisteredBuffer:
+        """``PoolClient.register`` (quick; it runs inline)."""
         return self.client.register(buffer)
 
     async def alloc(self, size: int) -> RemotePtr:
+        """``PoolClient.alloc``, awaited."""
         return await self._run(self.client.alloc, size)
 
     async def free(self, ptr: RemotePtr) -> None:
+        """``PoolClient.free``, awaited."""
         return await self._run(self.client.free, ptr)
 
     async def write(self, ptr: RemotePtr, data: Any, offset: int = 0) -> None:
+        """``PoolClient.write``, awaited."""
         return await self._run(self.client.write, ptr, data, offset)
 
     async def read(self, ptr: RemotePtr, offset: int = 0, length: int | None = None) -> bytes:
+        """``PoolClient.read``, awaited."""
         return await self._run(self.client.read, ptr, offset, length)
 
     async def write_from(self, ptr: RemotePtr, view: RegisteredBuffer, offset: int = 0) -> None:
+        """``PoolClient.write_from``, awaited."""
         return await self._run(self.client.write_from, ptr, view, offset)
 
     async def read_into(self, ptr: RemotePtr, view: RegisteredBuffer, offset: int = 0) -> None:
+        """``PoolClient.read_into``, awaited."""
         return await self._run(self.client.read_into, ptr, view, offset)
 
     async def cas(self, ptr: RemotePtr, offset: int, expected: int, new: int) -> int:
+        """``PoolClient.cas``, awaited."""
         return await self._run(self.client.cas, ptr, offset, expected, new)
 
     async def faa(self, ptr: RemotePtr, offset: int, add: int) -> int:
+        """``PoolClient.faa``, awaited."""
         return await self._run(self.client.faa, ptr, offset, add)
 
     async def batch(self, ops: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """``PoolClient.batch``, awaited."""
         return await self._run(self.client.batch, ops)
 
     async def close(self) -> None:
+        """Shuts the executor down (the client ends when the object is freed)."""
         self._shutdown()
