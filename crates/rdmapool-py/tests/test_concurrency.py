@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
+import time
 
 import numpy as np
 
@@ -35,21 +37,31 @@ def test_a_python_thread_runs_during_a_batch_get(store):
         running.set()
         while not done.is_set():
             ticks += 1
+            time.sleep(0)  # gives the GIL back at once
 
-    t = threading.Thread(target=tick)
-    t.start()
-    running.wait()
-    # Holding the GIL, this thread reads `ticks`, makes the call, reads it again: without
-    # the GIL released inside the call, the ticker cannot run in between.
-    advanced = []
-    for _ in range(5):
-        before = ticks
-        store.batch_get_into(keys, views)
-        advanced.append(ticks - before)
-    done.set()
-    t.join()
+    # No forced switches: a thread gives the GIL up only where it releases it itself (a
+    # wait, a sleep, an rdmapool call). So the ticker can tick during the call only if the
+    # call releases the GIL; this thread releases it nowhere else between its two reads of
+    # `ticks`. A short call may still end before the ticker is woken: up to 1000 calls.
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1000)
+    try:
+        t = threading.Thread(target=tick)
+        t.start()
+        running.wait()
+        calls = 0
+        advanced = 0
+        while advanced == 0 and calls < 1000:
+            before = ticks
+            store.batch_get_into(keys, views)
+            advanced = ticks - before
+            calls += 1
+        done.set()
+        t.join()
+    finally:
+        sys.setswitchinterval(old)
     assert np.array_equal(out, data)
-    assert max(advanced) > 0, f"the ticker never ran during a call: {advanced}"
+    assert advanced > 0, f"the ticker never ran during any of {calls} calls"
 
 
 def test_threads_share_one_store(store):
@@ -80,24 +92,38 @@ def test_asyncio_calls_do_not_block_the_loop(addrs):
         out = np.zeros_like(data)
         dst = store.register(out)
         views = [dst.view(i * PAGE, PAGE) for i in range(len(keys))]
-        ticks = 0
+        got = await asyncio.gather(*(store.batch_get_into(keys, views) for _ in range(4)))
+        assert all(g == [PAGE] * len(keys) for g in got)
+        assert np.array_equal(out, data)
+        # The loop runs other tasks while a call is under way: a ticker task counts the
+        # turns it gets while a call is inside the store. A call run on the loop's own
+        # thread would set and clear `inside` before any other task ran.
+        inside = threading.Event()
+
+        def call():
+            inside.set()
+            try:
+                return store.store.batch_get_into(keys, views)
+            finally:
+                inside.clear()
+
+        seen = 0
         stop = asyncio.Event()
 
         async def ticker():
-            nonlocal ticks
+            nonlocal seen
             while not stop.is_set():
-                ticks += 1
+                seen += inside.is_set()
                 await asyncio.sleep(0)
 
         t = asyncio.create_task(ticker())
-        await asyncio.sleep(0)
-        before = ticks
-        got = await asyncio.gather(*(store.batch_get_into(keys, views) for _ in range(4)))
+        calls = 0
+        while seen == 0 and calls < 1000:
+            await store._run(call)
+            calls += 1
         stop.set()
         await t
-        assert all(g == [PAGE] * len(keys) for g in got)
-        assert np.array_equal(out, data)
-        assert ticks > before, "the loop ran other tasks while the batches ran"
+        assert seen > 0, f"no other task ran during any of {calls} calls"
         await store.put(b"a", b"1")
         assert await store.get(b"a") == b"1"
         assert await store.batch_exists([b"a", b"b"]) == [True, False]

@@ -2,7 +2,7 @@
 pool under it, and zero-copy batch calls on registered buffers (docs/PYTHON.md).
 
 >>> import rdmapool
->>> with rdmapool.MemoryServer(2 << 20, node=1) as a, rdmapool.MemoryServer(2 << 20, node=2) as b:
+>>> with rdmapool.MemoryServer(4 << 20, node=1) as a, rdmapool.MemoryServer(4 << 20, node=2) as b:
 ...     store = rdmapool.Store([a.addr, b.addr])
 ...     _ = store.put(b"greeting", b"hello")
 ...     store.get(b"greeting")

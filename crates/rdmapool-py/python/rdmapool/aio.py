@@ -12,7 +12,7 @@ calls of one client run at once (up to ``workers``).
 ...     got = await store.get(b"k")
 ...     await store.close()
 ...     return got
->>> with rdmapool.MemoryServer(2 << 20, node=1) as a, rdmapool.MemoryServer(2 << 20, node=2) as b:
+>>> with rdmapool.MemoryServer(4 << 20, node=1) as a, rdmapool.MemoryServer(4 << 20, node=2) as b:
 ...     asyncio.run(main([a.addr, b.addr]))
 b'v'
 """
