@@ -131,19 +131,34 @@ impl Store {
             .ok_or_else(|| raise(py, "RdmapoolError", "the store is closed".into()))
     }
 
-    fn views<'a>(
+    /// The keys of a batch call `what` and its views, one per key: the views for reads into
+    /// them (`writable`, refused when read-only) or for writes from them.
+    fn pairs(
+        &self,
         py: Python<'_>,
         what: &str,
-        keys: usize,
-        views: &'a [PyRef<'a, RegisteredBuffer>],
-    ) -> PyResult<()> {
-        if keys != views.len() {
+        keys: &Bound<'_, PyAny>,
+        views: &[PyRef<'_, RegisteredBuffer>],
+        writable: bool,
+    ) -> PyResult<(Vec<Vec<u8>>, Vec<Mr<Shared>>)> {
+        let keys = keys_of(py, keys)?;
+        if keys.len() != views.len() {
             return Err(bad_arg(
                 py,
-                format!("{what}: {keys} keys but {} buffers", views.len()),
+                format!("{what}: {} keys but {} buffers", keys.len(), views.len()),
             ));
         }
-        Ok(())
+        let mrs = views
+            .iter()
+            .map(|v| {
+                if writable {
+                    v.writable(py, self.owner, what)
+                } else {
+                    v.shared(py, self.owner)
+                }
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok((keys, mrs))
     }
 }
 
@@ -327,12 +342,7 @@ impl Store {
         views: Vec<PyRef<'py, RegisteredBuffer>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let store = self.store(py)?;
-        let keys = keys_of(py, keys)?;
-        Self::views(py, "batch_put_from", keys.len(), &views)?;
-        let mrs = views
-            .iter()
-            .map(|v| v.shared(py, self.owner))
-            .collect::<PyResult<Vec<_>>>()?;
+        let (keys, mrs) = self.pairs(py, "batch_put_from", keys, &views, false)?;
         let results = py.detach(|| {
             store.block_on(join_all(
                 keys.iter().zip(&mrs).map(|(k, mr)| store.put_from(k, mr)),
@@ -358,12 +368,7 @@ impl Store {
         views: Vec<PyRef<'py, RegisteredBuffer>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let store = self.store(py)?;
-        let keys = keys_of(py, keys)?;
-        Self::views(py, "batch_get_into", keys.len(), &views)?;
-        let mrs = views
-            .iter()
-            .map(|v| v.writable(py, self.owner, "batch_get_into"))
-            .collect::<PyResult<Vec<_>>>()?;
+        let (keys, mrs) = self.pairs(py, "batch_get_into", keys, &views, true)?;
         let results = py.detach(|| {
             let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
             let outs: Vec<&Mr<Shared>> = mrs.iter().collect();

@@ -6,6 +6,17 @@
 
 use super::*;
 
+/// Store client `id` with `r` replicas on `servers`, with a grace period long enough that a
+/// hint stays current however slow the machine (a hint is current for a quarter of it).
+fn client(servers: &[&MemoryServer], id: u64, r: usize) -> Store {
+    let cfg = StoreConfig {
+        replicas: r,
+        grace: Duration::from_secs(600),
+        ..StoreConfig::default()
+    };
+    Store::new(pool(servers, id), cfg).expect("store")
+}
+
 /// The round trips `op` took on `st`: (puts, gets).
 fn trips(st: &Store, op: impl FnOnce(&Store)) -> (u64, u64) {
     let before = st.stats();
@@ -22,16 +33,7 @@ fn puts_and_gets_take_the_round_trips_the_store_promises() {
     let lease = Duration::from_secs(10);
     let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
     let refs: Vec<&MemoryServer> = s.iter().collect();
-    // A grace period long enough that a hint stays current however slow the machine
-    // (a hint is current for a quarter of it).
-    let store = |id, r| {
-        let cfg = StoreConfig {
-            replicas: r,
-            grace: Duration::from_secs(600),
-            ..StoreConfig::default()
-        };
-        Store::new(pool(&refs, id), cfg).expect("store")
-    };
+    let store = |id, r| client(&refs, id, r);
     let st = store(1, 2);
     let put = |k: &'static [u8], v: &'static [u8]| {
         move |st: &Store| {
@@ -121,13 +123,7 @@ fn a_get_into_memory_takes_one_round_from_a_hint() {
     let lease = Duration::from_secs(10);
     let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
     let refs: Vec<&MemoryServer> = s.iter().collect();
-    let store = |id| {
-        let cfg = StoreConfig {
-            grace: Duration::from_secs(600),
-            ..StoreConfig::default()
-        };
-        Store::new(pool(&refs, id), cfg).expect("store")
-    };
+    let store = |id| client(&refs, id, 2);
     let (writer, reader) = (store(1), store(2));
     let buffer = |st: &Store| {
         let mr = st
@@ -192,13 +188,7 @@ fn gets_of_many_keys_into_memory_take_one_round_together() {
     let lease = Duration::from_secs(10);
     let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
     let refs: Vec<&MemoryServer> = s.iter().collect();
-    let store = |id| {
-        let cfg = StoreConfig {
-            grace: Duration::from_secs(600),
-            ..StoreConfig::default()
-        };
-        Store::new(pool(&refs, id), cfg).expect("store")
-    };
+    let store = |id| client(&refs, id, 2);
     let (writer, other) = (store(1), store(2));
     let keys: Vec<Vec<u8>> = (0..16).map(|i| format!("page:{i}").into_bytes()).collect();
     let value = |i: usize, round: u8| vec![round; 100 + i * 10];
