@@ -5,9 +5,9 @@
 
 use crate::buffer::RegisteredBuffer;
 use crate::connect::{self, Join};
-use crate::errors::{bad_arg, IntoPyResult};
+use crate::errors::{bad_arg, raise, IntoPyResult};
 use crate::store::copy_of;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use rdmapool::fabric::{AccessFlags, Alloc, Mr, RegisteredMemory, Shared};
@@ -64,7 +64,10 @@ impl RemotePtr {
 /// A client of the remote memory pool.
 #[pyclass(frozen, module = "rdmapool", name = "PoolClient")]
 pub struct PoolClient {
-    client: Arc<RustClient>,
+    /// The client, until `close` takes it (its lease and connections end with the last
+    /// call under way).
+    client: RwLock<Option<Arc<RustClient>>>,
+    client_id: u64,
     /// What this client's registered buffers are marked with (`buffer::new_owner`).
     owner: u64,
     _follower: Option<EtcdFollower>,
@@ -76,15 +79,23 @@ pub struct PoolClient {
 const MAX_TRANSFER: u64 = u32::MAX as u64;
 
 impl PoolClient {
-    /// A registered scratch buffer of at least `len` bytes.
-    fn scratch(&self, len: usize) -> rdmapool::Result<Mr<Alloc>> {
+    /// The client, refused once closed.
+    fn client(&self, py: Python<'_>) -> PyResult<Arc<RustClient>> {
+        self.client
+            .read()
+            .clone()
+            .ok_or_else(|| raise(py, "RdmapoolError", "the pool client is closed".into()))
+    }
+
+    /// A registered scratch buffer of at least `len` bytes, of `client`'s protection domain.
+    fn scratch(&self, client: &RustClient, len: usize) -> rdmapool::Result<Mr<Alloc>> {
         let mut kept = self.scratch.lock();
         if let Some(i) = kept.iter().position(|m| m.len() >= len) {
             return Ok(kept.swap_remove(i));
         }
         drop(kept);
         let size = len.next_power_of_two().max(4096);
-        Ok(self.client.pd().alloc_mr(size, AccessFlags::LOCAL_WRITE)?)
+        Ok(client.pd().alloc_mr(size, AccessFlags::LOCAL_WRITE)?)
     }
 
     fn give_back(&self, mr: Mr<Alloc>) {
@@ -139,7 +150,8 @@ impl PoolClient {
             },
         )?;
         Ok(Self {
-            client: joined.client,
+            client_id: joined.client.client_id(),
+            client: RwLock::new(Some(joined.client)),
             owner: crate::buffer::new_owner(),
             _follower: joined._follower,
             scratch: Mutex::new(Vec::new()),
@@ -149,19 +161,19 @@ impl PoolClient {
     /// This client's id.
     #[getter]
     fn client_id(&self) -> u64 {
-        self.client.client_id()
+        self.client_id
     }
 
     /// Allocates `size` bytes on some server.
     fn alloc(&self, py: Python<'_>, size: u64) -> PyResult<RemotePtr> {
-        let c = &self.client;
+        let c = &*self.client(py)?;
         let p = py.detach(|| c.block_on(c.alloc(size, None))).py(py)?;
         Ok(RemotePtr(p))
     }
 
     /// Frees an allocation.
     fn free(&self, py: Python<'_>, ptr: &RemotePtr) -> PyResult<()> {
-        let (c, p) = (&self.client, ptr.0);
+        let (c, p) = (&*self.client(py)?, ptr.0);
         py.detach(|| c.block_on(c.free(p))).py(py)
     }
 
@@ -176,9 +188,9 @@ impl PoolClient {
     ) -> PyResult<()> {
         let bytes = copy_of(data)?;
         let len = Self::span(py, &ptr.0, offset, Some(bytes.len() as u64))?;
-        let scratch = self.scratch(bytes.len()).py(py)?;
+        let scratch = self.scratch(&*self.client(py)?, bytes.len()).py(py)?;
         scratch.write_at(0, &bytes).py(py)?;
-        let (c, p) = (&self.client, ptr.0);
+        let (c, p) = (&*self.client(py)?, ptr.0);
         let (r, scratch) = py.detach(|| c.block_on(c.write(p, offset, scratch, 0, len)));
         self.give_back(scratch);
         r.py(py)
@@ -194,8 +206,8 @@ impl PoolClient {
         length: Option<u64>,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let len = Self::span(py, &ptr.0, offset, length)?;
-        let scratch = self.scratch(len as usize).py(py)?;
-        let (c, p) = (&self.client, ptr.0);
+        let scratch = self.scratch(&*self.client(py)?, len as usize).py(py)?;
+        let (c, p) = (&*self.client(py)?, ptr.0);
         let (r, scratch) = py.detach(|| c.block_on(c.read(p, offset, scratch, 0, len)));
         let mut out = vec![0u8; len as usize];
         let copied = r.and_then(|()| Ok(scratch.read_at(0, &mut out)?));
@@ -215,7 +227,7 @@ impl PoolClient {
     ) -> PyResult<()> {
         let len = Self::span(py, &ptr.0, offset, Some(view.len() as u64))?;
         let mr = view.shared(py, self.owner)?;
-        let (c, p) = (&self.client, ptr.0);
+        let (c, p) = (&*self.client(py)?, ptr.0);
         py.detach(|| c.block_on(c.write(p, offset, mr, 0, len)).0)
             .py(py)
     }
@@ -232,7 +244,7 @@ impl PoolClient {
     ) -> PyResult<()> {
         let len = Self::span(py, &ptr.0, offset, Some(view.len() as u64))?;
         let mr = view.writable(py, self.owner, "read_into")?;
-        let (c, p) = (&self.client, ptr.0);
+        let (c, p) = (&*self.client(py)?, ptr.0);
         py.detach(|| c.block_on(c.read(p, offset, mr, 0, len)).0)
             .py(py)
     }
@@ -247,14 +259,14 @@ impl PoolClient {
         expected: u64,
         new: u64,
     ) -> PyResult<u64> {
-        let (c, p) = (&self.client, ptr.0);
+        let (c, p) = (&*self.client(py)?, ptr.0);
         py.detach(|| c.block_on(c.compare_and_swap(p, offset, expected, new)))
             .py(py)
     }
 
     /// Fetch-and-add on the 8-byte word at `offset` of `ptr` (wrapping): its old value.
     fn faa(&self, py: Python<'_>, ptr: &RemotePtr, offset: u64, add: u64) -> PyResult<u64> {
-        let (c, p) = (&self.client, ptr.0);
+        let (c, p) = (&*self.client(py)?, ptr.0);
         py.detach(|| c.block_on(c.fetch_and_add(p, offset, add)))
             .py(py)
     }
@@ -262,7 +274,25 @@ impl PoolClient {
     /// Registers `buffer` (any C-contiguous object with the buffer protocol) for
     /// `read_into`, `write_from` and `batch`.
     fn register(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<RegisteredBuffer> {
-        RegisteredBuffer::register(py, self.client.pd(), self.owner, buffer)
+        RegisteredBuffer::register(py, self.client(py)?.pd(), self.owner, buffer)
+    }
+
+    /// Closes the client: later calls raise, and its lease and connections end (once calls
+    /// under way in other threads return), so its client id may join again. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let taken = self.client.write().take();
+        self.scratch.lock().clear();
+        py.detach(move || drop(taken));
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> bool {
+        self.close(py);
+        false
     }
 
     /// Runs operations together: per server, one list with one doorbell. Each operation is
@@ -276,7 +306,8 @@ impl PoolClient {
         py: Python<'py>,
         ops: Vec<Bound<'py, PyTuple>>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let mut b = self.client.batch::<Mr<Shared>>();
+        let client = self.client(py)?;
+        let mut b = client.batch::<Mr<Shared>>();
         for op in &ops {
             let kind: String = op.get_item(0)?.extract()?;
             let ptr: PyRef<'_, RemotePtr> = op.get_item(1)?.extract()?;
@@ -323,7 +354,7 @@ impl PoolClient {
                 }
             }
         }
-        let c = &self.client;
+        let c = &*self.client(py)?;
         let outcomes = py.detach(|| c.block_on(b.run()));
         let out: Vec<Bound<'py, PyAny>> = outcomes
             .into_iter()

@@ -109,3 +109,16 @@ def test_bad_server_settings(tmp_path):
         rdmapool.MemoryServer(1 << 20, lease=0)
     with pytest.raises(rdmapool.RdmapoolError):
         rdmapool.MemoryServer(0)
+
+
+def test_close_ends_the_pool_client(addrs):
+    with rdmapool.PoolClient(addrs, client_id=11) as pool:
+        ptr = pool.alloc(8)
+        with pytest.raises(rdmapool.ClientIdInUse):
+            rdmapool.PoolClient(addrs, client_id=11)
+    with pytest.raises(rdmapool.RdmapoolError, match="closed"):
+        pool.read(ptr)
+    again = rdmapool.PoolClient(addrs, client_id=11)
+    assert again.client_id == 11
+    again.close()
+    again.close()  # idempotent

@@ -179,5 +179,6 @@ class AsyncPoolClient(_OnThreads):
         return await self._run(self.client.batch, ops)
 
     async def close(self) -> None:
-        """Shuts the executor down (the client ends when the object is freed)."""
+        """Closes the client (``PoolClient.close``), then the executor."""
+        await self._run(self.client.close)
         self._shutdown()
