@@ -122,13 +122,13 @@ def test_a_buffer_of_another_client_is_refused(addrs, store):
 
 
 def test_batches_check_their_lengths_and_report_each_key(store):
-    buf = store.register(bytearray(16))
+    buf = store.register(bytearray(24))
     with pytest.raises(rdmapool.OutOfLimits, match="2 keys but 1 buffers"):
         store.batch_put_from([b"a", b"b"], [buf])
     store.put(b"long", b"x" * 100)
     store.put(b"short", b"y" * 8)
     with pytest.raises(rdmapool.BatchError) as e:
-        store.batch_get_into([b"short", b"long", b"none"], [buf[0:8], buf[8:16], buf[0:8]])
+        store.batch_get_into([b"short", b"long", b"none"], [buf[0:8], buf[8:16], buf[16:24]])
     results = e.value.results
     assert results[0] == 8 and results[2] is None
     assert isinstance(results[1], rdmapool.OutOfLimits)
@@ -159,3 +159,15 @@ def test_a_dlpack_producer_registers_its_own_memory(store):
     gc.collect()
     assert store.get_into(b"dl", dst) == 1024
     assert np.array_equal(out_array, src_array), "written into the producer's memory, no copy"
+
+
+def test_a_batch_into_overlapping_views_is_refused(store):
+    store.put(b"x", b"1234")
+    store.put(b"y", b"5678")
+    buf = store.register(bytearray(16))
+    with pytest.raises(rdmapool.BatchError) as e:
+        store.batch_get_into([b"x", b"y"], [buf[0:8], buf[4:12]])
+    assert all(isinstance(r, rdmapool.OutOfLimits) for r in e.value.results)
+    assert "overlap" in str(e.value.results[0])
+    assert store.batch_get_into([b"x", b"y"], [buf[0:8], buf[8:16]]) == [4, 4]
+    assert buf.tobytes()[:4] + buf.tobytes()[8:12] == b"12345678"

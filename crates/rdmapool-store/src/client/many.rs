@@ -8,7 +8,7 @@ use crate::format::Kind;
 use crate::get::Get;
 use crate::lookup::{Replica, Src};
 use futures_util::future::join_all;
-use rdmapool_pool::fabric::{Mr, Shared};
+use rdmapool_pool::fabric::{Mr, RegisteredMemory, Shared};
 use rdmapool_pool::remote::step::{Answer, Io, Machine, Step};
 use rdmapool_pool::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -34,7 +34,8 @@ impl Store {
     /// # Errors
     /// Per key, as [`Store::get_into`]; every key fails with
     /// [`CoreError::OutOfLimits`](rdmapool_pool::CoreError::OutOfLimits) when `outs` is not
-    /// as long as `keys`.
+    /// as long as `keys`, and with [`CoreError::BadSetting`](rdmapool_pool::CoreError::BadSetting)
+    /// when two of `outs` overlap (nothing is read).
     pub async fn get_into_many(
         &self,
         keys: &[&[u8]],
@@ -50,6 +51,26 @@ impl Store {
                 }))
             };
             return keys.iter().map(|_| wrong()).collect();
+        }
+        // Two keys read into the same bytes could each verify before the other's READ
+        // lands: a value returned over bytes that are no longer its own.
+        let mut spans: Vec<(u64, u64, usize)> = outs
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (o.addr(), o.len() as u64, i))
+            .collect();
+        spans.sort_unstable();
+        if let Some(w) = spans.windows(2).find(|w| w[0].0 + w[0].1 > w[1].0) {
+            let (a, b) = (w[0].2.min(w[1].2), w[0].2.max(w[1].2));
+            let overlap = || {
+                Err(Error::Core(rdmapool_pool::CoreError::BadSetting {
+                    name: "get_into_many buffers".into(),
+                    value: format!("{a} and {b}"),
+                    reason: "they overlap: each key needs bytes of its own (nothing was read)"
+                        .into(),
+                }))
+            };
+            return keys.iter().map(|_| overlap()).collect();
         }
         let checked: Vec<Result<()>> = keys.iter().map(|k| super::check_user_key(k, 1)).collect();
         let valid: Vec<usize> = (0..keys.len()).filter(|&i| checked[i].is_ok()).collect();

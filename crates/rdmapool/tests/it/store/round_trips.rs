@@ -248,6 +248,12 @@ fn gets_of_many_keys_into_memory_take_one_round_together() {
     assert!(short
         .iter()
         .all(|r| matches!(r, Err(Error::Core(CoreError::OutOfLimits { .. })))));
+    // Buffers that overlap are refused: two keys' READs into the same bytes.
+    let twice = [out_refs[0], out_refs[0]];
+    let both = writer.block_on(writer.get_into_many(&key_refs[..2], &twice));
+    assert!(both
+        .iter()
+        .all(|r| matches!(r, Err(Error::Core(CoreError::BadSetting { .. })))));
 }
 
 /// A get of `k` that finds nothing.
