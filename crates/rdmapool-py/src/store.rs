@@ -33,6 +33,9 @@ pub struct Store {
     zero_copy: AtomicU64,
 }
 
+/// A batch call's keys, and a registered view per key.
+type KeysAndViews = (Vec<Vec<u8>>, Vec<Mr<Shared>>);
+
 /// A key: `bytes`, or a `str` (its UTF-8 bytes).
 pub fn key_of(py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     if let Ok(b) = key.cast::<PyBytes>() {
@@ -140,7 +143,7 @@ impl Store {
         keys: &Bound<'_, PyAny>,
         views: &[PyRef<'_, RegisteredBuffer>],
         writable: bool,
-    ) -> PyResult<(Vec<Vec<u8>>, Vec<Mr<Shared>>)> {
+    ) -> PyResult<KeysAndViews> {
         let keys = keys_of(py, keys)?;
         if keys.len() != views.len() {
             return Err(bad_arg(
