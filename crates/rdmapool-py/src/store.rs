@@ -384,8 +384,7 @@ impl Store {
         })
     }
 
-    /// `exists` of every key: keys this client saw lately in one round together, their
-    /// buckets alone; the others looked up at once. Raises `BatchError` when any key fails.
+    /// `exists` of every key, all at once. Raises `BatchError` when any key fails.
     fn batch_exists<'py>(
         &self,
         py: Python<'py>,
@@ -393,10 +392,7 @@ impl Store {
     ) -> PyResult<Bound<'py, PyList>> {
         let store = self.store(py)?;
         let keys = keys_of(py, keys)?;
-        let results = py.detach(|| {
-            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-            store.block_on(store.exists_many(&keys))
-        });
+        let results = py.detach(|| store.block_on(join_all(keys.iter().map(|k| store.exists(k)))));
         batch(py, "batch_exists", results, |py, b: bool| {
             Ok(pyo3::types::PyBool::new(py, b).to_owned().into_any())
         })

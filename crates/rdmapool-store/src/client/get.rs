@@ -163,22 +163,12 @@ impl Store {
         }
     }
 
-    /// Whether `key` holds a value (a striped value's parts are not read). With a hint
-    /// naming one version on every replica, one round that reads the buckets alone
-    /// (`into.rs`); else the key's newest block is read and verified.
+    /// Whether `key` holds a value (a striped value's parts are not read).
     ///
     /// # Errors
     /// As [`Store::get`].
     pub async fn exists(&self, key: &[u8]) -> Result<bool> {
         check_user_key(key, 1)?;
-        if let Some(held) = self.exists_from_hints(&[key]).await[0] {
-            return Ok(held);
-        }
-        self.exists_looked_up(key).await
-    }
-
-    /// [`Store::exists`] by a lookup: the key's newest block read and verified.
-    pub(super) async fn exists_looked_up(&self, key: &[u8]) -> Result<bool> {
         let found = self.get_block(key).await?;
         Ok(found.is_some_and(|(_, b)| matches!(b.kind, Kind::Value | Kind::Manifest)))
     }

@@ -25,43 +25,6 @@ struct Running {
 }
 
 impl Store {
-    /// Whether each of `keys` holds a value (as [`Store::exists`] of each): every key this
-    /// client saw lately in one round for all of them, its buckets alone (`into.rs`); the
-    /// others looked up, all at once.
-    ///
-    /// # Errors
-    /// Per key, as [`Store::exists`].
-    pub async fn exists_many(&self, keys: &[&[u8]]) -> Vec<Result<bool>> {
-        let checked: Vec<Result<()>> = keys.iter().map(|k| super::check_user_key(k, 1)).collect();
-        let valid: Vec<&[u8]> = keys
-            .iter()
-            .zip(&checked)
-            .filter(|(_, c)| c.is_ok())
-            .map(|(k, _)| *k)
-            .collect();
-        let first = self.exists_from_hints(&valid).await;
-        let looked = join_all(
-            valid
-                .iter()
-                .zip(&first)
-                .filter(|(_, f)| f.is_none())
-                .map(|(k, _)| self.exists_looked_up(k)),
-        )
-        .await;
-        let mut first = first.into_iter();
-        let mut looked = looked.into_iter();
-        checked
-            .into_iter()
-            .map(|c| {
-                c?;
-                match first.next().flatten() {
-                    Some(held) => Ok(held),
-                    None => looked.next().unwrap_or(Ok(false)),
-                }
-            })
-            .collect()
-    }
-
     /// The values of `keys` READ straight into `outs` (key `i` into `outs[i]`, from its
     /// start), as [`Store::get_into`] of each, with no copy on this host: per key, the
     /// value's length or `None`. Every key this client saw lately is read in one round, all

@@ -256,63 +256,6 @@ fn gets_of_many_keys_into_memory_take_one_round_together() {
         .all(|r| matches!(r, Err(Error::Core(CoreError::BadSetting { .. })))));
 }
 
-/// `exists` and `exists_many` from hints: one round that reads the buckets alone; a key
-/// another client changed is looked up, and answers right.
-#[test]
-fn exists_takes_one_round_from_hints() {
-    let lease = Duration::from_secs(10);
-    let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
-    let refs: Vec<&MemoryServer> = s.iter().collect();
-    let (writer, other) = (client(&refs, 1, 2), client(&refs, 2, 2));
-    let keys: Vec<Vec<u8>> = (0..16).map(|i| format!("k{i}").into_bytes()).collect();
-    let refs_k: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-    for k in &keys {
-        writer.block_on(writer.put(k, b"v")).unwrap();
-    }
-    let exists = |k: &'static [u8], want: bool| {
-        move |st: &Store| assert_eq!(st.block_on(st.exists(k)).unwrap(), want)
-    };
-    assert_eq!(
-        trips(&writer, exists(b"k0", true)),
-        (0, 1),
-        "its own put's hint"
-    );
-    assert_eq!(
-        trips(&other, exists(b"k0", true)),
-        (0, 2),
-        "no hint: the lookup"
-    );
-    assert_eq!(
-        trips(&other, exists(b"k0", true)),
-        (0, 1),
-        "the hint it found"
-    );
-    let many = |want: &'static dyn Fn(usize) -> bool| {
-        let refs_k = refs_k.clone();
-        move |st: &Store| {
-            let got = st.block_on(st.exists_many(&refs_k));
-            for (i, g) in got.into_iter().enumerate() {
-                assert_eq!(g.unwrap(), want(i), "key {i}");
-            }
-        }
-    };
-    assert_eq!(
-        trips(&writer, many(&|_| true)),
-        (0, 1),
-        "sixteen keys, one round"
-    );
-    assert!(other.block_on(other.remove(b"k5")).unwrap());
-    let (_, rounds) = trips(&writer, many(&|i| i != 5));
-    assert!(rounds > 1, "the removed key is looked up: {rounds}");
-    assert_eq!(
-        trips(&writer, many(&|i| i != 5)),
-        (0, 1),
-        "its tombstone, by the hint"
-    );
-    let bad = writer.block_on(writer.exists_many(&[b"".as_slice(), b"k1"]));
-    assert!(bad[0].is_err() && matches!(bad[1], Ok(true)));
-}
-
 /// A get of `k` that finds nothing.
 fn get_none(k: &'static [u8]) -> impl FnOnce(&Store) {
     move |st: &Store| assert_eq!(st.block_on(st.get(k)).unwrap(), None)
