@@ -21,6 +21,9 @@ pub(crate) struct Holder {
     lease: Duration,
     /// When the newest renewal that came back intact was sent.
     renewed_from: Instant,
+    /// Until when the node may be used: three quarters of a lease after `renewed_from`
+    /// (kept beside it: every operation asks).
+    usable_until: Instant,
 }
 
 impl Holder {
@@ -29,12 +32,14 @@ impl Holder {
         Self {
             lease,
             renewed_from: now,
+            usable_until: usable_until(lease, now),
         }
     }
 
     /// A renewal sent at `sent` came back intact (the heartbeat was what this client left).
     pub(crate) fn renewed(&mut self, sent: Instant) {
         self.renewed_from = self.renewed_from.max(sent);
+        self.usable_until = usable_until(self.lease, self.renewed_from);
     }
 
     /// How long ago the newest intact renewal was sent.
@@ -45,13 +50,21 @@ impl Holder {
     /// Whether the node may be used at `now`: within three quarters of a lease of the newest
     /// intact renewal's sending.
     pub(crate) fn may_use(&self, now: Instant) -> bool {
-        self.since(now) <= self.lease * 3 / 4
+        now <= self.usable_until
     }
 
     /// How often to renew.
     pub(crate) fn renew_every(&self) -> Duration {
         self.lease / 4
     }
+}
+
+/// Three quarters of `lease` after `renewed_from` (at `renewed_from` itself if that is past
+/// what an `Instant` holds: the node is then usable only until the next renewal).
+fn usable_until(lease: Duration, renewed_from: Instant) -> Instant {
+    renewed_from
+        .checked_add(lease * 3 / 4)
+        .unwrap_or(renewed_from)
 }
 
 /// The server's view of its clients' heartbeats, slot by slot.

@@ -6,7 +6,6 @@
 //! were added, and each server's group is posted as lists of at most its send-queue depth.
 //! The servers' lists run at the same time.
 
-use super::chunks::Checked;
 use super::{timed, PoolClient, Word};
 use crate::cq::OpCompletion;
 use crate::fabric::{Mr, RegisteredMemory, RemoteAddr, Shared as SharedView, WrOp};
@@ -229,9 +228,9 @@ impl<'c, B: RegisteredMemory + Send + 'static> PoolBatch<'c, B> {
                 }
             };
             let found = match known.iter().find(|n| n.desc.node == ptr.node) {
-                Some(node) => {
-                    quick_target(node, ptr, offset, len).map(|r| r.map(|a| (node.clone(), a)))
-                }
+                Some(node) => shared
+                    .target_now(node, ptr, offset, len)
+                    .map(|r| r.map(|a| (node.clone(), a))),
                 None => None,
             };
             let target = match found {
@@ -288,33 +287,6 @@ impl<'c, B: RegisteredMemory + Send + 'static> PoolBatch<'c, B> {
             }
         }
         out
-    }
-}
-
-/// The remote address of `len` bytes at `offset` of `ptr` on `node` (which this batch
-/// checked already), checked as [`super::Shared::target`] checks it, without awaiting:
-/// `None` when that needs I/O (a chunk header to read, a window to pick) or `ptr` names
-/// another node.
-fn quick_target(
-    node: &super::Node,
-    ptr: RemotePtr,
-    offset: u64,
-    len: u64,
-) -> Option<Result<RemoteAddr>> {
-    if offset.checked_add(len).is_none_or(|end| end > ptr.len) {
-        return Some(Err(Error::OutOfBounds {
-            offset,
-            len,
-            limit: ptr.len,
-        }));
-    }
-    if node.windows.is_some() || ptr.node != node.desc.node {
-        return None;
-    }
-    match node.book.lock().check(ptr, false) {
-        Err(e) => Some(Err(e)),
-        Ok(Checked::Known(_)) => Some(Ok(node.remote(ptr.offset + offset))),
-        Ok(Checked::ReadHeader { .. }) => None,
     }
 }
 

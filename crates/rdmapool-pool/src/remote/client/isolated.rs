@@ -10,7 +10,7 @@ use crate::remote::isolation::{Control, CONTROL_LEN, NO_SLOT, QUOTA_REACHED, REF
 use crate::remote::layout::{self, DURABLE_TAG};
 use crate::{Error, Result};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,7 +24,7 @@ pub(super) struct Windows {
     slot: AtomicU64,
     slot_rkey: AtomicU32,
     /// Keys of the windows over this client's chunks.
-    chunks: Mutex<HashMap<u64, u32>>,
+    chunks: Mutex<FxHashMap<u64, u32>>,
     /// One control request at a time; the last request id.
     control: tokio::sync::Mutex<u32>,
     /// The request at 0, the answer at `CONTROL_LEN`.
@@ -45,11 +45,19 @@ impl Windows {
             meta_rkey: AtomicU32::new(0),
             slot: AtomicU64::new(u64::MAX),
             slot_rkey: AtomicU32::new(0),
-            chunks: Mutex::new(HashMap::new()),
+            chunks: Mutex::new(FxHashMap::default()),
             control: tokio::sync::Mutex::new(0),
             buf: Arc::new(pd.alloc_mr(2 * CONTROL_LEN, AccessFlags::LOCAL_WRITE)?),
         })
     }
+}
+
+/// What reaches an access on an isolated node ([`Shared::window_of`]).
+enum Reach {
+    /// A window whose key is known.
+    Key(u32),
+    /// The window over this chunk (known once asked for).
+    Chunk(u64),
 }
 
 fn refused(node: &Node, offset: u64, reason: impl Into<String>) -> Error {
@@ -72,17 +80,75 @@ impl Shared {
         len: u64,
         write: bool,
     ) -> Result<RemoteAddr> {
+        match self.at_now(node, offset, len, write) {
+            Some(known) => known,
+            // Boxed: the control request's future is large and rarely needed, and every
+            // future that awaits this one would carry (and move) it.
+            None => Box::pin(self.at_asking(node, offset, len, write)).await,
+        }
+    }
+
+    /// [`Shared::at`] without I/O: `None` when the window over the chunk must be asked for.
+    pub(super) fn at_now(
+        &self,
+        node: &Node,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Option<Result<RemoteAddr>> {
+        let Some(w) = &node.windows else {
+            return Some(Ok(node.remote(offset)));
+        };
+        let rkey = match self.window_of(node, w, offset, len, write) {
+            Ok(Reach::Key(rkey)) => rkey,
+            Ok(Reach::Chunk(chunk)) => *w.chunks.lock().get(&chunk)?,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(Ok(RemoteAddr {
+            addr: node.desc.region.addr + offset,
+            rkey,
+        }))
+    }
+
+    /// [`Shared::at`] on an isolated node when the chunk's window may have to be asked for.
+    async fn at_asking(
+        &self,
+        node: &Node,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<RemoteAddr> {
         let Some(w) = &node.windows else {
             return Ok(node.remote(offset));
         };
+        let rkey = match self.window_of(node, w, offset, len, write)? {
+            Reach::Key(rkey) => rkey,
+            Reach::Chunk(chunk) => self.chunk_rkey(node, w, chunk).await?,
+        };
+        Ok(RemoteAddr {
+            addr: node.desc.region.addr + offset,
+            rkey,
+        })
+    }
+
+    /// Which window reaches `len` bytes at `offset` on an isolated node: one whose key is
+    /// known, or the window over a chunk; refused when none may.
+    fn window_of(
+        &self,
+        node: &Node,
+        w: &Windows,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<Reach> {
         let l = node.desc.layout;
         let slot = w.slot.load(Ordering::Acquire);
         let end = offset.saturating_add(len);
         let beat = slot.saturating_add(layout::slot::HEARTBEAT);
-        let rkey = if write && offset >= beat && end <= beat + 8 {
+        if write && offset >= beat && end <= beat + 8 {
             // The slot window covers the heartbeat word only (the owner word is the
             // server's; reads of the slot go through the metadata window).
-            w.slot_rkey.load(Ordering::Acquire)
+            Ok(Reach::Key(w.slot_rkey.load(Ordering::Acquire)))
         } else if end <= l.data_offset {
             if write {
                 return Err(refused(
@@ -91,23 +157,19 @@ impl Shared {
                     "the header, the lease slots (but for its own heartbeat) and the chunk table are read-only",
                 ));
             }
-            w.meta_rkey.load(Ordering::Acquire)
+            Ok(Reach::Key(w.meta_rkey.load(Ordering::Acquire)))
         } else if let Some(chunk) = l
             .chunk_of(offset)
             .filter(|&c| end <= l.chunk(c) + l.chunk_size)
         {
-            self.chunk_rkey(node, w, chunk).await?
+            Ok(Reach::Chunk(chunk))
         } else {
-            return Err(refused(
+            Err(refused(
                 node,
                 offset,
                 "the access spans windows, or lies past the last chunk",
-            ));
-        };
-        Ok(RemoteAddr {
-            addr: node.desc.region.addr + offset,
-            rkey,
-        })
+            ))
+        }
     }
 
     /// The key of the window over `chunk`: known, or asked for (the server grants it only

@@ -32,7 +32,7 @@ use crate::cq::{Engine, EngineConfig, Progress};
 use crate::fabric::{AccessFlags, Context, Pd, RegisteredMemory};
 use crate::{Error, Result};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -84,7 +84,7 @@ struct Shared {
     id: u64,
     pd: Pd,
     engine: Engine,
-    nodes: Mutex<HashMap<u32, Arc<Node>>>,
+    nodes: Mutex<FxHashMap<u32, Arc<Node>>>,
     placement: Mutex<Box<dyn Placement>>,
     scratch: Arc<Scratch>,
     stop: AtomicBool,
@@ -102,6 +102,10 @@ struct Shared {
     /// Registered staging buffers for the object store's reads and writes, made on first
     /// use (the store's hot path never registers memory below 2 MiB).
     staging_buffers: std::sync::OnceLock<crate::buf::BufferPool>,
+    /// Staging regions of the READs of one step on one node that did not fit one pool
+    /// buffer, kept for the next such steps (taken while in use; at most
+    /// `regions::BULK_KEPT` bytes in all).
+    bulk_staging: Mutex<Vec<crate::fabric::Mr<crate::fabric::Shared>>>,
 }
 
 /// A client of the remote memory pool (see the module docs).
@@ -158,7 +162,7 @@ impl PoolClient {
             id: cfg.client_id,
             pd,
             engine,
-            nodes: Mutex::new(HashMap::new()),
+            nodes: Mutex::new(FxHashMap::default()),
             placement: Mutex::new(cfg.placement),
             scratch,
             stop: AtomicBool::new(false),
@@ -171,6 +175,7 @@ impl PoolClient {
             unreachable: Mutex::new(Vec::new()),
             departed: Mutex::new(Vec::new()),
             staging_buffers: std::sync::OnceLock::new(),
+            bulk_staging: Mutex::new(Vec::new()),
         });
         let members = membership.servers()?;
         // Leases are renewed from the first node joined on (a slow join elsewhere must not

@@ -9,7 +9,7 @@ use crate::fabric::{Mr, RemoteAddr};
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,7 +29,10 @@ pub(super) struct Node {
     /// no lease expiry takes back: the object store's), and its own claim notice.
     pub(super) durable_book: Mutex<Book>,
     pub(super) durable_claimed: tokio::sync::Notify,
+    /// Why it is down, once it is (never cleared: a node that comes back is a new `Node`).
     pub(super) down: Mutex<Option<String>>,
+    /// Set once `down` is (read first, so an operation on an up node takes no lock).
+    pub(super) is_down: AtomicBool,
     pub(super) draining: AtomicBool,
     /// The lease as this client holds it (when it may use the node).
     pub(super) lease: Mutex<Holder>,
@@ -69,11 +72,13 @@ impl Node {
     /// quarters of a lease (a client that was frozen, or whose renewals stalled, must stop
     /// before the server may reclaim its chunks: docs/RELIABILITY.md, "Failure model").
     pub(super) fn check_up(&self) -> Result<()> {
-        if let Some(reason) = &*self.down.lock() {
-            return Err(Error::NodeDown {
-                node: self.desc.node,
-                reason: reason.clone(),
-            });
+        if self.is_down.load(Ordering::Acquire) {
+            if let Some(reason) = &*self.down.lock() {
+                return Err(Error::NodeDown {
+                    node: self.desc.node,
+                    reason: reason.clone(),
+                });
+            }
         }
         let holder = *self.lease.lock();
         let now = Instant::now();
@@ -96,6 +101,7 @@ impl Node {
     pub(super) fn mark_down(&self, reason: String) {
         tracing::warn!(node = self.desc.node, "pool node down: {reason}");
         self.down.lock().get_or_insert(reason);
+        self.is_down.store(true, Ordering::Release);
     }
 }
 

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 pub(super) const OP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Awaits an operation on `node`; past [`OP_TIMEOUT`] the node is marked down and its QP
-/// moved to ERR, which flushes the operation (so its buffer still comes back).
+/// moved to ERR, which flushes the operation (so its buffer still comes back). The clock
+/// starts when the operation is first found pending (one that completes at once, as the
+/// intra-host path does, never reads it).
 pub(super) async fn timed<B>(
     timers: &Timers,
     node: &Node,
@@ -30,7 +32,7 @@ pub(super) async fn timed<B>(
         op: std::pin::pin!(op),
         node,
         timers,
-        deadline: Instant::now() + OP_TIMEOUT,
+        deadline: None,
         fired: false,
         timer: None,
     }
@@ -60,7 +62,8 @@ struct Timed<'a, F> {
     op: std::pin::Pin<&'a mut F>,
     node: &'a Node,
     timers: &'a Timers,
-    deadline: Instant,
+    /// Set when the operation is first found pending.
+    deadline: Option<Instant>,
     fired: bool,
     /// Its entry in `timers`, while it has one.
     timer: Option<u64>,
@@ -92,7 +95,9 @@ impl<F: Future> Future for Timed<'_, F> {
             return std::task::Poll::Ready(v);
         }
         if !self.fired {
-            if Instant::now() >= self.deadline {
+            let now = Instant::now();
+            let deadline = *self.deadline.get_or_insert(now + OP_TIMEOUT);
+            if now >= deadline {
                 self.fired = true;
                 self.unlist();
                 self.node.mark_down(format!(
@@ -102,7 +107,7 @@ impl<F: Future> Future for Timed<'_, F> {
                 cx.waker().wake_by_ref();
             } else if self.timer.is_none() && !self.timers.caller_driven {
                 let id = self.timers.next.fetch_add(1, Ordering::Relaxed);
-                let entry = (self.deadline, cx.waker().clone());
+                let entry = (deadline, cx.waker().clone());
                 self.timers.pending.lock().insert(id, entry);
                 self.timer = Some(id);
             }
@@ -330,14 +335,47 @@ impl Shared {
         offset: u64,
         len: u64,
     ) -> Result<(Arc<Node>, RemoteAddr)> {
-        if offset.checked_add(len).is_none_or(|end| end > ptr.len) {
-            return Err(Error::OutOfBounds {
-                offset,
-                len,
-                limit: ptr.len,
-            });
-        }
+        check_bounds(ptr, offset, len)?;
         let node = self.node_of(ptr)?;
+        match self.target_now(&node, ptr, offset, len) {
+            Some(known) => known.map(|remote| (node, remote)),
+            // Boxed: the header READs' futures are large and rarely needed, and every
+            // operation's future would carry (and move) them.
+            None => Box::pin(self.target_reading(node, ptr, offset, len)).await,
+        }
+    }
+
+    /// [`Shared::target`] on `node` without I/O: `None` when that needs a chunk header read
+    /// or a window asked for, or `ptr` names another node.
+    pub(super) fn target_now(
+        &self,
+        node: &Node,
+        ptr: RemotePtr,
+        offset: u64,
+        len: u64,
+    ) -> Option<Result<RemoteAddr>> {
+        if let Err(e) = check_bounds(ptr, offset, len) {
+            return Some(Err(e));
+        }
+        if ptr.node != node.desc.node {
+            return None;
+        }
+        let checked = node.book.lock().check(ptr, false);
+        match checked {
+            Err(e) => Some(Err(e)),
+            Ok(Checked::Known(_)) => self.at_now(node, ptr.offset + offset, len.max(1), true),
+            Ok(Checked::ReadHeader { .. }) => None,
+        }
+    }
+
+    /// [`Shared::target`] when the chunk header is to be read or the window asked for.
+    async fn target_reading(
+        &self,
+        node: Arc<Node>,
+        ptr: RemotePtr,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Arc<Node>, RemoteAddr)> {
         self.check_object(&node, Books::Pool, ptr, false).await?;
         let remote = self
             .at(&node, ptr.offset + offset, len.max(1), true)
@@ -370,4 +408,16 @@ impl Shared {
         .await;
         book.lock().on_header(ptr, chunk, magic?, size?)
     }
+}
+
+/// `len` bytes at `offset` fit in the allocation `ptr` names.
+fn check_bounds(ptr: RemotePtr, offset: u64, len: u64) -> Result<()> {
+    if offset.checked_add(len).is_none_or(|end| end > ptr.len) {
+        return Err(Error::OutOfBounds {
+            offset,
+            len,
+            limit: ptr.len,
+        });
+    }
+    Ok(())
 }

@@ -62,9 +62,24 @@ pub struct Members {
 }
 
 /// What an operation of a node's list answers from ([`Regions::perform`]).
+/// The READs of one step on one node up to this many bytes in all are staged in one buffer
+/// of the client's staging pool (its largest class).
+const BULK_FROM_POOL: usize = 2 << 20;
+
+/// The largest READ staging region a client keeps for its next step (larger ones are
+/// registered for their step and let go).
+const BULK_KEPT: usize = 16 << 20;
+
+/// Where the READs of one step on one node land ([`Regions::read_staging`]).
+struct ReadStaging {
+    buf: Mr<Shared>,
+    /// A region of its own (not a pool buffer): kept for later steps once they end.
+    own: bool,
+}
+
 enum Staged {
-    /// A READ of this many bytes into its buffer.
-    Read(usize),
+    /// A READ of this many bytes into its buffer, at this offset of it.
+    Read(usize, usize),
     /// A compare-and-swap, whose old value lands in its buffer.
     Cas,
     /// A WRITE (the last of a head and a payload).
@@ -175,6 +190,19 @@ impl<'a> Regions<'a> {
     /// first use; every class up to 2 MiB), or registered now when the pool has none free or
     /// `len` is larger.
     fn staging(self, len: usize) -> Result<Mr<Shared>> {
+        if let Ok(buf) = self.pooled(len) {
+            return Ok(buf);
+        }
+        Ok(self
+            .pool
+            .shared
+            .pd
+            .alloc_mr(len.max(8), AccessFlags::LOCAL_WRITE)?
+            .into_shared())
+    }
+
+    /// A buffer of `len` bytes from the client's staging pool (made on first use).
+    fn pooled(self, len: usize) -> Result<Mr<Shared>> {
         let s = &self.pool.shared;
         let pool = match s.staging_buffers.get() {
             Some(p) => Some(p),
@@ -182,12 +210,60 @@ impl<'a> Regions<'a> {
                 .ok()
                 .map(|p| s.staging_buffers.get_or_init(|| p)),
         };
-        if let Some(Ok(buf)) = pool.map(|p| p.alloc(len)) {
-            return Ok(buf.into_shared());
+        match pool.map(|p| p.alloc(len)) {
+            Some(buf) => Ok(buf?.into_shared()),
+            None => Err(Error::Core(crate::CoreError::BadSetting {
+                name: "staging buffer pool".into(),
+                value: "none".into(),
+                reason: "the pool could not be made".into(),
+            })),
         }
-        Ok(s.pd
-            .alloc_mr(len.max(8), AccessFlags::LOCAL_WRITE)?
-            .into_shared())
+    }
+
+    /// The staging buffer of `total` bytes of READs of one step on one node: a pool buffer
+    /// when one class holds them all, else the region kept from an earlier such step if it
+    /// is large enough, else a new region (a step's READs register memory at most once,
+    /// never once per READ).
+    fn read_staging(self, total: usize) -> Result<ReadStaging> {
+        if total <= BULK_FROM_POOL {
+            if let Ok(buf) = self.pooled(total) {
+                return Ok(ReadStaging { buf, own: false });
+            }
+        }
+        let fits = {
+            let mut kept = self.pool.shared.bulk_staging.lock();
+            // The smallest kept region that holds them all.
+            let best = (0..kept.len())
+                .filter(|&i| kept[i].len() >= total)
+                .min_by_key(|&i| kept[i].len());
+            best.map(|i| kept.swap_remove(i))
+        };
+        let buf = match fits {
+            Some(buf) => buf,
+            None => self
+                .pool
+                .shared
+                .pd
+                .alloc_mr(
+                    total.checked_next_power_of_two().unwrap_or(total),
+                    AccessFlags::LOCAL_WRITE,
+                )?
+                .into_shared(),
+        };
+        Ok(ReadStaging { buf, own: true })
+    }
+
+    /// Keeps a step's READ staging that nothing uses any more for the next steps whose
+    /// READs need a region of their own: when it is a region of its own and the kept
+    /// regions stay within [`BULK_KEPT`] bytes with it (else it is let go).
+    fn keep_read_staging(self, staging: ReadStaging) {
+        let ReadStaging { buf, own: true } = staging else {
+            return;
+        };
+        let mut kept = self.pool.shared.bulk_staging.lock();
+        if kept.iter().map(|k| k.len()).sum::<usize>() + buf.len() <= BULK_KEPT {
+            kept.push(buf);
+        }
     }
 
     fn node(self, node: u32, incarnation: u64) -> Result<Arc<Node>> {
@@ -343,11 +419,36 @@ impl<'a> Regions<'a> {
             }
             return Ok(out);
         }
+        // Every READ lands in one staging buffer, one after another: one registered buffer
+        // per step and node, however many READs it has.
+        let read_lens = || {
+            list().filter_map(|op| match op.io {
+                Io::Read { len, .. } => Some(len),
+                _ => None,
+            })
+        };
+        let read_bytes = read_lens().fold(0u64, u64::saturating_add);
+        let reads_into = match usize::try_from(read_bytes) {
+            _ if read_lens().next().is_none() => None,
+            Ok(total) => match self.read_staging(total.max(8)) {
+                Ok(buf) => Some(buf),
+                Err(e) if down(&e) => return Ok(failed()),
+                Err(e) => return Err(e),
+            },
+            Err(_) => {
+                return Err(Error::OutOfBounds {
+                    offset: 0,
+                    len: read_bytes,
+                    limit: usize::MAX as u64,
+                })
+            }
+        };
         // Stage every operation: its work requests, and what answers it (the last of them).
         let staged = async {
             let s = &self.pool.shared;
             let mut wrs: Vec<(crate::fabric::WrOp, Mr<Shared>, usize, u32)> =
                 Vec::with_capacity(count + 1);
+            let mut read_at = 0;
             for op in list() {
                 let size = |len: u64, at: u64| {
                     u32::try_from(len).map_err(|_| Error::OutOfBounds {
@@ -359,9 +460,13 @@ impl<'a> Regions<'a> {
                 match &op.io {
                     Io::Read { at, len } => {
                         let len32 = size(*len, *at)?;
-                        let buf = self.staging(len32 as usize)?;
+                        let Some(ReadStaging { buf, .. }) = &reads_into else {
+                            unreachable!("a step with a READ has its staging")
+                        };
                         let remote = s.at(&n, *at, *len, false).await?;
-                        wrs.push((crate::fabric::WrOp::Read { remote }, buf, 0, len32));
+                        let op = crate::fabric::WrOp::Read { remote };
+                        wrs.push((op, buf.clone(), read_at, len32));
+                        read_at += len32 as usize;
                     }
                     Io::ReadInto { at, len, into } => {
                         let len32 = size(*len, *at)?;
@@ -433,9 +538,14 @@ impl<'a> Regions<'a> {
         let depth = n.qp.qp().capacity().send.max(1) as usize;
         let mut out = Vec::with_capacity(count);
         // What answers each work request, in the order they were staged.
+        let mut read_at = 0;
         let mut kinds = list().flat_map(|op| {
             let (first, second) = match (&op.io, payload) {
-                (Io::Read { len, .. }, _) => (Staged::Read(*len as usize), None),
+                (Io::Read { len, .. }, _) => {
+                    let at = read_at;
+                    read_at += *len as usize;
+                    (Staged::Read(at, *len as usize), None)
+                }
                 (Io::ReadInto { .. }, _) => (Staged::Written, None),
                 (Io::Cas { .. }, _) => (Staged::Cas, None),
                 (Io::WriteWithPayload { .. }, Payload::Mr(_)) => {
@@ -471,9 +581,9 @@ impl<'a> Regions<'a> {
                 let answer = match (buf, kind) {
                     (_, Staged::Skip) => continue,
                     (None, _) => Answer::Failed,
-                    (Some(b), Staged::Read(len)) => {
+                    (Some(b), Staged::Read(at, len)) => {
                         let mut v = vec![0; len];
-                        b.read_at(0, &mut v)
+                        b.read_at(at, &mut v)
                             .map_or(Answer::Failed, |()| Answer::Bytes(v))
                     }
                     (Some(b), Staged::Cas) => b.read_u64(0).map_or(Answer::Failed, Answer::Word),
@@ -481,6 +591,10 @@ impl<'a> Regions<'a> {
                 };
                 out.push(answer);
             }
+        }
+        // Every list of the step has ended: nothing is in flight into the READs' buffer.
+        if let Some(buf) = reads_into {
+            self.keep_read_staging(buf);
         }
         Ok(out)
     }

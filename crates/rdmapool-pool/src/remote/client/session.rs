@@ -126,6 +126,7 @@ impl Shared {
             )),
             durable_claimed: tokio::sync::Notify::new(),
             down: Mutex::new(None),
+            is_down: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             lease: Mutex::new(Holder::new(desc.lease, Instant::now())),
             beat: AtomicU64::new(0),

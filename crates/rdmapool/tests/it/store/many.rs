@@ -91,3 +91,36 @@ fn get_many_answers_as_get_does_with_one_completion_per_server_and_round() {
         break;
     }
 }
+
+#[test]
+fn a_get_many_of_large_values_registers_memory_per_server_and_round_not_per_key() {
+    let lease = Duration::from_secs(10);
+    let s: Vec<MemoryServer> = (1..=3)
+        .map(|n| server_of(n, lease, 48 << 20, SocketAddr::new(listen_ip(), 0)).unwrap())
+        .collect();
+    let refs: Vec<&MemoryServer> = s.iter().collect();
+    let st = store(&refs, 5, 2);
+    // 96 values of 64 KiB: every server's READs of the value round (about 2 to 4 MiB) are
+    // more than one buffer of the client's staging pool holds.
+    let names: Vec<String> = (0..96).map(|i| format!("big-{i}")).collect();
+    for (i, k) in names.iter().enumerate() {
+        st.block_on(st.put(k.as_bytes(), &value(i, 64 << 10)))
+            .unwrap();
+    }
+    let keys: Vec<&[u8]> = names.iter().map(|k| k.as_bytes()).collect();
+    let registrations = || st.pool().pd().recorder().snapshot().registrations;
+    let mut counts = Vec::new();
+    for _ in 0..3 {
+        let before = registrations();
+        let got = st.block_on(st.get_many(&keys));
+        counts.push(registrations() - before);
+        for (i, got) in got.into_iter().enumerate() {
+            assert_eq!(got.unwrap(), Some(value(i, 64 << 10)), "{}", names[i]);
+        }
+    }
+    eprintln!("regions registered by each get_many of 96 values of 64 KiB: {counts:?}");
+    // A region per server and round at most (3 servers; the staging pool may grow too),
+    // where a region per READ was 96 and more; once kept, none.
+    assert!(counts[0] <= 8, "{counts:?}");
+    assert!(counts[2] <= 2, "{counts:?}");
+}

@@ -17,7 +17,7 @@ use super::super::RemotePtr;
 use crate::remote::layout::hash64;
 pub(crate) use crate::remote::step::{Answer, Io, Machine, Step};
 use crate::{Error, Result};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::time::Instant;
 
 mod alloc;
@@ -99,7 +99,7 @@ pub(crate) struct Book {
     /// Size classes of chunks (chunk index -> object size): this client's own from the claim
     /// on (exact), others' as last read from their headers, so checking a pointer costs a
     /// lookup, and a READ only the first time a chunk of another client is used.
-    shapes: HashMap<u64, u64>,
+    shapes: FxHashMap<u64, u64>,
     /// A task of this client is claiming a chunk (one at a time).
     claiming: bool,
     /// The claim was released since [`Book::take_released`] last looked.
@@ -149,7 +149,7 @@ impl Book {
             incarnation,
             layout,
             chunks: Vec::new(),
-            shapes: HashMap::new(),
+            shapes: FxHashMap::default(),
             claiming: false,
             released: false,
             used: 0,
