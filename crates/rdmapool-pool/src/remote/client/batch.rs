@@ -215,6 +215,8 @@ impl<'c, B: RegisteredMemory + Send + 'static> PoolBatch<'c, B> {
         // operations there take the quick check. Whether a node is still up is checked
         // again when its lists are posted.
         let mut known: Vec<Arc<super::Node>> = Vec::new();
+        // The pointer of the last operation, if its checks passed.
+        let mut passed: Option<RemotePtr> = None;
         for (index, op) in self.ops.into_iter().enumerate() {
             let (ptr, offset, len) = match &op {
                 Op::Write {
@@ -228,6 +230,11 @@ impl<'c, B: RegisteredMemory + Send + 'static> PoolBatch<'c, B> {
                 }
             };
             let found = match known.iter().find(|n| n.desc.node == ptr.node) {
+                // The pointer the operation before this one named, and passed: only its
+                // bounds and key are left to check.
+                Some(node) if passed == Some(ptr) => shared
+                    .reach_now(node, ptr, offset, len)
+                    .map(|r| r.map(|a| (node.clone(), a))),
                 Some(node) => shared
                     .target_now(node, ptr, offset, len)
                     .map(|r| r.map(|a| (node.clone(), a))),
@@ -245,6 +252,7 @@ impl<'c, B: RegisteredMemory + Send + 'static> PoolBatch<'c, B> {
                     t
                 }
             };
+            passed = target.is_ok().then_some(ptr);
             let posted = match target {
                 Ok((node, remote)) => {
                     prepare(shared, index, op_into(op, remote)).map(|p| (node, p))

@@ -168,17 +168,14 @@ impl Future for Sleep<'_> {
 
 impl Shared {
     pub(super) fn word(&self) -> Result<Word> {
-        let offset =
-            self.scratch
-                .free
-                .lock()
-                .pop()
-                .ok_or(Error::Core(crate::CoreError::OutOfLimits {
-                    what: "remote atomics in flight at once",
-                    value: SCRATCH_WORDS as u64 + 1,
-                    min: 1,
-                    max: SCRATCH_WORDS as u64,
-                }))?;
+        let offset = self.scratch.free.lock().pop().ok_or_else(|| {
+            Error::Core(crate::CoreError::OutOfLimits {
+                what: "remote atomics in flight at once",
+                value: SCRATCH_WORDS as u64 + 1,
+                min: 1,
+                max: SCRATCH_WORDS as u64,
+            })
+        })?;
         Ok(Word {
             scratch: self.scratch.clone(),
             offset,
@@ -363,9 +360,24 @@ impl Shared {
         let checked = node.book.lock().check(ptr, false);
         match checked {
             Err(e) => Some(Err(e)),
-            Ok(Checked::Known(_)) => self.at_now(node, ptr.offset + offset, len.max(1), true),
+            Ok(Checked::Known(_)) => self.reach_now(node, ptr, offset, len),
             Ok(Checked::ReadHeader { .. }) => None,
         }
+    }
+
+    /// [`Shared::target_now`] of a `ptr` on `node` whose object was checked a moment ago
+    /// (an earlier operation of the same batch): bounds and the key that reaches it only.
+    pub(super) fn reach_now(
+        &self,
+        node: &Node,
+        ptr: RemotePtr,
+        offset: u64,
+        len: u64,
+    ) -> Option<Result<RemoteAddr>> {
+        if let Err(e) = check_bounds(ptr, offset, len) {
+            return Some(Err(e));
+        }
+        self.at_now(node, ptr.offset + offset, len.max(1), true)
     }
 
     /// [`Shared::target`] when the chunk header is to be read or the window asked for.
