@@ -200,7 +200,7 @@ fn repair_json(r: &rdmapool::store::RepairReport) -> serde_json::Value {
         "copied": r.copied, "cleared": r.cleared, "unreadable": r.unreadable,
         "failed": r.failed, "deferred": r.deferred, "conflicts": r.conflicts,
         "reclaimed": r.reclaimed, "released": r.released,
-        "reclaim_pending": r.reclaim_pending})
+        "reclaim_pending": r.reclaim_pending, "expired": r.expired})
 }
 
 /// `items` as JSON strings without loss, and the encoding they are in: `"utf-8"` (the text

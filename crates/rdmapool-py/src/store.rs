@@ -225,22 +225,30 @@ impl Store {
     }
 
     /// Stores `value` (bytes or any buffer) under `key`; returns its version `(seq, writer)`.
+    /// With `ttl` (seconds), the value is gone once that has passed (docs/STORE.md 11).
+    #[pyo3(signature = (key, value, ttl=None))]
     fn put<'py>(
         &self,
         py: Python<'py>,
         key: &Bound<'py, PyAny>,
         value: &Bound<'py, PyAny>,
+        ttl: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let store = self.store(py)?;
         let key = key_of(py, key)?;
+        let ttl = ttl_of(py, ttl)?;
+        let put = |bytes: &[u8]| match ttl {
+            None => store.block_on(store.put(&key, bytes)),
+            Some(ttl) => store.block_on(store.put_with_ttl(&key, bytes, ttl)),
+        };
         let v = if let Ok(b) = value.cast::<PyBytes>() {
             // `bytes` is immutable: read in place while the caller's reference keeps it.
             let bytes = b.as_bytes();
-            py.detach(|| store.block_on(store.put(&key, bytes)))
+            py.detach(|| put(bytes))
         } else {
             let copy: Vec<u8> = copy_of(value)?;
             self.copied.fetch_add(copy.len() as u64, Ordering::Relaxed);
-            py.detach(|| store.block_on(store.put(&key, &copy)))
+            py.detach(|| put(&copy))
         };
         version(py, v.py(py)?)
     }
@@ -298,18 +306,25 @@ impl Store {
     }
 
     /// Stores the bytes of the registered `view` under `key`, WRITten from its memory with
-    /// no copy; returns the version. The bytes must not change until it returns.
+    /// no copy; returns the version. The bytes must not change until it returns. With `ttl`
+    /// (seconds), as `put`.
+    #[pyo3(signature = (key, view, ttl=None))]
     fn put_from<'py>(
         &self,
         py: Python<'py>,
         key: &Bound<'py, PyAny>,
         view: PyRef<'py, RegisteredBuffer>,
+        ttl: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let store = self.store(py)?;
         let key = key_of(py, key)?;
+        let ttl = ttl_of(py, ttl)?;
         let mr = view.shared(py, self.owner)?;
         let v = py
-            .detach(|| store.block_on(store.put_from(&key, &mr)))
+            .detach(|| match ttl {
+                None => store.block_on(store.put_from(&key, &mr)),
+                Some(ttl) => store.block_on(store.put_from_with_ttl(&key, &mr, ttl)),
+            })
             .py(py)?;
         self.zero_copy
             .fetch_add(view.len() as u64, Ordering::Relaxed);
@@ -384,7 +399,9 @@ impl Store {
         })
     }
 
-    /// `exists` of every key, all at once. Raises `BatchError` when any key fails.
+    /// `exists` of every key, looked up together in rounds of one list per server (each
+    /// key's block read and verified, as `exists` does). Raises `BatchError` when any key
+    /// fails.
     fn batch_exists<'py>(
         &self,
         py: Python<'py>,
@@ -392,7 +409,8 @@ impl Store {
     ) -> PyResult<Bound<'py, PyList>> {
         let store = self.store(py)?;
         let keys = keys_of(py, keys)?;
-        let results = py.detach(|| store.block_on(join_all(keys.iter().map(|k| store.exists(k)))));
+        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let results = py.detach(|| store.block_on(store.exists_many(&refs)));
         batch(py, "batch_exists", results, |py, b: bool| {
             Ok(pyo3::types::PyBool::new(py, b).to_owned().into_any())
         })
@@ -461,6 +479,7 @@ impl Store {
         d.set_item("nodes", r.nodes)?;
         d.set_item("keys", r.keys)?;
         d.set_item("copied", r.copied)?;
+        d.set_item("expired", r.expired)?;
         d.set_item("cleared", r.cleared)?;
         d.set_item("unreadable", r.unreadable)?;
         d.set_item("failed", r.failed)?;
@@ -486,6 +505,8 @@ impl Store {
         d.set_item("fenced", s.fenced)?;
         d.set_item("put_round_trips", s.put_round_trips)?;
         d.set_item("get_round_trips", s.get_round_trips)?;
+        d.set_item("expired", s.expired)?;
+        d.set_item("reclaimed", s.reclaimed)?;
         d.set_item("bytes_copied", self.copied.load(Ordering::Relaxed))?;
         d.set_item("bytes_zero_copy", self.zero_copy.load(Ordering::Relaxed))?;
         Ok(d)
@@ -532,4 +553,21 @@ pub fn copy_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
         pyo3::buffer::PyBuffer::<u8>::get(&mv)
     })?;
     buf.to_vec(value.py())
+}
+
+/// A time to live given in seconds (an int or a float, finite and above 0), or none.
+fn ttl_of(py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
+    let Some(ttl) = ttl.filter(|t| !t.is_none()) else {
+        return Ok(None);
+    };
+    let secs: f64 = ttl
+        .extract()
+        .map_err(|_| bad_arg(py, "ttl: seconds, an int or a float"))?;
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if !d.is_zero() => Ok(Some(d)),
+        _ => Err(bad_arg(
+            py,
+            format!("ttl: {secs} seconds; a time to live is a finite number of seconds above 0"),
+        )),
+    }
 }

@@ -145,3 +145,33 @@ def test_close_ends_the_client_so_its_id_can_join_again(addrs):
     s.close()
     with rdmapool.Store(addrs, client_id=7) as again:
         assert again.get(b"k") == b"v"
+
+
+def test_a_value_with_a_ttl_is_gone_after_it_and_the_older_value_does_not_come_back(store):
+    import time
+
+    store.put(b"t", b"older")
+    store.put(b"t", b"expiring", ttl=0.3)
+    store.put(b"stays", b"long", ttl=600)
+    end = time.time() + 0.3
+    while time.time() <= end:
+        time.sleep(0.02)
+    assert store.get(b"t") is None
+    assert not store.exists(b"t")
+    assert store.get(b"stays") == b"long"
+    stats = store.stats()
+    assert stats["expired"] >= 1 and stats["reclaimed"] >= 1, stats
+    buf = store.register(bytearray(64))
+    store.put_from(b"z", buf[:8], ttl=0.3)
+    end = time.time() + 0.3
+    while time.time() <= end:
+        time.sleep(0.02)
+    assert store.get_into(b"z", buf) is None
+
+
+@pytest.mark.parametrize("ttl", [0, -1, 0.01, float("nan"), float("inf"), 1e300, "soon", [1]])
+def test_bad_ttls_are_refused_and_nothing_is_lost(store, ttl):
+    store.put(b"k", b"kept")
+    with pytest.raises(rdmapool.OutOfLimits):
+        store.put(b"k", b"new", ttl=ttl)
+    assert store.get(b"k") == b"kept"

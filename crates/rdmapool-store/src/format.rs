@@ -22,6 +22,24 @@ const VALUE_LEN: usize = 24;
 const KEY_LEN: usize = 32;
 const FLAGS: usize = 33;
 const CRC: usize = 36;
+const EXPIRES: usize = 40;
+
+/// When a value stops being returned: a time to live's end, in milliseconds since the Unix
+/// epoch by the writer's wall clock (header bytes 40..48; 0, [`Expiry::NEVER`], is none).
+/// Only values and striped values' manifests carry one (docs/STORE.md section 11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Expiry(pub u64);
+
+impl Expiry {
+    /// No expiry: the value lives until it is replaced or removed.
+    pub const NEVER: Expiry = Expiry(0);
+
+    /// Whether the value has expired by the clock reading `now_ms` (milliseconds since the
+    /// Unix epoch): at or past its end. Never, for [`Expiry::NEVER`].
+    pub fn is_past(self, now_ms: u64) -> bool {
+        self.0 != 0 && now_ms >= self.0
+    }
+}
 
 /// What a block holds: header byte 33, the flags (docs/STORE.md section 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -265,18 +283,27 @@ pub fn encode_header(
     version: Version,
     kind: Kind,
 ) -> Result<()> {
-    encode_header_for(header, key, &ValueDigest::of(value), version, kind)
+    encode_header_for(
+        header,
+        key,
+        &ValueDigest::of(value),
+        version,
+        kind,
+        Expiry::NEVER,
+    )
 }
 
 /// [`encode_header`] from the value's digest (so a put to several replicas, or a retried
-/// one, reads the value once).
+/// one, reads the value once), with an `expiry` (a value's or a manifest's only).
 pub fn encode_header_for(
     header: &mut [u8; HEADER_LEN],
     key: &[u8],
     value: &ValueDigest,
     version: Version,
     kind: Kind,
+    expiry: Expiry,
 ) -> Result<()> {
+    check_expiry(kind, expiry)?;
     if kind != Kind::Tombstone {
         check_sizes(key, value.len)?;
     } else {
@@ -298,8 +325,9 @@ pub fn encode_header_for(
     header[VALUE_LEN..VALUE_LEN + 8].copy_from_slice(&value.len.to_le_bytes());
     header[KEY_LEN] = key.len() as u8;
     header[FLAGS] = kind.flags();
+    header[EXPIRES..EXPIRES + 8].copy_from_slice(&expiry.0.to_le_bytes());
     let mut crc = crc32fast::Hasher::new();
-    crc.update(&header[..CRC]);
+    header_crc(&mut crc, header);
     crc.update(key);
     crc.combine(&value.crc);
     header[CRC..CRC + 4].copy_from_slice(&crc.finalize().to_le_bytes());
@@ -317,9 +345,46 @@ pub fn encode_block(key: &[u8], value: &[u8], version: Version, kind: Kind) -> R
     Ok(out)
 }
 
+/// Checks that a block of `kind` may carry `expiry` (only a value or a manifest expires).
+pub fn check_expiry(kind: Kind, expiry: Expiry) -> Result<()> {
+    if expiry != Expiry::NEVER && !expires(kind) {
+        return Err(CoreError::BadSetting {
+            name: "store block expiry".into(),
+            value: expiry.0.to_string(),
+            reason: "only a value or a striped value's manifest expires".into(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Whether blocks of `kind` may carry an expiry.
+fn expires(kind: Kind) -> bool {
+    matches!(kind, Kind::Value | Kind::Manifest)
+}
+
+/// Adds what the CRC covers of `header`: bytes 0..36, then the expiry when there is one
+/// (a block without one has the CRC it had before expiries existed).
+fn header_crc(crc: &mut crc32fast::Hasher, header: &[u8; HEADER_LEN]) {
+    crc.update(&header[..CRC]);
+    if header[EXPIRES..EXPIRES + 8] != [0; 8] {
+        crc.update(&header[EXPIRES..EXPIRES + 8]);
+    }
+}
+
+/// The expiry in `header`, if its reserved bytes are as a block's must be: bytes 34..36 and
+/// 48..64 zero, and bytes 40..48 zero unless `kind` may expire.
+fn expiry_of(header: &[u8; HEADER_LEN], kind: Kind) -> Option<Expiry> {
+    let zeros = header[34..36].iter().chain(&header[48..]).all(|&b| b == 0);
+    let expiry = Expiry(u64::from_le_bytes(
+        header[EXPIRES..EXPIRES + 8].try_into().unwrap_or([0; 8]),
+    ));
+    (zeros && (expiry == Expiry::NEVER || expires(kind))).then_some(expiry)
+}
+
 fn block_crc(header: &[u8; HEADER_LEN], key: &[u8], value: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
-    h.update(&header[..CRC]);
+    header_crc(&mut h, header);
     h.update(key);
     h.update(value);
     h.finalize()
@@ -337,6 +402,8 @@ pub struct Block {
     pub kind: Kind,
     /// The value's bytes within what was decoded.
     pub value: Range<usize>,
+    /// When it expires (a value's or a manifest's; [`Expiry::NEVER`] for the rest).
+    pub expiry: Expiry,
 }
 
 /// Why bytes read from a slot are not the object looked for. None of these is an error of
@@ -370,6 +437,8 @@ pub struct Peek {
     pub tombstone: bool,
     /// What it holds.
     pub kind: Kind,
+    /// When it expires, as its header says.
+    pub expiry: Expiry,
 }
 
 /// The key and version of the block at the start of `bytes`, from its header and key alone
@@ -380,6 +449,7 @@ pub fn peek(bytes: &[u8]) -> Option<Peek> {
     let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap_or([0; 8]));
     let key_len = header[KEY_LEN] as usize;
     let kind = Kind::from_flags(header[FLAGS])?;
+    let expiry = expiry_of(header, kind)?;
     if header[..8] != BLOCK_MAGIC
         || key_len == 0
         || word(SEQ) == 0
@@ -396,6 +466,7 @@ pub fn peek(bytes: &[u8]) -> Option<Peek> {
         },
         tombstone: kind == Kind::Tombstone,
         kind,
+        expiry,
     })
 }
 
@@ -409,12 +480,13 @@ pub fn decode_block(bytes: &[u8], key: &[u8]) -> std::result::Result<Block, Reje
     let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap_or([0; 8]));
     let value_len = word(VALUE_LEN);
     let key_len = header[KEY_LEN] as usize;
-    let zeros = header[34..36].iter().chain(&header[40..]).all(|&b| b == 0);
     let Some(kind) = Kind::from_flags(header[FLAGS]) else {
         return Err(Reject::NotABlock);
     };
+    let Some(expiry) = expiry_of(header, kind) else {
+        return Err(Reject::NotABlock);
+    };
     if header[..8] != BLOCK_MAGIC
-        || !zeros
         || key_len == 0
         || value_len > MAX_VALUE_LEN
         || !kind.fits(value_len)
@@ -444,6 +516,7 @@ pub fn decode_block(bytes: &[u8], key: &[u8]) -> std::result::Result<Block, Reje
         tombstone: kind == Kind::Tombstone,
         kind,
         value: key_end..end,
+        expiry,
     })
 }
 
@@ -461,10 +534,6 @@ pub fn decode_split(
     let header: &[u8; HEADER_LEN] = head[..HEADER_LEN].try_into().map_err(|_| Reject::Short)?;
     let p = peek(head).ok_or(Reject::NotABlock)?;
     let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap_or([0; 8]));
-    let zeros = header[34..36].iter().chain(&header[40..]).all(|&b| b == 0);
-    if !zeros {
-        return Err(Reject::NotABlock);
-    }
     if p.key != key {
         return Err(Reject::OtherKey);
     }
@@ -472,7 +541,7 @@ pub fn decode_split(
         return Err(Reject::Short);
     }
     let mut crc = crc32fast::Hasher::new();
-    crc.update(&header[..CRC]);
+    header_crc(&mut crc, header);
     crc.update(key);
     crc.combine(&value.crc);
     let stored = u32::from_le_bytes(header[CRC..CRC + 4].try_into().unwrap_or([0; 4]));
@@ -484,6 +553,7 @@ pub fn decode_split(
         tombstone: p.tombstone,
         kind: p.kind,
         value: 0..value.len as usize,
+        expiry: p.expiry,
     })
 }
 

@@ -23,7 +23,8 @@
 
 use super::decide::{empty_slot, next_version, replaces};
 use super::format::{
-    block_len, encode_header_for, KeyHash, Kind, Slot, ValueDigest, Version, HEADER_LEN,
+    block_len, check_expiry, encode_header_for, Expiry, KeyHash, Kind, Slot, ValueDigest, Version,
+    HEADER_LEN,
 };
 use super::lookup::{read_ops, replies, Looked, Lookup, Replica};
 use rdmapool_pool::remote::step::{Answer, Io, Machine, Op, Step};
@@ -96,6 +97,10 @@ pub(crate) struct Put {
     h: KeyHash,
     digest: ValueDigest,
     kind: Kind,
+    /// When its block expires ([`Put::expiring`]).
+    expiry: Expiry,
+    /// Write only while this is the key's newest version ([`Put::only_over`]).
+    only_over: Option<Version>,
     writer: u64,
     replicas: Vec<Replica>,
     /// This put's block on each replica, once allocated.
@@ -163,7 +168,14 @@ impl Put {
         replicas: &[Replica],
     ) -> Result<Self> {
         let mut header = [0; HEADER_LEN];
-        encode_header_for(&mut header, key, &digest, Version { seq: 1, writer }, kind)?;
+        encode_header_for(
+            &mut header,
+            key,
+            &digest,
+            Version { seq: 1, writer },
+            kind,
+            Expiry::NEVER,
+        )?;
         if replicas.is_empty() {
             return Err(Error::NoServer {
                 reason: "a store put needs at least one live replica".into(),
@@ -175,6 +187,8 @@ impl Put {
             h: KeyHash::of(key),
             digest,
             kind,
+            expiry: Expiry::NEVER,
+            only_over: None,
             writer,
             replicas: replicas.to_vec(),
             blocks: Vec::new(),
@@ -218,6 +232,26 @@ impl Put {
         put.copy = true;
         put.version = version;
         Ok(put)
+    }
+
+    /// This put, its block expiring at `expiry` (a value's or a manifest's only).
+    ///
+    /// # Errors
+    /// [`CoreError::BadSetting`](rdmapool_pool::CoreError::BadSetting) for an expiry on
+    /// another kind of block.
+    pub(crate) fn expiring(mut self, expiry: Expiry) -> Result<Self> {
+        check_expiry(self.kind, expiry)?;
+        self.expiry = expiry;
+        Ok(self)
+    }
+
+    /// This put, made only while `version` is the newest its replicas hold (each lookup,
+    /// the first and any after a lost swap, checks): it finishes with nothing written
+    /// once a newer version is there. The reclaim of an expired value, which must never
+    /// take the place of a put that came after it.
+    pub(crate) fn only_over(mut self, version: Option<Version>) -> Self {
+        self.only_over = version;
+        self
     }
 
     /// This put, taking a version above `floor` whatever it finds on its replicas: a put
@@ -428,7 +462,10 @@ impl Put {
         // previous placement while keys move, or this put's own under an older view).
         let floor_above = self.floor.is_some_and(|f| newest.is_none_or(|n| f > n));
         let nothing_here = newest.is_none() || newest_is_tombstone;
-        if self.kind == Kind::Tombstone && nothing_here && (!floor_above || self.floor_removed) {
+        let moved_on = self.only_over.is_some_and(|v| newest != Some(v));
+        if moved_on
+            || self.kind == Kind::Tombstone && nothing_here && (!floor_above || self.floor_removed)
+        {
             // Nothing to remove.
             self.state = State::Finished;
             let mut done = std::mem::replace(&mut self.done, Self::empty_done());
@@ -502,6 +539,7 @@ impl Put {
             &self.digest,
             self.version,
             self.kind,
+            self.expiry,
         )?;
         // The header and the key; the value follows as the driver's payload.
         let mut head = Vec::with_capacity(HEADER_LEN + self.key.len());

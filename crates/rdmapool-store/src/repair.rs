@@ -35,6 +35,8 @@ pub(crate) struct Entry {
     pub(crate) version: Version,
     /// What the block holds.
     pub(crate) kind: Kind,
+    /// When it expires, as its header says.
+    pub(crate) expiry: crate::format::Expiry,
 }
 
 /// Groups scanned entries by key.

@@ -59,9 +59,11 @@ class AsyncStore(_OnThreads):
         """``Store.register`` (registration is quick; it runs inline)."""
         return self.store.register(buffer)
 
-    async def put(self, key: bytes | str, value: Any) -> tuple[int, int]:
+    async def put(
+        self, key: bytes | str, value: Any, ttl: float | None = None
+    ) -> tuple[int, int]:
         """``Store.put``, awaited."""
-        return await self._run(self.store.put, key, value)
+        return await self._run(self.store.put, key, value, ttl)
 
     async def get(self, key: bytes | str) -> bytes | None:
         """``Store.get``, awaited."""
@@ -79,9 +81,11 @@ class AsyncStore(_OnThreads):
         """``Store.list``, awaited."""
         return await self._run(self.store.list, prefix)
 
-    async def put_from(self, key: bytes | str, view: RegisteredBuffer) -> tuple[int, int]:
+    async def put_from(
+        self, key: bytes | str, view: RegisteredBuffer, ttl: float | None = None
+    ) -> tuple[int, int]:
         """``Store.put_from``, awaited."""
-        return await self._run(self.store.put_from, key, view)
+        return await self._run(self.store.put_from, key, view, ttl)
 
     async def get_into(self, key: bytes | str, view: RegisteredBuffer) -> int | None:
         """``Store.get_into``, awaited."""

@@ -51,6 +51,8 @@ enum Into {
     /// The newest verified block is not of the kind looked for (a tombstone, or a
     /// manifest where a part was expected).
     Other(Kind),
+    /// The newest verified value, of this version, has expired (docs/STORE.md section 11).
+    Expired(Version),
 }
 
 impl Store {
@@ -169,8 +171,17 @@ impl Store {
     /// As [`Store::get`].
     pub async fn exists(&self, key: &[u8]) -> Result<bool> {
         check_user_key(key, 1)?;
-        let found = self.get_block(key).await?;
-        Ok(found.is_some_and(|(_, b)| matches!(b.kind, Kind::Value | Kind::Manifest)))
+        let Some((_, b)) = self.get_block(key).await? else {
+            return Ok(false);
+        };
+        if !matches!(b.kind, Kind::Value | Kind::Manifest) {
+            return Ok(false);
+        }
+        if self.expired_for_get(b.expiry) {
+            self.reclaim_expired(key, b.version).await;
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     /// Where each of `key`'s replicas holds it now: the newest block of the key on each
@@ -284,7 +295,8 @@ impl Store {
                 if !e.key.starts_with(prefix) || e.kind == Kind::Part {
                     continue;
                 }
-                let gone = e.kind == Kind::Tombstone;
+                // A removed key, or one whose newest value expired, is not listed.
+                let gone = e.kind == Kind::Tombstone || self.is_expired(e.expiry);
                 let v = newest.entry(e.key).or_insert((e.version, gone));
                 if e.version > v.0 {
                     *v = (e.version, gone);
@@ -339,6 +351,10 @@ impl Store {
             let cands = self.candidates(key).await?;
             match self.read_into(key, &cands, Kind::Value, out, 0).await? {
                 None | Some(Into::Other(Kind::Tombstone)) => return Ok(None),
+                Some(Into::Expired(version)) => {
+                    self.reclaim_expired(key, version).await;
+                    return Ok(None);
+                }
                 Some(Into::Read(n, _, version)) => {
                     // Where the value is, for the next get into memory in one round.
                     let slots = cands
@@ -363,6 +379,10 @@ impl Store {
                     };
                     if block.kind != Kind::Manifest {
                         continue; // replaced meanwhile
+                    }
+                    if self.expired_for_get(block.expiry) {
+                        self.reclaim_expired(key, block.version).await;
+                        return Ok(None);
                     }
                     let m = bytes
                         .get(block.value.clone())
@@ -400,7 +420,7 @@ impl Store {
                     Some(Into::Read(..)) => {
                         return Err(self.damaged(key, &format!("part {i} is not the manifest's")))
                     }
-                    None | Some(Into::Other(_)) => return Ok(false),
+                    None | Some(Into::Other(_) | Into::Expired(_)) => return Ok(false),
                 }
             }
         }
@@ -540,11 +560,14 @@ impl Store {
             let digest = digest_of(out, offset, c.value_len as usize)?;
             match decode_split(&head, key, &digest) {
                 Ok(b) if b.version == c.version && b.kind == want => {
+                    if self.expired_for_get(b.expiry) {
+                        return Ok(Some(Into::Expired(b.version)));
+                    }
                     return Ok(Some(Into::Read(
                         c.value_len as usize,
                         digest.crc(),
                         c.version,
-                    )))
+                    )));
                 }
                 _ => continue, // replaced and reused, torn, or damaged: the next copy
             }

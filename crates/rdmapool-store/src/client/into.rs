@@ -212,7 +212,11 @@ impl Store {
         let len = value_len(head).filter(|&l| l > 0 && l <= p.value_part)?;
         let digest = digest_of(out, 0, len as usize).ok()?;
         let block = decode_split(head, key, &digest).ok()?;
-        if block.version != p.slots[0].version || block.kind != Kind::Value {
+        // An expired value is a miss, which the lookup in rounds answers (and counts).
+        if block.version != p.slots[0].version
+            || block.kind != Kind::Value
+            || self.is_expired(block.expiry)
+        {
             return None;
         }
         self.remember(key, since, p.slots.clone());

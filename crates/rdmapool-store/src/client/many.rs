@@ -1,7 +1,8 @@
 //! Gets of many keys at once: every key's get machine advances in step, and each step's
 //! READs of all keys go out together as pool batches (per server, one list with one
 //! doorbell and one completion), so N small gets cost about as many round trips as one;
-//! and gets of many keys into the caller's memory (`get_into_many`).
+//! whether many keys hold a value (`exists_many`, the same rounds, no value kept); and gets
+//! of many keys into the caller's memory (`get_into_many`).
 
 use super::Store;
 use crate::format::Kind;
@@ -12,6 +13,15 @@ use rdmapool_pool::fabric::{Mr, RegisteredMemory, Shared};
 use rdmapool_pool::remote::step::{Answer, Io, Machine, Step};
 use rdmapool_pool::{Error, Result};
 use std::sync::atomic::Ordering;
+
+/// What a read of many keys returns for each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    /// Its value.
+    Values,
+    /// Whether it holds one.
+    Presence,
+}
 
 /// One key's get, while it runs.
 struct Running {
@@ -106,6 +116,28 @@ impl Store {
     /// # Errors
     /// Per key, as [`Store::get`].
     pub async fn get_many(&self, keys: &[&[u8]]) -> Vec<Result<Option<Vec<u8>>>> {
+        self.read_many(keys, Want::Values).await
+    }
+
+    /// Whether each of `keys` holds a value (as [`Store::exists`] of each), looked up
+    /// together as [`Store::get_many`] reads them: each round of READs of every key one
+    /// pool batch per server. Each key's newest block is read whole and verified, so a key
+    /// whose every copy is damaged fails (`Damaged`), never `false`; a striped value's
+    /// parts are not read.
+    ///
+    /// # Errors
+    /// Per key, as [`Store::exists`].
+    pub async fn exists_many(&self, keys: &[&[u8]]) -> Vec<Result<bool>> {
+        self.read_many(keys, Want::Presence)
+            .await
+            .into_iter()
+            .map(|r| r.map(|v| v.is_some()))
+            .collect()
+    }
+
+    /// [`Store::get_many`], or [`Store::exists_many`] with [`Want::Presence`] (a found
+    /// value is then an empty `Vec`, and a striped one's parts are not read).
+    async fn read_many(&self, keys: &[&[u8]], want: Want) -> Vec<Result<Option<Vec<u8>>>> {
         for _ in 0..super::put::VIEW_ROUNDS {
             let number = match self.placing_view().await {
                 Ok(v) => v.number,
@@ -116,7 +148,7 @@ impl Store {
                         .collect()
                 }
             };
-            if let Some(out) = self.get_many_under(keys, number).await {
+            if let Some(out) = self.get_many_under(keys, number, want).await {
                 return out;
             }
             // A newer view is in force: read it, and look up again under it.
@@ -143,6 +175,7 @@ impl Store {
         &self,
         keys: &[&[u8]],
         number: u64,
+        want: Want,
     ) -> Option<Vec<Result<Option<Vec<u8>>>>> {
         let mut out: Vec<Option<Result<Option<Vec<u8>>>>> = (0..keys.len()).map(|_| None).collect();
         let mut running = Vec::new();
@@ -172,6 +205,8 @@ impl Store {
         let mut answers: Vec<Answer> = Vec::new();
         let now = std::time::Instant::now();
         let mut again = Vec::new();
+        // Keys whose newest value expired, to reclaim (docs/STORE.md section 11).
+        let mut expired = Vec::new();
         let mut first = true;
         while !running.is_empty() {
             let mut reads = Vec::new();
@@ -217,6 +252,13 @@ impl Store {
                         };
                         let block = found.block;
                         out[r.key] = Some(match block.kind {
+                            _ if self.expired_for_get(block.expiry) => {
+                                expired.push((r.key, block.version));
+                                Ok(None)
+                            }
+                            Kind::Value | Kind::Manifest if want == Want::Presence => {
+                                Ok(Some(Vec::new()))
+                            }
                             Kind::Value => {
                                 b.truncate(block.value.end);
                                 b.drain(..block.value.start);
@@ -272,17 +314,27 @@ impl Store {
                 .collect();
         }
         for i in again {
-            out[i] = Some(self.get_value(keys[i]).await);
+            out[i] = Some(match want {
+                Want::Values => self.get_value(keys[i]).await,
+                Want::Presence => self.exists(keys[i]).await.map(|e| e.then(Vec::new)),
+            });
         }
+        join_all(
+            expired
+                .iter()
+                .map(|&(i, version)| self.reclaim_expired(keys[i], version)),
+        )
+        .await;
         Some(
             out.into_iter()
                 .map(|r| {
                     let r = r.unwrap_or(Ok(None));
-                    match &r {
-                        Ok(Some(_)) => self.counters.hits.fetch_add(1, Ordering::Relaxed),
-                        Ok(None) => self.counters.misses.fetch_add(1, Ordering::Relaxed),
-                        Err(_) => 0,
-                    };
+                    // Gets count as hits or misses; exists as neither (as `exists` of one).
+                    match (&r, want) {
+                        (Ok(Some(_)), Want::Values) => self.count_get(true),
+                        (Ok(None), Want::Values) => self.count_get(false),
+                        _ => {}
+                    }
                     r
                 })
                 .collect(),

@@ -31,7 +31,7 @@ mod stripe;
 mod view;
 use gc::Retired;
 use parking_lot::Mutex;
-use put::{digest_of, Source};
+use put::{digest_of, Source, Writing};
 pub use repair::RepairReport;
 #[cfg(feature = "etcd")]
 pub use repairer::VIEW_KEY;
@@ -61,6 +61,11 @@ pub struct StoreConfig {
     /// the key's replicas and nowhere else (default 60 s): a later repair of this client
     /// that finds it so again clears it, freeing its index slots (docs/STORE.md section 8).
     pub tombstone_hold: Duration,
+    /// How far apart the clients' wall clocks may be (default 50 ms): a value put with a
+    /// time to live ([`Store::put_with_ttl`]) is taken as expired this long before its end
+    /// by the reader's clock, so no client whose clock is within this of the writer's
+    /// returns it after its end (docs/STORE.md section 11). A time to live must be longer.
+    pub clock_skew: Duration,
 }
 
 impl Default for StoreConfig {
@@ -70,6 +75,7 @@ impl Default for StoreConfig {
             grace: Duration::from_secs(1),
             part_size: 256 << 10,
             tombstone_hold: Duration::from_secs(60),
+            clock_skew: Duration::from_millis(50),
         }
     }
 }
@@ -105,6 +111,12 @@ pub struct StoreStats {
     /// Round trips the gets took (the fence reads beside the first cost none of their
     /// own): 1 with a current hint, 2 without (docs/STORE.md section 5).
     pub get_round_trips: u64,
+    /// Gets (and exists) whose key's newest value had expired: counted as misses too
+    /// (docs/STORE.md section 11).
+    pub expired: u64,
+    /// Expired values this client replaced with a tombstone on finding them, so that their
+    /// space is freed after the grace period (docs/STORE.md section 11).
+    pub reclaimed: u64,
 }
 
 #[derive(Default)]
@@ -118,6 +130,8 @@ struct Counters {
     fenced: AtomicU64,
     put_round_trips: AtomicU64,
     get_round_trips: AtomicU64,
+    expired: AtomicU64,
+    reclaimed: AtomicU64,
 }
 
 impl Counters {
@@ -150,6 +164,18 @@ impl Counters {
                     "store_freed_total",
                     "Replaced blocks a store client freed after their grace period.",
                     &self.freed,
+                ),
+                series(
+                    "expired",
+                    "store_expired_total",
+                    "Store gets whose key's newest value had expired (counted as misses too).",
+                    &self.expired,
+                ),
+                series(
+                    "reclaimed",
+                    "store_reclaimed_total",
+                    "Expired store values replaced with a tombstone when found, their space freed after the grace period.",
+                    &self.reclaimed,
                 ),
                 series(
                     "fenced",
@@ -310,8 +336,58 @@ impl Store {
             fenced: c.fenced.load(Ordering::Relaxed),
             put_round_trips: c.put_round_trips.load(Ordering::Relaxed),
             get_round_trips: c.get_round_trips.load(Ordering::Relaxed),
+            expired: c.expired.load(Ordering::Relaxed),
+            reclaimed: c.reclaimed.load(Ordering::Relaxed),
         }
     }
+
+    /// Whether a value expiring at `expiry` is to be taken as expired now: past its end by
+    /// this client's wall clock plus [`StoreConfig::clock_skew`].
+    pub(super) fn is_expired(&self, expiry: crate::format::Expiry) -> bool {
+        if expiry == crate::format::Expiry::NEVER {
+            return false;
+        }
+        let skew = u64::try_from(self.cfg.clock_skew.as_millis()).unwrap_or(u64::MAX);
+        expiry.is_past(wall_clock_ms().saturating_add(skew))
+    }
+
+    /// [`Store::is_expired`] for a get's answer, counted ([`StoreStats::expired`]) when it is.
+    pub(super) fn expired_for_get(&self, expiry: crate::format::Expiry) -> bool {
+        let past = self.is_expired(expiry);
+        if past {
+            self.counters.expired.fetch_add(1, Ordering::Relaxed);
+        }
+        past
+    }
+
+    /// The expiry of a value put now with time to live `ttl`.
+    ///
+    /// # Errors
+    /// [`CoreError::OutOfLimits`](rdmapool_pool::CoreError::OutOfLimits) for a `ttl` not
+    /// longer than [`StoreConfig::clock_skew`] (0 among them: it would never be read), or
+    /// one whose end is past what the header's 64-bit milliseconds hold.
+    pub(super) fn expiry_after(&self, ttl: Duration) -> Result<crate::format::Expiry> {
+        let now = wall_clock_ms();
+        let skew = u64::try_from(self.cfg.clock_skew.as_millis()).unwrap_or(u64::MAX);
+        let max = u64::MAX - now;
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        if ms <= skew || ms > max {
+            return Err(Error::Core(rdmapool_pool::CoreError::OutOfLimits {
+                what: "store time to live, in milliseconds (longer than the clock skew)",
+                value: ms,
+                min: skew.saturating_add(1),
+                max,
+            }));
+        }
+        Ok(crate::format::Expiry(now + ms))
+    }
+}
+
+/// Milliseconds since the Unix epoch by this host's wall clock (0 if it reads before it).
+fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// [`check_sizes`], and the part keys' prefix refused ([`Error::ReservedKey`]).

@@ -1,11 +1,11 @@
 //! Put and remove ([`Store::put`], [`Store::put_with`], [`Store::put_from`],
-//! [`Store::remove`]): the value's source (bytes, or the caller's registered memory, WRITten
+//! [`Store::put_with_ttl`], [`Store::remove`]): the value's source (bytes, or the caller's registered memory, WRITten
 //! from where it is), the `Put` machine's steps performed on the pool, each step's
 //! operations on every node at once, the fence check after them and the put made anew under
 //! a newer view, and what a finished or failed put leaves to free.
 
 use super::{check_user_key, incarnation, Store};
-use crate::format::{block_len, Kind, ValueDigest, Version};
+use crate::format::{block_len, Expiry, Kind, ValueDigest, Version};
 use crate::lookup::Replica;
 use crate::put::{Put, PutDone};
 use futures_util::future::join_all;
@@ -13,10 +13,36 @@ use rdmapool_pool::fabric::{Mr, RegisteredMemory, Shared};
 use rdmapool_pool::remote::regions::Payload;
 use rdmapool_pool::{CoreError, Error, Result};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Puts made anew after finding the view changed under them, before giving up.
 pub(super) const VIEW_ROUNDS: u32 = 8;
+
+/// What a write puts: a block of `kind`, expiring at `expiry`; for the reclaim of an
+/// expired value, only over that value's version.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Writing {
+    pub(super) kind: Kind,
+    pub(super) expiry: Expiry,
+    /// Write only while this is the key's newest version (and as writer 0).
+    pub(super) only_over: Option<Version>,
+}
+
+impl Writing {
+    /// A block of `kind` that does not expire.
+    pub(super) fn kind(kind: Kind) -> Self {
+        Self {
+            kind,
+            expiry: Expiry::NEVER,
+            only_over: None,
+        }
+    }
+
+    /// The same, expiring at `expiry`.
+    pub(super) fn expiring(self, expiry: Expiry) -> Self {
+        Self { expiry, ..self }
+    }
+}
 
 impl Store {
     /// Stores `value` under `key` (a new version; replicas on the key's servers). Returns
@@ -42,7 +68,46 @@ impl Store {
     /// As [`Store::put`]; [`CoreError::OutOfLimits`](rdmapool_pool::CoreError::OutOfLimits) for 0
     /// replicas.
     pub async fn put_with(&self, key: &[u8], value: &[u8], replicas: usize) -> Result<Version> {
-        self.put_source(key, Source::Bytes(value), replicas).await
+        self.put_source(key, Source::Bytes(value), replicas, Expiry::NEVER)
+            .await
+    }
+
+    /// [`Store::put`] of a value that lives for `ttl`: once that has passed, gets, exists
+    /// and listings treat the key as absent (the version stays the newest: an older value
+    /// never comes back). The end is this client's wall clock plus `ttl`; readers take it
+    /// as passed [`StoreConfig::clock_skew`](super::StoreConfig::clock_skew) early
+    /// (docs/STORE.md section 11).
+    ///
+    /// ```no_run
+    /// # async fn f(store: &rdmapool_store::Store) -> rdmapool_pool::Result<()> {
+    /// use std::time::Duration;
+    /// store.put_with_ttl(b"session:7", b"token", Duration::from_secs(30)).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Store::put`]; [`CoreError::OutOfLimits`] for a `ttl` not longer than the clock
+    /// skew (0 among them) or one whose end does not fit 64-bit milliseconds (nothing is
+    /// written).
+    pub async fn put_with_ttl(&self, key: &[u8], value: &[u8], ttl: Duration) -> Result<Version> {
+        let expiry = self.expiry_after(ttl)?;
+        self.put_source(key, Source::Bytes(value), self.cfg.replicas, expiry)
+            .await
+    }
+
+    /// [`Store::put_from`] of a value that lives for `ttl` ([`Store::put_with_ttl`]).
+    ///
+    /// # Errors
+    /// As [`Store::put_with_ttl`].
+    pub async fn put_from_with_ttl(
+        &self,
+        key: &[u8],
+        value: &Mr<Shared>,
+        ttl: Duration,
+    ) -> Result<Version> {
+        let expiry = self.expiry_after(ttl)?;
+        self.put_source(key, Source::Mr(value), self.cfg.replicas, expiry)
+            .await
     }
 
     /// Removes `key`; `false` if no replica held it.
@@ -52,7 +117,12 @@ impl Store {
     pub async fn remove(&self, key: &[u8]) -> Result<bool> {
         check_user_key(key, 1)?;
         let done = self
-            .write(key, Source::Bytes(b""), Kind::Tombstone, self.cfg.replicas)
+            .write(
+                key,
+                Source::Bytes(b""),
+                Writing::kind(Kind::Tombstone),
+                self.cfg.replicas,
+            )
             .await?;
         let removed = done.version.is_some();
         if removed {
@@ -70,12 +140,34 @@ impl Store {
     /// # Errors
     /// As [`Store::put`].
     pub async fn put_from(&self, key: &[u8], value: &Mr<Shared>) -> Result<Version> {
-        self.put_source(key, Source::Mr(value), self.cfg.replicas)
+        self.put_source(key, Source::Mr(value), self.cfg.replicas, Expiry::NEVER)
             .await
     }
 
-    /// [`Store::put_with`] from a source.
-    async fn put_source(&self, key: &[u8], value: Source<'_>, replicas: usize) -> Result<Version> {
+    /// Replaces `key`'s expired value of `version` with a tombstone, so that its space is
+    /// freed after the grace period: as writer 0, and only while `version` is the newest
+    /// (a put made since is never overtaken: docs/STORE.md section 11). Best effort: a
+    /// failure leaves the value where it is, expired, for a later reader or a remove.
+    pub(super) async fn reclaim_expired(&self, key: &[u8], version: Version) {
+        let what = Writing {
+            only_over: Some(version),
+            ..Writing::kind(Kind::Tombstone)
+        };
+        // Boxed: a put's future is large, and every get's would carry it.
+        let done = Box::pin(self.write(key, Source::Bytes(b""), what, self.cfg.replicas)).await;
+        if done.is_ok_and(|d| d.version.is_some()) {
+            self.counters.reclaimed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// [`Store::put_with`] from a source, the value expiring at `expiry`.
+    async fn put_source(
+        &self,
+        key: &[u8],
+        value: Source<'_>,
+        replicas: usize,
+        expiry: Expiry,
+    ) -> Result<Version> {
         check_user_key(key, value.len())?;
         if replicas == 0 {
             return Err(Error::Core(CoreError::OutOfLimits {
@@ -88,9 +180,17 @@ impl Store {
         let mut waited = false;
         let version = loop {
             let put = if block_len(key, value.len()) > self.block_limit() {
-                self.put_striped(key, value, replicas).await
+                self.put_striped(key, value, replicas, expiry).await
             } else {
-                match self.write(key, value, Kind::Value, replicas).await {
+                match self
+                    .write(
+                        key,
+                        value,
+                        Writing::kind(Kind::Value).expiring(expiry),
+                        replicas,
+                    )
+                    .await
+                {
                     Ok(done) => done
                         .version
                         .ok_or_else(|| self.damaged(key, "a put ended without a version")),
@@ -118,7 +218,7 @@ impl Store {
         &self,
         key: &[u8],
         value: Source<'_>,
-        kind: Kind,
+        kind: Writing,
         replicas: usize,
     ) -> Result<PutDone> {
         self.write_published(key, value, kind, replicas).await.0
@@ -130,7 +230,7 @@ impl Store {
         &self,
         key: &[u8],
         value: Source<'_>,
-        kind: Kind,
+        kind: Writing,
         replicas: usize,
     ) -> (Result<PutDone>, bool) {
         // The frees whose grace period has passed start beside the put, in batches, and go
@@ -162,7 +262,7 @@ impl Store {
         &self,
         key: &[u8],
         value: Source<'_>,
-        kind: Kind,
+        kind: Writing,
         replicas: usize,
     ) -> (Result<PutDone>, bool) {
         let mut floor = None;
@@ -226,7 +326,7 @@ impl Store {
         &self,
         key: &[u8],
         value: Source<'_>,
-        kind: Kind,
+        what: Writing,
         replicas: usize,
         (floor, floor_removed): (Option<crate::Version>, bool),
     ) -> (Result<PutDone>, bool, Vec<Replica>) {
@@ -239,7 +339,17 @@ impl Store {
             Err(e) => return (Err(e), false, replicas),
         };
         let since = Instant::now();
-        let mut put = match Put::new(key, digest, kind, self.pool.client_id(), &replicas) {
+        let kind = what.kind;
+        // An expired value's reclaim writes as no client (id 0): any put's version at the
+        // same sequence number is above it (docs/STORE.md section 11).
+        let writer = match what.only_over {
+            Some(_) => 0,
+            None => self.pool.client_id(),
+        };
+        let made = Put::new(key, digest, kind, writer, &replicas)
+            .and_then(|p| p.expiring(what.expiry))
+            .map(|p| p.only_over(what.only_over));
+        let mut put = match made {
             Ok(p) => p
                 .hinted(&self.hints_of(key))
                 .at_least(floor, floor_removed)

@@ -54,6 +54,9 @@ pub struct RepairReport {
     /// nowhere else, found so by this client's repairs at least
     /// [`StoreConfig::tombstone_hold`](super::StoreConfig::tombstone_hold) apart.
     pub tombstones_cleared: usize,
+    /// Keys whose newest value had expired: replaced with a tombstone, its space freed
+    /// after the grace period, as a reader would (docs/STORE.md section 11).
+    pub expired: usize,
 }
 
 impl RepairReport {
@@ -125,6 +128,7 @@ impl Store {
                 key: p.key,
                 version: p.version,
                 kind: p.kind,
+                expiry: p.expiry,
             });
         }
         Ok((out, named))
@@ -205,6 +209,7 @@ impl Store {
                 report.deferred += d.deferred;
                 report.conflicts += d.conflicts;
                 report.tombstones_cleared += d.tombstones_cleared;
+                report.expired += d.expired;
             }
         }
         if report.failed + report.deferred + report.unreadable == 0 && down.is_empty() {
@@ -241,6 +246,7 @@ impl Store {
         let Some(version) = keep(entries, &readable) else {
             return out;
         };
+
         let node_of = |id: u32| nodes.iter().find(|n| n.node == id);
         // Read every block of the kept version whole, and verify it.
         let blocks = join_all(entries.iter().map(|e| async move {
@@ -260,6 +266,18 @@ impl Store {
             (block.version == version).then_some((bytes, block))
         }))
         .await;
+        // An expired value (its expiry read from a copy that verifies) is not copied: it is
+        // replaced with a tombstone, as its first reader would, and the next repair treats
+        // that as a remove's.
+        if blocks
+            .iter()
+            .flatten()
+            .any(|(_, b)| self.is_expired(b.expiry))
+        {
+            self.reclaim_expired(key, version).await;
+            out.expired = 1;
+            return out;
+        }
         let sound: Vec<bool> = blocks.iter().map(Option::is_some).collect();
         let mut p = plan_moving(entries, &sound, &targets, &readable);
         if waiting {
@@ -305,7 +323,10 @@ impl Store {
                 }
             }
             let value = &bytes[block.value.clone()];
-            match self.copy(key, value, p.kind, version, &replicas).await {
+            match self
+                .copy(key, value, (p.kind, block.expiry), version, &replicas)
+                .await
+            {
                 Ok(copied) => out.copied = copied,
                 Err(_) => {
                     out.failed = 1;
@@ -408,11 +429,12 @@ impl Store {
         &self,
         key: &[u8],
         value: &[u8],
-        kind: Kind,
+        (kind, expiry): (Kind, crate::format::Expiry),
         version: crate::Version,
         replicas: &[Replica],
     ) -> Result<usize> {
-        let mut put = Put::copy(key, ValueDigest::of(value), kind, version, replicas)?;
+        let mut put =
+            Put::copy(key, ValueDigest::of(value), kind, version, replicas)?.expiring(expiry)?;
         match self.run_put(&mut put, replicas, Source::Bytes(value)).await {
             Ok(done) => {
                 self.retire_replaced(key, replicas, &done.replaced);

@@ -4,9 +4,9 @@
 //! manifest, then the parts at once. The parts of a replaced or removed striped version
 //! are cleared after the grace period by the client that replaced it.
 
-use super::{Source, Store};
+use super::{Source, Store, Writing};
 use crate::decide::candidates;
-use crate::format::{peek, Block, KeyHash, Kind, Version};
+use crate::format::{peek, Block, Expiry, KeyHash, Kind, Version};
 use crate::lookup::Replica;
 use crate::stripe::{Manifest, PART_KEY_LEN, PART_OVERHEAD};
 use futures_util::future::join_all;
@@ -42,6 +42,7 @@ impl Store {
         key: &[u8],
         value: Source<'_>,
         replicas: usize,
+        expiry: Expiry,
     ) -> Result<Version> {
         let part_len = self.block_limit().saturating_sub(PART_OVERHEAD).max(1);
         let nonce = rdmapool_core::util::random_nonzero()?;
@@ -80,7 +81,7 @@ impl Store {
             let done = join_all(
                 batch
                     .iter()
-                    .map(|&i| self.write(&keys[i], part(i), Kind::Part, replicas)),
+                    .map(|&i| self.write(&keys[i], part(i), Writing::kind(Kind::Part), replicas)),
             )
             .await;
             tried += batch.len();
@@ -95,7 +96,12 @@ impl Store {
             return Err(e);
         }
         let (r, published) = self
-            .write_published(key, Source::Bytes(&m.encode()), Kind::Manifest, replicas)
+            .write_published(
+                key,
+                Source::Bytes(&m.encode()),
+                Writing::kind(Kind::Manifest).expiring(expiry),
+                replicas,
+            )
             .await;
         match r {
             Ok(done) => done.version.ok_or_else(|| Error::Damaged {
@@ -148,6 +154,10 @@ impl Store {
             let Some((mut bytes, block)) = self.get_block(key).await? else {
                 return Ok(None);
             };
+            if self.expired_for_get(block.expiry) {
+                self.reclaim_expired(key, block.version).await;
+                return Ok(None);
+            }
             match block.kind {
                 Kind::Value => {
                     bytes.truncate(block.value.end);

@@ -186,3 +186,53 @@ fn a_block_read_in_two_pieces_verifies_as_one() {
     assert_eq!(decode_split(head, b"kex", &d), Err(Reject::OtherKey));
     assert_eq!(decode_split(&head[..10], b"key", &d), Err(Reject::Short));
 }
+
+#[test]
+fn an_expiry_is_in_the_header_under_the_checksum_and_only_on_values_and_manifests() {
+    let digest = ValueDigest::of(b"hello");
+    let mut header = [0u8; HEADER_LEN];
+    let at = Expiry(1_700_000_000_123);
+    encode_header_for(&mut header, b"k", &digest, v(3, 9), Kind::Value, at).unwrap();
+    let mut block = header.to_vec();
+    block.extend_from_slice(b"k");
+    block.extend_from_slice(b"hello");
+    assert_eq!(decode_block(&block, b"k").unwrap().expiry, at);
+    assert_eq!(peek(&block).unwrap().expiry, at);
+    assert_eq!(
+        decode_split(&block[..HEADER_LEN + 1], b"k", &digest)
+            .unwrap()
+            .expiry,
+        at
+    );
+    // A changed expiry fails the checksum (a flipped bit never makes a value live longer).
+    let mut later = block.clone();
+    later[41] ^= 1;
+    assert_eq!(decode_block(&later, b"k"), Err(Reject::Checksum));
+    // The rest of the reserved bytes stay zero.
+    let mut odd = block.clone();
+    odd[50] = 1;
+    assert_eq!(decode_block(&odd, b"k"), Err(Reject::NotABlock));
+    // Tombstones and parts never expire, in encoding or decoding.
+    for kind in [Kind::Tombstone, Kind::Part] {
+        let d = ValueDigest::of(if kind == Kind::Tombstone { b"" } else { b"x" });
+        let mut h = [0u8; HEADER_LEN];
+        assert!(encode_header_for(&mut h, b"k", &d, v(1, 1), kind, at).is_err());
+    }
+    let mut gone = encode_block(b"k", b"", v(4, 1), Kind::Tombstone).unwrap();
+    gone[40] = 1;
+    assert_eq!(decode_block(&gone, b"k"), Err(Reject::NotABlock));
+    assert!(Expiry(5).is_past(5) && !Expiry(5).is_past(4) && !Expiry::NEVER.is_past(u64::MAX));
+}
+
+#[test]
+fn a_block_without_expiry_has_the_checksum_it_had_before_expiries() {
+    // The CRC over bytes 0..36, the key and the value, as blocks written before expiries
+    // existed carry it: those still verify.
+    let block = encode_block(b"user:42", b"hello", v(3, 9), Kind::Value).unwrap();
+    assert!(block[40..64].iter().all(|&b| b == 0));
+    let mut h = crc32fast::Hasher::new();
+    h.update(&block[..36]);
+    h.update(b"user:42");
+    h.update(b"hello");
+    assert_eq!(block[36..40], h.finalize().to_le_bytes());
+}

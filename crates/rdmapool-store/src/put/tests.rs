@@ -507,3 +507,84 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_reclaim_writes_its_tombstone_over_the_expired_version_only() {
+    let mut c = Cluster::new(&[1, 2]);
+    let expired = Running::put(&c, b"k", b"old", 7).run(&mut c).unwrap();
+    let e = expired.version;
+    let reclaim = |c: &Cluster| {
+        let put = Put::new(b"k", ValueDigest::of(b""), Kind::Tombstone, 0, &c.replicas)
+            .unwrap()
+            .only_over(e);
+        Running::start(put, b"")
+    };
+    // A put came after the expired value: the reclaim writes nothing.
+    Running::put(&c, b"k", b"new", 3).run(&mut c).unwrap();
+    let none = reclaim(&c).run(&mut c).unwrap();
+    assert_eq!(none.version, None);
+    assert_eq!(c.get(b"k").unwrap().unwrap(), b"new");
+    // Over the expired value itself: a tombstone as writer 0, above it.
+    let mut c = Cluster::new(&[1, 2]);
+    Running::put(&c, b"k", b"old", 7).run(&mut c).unwrap();
+    let gone = reclaim(&c).run(&mut c).unwrap();
+    assert_eq!(gone.version, Some(Version { seq: 2, writer: 0 }));
+    assert_eq!(
+        gone.replaced.len(),
+        2,
+        "the expired block on each replica, to free"
+    );
+    assert_eq!(c.get(b"k").unwrap(), None);
+}
+
+proptest! {
+    /// The reclaim of an expired value (a tombstone as writer 0, only over that version)
+    /// racing one or two puts of the key, hinted or not, their operations interleaved one
+    /// by one in any order, with r = 2 or 3: every put ends with a version of its own, and
+    /// every replica, read alone, ends with the highest put's value; the reclaim never
+    /// takes the place of a put.
+    #[test]
+    fn a_reclaim_racing_puts_never_overtakes_one(
+        order in proptest::collection::vec(0usize..3, 1..600),
+        writers in 1usize..3,
+        hinted: bool,
+        r in 2usize..4,
+    ) {
+        let mut c = Cluster::new(&[1, 2, 3]);
+        c.replicas.truncate(r);
+        let planted = Running::put(&c, b"k", b"expired", 99).run(&mut c).unwrap();
+        let replicas = c.replicas.clone();
+        let values: Vec<Vec<u8>> = (0..writers).map(|w| format!("value of {w}").into_bytes()).collect();
+        let mut all: Vec<Running> = (0..writers)
+            .map(|w| {
+                let hints = if hinted { planted.installed.clone() } else { Vec::new() };
+                Running::put_hinted(&c, b"k", &values[w], w as u64 + 1, &hints)
+            })
+            .collect();
+        let reclaim = Put::new(b"k", ValueDigest::of(b""), Kind::Tombstone, 0, &replicas)
+            .unwrap()
+            .only_over(planted.version);
+        all.push(Running::start(reclaim, b""));
+        let n = all.len();
+        let mut turns = order.into_iter();
+        while all.iter().any(|p| !p.finished()) {
+            let w = turns.next().unwrap_or(0) % n;
+            let w = (w..w + n).map(|k| k % n).find(|&k| !all[k].finished()).unwrap();
+            all[w].step_op(&mut c);
+        }
+        let reclaimed = all.pop().unwrap().outcome.take().unwrap().unwrap().version;
+        let versions: Vec<Version> = all
+            .iter_mut()
+            .map(|p| p.outcome.take().unwrap().unwrap().version.unwrap())
+            .collect();
+        let top = *versions.iter().max().unwrap();
+        let winner = versions.iter().position(|&v| v == top).unwrap();
+        if let Some(t) = reclaimed {
+            prop_assert!(t < top, "the reclaim's {:?} above the puts' {:?}", t, versions);
+        }
+        for node in 1..=r as u32 {
+            c.down = (1..=3).filter(|&n| n != node).collect();
+            prop_assert_eq!(c.get(b"k").unwrap().unwrap(), values[winner].clone(), "node {} alone", node);
+        }
+    }
+}

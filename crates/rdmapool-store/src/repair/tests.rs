@@ -9,6 +9,7 @@ fn e(node: u32, at: u64, seq: u64) -> Entry {
         key: b"k".to_vec(),
         version: Version { seq, writer: 1 },
         kind: Kind::Value,
+        expiry: crate::format::Expiry::NEVER,
     }
 }
 

@@ -87,6 +87,7 @@ impl Repairing {
                         key: p.key,
                         version: p.version,
                         kind: p.kind,
+                        expiry: p.expiry,
                     });
                 }
             }

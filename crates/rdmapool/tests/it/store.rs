@@ -18,6 +18,7 @@ mod many;
 mod repairer;
 mod round_trips;
 mod space;
+mod ttl;
 mod view;
 
 fn server_at(node: u32, lease: Duration, listen: SocketAddr) -> rdmapool::Result<MemoryServer> {
@@ -372,6 +373,13 @@ fn every_copy_damaged_is_an_error_never_not_found() {
     assert!(matches!(many[1], Ok(None)), "get_many: {:?}", many[1]);
     let ex = st.block_on(st.exists(b"precious"));
     assert!(matches!(ex, Err(Error::Damaged { .. })), "exists: {ex:?}");
+    let exm = st.block_on(st.exists_many(&[b"precious".as_slice(), b"absent"]));
+    assert!(
+        matches!(exm[0], Err(Error::Damaged { .. })),
+        "exists_many: {:?}",
+        exm[0]
+    );
+    assert!(matches!(exm[1], Ok(false)), "exists_many: {:?}", exm[1]);
     let out = rdmapool::fabric::Mr::share(&Arc::new(
         p.pd().alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap(),
     ));

@@ -65,6 +65,27 @@ fn get_many_answers_as_get_does_with_one_completion_per_server_and_round() {
     }
     let single = st.pool().engine_stats().completions - before;
     eprintln!("get_many: {batched} completions, one by one: {single}");
+    // Whether each key holds a value, as `exists` says, in the rounds of `get_many`.
+    let before = st.pool().engine_stats().completions;
+    let present = st.block_on(st.exists_many(&keys));
+    let exists_batched = st.pool().engine_stats().completions - before;
+    for (i, key) in keys[..66].iter().enumerate() {
+        assert_eq!(
+            *present[i].as_ref().unwrap(),
+            st.block_on(st.exists(key)).unwrap(),
+            "{}",
+            names[i]
+        );
+    }
+    assert!(
+        matches!(present[66], Err(Error::Core(CoreError::OutOfLimits { .. }))),
+        "{:?}",
+        present[66]
+    );
+    assert!(
+        exists_batched * 4 < single,
+        "exists_many took {exists_batched} completions, 66 gets {single}"
+    );
     // 65 keys read two READs each (bucket, block) on two replicas when one by one; the
     // batched reads took a completion per server and round (3 servers, 2 or 3 rounds), and
     // the striped value's own get.
