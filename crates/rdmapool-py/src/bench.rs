@@ -4,7 +4,6 @@
 
 use crate::buffer::RegisteredBuffer;
 use crate::store::Store;
-use futures_util::future::join_all;
 use pyo3::prelude::*;
 
 /// Runs `rounds` batches of `len(keys)` pages of `page` bytes between `buffer` (page `i` at
@@ -27,17 +26,14 @@ pub fn rust_batches(
         .collect::<PyResult<Vec<_>>>()?;
     let failed = py.detach(|| {
         let t = std::time::Instant::now();
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let views: Vec<&rdmapool::fabric::Mr<rdmapool::fabric::Shared>> = views.iter().collect();
         for _ in 0..rounds {
             let bad = if put {
-                let r = s.block_on(join_all(
-                    keys.iter().zip(&views).map(|(k, v)| s.put_from(k, v)),
-                ));
+                let r = s.block_on(s.put_from_many(&keys, &views));
                 r.into_iter().find_map(Result::err)
             } else {
-                let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-                let outs: Vec<&rdmapool::fabric::Mr<rdmapool::fabric::Shared>> =
-                    views.iter().collect();
-                let r = s.block_on(s.get_into_many(&keys, &outs));
+                let r = s.block_on(s.get_into_many(&keys, &views));
                 r.into_iter().find_map(Result::err)
             };
             if let Some(e) = bad {

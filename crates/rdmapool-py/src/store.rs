@@ -5,7 +5,6 @@
 use crate::buffer::RegisteredBuffer;
 use crate::connect::{self, Join};
 use crate::errors::{bad_arg, raise, to_py, IntoPyResult};
-use futures_util::future::join_all;
 use parking_lot::RwLock;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
@@ -351,8 +350,10 @@ impl Store {
         Ok(n)
     }
 
-    /// `put_from` of every key from its view, all at once: the versions, in order. Raises
-    /// `BatchError` (with every key's outcome in `.results`) when any key fails.
+    /// `put_from` of every key from its view, together (`Store::put_from_many`: every round
+    /// of the puts goes out at once, one list per server): the versions, in order; a key
+    /// given twice ends with its last view's bytes. Raises `BatchError` (with every key's
+    /// outcome in `.results`) when any key fails.
     fn batch_put_from<'py>(
         &self,
         py: Python<'py>,
@@ -362,9 +363,9 @@ impl Store {
         let store = self.store(py)?;
         let (keys, mrs) = self.pairs(py, "batch_put_from", keys, &views, false)?;
         let results = py.detach(|| {
-            store.block_on(join_all(
-                keys.iter().zip(&mrs).map(|(k, mr)| store.put_from(k, mr)),
-            ))
+            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            let values: Vec<&Mr<Shared>> = mrs.iter().collect();
+            store.block_on(store.put_from_many(&keys, &values))
         });
         let moved: usize = views
             .iter()
@@ -440,8 +441,9 @@ impl Store {
         })
     }
 
-    /// `put` of every key with its value, all at once: the versions. Raises `BatchError`
-    /// when any key fails.
+    /// `put` of every key with its value, together (`Store::put_many`: every round of the
+    /// puts goes out at once, one list per server): the versions; a key given twice ends
+    /// with its last value. Raises `BatchError` when any key fails.
     fn put_many<'py>(
         &self,
         py: Python<'py>,
@@ -463,9 +465,9 @@ impl Store {
         let copied: usize = values.iter().map(Vec::len).sum();
         self.copied.fetch_add(copied as u64, Ordering::Relaxed);
         let results = py.detach(|| {
-            store.block_on(join_all(
-                keys.iter().zip(&values).map(|(k, v)| store.put(k, v)),
-            ))
+            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            let values: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+            store.block_on(store.put_many(&keys, &values))
         });
         batch(py, "put_many", results, version)
     }

@@ -159,8 +159,12 @@ impl Store {
 
     /// The lock this client's puts of `key` take.
     pub(super) fn put_lock(&self, key: &[u8]) -> &tokio::sync::Mutex<()> {
-        let h = crate::format::KeyHash::of(key).0 as usize;
-        &self.put_locks[h % PUT_LOCKS]
+        &self.put_locks[Self::put_lock_index(key)]
+    }
+
+    /// Which of the put locks is `key`'s (a batch takes each of its keys' once, in order).
+    pub(super) fn put_lock_index(key: &[u8]) -> usize {
+        crate::format::KeyHash::of(key).0 as usize % PUT_LOCKS
     }
 
     /// Whether a put of `kind` may publish from a hint and take spares: a value, not a

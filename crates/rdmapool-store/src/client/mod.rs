@@ -24,6 +24,7 @@ mod hints;
 mod into;
 mod many;
 mod put;
+mod put_many;
 mod repair;
 mod repairer;
 mod replicas;
@@ -106,7 +107,8 @@ pub struct StoreStats {
     /// Round trips the puts and removes took: each list of one-sided operations sent to
     /// the replicas at once and waited for (the fence reads a put makes beside its swaps
     /// cost none of their own). Whatever `r`, a put takes 1 from a current hint, 2 for a
-    /// fresh key or with an older hint, 3 without a hint (docs/STORE.md section 6).
+    /// fresh key or with an older hint, 3 without a hint (docs/STORE.md section 6). The
+    /// puts of a [`Store::put_many`] count together: the rounds of the longest.
     pub put_round_trips: u64,
     /// Round trips the gets took (the fence reads beside the first cost none of their
     /// own): 1 with a current hint, 2 without (docs/STORE.md section 5).

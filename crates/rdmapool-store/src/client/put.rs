@@ -18,6 +18,15 @@ use std::time::{Duration, Instant};
 /// Puts made anew after finding the view changed under them, before giving up.
 pub(super) const VIEW_ROUNDS: u32 = 8;
 
+/// What settling a put made by [`Store::prepare_put`] needs besides its machine.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PutMeta {
+    /// Its block's length (the size class of its spares).
+    len: u64,
+    /// When it was made (the age of what it will remember).
+    since: Instant,
+}
+
 /// What a write puts: a block of `kind`, expiring at `expiry`; for the reclaim of an
 /// expired value, only over that value's version.
 #[derive(Debug, Clone, Copy)]
@@ -144,6 +153,31 @@ impl Store {
             .await
     }
 
+    /// [`Store::put`] of `value` under `key` for a put of [`Store::put_many`] that
+    /// published `published_at` under a view that is no longer in force (so was not
+    /// acknowledged): made anew under the view in force, above that version.
+    pub(super) async fn put_again_above(
+        &self,
+        key: &[u8],
+        value: Source<'_>,
+        published_at: Version,
+    ) -> Result<Version> {
+        let put = async {
+            let _one = self.put_lock(key).lock().await;
+            let what = Writing::kind(Kind::Value);
+            let (r, _) = self
+                .put_now(key, value, what, self.cfg.replicas, Some(published_at))
+                .await;
+            r
+        };
+        let done = self.beside_frees(put).await?;
+        let version = done
+            .version
+            .ok_or_else(|| self.damaged(key, "a put ended without a version"))?;
+        self.counters.puts.fetch_add(1, Ordering::Relaxed);
+        Ok(version)
+    }
+
     /// Replaces `key`'s expired value of `version` with a tombstone, so that its space is
     /// freed after the grace period: as writer 0, and only while `version` is the newest
     /// (a put made since is never overtaken: docs/STORE.md section 11). Best effort: a
@@ -161,7 +195,7 @@ impl Store {
     }
 
     /// [`Store::put_with`] from a source, the value expiring at `expiry`.
-    async fn put_source(
+    pub(super) async fn put_source(
         &self,
         key: &[u8],
         value: Source<'_>,
@@ -240,7 +274,7 @@ impl Store {
         let put = async {
             // One put of a key at a time from this client (`hints.rs`).
             let _one = self.put_lock(key).lock().await;
-            self.put_now(key, value, kind, replicas).await
+            self.put_now(key, value, kind, replicas, None).await
         };
         let behind = async {
             if self.frees_behind() {
@@ -264,10 +298,13 @@ impl Store {
         value: Source<'_>,
         kind: Writing,
         replicas: usize,
+        published_at: Option<Version>,
     ) -> (Result<PutDone>, bool) {
-        let mut floor = None;
+        // A version this put already published under an older view (a batched put's,
+        // `Store::put_many`): the put goes above it.
+        let mut floor = published_at;
         let mut floor_removed = false;
-        let mut published = false;
+        let mut published = published_at.is_some();
         for _ in 0..VIEW_ROUNDS {
             let view = match self.placing_view().await {
                 Ok(v) => v,
@@ -338,6 +375,31 @@ impl Store {
             Ok(d) => d,
             Err(e) => return (Err(e), false, replicas),
         };
+        let (mut put, meta) =
+            match self.prepare_put(key, digest, what, &replicas, (floor, floor_removed)) {
+                Ok(p) => p,
+                Err(e) => return (Err(e), false, replicas),
+            };
+        let result = self.run_put(&mut put, &replicas, value).await;
+        self.counters
+            .put_round_trips
+            .fetch_add(u64::from(put.round_trips()), Ordering::Relaxed);
+        let (result, published) = self.settle_put(key, &replicas, &put, meta, result).await;
+        (result, published, replicas)
+    }
+
+    /// The put of `key` on `replicas`, ready to run: its machine, hinted, above `floor`,
+    /// fenced; a value put from a current hint and spare blocks when the client has them
+    /// (one round trip), allocating the next put's spares beside itself (docs/STORE.md
+    /// section 6).
+    pub(super) fn prepare_put(
+        &self,
+        key: &[u8],
+        digest: crate::format::ValueDigest,
+        what: Writing,
+        replicas: &[Replica],
+        (floor, floor_removed): (Option<crate::Version>, bool),
+    ) -> Result<(Put, PutMeta)> {
         let since = Instant::now();
         let kind = what.kind;
         // An expired value's reclaim writes as no client (id 0): any put's version at the
@@ -346,53 +408,57 @@ impl Store {
             Some(_) => 0,
             None => self.pool.client_id(),
         };
-        let made = Put::new(key, digest, kind, writer, &replicas)
-            .and_then(|p| p.expiring(what.expiry))
-            .map(|p| p.only_over(what.only_over));
-        let mut put = match made {
-            Ok(p) => p
-                .hinted(&self.hints_of(key))
-                .at_least(floor, floor_removed)
-                .fenced(crate::view::VIEW_AT),
-            Err(e) => return (Err(e), false, replicas),
-        };
-        // A value put publishes in one round trip from a current hint and spare blocks,
-        // and allocates the next put's spares beside itself (docs/STORE.md section 6).
+        let mut put = Put::new(key, digest, kind, writer, replicas)?
+            .expiring(what.expiry)?
+            .only_over(what.only_over)
+            .hinted(&self.hints_of(key))
+            .at_least(floor, floor_removed)
+            .fenced(crate::view::VIEW_AT);
         let len = put.block_len();
         if Self::saves_rounds(kind) {
-            if let Some(seen) = self.current_hint(key, &replicas, since) {
-                if let Some(blocks) = self.take_spares(&replicas, len) {
+            if let Some(seen) = self.current_hint(key, replicas, since) {
+                if let Some(blocks) = self.take_spares(replicas, len) {
                     put = put.current(&seen, &blocks);
                     if !put.publishes_first() {
                         let taken: Vec<(u32, u64)> =
                             replicas.iter().map(|r| r.node).zip(blocks).collect();
-                        self.keep_spares(&replicas, len, &taken);
+                        self.keep_spares(replicas, len, &taken);
                     }
                 }
             }
-            put = put.spare(&self.lacking_spares(&replicas, len));
+            put = put.spare(&self.lacking_spares(replicas, len));
         }
-        let result = self.run_put(&mut put, &replicas, value).await;
-        self.counters
-            .put_round_trips
-            .fetch_add(u64::from(put.round_trips()), Ordering::Relaxed);
+        Ok((put, PutMeta { len, since }))
+    }
+
+    /// What a put that ran left to do: its spares kept, the slots it saw remembered, the blocks it replaced retired, those it did not use
+    /// freed (on failure, those no slot can name). The result, and whether the put was
+    /// published (its version may be visible).
+    pub(super) async fn settle_put(
+        &self,
+        key: &[u8],
+        replicas: &[Replica],
+        put: &Put,
+        PutMeta { len, since }: PutMeta,
+        result: Result<PutDone>,
+    ) -> (Result<PutDone>, bool) {
         match result {
             Ok(done) => {
-                self.keep_spares(&replicas, len, &done.spares);
+                self.keep_spares(replicas, len, &done.spares);
                 self.remember(key, since, done.seen.clone());
-                self.retire_replaced(key, &replicas, &done.replaced);
+                self.retire_replaced(key, replicas, &done.replaced);
                 let due = crate::timing::free_after(Instant::now(), self.cfg.grace);
                 if done.version.is_some() {
                     self.retire_parts(due, key, &done.superseded);
                 }
-                self.free_now(&replicas, &done.unused).await;
-                (Ok(done), true, replicas)
+                self.free_now(replicas, &done.unused).await;
+                (Ok(done), true)
             }
             Err(e) => {
-                self.keep_spares(&replicas, len, put.spares());
+                self.keep_spares(replicas, len, put.spares());
                 // Blocks no slot names (a swap that won, or may have, leaves its own).
-                self.free_now(&replicas, &put.allocated()).await;
-                (Err(e), put.published(), replicas)
+                self.free_now(replicas, &put.allocated()).await;
+                (Err(e), put.published())
             }
         }
     }

@@ -426,8 +426,8 @@ fn finish<B>(
         .collect()
 }
 
-/// The error of a failed list, for each of its operations.
-fn same_error(e: &Error) -> Error {
+/// The error of a failed list (or step), for each of its operations (or machines).
+pub(super) fn same_error(e: &Error) -> Error {
     match e {
         Error::NodeDown { node, reason } => Error::NodeDown {
             node: *node,

@@ -100,6 +100,24 @@ pub enum Payload<'a> {
     /// Where each [`Io::ReadInto`] of the step lands: a registered buffer and the offset in
     /// it, by the operation's `into`.
     Into(&'a [(&'a Mr<Shared>, usize)]),
+    /// One payload per operation of the step, by its position in the step's list (a step
+    /// that gathers the operations of several machines, each with its own payload:
+    /// [`Regions::drive_many`]). Nested `Each` is no payload.
+    Each(&'a [Payload<'a>]),
+}
+
+impl<'a> Payload<'a> {
+    /// The payload of the step's operation `index`: its own under [`Payload::Each`]
+    /// ([`Payload::None`] past the end, or nested), else this one.
+    pub fn of(self, index: usize) -> Payload<'a> {
+        match self {
+            Payload::Each(all) => match all.get(index) {
+                Some(Payload::Each(_)) | None => Payload::None,
+                Some(&p) => p,
+            },
+            other => other,
+        }
+    }
 }
 
 /// Raw, one-sided access to the regions of a [`PoolClient`]'s members (see the module's
@@ -365,7 +383,7 @@ impl<'a> Regions<'a> {
                 .filter(|(_, op)| matches!(op.io, Io::Alloc { .. }))
                 .map(|(i, op)| {
                     let inc = incarnation_of(op.node);
-                    async move { (i, self.perform_one(op, inc, payload).await) }
+                    async move { (i, self.perform_one(op, inc, payload.of(i)).await) }
                 }),
         );
         let (lists, allocated) = futures_util::future::join(lists, allocated).await;
@@ -393,9 +411,12 @@ impl<'a> Regions<'a> {
         ops: &[Op],
         payload: Payload<'_>,
     ) -> Result<Vec<Answer>> {
+        // The node's operations, each with its own payload.
         let list = || {
             ops.iter()
-                .filter(move |op| op.node == node && !matches!(op.io, Io::Alloc { .. }))
+                .enumerate()
+                .filter(move |(_, op)| op.node == node && !matches!(op.io, Io::Alloc { .. }))
+                .map(move |(i, op)| (op, payload.of(i)))
         };
         let count = list().count();
         let failed = || vec![Answer::Failed; count];
@@ -412,9 +433,9 @@ impl<'a> Regions<'a> {
                     && l.table_entry(rel / crate::remote::layout::TABLE_ENTRY) == *at
             }))
         };
-        if n.windows.is_some() && list().any(|op| table_entry(&op.io)) {
+        if n.windows.is_some() && list().any(|(op, _)| table_entry(&op.io)) {
             let mut out = Vec::with_capacity(count);
-            for op in list() {
+            for (op, payload) in list() {
                 out.push(self.perform_one(op, incarnation, payload).await?);
             }
             return Ok(out);
@@ -422,7 +443,7 @@ impl<'a> Regions<'a> {
         // Every READ lands in one staging buffer, one after another: one registered buffer
         // per step and node, however many READs it has.
         let read_lens = || {
-            list().filter_map(|op| match op.io {
+            list().filter_map(|(op, _)| match op.io {
                 Io::Read { len, .. } => Some(len),
                 _ => None,
             })
@@ -449,7 +470,7 @@ impl<'a> Regions<'a> {
             let mut wrs: Vec<(crate::fabric::WrOp, Mr<Shared>, usize, u32)> =
                 Vec::with_capacity(count + 1);
             let mut read_at = 0;
-            for op in list() {
+            for (op, payload) in list() {
                 let size = |len: u64, at: u64| {
                     u32::try_from(len).map_err(|_| Error::OutOfBounds {
                         offset: at,
@@ -499,7 +520,7 @@ impl<'a> Regions<'a> {
                     }
                     Io::WriteWithPayload { at, head } => {
                         let (bytes, value): (&[&[u8]], _) = match payload {
-                            Payload::None | Payload::Into(_) => (&[], None),
+                            Payload::None | Payload::Into(_) | Payload::Each(_) => (&[], None),
                             Payload::Bytes(parts) => (parts, None),
                             Payload::Mr(value) => (&[], Some(value)),
                         };
@@ -539,7 +560,7 @@ impl<'a> Regions<'a> {
         let mut out = Vec::with_capacity(count);
         // What answers each work request, in the order they were staged.
         let mut read_at = 0;
-        let mut kinds = list().flat_map(|op| {
+        let mut kinds = list().flat_map(|(op, payload)| {
             let (first, second) = match (&op.io, payload) {
                 (Io::Read { len, .. }, _) => {
                     let at = read_at;
@@ -623,7 +644,7 @@ impl<'a> Regions<'a> {
                 s.seen(&n, r).map(|_| Answer::Written)
             }
             Io::WriteWithPayload { at, head } => match payload {
-                Payload::None | Payload::Into(_) => {
+                Payload::None | Payload::Into(_) | Payload::Each(_) => {
                     self.write(node, incarnation, *at, &[head]).await
                 }
                 Payload::Bytes(parts) => {
@@ -698,6 +719,100 @@ impl<'a> Regions<'a> {
                 Step::Done(out) => return Ok(out),
             };
         }
+    }
+
+    /// Drives `machines` to their ends together: each round, the operations every one of
+    /// them asks for go out as **one step** ([`Regions::perform`]: per server, one list
+    /// with one doorbell), each operation with its machine's payload (`payloads[i]` for
+    /// machine `i`, [`Payload::None`] past the end), and each machine is given its own
+    /// answers. N machines of a few rounds each take those few rounds, not N times them.
+    /// A machine that asks to sleep sits out the rounds until its deadline (the others go
+    /// on); one that asks for [`Step::One`] gets it in the next round's list. Their outputs,
+    /// in their order.
+    ///
+    /// Operations of different machines on one server go out in one list, each machine's
+    /// in its own order: a failed list fails the operations after the failure, whichever
+    /// machine's they are (they answer [`Answer::Failed`], as for a single machine).
+    ///
+    /// # Errors
+    /// Per machine: its own, or the step's when [`Regions::perform`] refused the whole step
+    /// (every machine with operations in it gets that error; the others go on). A machine
+    /// that fails is abandoned.
+    pub async fn drive_many<M: Machine<Context = ()>>(
+        self,
+        machines: &mut [M],
+        incarnation_of: impl Fn(u32) -> u64,
+        payloads: &[Payload<'_>],
+    ) -> Vec<Result<M::Output>> {
+        let count = machines.len();
+        let mut out: Vec<Option<Result<M::Output>>> = (0..count).map(|_| None).collect();
+        let mut answers: Vec<Vec<Answer>> = vec![Vec::new(); count];
+        let mut asleep: Vec<Option<std::time::Instant>> = vec![None; count];
+        loop {
+            let now = std::time::Instant::now();
+            let mut ops: Vec<Op> = Vec::new();
+            let mut each: Vec<Payload<'_>> = Vec::new();
+            let mut asked: Vec<std::ops::Range<usize>> = vec![0..0; count];
+            let mut again = false;
+            for (i, machine) in machines.iter_mut().enumerate() {
+                if out[i].is_some() || asleep[i].is_some_and(|until| now < until) {
+                    continue;
+                }
+                asleep[i] = None;
+                let step = machine.advance(&mut (), now, &answers[i]).map(Step::listed);
+                answers[i].clear();
+                match step {
+                    Err(e) => {
+                        machine.abandon(&mut ());
+                        out[i] = Some(Err(e));
+                    }
+                    Ok(Step::Do(mine)) => {
+                        let start = ops.len();
+                        let payload = payloads.get(i).copied().unwrap_or(Payload::None);
+                        each.extend(std::iter::repeat_n(payload, mine.len()));
+                        ops.extend(mine);
+                        asked[i] = start..ops.len();
+                        again |= asked[i].is_empty();
+                    }
+                    Ok(Step::Sleep(until)) => asleep[i] = Some(until),
+                    Ok(Step::One(_) | Step::Wait) => again = true,
+                    Ok(Step::Done(o)) => out[i] = Some(Ok(o)),
+                }
+            }
+            if out.iter().all(Option::is_some) {
+                break;
+            }
+            if ops.is_empty() {
+                if !again {
+                    // Every machine left sleeps: until the first of them wakes.
+                    if let Some(until) = asleep.iter().flatten().min() {
+                        self.sleep_until(*until).await;
+                    }
+                }
+                continue;
+            }
+            match self
+                .perform(&ops, &incarnation_of, Payload::Each(&each))
+                .await
+            {
+                Ok(mut all) => {
+                    for (i, range) in asked.iter().enumerate().rev() {
+                        if !range.is_empty() {
+                            answers[i] = all.split_off(range.start);
+                        }
+                    }
+                }
+                Err(e) => {
+                    for (i, range) in asked.iter().enumerate() {
+                        if !range.is_empty() {
+                            machines[i].abandon(&mut ());
+                            out[i] = Some(Err(super::batch::same_error(&e)));
+                        }
+                    }
+                }
+            }
+        }
+        out.into_iter().flatten().collect()
     }
 
     /// READs `len` bytes at `at` of `node`'s region.

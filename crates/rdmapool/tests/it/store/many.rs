@@ -145,3 +145,75 @@ fn a_get_many_of_large_values_registers_memory_per_server_and_round_not_per_key(
     assert!(counts[0] <= 8, "{counts:?}");
     assert!(counts[2] <= 2, "{counts:?}");
 }
+
+#[test]
+fn put_many_answers_as_puts_in_order_do() {
+    let lease = Duration::from_secs(10);
+    let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
+    let refs: Vec<&MemoryServer> = s.iter().collect();
+    let st = Store::new(
+        pool(&refs, 8),
+        StoreConfig {
+            replicas: 2,
+            part_size: 16 << 10,
+            grace: Duration::from_millis(50),
+            ..StoreConfig::default()
+        },
+    )
+    .unwrap();
+    st.block_on(st.put(b"old", b"before")).unwrap();
+    let big = value(3, 50 << 10); // striped: put alone
+    let keys: Vec<&[u8]> = vec![b"a", b"old", b"", b"dup", b"big", b"dup", b"z"];
+    let values: Vec<&[u8]> = vec![b"1", b"2", b"3", b"first", &big, b"last", b"7"];
+    let got = st.block_on(st.put_many(&keys, &values));
+    assert!(
+        matches!(got[2], Err(Error::Core(CoreError::OutOfLimits { .. }))),
+        "an empty key: {:?}",
+        got[2]
+    );
+    assert_eq!(
+        got[1].as_ref().unwrap().seq,
+        2,
+        "above the version it replaced"
+    );
+    assert!(
+        got[5].as_ref().unwrap() > got[3].as_ref().unwrap(),
+        "a key given twice: the later value later"
+    );
+    for (k, v) in [
+        (&b"a"[..], &b"1"[..]),
+        (b"old", b"2"),
+        (b"dup", b"last"),
+        (b"big", &big[..]),
+        (b"z", b"7"),
+    ] {
+        assert_eq!(st.block_on(st.get(k)).unwrap().as_deref(), Some(v));
+    }
+    // Values from registered memory, written from it.
+    let src = Arc::new(
+        st.pool()
+            .pd()
+            .alloc_mr(4096, AccessFlags::LOCAL_WRITE)
+            .unwrap(),
+    );
+    src.write_at(0, b"from memory one").unwrap();
+    src.write_at(100, b"from memory two").unwrap();
+    let views = [
+        Mr::share_range(&src, 0, 15).unwrap(),
+        Mr::share_range(&src, 100, 15).unwrap(),
+    ];
+    let refs_: Vec<&Mr<Shared>> = views.iter().collect();
+    for r in st.block_on(st.put_from_many(&[b"m1", b"m2"], &refs_)) {
+        r.unwrap();
+    }
+    assert_eq!(
+        st.block_on(st.get(b"m2")).unwrap().as_deref(),
+        Some(&b"from memory two"[..])
+    );
+    // Not as many values as keys: every key refused, nothing written.
+    let wrong = st.block_on(st.put_many(&[b"x", b"y"], &[b"1"]));
+    assert!(wrong
+        .iter()
+        .all(|r| matches!(r, Err(Error::Core(CoreError::OutOfLimits { .. })))));
+    assert_eq!(st.block_on(st.get(b"x")).unwrap(), None);
+}

@@ -260,3 +260,57 @@ fn gets_of_many_keys_into_memory_take_one_round_together() {
 fn get_none(k: &'static [u8]) -> impl FnOnce(&Store) {
     move |st: &Store| assert_eq!(st.block_on(st.get(k)).unwrap(), None)
 }
+
+#[test]
+fn puts_of_many_keys_take_the_round_trips_of_one_put_together() {
+    let lease = Duration::from_secs(10);
+    let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
+    let refs: Vec<&MemoryServer> = s.iter().collect();
+    let st = client(&refs, 1, 2);
+    let names: Vec<String> = (0..16).map(|i| format!("batch-{i}")).collect();
+    let keys: Vec<&[u8]> = names.iter().map(|k| k.as_bytes()).collect();
+    let first: Vec<Vec<u8>> = (0..16).map(|i| value(i, 100 + i)).collect();
+    let values: Vec<&[u8]> = first.iter().map(Vec::as_slice).collect();
+    let completions = || st.pool().engine_stats().completions;
+    let (puts, _) = trips(&st, |st| {
+        for r in st.block_on(st.put_many(&keys, &values)) {
+            assert_eq!(r.unwrap().seq, 1);
+        }
+    });
+    // 16 fresh keys in the 2 rounds of one fresh key's put: a list per server and round.
+    assert_eq!(puts, 2, "round trips of 16 fresh keys put together");
+    // Overwritten together: each key's hint is current, and each looks up in one round
+    // or none, then publishes: 2 at most, whatever the batch.
+    let second: Vec<Vec<u8>> = (0..16).map(|i| value(i + 50, 80)).collect();
+    let values: Vec<&[u8]> = second.iter().map(Vec::as_slice).collect();
+    let before = completions();
+    let (puts, _) = trips(&st, |st| {
+        for r in st.block_on(st.put_many(&keys, &values)) {
+            assert_eq!(r.unwrap().seq, 2);
+        }
+    });
+    let batched = completions() - before;
+    assert!(
+        puts <= 2,
+        "round trips of 16 overwrites put together: {puts}"
+    );
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(
+            st.block_on(st.get(k)).unwrap().unwrap(),
+            second[i],
+            "{}",
+            names[i]
+        );
+    }
+    // One by one, the same 16 overwrites (each from a current hint).
+    let before = completions();
+    for (k, v) in keys.iter().zip(&values) {
+        st.block_on(st.put(k, v)).unwrap();
+    }
+    let single = completions() - before;
+    eprintln!("put_many of 16 overwrites: {batched} completions, one by one: {single}");
+    assert!(
+        batched * 4 < single,
+        "put_many {batched}, one by one {single}"
+    );
+}
