@@ -14,6 +14,7 @@ mod report;
 mod store;
 mod ucx;
 mod verbs;
+mod ycsb;
 
 use crate::Result;
 
@@ -37,6 +38,11 @@ pub enum Command {
     /// The intra-host path's copy at every relative alignment 0..63 against an aligned
     /// memcpy of the same size, with the C library's copy at the same misalignments beside.
     Copy(copy::Args),
+    /// YCSB workloads A, B, C, D and F (Zipfian keys, 1 KiB records) against the replicated
+    /// store, and with the same key streams against a redis-server and a memcached
+    /// started here, at 1, 2 and 4 clients; or a cache trace (--trace) replayed on all
+    /// three. Workload E (range scans) is left out: no ordered index.
+    Ycsb(ycsb::Args),
 }
 
 /// Runs a benchmark.
@@ -47,6 +53,7 @@ pub fn run(c: Command) -> Result<()> {
         Command::Pool(a) => pool::run(a),
         Command::Store(a) => store::run(a),
         Command::Copy(a) => copy::run(a),
+        Command::Ycsb(a) => ycsb::run(a),
     }
 }
 

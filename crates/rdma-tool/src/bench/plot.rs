@@ -20,7 +20,7 @@ fn size_label(v: f64) -> String {
 }
 
 /// Adds `(x, y)` to the series called `name`, creating it (in order of first appearance).
-fn push(series: &mut Vec<Series>, name: String, thin: bool, p: (f64, f64)) {
+pub(super) fn push(series: &mut Vec<Series>, name: String, thin: bool, p: (f64, f64)) {
     let s = match series.iter().position(|s| s.name == name) {
         Some(i) => &mut series[i],
         None => {
@@ -91,7 +91,8 @@ fn sweep_panels(rows: &[Row], provider: &str) -> Vec<Panel> {
     panels
 }
 
-fn dedup<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+/// The distinct strings of `it`, in order of first appearance.
+pub(super) fn dedup<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
     let mut v: Vec<&str> = Vec::new();
     for s in it {
         if !v.contains(&s) {

@@ -18,6 +18,17 @@ const OPENS_A_DEVICE: &[(&[&str], &[&str])] = &[
     (&["bench", "data", "--size", "8", "--iters", "10"], &[]),
     (&["bench", "reg"], &[]),
     (&["bench", "pool", "--clients", "1"], &[]),
+    (
+        &[
+            "bench",
+            "ycsb",
+            "--records",
+            "10",
+            "--no-redis",
+            "--no-memcached",
+        ],
+        &[],
+    ),
     (&["peer", "--size", "4096"], &[]),
 ];
 
@@ -130,6 +141,16 @@ fn bad_sizes_durations_and_paths_are_usage_errors_2_that_say_what_is_wanted() {
             &["serve", "--lease", "2s", "--lease-ms", "2000"][..],
             "cannot be used",
         ),
+        (&["bench", "ycsb", "--workload", "a,e"][..], "range scans"),
+        (&["bench", "ycsb", "--record-size", "2M"][..], "at most 1M"),
+        (
+            &["bench", "ycsb", "--trace", "t.csv", "--workload", "a"][..],
+            "cannot be used",
+        ),
+        (
+            &["bench", "ycsb", "--ops", "100", "--duration", "1s"][..],
+            "cannot be used",
+        ),
     ] {
         let out = run(args);
         let err = stderr(&out);
@@ -186,4 +207,34 @@ fn a_bogus_perftest_ip_is_a_usage_error_before_anything_runs() {
     let out = run(&["bench", "data", "--perftest-ip", "bogus"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("--perftest-ip"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_bad_trace_line_is_failure_1_naming_the_file_and_the_line() {
+    let path = std::env::temp_dir().join(format!("rdma-tool-bad-trace-{}.csv", std::process::id()));
+    std::fs::write(&path, "timestamp,key,size,op\n1,a,10,get\n2,b,10,put\n").unwrap();
+    let name = path.to_str().unwrap();
+    let out = run(&[
+        "bench",
+        "ycsb",
+        "--trace",
+        name,
+        "--no-redis",
+        "--no-memcached",
+    ]);
+    let _ = std::fs::remove_file(&path);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("{name} line 3")) && err.contains("want get, set or delete"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked") && out.stdout.is_empty(), "{err}");
+    let out = run(&["bench", "ycsb", "--trace", "/nonexistent/t.csv"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/nonexistent/t.csv"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -25,7 +25,7 @@ const HOSTILE: &[&str] = &["0", "-1", MAX, "99999999999999999999", "10Q", "10000
 /// in HOSTILE must be refused by the argument's parser, naming it. A placement key, an
 /// atomic operand and an offset may be any u64 (an offset is bounds checked against the
 /// allocation once connected); a client id is 1 to 2^63 - 1 (so u64::MAX is refused); a sample count may be
-/// "forever"; a read may be 0 bytes long.
+/// "forever"; a read may be 0 bytes long; a seed may be any u64.
 const ACCEPTED: &[(&str, &str, &str)] = &[
     ("pool alloc", "--key", "0"),
     ("pool alloc", "--key", MAX),
@@ -45,6 +45,8 @@ const ACCEPTED: &[(&str, &str, &str)] = &[
     ("pool faa", "OFFSET", MAX),
     ("pool faa", "ADD", "0"),
     ("pool faa", "ADD", MAX),
+    ("bench ycsb", "--seed", "0"),
+    ("bench ycsb", "--seed", MAX),
 ];
 
 struct Spec {

@@ -257,6 +257,117 @@ fn bench_store_json_lines_match_their_schema() {
     assert_eq!(v[4]["op"], "put r=2 vs r=1");
 }
 
+/// Whether `program` runs here.
+fn installed(program: &str, version_flag: &str) -> bool {
+    Command::new(program)
+        .arg(version_flag)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The references `bench ycsb` starts that are installed here: redis-server and memcached.
+/// One missing is a failure when `RDMAPOOL_TEST_REFERENCES_REQUIRED` or `CI` is set (CI
+/// installs both, Debian's `redis-server` and `memcached`), else it is left out, saying so.
+fn ycsb_references() -> Vec<&'static str> {
+    let required = std::env::var_os("RDMAPOOL_TEST_REFERENCES_REQUIRED").is_some()
+        || std::env::var_os("CI").is_some();
+    let mut found = Vec::new();
+    for (name, flag) in [("redis-server", "--version"), ("memcached", "-V")] {
+        if installed(name, flag) {
+            found.push(name);
+        } else if required {
+            panic!("{name} is not installed (RDMAPOOL_TEST_REFERENCES_REQUIRED or CI is set)");
+        } else {
+            eprintln!("{name} is not installed: its rows are not checked");
+        }
+    }
+    found
+}
+
+/// The rows of one `bench ycsb` run: each valid, in order of `ops`, one per installed
+/// reference (or one with none), each reference's with a positive rate and ratio.
+fn check_ycsb_rows(v: &[Value], ops: &[&str], refs: &[&str]) {
+    let per_op = refs.len().max(1);
+    assert_eq!(v.len(), ops.len() * per_op, "{v:?}");
+    for (i, r) in v.iter().enumerate() {
+        check("bench-ycsb", r);
+        assert_eq!(r["op"], ops[i / per_op], "{r}");
+        assert_eq!(r["transport"], "local", "{r}");
+        assert!(r["mops"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+        match refs.get(i % per_op) {
+            Some(name) => {
+                let reference = r["reference"].as_str().unwrap();
+                assert!(reference.starts_with(name), "{r}");
+                assert!(
+                    r["reference_value"].as_f64().is_some_and(|x| x > 0.0),
+                    "{r}"
+                );
+                assert!(r["ratio"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+            }
+            None => assert_eq!(r["reference"], "-", "{r}"),
+        }
+    }
+}
+
+/// `bench ycsb` for real, briefly: every workload built, with redis-server and memcached
+/// started by the bench.
+#[test]
+fn bench_ycsb_json_lines_match_their_schema() {
+    let refs = ycsb_references();
+    let v = json_lines(&[
+        "bench",
+        "ycsb",
+        "--records",
+        "200",
+        "--duration",
+        "200ms",
+        "--clients",
+        "1",
+        "--transport",
+        "local",
+        "--json",
+    ]);
+    let ops = [
+        "ycsb-a x1",
+        "ycsb-b x1",
+        "ycsb-c x1",
+        "ycsb-f x1",
+        "ycsb-d x1",
+    ];
+    check_ycsb_rows(&v, &ops, &refs);
+    assert!(v.iter().all(|r| r["size"] == 1024), "{v:?}");
+}
+
+/// `bench ycsb --trace`: a small trace replayed to its end by 1 and by 2 clients, on every
+/// system: each run does every request of it.
+#[test]
+fn bench_ycsb_trace_replay_matches_the_schema_and_runs_every_request() {
+    let refs = ycsb_references();
+    let path = std::env::temp_dir().join(format!("rdma-tool-trace-{}.csv", std::process::id()));
+    let mut text = String::from("timestamp,key,size,op\n");
+    for i in 0..300 {
+        let op = ["get", "SET", "get", "delete"][i % 4];
+        text.push_str(&format!("{i},key{},{},{op}\n", i % 40, 100 + i));
+    }
+    std::fs::write(&path, text).unwrap();
+    let v = json_lines(&[
+        "bench",
+        "ycsb",
+        "--trace",
+        path.to_str().unwrap(),
+        "--clients",
+        "1,2",
+        "--transport",
+        "local",
+        "--json",
+    ]);
+    let _ = std::fs::remove_file(&path);
+    check_ycsb_rows(&v, &["trace x1", "trace x2"], &refs);
+    for r in &v {
+        assert_eq!(r["iters"], 300, "{r}");
+    }
+}
+
 #[test]
 fn bench_pool_json_lines_match_their_schema() {
     let v = json_lines(&[

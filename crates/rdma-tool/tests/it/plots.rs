@@ -98,6 +98,43 @@ fn bench_data_engine_modes_plot_as_labelled_bar_pairs() {
 }
 
 #[test]
+fn bench_ycsb_plots_throughput_by_client_count_per_workload() {
+    let svg = plotted(
+        &[
+            "bench",
+            "ycsb",
+            "--workload",
+            "c,a",
+            "--records",
+            "100",
+            "--duration",
+            "100ms",
+            "--clients",
+            "1,2",
+            "--transport",
+            "local",
+            "--no-redis",
+            "--no-memcached",
+            "--json",
+        ],
+        "ycsb.svg",
+    );
+    let texts = svg_texts(&svg);
+    for want in [
+        "rdma-tool bench ycsb on soft: ours next to Redis and memcached",
+        "ycsb-c: throughput by client count",
+        "ycsb-a: throughput by client count",
+        "clients",
+        "operations per second (Mop/s, log scale)",
+        "rdmapool soft local",
+    ] {
+        assert!(texts.iter().any(|t| t == want), "{want:?} not in {texts:?}");
+    }
+    // Ours in both panels, a line of two points each.
+    assert!(lines(&svg) >= 2, "{} lines", lines(&svg));
+}
+
+#[test]
 fn monitor_plots_each_percentile_over_time() {
     let svg = plotted(
         &[

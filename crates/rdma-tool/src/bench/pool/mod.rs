@@ -440,13 +440,44 @@ where
     S: Fn(usize) -> Result<C> + Sync,
     C: FnMut() -> Result<()>,
 {
+    let until = Until {
+        time: Some(Duration::from_secs_f64(secs)),
+        ops: None,
+    };
+    clients_until(n, until, 100, |i| {
+        let mut pair = setup(i)?;
+        Ok(move || pair().map(|()| true))
+    })
+}
+
+/// When the clients of [`clients_until`] stop: at the first bound reached, or when a
+/// client's operations run out.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Until {
+    /// After this long (each client's clock starts after its warm-up).
+    pub(super) time: Option<Duration>,
+    /// After this many operations, all clients together (shared out evenly, the first
+    /// clients taking one more when they do not divide).
+    pub(super) ops: Option<u64>,
+}
+
+/// Runs `n` client threads: each sets itself up with `setup`, then all start together, do
+/// `warmup` unmeasured operations, and do measured ones until `until` or until their
+/// operation returns `false` (it had none left; not counted). Returns the total rate.
+pub(super) fn clients_until<S, C>(n: usize, until: Until, warmup: u32, setup: S) -> Result<Rate>
+where
+    S: Fn(usize) -> Result<C> + Sync,
+    C: FnMut() -> Result<bool>,
+{
     let barrier = Barrier::new(n);
     let failed = AtomicBool::new(false);
-    let run = Duration::from_secs_f64(secs);
     let results: Vec<Result<(u64, f64, Vec<u64>)>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|i| {
                 let (barrier, failed, setup) = (&barrier, &failed, &setup);
+                let mine = until
+                    .ops
+                    .map(|t| t / n as u64 + u64::from((i as u64) < t % n as u64));
                 s.spawn(move || {
                     let prepared = setup(i);
                     if prepared.is_err() {
@@ -458,18 +489,22 @@ where
                         return Ok((0, 0.0, Vec::new()));
                     }
                     // A short warm-up, then the measured run.
-                    for _ in 0..100 {
-                        pair()?;
+                    for _ in 0..warmup {
+                        if !pair()? {
+                            break;
+                        }
                     }
                     let mut samples = Vec::with_capacity(1 << 16);
                     let t0 = Instant::now();
                     let mut last = t0;
-                    loop {
-                        pair()?;
+                    while mine.is_none_or(|m| (samples.len() as u64) < m) {
+                        if !pair()? {
+                            break;
+                        }
                         let now = Instant::now();
                         samples.push((now - last).as_nanos() as u64);
                         last = now;
-                        if now - t0 >= run {
+                        if until.time.is_some_and(|run| now - t0 >= run) {
                             break;
                         }
                     }

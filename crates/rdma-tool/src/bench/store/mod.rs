@@ -13,7 +13,7 @@
 //! with one client `get_many` of all its keys per call against Redis's MGET of the same
 //! keys (rate in calls per second).
 
-mod redis_ref;
+pub(super) mod redis_ref;
 
 use super::pool::{clients, Rate};
 use super::report::{print_json, print_table, Row};
@@ -70,7 +70,7 @@ pub struct Args {
 }
 
 /// Memory servers per run.
-const SERVERS: u32 = 3;
+pub(super) const SERVERS: u32 = 3;
 /// The servers' chunk size: 1 MiB values (2 MiB blocks) four to a chunk.
 const CHUNK: u64 = 8 << 20;
 /// The largest value measured (the store takes up to 64 MiB; the servers here are sized
@@ -93,7 +93,7 @@ const SMALL_GRACE: Duration = Duration::from_millis(100);
 const RETIRED_PER_SECOND: f64 = 250_000.0;
 
 /// The bench's grace period for values of `size` bytes.
-fn grace_for(size: usize) -> Duration {
+pub(super) fn grace_for(size: usize) -> Duration {
     if size <= 64 << 10 {
         SMALL_GRACE
     } else {
@@ -242,18 +242,10 @@ pub fn run(args: Args) -> Result<()> {
             };
             let most = args.clients.iter().copied().max().unwrap_or(1);
             // Room for every client's blocks on every server four times over (blocks
-            // replaced and waiting out the grace period), the chunks each client claims
-            // for its size classes (a striped value's parts and its manifest take two),
-            // the index.
-            let block = (size + 4096).next_power_of_two().max(64);
-            let retired = (RETIRED_PER_SECOND * grace_for(size).as_secs_f64()) as usize;
-            let need = (most * keys * 4 + retired) * block * args.replicas / SERVERS as usize;
-            let chunks = (3 * most as u64 + 2) * CHUNK;
-            let server_size = (need as u64 + chunks + CHUNK).next_multiple_of(CHUNK) as usize;
+            // replaced and waiting out the grace period).
+            let server_size = server_size(size, most * keys * 4, args.replicas, most);
             let ctx = args.device.open(transport)?;
-            let servers: Vec<MemoryServer> = (1..=SERVERS)
-                .map(|n| MemoryServer::start(&ctx, server_config(args.ip, n, server_size)))
-                .collect::<rdmapool::Result<_>>()?;
+            let servers = start_servers(&ctx, args.ip, server_size)?;
             let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr()).collect();
             let value: Vec<u8> = (0..size).map(|i| (i * 131 % 251) as u8).collect();
             bar.set_message(format!("{path} {}: connecting and filling", show(size)));
@@ -323,13 +315,7 @@ pub fn run(args: Args) -> Result<()> {
                     Some(("put r=1", &r1)),
                 ));
             }
-            let handled: u64 = servers.iter().map(|s| s.stats().requests_handled).sum();
-            if handled != 0 {
-                return Err(ToolError::Msg(format!(
-                    "the memory servers handled {handled} requests: the store is meant to be \
-                     one-sided"
-                )));
-            }
+            check_one_sided(&servers)?;
             drop((all, servers));
             if args.isolated {
                 // The same clients and keys as tenants of isolated servers.
@@ -438,10 +424,107 @@ fn summary(rows: &[Row]) {
     );
 }
 
+/// The block a value of `size` bytes takes at most (header and key included).
+pub(super) fn block_of(size: usize) -> usize {
+    (size + 4096).next_power_of_two().max(64)
+}
+
+/// The blocks of values of `size` bytes that can wait out their grace period at once
+/// ([`RETIRED_PER_SECOND`]).
+pub(super) fn retired_blocks(size: usize) -> usize {
+    (RETIRED_PER_SECOND * grace_for(size).as_secs_f64()) as usize
+}
+
+/// The size of each of the [`SERVERS`] memory servers for `stored` values of `size` bytes
+/// kept at once (each `replicas` times, spread over the servers) by up to `clients`
+/// clients, with room for the blocks replaced and waiting out the grace period.
+pub(super) fn server_size(size: usize, stored: usize, replicas: usize, clients: usize) -> usize {
+    server_size_bytes(
+        (stored + retired_blocks(size)) * block_of(size),
+        replicas,
+        clients,
+    )
+}
+
+/// The size of each of the [`SERVERS`] memory servers for `bytes` of blocks (one copy of
+/// each, stored `replicas` times over the servers) written by up to `clients` clients: with
+/// the chunks each client claims for its size classes (a striped value's parts and its
+/// manifest take two) and the index.
+pub(super) fn server_size_bytes(bytes: usize, replicas: usize, clients: usize) -> usize {
+    let need = bytes * replicas / SERVERS as usize;
+    let chunks = (3 * clients as u64 + 2) * CHUNK;
+    (need as u64 + chunks + CHUNK).next_multiple_of(CHUNK) as usize
+}
+
+/// [`SERVERS`] trusted memory servers of `size` bytes each on `ctx`, listening on `ip`.
+pub(super) fn start_servers(
+    ctx: &rdmapool::fabric::Context,
+    ip: IpAddr,
+    size: usize,
+) -> Result<Vec<MemoryServer>> {
+    Ok((1..=SERVERS)
+        .map(|n| MemoryServer::start(ctx, server_config(ip, n, size)))
+        .collect::<rdmapool::Result<_>>()?)
+}
+
+/// An error unless `servers` handled no request: the store is one-sided, so their CPUs
+/// take no part in a put or a get.
+pub(super) fn check_one_sided(servers: &[MemoryServer]) -> Result<()> {
+    let handled: u64 = servers.iter().map(|s| s.stats().requests_handled).sum();
+    if handled != 0 {
+        return Err(ToolError::Msg(format!(
+            "the memory servers handled {handled} requests: the store is meant to be one-sided"
+        )));
+    }
+    Ok(())
+}
+
 /// A bench client: its store, on a context of its own.
-struct Client {
-    store: Store,
+pub(super) struct Client {
+    /// The client's store (its own pool client and id).
+    pub(super) store: Store,
     _ctx: rdmapool::fabric::Context,
+}
+
+/// `n` store clients on `addrs`, each on a context of its own with its own pool client
+/// (ids from `first_id`), storing `replicas` copies with the bench's grace period for
+/// values of `size` bytes.
+pub(super) fn connect_stores(
+    device: &DeviceArgs,
+    transport: Transport,
+    addrs: &[SocketAddr],
+    n: usize,
+    first_id: u64,
+    replicas: usize,
+    size: usize,
+) -> Result<Vec<Client>> {
+    let members = StaticMembership::new(addrs.to_vec());
+    (0..n)
+        .map(|i| {
+            let ctx = device.open(transport)?;
+            let pd = ctx.alloc_pd()?;
+            let cfg = ClientConfig::new(first_id + i as u64);
+            let pool = PoolClient::connect(&ctx, &pd, &members, cfg)?;
+            let store = Store::new(
+                pool,
+                StoreConfig {
+                    replicas,
+                    grace: grace_for(size),
+                    ..StoreConfig::default()
+                },
+            )?;
+            Ok(Client { store, _ctx: ctx })
+        })
+        .collect()
+}
+
+/// Waits out the grace period of values of `size` bytes, then frees the blocks `all`
+/// replaced.
+pub(super) fn free_retired(all: &[Client], size: usize) {
+    std::thread::sleep(grace_for(size));
+    for c in all {
+        c.store.block_on(c.store.flush_retired());
+    }
 }
 
 /// `most` store clients on `addrs`, each with its `keys` keys holding `value` already.
@@ -454,27 +537,21 @@ fn connect_clients(
     keys: usize,
     value: &[u8],
 ) -> Result<Vec<Client>> {
-    let members = StaticMembership::new(addrs.to_vec());
-    (0..most)
-        .map(|i| {
-            let ctx = args.device.open(transport)?;
-            let pd = ctx.alloc_pd()?;
-            let cfg = ClientConfig::new(first_id + i as u64);
-            let pool = PoolClient::connect(&ctx, &pd, &members, cfg)?;
-            let store = Store::new(
-                pool,
-                StoreConfig {
-                    replicas: args.replicas,
-                    grace: grace_for(value.len()),
-                    ..StoreConfig::default()
-                },
-            )?;
-            for k in 0..keys {
-                store.block_on(store.put(&key(i, k), value))?;
-            }
-            Ok(Client { store, _ctx: ctx })
-        })
-        .collect()
+    let all = connect_stores(
+        &args.device,
+        transport,
+        addrs,
+        most,
+        first_id,
+        args.replicas,
+        value.len(),
+    )?;
+    for (i, c) in all.iter().enumerate() {
+        for k in 0..keys {
+            c.store.block_on(c.store.put(&key(i, k), value))?;
+        }
+    }
+    Ok(all)
 }
 
 fn key(client: usize, k: usize) -> Vec<u8> {
@@ -521,9 +598,6 @@ fn store_clients(
             Ok(())
         })
     });
-    std::thread::sleep(grace_for(value.len()));
-    for c in all {
-        c.store.block_on(c.store.flush_retired());
-    }
+    free_retired(all, value.len());
     rate
 }

@@ -11,19 +11,20 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A `redis-server` child process on 127.0.0.1.
-pub(super) struct RedisServer {
+pub(in crate::bench) struct RedisServer {
     child: Child,
     port: u16,
 }
 
-fn redis_err(e: redis::RedisError) -> ToolError {
+/// A Redis error as the tool's.
+pub(in crate::bench) fn redis_err(e: redis::RedisError) -> ToolError {
     ToolError::Msg(format!("redis: {e}"))
 }
 
 impl RedisServer {
     /// Starts `redis-server` on a free loopback port, persistence off; waits until it
     /// answers.
-    pub(super) fn start() -> Result<Self> {
+    pub(in crate::bench) fn start() -> Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| ToolError::Io("a free port for redis-server".into(), e))?
@@ -71,7 +72,8 @@ impl RedisServer {
         }
     }
 
-    fn connect(&self) -> Result<redis::Connection> {
+    /// A new connection to the server.
+    pub(in crate::bench) fn connect(&self) -> Result<redis::Connection> {
         redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
             .and_then(|c| c.get_connection())
             .map_err(redis_err)
