@@ -96,7 +96,12 @@ impl Serving {
                 return Err(End::Clean);
             };
             let timeout = qp.timeout();
-            if !self.send_pending(&*qp, fd)? {
+            // Requests already read are answered before anything is sent: their replies go
+            // out in one send (a list of small READs: one send, not one per READ). Every
+            // way out of this loop sends what is queued first (`wait`, `blocked`).
+            let answering =
+                self.rx.len() > 0 && self.read.is_none() && self.tx.len() < TX_BATCH * RESP_LEN;
+            if !answering && !self.send_pending(&*qp, fd)? {
                 return self.blocked(now, timeout);
             }
             self.blocked_since = None;
