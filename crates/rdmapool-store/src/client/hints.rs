@@ -124,14 +124,16 @@ impl Store {
         )
     }
 
-    /// The positions of `replicas` without a spare block of `len` bytes' size class.
-    pub(super) fn lacking_spares(&self, replicas: &[Replica], len: u64) -> Vec<usize> {
+    /// The positions of `replicas` with fewer than `keep` spare blocks of `len` bytes' size
+    /// class (1 for a put alone; a batch keeps as many as it has puts, so that the next
+    /// batch of as many puts publishes in one round).
+    pub(super) fn lacking_spares(&self, replicas: &[Replica], len: u64, keep: usize) -> Vec<usize> {
         let spares = self.spares.lock();
         replicas
             .iter()
             .enumerate()
             .filter(|(_, r)| {
-                spare_key(r, len).is_some_and(|k| spares.get(&k).is_none_or(Vec::is_empty))
+                spare_key(r, len).is_some_and(|k| spares.get(&k).is_none_or(|v| v.len() < keep))
             })
             .map(|(i, _)| i)
             .collect()

@@ -376,7 +376,7 @@ impl Store {
             Err(e) => return (Err(e), false, replicas),
         };
         let (mut put, meta) =
-            match self.prepare_put(key, digest, what, &replicas, (floor, floor_removed)) {
+            match self.prepare_put(key, digest, what, &replicas, (floor, floor_removed), 1) {
                 Ok(p) => p,
                 Err(e) => return (Err(e), false, replicas),
             };
@@ -390,7 +390,8 @@ impl Store {
 
     /// The put of `key` on `replicas`, ready to run: its machine, hinted, above `floor`,
     /// fenced; a value put from a current hint and spare blocks when the client has them
-    /// (one round trip), allocating the next put's spares beside itself (docs/STORE.md
+    /// (one round trip), allocating the next put's spares beside itself while the client
+    /// keeps fewer than `keep_spares` of the block's size class on a replica (docs/STORE.md
     /// section 6).
     pub(super) fn prepare_put(
         &self,
@@ -399,6 +400,7 @@ impl Store {
         what: Writing,
         replicas: &[Replica],
         (floor, floor_removed): (Option<crate::Version>, bool),
+        keep_spares: usize,
     ) -> Result<(Put, PutMeta)> {
         let since = Instant::now();
         let kind = what.kind;
@@ -426,7 +428,7 @@ impl Store {
                     }
                 }
             }
-            put = put.spare(&self.lacking_spares(replicas, len));
+            put = put.spare(&self.lacking_spares(replicas, len, keep_spares));
         }
         Ok((put, PutMeta { len, since }))
     }

@@ -142,7 +142,9 @@ impl Store {
         for l in locks {
             held.push(self.put_locks[l].lock().await);
         }
-        self.start_frees(super::gc::FREES_PER_PUT);
+        // As many frees as the puts would start one by one: the batch retires as many
+        // blocks as they would.
+        self.start_frees(super::gc::FREES_PER_PUT.saturating_mul(which.len()));
         let behind = async {
             if self.frees_behind() {
                 self.frees_under_way().await;
@@ -176,7 +178,9 @@ impl Store {
             let made = placed.and_then(|(replicas, _)| {
                 let what = Writing::kind(Kind::Value);
                 let digest = values[i].digest()?;
-                self.prepare_put(keys[i], digest, what, &replicas, (None, false))
+                // Spares for a batch as large: the next one publishes in one round.
+                let keep = which.len();
+                self.prepare_put(keys[i], digest, what, &replicas, (None, false), keep)
                     .map(|(put, meta)| (put, meta, replicas))
             });
             match made {

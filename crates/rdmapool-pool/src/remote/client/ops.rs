@@ -167,6 +167,37 @@ impl Future for Sleep<'_> {
 }
 
 impl Shared {
+    /// A registered buffer of at least `len` bytes: from the client's staging pool (made on
+    /// first use; every class up to 2 MiB), or registered now when the pool has none free or
+    /// `len` is larger.
+    pub(super) fn staging(&self, len: usize) -> Result<Mr<crate::fabric::Shared>> {
+        if let Ok(buf) = self.pooled(len) {
+            return Ok(buf);
+        }
+        Ok(self
+            .pd
+            .alloc_mr(len.max(8), crate::fabric::AccessFlags::LOCAL_WRITE)?
+            .into_shared())
+    }
+
+    /// A buffer of `len` bytes from the client's staging pool (made on first use).
+    pub(super) fn pooled(&self, len: usize) -> Result<Mr<crate::fabric::Shared>> {
+        let pool = match self.staging_buffers.get() {
+            Some(p) => Some(p),
+            None => crate::buf::BufferPool::new(self.pd.clone(), crate::buf::PoolConfig::default())
+                .ok()
+                .map(|p| self.staging_buffers.get_or_init(|| p)),
+        };
+        match pool.map(|p| p.alloc(len)) {
+            Some(buf) => Ok(buf?.into_shared()),
+            None => Err(Error::Core(crate::CoreError::BadSetting {
+                name: "staging buffer pool".into(),
+                value: "none".into(),
+                reason: "the pool could not be made".into(),
+            })),
+        }
+    }
+
     pub(super) fn word(&self) -> Result<Word> {
         let offset = self.scratch.free.lock().pop().ok_or_else(|| {
             Error::Core(crate::CoreError::OutOfLimits {
@@ -265,11 +296,8 @@ impl Shared {
         words: usize,
     ) -> Result<Vec<u64>> {
         node.check_up()?;
-        let mr = Arc::new(
-            self.pd
-                .alloc_mr(words * 8, crate::fabric::AccessFlags::LOCAL_WRITE)?,
-        );
-        let local = Mr::share(&mr);
+        let mr = self.staging(words * 8)?;
+        let local = mr.clone();
         let remote = self.at(node, base, words as u64 * 8, false).await?;
         let op = node.qp.read(local, 0, (words * 8) as u32, remote);
         let (r, _) = timed(&self.timers, node, op).await;

@@ -204,38 +204,14 @@ impl<'a> Regions<'a> {
         });
     }
 
-    /// A registered buffer of at least `len` bytes: from the client's staging pool (made on
-    /// first use; every class up to 2 MiB), or registered now when the pool has none free or
-    /// `len` is larger.
+    /// A registered buffer of at least `len` bytes ([`super::Shared::staging`]).
     fn staging(self, len: usize) -> Result<Mr<Shared>> {
-        if let Ok(buf) = self.pooled(len) {
-            return Ok(buf);
-        }
-        Ok(self
-            .pool
-            .shared
-            .pd
-            .alloc_mr(len.max(8), AccessFlags::LOCAL_WRITE)?
-            .into_shared())
+        self.pool.shared.staging(len)
     }
 
-    /// A buffer of `len` bytes from the client's staging pool (made on first use).
+    /// A buffer of `len` bytes from the client's staging pool ([`super::Shared::pooled`]).
     fn pooled(self, len: usize) -> Result<Mr<Shared>> {
-        let s = &self.pool.shared;
-        let pool = match s.staging_buffers.get() {
-            Some(p) => Some(p),
-            None => crate::buf::BufferPool::new(s.pd.clone(), crate::buf::PoolConfig::default())
-                .ok()
-                .map(|p| s.staging_buffers.get_or_init(|| p)),
-        };
-        match pool.map(|p| p.alloc(len)) {
-            Some(buf) => Ok(buf?.into_shared()),
-            None => Err(Error::Core(crate::CoreError::BadSetting {
-                name: "staging buffer pool".into(),
-                value: "none".into(),
-                reason: "the pool could not be made".into(),
-            })),
-        }
+        self.pool.shared.pooled(len)
     }
 
     /// The staging buffer of `total` bytes of READs of one step on one node: a pool buffer
