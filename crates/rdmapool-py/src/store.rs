@@ -417,6 +417,23 @@ impl Store {
         })
     }
 
+    /// `remove` of every key, together (`Store::remove_many`: every round of the removes
+    /// goes out at once, one list per server): whether each removed a value. A key given
+    /// twice is removed once. Raises `BatchError` when any key fails.
+    fn remove_many<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let store = self.store(py)?;
+        let keys = keys_of(py, keys)?;
+        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let results = py.detach(|| store.block_on(store.remove_many(&refs)));
+        batch(py, "remove_many", results, |py, b: bool| {
+            Ok(pyo3::types::PyBool::new(py, b).to_owned().into_any())
+        })
+    }
+
     /// The values of `keys` (bytes, or `None` for a key with none), read together in
     /// rounds of one list per server. Raises `BatchError` when any key fails.
     fn get_many<'py>(

@@ -175,3 +175,13 @@ def test_bad_ttls_are_refused_and_nothing_is_lost(store, ttl):
     with pytest.raises(rdmapool.OutOfLimits):
         store.put(b"k", b"new", ttl=ttl)
     assert store.get(b"k") == b"kept"
+
+
+def test_remove_many_removes_each_key_once(store):
+    store.put_many([b"r1", b"r2"], [b"a", b"b"])
+    assert store.remove_many([b"r1", b"r2", b"never", b"r1"]) == [True, True, False, False]
+    assert store.get(b"r1") is None and store.get(b"r2") is None
+    with pytest.raises(rdmapool.BatchError) as e:
+        store.remove_many([b"ok", b""])
+    assert e.value.results[0] is False
+    assert isinstance(e.value.results[1], rdmapool.OutOfLimits)

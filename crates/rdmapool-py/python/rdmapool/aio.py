@@ -115,6 +115,10 @@ class AsyncStore(_OnThreads):
         """``Store.put_many``, awaited."""
         return await self._run(self.store.put_many, keys, values)
 
+    async def remove_many(self, keys: Sequence[bytes | str]) -> list[bool]:
+        """``Store.remove_many``, awaited."""
+        return await self._run(self.store.remove_many, keys)
+
     async def repair(self) -> dict[str, int]:
         """``Store.repair``, awaited."""
         return await self._run(self.store.repair)

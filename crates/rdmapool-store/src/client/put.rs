@@ -153,29 +153,34 @@ impl Store {
             .await
     }
 
-    /// [`Store::put`] of `value` under `key` for a put of [`Store::put_many`] that
-    /// published `published_at` under a view that is no longer in force (so was not
-    /// acknowledged): made anew under the view in force, above that version.
+    /// [`Store::put`] of `value` under `key` (or a remove, as `what` says) for one of
+    /// [`Store::put_many`] or [`Store::remove_many`] that published `published_at` under a
+    /// view that is no longer in force (so was not acknowledged): made anew under the view
+    /// in force, above that version. The version it wrote (none for a remove that found
+    /// nothing).
     pub(super) async fn put_again_above(
         &self,
         key: &[u8],
         value: Source<'_>,
+        what: Writing,
         published_at: Version,
-    ) -> Result<Version> {
+    ) -> Result<Option<Version>> {
         let put = async {
             let _one = self.put_lock(key).lock().await;
-            let what = Writing::kind(Kind::Value);
             let (r, _) = self
                 .put_now(key, value, what, self.cfg.replicas, Some(published_at))
                 .await;
             r
         };
         let done = self.beside_frees(put).await?;
-        let version = done
-            .version
-            .ok_or_else(|| self.damaged(key, "a put ended without a version"))?;
-        self.counters.puts.fetch_add(1, Ordering::Relaxed);
-        Ok(version)
+        if done.version.is_some() {
+            let counter = match what.kind {
+                Kind::Tombstone => &self.counters.removes,
+                _ => &self.counters.puts,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(done.version)
     }
 
     /// Replaces `key`'s expired value of `version` with a tombstone, so that its space is

@@ -1,4 +1,5 @@
-//! Puts of many keys at once ([`Store::put_many`]): every key's put machine advances in
+//! Puts and removes of many keys at once ([`Store::put_many`], [`Store::remove_many`]):
+//! every key's put (or remove) machine advances in
 //! step, and each round's operations of all of them go out as one step, per server one
 //! list with one doorbell ([`Regions::drive_many`](rdmapool_pool::remote::regions::Regions::drive_many)),
 //! so N puts take the round trips of one: one from current hints, two or three without.
@@ -19,8 +20,9 @@ use std::sync::atomic::Ordering;
 
 /// What became of one key's put made together with others.
 enum Together {
-    /// Acknowledged, or failed for good.
-    Ended(Result<Version>),
+    /// Acknowledged (the version it wrote; none for a remove that found nothing), or
+    /// failed for good.
+    Ended(Result<Option<Version>>),
     /// To be put alone, after the others (no room now: the single put waits for it).
     Alone,
     /// Published under a view that is no longer in force: to be made anew above it.
@@ -93,11 +95,14 @@ impl Store {
         match self.placing_view().await {
             Ok(view) if !view.moving() && !together.is_empty() => {
                 let ended = self
-                    .put_together(keys, values, &together, view.number)
+                    .put_together(keys, values, &together, (Kind::Value, view.number))
                     .await;
                 for (&i, t) in together.iter().zip(ended) {
                     match t {
-                        Together::Ended(r) => out[i] = Some(r),
+                        Together::Ended(r) => {
+                            let none = || self.damaged(keys[i], "a put ended without a version");
+                            out[i] = Some(r.and_then(|v| v.ok_or_else(none)));
+                        }
                         Together::Alone => alone.push(i),
                         Together::Above(v) => above.push((i, v)),
                     }
@@ -106,7 +111,10 @@ impl Store {
             _ => alone.extend(&together),
         }
         for (i, published) in above {
-            out[i] = Some(self.put_again_above(keys[i], values[i], published).await);
+            let what = Writing::kind(Kind::Value);
+            let again = self.put_again_above(keys[i], values[i], what, published);
+            let none = || self.damaged(keys[i], "a put ended without a version");
+            out[i] = Some(again.await.and_then(|v| v.ok_or_else(none)));
         }
         // In the caller's order: a key's later values after its earlier ones.
         alone.sort_unstable();
@@ -121,14 +129,74 @@ impl Store {
             .collect()
     }
 
-    /// The puts of `keys[i]`, `values[i]` for each `i` of `which` (distinct keys, one block
-    /// each), driven together under view `number`.
+    /// Removes each of `keys` (as [`Store::remove`] of each, in that order), together:
+    /// every key's tombstone is written by its own remove, every round of them at once, one
+    /// list per server. Whether each removed a value. A key given twice is removed once
+    /// (its later removes find nothing); every key while keys move between views is removed
+    /// one by one.
+    ///
+    /// # Errors
+    /// Per key, as [`Store::remove`].
+    pub async fn remove_many(&self, keys: &[&[u8]]) -> Vec<Result<bool>> {
+        let mut out: Vec<Option<Result<bool>>> = (0..keys.len()).map(|_| None).collect();
+        let mut together = Vec::new();
+        let mut alone = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (i, &key) in keys.iter().enumerate() {
+            if let Err(e) = check_user_key(key, 1) {
+                out[i] = Some(Err(e));
+            } else if !seen.insert(key) {
+                alone.push(i);
+            } else {
+                together.push(i);
+            }
+        }
+        let nothing: Vec<Source<'_>> = keys.iter().map(|_| Source::Bytes(b"")).collect();
+        match self.placing_view().await {
+            Ok(view) if !view.moving() && !together.is_empty() => {
+                let ended = self
+                    .put_together(keys, &nothing, &together, (Kind::Tombstone, view.number))
+                    .await;
+                for (&i, t) in together.iter().zip(ended) {
+                    out[i] = match t {
+                        Together::Ended(r) => Some(r.map(|v| v.is_some())),
+                        Together::Alone => {
+                            alone.push(i);
+                            None
+                        }
+                        Together::Above(published) => {
+                            let what = Writing::kind(Kind::Tombstone);
+                            let again = self.put_again_above(keys[i], nothing[i], what, published);
+                            Some(again.await.map(|v| v.is_some()))
+                        }
+                    };
+                }
+            }
+            _ => alone.extend(&together),
+        }
+        alone.sort_unstable();
+        for i in alone {
+            out[i] = Some(self.remove(keys[i]).await);
+        }
+        out.into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(Error::ListFailed(
+                        "a remove_many key was not removed".into(),
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// The puts (or removes, for [`Kind::Tombstone`]) of `keys[i]`, `values[i]` for each
+    /// `i` of `which` (distinct keys, one block each), driven together under view `number`.
     async fn put_together(
         &self,
         keys: &[&[u8]],
         values: &[Source<'_>],
         which: &[usize],
-        number: u64,
+        (kind, number): (Kind, u64),
     ) -> Vec<Together> {
         // One put of a key at a time from this client: each key's lock, each lock once,
         // in order (two keys may share one).
@@ -150,7 +218,7 @@ impl Store {
                 self.frees_under_way().await;
             }
         };
-        let puts = self.beside_frees(self.drive_together(keys, values, which, number));
+        let puts = self.beside_frees(self.drive_together(keys, values, which, (kind, number)));
         let ((), ended) = futures_util::future::join(behind, puts).await;
         drop(held);
         ended
@@ -162,7 +230,7 @@ impl Store {
         keys: &[&[u8]],
         values: &[Source<'_>],
         which: &[usize],
-        number: u64,
+        (kind, number): (Kind, u64),
     ) -> Vec<Together> {
         let placed = join_all(
             which
@@ -176,7 +244,7 @@ impl Store {
         let mut machines: Vec<Put> = Vec::new();
         for (k, (&i, placed)) in which.iter().zip(placed).enumerate() {
             let made = placed.and_then(|(replicas, _)| {
-                let what = Writing::kind(Kind::Value);
+                let what = Writing::kind(kind);
                 let digest = values[i].digest()?;
                 // Spares for a batch as large: the next one publishes in one round.
                 let keep = which.len();
@@ -228,7 +296,10 @@ impl Store {
             |(((k, replicas, meta), put), result)| async move {
                 let key = keys[which[*k]];
                 let (result, _) = self.settle_put(key, replicas, put, *meta, result).await;
-                (*k, self.ended_together(key, replicas, result, number).await)
+                (
+                    *k,
+                    self.ended_together(replicas, result, (kind, number)).await,
+                )
             },
         ))
         .await;
@@ -241,14 +312,14 @@ impl Store {
             .collect()
     }
 
-    /// What a put made together ended with, once settled: its fence words read after its
-    /// swaps (a newer view: made anew above it), no room (put alone), or its version.
+    /// What a put (or remove) made together ended with, once settled: its fence words read
+    /// after its swaps (a newer view: made anew above it), no room (put alone), or its
+    /// version (none for a remove that found nothing).
     async fn ended_together(
         &self,
-        key: &[u8],
         replicas: &[Replica],
         result: Result<PutDone>,
-        number: u64,
+        (kind, number): (Kind, u64),
     ) -> Together {
         let done = match result {
             Ok(done) => done,
@@ -263,12 +334,13 @@ impl Store {
                 None => Together::Alone,
             };
         }
-        match done.version {
-            Some(v) => {
-                self.counters.puts.fetch_add(1, Ordering::Relaxed);
-                Together::Ended(Ok(v))
-            }
-            None => Together::Ended(Err(self.damaged(key, "a put ended without a version"))),
+        if done.version.is_some() {
+            let counter = match kind {
+                Kind::Tombstone => &self.counters.removes,
+                _ => &self.counters.puts,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
         }
+        Together::Ended(Ok(done.version))
     }
 }

@@ -217,3 +217,41 @@ fn put_many_answers_as_puts_in_order_do() {
         .all(|r| matches!(r, Err(Error::Core(CoreError::OutOfLimits { .. })))));
     assert_eq!(st.block_on(st.get(b"x")).unwrap(), None);
 }
+
+#[test]
+fn remove_many_answers_as_removes_in_order_do_in_the_rounds_of_one() {
+    let lease = Duration::from_secs(10);
+    let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
+    let refs: Vec<&MemoryServer> = s.iter().collect();
+    let st = store(&refs, 9, 2);
+    let names: Vec<String> = (0..16).map(|i| format!("gone-{i}")).collect();
+    let keys: Vec<&[u8]> = names.iter().map(|k| k.as_bytes()).collect();
+    let values: Vec<&[u8]> = keys.iter().map(|_| &b"v"[..]).collect();
+    for r in st.block_on(st.put_many(&keys, &values)) {
+        r.unwrap();
+    }
+    let before = st.stats();
+    let removed = st.block_on(st.remove_many(&keys));
+    let after = st.stats();
+    assert!(removed.iter().all(|r| matches!(r, Ok(true))), "{removed:?}");
+    assert_eq!(after.removes - before.removes, 16);
+    // The 16 removes in the rounds of one remove (lookup, then the tombstones).
+    let rounds = after.put_round_trips - before.put_round_trips;
+    assert!(rounds <= 3, "16 removes together took {rounds} round trips");
+    let other = store(&refs, 10, 2);
+    for k in &keys {
+        assert_eq!(other.block_on(other.get(k)).unwrap(), None);
+    }
+    // A key given twice is removed once; one never put removes nothing; a bad key fails.
+    st.block_on(st.put(b"twice", b"v")).unwrap();
+    let r = st.block_on(st.remove_many(&[b"twice", b"never", b"twice", b""]));
+    assert!(matches!(r[0], Ok(true)), "{:?}", r[0]);
+    assert!(matches!(r[1], Ok(false)), "{:?}", r[1]);
+    assert!(matches!(r[2], Ok(false)), "{:?}", r[2]);
+    assert!(
+        matches!(r[3], Err(Error::Core(CoreError::OutOfLimits { .. }))),
+        "{:?}",
+        r[3]
+    );
+    assert_eq!(st.block_on(st.get(b"twice")).unwrap(), None);
+}
