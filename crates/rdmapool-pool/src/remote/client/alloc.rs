@@ -6,10 +6,13 @@ use super::chunks::{Alloc, Answer, Book, Free, Io, Machine, Step};
 use super::node::Books;
 use super::ops::timed;
 use super::{Node, Shared};
+use crate::fabric::AccessFlags;
+use crate::fabric::Mr;
 use crate::remote::layout::{largest_object, size_class};
 use crate::remote::RemotePtr;
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 impl Shared {
     pub(super) async fn alloc(&self, size: u64, key: Option<u64>) -> Result<RemotePtr> {
@@ -210,10 +213,18 @@ impl Shared {
             }
             Io::Write { at, bytes } => {
                 node.check_up()?;
-                let staging = self.staging(bytes.len())?;
+                // A region of its own, not the staging pool: a plain pool client writes a
+                // chunk header only when it claims a chunk, and must not pin the staging
+                // pool's 4 MiB for that (a burst of clients joining would pin 4 MiB each).
+                let staging = Arc::new(
+                    self.pd
+                        .alloc_mr(bytes.len().max(64), AccessFlags::LOCAL_WRITE)?,
+                );
                 staging.write_at(0, &bytes)?;
                 let remote = self.at(node, at, bytes.len() as u64, true).await?;
-                let op = node.qp.write(staging, 0, bytes.len() as u32, remote);
+                let op = node
+                    .qp
+                    .write(Mr::share(&staging), 0, bytes.len() as u32, remote);
                 let (r, _) = timed(&self.timers, node, op).await;
                 self.seen(node, r)?;
                 Ok(Answer::Written)

@@ -296,8 +296,12 @@ impl Shared {
         words: usize,
     ) -> Result<Vec<u64>> {
         node.check_up()?;
-        let mr = self.staging(words * 8)?;
-        let local = mr.clone();
+        // A region of its own, not the staging pool (see `alloc.rs`, `Io::Write`).
+        let mr = Arc::new(
+            self.pd
+                .alloc_mr(words * 8, crate::fabric::AccessFlags::LOCAL_WRITE)?,
+        );
+        let local = Mr::share(&mr);
         let remote = self.at(node, base, words as u64 * 8, false).await?;
         let op = node.qp.read(local, 0, (words * 8) as u32, remote);
         let (r, _) = timed(&self.timers, node, op).await;
