@@ -21,8 +21,54 @@ const WRITER: usize = 16;
 const VALUE_LEN: usize = 24;
 const KEY_LEN: usize = 32;
 const FLAGS: usize = 33;
+const PIN: usize = 34;
 const CRC: usize = 36;
 const EXPIRES: usize = 40;
+const ACCESSED: usize = 48;
+const ACCESSES: usize = 56;
+
+/// Header bytes 48..56, outside the checksum: when the block was last read, in milliseconds
+/// since the Unix epoch by the reader's clock (its put's time at first). A cache's readers
+/// WRITE it, and its eviction samples it (docs/STORE.md section 12).
+pub const ACCESSED_AT: u64 = ACCESSED as u64;
+/// Header bytes 56..64, outside the checksum: how many reads were counted on the block (a
+/// cache's readers add them with fetch-and-add; an LFU eviction samples it).
+pub const ACCESSES_AT: u64 = ACCESSES as u64;
+
+/// Whether a cache may evict a value (header byte 34, under the checksum; docs/STORE.md
+/// section 12). Only values and striped values' manifests are pinned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Pin {
+    /// Evictable (byte 0).
+    #[default]
+    None,
+    /// Never evicted (byte 1): it stays until it is replaced, removed or expires.
+    Hard,
+    /// Not evicted while it was read (or put) within the cache's soft-pin time, unless
+    /// nothing else is left to evict (byte 2; Mooncake's soft pin).
+    Soft,
+}
+
+impl Pin {
+    /// The header byte.
+    pub fn byte(self) -> u8 {
+        match self {
+            Pin::None => 0,
+            Pin::Hard => 1,
+            Pin::Soft => 2,
+        }
+    }
+
+    /// The pin a header byte names; `None` for any other byte.
+    pub fn from_byte(byte: u8) -> Option<Self> {
+        match byte {
+            0 => Some(Pin::None),
+            1 => Some(Pin::Hard),
+            2 => Some(Pin::Soft),
+            _ => None,
+        }
+    }
+}
 
 /// When a value stops being returned: a time to live's end, in milliseconds since the Unix
 /// epoch by the writer's wall clock (header bytes 40..48; 0, [`Expiry::NEVER`], is none).
@@ -289,21 +335,30 @@ pub fn encode_header(
         &ValueDigest::of(value),
         version,
         kind,
-        Expiry::NEVER,
+        (Expiry::NEVER, Pin::None),
     )
 }
 
 /// [`encode_header`] from the value's digest (so a put to several replicas, or a retried
-/// one, reads the value once), with an `expiry` (a value's or a manifest's only).
+/// one, reads the value once), with an `expiry` and a `pin` (a value's or a manifest's
+/// only). The access bytes (48..64, outside the checksum) are left zero: [`stamp_access`].
 pub fn encode_header_for(
     header: &mut [u8; HEADER_LEN],
     key: &[u8],
     value: &ValueDigest,
     version: Version,
     kind: Kind,
-    expiry: Expiry,
+    (expiry, pin): (Expiry, Pin),
 ) -> Result<()> {
     check_expiry(kind, expiry)?;
+    if pin != Pin::None && !expires(kind) {
+        return Err(CoreError::BadSetting {
+            name: "store block pin".into(),
+            value: format!("{pin:?}"),
+            reason: "only a value or a striped value's manifest is pinned".into(),
+        }
+        .into());
+    }
     if kind != Kind::Tombstone {
         check_sizes(key, value.len)?;
     } else {
@@ -325,6 +380,7 @@ pub fn encode_header_for(
     header[VALUE_LEN..VALUE_LEN + 8].copy_from_slice(&value.len.to_le_bytes());
     header[KEY_LEN] = key.len() as u8;
     header[FLAGS] = kind.flags();
+    header[PIN] = pin.byte();
     header[EXPIRES..EXPIRES + 8].copy_from_slice(&expiry.0.to_le_bytes());
     let mut crc = crc32fast::Hasher::new();
     header_crc(&mut crc, header);
@@ -332,6 +388,13 @@ pub fn encode_header_for(
     crc.combine(&value.crc);
     header[CRC..CRC + 4].copy_from_slice(&crc.finalize().to_le_bytes());
     Ok(())
+}
+
+/// Writes the access bytes of `header` (outside the checksum): last read at `at_ms`
+/// (milliseconds since the Unix epoch), `count` reads.
+pub fn stamp_access(header: &mut [u8; HEADER_LEN], at_ms: u64, count: u64) {
+    header[ACCESSED..ACCESSED + 8].copy_from_slice(&at_ms.to_le_bytes());
+    header[ACCESSES..ACCESSES + 8].copy_from_slice(&count.to_le_bytes());
 }
 
 /// A whole block (header, key, value) in one buffer.
@@ -372,14 +435,17 @@ fn header_crc(crc: &mut crc32fast::Hasher, header: &[u8; HEADER_LEN]) {
     }
 }
 
-/// The expiry in `header`, if its reserved bytes are as a block's must be: bytes 34..36 and
-/// 48..64 zero, and bytes 40..48 zero unless `kind` may expire.
-fn expiry_of(header: &[u8; HEADER_LEN], kind: Kind) -> Option<Expiry> {
-    let zeros = header[34..36].iter().chain(&header[48..]).all(|&b| b == 0);
+/// The expiry and the pin in `header`, if its reserved bytes are as a block's must be:
+/// byte 35 zero, byte 34 a pin (none unless `kind` may be pinned), and bytes 40..48 zero
+/// unless `kind` may expire. Bytes 48..64 (the access bytes) may hold anything.
+fn expiry_of(header: &[u8; HEADER_LEN], kind: Kind) -> Option<(Expiry, Pin)> {
+    let pin = Pin::from_byte(header[PIN])?;
     let expiry = Expiry(u64::from_le_bytes(
         header[EXPIRES..EXPIRES + 8].try_into().unwrap_or([0; 8]),
     ));
-    (zeros && (expiry == Expiry::NEVER || expires(kind))).then_some(expiry)
+    let may = expires(kind);
+    (header[PIN + 1] == 0 && (expiry == Expiry::NEVER || may) && (pin == Pin::None || may))
+        .then_some((expiry, pin))
 }
 
 fn block_crc(header: &[u8; HEADER_LEN], key: &[u8], value: &[u8]) -> u32 {
@@ -404,6 +470,8 @@ pub struct Block {
     pub value: Range<usize>,
     /// When it expires (a value's or a manifest's; [`Expiry::NEVER`] for the rest).
     pub expiry: Expiry,
+    /// Whether a cache may evict it.
+    pub pin: Pin,
 }
 
 /// Why bytes read from a slot are not the object looked for. None of these is an error of
@@ -439,6 +507,12 @@ pub struct Peek {
     pub kind: Kind,
     /// When it expires, as its header says.
     pub expiry: Expiry,
+    /// Whether a cache may evict it, as its header says.
+    pub pin: Pin,
+    /// When it was last read (header bytes 48..56, outside the checksum).
+    pub accessed_ms: u64,
+    /// Reads counted on it (header bytes 56..64, outside the checksum).
+    pub accesses: u64,
 }
 
 /// The key and version of the block at the start of `bytes`, from its header and key alone
@@ -449,7 +523,7 @@ pub fn peek(bytes: &[u8]) -> Option<Peek> {
     let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap_or([0; 8]));
     let key_len = header[KEY_LEN] as usize;
     let kind = Kind::from_flags(header[FLAGS])?;
-    let expiry = expiry_of(header, kind)?;
+    let (expiry, pin) = expiry_of(header, kind)?;
     if header[..8] != BLOCK_MAGIC
         || key_len == 0
         || word(SEQ) == 0
@@ -467,6 +541,9 @@ pub fn peek(bytes: &[u8]) -> Option<Peek> {
         tombstone: kind == Kind::Tombstone,
         kind,
         expiry,
+        pin,
+        accessed_ms: word(ACCESSED),
+        accesses: word(ACCESSES),
     })
 }
 
@@ -483,7 +560,7 @@ pub fn decode_block(bytes: &[u8], key: &[u8]) -> std::result::Result<Block, Reje
     let Some(kind) = Kind::from_flags(header[FLAGS]) else {
         return Err(Reject::NotABlock);
     };
-    let Some(expiry) = expiry_of(header, kind) else {
+    let Some((expiry, pin)) = expiry_of(header, kind) else {
         return Err(Reject::NotABlock);
     };
     if header[..8] != BLOCK_MAGIC
@@ -517,6 +594,7 @@ pub fn decode_block(bytes: &[u8], key: &[u8]) -> std::result::Result<Block, Reje
         kind,
         value: key_end..end,
         expiry,
+        pin,
     })
 }
 
@@ -554,6 +632,7 @@ pub fn decode_split(
         kind: p.kind,
         value: 0..value.len as usize,
         expiry: p.expiry,
+        pin: p.pin,
     })
 }
 

@@ -5,13 +5,14 @@
 //! [`PoolClient`](rdmapool_pool::remote::PoolClient)'s servers, `r` replicas per object. Beneath it,
 //! each a piece without I/O: the byte formats ([`format`](mod@self::format): the 8-byte index slot, the block
 //! with its version and checksum), replica placement ([`placement`]), the decisions from
-//! what was read ([`decide`]), the timing rules of space and tombstones (`timing`, in
+//! what was read ([`decide`]), what a cache evicts ([`evict`]), the timing rules of space and tombstones (`timing`, in
 //! virtual time), and, crate-private, the lookup, the get, the put and the
 //! making of a node's index as state machines (tested in a simulated cluster, `sim`).
 //! docs/STORE.md says which parts of the design are built.
 
 mod client;
 pub mod decide;
+pub mod evict;
 pub mod format;
 pub(crate) mod get;
 pub(crate) mod lookup;
@@ -27,5 +28,9 @@ pub mod view;
 
 #[cfg(feature = "etcd")]
 pub use client::VIEW_KEY;
-pub use client::{Located, RepairReport, Repairer, RepairerStats, Store, StoreConfig, StoreStats};
-pub use format::{KeyHash, Kind, Version};
+pub use client::{
+    CacheConfig, Located, PutOptions, RepairReport, Repairer, RepairerStats, ServerUsage, Store,
+    StoreConfig, StoreStats,
+};
+pub use evict::Eviction;
+pub use format::{KeyHash, Kind, Pin, Version};

@@ -23,8 +23,8 @@
 
 use super::decide::{empty_slot, next_version, replaces};
 use super::format::{
-    block_len, check_expiry, encode_header_for, Expiry, KeyHash, Kind, Slot, ValueDigest, Version,
-    HEADER_LEN,
+    block_len, check_expiry, encode_header_for, stamp_access, Expiry, KeyHash, Kind, Pin, Slot,
+    ValueDigest, Version, HEADER_LEN,
 };
 use super::lookup::{read_ops, replies, Looked, Lookup, Replica};
 use rdmapool_pool::remote::step::{Answer, Io, Machine, Op, Step};
@@ -99,6 +99,10 @@ pub(crate) struct Put {
     kind: Kind,
     /// When its block expires ([`Put::expiring`]).
     expiry: Expiry,
+    /// Whether a cache may evict its block ([`Put::pinned`]).
+    pin: Pin,
+    /// The access time its block starts with ([`Put::accessed_at`]).
+    accessed_ms: u64,
     /// Write only while this is the key's newest version ([`Put::only_over`]).
     only_over: Option<Version>,
     writer: u64,
@@ -174,7 +178,7 @@ impl Put {
             &digest,
             Version { seq: 1, writer },
             kind,
-            Expiry::NEVER,
+            (Expiry::NEVER, Pin::None),
         )?;
         if replicas.is_empty() {
             return Err(Error::NoServer {
@@ -188,6 +192,8 @@ impl Put {
             digest,
             kind,
             expiry: Expiry::NEVER,
+            pin: Pin::None,
+            accessed_ms: 0,
             only_over: None,
             writer,
             replicas: replicas.to_vec(),
@@ -243,6 +249,32 @@ impl Put {
         check_expiry(self.kind, expiry)?;
         self.expiry = expiry;
         Ok(self)
+    }
+
+    /// This put, its block pinned as `pin` says (a value's or a manifest's only).
+    ///
+    /// # Errors
+    /// [`CoreError::BadSetting`](rdmapool_pool::CoreError::BadSetting) for a pin on
+    /// another kind of block.
+    pub(crate) fn pinned(mut self, pin: Pin) -> Result<Self> {
+        let mut header = [0; HEADER_LEN];
+        encode_header_for(
+            &mut header,
+            &self.key,
+            &self.digest,
+            Version { seq: 1, writer: 1 },
+            self.kind,
+            (self.expiry, pin),
+        )?;
+        self.pin = pin;
+        Ok(self)
+    }
+
+    /// This put, its block's access time starting at `ms` (milliseconds since the Unix
+    /// epoch: a put counts as a read for a cache's eviction, docs/STORE.md section 12).
+    pub(crate) fn accessed_at(mut self, ms: u64) -> Self {
+        self.accessed_ms = ms;
+        self
     }
 
     /// This put, made only while `version` is the newest its replicas hold (each lookup,
@@ -539,8 +571,9 @@ impl Put {
             &self.digest,
             self.version,
             self.kind,
-            self.expiry,
+            (self.expiry, self.pin),
         )?;
+        stamp_access(&mut header, self.accessed_ms, 0);
         // The header and the key; the value follows as the driver's payload.
         let mut head = Vec::with_capacity(HEADER_LEN + self.key.len());
         head.extend_from_slice(&header);

@@ -84,6 +84,14 @@ impl SimRegion {
                 }
                 Answer::Word(old)
             }
+            Io::FetchAdd { at, add } => {
+                if !at.is_multiple_of(8) || !self.contains(*at, 8) {
+                    return Answer::Failed;
+                }
+                let old = self.load(*at);
+                self.store(*at, old.wrapping_add(*add));
+                Answer::Word(old)
+            }
             Io::Read { at, len } => {
                 if !self.contains(*at, *len) {
                     return Answer::Failed;

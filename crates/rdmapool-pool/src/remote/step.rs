@@ -36,6 +36,14 @@ pub enum Io {
         /// The value it then holds.
         swap: u64,
     },
+    /// Add `add` (wrapping: a negative amount in two's complement) to the word at `at`;
+    /// answers [`Answer::Word`], the old value.
+    FetchAdd {
+        /// The word's offset in the region (8-byte aligned).
+        at: u64,
+        /// The amount.
+        add: u64,
+    },
     /// Read `len` bytes at `at`; answers [`Answer::Bytes`].
     Read {
         /// The first byte's offset in the region.
@@ -92,7 +100,7 @@ pub struct Op {
 /// What an [`Io`] returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
-    /// A compare-and-swap's old value.
+    /// A compare-and-swap's or a fetch-and-add's old value.
     Word(u64),
     /// A read's bytes.
     Bytes(Vec<u8>),

@@ -67,12 +67,8 @@ impl Store {
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         check_user_key(key, 1)?;
         let out = self.get_value(key).await?;
-        let counter = if out.is_some() {
-            &self.counters.hits
-        } else {
-            &self.counters.misses
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+        self.count_get(out.is_some());
+        self.touched_all(&[key], [out.is_some()]).await;
         Ok(out)
     }
 
@@ -326,6 +322,7 @@ impl Store {
             None => self.get_into_looked_up(key, out).await?,
         };
         self.count_get(got.is_some());
+        self.touched_all(&[key], [got.is_some()]).await;
         Ok(got)
     }
 

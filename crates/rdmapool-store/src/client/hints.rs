@@ -46,6 +46,14 @@ impl Store {
             .unwrap_or_default()
     }
 
+    /// When this client last saw `key`'s blocks, and where.
+    pub(super) fn hint_with_time(&self, key: &[u8]) -> Option<(Instant, Vec<SlotSeen>)> {
+        self.hints
+            .lock()
+            .get(key)
+            .map(|h| (h.since, h.slots.clone()))
+    }
+
     /// Where this client last saw `key`'s blocks, with their versions and kinds.
     pub(super) fn hint_slots(&self, key: &[u8]) -> Option<Vec<SlotSeen>> {
         self.hints.lock().get(key).map(|h| h.slots.clone())

@@ -106,6 +106,8 @@ impl Store {
         for found in out.iter().flatten() {
             self.count_get(found.is_some());
         }
+        self.touched_all(keys, out.iter().map(|r| matches!(r, Ok(Some(_)))))
+            .await;
         out
     }
 
@@ -116,7 +118,10 @@ impl Store {
     /// # Errors
     /// Per key, as [`Store::get`].
     pub async fn get_many(&self, keys: &[&[u8]]) -> Vec<Result<Option<Vec<u8>>>> {
-        self.read_many(keys, Want::Values).await
+        let out = self.read_many(keys, Want::Values).await;
+        self.touched_all(keys, out.iter().map(|r| matches!(r, Ok(Some(_)))))
+            .await;
+        out
     }
 
     /// Whether each of `keys` holds a value (as [`Store::exists`] of each), looked up

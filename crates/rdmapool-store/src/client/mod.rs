@@ -18,6 +18,7 @@ use rdmapool_pool::metrics::{Section, Series, SeriesKind};
 use rdmapool_pool::remote::{PoolClient, RemotePtr};
 use rdmapool_pool::{Error, Result};
 
+mod cache;
 mod gc;
 mod get;
 mod hints;
@@ -30,8 +31,10 @@ mod repairer;
 mod replicas;
 mod stripe;
 mod view;
+pub use cache::{CacheConfig, ServerUsage};
 use gc::Retired;
 use parking_lot::Mutex;
+pub use put::PutOptions;
 use put::{digest_of, Source, Writing};
 pub use repair::RepairReport;
 #[cfg(feature = "etcd")]
@@ -67,6 +70,10 @@ pub struct StoreConfig {
     /// by the reader's clock, so no client whose clock is within this of the writer's
     /// returns it after its end (docs/STORE.md section 11). A time to live must be longer.
     pub clock_skew: Duration,
+    /// Cache mode (default none: a durable store, whose puts fail when a server is full):
+    /// a memory budget per server, kept by evicting values as Redis's `allkeys-lru` or
+    /// `allkeys-lfu` does, sampled by the clients (docs/STORE.md section 12).
+    pub cache: Option<CacheConfig>,
 }
 
 impl Default for StoreConfig {
@@ -77,6 +84,7 @@ impl Default for StoreConfig {
             part_size: 256 << 10,
             tombstone_hold: Duration::from_secs(60),
             clock_skew: Duration::from_millis(50),
+            cache: None,
         }
     }
 }
@@ -119,6 +127,12 @@ pub struct StoreStats {
     /// Expired values this client replaced with a tombstone on finding them, so that their
     /// space is freed after the grace period (docs/STORE.md section 11).
     pub reclaimed: u64,
+    /// Keys this client evicted to keep a cache's servers within their budget
+    /// (docs/STORE.md section 12).
+    pub evictions: u64,
+    /// Blocks whose access time (and count) this client's gets updated, in batches
+    /// (cache mode).
+    pub access_updates: u64,
 }
 
 #[derive(Default)]
@@ -134,6 +148,8 @@ struct Counters {
     get_round_trips: AtomicU64,
     expired: AtomicU64,
     reclaimed: AtomicU64,
+    evictions: AtomicU64,
+    access_updates: AtomicU64,
 }
 
 impl Counters {
@@ -178,6 +194,18 @@ impl Counters {
                     "store_reclaimed_total",
                     "Expired store values replaced with a tombstone when found, their space freed after the grace period.",
                     &self.reclaimed,
+                ),
+                series(
+                    "evictions",
+                    "store_evictions_total",
+                    "Keys a store client evicted to keep a cache's servers within their budget.",
+                    &self.evictions,
+                ),
+                series(
+                    "access_updates",
+                    "store_access_updates_total",
+                    "Blocks whose access time a cache's gets updated, in batches.",
+                    &self.access_updates,
                 ),
                 series(
                     "fenced",
@@ -266,6 +294,9 @@ pub struct Store {
     spares: Mutex<HashMap<(u32, u64, u64), Vec<u64>>>,
     /// One put of a key at a time from this client (`hints.rs`).
     put_locks: Box<[tokio::sync::Mutex<()>]>,
+    /// In cache mode: each server's usage as this client knows it, and the access notes
+    /// waiting (`cache.rs`).
+    usage: Mutex<cache::Usage>,
     counters: Arc<Counters>,
 }
 
@@ -293,7 +324,7 @@ impl Store {
             .recorder()
             .sources
             .register(Box::new(move || weak.upgrade().map(|c| c.section(client))));
-        Ok(Self {
+        let store = Self {
             pool,
             cfg,
             indexes: Mutex::new(HashMap::new()),
@@ -309,8 +340,11 @@ impl Store {
             put_locks: (0..hints::PUT_LOCKS)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
+            usage: Mutex::new(cache::Usage::default()),
             counters,
-        })
+        };
+        store.check_cache()?;
+        Ok(store)
     }
 
     /// The pool client underneath.
@@ -340,6 +374,8 @@ impl Store {
             get_round_trips: c.get_round_trips.load(Ordering::Relaxed),
             expired: c.expired.load(Ordering::Relaxed),
             reclaimed: c.reclaimed.load(Ordering::Relaxed),
+            evictions: c.evictions.load(Ordering::Relaxed),
+            access_updates: c.access_updates.load(Ordering::Relaxed),
         }
     }
 

@@ -5,7 +5,7 @@
 //! a newer view, and what a finished or failed put leaves to free.
 
 use super::{check_user_key, incarnation, Store};
-use crate::format::{block_len, Expiry, Kind, ValueDigest, Version};
+use crate::format::{block_len, Expiry, Kind, Pin, ValueDigest, Version};
 use crate::lookup::Replica;
 use crate::put::{Put, PutDone};
 use futures_util::future::join_all;
@@ -18,6 +18,12 @@ use std::time::{Duration, Instant};
 /// Puts made anew after finding the view changed under them, before giving up.
 pub(super) const VIEW_ROUNDS: u32 = 8;
 
+/// Times a put into a full cache evicts and waits for room before it fails.
+const MAKE_ROOM_TRIES: u32 = 8;
+
+/// No expiry, no pin.
+pub(super) const NOTHING: (Expiry, Pin) = (Expiry::NEVER, Pin::None);
+
 /// What settling a put made by [`Store::prepare_put`] needs besides its machine.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PutMeta {
@@ -27,29 +33,46 @@ pub(super) struct PutMeta {
     since: Instant,
 }
 
-/// What a write puts: a block of `kind`, expiring at `expiry`; for the reclaim of an
-/// expired value, only over that value's version.
+/// How a value is put beside its bytes ([`Store::put_with_options`]): how long it lives,
+/// and whether a cache may evict it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PutOptions {
+    /// A time to live (docs/STORE.md section 11); `None`: until replaced or removed.
+    pub ttl: Option<Duration>,
+    /// Whether a cache may evict it (docs/STORE.md section 12; a durable store keeps the
+    /// pin in the block and evicts nothing).
+    pub pin: Pin,
+}
+
+/// What a write puts: a block of `kind`, expiring at `expiry`, pinned as `pin`; for the
+/// reclaim of an expired value or a cache's eviction, only over that value's version.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Writing {
     pub(super) kind: Kind,
     pub(super) expiry: Expiry,
+    pub(super) pin: Pin,
     /// Write only while this is the key's newest version (and as writer 0).
     pub(super) only_over: Option<Version>,
 }
 
 impl Writing {
-    /// A block of `kind` that does not expire.
+    /// A block of `kind` that does not expire, unpinned.
     pub(super) fn kind(kind: Kind) -> Self {
         Self {
             kind,
             expiry: Expiry::NEVER,
+            pin: Pin::None,
             only_over: None,
         }
     }
 
-    /// The same, expiring at `expiry`.
-    pub(super) fn expiring(self, expiry: Expiry) -> Self {
-        Self { expiry, ..self }
+    /// The same, expiring at `expiry` and pinned as `pin`.
+    pub(super) fn with(self, (expiry, pin): (Expiry, Pin)) -> Self {
+        Self {
+            expiry,
+            pin,
+            ..self
+        }
     }
 }
 
@@ -77,7 +100,7 @@ impl Store {
     /// As [`Store::put`]; [`CoreError::OutOfLimits`](rdmapool_pool::CoreError::OutOfLimits) for 0
     /// replicas.
     pub async fn put_with(&self, key: &[u8], value: &[u8], replicas: usize) -> Result<Version> {
-        self.put_source(key, Source::Bytes(value), replicas, Expiry::NEVER)
+        self.put_source(key, Source::Bytes(value), replicas, NOTHING)
             .await
     }
 
@@ -100,8 +123,13 @@ impl Store {
     /// written).
     pub async fn put_with_ttl(&self, key: &[u8], value: &[u8], ttl: Duration) -> Result<Version> {
         let expiry = self.expiry_after(ttl)?;
-        self.put_source(key, Source::Bytes(value), self.cfg.replicas, expiry)
-            .await
+        self.put_source(
+            key,
+            Source::Bytes(value),
+            self.cfg.replicas,
+            (expiry, Pin::None),
+        )
+        .await
     }
 
     /// [`Store::put_from`] of a value that lives for `ttl` ([`Store::put_with_ttl`]).
@@ -115,8 +143,72 @@ impl Store {
         ttl: Duration,
     ) -> Result<Version> {
         let expiry = self.expiry_after(ttl)?;
-        self.put_source(key, Source::Mr(value), self.cfg.replicas, expiry)
+        self.put_source(
+            key,
+            Source::Mr(value),
+            self.cfg.replicas,
+            (expiry, Pin::None),
+        )
+        .await
+    }
+
+    /// [`Store::put`] with `options`: a time to live, a pin (docs/STORE.md sections 11
+    /// and 12).
+    ///
+    /// ```no_run
+    /// # async fn f(store: &rdmapool_store::Store) -> rdmapool_pool::Result<()> {
+    /// use rdmapool_store::{Pin, PutOptions};
+    /// let pinned = PutOptions { pin: Pin::Hard, ..PutOptions::default() };
+    /// store.put_with_options(b"model:weights:0", b"...", pinned).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Store::put_with_ttl`]; in cache mode, [`CoreError::OutOfLimits`] for a pinned
+    /// value whose block is larger than half the budget (nothing is written).
+    pub async fn put_with_options(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        options: PutOptions,
+    ) -> Result<Version> {
+        let meta = self.meta_of(options, block_len(key, value.len() as u64))?;
+        self.put_source(key, Source::Bytes(value), self.cfg.replicas, meta)
             .await
+    }
+
+    /// [`Store::put_from`] with `options` ([`Store::put_with_options`]).
+    ///
+    /// # Errors
+    /// As [`Store::put_with_options`].
+    pub async fn put_from_with_options(
+        &self,
+        key: &[u8],
+        value: &Mr<Shared>,
+        options: PutOptions,
+    ) -> Result<Version> {
+        let meta = self.meta_of(options, block_len(key, value.len() as u64))?;
+        self.put_source(key, Source::Mr(value), self.cfg.replicas, meta)
+            .await
+    }
+
+    /// The expiry and pin `options` give a block of `len` bytes.
+    fn meta_of(&self, options: PutOptions, len: u64) -> Result<(Expiry, Pin)> {
+        let expiry = match options.ttl {
+            Some(ttl) => self.expiry_after(ttl)?,
+            None => Expiry::NEVER,
+        };
+        if let (Some(c), Pin::Hard | Pin::Soft) = (&self.cfg.cache, options.pin) {
+            if len > c.budget / 2 {
+                return Err(Error::Core(CoreError::OutOfLimits {
+                    what: "pinned store value, in bytes (at most half the cache's budget)",
+                    value: len,
+                    min: 1,
+                    max: c.budget / 2,
+                }));
+            }
+        }
+        Ok((expiry, options.pin))
     }
 
     /// Removes `key`; `false` if no replica held it.
@@ -137,6 +229,7 @@ impl Store {
         if removed {
             self.counters.removes.fetch_add(1, Ordering::Relaxed);
         }
+        self.after_write().await;
         Ok(removed)
     }
 
@@ -149,7 +242,7 @@ impl Store {
     /// # Errors
     /// As [`Store::put`].
     pub async fn put_from(&self, key: &[u8], value: &Mr<Shared>) -> Result<Version> {
-        self.put_source(key, Source::Mr(value), self.cfg.replicas, Expiry::NEVER)
+        self.put_source(key, Source::Mr(value), self.cfg.replicas, NOTHING)
             .await
     }
 
@@ -199,13 +292,13 @@ impl Store {
         }
     }
 
-    /// [`Store::put_with`] from a source, the value expiring at `expiry`.
+    /// [`Store::put_with`] from a source, the value expiring at `expiry`, pinned as `pin`.
     pub(super) async fn put_source(
         &self,
         key: &[u8],
         value: Source<'_>,
         replicas: usize,
-        expiry: Expiry,
+        (expiry, pin): (Expiry, Pin),
     ) -> Result<Version> {
         check_user_key(key, value.len())?;
         if replicas == 0 {
@@ -217,15 +310,16 @@ impl Store {
             }));
         }
         let mut waited = false;
+        let mut made_room = 0;
         let version = loop {
             let put = if block_len(key, value.len()) > self.block_limit() {
-                self.put_striped(key, value, replicas, expiry).await
+                self.put_striped(key, value, replicas, (expiry, pin)).await
             } else {
                 match self
                     .write(
                         key,
                         value,
-                        Writing::kind(Kind::Value).expiring(expiry),
+                        Writing::kind(Kind::Value).with((expiry, pin)),
                         replicas,
                     )
                     .await
@@ -239,6 +333,13 @@ impl Store {
             // Backpressure: no room, but blocks this client replaced wait out their grace
             // period. Wait for them (at most one grace period), free them, try once more.
             if let Err(Error::RemoteExhausted { .. }) = &put {
+                // A cache evicts, waits for what it evicted to come free, and tries again.
+                if self.cfg.cache.is_some() && made_room < MAKE_ROOM_TRIES {
+                    made_room += 1;
+                    self.counters.waits_for_room.fetch_add(1, Ordering::Relaxed);
+                    self.make_room().await;
+                    continue;
+                }
                 if let (false, Some(due)) = (waited, self.retired_due()) {
                     waited = true;
                     self.counters.waits_for_room.fetch_add(1, Ordering::Relaxed);
@@ -250,6 +351,7 @@ impl Store {
             break put?;
         };
         self.counters.puts.fetch_add(1, Ordering::Relaxed);
+        self.after_write().await;
         Ok(version)
     }
 
@@ -417,6 +519,8 @@ impl Store {
         };
         let mut put = Put::new(key, digest, kind, writer, replicas)?
             .expiring(what.expiry)?
+            .pinned(what.pin)?
+            .accessed_at(super::wall_clock_ms())
             .only_over(what.only_over)
             .hinted(&self.hints_of(key))
             .at_least(floor, floor_removed)

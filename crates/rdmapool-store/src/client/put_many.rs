@@ -9,7 +9,7 @@
 
 use super::put::{PutMeta, Source, Writing};
 use super::{check_user_key, Purpose, Store};
-use crate::format::{block_len, Expiry, Kind, Version};
+use crate::format::{block_len, Kind, Version};
 use crate::lookup::Replica;
 use crate::put::{Put, PutDone};
 use futures_util::future::join_all;
@@ -119,9 +119,10 @@ impl Store {
         // In the caller's order: a key's later values after its earlier ones.
         alone.sort_unstable();
         for i in alone {
-            let r = self.put_source(keys[i], values[i], self.cfg.replicas, Expiry::NEVER);
+            let r = self.put_source(keys[i], values[i], self.cfg.replicas, super::put::NOTHING);
             out[i] = Some(r.await);
         }
+        self.after_write().await;
         out.into_iter()
             .map(|r| {
                 r.unwrap_or_else(|| Err(Error::ListFailed("a put_many key was not put".into())))
@@ -178,6 +179,7 @@ impl Store {
         for i in alone {
             out[i] = Some(self.remove(keys[i]).await);
         }
+        self.after_write().await;
         out.into_iter()
             .map(|r| {
                 r.unwrap_or_else(|| {

@@ -135,7 +135,7 @@ impl Store {
     }
 
     /// Bytes from the slot's block to the end of its chunk.
-    fn room(&self, n: &RegionNode, s: &Slot) -> u64 {
+    pub(super) fn room(&self, n: &RegionNode, s: &Slot) -> u64 {
         n.layout
             .chunk_of(s.offset)
             .map_or(0, |c| n.layout.chunk(c) + n.layout.chunk_size - s.offset)
@@ -243,6 +243,14 @@ impl Store {
             }
         }
         let waiting = targets.iter().any(|t| down.contains(t));
+        if self.cfg.cache.is_some() && !entries.iter().any(|e| readable.contains(&e.node)) {
+            // A cache never brings back what none of a key's replicas holds: a key evicted
+            // there stays a miss, and its copies elsewhere (older, maybe) go (section 12).
+            if !waiting {
+                out.cleared = self.clear(nodes, key, entries.iter()).await;
+            }
+            return out;
+        }
         let Some(version) = keep(entries, &readable) else {
             return out;
         };

@@ -42,7 +42,7 @@ impl Store {
         key: &[u8],
         value: Source<'_>,
         replicas: usize,
-        expiry: Expiry,
+        meta: (Expiry, crate::format::Pin),
     ) -> Result<Version> {
         let part_len = self.block_limit().saturating_sub(PART_OVERHEAD).max(1);
         let nonce = rdmapool_core::util::random_nonzero()?;
@@ -99,7 +99,7 @@ impl Store {
             .write_published(
                 key,
                 Source::Bytes(&m.encode()),
-                Writing::kind(Kind::Manifest).expiring(expiry),
+                Writing::kind(Kind::Manifest).with(meta),
                 replicas,
             )
             .await;

@@ -110,7 +110,11 @@ proptest! {
         let mut block = encode_block(&key, &value, v(seq, writer), Kind::Value).unwrap();
         let i = at.index(block.len());
         block[i] ^= flip;
-        prop_assert!(decode_block(&block, &key).is_err(), "byte {i} changed by {flip:#x}");
+        match decode_block(&block, &key) {
+            // The access bytes (48..64) are outside the checksum: the value is unchanged.
+            Ok(b) if (48..64).contains(&i) => prop_assert_eq!(&block[b.value], &value[..]),
+            got => prop_assert!(got.is_err(), "byte {i} changed by {flip:#x}"),
+        }
     }
 
     #[test]
@@ -192,7 +196,15 @@ fn an_expiry_is_in_the_header_under_the_checksum_and_only_on_values_and_manifest
     let digest = ValueDigest::of(b"hello");
     let mut header = [0u8; HEADER_LEN];
     let at = Expiry(1_700_000_000_123);
-    encode_header_for(&mut header, b"k", &digest, v(3, 9), Kind::Value, at).unwrap();
+    encode_header_for(
+        &mut header,
+        b"k",
+        &digest,
+        v(3, 9),
+        Kind::Value,
+        (at, Pin::None),
+    )
+    .unwrap();
     let mut block = header.to_vec();
     block.extend_from_slice(b"k");
     block.extend_from_slice(b"hello");
@@ -208,20 +220,50 @@ fn an_expiry_is_in_the_header_under_the_checksum_and_only_on_values_and_manifest
     let mut later = block.clone();
     later[41] ^= 1;
     assert_eq!(decode_block(&later, b"k"), Err(Reject::Checksum));
-    // The rest of the reserved bytes stay zero.
+    // Byte 35 stays zero; the access bytes (48..64) are outside the checksum and may hold
+    // anything (a cache's readers write them).
     let mut odd = block.clone();
-    odd[50] = 1;
+    odd[35] = 1;
     assert_eq!(decode_block(&odd, b"k"), Err(Reject::NotABlock));
+    let mut touched = block.clone();
+    touched[48..64].copy_from_slice(&[0xAB; 16]);
+    let p = peek(&touched).unwrap();
+    assert_eq!(
+        (p.accessed_ms, p.accesses),
+        (0xABAB_ABAB_ABAB_ABAB, 0xABAB_ABAB_ABAB_ABAB)
+    );
+    assert!(decode_block(&touched, b"k").is_ok());
     // Tombstones and parts never expire, in encoding or decoding.
     for kind in [Kind::Tombstone, Kind::Part] {
         let d = ValueDigest::of(if kind == Kind::Tombstone { b"" } else { b"x" });
         let mut h = [0u8; HEADER_LEN];
-        assert!(encode_header_for(&mut h, b"k", &d, v(1, 1), kind, at).is_err());
+        assert!(encode_header_for(&mut h, b"k", &d, v(1, 1), kind, (at, Pin::None)).is_err());
+        let none = Expiry::NEVER;
+        assert!(encode_header_for(&mut h, b"k", &d, v(1, 1), kind, (none, Pin::Hard)).is_err());
     }
     let mut gone = encode_block(b"k", b"", v(4, 1), Kind::Tombstone).unwrap();
     gone[40] = 1;
     assert_eq!(decode_block(&gone, b"k"), Err(Reject::NotABlock));
     assert!(Expiry(5).is_past(5) && !Expiry(5).is_past(4) && !Expiry::NEVER.is_past(u64::MAX));
+}
+
+#[test]
+fn a_pin_is_in_the_header_under_the_checksum() {
+    let digest = ValueDigest::of(b"hello");
+    for pin in [Pin::None, Pin::Hard, Pin::Soft] {
+        let mut header = [0u8; HEADER_LEN];
+        let meta = (Expiry::NEVER, pin);
+        encode_header_for(&mut header, b"k", &digest, v(3, 9), Kind::Value, meta).unwrap();
+        let mut block = header.to_vec();
+        block.extend_from_slice(b"khello");
+        assert_eq!(decode_block(&block, b"k").unwrap().pin, pin);
+        // A changed pin fails the checksum; an unknown one is no block.
+        let mut other = block.clone();
+        other[34] = Pin::from_byte((pin.byte() + 1) % 3).unwrap().byte();
+        assert_eq!(decode_block(&other, b"k"), Err(Reject::Checksum));
+        other[34] = 3;
+        assert_eq!(decode_block(&other, b"k"), Err(Reject::NotABlock));
+    }
 }
 
 #[test]

@@ -229,6 +229,11 @@ impl Shared {
                 self.seen(node, r)?;
                 Ok(Answer::Written)
             }
+            // The store's, performed alone (`Regions::io`): a cache's usage word.
+            Io::FetchAdd { at, add } => {
+                let remote = self.at(node, at, 8, true).await?;
+                self.faa(node, remote, add).await.map(Answer::Word)
+            }
             // The pool's machines read whole words and never write a payload or allocate
             // a block of their own; the store's run through `Regions::perform`.
             io @ (Io::Read { .. }

@@ -486,6 +486,12 @@ impl<'a> Regions<'a> {
                         };
                         wrs.push((op, buf, 0, 8));
                     }
+                    Io::FetchAdd { at, add } => {
+                        let buf = self.staging(8)?;
+                        let remote = s.at(&n, *at, 8, true).await?;
+                        let op = crate::fabric::WrOp::FetchAdd { remote, add: *add };
+                        wrs.push((op, buf, 0, 8));
+                    }
                     Io::Write { at, bytes } => {
                         let len = size(bytes.len() as u64, *at)?;
                         let buf = self.staging(bytes.len())?;
@@ -544,7 +550,7 @@ impl<'a> Regions<'a> {
                     (Staged::Read(at, *len as usize), None)
                 }
                 (Io::ReadInto { .. }, _) => (Staged::Written, None),
-                (Io::Cas { .. }, _) => (Staged::Cas, None),
+                (Io::Cas { .. } | Io::FetchAdd { .. }, _) => (Staged::Cas, None),
                 (Io::WriteWithPayload { .. }, Payload::Mr(_)) => {
                     (Staged::Skip, Some(Staged::Written))
                 }
@@ -641,7 +647,7 @@ impl<'a> Regions<'a> {
                 .map(|()| Answer::Written),
             // As the pool's own machines' compare-and-swaps: a chunk-table entry of an
             // isolated node is swapped through its server.
-            Io::Cas { .. } => self.io(node, incarnation, op.io.clone()).await,
+            Io::Cas { .. } | Io::FetchAdd { .. } => self.io(node, incarnation, op.io.clone()).await,
             Io::Read { at, len } => self
                 .read(node, incarnation, *at, *len)
                 .await
@@ -972,10 +978,23 @@ impl<'a> Regions<'a> {
             min: 1,
             max: largest_object(chunk),
         }))?;
-        self.pool
+        let at = self
+            .pool
             .shared
             .drive_in(&n, Books::Durable, Alloc::new(class))
-            .await
+            .await?;
+        if at.is_some() {
+            n.durable_bytes.fetch_add(class as i64, Ordering::Relaxed);
+        }
+        Ok(at)
+    }
+
+    /// The bytes of durable blocks this client allocated on `node` less those it freed
+    /// there (its own and others'), since the last call: a store in cache mode adds them to
+    /// the node's usage word (docs/STORE.md section 12). 0 for a node that is down or gone.
+    pub fn take_durable_bytes(self, node: u32, incarnation: u64) -> i64 {
+        self.node(node, incarnation)
+            .map_or(0, |n| n.durable_bytes.swap(0, Ordering::Relaxed))
     }
 
     /// Frees the block at `offset` of `node` (any client may: a durable block outlives its
@@ -992,11 +1011,13 @@ impl<'a> Regions<'a> {
             .shared
             .check_object(&n, Books::Durable, ptr, true)
             .await?;
+        let size = object.shape.object_size;
         self.pool
             .shared
             .drive_in(&n, Books::Durable, Free::new(ptr, object))
-            .await
-            .map(drop)
+            .await?;
+        n.freed(size);
+        Ok(())
     }
 
     /// [`Regions::free`] of the block at `offset` of `node` only if its first `head` bytes
@@ -1027,9 +1048,12 @@ impl<'a> Regions<'a> {
         if !still_its(&bytes?) {
             return Ok(false);
         }
+        let object = object?;
+        let size = object.shape.object_size;
         shared
-            .drive_in(&n, Books::Durable, Free::new(ptr, object?))
+            .drive_in(&n, Books::Durable, Free::new(ptr, object))
             .await?;
+        n.freed(size);
         Ok(true)
     }
 
@@ -1088,10 +1112,13 @@ impl<'a> Regions<'a> {
             }
         }
         let freed = futures_util::future::join_all(words.iter().map(|(ptr, objects)| async {
-            match Free::together(*ptr, objects) {
+            let freed = match Free::together(*ptr, objects) {
                 Some(m) => shared.drive_in(&n, Books::Durable, m).await.unwrap_or(0),
                 None => 0,
-            }
+            };
+            // One bitmap word's objects are of one chunk, so of one size.
+            n.freed(u64::from(freed) * objects[0].shape.object_size);
+            freed
         }))
         .await;
         Ok(freed.into_iter().map(|c| c as usize).sum())
