@@ -393,8 +393,7 @@ impl Store {
             .partition(|v| direct && v.kind != Kind::Manifest);
         let cleared = join_all(clear.into_iter().map(|v| self.clear_victim(v))).await;
         let mut evicted = cleared.iter().filter(|&&d| d).count() as u64;
-        // One at a time: a write drives this client's frees under way, which one waiter
-        // at a time may do (their futures wake the last task that polled them).
+        // One at a time: each is a put of its own, with its own lookup and spares.
         for v in tombstone {
             evicted += u64::from(self.tombstone_victim(v).await);
         }

@@ -17,6 +17,7 @@ use crate::format::{peek, Version, HEADER_LEN};
 use crate::lookup::Replica;
 use futures_util::future::{join_all, BoxFuture, Either};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::task::ArcWake;
 use rdmapool_pool::remote::layout::DURABLE_TAG;
 use rdmapool_pool::remote::layout::{self, ChunkShape, CHUNK_MAGIC, CLIENT_SLOT, TABLE_ENTRY};
 use rdmapool_pool::remote::regions::RegionNode;
@@ -24,7 +25,7 @@ use rdmapool_pool::Result;
 use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 /// The most replaced blocks a put starts freeing, in batches (one per node).
@@ -36,8 +37,67 @@ const BATCHES_IN_FLIGHT: usize = 4;
 /// Due blocks past which a put waits for the frees under way (they fell behind).
 const BEHIND: usize = 4 * FREES_PER_PUT;
 
-/// A batch of frees under way: how many blocks it freed.
-pub(super) type Freeing = FuturesUnordered<BoxFuture<'static, usize>>;
+/// The batches of frees under way (each answers how many blocks it freed), polled by
+/// whichever of this client's operations waits on them, several at once (a `get_many`'s
+/// reclaims, a cache's evictions): every task that polled since the last progress is woken
+/// when a batch makes progress (the last [`WAITERS`] of them). (A `FuturesUnordered`
+/// alone wakes only the last to poll: the others, waiting for the same batches, would
+/// never be woken.)
+pub(super) struct Freeing {
+    batches: FuturesUnordered<BoxFuture<'static, usize>>,
+    waiters: Arc<Waiters>,
+}
+
+/// The tasks waiting on [`Freeing`]'s batches.
+#[derive(Default)]
+struct Waiters(parking_lot::Mutex<Vec<Waker>>);
+
+/// The most tasks [`Freeing`] remembers (the oldest are forgotten first: a task woken
+/// polls again and is remembered anew).
+const WAITERS: usize = 64;
+
+impl ArcWake for Waiters {
+    fn wake_by_ref(this: &Arc<Self>) {
+        // Kept, not drained: a task woken early (a poll that yields) still waits. A task
+        // that stopped waiting is woken for nothing, which costs it a poll.
+        for w in this.0.lock().iter() {
+            w.wake_by_ref();
+        }
+    }
+}
+
+impl Freeing {
+    pub(super) fn new() -> Self {
+        Self {
+            batches: FuturesUnordered::new(),
+            waiters: Arc::new(Waiters::default()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.batches.len()
+    }
+
+    fn push(&self, batch: BoxFuture<'static, usize>) {
+        self.batches.push(batch);
+    }
+
+    /// The next batch that ended, polled for `cx`'s task and woken with every other task
+    /// that polled since the last progress.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<usize>> {
+        {
+            let mut waiters = self.waiters.0.lock();
+            if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                if waiters.len() == WAITERS {
+                    waiters.remove(0);
+                }
+                waiters.push(cx.waker().clone());
+            }
+        }
+        let all = futures_util::task::waker(Arc::clone(&self.waiters));
+        self.batches.poll_next_unpin(&mut Context::from_waker(&all))
+    }
+}
 
 /// A block waiting for its grace period to pass before it is freed, with what it held (the
 /// free checks that it still holds it).
@@ -171,7 +231,7 @@ impl Store {
     fn drive_frees(&self, cx: &mut Context<'_>) -> (usize, usize) {
         let mut freeing = self.freeing.lock();
         let mut freed = 0;
-        while let Poll::Ready(Some(n)) = freeing.poll_next_unpin(cx) {
+        while let Poll::Ready(Some(n)) = freeing.poll_next(cx) {
             freed += n;
         }
         self.counters
@@ -466,5 +526,49 @@ impl Store {
             .await
             .ok()
             == Some(c.entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct Count(AtomicUsize);
+
+    impl ArcWake for Count {
+        fn wake_by_ref(this: &Arc<Self>) {
+            this.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Two operations of one client wait on the same frees (as two reclaims of a
+    /// `get_many` do): both are woken when the batch ends, not only the last to poll.
+    #[test]
+    fn every_task_waiting_on_the_frees_is_woken_when_they_progress() {
+        let (send, recv) = tokio::sync::oneshot::channel::<usize>();
+        let mut freeing = Freeing::new();
+        freeing.push(Box::pin(async move { recv.await.unwrap_or(0) }));
+        let counts: Vec<Arc<Count>> = (0..2)
+            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
+            .collect();
+        for c in &counts {
+            let w = futures_util::task::waker(Arc::clone(c));
+            assert!(freeing.poll_next(&mut Context::from_waker(&w)).is_pending());
+        }
+        // (A poll may wake its own task at once, to yield: count from here.)
+        let before: Vec<usize> = counts.iter().map(|c| c.0.load(Ordering::SeqCst)).collect();
+        send.send(5).unwrap();
+        for (c, b) in counts.iter().zip(before) {
+            assert!(
+                c.0.load(Ordering::SeqCst) > b,
+                "a waiting task was not woken"
+            );
+        }
+        let w = futures_util::task::waker(Arc::clone(&counts[0]));
+        assert_eq!(
+            freeing.poll_next(&mut Context::from_waker(&w)),
+            Poll::Ready(Some(5))
+        );
     }
 }
