@@ -1,8 +1,10 @@
 //! What a cache evicts, chosen without I/O (docs/STORE.md section 12): from the blocks a
 //! client sampled on a server, Redis-style approximate LRU or LFU, leaving pinned values
-//! alone.
+//! alone; and how a key is evicted, by clearing its slots (`clear`, a state machine).
 
 use crate::format::{Expiry, Kind, Peek, Pin};
+
+pub(crate) mod clear;
 
 /// How a cache ranks what it may evict, as Redis's `maxmemory-policy` does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

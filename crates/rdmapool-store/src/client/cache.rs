@@ -16,10 +16,10 @@
 //!   WRITE of the time (and, for LFU, a fetch-and-add of the count) on each block, per
 //!   server one list, when 64 are waiting or the oldest is a 16th of the grace period old.
 
-use super::{Purpose, Store};
+use super::{incarnation, Purpose, Store};
+use crate::evict::clear::Clear;
 use crate::evict::{victims, Candidate, Eviction, Rules};
-use crate::format::{peek, KeyHash, Kind, Slot, ACCESSED_AT, ACCESSES_AT, HEADER_LEN, MAX_KEY_LEN};
-use crate::lookup::Lookup;
+use crate::format::{peek, Kind, Slot, ACCESSED_AT, ACCESSES_AT, HEADER_LEN, MAX_KEY_LEN};
 use crate::root::Index;
 use futures_util::future::join_all;
 use rdmapool_pool::remote::regions::{Payload, RegionNode};
@@ -403,8 +403,8 @@ impl Store {
     }
 
     /// Evicts `v` by swapping each replica's slot from its version's word to 0, if every
-    /// replica names that version; retires the blocks of the slots it cleared. Whether it
-    /// cleared any.
+    /// replica names that version (`crate::evict::clear`); retires the blocks of the slots
+    /// it cleared. Whether it cleared any.
     async fn clear_victim(&self, v: &Candidate) -> bool {
         let Ok((replicas, _)) = self
             .replicas(&v.key, self.cfg.replicas, Purpose::Write)
@@ -412,56 +412,32 @@ impl Store {
         else {
             return false;
         };
-        let mut lookup = Lookup::new(&v.key, &replicas);
-        let buckets = self.reads(&replicas, &lookup.bucket_reads()).await;
-        let replies: Vec<Option<&[u8]>> = buckets.iter().map(Option::as_deref).collect();
-        let reads = lookup.on_buckets(&replies);
-        let blocks = self.reads(&replicas, &reads).await;
-        let replies: Vec<Option<&[u8]>> = blocks.iter().map(Option::as_deref).collect();
-        let looked = lookup.on_blocks(&replies);
-        if looked.unread || looked.newest() != Some(v.version) {
-            return false;
-        }
-        let h = KeyHash::of(&v.key);
-        let mut ops = Vec::with_capacity(replicas.len());
-        for (r, held) in replicas.iter().zip(&looked.held) {
-            let Some((pos, word, version)) = held.current else {
-                return false;
-            };
-            if version != v.version {
-                return false;
-            }
-            ops.push(Op {
-                node: r.node,
-                io: Io::Cas {
-                    at: r.bucket_at(h) + pos as u64 * 8,
-                    expected: word,
-                    swap: 0,
-                },
-            });
-        }
-        let Ok(answers) = self.perform(&replicas, &ops).await else {
+        let mut clear = Clear::new(&v.key, v.version, &replicas);
+        let Ok(cleared) = self
+            .pool
+            .regions()
+            .drive(
+                &mut clear,
+                |node| incarnation(&replicas, node),
+                Payload::None,
+            )
+            .await
+        else {
             return false;
         };
-        let mut cleared = Vec::new();
-        for ((r, op), answer) in replicas.iter().zip(&ops).zip(&answers) {
-            let Io::Cas { expected, .. } = op.io else {
-                continue;
-            };
-            if answer == &Answer::Word(expected) {
-                if let Some(s) = Slot::from_word(expected) {
-                    cleared.push((r.node, r.incarnation, s.offset, v.version));
-                    let bytes = crate::format::length_bound(s.length_code);
-                    self.usage
-                        .lock()
-                        .node(r.node, r.incarnation)
-                        .evicted
-                        .push((Instant::now(), bytes));
-                }
+        let any = !cleared.is_empty();
+        {
+            let mut u = self.usage.lock();
+            for &(node, inc, _) in &cleared {
+                u.node(node, inc).evicted.push((Instant::now(), v.bytes));
             }
         }
-        let any = !cleared.is_empty();
-        self.retire(&v.key, cleared);
+        self.retire(
+            &v.key,
+            cleared
+                .into_iter()
+                .map(|(node, inc, at)| (node, inc, at, v.version)),
+        );
         any
     }
 

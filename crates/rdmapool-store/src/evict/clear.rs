@@ -1,0 +1,250 @@
+//! Evicting a key by clearing its slots (docs/STORE.md section 12), as a state machine
+//! without I/O: look the key up on every replica (its buckets, then its candidate blocks),
+//! and only if every replica names the sampled version, swap each replica's slot from that
+//! word to 0, every replica at once. Ends with the blocks of the slots it cleared, to be
+//! retired (freed after the grace period).
+//!
+//! A put racing it finds its slot changed (its swap is lost) and looks the key up again; it
+//! then writes above whatever a replica still holds, so a replica whose clear failed keeps
+//! a version no older than the one sampled, and no put is overtaken
+//! (`a_put_racing_an_eviction_is_never_overtaken`, below).
+
+use crate::format::{KeyHash, Version};
+use crate::lookup::{read_ops, replies, Lookup, Read, Replica};
+use rdmapool_pool::remote::step::{Answer, Io, Machine, Op, Step};
+use rdmapool_pool::Result;
+use std::time::Instant;
+
+/// A block a [`Clear`] took out of its slot: node, incarnation, offset.
+pub(crate) type ClearedBlock = (u32, u64, u64);
+
+/// One key's eviction by clearing (see the module's text).
+#[derive(Debug, Clone)]
+pub(crate) struct Clear {
+    key: Vec<u8>,
+    version: Version,
+    replicas: Vec<Replica>,
+    state: State,
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    Start,
+    Buckets(Lookup),
+    Blocks(Lookup),
+    Swaps(Vec<(usize, u64)>),
+    Done,
+}
+
+impl Clear {
+    /// The eviction of `key` at `version` (the version sampled) on its `replicas`.
+    pub(crate) fn new(key: &[u8], version: Version, replicas: &[Replica]) -> Self {
+        Self {
+            key: key.to_vec(),
+            version,
+            replicas: replicas.to_vec(),
+            state: State::Start,
+        }
+    }
+
+    fn ask(reads: &[Read]) -> Step<Vec<ClearedBlock>> {
+        Step::Do(read_ops(reads))
+    }
+}
+
+impl Machine for Clear {
+    type Output = Vec<ClearedBlock>;
+    type Context = ();
+
+    fn advance(
+        &mut self,
+        _: &mut (),
+        _now: Instant,
+        answers: &[Answer],
+    ) -> Result<Step<Self::Output>> {
+        let nothing = || Ok(Step::Done(Vec::new()));
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::Start => {
+                let lookup = Lookup::new(&self.key, &self.replicas);
+                let step = Self::ask(&lookup.bucket_reads());
+                self.state = State::Buckets(lookup);
+                Ok(step)
+            }
+            State::Buckets(mut lookup) => {
+                let reads = lookup.on_buckets(&replies(answers));
+                self.state = State::Blocks(lookup);
+                Ok(Self::ask(&reads))
+            }
+            State::Blocks(lookup) => {
+                let looked = lookup.on_blocks(&replies(answers));
+                if looked.unread || looked.newest() != Some(self.version) {
+                    return nothing();
+                }
+                let h = KeyHash::of(&self.key);
+                let mut ops = Vec::with_capacity(self.replicas.len());
+                let mut swaps = Vec::with_capacity(self.replicas.len());
+                for (i, (r, held)) in self.replicas.iter().zip(&looked.held).enumerate() {
+                    // Every replica must name the version: else another put or a repair
+                    // is under way, and the key is left for a later eviction.
+                    let Some((pos, word, version)) = held.current else {
+                        return nothing();
+                    };
+                    if version != self.version {
+                        return nothing();
+                    }
+                    ops.push(Op {
+                        node: r.node,
+                        io: Io::Cas {
+                            at: r.bucket_at(h) + pos as u64 * 8,
+                            expected: word,
+                            swap: 0,
+                        },
+                    });
+                    swaps.push((i, word));
+                }
+                self.state = State::Swaps(swaps);
+                Ok(Step::Do(ops))
+            }
+            State::Swaps(swaps) => {
+                let cleared = swaps
+                    .iter()
+                    .zip(answers)
+                    .filter(|((_, word), a)| **a == Answer::Word(*word))
+                    .filter_map(|(&(i, word), _)| {
+                        let r = &self.replicas[i];
+                        crate::format::Slot::from_word(word)
+                            .map(|s| (r.node, r.incarnation, s.offset))
+                    })
+                    .collect();
+                Ok(Step::Done(cleared))
+            }
+            State::Done => nothing(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{Cluster, Running};
+    use proptest::prelude::*;
+
+    /// Runs `clear` op by op beside `puts`, in the order `order` picks.
+    fn interleave(
+        c: &mut Cluster,
+        clear: &mut Clear,
+        puts: &mut [Running],
+        order: Vec<usize>,
+    ) -> Vec<ClearedBlock> {
+        let mut clear_step = Some(clear.advance(&mut (), Instant::now(), &[]).unwrap());
+        let mut clear_answers: Vec<Answer> = Vec::new();
+        let mut cleared = None;
+        let n = puts.len() + 1;
+        let mut turns = order.into_iter();
+        loop {
+            let clear_live = cleared.is_none();
+            if !clear_live && puts.iter().all(Running::finished) {
+                break;
+            }
+            let w = turns.next().unwrap_or(0) % n;
+            let live = |k: usize| {
+                if k == puts.len() {
+                    clear_live
+                } else {
+                    !puts[k].finished()
+                }
+            };
+            let w = (w..w + n).map(|k| k % n).find(|&k| live(k)).unwrap();
+            if w < puts.len() {
+                puts[w].step_op(c);
+                continue;
+            }
+            match clear_step.take().unwrap() {
+                Step::Done(out) => cleared = Some(out),
+                Step::Do(ops) => {
+                    if let Some(op) = ops.get(clear_answers.len()) {
+                        clear_answers.push(c.answer(op));
+                    }
+                    if clear_answers.len() >= ops.len() {
+                        let answers = std::mem::take(&mut clear_answers);
+                        clear_step =
+                            Some(clear.advance(&mut (), Instant::now(), &answers).unwrap());
+                    } else {
+                        clear_step = Some(Step::Do(ops));
+                    }
+                }
+                other => panic!(
+                    "an eviction asks only for lists: {:?}",
+                    std::mem::discriminant(&other)
+                ),
+            }
+        }
+        cleared.unwrap()
+    }
+
+    #[test]
+    fn an_eviction_alone_clears_every_replica_and_the_key_is_a_miss() {
+        let mut c = Cluster::new(&[1, 2, 3]);
+        c.replicas.truncate(2);
+        let planted = Running::put(&c, b"k", b"cold", 7).run(&mut c).unwrap();
+        let mut clear = Clear::new(b"k", planted.version.unwrap(), &c.replicas.clone());
+        let cleared = interleave(&mut c, &mut clear, &mut [], Vec::new());
+        assert_eq!(cleared.len(), 2);
+        for node in 1..=2u32 {
+            c.down = (1..=3).filter(|&n| n != node).collect();
+            assert_eq!(c.get(b"k").unwrap(), None, "node {node} alone");
+        }
+        // An eviction of an older version than the newest clears nothing.
+        c.down.clear();
+        let newer = Running::put(&c, b"k", b"new", 7).run(&mut c).unwrap();
+        let mut stale = Clear::new(
+            b"k",
+            Version {
+                seq: newer.version.unwrap().seq - 1,
+                writer: 7,
+            },
+            &c.replicas.clone(),
+        );
+        assert!(interleave(&mut c, &mut stale, &mut [], Vec::new()).is_empty());
+        assert_eq!(c.get(b"k").unwrap().as_deref(), Some(&b"new"[..]));
+    }
+
+    proptest! {
+
+        /// An eviction by clearing racing one or two puts of the key (hinted or not, r = 2
+        /// or 3), their operations interleaved one at a time in any order: every put ends
+        /// with a version, and every replica, read alone, ends with the highest put's
+        /// value: never the evicted value, never nothing.
+        #[test]
+        fn a_put_racing_an_eviction_is_never_overtaken(
+            order in proptest::collection::vec(0usize..3, 1..600),
+            writers in 1usize..3,
+            hinted: bool,
+            r in 2usize..4,
+        ) {
+            let mut c = Cluster::new(&[1, 2, 3]);
+            c.replicas.truncate(r);
+            let planted = Running::put(&c, b"k", b"evicted", 99).run(&mut c).unwrap();
+            let replicas = c.replicas.clone();
+            let values: Vec<Vec<u8>> = (0..writers).map(|w| format!("value of {w}").into_bytes()).collect();
+            let mut puts: Vec<Running> = (0..writers)
+                .map(|w| {
+                    let hints = if hinted { planted.installed.clone() } else { Vec::new() };
+                    Running::put_hinted(&c, b"k", &values[w], w as u64 + 1, &hints)
+                })
+                .collect();
+            let mut clear = Clear::new(b"k", planted.version.unwrap(), &replicas);
+            interleave(&mut c, &mut clear, &mut puts, order);
+            let versions: Vec<Version> = puts
+                .iter_mut()
+                .map(|p| p.outcome.take().unwrap().unwrap().version.unwrap())
+                .collect();
+            let top = *versions.iter().max().unwrap();
+            let winner = versions.iter().position(|&v| v == top).unwrap();
+            for node in 1..=r as u32 {
+                c.down = (1..=3).filter(|&n| n != node).collect();
+                prop_assert_eq!(c.get(b"k").unwrap(), Some(values[winner].clone()), "node {} alone", node);
+            }
+        }
+    }
+}
