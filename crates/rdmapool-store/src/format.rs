@@ -260,6 +260,12 @@ impl Slot {
     }
 }
 
+/// The bytes a slot word names, as a cache counts them (docs/STORE.md section 12): its
+/// length bound; 0 for an empty slot or a word no writer makes.
+pub fn named_bytes(word: u64) -> u64 {
+    Slot::from_word(word).map_or(0, |s| length_bound(s.length_code))
+}
+
 /// Bytes of the block for `key` and a value of `value_len` bytes.
 pub fn block_len(key: &[u8], value_len: u64) -> u64 {
     HEADER_LEN as u64 + key.len() as u64 + value_len

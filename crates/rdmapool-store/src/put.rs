@@ -23,8 +23,8 @@
 
 use super::decide::{empty_slot, next_version, replaces};
 use super::format::{
-    block_len, check_expiry, encode_header_for, stamp_access, Expiry, KeyHash, Kind, Pin, Slot,
-    ValueDigest, Version, HEADER_LEN,
+    block_len, check_expiry, encode_header_for, named_bytes, stamp_access, Expiry, KeyHash, Kind,
+    Pin, Slot, ValueDigest, Version, HEADER_LEN,
 };
 use super::lookup::{read_ops, replies, Looked, Lookup, Replica};
 use rdmapool_pool::remote::step::{Answer, Io, Machine, Op, Step};
@@ -373,6 +373,12 @@ impl Put {
     }
 
     /// The blocks allocated for later puts ([`Put::spare`]) so far.
+    /// What the swaps this put won so far changed of the bytes slots name, by node (what
+    /// [`PutDone::named_bytes`] holds, for a put that failed after some swaps won).
+    pub(crate) fn named_bytes(&self) -> &[(u32, i64)] {
+        &self.done.named_bytes
+    }
+
     pub(crate) fn spares(&self) -> &[BlockAt] {
         &self.spare_blocks
     }
@@ -554,6 +560,7 @@ impl Put {
             fences: Vec::new(),
             seen: Vec::new(),
             spares: Vec::new(),
+            named_bytes: Vec::new(),
         }
     }
 
@@ -763,6 +770,8 @@ impl Put {
 
     /// Notes this put's swap on replica `i` won over `old`.
     fn replaced(&mut self, i: usize, swap: &Swap, old: u64) {
+        let delta = named_bytes(swap.swap) as i64 - named_bytes(old) as i64;
+        self.done.named_bytes.push((swap.node, delta));
         self.done.installed.retain(|&(n, _)| n != swap.node);
         self.done.installed.push((swap.node, swap.swap));
         let bucket = self.replicas[i].bucket_at(self.h);

@@ -2,9 +2,10 @@
 //! evicting, with no server CPU.
 //!
 //! - **Usage.** Each server's store keeps a usage word in its index chunk (bytes 8..16):
-//!   the bytes of store blocks allocated there less those freed. Every client adds what it
-//!   allocated and freed with one fetch-and-add, once its own change reaches a 64th of the
-//!   budget (or the server looks full), and learns the total from the answer.
+//!   the bytes of the blocks its index slots name (each slot word's length bound). Every
+//!   swap a client wins changes it by the new word's bytes less the old's; the client adds
+//!   its changes with one fetch-and-add once they reach a 64th of the budget (or the
+//!   server looks full), and learns the total from the answer.
 //! - **Eviction.** A client that finds a server over its budget samples it: random runs of
 //!   index buckets, then the header and key of every block they name, in two steps; each
 //!   group of [`CacheConfig::samples`] candidates gives up its lowest ranked
@@ -81,13 +82,11 @@ const RUN_MOST: u64 = 256;
 #[derive(Debug, Clone)]
 struct NodeUsage {
     incarnation: u64,
-    /// Bytes allocated less freed here by this client, not yet added to the usage word.
+    /// What this client's swaps changed of the bytes slots name here, not yet added to
+    /// the usage word.
     pending: i64,
     /// The usage word after this client's last addition.
     used: u64,
-    /// Bytes this client evicted lately (their blocks wait out the grace period): the
-    /// usage word still counts them.
-    evicted: Vec<(Instant, u64)>,
     /// Occupied slots per slot sampled, lately.
     occupancy: f64,
     /// Bytes per key evicted, lately.
@@ -100,19 +99,14 @@ impl NodeUsage {
             incarnation,
             pending: 0,
             used: 0,
-            evicted: Vec::new(),
             occupancy: 0.5,
             victim_bytes: 1024,
         }
     }
 
-    /// The bytes held, as far as this client knows, less what it evicted in the last
-    /// `hold` (their frees wait out the grace period, then reach the usage word).
-    fn effective(&mut self, hold: Duration) -> u64 {
-        self.evicted.retain(|(at, _)| at.elapsed() < hold);
-        let evicted: u64 = self.evicted.iter().map(|(_, b)| b).sum();
-        let held = u64::try_from((self.used as i64).saturating_add(self.pending)).unwrap_or(0);
-        held.saturating_sub(evicted)
+    /// The bytes named here, as far as this client knows.
+    fn held(&self) -> u64 {
+        u64::try_from((self.used as i64).saturating_add(self.pending)).unwrap_or(0)
     }
 }
 
@@ -179,31 +173,40 @@ impl Store {
         Ok(())
     }
 
-    /// After a put or a remove in cache mode: adds this client's allocations and frees to
-    /// the usage words where they reached a 64th of the budget, or where the server looks
-    /// full, and evicts on every server found over its budget.
+    /// Notes what this client's swaps changed of the bytes slots name, by node (a put's
+    /// [`PutDone::named_bytes`](crate::put::PutDone), a clear's), for the usage words.
+    pub(super) fn charge(&self, deltas: impl IntoIterator<Item = (u32, i64)>) {
+        if self.cfg.cache.is_none() {
+            return;
+        }
+        let indexes = self.indexes.lock();
+        let mut u = self.usage.lock();
+        for (node, delta) in deltas {
+            if let Some(&(incarnation, _)) = indexes.get(&node) {
+                u.node(node, incarnation).pending += delta;
+            }
+        }
+    }
+
+    /// After a put or a remove in cache mode: adds what this client changed to the usage
+    /// words where it reached a 64th of the budget, or where the server looks full, and
+    /// evicts on every server found over its budget.
     pub(super) async fn after_write(&self) {
         let Some(cache) = &self.cfg.cache else {
             return;
         };
         let step = (cache.budget / 64).max(1) as i64;
-        let hold = self.cfg.grace * 2;
         let nodes = self.pool.regions().up_nodes();
-        let mut due = Vec::new();
-        {
+        let due: Vec<RegionNode> = {
             let mut u = self.usage.lock();
-            for n in &nodes {
-                let delta = self
-                    .pool
-                    .regions()
-                    .take_durable_bytes(n.node, n.incarnation);
-                let e = u.node(n.node, n.incarnation);
-                e.pending += delta;
-                if e.pending.abs() >= step || e.effective(hold) > cache.budget {
-                    due.push(*n);
-                }
-            }
-        }
+            nodes
+                .into_iter()
+                .filter(|n| {
+                    let e = u.node(n.node, n.incarnation);
+                    e.pending.abs() >= step || e.held() > cache.budget
+                })
+                .collect()
+        };
         if due.is_empty() {
             return;
         }
@@ -275,7 +278,6 @@ impl Store {
             )
             .await
             .unwrap_or_else(|_| vec![Answer::Failed; ops.len()]);
-        let hold = self.cfg.grace * 2;
         let mut u = self.usage.lock();
         let mut over = Vec::new();
         for ((n, added), answer) in asked.into_iter().zip(answers) {
@@ -283,7 +285,7 @@ impl Store {
             match answer {
                 Answer::Word(old) => {
                     e.used = (old as i64).wrapping_add(added).max(0) as u64;
-                    let now = e.effective(hold);
+                    let now = e.held();
                     if now > cache.budget {
                         over.push((n, now - cache.budget));
                     }
@@ -426,17 +428,16 @@ impl Store {
             return false;
         };
         let any = !cleared.is_empty();
-        {
-            let mut u = self.usage.lock();
-            for &(node, inc, _) in &cleared {
-                u.node(node, inc).evicted.push((Instant::now(), v.bytes));
-            }
-        }
+        self.charge(
+            cleared
+                .iter()
+                .map(|&(node, _, _, bytes)| (node, -(bytes as i64))),
+        );
         self.retire(
             &v.key,
             cleared
                 .into_iter()
-                .map(|(node, inc, at)| (node, inc, at, v.version)),
+                .map(|(node, inc, at, _)| (node, inc, at, v.version)),
         );
         any
     }

@@ -555,6 +555,7 @@ impl Store {
     ) -> (Result<PutDone>, bool) {
         match result {
             Ok(done) => {
+                self.charge(done.named_bytes.iter().copied());
                 self.keep_spares(replicas, len, &done.spares);
                 self.remember(key, since, done.seen.clone());
                 self.retire_replaced(key, replicas, &done.replaced);
@@ -566,6 +567,7 @@ impl Store {
                 (Ok(done), true)
             }
             Err(e) => {
+                self.charge(put.named_bytes().iter().copied());
                 self.keep_spares(replicas, len, put.spares());
                 // Blocks no slot names (a swap that won, or may have, leaves its own).
                 self.free_now(replicas, &put.allocated()).await;

@@ -318,7 +318,10 @@ impl Store {
             }
             return out;
         };
-        if !p.need.is_empty() {
+        // A cache never copies: a copy of what the scan read could land after a newer put
+        // of the key was evicted, and bring an older value back (section 12). A replica
+        // without the version stays so; gets read the other, the next put writes both.
+        if !p.need.is_empty() && self.cfg.cache.is_none() {
             let mut replicas = Vec::new();
             for id in &p.need {
                 let Some(n) = node_of(*id) else { continue };
@@ -394,10 +397,17 @@ impl Store {
                 .cas(e.node, inc, e.at, e.word, 0)
                 .await
                 .ok()?;
-            (old == e.word).then_some((e.node, inc, Slot::from_word(e.word)?.offset, e.version))
+            let at = Slot::from_word(e.word)?.offset;
+            (old == e.word).then_some(((e.node, inc, at, e.version), e.word))
         }))
         .await;
-        let cleared: Vec<_> = cleared.into_iter().flatten().collect();
+        let (cleared, words): (Vec<_>, Vec<u64>) = cleared.into_iter().flatten().unzip();
+        self.charge(
+            cleared
+                .iter()
+                .zip(&words)
+                .map(|(c, &w)| (c.0, -(crate::format::named_bytes(w) as i64))),
+        );
         let n = cleared.len();
         self.retire(key, cleared);
         n
@@ -445,6 +455,7 @@ impl Store {
             Put::copy(key, ValueDigest::of(value), kind, version, replicas)?.expiring(expiry)?;
         match self.run_put(&mut put, replicas, Source::Bytes(value)).await {
             Ok(done) => {
+                self.charge(done.named_bytes.iter().copied());
                 self.retire_replaced(key, replicas, &done.replaced);
                 self.free_now(replicas, &done.unused).await;
                 Ok(replicas.len() - done.unused.len())

@@ -259,6 +259,7 @@ impl Store {
                 .await;
             if swapped.is_ok_and(|old| old == word) {
                 cleared += 1;
+                self.charge([(r.node, -(crate::format::named_bytes(word) as i64))]);
                 let _ = self
                     .pool
                     .regions()

@@ -15,8 +15,9 @@ use rdmapool_pool::remote::step::{Answer, Io, Machine, Op, Step};
 use rdmapool_pool::Result;
 use std::time::Instant;
 
-/// A block a [`Clear`] took out of its slot: node, incarnation, offset.
-pub(crate) type ClearedBlock = (u32, u64, u64);
+/// A block a [`Clear`] took out of its slot: node, incarnation, offset, and the bytes the
+/// slot named ([`named_bytes`](crate::format::named_bytes) of its word).
+pub(crate) type ClearedBlock = (u32, u64, u64, u64);
 
 /// One key's eviction by clearing (see the module's text).
 #[derive(Debug, Clone)]
@@ -112,8 +113,10 @@ impl Machine for Clear {
                     .filter(|((_, word), a)| **a == Answer::Word(*word))
                     .filter_map(|(&(i, word), _)| {
                         let r = &self.replicas[i];
-                        crate::format::Slot::from_word(word)
-                            .map(|s| (r.node, r.incarnation, s.offset))
+                        crate::format::Slot::from_word(word).map(|s| {
+                            let bytes = crate::format::named_bytes(word);
+                            (r.node, r.incarnation, s.offset, bytes)
+                        })
                     })
                     .collect();
                 Ok(Step::Done(cleared))

@@ -56,6 +56,9 @@ pub(crate) struct PutDone {
     pub(crate) seen: Vec<SlotSeen>,
     /// Blocks allocated for later puts ([`Put::spare`](super::Put::spare)): the caller's.
     pub(crate) spares: Vec<BlockAt>,
+    /// Per swap it won, by node: the bytes the slot names now less those it named before
+    /// (each word's length bound): a cache's usage (docs/STORE.md section 12).
+    pub(crate) named_bytes: Vec<(u32, i64)>,
 }
 
 /// A replica's slot of a key as a client saw it (its own swap installed it, or a lookup

@@ -25,7 +25,9 @@
 //! (store_hosts/history.rs) then holds every answer to docs/STORE.md's promises: no torn or
 //! invented bytes, no acknowledged write lost, never an older value after a newer one was
 //! acknowledged (on the shared keys too), no removed key back; and every key is back to two
-//! replicas. Two runs with different seeds share the time.
+//! replicas. Two runs with different seeds share the time; a third, as long, makes the
+//! store a cache (docs/STORE.md section 12) about half as large as its keys: every put
+//! evicts, and the checker allows misses and nothing else.
 //!
 //! Needs root and iproute2 (CI has both); elsewhere it says why it skips. The time of both
 //! runs together is `RDMAPOOL_STORE_HOSTS_SECS` (default 60).
@@ -38,7 +40,7 @@ use crate::support::*;
 use history::{check, id_of, value_of, Op, Outcome};
 use rdmapool::fabric::*;
 use rdmapool::remote::*;
-use rdmapool::store::{Repairer, Store, StoreConfig};
+use rdmapool::store::{CacheConfig, Repairer, Store, StoreConfig};
 use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -69,7 +71,11 @@ fn open_store(id: u64) -> Store {
     open_store_with(id, StoreConfig::default())
 }
 
-fn open_store_with(id: u64, cfg: StoreConfig) -> Store {
+fn open_store_with(id: u64, mut cfg: StoreConfig) -> Store {
+    // The cache-mode run: every role a cache of this budget per server.
+    if let Ok(budget) = std::env::var("CACHE_BUDGET") {
+        cfg.cache = Some(CacheConfig::new(budget.parse().unwrap()));
+    }
     let ctx = Context::open(SoftConfig::from_env().unwrap()).unwrap(); // binds RDMAPOOL_SOFT_BIND
     let servers = StaticMembership::parse(&env("SERVERS")).unwrap();
     let pd = ctx.alloc_pd().unwrap();
@@ -244,7 +250,7 @@ fn child_entry() {
                 }
             }
             log.flush().unwrap();
-            println!("@done {ops}");
+            println!("@done {ops} {}", st.stats().evictions);
             let _ = stdin_line();
         }
         "store-repair" => {
@@ -362,7 +368,14 @@ fn spawn_server(lan: &Lan, i: usize, port: Option<&str>) -> Proc {
     Proc::spawn_in(Some(ns), module_path!(), "store-server", &env)
 }
 
-fn spawn_client(lan: &Lan, host: usize, role: &str, servers: &str, extra: &[(&str, &str)]) -> Proc {
+/// A client role on `host`; `cache`, a cache's budget per server (the cache-mode run).
+fn spawn_client(
+    lan: &Lan,
+    (host, cache): (usize, Option<&str>),
+    role: &str,
+    servers: &str,
+    extra: &[(&str, &str)],
+) -> Proc {
     let (ns, ip) = &lan.hosts[host];
     let bind = format!("{ip}:0");
     let mut env = vec![
@@ -371,6 +384,9 @@ fn spawn_client(lan: &Lan, host: usize, role: &str, servers: &str, extra: &[(&st
         ("RDMAPOOL_SOFT_TRANSPORT", "tcp"),
     ];
     env.extend_from_slice(extra);
+    if let Some(budget) = cache {
+        env.push(("CACHE_BUDGET", budget));
+    }
     Proc::spawn_in(Some(ns), module_path!(), role, &env)
 }
 
@@ -413,16 +429,19 @@ fn a_minute_of_random_clients_with_a_server_killed_and_restarted_loses_nothing()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
     // Two seeds share the time: a short freeze (seen as a death by a busy client only),
-    // then a long one (past the lease and the tombstone hold).
-    for (seed, freeze) in [(1u64, 4u64), (2, 10)] {
-        if !scenario(seed, (secs / 2).max(20), Duration::from_secs(freeze)) {
+    // then a long one (past the lease and the tombstone hold). Then the first again with
+    // the store a cache (docs/STORE.md section 12) of 24 KiB per server, about half what
+    // its keys take: every put evicts, and misses are allowed, wrong values never.
+    for (seed, freeze, cache) in [(1u64, 4u64, None), (2, 10, None), (3, 4, Some("24576"))] {
+        if !scenario(seed, (secs / 2).max(20), Duration::from_secs(freeze), cache) {
             return;
         }
     }
 }
 
-/// One run (see the module's text); false when network namespaces cannot be made here.
-fn scenario(seed: u64, secs: u64, freeze: Duration) -> bool {
+/// One run (see the module's text), the store a cache of budget `cache` per server when
+/// given; false when network namespaces cannot be made here.
+fn scenario(seed: u64, secs: u64, freeze: Duration, cache: Option<&str>) -> bool {
     // Hosts 0..5 serve, 5 runs the writers, 6 the repairs and the checker.
     let lan = match Lan::new(SERVERS + 2) {
         Ok(l) => l,
@@ -443,7 +462,7 @@ fn scenario(seed: u64, secs: u64, freeze: Duration) -> bool {
     // The operator's first view: every server but the last.
     let mut first = spawn_client(
         &lan,
-        SERVERS + 1,
+        (SERVERS + 1, cache),
         "store-view",
         &list,
         &[("ID", "13"), ("MEMBERS", FIRST_VIEW)],
@@ -472,13 +491,19 @@ fn scenario(seed: u64, secs: u64, freeze: Duration) -> bool {
             ("SEED", seed_s.as_str()),
             ("START_N", start_n.as_str()),
         ];
-        spawn_client(&lan, SERVERS, "store-client", &list, &extra)
+        spawn_client(&lan, (SERVERS, cache), "store-client", &list, &extra)
     };
     let end = at(1.0);
     let mut workers: Vec<Proc> = (1..=clients)
         .map(|id| worker(id, &format!("c{id}.log"), 0, end))
         .collect();
-    let mut repairer = spawn_client(&lan, SERVERS + 1, "store-repairer", &list, &[("ID", "12")]);
+    let mut repairer = spawn_client(
+        &lan,
+        (SERVERS + 1, cache),
+        "store-repairer",
+        &list,
+        &[("ID", "12")],
+    );
     assert_eq!(repairer.line(), "started");
     // Early on: kill -9 node 2's server; a little later start it again where it was (same
     // id, same port, empty memory).
@@ -494,7 +519,13 @@ fn scenario(seed: u64, secs: u64, freeze: Duration) -> bool {
     );
     // While the clients work, a one-shot repair from another host.
     std::thread::sleep(at(0.35).saturating_duration_since(Instant::now()));
-    let mut fixer = spawn_client(&lan, SERVERS + 1, "store-repair", &list, &[("ID", "10")]);
+    let mut fixer = spawn_client(
+        &lan,
+        (SERVERS + 1, cache),
+        "store-repair",
+        &list,
+        &[("ID", "10")],
+    );
     let during = fixer.line();
     eprintln!("seed {seed}: repair during the workload: {during}");
     // Nothing is damaged: a key changed under the repair is not "unreadable" (issue #40).
@@ -520,7 +551,7 @@ fn scenario(seed: u64, secs: u64, freeze: Duration) -> bool {
     // view 2 from a fence word, at its own moment.
     let mut changer = spawn_client(
         &lan,
-        SERVERS + 1,
+        (SERVERS + 1, cache),
         "store-view",
         &list,
         &[("ID", "14"), ("MEMBERS", SECOND_VIEW)],
@@ -529,8 +560,11 @@ fn scenario(seed: u64, secs: u64, freeze: Duration) -> bool {
     eprintln!("seed {seed}: view change under load: {change}");
     assert!(change.starts_with("view 2 [1, 2, 5, 6] "), "{change}");
     changer.say("");
+    let mut evictions = 0u64;
     for w in &mut workers {
-        assert!(w.line().starts_with("done"), "a client finished");
+        let done = w.line();
+        assert!(done.starts_with("done"), "a client finished: {done}");
+        evictions += done.rsplit(' ').next().unwrap().parse::<u64>().unwrap();
     }
     repairer.say("");
     let background = repairer.line();
@@ -544,7 +578,7 @@ fn scenario(seed: u64, secs: u64, freeze: Duration) -> bool {
         ("OUT", out_s.as_str()),
         ("CLIENTS", clients_s.as_str()),
     ];
-    let mut checker = spawn_client(&lan, SERVERS + 1, "store-check", &list, &extra);
+    let mut checker = spawn_client(&lan, (SERVERS + 1, cache), "store-check", &list, &extra);
     let last = checker.line();
     let settled = checker.line();
     assert_eq!(
@@ -591,7 +625,7 @@ fn scenario(seed: u64, secs: u64, freeze: Duration) -> bool {
         }
         finals.insert(op.key, got);
     }
-    let summary = check(&logs, &finals).unwrap_or_else(|bad| {
+    let summary = check(&logs, &finals, cache.is_some()).unwrap_or_else(|bad| {
         panic!(
             "seed {seed}: {} broken promise(s):\n{}",
             bad.len(),
@@ -599,8 +633,8 @@ fn scenario(seed: u64, secs: u64, freeze: Duration) -> bool {
         )
     });
     eprintln!(
-        "store across hosts, seed {seed}, freeze {freeze:?}: {summary:?}, 0 violations; \
-         repair during: {during}; last: {last}"
+        "store across hosts, seed {seed}, freeze {freeze:?}, cache {cache:?}: {summary:?}, \
+         {evictions} evictions, 0 violations; repair during: {during}; last: {last}"
     );
     assert!(
         replicas_bad.is_empty(),
@@ -611,6 +645,12 @@ fn scenario(seed: u64, secs: u64, freeze: Duration) -> bool {
         summary.acked_writes > 50 && summary.gets_with_value > 50,
         "enough happened to check: {summary:?}"
     );
+    if cache.is_some() {
+        assert!(
+            evictions > 50 && summary.misses > 50,
+            "the cache evicted ({evictions}) and gets missed: {summary:?}"
+        );
+    }
     for s in &mut servers {
         s.say("");
     }

@@ -9,7 +9,7 @@ use crate::fabric::{Mr, RemoteAddr};
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -41,9 +41,6 @@ pub(super) struct Node {
     pub(super) beat: AtomicU64,
     /// On a node that isolates its clients: the windows it granted, and the control channel.
     pub(super) windows: Option<super::isolated::Windows>,
-    /// Bytes of durable blocks this client allocated here less those it freed, since the
-    /// store last took them (`Regions::take_durable_bytes`).
-    pub(super) durable_bytes: AtomicI64,
 }
 
 /// Which of a node's books a machine runs in.
@@ -62,12 +59,6 @@ impl Node {
             Books::Pool => (&self.book, &self.claimed),
             Books::Durable => (&self.durable_book, &self.durable_claimed),
         }
-    }
-
-    /// Counts `bytes` of durable blocks freed here (`durable_bytes`).
-    pub(super) fn freed(&self, bytes: u64) {
-        self.durable_bytes
-            .fetch_sub(bytes as i64, Ordering::Relaxed);
     }
 
     pub(super) fn remote(&self, offset: u64) -> RemoteAddr {

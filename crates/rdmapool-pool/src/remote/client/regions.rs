@@ -978,23 +978,10 @@ impl<'a> Regions<'a> {
             min: 1,
             max: largest_object(chunk),
         }))?;
-        let at = self
-            .pool
+        self.pool
             .shared
             .drive_in(&n, Books::Durable, Alloc::new(class))
-            .await?;
-        if at.is_some() {
-            n.durable_bytes.fetch_add(class as i64, Ordering::Relaxed);
-        }
-        Ok(at)
-    }
-
-    /// The bytes of durable blocks this client allocated on `node` less those it freed
-    /// there (its own and others'), since the last call: a store in cache mode adds them to
-    /// the node's usage word (docs/STORE.md section 12). 0 for a node that is down or gone.
-    pub fn take_durable_bytes(self, node: u32, incarnation: u64) -> i64 {
-        self.node(node, incarnation)
-            .map_or(0, |n| n.durable_bytes.swap(0, Ordering::Relaxed))
+            .await
     }
 
     /// Frees the block at `offset` of `node` (any client may: a durable block outlives its
@@ -1011,13 +998,11 @@ impl<'a> Regions<'a> {
             .shared
             .check_object(&n, Books::Durable, ptr, true)
             .await?;
-        let size = object.shape.object_size;
         self.pool
             .shared
             .drive_in(&n, Books::Durable, Free::new(ptr, object))
-            .await?;
-        n.freed(size);
-        Ok(())
+            .await
+            .map(drop)
     }
 
     /// [`Regions::free`] of the block at `offset` of `node` only if its first `head` bytes
@@ -1048,12 +1033,9 @@ impl<'a> Regions<'a> {
         if !still_its(&bytes?) {
             return Ok(false);
         }
-        let object = object?;
-        let size = object.shape.object_size;
         shared
-            .drive_in(&n, Books::Durable, Free::new(ptr, object))
+            .drive_in(&n, Books::Durable, Free::new(ptr, object?))
             .await?;
-        n.freed(size);
         Ok(true)
     }
 
@@ -1112,13 +1094,10 @@ impl<'a> Regions<'a> {
             }
         }
         let freed = futures_util::future::join_all(words.iter().map(|(ptr, objects)| async {
-            let freed = match Free::together(*ptr, objects) {
+            match Free::together(*ptr, objects) {
                 Some(m) => shared.drive_in(&n, Books::Durable, m).await.unwrap_or(0),
                 None => 0,
-            };
-            // One bitmap word's objects are of one chunk, so of one size.
-            n.freed(u64::from(freed) * objects[0].shape.object_size);
-            freed
+            }
         }))
         .await;
         Ok(freed.into_iter().map(|c| c as usize).sum())

@@ -135,7 +135,6 @@ impl Shared {
             } else {
                 None
             },
-            durable_bytes: std::sync::atomic::AtomicI64::new(0),
         });
         let slot = if desc.isolated {
             // The server picks the slot and binds the windows. A slot it claimed for us now

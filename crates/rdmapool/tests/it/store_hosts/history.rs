@@ -135,13 +135,19 @@ pub struct Summary {
     pub gets_checked: usize,
     pub gets_with_value: usize,
     pub finals_checked: usize,
+    /// Gets (and final reads) that found nothing where a value was allowed: a cache's
+    /// misses (none is allowed of a durable store).
+    pub misses: usize,
 }
 
 /// Checks `logs` (one per client, in its order) and `finals` (key → the answer of a read
-/// after every client stopped and a repair ran). Every broken promise is returned.
+/// after every client stopped and a repair ran). Every broken promise is returned. With
+/// `misses_allowed` (a cache, docs/STORE.md section 12), a read that finds nothing is a
+/// miss, counted; a value must still be one the promises allow.
 pub fn check(
     logs: &[Vec<Op>],
     finals: &HashMap<String, Option<String>>,
+    misses_allowed: bool,
 ) -> Result<Summary, Vec<String>> {
     let mut bad = Vec::new();
     let mut sum = Summary::default();
@@ -209,21 +215,28 @@ pub fn check(
                 ("get", Outcome::Nothing) => {
                     sum.gets_checked += 1;
                     if !a.admits(None) {
-                        bad.push(format!("{}: allowed {a:?}", op.line()));
+                        if misses_allowed {
+                            sum.misses += 1;
+                        } else {
+                            bad.push(format!("{}: allowed {a:?}", op.line()));
+                        }
                     }
                 }
                 _ => {}
             }
         }
     }
-    stale_shared_reads(logs, finals, &mut bad);
+    stale_shared_reads(logs, finals, misses_allowed, &mut bad);
     let shared_ids: HashSet<(String, String)> = shared_puts
         .iter()
         .flat_map(|(k, p)| p.iter().map(move |(v, _)| (k.clone(), v.clone())))
         .collect();
     for (key, got) in finals {
         sum.finals_checked += 1;
-        let ok = if key.starts_with("shared/") {
+        let ok = if got.is_none() && misses_allowed {
+            sum.misses += 1;
+            true
+        } else if key.starts_with("shared/") {
             got.as_ref()
                 .is_none_or(|v| shared_ids.contains(&(key.clone(), v.clone())))
         } else {
@@ -258,9 +271,11 @@ struct Write {
 /// Adds to `bad` every read of a shared key (a get, or a final read) that answers a write
 /// that had ended, acknowledged, before another acknowledged write started, which itself
 /// ended before the read started: the newer write was overtaken.
+/// With `misses_allowed` (a cache), a read that found nothing is a miss, not stale.
 fn stale_shared_reads(
     logs: &[Vec<Op>],
     finals: &HashMap<String, Option<String>>,
+    misses_allowed: bool,
     bad: &mut Vec<String>,
 ) {
     let mut writes: HashMap<&str, Vec<Write>> = HashMap::new();
@@ -280,6 +295,9 @@ fn stale_shared_reads(
     }
     // Whether an answer `got` of `key`, read from `start` on, is stale.
     let stale = |key: &str, got: Option<&str>, start: u128| -> Option<String> {
+        if got.is_none() && misses_allowed {
+            return None;
+        }
         let ws = writes.get(key)?;
         // The writes that leave this answer; "nothing" is also the key's first state,
         // which ended before any write started.
@@ -339,23 +357,23 @@ fn the_checker_catches_a_shared_write_overtaken_by_an_older_one() {
         op("get", None, 30, val("102.1")),
     ];
     let none = HashMap::new();
-    let bad = check(&[c102.clone(), c101.clone()], &none).unwrap_err();
+    let bad = check(&[c102.clone(), c101.clone()], &none, false).unwrap_err();
     assert!(bad[0].contains("overtaken"), "{bad:?}");
     // Concurrent puts: either answer is fine.
     let c102 = vec![op("put", Some("102.1"), 20, Outcome::Ok)];
-    assert!(check(&[c102, c101.clone()], &none).is_ok());
+    assert!(check(&[c102, c101.clone()], &none, false).is_ok());
     // A put that failed may land late: its value is never stale.
     let c102 = vec![op("put", Some("102.1"), 10, Outcome::Err)];
-    assert!(check(&[c102, c101.clone()], &none).is_ok());
+    assert!(check(&[c102, c101.clone()], &none, false).is_ok());
     // "Nothing" after an acknowledged put with no remove since: stale; after an
     // acknowledged remove that followed it: fine.
     let c101 = vec![
         op("put", Some("101.1"), 20, Outcome::Ok),
         op("get", None, 30, Outcome::Nothing),
     ];
-    assert!(check(std::slice::from_ref(&c101), &none).is_err());
+    assert!(check(std::slice::from_ref(&c101), &none, false).is_err());
     let c102 = vec![op("rm", None, 25, Outcome::Ok)];
-    assert!(check(&[c102, c101], &none).is_ok());
+    assert!(check(&[c102, c101], &none, false).is_ok());
     // The final read is held to the same rule.
     let c101 = vec![
         op("put", Some("101.1"), 20, Outcome::Ok),
@@ -363,10 +381,10 @@ fn the_checker_catches_a_shared_write_overtaken_by_an_older_one() {
     ];
     let finals: HashMap<String, Option<String>> =
         [("shared/s".to_string(), Some("101.1".to_string()))].into();
-    assert!(check(std::slice::from_ref(&c101), &finals).is_err());
+    assert!(check(std::slice::from_ref(&c101), &finals, false).is_err());
     let finals: HashMap<String, Option<String>> =
         [("shared/s".to_string(), Some("101.2".to_string()))].into();
-    assert!(check(&[c101], &finals).is_ok());
+    assert!(check(&[c101], &finals, false).is_ok());
 }
 
 #[test]
@@ -391,24 +409,32 @@ fn the_checker_catches_stale_lost_and_invented_answers() {
         op("get", "shared/s", None, 12, val("1.3")),
     ];
     let finals: HashMap<String, Option<String>> = [("c1/a".to_string(), None)].into();
-    let s = check(std::slice::from_ref(&good), &finals).unwrap();
+    let s = check(std::slice::from_ref(&good), &finals, false).unwrap();
     assert_eq!((s.ops, s.gets_checked, s.acked_writes), (8, 4, 2));
     // An older acknowledged value after a newer one was acknowledged.
     let mut stale = good.clone();
     stale.push(op("put", "c1/a", Some("1.4"), 20, Outcome::Ok));
     stale.push(op("get", "c1/a", None, 22, val("1.1")));
-    assert!(check(&[stale], &HashMap::new()).is_err());
-    // An acknowledged put lost by the end.
+    // A cache (misses allowed) holds every answer to the same rules but "nothing".
+    for cache in [false, true] {
+        assert!(check(&[stale.clone()], &HashMap::new(), cache).is_err());
+    }
+    // An acknowledged put lost by the end: a durable store's broken promise, a cache's
+    // miss (an evicted key), counted.
     let mut lost = good.clone();
     lost.push(op("put", "c1/a", Some("1.5"), 20, Outcome::Ok));
-    assert!(check(&[lost], &finals).is_err());
+    lost.push(op("get", "c1/a", None, 22, Outcome::Nothing));
+    assert!(check(std::slice::from_ref(&lost), &finals, false).is_err());
+    assert_eq!(check(&[lost], &finals, true).unwrap().misses, 2);
     // A shared value nobody put, and corrupt bytes.
     let mut invented = good.clone();
     invented.push(op("get", "shared/s", None, 30, val("2.9")));
-    assert!(check(&[invented], &HashMap::new()).is_err());
     let mut corrupt = good;
     corrupt.push(op("get", "c1/a", None, 30, Outcome::Corrupt));
-    assert!(check(&[corrupt], &HashMap::new()).is_err());
+    for cache in [false, true] {
+        assert!(check(&[invented.clone()], &HashMap::new(), cache).is_err());
+        assert!(check(&[corrupt.clone()], &HashMap::new(), cache).is_err());
+    }
     // Values name themselves; a flipped byte names nothing.
     let mut v = value_of("3.7");
     assert_eq!(id_of(&v).as_deref(), Some("3.7"));
