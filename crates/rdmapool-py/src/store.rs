@@ -10,7 +10,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use rdmapool::fabric::{Mr, Shared};
 use rdmapool::remote::EtcdFollower;
-use rdmapool::store::{Store as RustStore, StoreConfig, Version};
+use rdmapool::store::{
+    CacheConfig, Eviction, Pin, PutOptions, Store as RustStore, StoreConfig, Version,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -170,7 +172,8 @@ impl Store {
     #[new]
     #[pyo3(signature = (servers=None, *, etcd=None, etcd_prefix=connect::ETCD_PREFIX.to_string(),
         replicas=2, client_id=None, key_file=None, client_key_file=None, grace=1.0,
-        part_size=256 * 1024, provider="soft".to_string(), device=None))]
+        part_size=256 * 1024, provider="soft".to_string(), device=None, cache_budget=None,
+        eviction="lru".to_string(), soft_pin=1800.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -185,11 +188,32 @@ impl Store {
         part_size: u64,
         provider: String,
         device: Option<String>,
+        cache_budget: Option<u64>,
+        eviction: String,
+        soft_pin: f64,
     ) -> PyResult<Self> {
+        let cache = match cache_budget {
+            None => None,
+            Some(budget) => Some(CacheConfig {
+                policy: match eviction.as_str() {
+                    "lru" => Eviction::Lru,
+                    "lfu" => Eviction::Lfu,
+                    other => {
+                        return Err(bad_arg(
+                            py,
+                            format!("eviction: {other:?}; \"lru\" or \"lfu\""),
+                        ))
+                    }
+                },
+                soft_pin: seconds(py, "soft_pin", soft_pin)?,
+                ..CacheConfig::new(budget)
+            }),
+        };
         let cfg = StoreConfig {
             replicas,
             grace: seconds(py, "grace", grace)?,
             part_size,
+            cache,
             ..StoreConfig::default()
         };
         let joined = connect::join(
@@ -224,22 +248,25 @@ impl Store {
     }
 
     /// Stores `value` (bytes or any buffer) under `key`; returns its version `(seq, writer)`.
-    /// With `ttl` (seconds), the value is gone once that has passed (docs/STORE.md 11).
-    #[pyo3(signature = (key, value, ttl=None))]
+    /// With `ttl` (seconds), the value is gone once that has passed (docs/STORE.md 11); with
+    /// `pin` ("hard" or "soft"), a cache evicts it never, or only when nothing else is left
+    /// (docs/STORE.md 12).
+    #[pyo3(signature = (key, value, ttl=None, pin=None))]
     fn put<'py>(
         &self,
         py: Python<'py>,
         key: &Bound<'py, PyAny>,
         value: &Bound<'py, PyAny>,
         ttl: Option<&Bound<'py, PyAny>>,
+        pin: Option<&str>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let store = self.store(py)?;
         let key = key_of(py, key)?;
-        let ttl = ttl_of(py, ttl)?;
-        let put = |bytes: &[u8]| match ttl {
-            None => store.block_on(store.put(&key, bytes)),
-            Some(ttl) => store.block_on(store.put_with_ttl(&key, bytes, ttl)),
+        let options = PutOptions {
+            ttl: ttl_of(py, ttl)?,
+            pin: pin_of(py, pin)?,
         };
+        let put = |bytes: &[u8]| store.block_on(store.put_with_options(&key, bytes, options));
         let v = if let Ok(b) = value.cast::<PyBytes>() {
             // `bytes` is immutable: read in place while the caller's reference keeps it.
             let bytes = b.as_bytes();
@@ -306,24 +333,25 @@ impl Store {
 
     /// Stores the bytes of the registered `view` under `key`, WRITten from its memory with
     /// no copy; returns the version. The bytes must not change until it returns. With `ttl`
-    /// (seconds), as `put`.
-    #[pyo3(signature = (key, view, ttl=None))]
+    /// (seconds) and `pin`, as `put`.
+    #[pyo3(signature = (key, view, ttl=None, pin=None))]
     fn put_from<'py>(
         &self,
         py: Python<'py>,
         key: &Bound<'py, PyAny>,
         view: PyRef<'py, RegisteredBuffer>,
         ttl: Option<&Bound<'py, PyAny>>,
+        pin: Option<&str>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let store = self.store(py)?;
         let key = key_of(py, key)?;
-        let ttl = ttl_of(py, ttl)?;
+        let options = PutOptions {
+            ttl: ttl_of(py, ttl)?,
+            pin: pin_of(py, pin)?,
+        };
         let mr = view.shared(py, self.owner)?;
         let v = py
-            .detach(|| match ttl {
-                None => store.block_on(store.put_from(&key, &mr)),
-                Some(ttl) => store.block_on(store.put_from_with_ttl(&key, &mr, ttl)),
-            })
+            .detach(|| store.block_on(store.put_from_with_options(&key, &mr, options)))
             .py(py)?;
         self.zero_copy
             .fetch_add(view.len() as u64, Ordering::Relaxed);
@@ -510,6 +538,23 @@ impl Store {
         Ok(d)
     }
 
+    /// Each live server's usage in a cache (docs/STORE.md 12): a list of dicts with
+    /// `node`, `used` (bytes its index names) and `budget` (0 outside cache mode).
+    fn server_usage<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let store = self.store(py)?;
+        let usage = py.detach(|| store.block_on(store.server_usage())).py(py)?;
+        usage
+            .iter()
+            .map(|u| {
+                let d = PyDict::new(py);
+                d.set_item("node", u.node)?;
+                d.set_item("used", u.used)?;
+                d.set_item("budget", u.budget)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
     /// This client's counters, as a dict (`StoreStats`, and what the binding copied).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.store(py)?.stats();
@@ -526,6 +571,8 @@ impl Store {
         d.set_item("get_round_trips", s.get_round_trips)?;
         d.set_item("expired", s.expired)?;
         d.set_item("reclaimed", s.reclaimed)?;
+        d.set_item("evictions", s.evictions)?;
+        d.set_item("access_updates", s.access_updates)?;
         d.set_item("bytes_copied", self.copied.load(Ordering::Relaxed))?;
         d.set_item("bytes_zero_copy", self.zero_copy.load(Ordering::Relaxed))?;
         Ok(d)
@@ -575,6 +622,19 @@ pub fn copy_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
 }
 
 /// A time to live given in seconds (an int or a float, finite and above 0), or none.
+/// A `pin` argument: None, "hard" or "soft".
+fn pin_of(py: Python<'_>, pin: Option<&str>) -> PyResult<Pin> {
+    match pin {
+        None => Ok(Pin::None),
+        Some("hard") => Ok(Pin::Hard),
+        Some("soft") => Ok(Pin::Soft),
+        Some(other) => Err(bad_arg(
+            py,
+            format!("pin: {other:?}; None, \"hard\" or \"soft\""),
+        )),
+    }
+}
+
 fn ttl_of(py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
     let Some(ttl) = ttl.filter(|t| !t.is_none()) else {
         return Ok(None);

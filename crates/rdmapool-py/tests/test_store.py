@@ -185,3 +185,54 @@ def test_remove_many_removes_each_key_once(store):
         store.remove_many([b"ok", b""])
     assert e.value.results[0] is False
     assert isinstance(e.value.results[1], rdmapool.OutOfLimits)
+
+
+def test_a_cache_never_refuses_a_put_keeps_pins_and_answers_last_values_or_nothing(addrs):
+    # 256 KiB per server, against about 5 MiB of blocks (4000 puts of 600 bytes, 1 KiB
+    # blocks, 2 replicas over 3 servers): every put past the first few hundred evicts.
+    with rdmapool.Store(addrs, cache_budget=256 << 10, grace=0.05) as cache:
+        cache.put(b"hard", b"pinned", pin="hard")
+        cache.put(b"soft", b"pinned softly", pin="soft")
+        last = {}
+        for i in range(4000):
+            key = b"k%d" % (i % 1500)
+            value = b"%d:" % i + bytes(600)
+            cache.put(key, value)
+            last[key] = value
+        found = 0
+        for key, value in last.items():
+            got = cache.get(key)
+            assert got is None or got == value, key
+            found += got is not None
+        assert 0 < found < len(last)
+        assert cache.get(b"hard") == b"pinned"
+        assert cache.get(b"soft") == b"pinned softly"
+        stats = cache.stats()
+        assert stats["evictions"] > 0 and stats["access_updates"] > 0, stats
+        usage = cache.server_usage()
+        assert len(usage) == 3 and all(u["budget"] == 256 << 10 for u in usage), usage
+        assert all(0 < u["used"] <= 2 * (256 << 10) for u in usage), usage
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"cache_budget": 0},
+        {"cache_budget": 1 << 40},
+        {"cache_budget": 1 << 20, "eviction": "fifo"},
+        {"cache_budget": 1 << 20, "soft_pin": -1},
+    ],
+)
+def test_bad_cache_settings_are_refused(addrs, kwargs):
+    with pytest.raises(rdmapool.OutOfLimits):
+        rdmapool.Store(addrs, **kwargs)
+
+
+def test_bad_pins_are_refused_and_nothing_is_lost(addrs):
+    with rdmapool.Store(addrs, cache_budget=64 << 10) as cache:
+        cache.put(b"k", b"kept")
+        with pytest.raises(rdmapool.OutOfLimits):
+            cache.put(b"k", b"new", pin="forever")
+        with pytest.raises(rdmapool.OutOfLimits):
+            cache.put(b"k", bytes(40 << 10), pin="hard")  # more than half the budget
+        assert cache.get(b"k") == b"kept"

@@ -60,10 +60,14 @@ class AsyncStore(_OnThreads):
         return self.store.register(buffer)
 
     async def put(
-        self, key: bytes | str, value: Any, ttl: float | None = None
+        self,
+        key: bytes | str,
+        value: Any,
+        ttl: float | None = None,
+        pin: str | None = None,
     ) -> tuple[int, int]:
         """``Store.put``, awaited."""
-        return await self._run(self.store.put, key, value, ttl)
+        return await self._run(self.store.put, key, value, ttl, pin)
 
     async def get(self, key: bytes | str) -> bytes | None:
         """``Store.get``, awaited."""
@@ -82,10 +86,14 @@ class AsyncStore(_OnThreads):
         return await self._run(self.store.list, prefix)
 
     async def put_from(
-        self, key: bytes | str, view: RegisteredBuffer, ttl: float | None = None
+        self,
+        key: bytes | str,
+        view: RegisteredBuffer,
+        ttl: float | None = None,
+        pin: str | None = None,
     ) -> tuple[int, int]:
         """``Store.put_from``, awaited."""
-        return await self._run(self.store.put_from, key, view, ttl)
+        return await self._run(self.store.put_from, key, view, ttl, pin)
 
     async def get_into(self, key: bytes | str, view: RegisteredBuffer) -> int | None:
         """``Store.get_into``, awaited."""
