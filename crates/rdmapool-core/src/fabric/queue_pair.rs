@@ -216,8 +216,10 @@ impl Qp {
         let ops = &self.listing.recorder().ops;
         let sampled = ops.before_post(|| self.inner.qpn(), wrs);
         let r = self.inner.post_send(wrs);
-        if let (Some(key), Err(_)) = (sampled, &r) {
-            ops.post_failed(key);
+        match (sampled, &r) {
+            (Some(key), Err(_)) => ops.post_failed(key),
+            (_, Ok(())) => self.listing.recorder().record_sends(wrs.len()),
+            _ => {}
         }
         r
     }

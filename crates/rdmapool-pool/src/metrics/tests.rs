@@ -41,6 +41,7 @@ fn known() -> Snapshot {
         cache_misses: 3,
         cache_evictions: 0,
         cache_invalidations: 0,
+        sends_posted: 12,
         pool_allocations: 5,
         pool_in_use: 1,
         pool_empty: 0,

@@ -74,7 +74,9 @@ pub struct ServerUsage {
 /// Access notes waiting: this many go out together.
 const TOUCHES_AT_ONCE: usize = 64;
 /// Keys evicted at most per eviction.
-const VICTIMS_AT_ONCE: u64 = 64;
+const VICTIMS_AT_ONCE: u64 = 32;
+/// Header READs per list of a sample.
+const READS_PER_LIST: usize = 32;
 /// Buckets read at most per sampled run.
 const RUN_MOST: u64 = 256;
 
@@ -210,9 +212,13 @@ impl Store {
         if due.is_empty() {
             return;
         }
-        for (n, bytes) in self.add_usage(&due).await {
-            self.evict_on(&n, bytes + cache.budget / 32).await;
-        }
+        // Beside the frees under way, as a put runs: they go on while it waits.
+        let evictions = async {
+            for (n, bytes) in self.add_usage(&due).await {
+                self.evict_on(&n, bytes + cache.budget / 32).await;
+            }
+        };
+        self.beside_frees(evictions).await;
     }
 
     /// For a put into a full cache (a replica had no room): adds every server's pending
@@ -229,9 +235,12 @@ impl Store {
         if over.is_empty() {
             over = nodes.into_iter().map(|n| (n, 0)).collect();
         }
-        for (n, bytes) in over {
-            self.evict_on(&n, bytes + cache.budget / 16).await;
-        }
+        let evictions = async {
+            for (n, bytes) in over {
+                self.evict_on(&n, bytes + cache.budget / 16).await;
+            }
+        };
+        self.beside_frees(evictions).await;
         if let Some(due) = self.retired_due() {
             self.pool.regions().sleep_until(due).await;
         }
@@ -353,9 +362,19 @@ impl Store {
                 },
             })
             .collect();
-        let Ok(heads) = self.perform(&[replica], &reads).await else {
-            return;
-        };
+        // In lists of a few dozen, at once: a step never needs the whole send queue.
+        let replicas = [replica];
+        let lists = join_all(
+            reads
+                .chunks(READS_PER_LIST)
+                .map(|list| self.perform(&replicas, list)),
+        )
+        .await;
+        let mut heads = Vec::with_capacity(reads.len());
+        for list in lists {
+            let Ok(answers) = list else { return };
+            heads.extend(answers);
+        }
         let rules = Rules {
             policy: cache.policy,
             now_ms: super::wall_clock_ms()

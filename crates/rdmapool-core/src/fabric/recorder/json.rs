@@ -133,6 +133,7 @@ impl Snapshot {
                 "\"pool\":{{\"allocations\":{},\"in_use\":{},\"empty\":{},\"chunks\":{}}},",
                 "\"connections\":{{\"active\":{},\"passive\":{},\"errors\":{}}},",
                 "\"registered_bytes\":{},\"pinned_bytes\":{},\"completions\":{{{}}},",
+                "\"sends_posted\":{},",
                 "\"op_sample_every\":{},\"op_latency\":{{{}}},",
                 "\"objects\":{{\"tracked\":{},\"cqs_live\":{},\"qps_live\":{},",
                 "\"cqs\":{},\"qps\":{}}}{}}}"
@@ -161,6 +162,7 @@ impl Snapshot {
             self.registered_bytes,
             self.pinned_bytes,
             completions,
+            self.sends_posted,
             self.op_sample_every,
             ops,
             self.objects_tracked,

@@ -57,6 +57,7 @@ struct Counters {
     connected_active: AtomicU64,
     connected_passive: AtomicU64,
     connection_errors: AtomicU64,
+    sends_posted: AtomicU64,
 }
 
 /// What one context's objects did (see the module documentation).
@@ -199,6 +200,12 @@ impl Recorder {
         );
     }
 
+    /// Counts `n` send work requests posted (RDMA READ, WRITE, atomics, SEND).
+    #[doc(hidden)]
+    pub fn record_sends(&self, n: usize) {
+        add(&self.c.sends_posted, n as u64);
+    }
+
     /// Counts the statuses of `done` (one atomic add for the successes, one per error).
     #[doc(hidden)]
     pub fn record_completions(&self, done: &[crate::fabric::Completion]) {
@@ -276,6 +283,7 @@ pub fn snapshot_of_recorders(recorders: &[&Recorder]) -> Snapshot {
             })
             .filter(|&(_, n)| n > 0)
             .collect(),
+        sends_posted: sum(&|c| &c.sends_posted),
         connections_active: sum(&|c| &c.connected_active),
         connections_passive: sum(&|c| &c.connected_passive),
         connection_errors: sum(&|c| &c.connection_errors),
@@ -336,6 +344,10 @@ pub struct Snapshot {
     pub pool_chunks: u64,
     /// Work completions polled, per status (only statuses seen, in numeric order).
     pub completions: Vec<(WcStatus, u64)>,
+    /// Send work requests posted (RDMA READ, WRITE, atomics, SEND): the operations the NIC
+    /// was asked for (a list of them takes one doorbell and, signalled last, one
+    /// completion).
+    pub sends_posted: u64,
     /// Connections established by `conn::connect` (active side).
     pub connections_active: u64,
     /// Connections established by accepting a request (passive side).

@@ -122,7 +122,7 @@ impl Snapshot {
             "Time one deregistration took.",
             &self.deregistration_latency,
         );
-        let counters: [(&str, &str, u64); 14] = [
+        let counters: [(&str, &str, u64); 15] = [
             (
                 "connection_errors_total",
                 "Connection attempts (connect or accept) that failed.",
@@ -192,6 +192,11 @@ impl Snapshot {
                 "pool_chunks_total",
                 "Pool chunks registered.",
                 self.pool_chunks,
+            ),
+            (
+                "sends_posted_total",
+                "Send work requests posted (RDMA READ, WRITE, atomics, SEND).",
+                self.sends_posted,
             ),
         ];
         for (name, help, v) in counters {
