@@ -338,3 +338,66 @@ impl Running {
         self.outcome.take().unwrap()
     }
 }
+
+/// A race the proptests run (`put::tests`, `evict::clear::tests`): a cluster of nodes 1 to
+/// 3 whose key `b"k"` holds a value `planted` by writer 99 on its first `r` replicas, and
+/// `writers` puts of it (each its own value, writer `w + 1`), hinted with the planted
+/// slots or not, not started yet.
+pub(super) struct Race {
+    pub(super) c: Cluster,
+    pub(super) planted: PutDone,
+    pub(super) values: Vec<Vec<u8>>,
+    pub(super) puts: Vec<Running>,
+}
+
+impl Race {
+    pub(super) fn new(r: usize, writers: usize, hinted: bool) -> Self {
+        let mut c = Cluster::new(&[1, 2, 3]);
+        c.replicas.truncate(r);
+        let planted = Running::put(&c, b"k", b"planted", 99)
+            .run(&mut c)
+            .expect("the planted put");
+        let values: Vec<Vec<u8>> = (0..writers)
+            .map(|w| format!("value of {w}").into_bytes())
+            .collect();
+        let puts = (0..writers)
+            .map(|w| {
+                let hints = if hinted {
+                    planted.installed.clone()
+                } else {
+                    Vec::new()
+                };
+                Running::put_hinted(&c, b"k", &values[w], w as u64 + 1, &hints)
+            })
+            .collect();
+        Self {
+            c,
+            planted,
+            values,
+            puts,
+        }
+    }
+
+    /// The value and version of the put with the highest version (every put must have
+    /// ended with one).
+    pub(super) fn winner(&mut self) -> (Vec<u8>, crate::format::Version) {
+        let versions: Vec<crate::format::Version> = self
+            .puts
+            .iter_mut()
+            .map(|p| p.outcome.take().unwrap().unwrap().version.unwrap())
+            .collect();
+        let top = *versions.iter().max().unwrap();
+        let w = versions.iter().position(|&v| v == top).unwrap();
+        (self.values[w].clone(), top)
+    }
+
+    /// What each of the first `r` nodes, read alone, answers for the key.
+    pub(super) fn alone(&mut self, r: usize) -> Vec<Option<Vec<u8>>> {
+        (1..=r as u32)
+            .map(|node| {
+                self.c.down = (1..=3).filter(|&n| n != node).collect();
+                self.c.get(b"k").unwrap()
+            })
+            .collect()
+    }
+}

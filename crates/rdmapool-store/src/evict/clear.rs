@@ -129,7 +129,7 @@ impl Machine for Clear {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::{Cluster, Running};
+    use crate::sim::{Cluster, Race, Running};
     use proptest::prelude::*;
 
     /// Runs `clear` op by op beside `puts`, in the order `order` picks.
@@ -225,28 +225,13 @@ mod tests {
             hinted: bool,
             r in 2usize..4,
         ) {
-            let mut c = Cluster::new(&[1, 2, 3]);
-            c.replicas.truncate(r);
-            let planted = Running::put(&c, b"k", b"evicted", 99).run(&mut c).unwrap();
-            let replicas = c.replicas.clone();
-            let values: Vec<Vec<u8>> = (0..writers).map(|w| format!("value of {w}").into_bytes()).collect();
-            let mut puts: Vec<Running> = (0..writers)
-                .map(|w| {
-                    let hints = if hinted { planted.installed.clone() } else { Vec::new() };
-                    Running::put_hinted(&c, b"k", &values[w], w as u64 + 1, &hints)
-                })
-                .collect();
-            let mut clear = Clear::new(b"k", planted.version.unwrap(), &replicas);
-            interleave(&mut c, &mut clear, &mut puts, order);
-            let versions: Vec<Version> = puts
-                .iter_mut()
-                .map(|p| p.outcome.take().unwrap().unwrap().version.unwrap())
-                .collect();
-            let top = *versions.iter().max().unwrap();
-            let winner = versions.iter().position(|&v| v == top).unwrap();
-            for node in 1..=r as u32 {
-                c.down = (1..=3).filter(|&n| n != node).collect();
-                prop_assert_eq!(c.get(b"k").unwrap(), Some(values[winner].clone()), "node {} alone", node);
+            let mut race = Race::new(r, writers, hinted);
+            let replicas = race.c.replicas.clone();
+            let mut clear = Clear::new(b"k", race.planted.version.unwrap(), &replicas);
+            interleave(&mut race.c, &mut clear, &mut race.puts, order);
+            let (winner, _) = race.winner();
+            for (node, got) in race.alone(r).into_iter().enumerate() {
+                prop_assert_eq!(got, Some(winner.clone()), "node {} alone", node + 1);
             }
         }
     }

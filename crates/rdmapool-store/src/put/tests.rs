@@ -1,6 +1,6 @@
 use super::super::format::{block_len, KeyHash, Slot};
 use super::super::lookup::Replica;
-use super::super::sim::{Cluster, Running};
+use super::super::sim::{Cluster, Race, Running};
 use super::*;
 use proptest::prelude::*;
 
@@ -550,41 +550,28 @@ proptest! {
         hinted: bool,
         r in 2usize..4,
     ) {
-        let mut c = Cluster::new(&[1, 2, 3]);
-        c.replicas.truncate(r);
-        let planted = Running::put(&c, b"k", b"expired", 99).run(&mut c).unwrap();
-        let replicas = c.replicas.clone();
-        let values: Vec<Vec<u8>> = (0..writers).map(|w| format!("value of {w}").into_bytes()).collect();
-        let mut all: Vec<Running> = (0..writers)
-            .map(|w| {
-                let hints = if hinted { planted.installed.clone() } else { Vec::new() };
-                Running::put_hinted(&c, b"k", &values[w], w as u64 + 1, &hints)
-            })
-            .collect();
+        let mut race = Race::new(r, writers, hinted);
+        let replicas = race.c.replicas.clone();
         let reclaim = Put::new(b"k", ValueDigest::of(b""), Kind::Tombstone, 0, &replicas)
             .unwrap()
-            .only_over(planted.version);
+            .only_over(race.planted.version);
+        let mut all = std::mem::take(&mut race.puts);
         all.push(Running::start(reclaim, b""));
         let n = all.len();
         let mut turns = order.into_iter();
         while all.iter().any(|p| !p.finished()) {
             let w = turns.next().unwrap_or(0) % n;
             let w = (w..w + n).map(|k| k % n).find(|&k| !all[k].finished()).unwrap();
-            all[w].step_op(&mut c);
+            all[w].step_op(&mut race.c);
         }
         let reclaimed = all.pop().unwrap().outcome.take().unwrap().unwrap().version;
-        let versions: Vec<Version> = all
-            .iter_mut()
-            .map(|p| p.outcome.take().unwrap().unwrap().version.unwrap())
-            .collect();
-        let top = *versions.iter().max().unwrap();
-        let winner = versions.iter().position(|&v| v == top).unwrap();
+        race.puts = all;
+        let (winner, top) = race.winner();
         if let Some(t) = reclaimed {
-            prop_assert!(t < top, "the reclaim's {:?} above the puts' {:?}", t, versions);
+            prop_assert!(t < top, "the reclaim's {:?} above the top put's {:?}", t, top);
         }
-        for node in 1..=r as u32 {
-            c.down = (1..=3).filter(|&n| n != node).collect();
-            prop_assert_eq!(c.get(b"k").unwrap().unwrap(), values[winner].clone(), "node {} alone", node);
+        for (node, got) in race.alone(r).into_iter().enumerate() {
+            prop_assert_eq!(got, Some(winner.clone()), "node {} alone", node + 1);
         }
     }
 }
