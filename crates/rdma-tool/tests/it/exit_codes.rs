@@ -151,6 +151,27 @@ fn bad_sizes_durations_and_paths_are_usage_errors_2_that_say_what_is_wanted() {
             &["bench", "ycsb", "--ops", "100", "--duration", "1s"][..],
             "cannot be used",
         ),
+        (
+            &["bench", "ycsb", "--hit-rate", "--cache-sizes", "1,0"][..],
+            "more than 0 and at most 100",
+        ),
+        (
+            &["bench", "ycsb", "--hit-rate", "--cache-sizes", "101%"][..],
+            "more than 0 and at most 100",
+        ),
+        (
+            &["bench", "ycsb", "--hit-rate", "--cache-sizes=-5"][..],
+            "more than 0 and at most 100",
+        ),
+        (&["bench", "ycsb", "--cache-sizes", "5"][..], "--hit-rate"),
+        (
+            &["bench", "ycsb", "--hit-rate", "--trace", "t.csv"][..],
+            "cannot be used",
+        ),
+        (
+            &["bench", "ycsb", "--hit-rate", "--record-size", "128K"][..],
+            "at most 64K",
+        ),
     ] {
         let out = run(args);
         let err = stderr(&out);

@@ -338,6 +338,80 @@ fn bench_ycsb_json_lines_match_their_schema() {
     assert!(v.iter().all(|r| r["size"] == 1024), "{v:?}");
 }
 
+/// `bench ycsb --hit-rate` for real, tiny, beside one workload's throughput: every
+/// hit-rate row (both streams at 1% and 10%, one per installed reference and one against the
+/// exact LRU) valid, each hit rate in [0, 1], and the exact LRU hitting at least as often at
+/// 10% as at 1% on the same stream (LRU is a stack algorithm: a larger one holds all a
+/// smaller one does). No speed is asserted.
+#[test]
+fn bench_ycsb_hit_rate_rows_match_their_schema() {
+    let refs = ycsb_references();
+    let v = json_lines(&[
+        "bench",
+        "ycsb",
+        "--hit-rate",
+        "--workload",
+        "c",
+        "--duration",
+        "100ms",
+        "--clients",
+        "1",
+        "--records",
+        "1000",
+        "--record-size",
+        "64",
+        "--hit-gets",
+        "3000",
+        "--transport",
+        "local",
+        "--json",
+    ]);
+    let (rate, hit): (Vec<Value>, Vec<Value>) = v.into_iter().partition(|r| r["metric"] == "rate");
+    check_ycsb_rows(&rate, &["ycsb-c x1"], &refs);
+    let ops = [
+        "hit-zipf 1% x1",
+        "hit-zipf 10% x1",
+        "hit-scan 1% x1",
+        "hit-scan 10% x1",
+    ];
+    let per_op = refs.len() + 1;
+    assert_eq!(hit.len(), ops.len() * per_op, "{hit:?}");
+    let rate_of = |r: &Value, key: &str| {
+        let x = r[key].as_f64().unwrap_or(-1.0);
+        assert!((0.0..=1.0).contains(&x), "{key} {x}: {r}");
+        x
+    };
+    for (i, r) in hit.iter().enumerate() {
+        check("bench-ycsb", r);
+        assert_eq!(r["op"], ops[i / per_op], "{r}");
+        assert_eq!(r["metric"], "hit_rate", "{r}");
+        assert_eq!(r["transport"], "local", "{r}");
+        assert_eq!(r["size"], 64, "{r}");
+        assert_eq!(r["iters"], 3000, "{r}");
+        rate_of(r, "value");
+        rate_of(r, "reference_value");
+        let want = refs.get(i % per_op).copied().unwrap_or("exact-lru");
+        assert!(r["reference"].as_str().unwrap().starts_with(want), "{r}");
+    }
+    let exact = |op: &str| {
+        let r = hit
+            .iter()
+            .find(|r| r["op"] == op && r["reference"] == "exact-lru")
+            .unwrap_or_else(|| panic!("no exact-lru row of {op}"));
+        rate_of(r, "reference_value")
+    };
+    for stream in ["hit-zipf", "hit-scan"] {
+        let (small, large) = (
+            exact(&format!("{stream} 1% x1")),
+            exact(&format!("{stream} 10% x1")),
+        );
+        assert!(
+            large >= small,
+            "{stream}: exact LRU {large} at 10% < {small} at 1%"
+        );
+    }
+}
+
 /// `bench ycsb --trace`: a small trace replayed to its end by 1 and by 2 clients, on every
 /// system: each run does every request of it.
 #[test]

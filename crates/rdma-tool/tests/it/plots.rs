@@ -134,6 +134,52 @@ fn bench_ycsb_plots_throughput_by_client_count_per_workload() {
     assert!(lines(&svg) >= 2, "{} lines", lines(&svg));
 }
 
+/// `--hit-rate` with a workload: the throughput panel and, beside it, a hit-rate panel per
+/// stream, ours and the exact LRU by cache size.
+#[test]
+fn bench_ycsb_plots_hit_rate_beside_throughput() {
+    let svg = plotted(
+        &[
+            "bench",
+            "ycsb",
+            "--hit-rate",
+            "--cache-sizes",
+            "10,50",
+            "--hit-gets",
+            "1000",
+            "--workload",
+            "c",
+            "--records",
+            "200",
+            "--duration",
+            "100ms",
+            "--clients",
+            "1",
+            "--transport",
+            "local",
+            "--no-redis",
+            "--no-memcached",
+            "--json",
+        ],
+        "ycsb-hit.svg",
+    );
+    let texts = svg_texts(&svg);
+    for want in [
+        "rdma-tool bench ycsb on soft: ours next to Redis, memcached and exact LRU",
+        "ycsb-c: throughput by client count",
+        "hit-zipf: hit rate by cache size",
+        "hit-scan: hit rate by cache size",
+        "cache size (% of the working set, log scale)",
+        "hit rate (hits / gets)",
+        "rdmapool soft local",
+        "exact-lru",
+    ] {
+        assert!(texts.iter().any(|t| t == want), "{want:?} not in {texts:?}");
+    }
+    // Ours and the exact LRU in both hit-rate panels, two cache sizes each.
+    assert!(lines(&svg) >= 4, "{} lines", lines(&svg));
+}
+
 #[test]
 fn monitor_plots_each_percentile_over_time() {
     let svg = plotted(

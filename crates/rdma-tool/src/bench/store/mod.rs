@@ -23,7 +23,7 @@ use crate::units::{duration_arg, message_size_arg, show};
 use crate::{Result, ToolError};
 use rdmapool::fabric::{ProviderKind, Transport};
 use rdmapool::remote::{ClientConfig, MemoryServer, PoolClient, ServerConfig, StaticMembership};
-use rdmapool::store::{Store, StoreConfig};
+use rdmapool::store::{CacheConfig, Store, StoreConfig};
 use redis_ref::RedisServer;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -462,8 +462,25 @@ pub(super) fn start_servers(
     ip: IpAddr,
     size: usize,
 ) -> Result<Vec<MemoryServer>> {
+    start_servers_chunked(ctx, ip, size, CHUNK)
+}
+
+/// [`start_servers`] with chunks of `chunk` bytes (a store's index is one chunk: its
+/// buckets are `chunk / 64`).
+pub(super) fn start_servers_chunked(
+    ctx: &rdmapool::fabric::Context,
+    ip: IpAddr,
+    size: usize,
+    chunk: u64,
+) -> Result<Vec<MemoryServer>> {
     Ok((1..=SERVERS)
-        .map(|n| MemoryServer::start(ctx, server_config(ip, n, size)))
+        .map(|n| {
+            let cfg = ServerConfig {
+                chunk_size: chunk,
+                ..server_config(ip, n, size)
+            };
+            MemoryServer::start(ctx, cfg)
+        })
         .collect::<rdmapool::Result<_>>()?)
 }
 
@@ -498,24 +515,46 @@ pub(super) fn connect_stores(
     replicas: usize,
     size: usize,
 ) -> Result<Vec<Client>> {
-    let members = StaticMembership::new(addrs.to_vec());
     (0..n)
         .map(|i| {
-            let ctx = device.open(transport)?;
-            let pd = ctx.alloc_pd()?;
-            let cfg = ClientConfig::new(first_id + i as u64);
-            let pool = PoolClient::connect(&ctx, &pd, &members, cfg)?;
-            let store = Store::new(
-                pool,
-                StoreConfig {
-                    replicas,
-                    grace: grace_for(size),
-                    ..StoreConfig::default()
-                },
-            )?;
-            Ok(Client { store, _ctx: ctx })
+            connect_store(
+                device,
+                transport,
+                addrs,
+                first_id + i as u64,
+                replicas,
+                size,
+                None,
+            )
         })
         .collect()
+}
+
+/// One store client of id `id` on `addrs` (as [`connect_stores`] connects each), in cache
+/// mode with `cache` if given.
+pub(super) fn connect_store(
+    device: &DeviceArgs,
+    transport: Transport,
+    addrs: &[SocketAddr],
+    id: u64,
+    replicas: usize,
+    size: usize,
+    cache: Option<CacheConfig>,
+) -> Result<Client> {
+    let members = StaticMembership::new(addrs.to_vec());
+    let ctx = device.open(transport)?;
+    let pd = ctx.alloc_pd()?;
+    let pool = PoolClient::connect(&ctx, &pd, &members, ClientConfig::new(id))?;
+    let store = Store::new(
+        pool,
+        StoreConfig {
+            replicas,
+            grace: grace_for(size),
+            cache,
+            ..StoreConfig::default()
+        },
+    )?;
+    Ok(Client { store, _ctx: ctx })
 }
 
 /// Waits out the grace period of values of `size` bytes, then frees the blocks `all`

@@ -25,6 +25,12 @@ impl RedisServer {
     /// Starts `redis-server` on a free loopback port, persistence off; waits until it
     /// answers.
     pub(in crate::bench) fn start() -> Result<Self> {
+        Self::start_with(&[])
+    }
+
+    /// [`RedisServer::start`] with `extra` configuration arguments
+    /// (`--maxmemory-policy allkeys-lru`).
+    pub(in crate::bench) fn start_with(extra: &[&str]) -> Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| ToolError::Io("a free port for redis-server".into(), e))?
@@ -46,6 +52,7 @@ impl RedisServer {
                 "--loglevel",
                 "warning",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -77,6 +84,19 @@ impl RedisServer {
         redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
             .and_then(|c| c.get_connection())
             .map_err(redis_err)
+    }
+
+    /// The server's `used_memory` (`INFO memory`), through `conn`: the bytes Redis counts
+    /// against `maxmemory`.
+    pub(in crate::bench) fn used_memory(conn: &mut redis::Connection) -> Result<u64> {
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query(conn)
+            .map_err(redis_err)?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| ToolError::Msg("redis: INFO memory has no used_memory".into()))
     }
 
     /// `n` clients doing `op` (put: SET, get: GET, mget: MGET of all their keys) on their

@@ -158,3 +158,29 @@ pub(super) fn trace_request(
         TraceOp::Delete => kv.delete(k),
     }
 }
+
+/// Runs one get of a hit-rate run on `kv` (`hit.rs`): record `record`'s key, and on a miss
+/// a set of the record (a look-aside cache's miss fill), stamped with its number. Returns
+/// whether the get hit. A hit that returns another size or another record's stamp is an
+/// error: a cache may lose a record, never answer a wrong one.
+pub(super) fn hit_request<K: Kv>(kv: &mut K, record: u64, s: &mut Scratch) -> Result<bool> {
+    let name = key(record);
+    let k = name.as_bytes();
+    let size = s.value.len();
+    let stamp = record.to_le_bytes();
+    let n = stamp.len().min(size);
+    if kv.get(k, &mut s.read)? {
+        if s.read.len() != size || s.read[..n] != stamp[..n] {
+            return Err(ToolError::Msg(format!(
+                "bench ycsb --hit-rate: {} answered {name} with a value of {} bytes that is not \
+                 the record's ({size} bytes stamped {record})",
+                kv.name(),
+                s.read.len()
+            )));
+        }
+        return Ok(true);
+    }
+    s.value[..n].copy_from_slice(&stamp[..n]);
+    kv.set(k, &s.value)?;
+    Ok(false)
+}

@@ -3,14 +3,16 @@
 //! when dropped), and a client of its text protocol over a `std` `TcpStream`, one
 //! connection per bench client.
 //!
-//! The client speaks four commands, each request in one write and its reply read through a
+//! The client speaks five commands, each request in one write and its reply read through a
 //! buffer:
 //!
 //! - `get <key>\r\n` → `VALUE <key> <flags> <bytes>\r\n<data>\r\nEND\r\n`, or `END\r\n` on a
 //!   miss;
 //! - `set <key> 0 0 <bytes>\r\n<data>\r\n` → `STORED\r\n`;
 //! - `delete <key>\r\n` → `DELETED\r\n` or `NOT_FOUND\r\n`;
-//! - `version\r\n` → `VERSION <v>\r\n` (to see that the server answers).
+//! - `version\r\n` → `VERSION <v>\r\n` (to see that the server answers);
+//! - `stats\r\n` → `STAT <name> <value>\r\n` lines, then `END\r\n` (the items held at the
+//!   end of a hit-rate run).
 //!
 //! Any other reply (`ERROR`, `CLIENT_ERROR ...`, `SERVER_ERROR ...`) is an error naming it.
 //!
@@ -46,13 +48,19 @@ impl MemcachedServer {
     /// waits until it answers. As root it runs as `nobody` (memcached refuses root without
     /// `-u`).
     pub(super) fn start(memory_mb: usize) -> Result<Self> {
+        Self::start_with(memory_mb, &[])
+    }
+
+    /// [`MemcachedServer::start`] with `extra` arguments (`-I 512k`).
+    pub(super) fn start_with(memory_mb: usize, extra: &[&str]) -> Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| ToolError::Io("a free port for memcached".into(), e))?
             .port();
         let mut cmd = Command::new("memcached");
         cmd.args(["-l", "127.0.0.1", "-U", "0", "-p", &port.to_string()])
-            .args(["-m", &memory_mb.to_string()]);
+            .args(["-m", &memory_mb.to_string()])
+            .args(extra);
         // SAFETY: geteuid has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } == 0 {
             cmd.args(["-u", "nobody"]);
@@ -171,6 +179,30 @@ impl Connection {
         match line.strip_prefix(b"VERSION ") {
             Some(v) => Ok(String::from_utf8_lossy(v).into_owned()),
             None => Err(self.unexpected()),
+        }
+    }
+
+    /// The general statistic `name` (`stats`: `STAT <name> <value>` lines up to `END`), if
+    /// the server gives it as a number.
+    pub(super) fn stat(&mut self, name: &str) -> Result<Option<u64>> {
+        self.out.clear();
+        self.out.extend_from_slice(b"stats\r\n");
+        self.send()?;
+        let mut found = None;
+        loop {
+            let line = self.read_line()?;
+            if line == b"END" {
+                return Ok(found);
+            }
+            let Some(rest) = line.strip_prefix(b"STAT ") else {
+                return Err(self.unexpected());
+            };
+            let text = String::from_utf8_lossy(rest);
+            if let Some((n, v)) = text.split_once(' ') {
+                if n == name {
+                    found = v.trim().parse().ok();
+                }
+            }
         }
     }
 

@@ -16,12 +16,20 @@
 //! every system starts each replay with none of the trace's keys (removed first), and the
 //! replay runs to the trace's end unless `--duration` or `--ops` stops it before.
 //!
+//! `--hit-rate` adds hit-rate runs at cache sizes of a percent of the working set: the store
+//! in cache mode against Redis (`allkeys-lru`), memcached and an exact LRU, on a Zipfian
+//! stream of gets with miss fills, and on the same stream mixed with scans (`hit.rs` says
+//! what each system is given and how the streams are made). With it, the throughput
+//! workloads run only when `--workload` names them.
+//!
 //! Rows: one per (workload, transport, client count, reference), `op` the workload and the
 //! client count (`ycsb-b x2`, `trace x1`), metric `rate` (operations per second, all clients
 //! together; a read-modify-write counts one), ratio = ours / the reference's (higher is
-//! better).
+//! better); then the hit-rate rows, metric `hit_rate` (`hit.rs`).
 
+mod hit;
 mod kv;
+mod lru;
 mod memcached_ref;
 mod plot;
 mod trace;
@@ -60,9 +68,9 @@ pub struct Args {
     clients: Vec<usize>,
     /// YCSB core workloads, comma-separated: a (50% read, 50% update), b (95/5), c (read
     /// only), d (95% read, 5% insert, reads of the latest), f (50% read, 50%
-    /// read-modify-write). E (range scans) is left out: neither the store nor memcached
-    /// has an ordered index.
-    #[arg(long, value_delimiter = ',', default_value = "a,b,c,f,d", value_parser = Workload::parse)]
+    /// read-modify-write). Default a,b,c,f,d; none with --hit-rate. E (range scans) is left
+    /// out: neither the store nor memcached has an ordered index.
+    #[arg(long, value_delimiter = ',', value_parser = Workload::parse)]
     workload: Vec<Workload>,
     /// Records loaded before the workloads run (at most 100000).
     #[arg(long, default_value_t = 10_000, value_parser = usize_arg(MAX_RECORDS))]
@@ -85,8 +93,21 @@ pub struct Args {
     replicas: usize,
     /// Replay a cache trace instead of the workloads: CSV lines of timestamp,key,size,op
     /// (op get, set or delete; a get that misses sets the key; a header line is taken).
-    #[arg(long, value_name = "FILE.csv", conflicts_with_all = ["workload", "records", "record_size"])]
+    #[arg(long, value_name = "FILE.csv", conflicts_with_all = ["workload", "records", "record_size", "hit_rate"])]
     trace: Option<PathBuf>,
+    /// Also measure hit rates at --cache-sizes: the store in cache mode, Redis (maxmemory,
+    /// allkeys-lru), memcached (-m) and an exact LRU, on a Zipfian stream of gets with miss
+    /// fills and on the same stream with scans. The workloads then run only if --workload
+    /// names them.
+    #[arg(long)]
+    hit_rate: bool,
+    /// Cache sizes of --hit-rate, comma-separated, in percent of the working set (--records
+    /// x --record-size): more than 0, at most 100.
+    #[arg(long, value_delimiter = ',', default_value = "1,10", value_parser = hit::cache_size_arg, requires = "hit_rate")]
+    cache_sizes: Vec<f64>,
+    /// Gets measured per hit-rate run, after a warm-up of --records gets (at most 10M).
+    #[arg(long, default_value_t = 100_000, value_parser = count_arg(hit::MAX_HIT_GETS), requires = "hit_rate")]
+    hit_gets: u64,
     /// Skip Redis.
     #[arg(long)]
     no_redis: bool,
@@ -97,7 +118,8 @@ pub struct Args {
     #[arg(long)]
     json: bool,
     /// Also draw the throughput per workload against the client count (`.svg` or `.png`):
-    /// ours on each transport next to Redis and memcached.
+    /// ours on each transport next to Redis and memcached; with --hit-rate, a panel per
+    /// hit-rate stream too (hit rate against the cache size).
     #[arg(long)]
     plot: Option<PathBuf>,
 }
@@ -332,6 +354,106 @@ fn plan_size(trace: Option<&Trace>, args: &Args) -> usize {
     }
 }
 
+/// The workloads' default order (YCSB's: D last, as its inserts add records).
+const DEFAULT_WORKLOADS: [Workload; 5] = [
+    Workload::A,
+    Workload::B,
+    Workload::C,
+    Workload::F,
+    Workload::D,
+];
+
+/// The hit-rate references' results by (stream, cache size): measured once, with the
+/// first transport, each with the name its rows carry.
+type HitReferences = HashMap<(usize, usize), Vec<(&'static str, hit::Measured)>>;
+
+/// The hit-rate runs on one transport: ours on fresh servers for each (stream, cache
+/// size), the references the first time; rows and notes pushed.
+struct HitRuns<'a> {
+    args: &'a Args,
+    plan: &'a hit::HitPlan,
+    /// Each stream of [`hit::Mix::ALL`].
+    streams: &'a [Vec<u32>],
+    references: HitReferences,
+    /// Redis or memcached could not start: not tried again.
+    no_redis: bool,
+    no_memcached: bool,
+    rows: Vec<hit::HitRow>,
+    notes: Vec<String>,
+}
+
+impl HitRuns<'_> {
+    /// The progress steps of one transport's runs, and of the references'.
+    fn steps(&self) -> (usize, usize) {
+        let runs = hit::Mix::ALL.len() * self.plan.sizes.len();
+        let refs = usize::from(!self.args.no_redis) + usize::from(!self.args.no_memcached);
+        (runs, runs * refs)
+    }
+
+    fn run(
+        &mut self,
+        transport: Transport,
+        path: &str,
+        next_id: &mut u64,
+        bar: &mut Steps,
+    ) -> Result<()> {
+        let (args, plan) = (self.args, self.plan);
+        let provider = args.device.kind();
+        for (m, mix) in hit::Mix::ALL.into_iter().enumerate() {
+            let stream = &self.streams[m];
+            for (c, &percent) in plan.sizes.iter().enumerate() {
+                let op = hit::HitPlan::op(mix, percent);
+                bar.set_message(format!("{path} {op}: the store"));
+                let ours = hit::ours(
+                    &args.device,
+                    transport,
+                    args.ip,
+                    plan,
+                    stream,
+                    percent,
+                    *next_id,
+                )?;
+                *next_id += 1;
+                bar.inc();
+                if !self.references.contains_key(&(m, c)) {
+                    let mut theirs = Vec::new();
+                    if !args.no_redis {
+                        if !self.no_redis {
+                            bar.set_message(format!("redis-server {op}"));
+                            match hit::redis(plan, stream, percent)? {
+                                Some(r) => theirs.push(("redis-server x1", r)),
+                                None => self.no_redis = true,
+                            }
+                        }
+                        bar.inc();
+                    }
+                    if !args.no_memcached {
+                        if !self.no_memcached {
+                            bar.set_message(format!("memcached {op}"));
+                            match hit::memcached(plan, stream, percent)? {
+                                Some(r) => theirs.push(("memcached x1", r)),
+                                None => self.no_memcached = true,
+                            }
+                        }
+                        bar.inc();
+                    }
+                    theirs.push(("exact-lru", hit::exact_lru(plan, stream, percent)));
+                    self.references.insert((m, c), theirs);
+                }
+                let theirs = &self.references[&(m, c)];
+                let mut held = vec![ours.held.clone()];
+                for (name, t) in theirs {
+                    self.rows
+                        .push(hit::row(provider, path, &op, plan.size, &ours, (name, t)));
+                    held.push(t.held.clone());
+                }
+                self.notes.push(format!("{path} {op}: {}", held.join("; ")));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Runs the benchmark and prints the table or JSON.
 pub fn run(args: Args) -> Result<()> {
     args.device.check()?;
@@ -340,11 +462,29 @@ pub fn run(args: Args) -> Result<()> {
     }
     let trace = args.trace.as_deref().map(Trace::read).transpose()?;
     let trace = trace.as_ref();
+    let hit_plan = if args.hit_rate {
+        let plan = hit::HitPlan::new(
+            args.records,
+            args.record_size,
+            args.seed,
+            args.replicas,
+            &args.cache_sizes,
+            args.hit_gets,
+        )?;
+        plan.check_memory()?;
+        Some(plan)
+    } else {
+        None
+    };
     let mut phases: Vec<Phase> = Vec::new();
     match trace {
         Some(t) => phases.push(Phase::Trace(t)),
         None => {
-            for &w in &args.workload {
+            let workloads: &[Workload] = match (&args.workload[..], args.hit_rate) {
+                ([], false) => &DEFAULT_WORKLOADS,
+                (given, _) => given,
+            };
+            for &w in workloads {
                 if !phases
                     .iter()
                     .any(|p| matches!(p, Phase::Ycsb(x) if *x == w))
@@ -369,12 +509,38 @@ pub fn run(args: Args) -> Result<()> {
     // A row's size: the record size, or the trace's mean request.
     let row_size = trace.map_or(args.record_size, Trace::mean_size);
     let most = args.clients.iter().copied().max().unwrap_or(1);
-    let sizes = sizes(&args, trace, most)?;
+    let throughput = !phases.is_empty();
+    let sizes = if throughput {
+        Some(sizes(&args, trace, most)?)
+    } else {
+        None
+    };
     let transports: Vec<String> = args.transport.split(',').map(|t| t.trim().into()).collect();
     let provider = args.device.kind();
-    let refs = start_references(&args, sizes.memcached_mb);
+    let refs = match &sizes {
+        Some(s) => start_references(&args, s.memcached_mb),
+        None => Vec::new(),
+    };
+    let streams: Vec<Vec<u32>> = match &hit_plan {
+        Some(h) => hit::Mix::ALL.into_iter().map(|m| h.stream(m)).collect(),
+        None => Vec::new(),
+    };
+    let mut hits = hit_plan.as_ref().map(|plan| HitRuns {
+        args: &args,
+        plan,
+        streams: &streams,
+        references: HashMap::new(),
+        no_redis: false,
+        no_memcached: false,
+        rows: Vec::new(),
+        notes: Vec::new(),
+    });
     let runs = phases.len() * args.clients.len();
-    let steps = runs * (transports.len() + refs.len());
+    let hit_steps = hits.as_ref().map_or(0, |h| {
+        let (ours, theirs) = h.steps();
+        ours * transports.len() + theirs
+    });
+    let steps = runs * (transports.len() + refs.len()) + hit_steps;
     let mut bar = Steps::new("bench ycsb", steps as u64, args.json);
     let mut rows = Vec::new();
     // The references' rates by (phase, client count, reference): measured once.
@@ -388,87 +554,104 @@ pub fn run(args: Args) -> Result<()> {
         } else {
             "local"
         };
-        let ctx = args.device.open(transport)?;
-        let servers = store::start_servers(&ctx, args.ip, sizes.server)?;
-        let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr()).collect();
-        bar.set_message(format!("{path}: connecting {most} store clients"));
-        let all = store::connect_stores(
-            &args.device,
-            transport,
-            &addrs,
-            most,
-            next_id,
-            args.replicas,
-            plan.size,
-        )?;
-        next_id += most as u64;
-        let ours = |phase: Phase<'_>, n: usize, until: Until| {
-            measure(plan, phase, n, until, |i| {
-                Ok(StoreKv {
-                    store: &all[i].store,
-                    replicas: args.replicas,
+        if let Some(sizes) = &sizes {
+            let ctx = args.device.open(transport)?;
+            let servers = store::start_servers(&ctx, args.ip, sizes.server)?;
+            let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr()).collect();
+            bar.set_message(format!("{path}: connecting {most} store clients"));
+            let all = store::connect_stores(
+                &args.device,
+                transport,
+                &addrs,
+                most,
+                next_id,
+                args.replicas,
+                plan.size,
+            )?;
+            next_id += most as u64;
+            let ours = |phase: Phase<'_>, n: usize, until: Until| {
+                measure(plan, phase, n, until, |i| {
+                    Ok(StoreKv {
+                        store: &all[i].store,
+                        replicas: args.replicas,
+                    })
                 })
-            })
-        };
-        if trace.is_none() {
-            bar.set_message(format!("{path}: loading {} records", args.records));
-            ours(Phase::Load, most, TO_THE_END)?;
-        }
-        for (p, &phase) in phases.iter().enumerate() {
-            for &n in &args.clients {
-                let op = format!("{} x{n}", phase.name());
-                bar.set_message(format!("{path} {op}"));
-                if let Phase::Trace(t) = phase {
-                    ours(Phase::Clear(t), most, TO_THE_END)?;
-                }
-                let rate = ours(phase, n, until)?;
-                store::free_retired(&all, plan.size);
-                bar.inc();
-                for (r, reference) in refs.iter().enumerate() {
-                    let theirs = match measured.get(&(p, n, r)) {
-                        Some(rate) => rate.clone(),
-                        None => {
-                            bar.set_message(format!("{} {op}", reference.name()));
-                            if let Phase::Trace(t) = phase {
-                                reference.measure(plan, Phase::Clear(t), most, TO_THE_END)?;
-                            } else if !loaded[r] {
-                                reference.measure(plan, Phase::Load, most, TO_THE_END)?;
-                                loaded[r] = true;
+            };
+            if trace.is_none() {
+                bar.set_message(format!("{path}: loading {} records", args.records));
+                ours(Phase::Load, most, TO_THE_END)?;
+            }
+            for (p, &phase) in phases.iter().enumerate() {
+                for &n in &args.clients {
+                    let op = format!("{} x{n}", phase.name());
+                    bar.set_message(format!("{path} {op}"));
+                    if let Phase::Trace(t) = phase {
+                        ours(Phase::Clear(t), most, TO_THE_END)?;
+                    }
+                    let rate = ours(phase, n, until)?;
+                    store::free_retired(&all, plan.size);
+                    bar.inc();
+                    for (r, reference) in refs.iter().enumerate() {
+                        let theirs = match measured.get(&(p, n, r)) {
+                            Some(rate) => rate.clone(),
+                            None => {
+                                bar.set_message(format!("{} {op}", reference.name()));
+                                if let Phase::Trace(t) = phase {
+                                    reference.measure(plan, Phase::Clear(t), most, TO_THE_END)?;
+                                } else if !loaded[r] {
+                                    reference.measure(plan, Phase::Load, most, TO_THE_END)?;
+                                    loaded[r] = true;
+                                }
+                                let rate = reference.measure(plan, phase, n, until)?;
+                                bar.inc();
+                                measured.insert((p, n, r), rate.clone());
+                                rate
                             }
-                            let rate = reference.measure(plan, phase, n, until)?;
-                            bar.inc();
-                            measured.insert((p, n, r), rate.clone());
-                            rate
-                        }
-                    };
-                    let name = format!("{} x{n}", reference.name());
-                    rows.push(row(
-                        provider,
-                        path,
-                        &op,
-                        row_size,
-                        &rate,
-                        Some((name, &theirs)),
-                    ));
-                }
-                if refs.is_empty() {
-                    rows.push(row(provider, path, &op, row_size, &rate, None));
+                        };
+                        let name = format!("{} x{n}", reference.name());
+                        rows.push(row(
+                            provider,
+                            path,
+                            &op,
+                            row_size,
+                            &rate,
+                            Some((name, &theirs)),
+                        ));
+                    }
+                    if refs.is_empty() {
+                        rows.push(row(provider, path, &op, row_size, &rate, None));
+                    }
                 }
             }
+            store::check_one_sided(&servers)?;
+            drop((all, servers));
         }
-        store::check_one_sided(&servers)?;
-        drop((all, servers));
+        if let Some(h) = &mut hits {
+            h.run(transport, path, &mut next_id, &mut bar)?;
+        }
     }
     bar.finish();
     drop(refs);
+    let (hit_rows, notes) = hits.map_or_else(Default::default, |h| (h.rows, h.notes));
     if let Some(p) = &args.plot {
-        plot::throughput(p, provider.name(), &rows)?;
+        plot::draw(p, provider.name(), &rows, &hit_rows)?;
     }
     if args.json {
         print_json(&rows);
+        hit::print_json(&hit_rows);
     } else {
-        print_table(&rows);
-        summary(&rows);
+        if throughput {
+            print_table(&rows);
+            summary(&rows);
+        }
+        if !hit_rows.is_empty() {
+            if throughput {
+                crate::outln!();
+            }
+            hit::print_table(&hit_rows);
+            hit::print_notes(&notes);
+            hit::summary(&hit_rows);
+        }
     }
     Ok(())
 }

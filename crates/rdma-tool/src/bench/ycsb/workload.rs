@@ -227,6 +227,38 @@ impl Generator {
     }
 }
 
+/// A stream of record numbers drawn as the workloads draw their keys (scrambled Zipfian,
+/// constant [`ZIPF_CONSTANT`], over `0..records`), from a seed of its own; with the
+/// uniform draws the hit-rate runs' scans start from (`hit.rs`).
+pub struct ZipfKeys {
+    rng: StdRng,
+    zipf: Zipf<f64>,
+    records: u64,
+}
+
+impl ZipfKeys {
+    /// The stream over `records` (at least 1) records from `seed`.
+    pub fn new(seed: u64, records: u64) -> Self {
+        let records = records.max(1);
+        Self {
+            rng: StdRng::seed_from_u64(fnv1a64(seed)),
+            zipf: zipf(records),
+            records,
+        }
+    }
+
+    /// The next record: a Zipfian rank, scrambled to a record.
+    pub fn next_record(&mut self) -> u64 {
+        let r = rank(&self.zipf, &mut self.rng, self.records);
+        fnv1a64(r) % self.records
+    }
+
+    /// A record drawn uniformly (from the same generator).
+    pub fn uniform(&mut self) -> u64 {
+        self.rng.random_range(0..self.records)
+    }
+}
+
 /// Zipf over `n` (at least 1) items with [`ZIPF_CONSTANT`].
 fn zipf(n: u64) -> Zipf<f64> {
     // n >= 1 and s = 0.99 are in Zipf's domain; the fallback is never taken.
