@@ -1,10 +1,12 @@
 //! `rdma-tool store ...`: a one-shot client of the replicated object store on the pool's
 //! servers (docs/STORE.md): put, get, rm, ls, stats, repair. Values come from an argument, a file or
-//! stdin, and go to stdout or a file; `--json` prints one object per command.
+//! stdin, and go to stdout or a file; `--json` prints one object per command. Before it
+//! exits, the client adds what it counted to the servers' counters (`Store::flush_counters`),
+//! so `stats` run after it sees its gets.
 
 use crate::pool::{connect, ConnArgs};
 use crate::{Result, ToolError};
-use rdmapool::store::{Store, StoreConfig};
+use rdmapool::store::{ServerStats, Store, StoreConfig};
 use std::io::Read;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -58,7 +60,10 @@ pub enum Op {
         #[arg(default_value = "")]
         prefix: String,
     },
-    /// The servers the store uses, the replicas asked for, and the keys held.
+    /// The servers the store uses, the replicas asked for, the keys held, and a table of
+    /// each server's counters as every client added them (docs/STORE.md section 2): the
+    /// bytes used against the cache's budget, hits, misses, hit rate, evictions and
+    /// expirations, and their total.
     Stats,
     /// Prints the store's numbered view (the servers it places keys over), or changes it
     /// with --set: the new view is written on every server, puts made under the old one
@@ -245,7 +250,28 @@ pub fn run(args: Args) -> Result<()> {
         },
     )?;
     let json = args.json;
-    match args.op {
+    if let Op::Repair {
+        every: Some(every), ..
+    } = args.op
+    {
+        return repair_every(store, pool, &args.conn, every, json);
+    }
+    let done = one_op(&store, args.op, value, args.replicas, json);
+    // What this client counted (hits, misses, expirations) goes to the servers' counters
+    // before it exits, whether the operation succeeded or not (a get of a missing key).
+    store.block_on(store.flush_counters());
+    done
+}
+
+/// Runs one operation (not the background repairer) and prints its result.
+fn one_op(
+    store: &Store,
+    op: Op,
+    value: Option<Vec<u8>>,
+    replicas: usize,
+    json: bool,
+) -> Result<()> {
+    match op {
         Op::Put { key, .. } => {
             let value = value.unwrap_or_default();
             let v = store.block_on(store.put(key.as_bytes(), &value))?;
@@ -253,7 +279,7 @@ pub fn run(args: Args) -> Result<()> {
                 crate::outln!(
                     "{}",
                     serde_json::json!({"op": "put", "key": key, "bytes": value.len(),
-                        "seq": v.seq, "writer": v.writer, "replicas": args.replicas})
+                        "seq": v.seq, "writer": v.writer, "replicas": replicas})
                 );
             } else {
                 crate::outln!(
@@ -331,18 +357,26 @@ pub fn run(args: Args) -> Result<()> {
         Op::Stats => {
             let nodes: Vec<u32> = store.pool().nodes().iter().map(|n| n.node).collect();
             let keys = store.block_on(store.list(b""))?.len();
+            let servers = store.block_on(store.server_stats())?;
+            let total = total_of(&servers);
             if json {
+                let rows: Vec<serde_json::Value> = servers.iter().map(stats_json).collect();
+                let mut total = stats_json(&total);
+                if let Some(t) = total.as_object_mut() {
+                    t.remove("node");
+                }
                 crate::outln!(
                     "{}",
-                    serde_json::json!({"op": "stats", "nodes": nodes, "replicas": args.replicas,
-                        "keys": keys})
+                    serde_json::json!({"op": "stats", "nodes": nodes, "replicas": replicas,
+                        "keys": keys, "servers": rows, "total": total})
                 );
             } else {
                 crate::outln!(
                     "store: {} server(s) {nodes:?}, {} replicas per object, {keys} key(s)",
                     nodes.len(),
-                    args.replicas
+                    replicas
                 );
+                print_table(&servers, &total);
             }
         }
         Op::View { set } => {
@@ -384,10 +418,7 @@ pub fn run(args: Args) -> Result<()> {
                 }
             }
         }
-        Op::Repair {
-            every: Some(every), ..
-        } => repair_every(store, pool, &args.conn, every, json)?,
-        Op::Repair { every: None, .. } => {
+        Op::Repair { .. } => {
             let mut r = store.block_on(store.repair())?;
             if r.reclaim_pending > 0 {
                 // Space of gone writers is freed on a second look, twice the grace period
@@ -440,4 +471,77 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The servers' counters added up (`node` 0).
+fn total_of(servers: &[ServerStats]) -> ServerStats {
+    servers
+        .iter()
+        .fold(ServerStats::default(), |t, s| ServerStats {
+            node: 0,
+            used: t.used + s.used,
+            budget: t.budget + s.budget,
+            hits: t.hits + s.hits,
+            misses: t.misses + s.misses,
+            evictions: t.evictions + s.evictions,
+            expirations: t.expirations + s.expirations,
+        })
+}
+
+/// `used` as a percentage of `budget` (`None` without a budget: not a cache).
+fn used_percent(s: &ServerStats) -> Option<f64> {
+    (s.budget > 0).then(|| 100.0 * s.used as f64 / s.budget as f64)
+}
+
+/// One server's counters as `store --json stats` prints them (schema `store.schema.json`,
+/// `server_stats`).
+fn stats_json(s: &ServerStats) -> serde_json::Value {
+    serde_json::json!({"node": s.node, "used": s.used, "budget": s.budget,
+        "used_percent": used_percent(s), "hits": s.hits, "misses": s.misses,
+        "hit_rate": s.hit_rate(), "evictions": s.evictions, "expirations": s.expirations})
+}
+
+/// The table of `store stats`: a row per server, then the total. `-` where there is no
+/// percentage (no budget, no gets).
+fn print_table(servers: &[ServerStats], total: &ServerStats) {
+    let pct = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |p| format!("{p:.1}%"));
+    let row = |cells: [&dyn std::fmt::Display; 9]| {
+        crate::outln!(
+            "{:>8} {:>14} {:>14} {:>7} {:>12} {:>12} {:>9} {:>10} {:>12}",
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3],
+            cells[4],
+            cells[5],
+            cells[6],
+            cells[7],
+            cells[8]
+        )
+    };
+    row([
+        &"node",
+        &"used",
+        &"budget",
+        &"used %",
+        &"hits",
+        &"misses",
+        &"hit rate",
+        &"evictions",
+        &"expirations",
+    ]);
+    let rows = servers.iter().map(|s| (s.node.to_string(), s));
+    for (name, s) in rows.chain(std::iter::once(("total".to_string(), total))) {
+        row([
+            &name,
+            &s.used,
+            &s.budget,
+            &pct(used_percent(s)),
+            &s.hits,
+            &s.misses,
+            &pct(s.hit_rate().map(|r| 100.0 * r)),
+            &s.evictions,
+            &s.expirations,
+        ]);
+    }
 }

@@ -555,6 +555,37 @@ impl Store {
             .collect()
     }
 
+    /// Each live server's counters and usage (docs/STORE.md section 2), from one READ of
+    /// its index chunk: a list of dicts with `node`, `used`, `budget`, `hits`, `misses`,
+    /// `evictions` and `expirations`, as every client added them (this one's counts not
+    /// yet added are not in them: `flush_counters()` first).
+    fn server_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let store = self.store(py)?;
+        let stats = py.detach(|| store.block_on(store.server_stats())).py(py)?;
+        stats
+            .iter()
+            .map(|s| {
+                let d = PyDict::new(py);
+                d.set_item("node", s.node)?;
+                d.set_item("used", s.used)?;
+                d.set_item("budget", s.budget)?;
+                d.set_item("hits", s.hits)?;
+                d.set_item("misses", s.misses)?;
+                d.set_item("evictions", s.evictions)?;
+                d.set_item("expirations", s.expirations)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// Adds what this client counted to the servers' counters now (`Store::flush_counters`;
+    /// `close()` does too).
+    fn flush_counters(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.store(py)?;
+        py.detach(|| store.block_on(store.flush_counters()));
+        Ok(())
+    }
+
     /// This client's counters, as a dict (`StoreStats`, and what the binding copied).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.store(py)?.stats();
@@ -578,13 +609,15 @@ impl Store {
         Ok(d)
     }
 
-    /// Frees the blocks this client replaced once their grace period is over, then closes
-    /// the client: later calls raise, and its client id is free again once calls under way
-    /// in other threads end. Idempotent.
+    /// Adds what this client counted to the servers' counters and frees the blocks it
+    /// replaced once their grace period is over, then closes the client: later calls
+    /// raise, and its client id is free again once calls under way in other threads end.
+    /// Idempotent.
     fn close(&self, py: Python<'_>) {
         let taken = self.store.write().take();
         if let Some(store) = taken {
             py.detach(move || {
+                store.block_on(store.flush_counters());
                 store.block_on(store.flush_retired());
                 drop(store);
             });

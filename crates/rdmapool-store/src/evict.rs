@@ -3,6 +3,7 @@
 //! alone; and how a key is evicted, by clearing its slots (`clear`, a state machine).
 
 use crate::format::{Expiry, Kind, Peek, Pin};
+use std::time::{Duration, Instant};
 
 pub(crate) mod clear;
 
@@ -29,6 +30,10 @@ pub(crate) struct Candidate {
     pub(crate) kind: Kind,
     /// The block's bytes, as its slot's length bound gives them.
     pub(crate) bytes: u64,
+    /// When it was last read, as sampled (microseconds since the Unix epoch).
+    pub(crate) accessed_us: u64,
+    /// Its reads counted, as sampled.
+    pub(crate) accesses: u64,
     /// Lower is evicted first.
     rank: (u8, u64, u64),
 }
@@ -38,12 +43,12 @@ pub(crate) struct Candidate {
 pub(crate) struct Rules {
     /// The policy.
     pub(crate) policy: Eviction,
-    /// Now, in milliseconds since the Unix epoch (with the clock skew added: what a
+    /// Now, in microseconds since the Unix epoch (with the clock skew added: what a
     /// reader would take as expired).
-    pub(crate) now_ms: u64,
-    /// A soft-pinned value read (or put) within this many milliseconds is kept while any
+    pub(crate) now_us: u64,
+    /// A soft-pinned value read (or put) within this many microseconds is kept while any
     /// other candidate is left.
-    pub(crate) soft_pin_ms: u64,
+    pub(crate) soft_pin_us: u64,
 }
 
 impl Rules {
@@ -53,9 +58,9 @@ impl Rules {
         if !matches!(peek.kind, Kind::Value | Kind::Manifest) || peek.pin == Pin::Hard {
             return None;
         }
-        let expired = peek.expiry != Expiry::NEVER && peek.expiry.is_past(self.now_ms);
-        let age = self.now_ms.saturating_sub(peek.accessed_ms);
-        let soft_held = peek.pin == Pin::Soft && age < self.soft_pin_ms;
+        let expired = peek.expiry != Expiry::NEVER && peek.expiry.is_past(self.now_us / 1000);
+        let age = self.now_us.saturating_sub(peek.accessed_us);
+        let soft_held = peek.pin == Pin::Soft && age < self.soft_pin_us;
         // Expired values first, soft-pinned ones held last; then the policy's order.
         let tier = match (expired, soft_held) {
             (true, _) => 0,
@@ -63,14 +68,16 @@ impl Rules {
             (false, true) => 2,
         };
         let rank = match self.policy {
-            Eviction::Lru => (tier, peek.accessed_ms, 0),
+            Eviction::Lru => (tier, peek.accessed_us, 0),
             Eviction::Lfu => {
-                let minutes = age / 60_000;
+                let minutes = age / 60_000_000;
                 let count = peek.accesses.checked_shr(minutes as u32).unwrap_or(0);
-                (tier, count, peek.accessed_ms)
+                (tier, count, peek.accessed_us)
             }
         };
         Some(Candidate {
+            accessed_us: peek.accessed_us,
+            accesses: peek.accesses,
             key: peek.key,
             version: peek.version,
             kind: peek.kind,
@@ -80,25 +87,53 @@ impl Rules {
     }
 }
 
-/// The candidate of `group` to evict: the lowest ranked. `None` for an empty group.
-pub(crate) fn victim(group: Vec<Candidate>) -> Option<Candidate> {
-    group.into_iter().min_by_key(|c| c.rank)
+/// A client's best candidates on one server, kept between evictions as Redis keeps its
+/// eviction pool: each eviction adds what it sampled and takes the lowest ranked, so a few
+/// samples per key evicted choose about as well as many (docs/STORE.md section 12).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EvictionPool {
+    /// Lowest ranked first, each key once, with when it was sampled.
+    held: Vec<(Candidate, Instant)>,
 }
 
-/// The victims of one eviction, from each sampled group's [`victim`], each key once: those
-/// that are not soft-pinned values read lately, or, when every group found only those,
-/// them (a soft pin holds while anything else is left).
-pub(crate) fn victims(groups: Vec<Vec<Candidate>>) -> Vec<Candidate> {
-    let mut out: Vec<Candidate> = Vec::new();
-    for v in groups.into_iter().filter_map(victim) {
-        if !out.iter().any(|o| o.key == v.key) {
-            out.push(v);
+impl EvictionPool {
+    /// Candidates kept between evictions.
+    pub(crate) const SIZE: usize = 16;
+
+    /// Adds `sampled` (sampled at `now`), drops what was sampled `fresh_for` before `now`
+    /// or more (its rank may be stale: read since, or evicted by another client), and
+    /// takes out up to `want` victims, lowest ranked first, each key once. Soft-pinned
+    /// values read lately are taken only when nothing else is held; the rest stays, the
+    /// best [`Self::SIZE`].
+    pub(crate) fn take(
+        &mut self,
+        sampled: Vec<Candidate>,
+        now: Instant,
+        fresh_for: Duration,
+        want: usize,
+    ) -> Vec<Candidate> {
+        self.held
+            .retain(|(_, at)| now.saturating_duration_since(*at) < fresh_for);
+        for c in sampled {
+            // A newer sample of a key replaces the older.
+            self.held.retain(|(h, _)| h.key != c.key);
+            self.held.push((c, now));
         }
+        self.held.sort_by_key(|(c, _)| c.rank);
+        let plain = self.held.iter().filter(|(c, _)| !c.soft_held()).count();
+        let mut out = Vec::new();
+        let mut kept = Vec::with_capacity(self.held.len());
+        for (c, at) in self.held.drain(..) {
+            if out.len() < want && (plain == 0 || !c.soft_held()) {
+                out.push(c);
+            } else {
+                kept.push((c, at));
+            }
+        }
+        kept.truncate(Self::SIZE);
+        self.held = kept;
+        out
     }
-    if out.iter().any(|c| !c.soft_held()) {
-        out.retain(|c| !c.soft_held());
-    }
-    out
 }
 
 impl Candidate {
@@ -113,6 +148,7 @@ mod tests {
     use super::*;
     use crate::format::Version;
 
+    /// A peek of a block read `accessed_ms` milliseconds after the epoch.
     fn peek(key: &str, accessed_ms: u64, accesses: u64, pin: Pin, kind: Kind) -> Peek {
         Peek {
             key: key.as_bytes().to_vec(),
@@ -121,7 +157,7 @@ mod tests {
             kind,
             expiry: Expiry::NEVER,
             pin,
-            accessed_ms,
+            accessed_us: accessed_ms * 1000,
             accesses,
         }
     }
@@ -129,8 +165,8 @@ mod tests {
     fn rules(policy: Eviction) -> Rules {
         Rules {
             policy,
-            now_ms: 10_000_000,
-            soft_pin_ms: 60_000,
+            now_us: 10_000_000 * 1000,
+            soft_pin_us: 60_000 * 1000,
         }
     }
 
@@ -139,7 +175,10 @@ mod tests {
             .into_iter()
             .filter_map(|p| r.candidate(p, 128))
             .collect();
-        victim(group).map(|c| String::from_utf8(c.key).unwrap())
+        EvictionPool::default()
+            .take(group, Instant::now(), Duration::from_secs(1), 1)
+            .pop()
+            .map(|c| String::from_utf8(c.key).unwrap())
     }
 
     #[test]
@@ -208,19 +247,56 @@ mod tests {
             pick(r, vec![fresh_soft.clone()]).as_deref(),
             Some("fresh-soft")
         );
-        // A group that found only it keeps it while another group found anything else.
-        let group = |p: Peek| vec![r.candidate(p, 128).unwrap()];
+        // Asked for two, it gives the plain value only while the pool holds it.
+        let c = |p: Peek| r.candidate(p, 128).unwrap();
         let plain = peek("plain", 9_999_999, 0, Pin::None, Kind::Value);
-        let names = |v: Vec<Candidate>| -> Vec<String> {
-            v.into_iter()
-                .map(|c| String::from_utf8(c.key).unwrap())
-                .collect()
-        };
+        let mut pool = EvictionPool::default();
+        let (now, fresh) = (Instant::now(), Duration::from_secs(1));
         assert_eq!(
-            names(victims(vec![group(fresh_soft.clone()), group(plain)])),
+            names(pool.take(vec![c(fresh_soft.clone()), c(plain)], now, fresh, 2)),
             ["plain"]
         );
-        assert_eq!(names(victims(vec![group(fresh_soft)])), ["fresh-soft"]);
+        assert_eq!(names(pool.take(vec![], now, fresh, 2)), ["fresh-soft"]);
+    }
+
+    fn names(v: Vec<Candidate>) -> Vec<String> {
+        v.into_iter()
+            .map(|c| String::from_utf8(c.key).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_pool_keeps_the_best_candidates_between_evictions_while_they_are_fresh() {
+        let r = rules(Eviction::Lru);
+        let c = |key: &str, at: u64| {
+            r.candidate(peek(key, at, 0, Pin::None, Kind::Value), 128)
+                .unwrap()
+        };
+        let mut pool = EvictionPool::default();
+        let t0 = Instant::now();
+        let fresh = Duration::from_secs(1);
+        // Twenty sampled, one taken: the oldest; the next fifteen oldest stay.
+        let sampled: Vec<Candidate> = (0..20).map(|i| c(&format!("k{i}"), 1_000 + i)).collect();
+        assert_eq!(names(pool.take(sampled, t0, fresh, 1)), ["k0"]);
+        // A fresh sample of newer keys loses to what the pool kept.
+        let later = vec![c("new-a", 9_000_000), c("new-b", 9_000_001)];
+        assert_eq!(names(pool.take(later, t0, fresh, 2)), ["k1", "k2"]);
+        // A newer sample of a key held replaces its old rank.
+        assert_eq!(
+            names(pool.take(vec![c("k3", 9_500_000)], t0, fresh, 1)),
+            ["k4"]
+        );
+        // Held candidates go stale after `fresh`: only the new sample is left.
+        let t1 = t0 + fresh;
+        assert_eq!(
+            names(pool.take(vec![c("late", 9_999_000)], t1, fresh, 3)),
+            ["late"]
+        );
+        assert_eq!(names(pool.take(vec![], t1, fresh, 3)), Vec::<String>::new());
+        // Never more than SIZE held.
+        let many: Vec<Candidate> = (0..100).map(|i| c(&format!("m{i}"), i)).collect();
+        assert_eq!(pool.take(many, t1, fresh, 0), vec![]);
+        assert_eq!(pool.take(vec![], t1, fresh, 100).len(), EvictionPool::SIZE);
     }
 
     #[test]

@@ -396,10 +396,10 @@ pub fn encode_header_for(
     Ok(())
 }
 
-/// Writes the access bytes of `header` (outside the checksum): last read at `at_ms`
-/// (milliseconds since the Unix epoch), `count` reads.
-pub fn stamp_access(header: &mut [u8; HEADER_LEN], at_ms: u64, count: u64) {
-    header[ACCESSED..ACCESSED + 8].copy_from_slice(&at_ms.to_le_bytes());
+/// Writes the access bytes of `header` (outside the checksum): last read at `at_us`
+/// (microseconds since the Unix epoch), `count` reads.
+pub fn stamp_access(header: &mut [u8; HEADER_LEN], at_us: u64, count: u64) {
+    header[ACCESSED..ACCESSED + 8].copy_from_slice(&at_us.to_le_bytes());
     header[ACCESSES..ACCESSES + 8].copy_from_slice(&count.to_le_bytes());
 }
 
@@ -515,8 +515,9 @@ pub struct Peek {
     pub expiry: Expiry,
     /// Whether a cache may evict it, as its header says.
     pub pin: Pin,
-    /// When it was last read (header bytes 48..56, outside the checksum).
-    pub accessed_ms: u64,
+    /// When it was last read or put, in microseconds since the Unix epoch (header bytes
+    /// 48..56, outside the checksum).
+    pub accessed_us: u64,
     /// Reads counted on it (header bytes 56..64, outside the checksum).
     pub accesses: u64,
 }
@@ -548,7 +549,7 @@ pub fn peek(bytes: &[u8]) -> Option<Peek> {
         kind,
         expiry,
         pin,
-        accessed_ms: word(ACCESSED),
+        accessed_us: word(ACCESSED),
         accesses: word(ACCESSES),
     })
 }

@@ -29,8 +29,8 @@ pub mod view;
 #[cfg(feature = "etcd")]
 pub use client::VIEW_KEY;
 pub use client::{
-    CacheConfig, Located, PutOptions, RepairReport, Repairer, RepairerStats, ServerUsage, Store,
-    StoreConfig, StoreStats,
+    CacheConfig, Located, PutOptions, RepairReport, Repairer, RepairerStats, ServerStats,
+    ServerUsage, Store, StoreConfig, StoreStats,
 };
 pub use evict::Eviction;
 pub use format::{KeyHash, Kind, Pin, Version};

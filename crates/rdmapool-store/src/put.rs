@@ -102,7 +102,7 @@ pub(crate) struct Put {
     /// Whether a cache may evict its block ([`Put::pinned`]).
     pin: Pin,
     /// The access time its block starts with ([`Put::accessed_at`]).
-    accessed_ms: u64,
+    accessed_us: u64,
     /// Write only while this is the key's newest version ([`Put::only_over`]).
     only_over: Option<Version>,
     writer: u64,
@@ -193,7 +193,7 @@ impl Put {
             kind,
             expiry: Expiry::NEVER,
             pin: Pin::None,
-            accessed_ms: 0,
+            accessed_us: 0,
             only_over: None,
             writer,
             replicas: replicas.to_vec(),
@@ -270,10 +270,10 @@ impl Put {
         Ok(self)
     }
 
-    /// This put, its block's access time starting at `ms` (milliseconds since the Unix
+    /// This put, its block's access time starting at `us` (microseconds since the Unix
     /// epoch: a put counts as a read for a cache's eviction, docs/STORE.md section 12).
-    pub(crate) fn accessed_at(mut self, ms: u64) -> Self {
-        self.accessed_ms = ms;
+    pub(crate) fn accessed_at(mut self, us: u64) -> Self {
+        self.accessed_us = us;
         self
     }
 
@@ -580,7 +580,7 @@ impl Put {
             self.kind,
             (self.expiry, self.pin),
         )?;
-        stamp_access(&mut header, self.accessed_ms, 0);
+        stamp_access(&mut header, self.accessed_us, 0);
         // The header and the key; the value follows as the driver's payload.
         let mut head = Vec::with_capacity(HEADER_LEN + self.key.len());
         head.extend_from_slice(&header);

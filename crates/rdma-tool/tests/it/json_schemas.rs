@@ -19,7 +19,7 @@ fn validator(name: &str) -> jsonschema::Validator {
 }
 
 /// `v` is valid under schema `name`, and every key of the objects it holds matters.
-fn check(name: &str, v: &Value) {
+pub(crate) fn check(name: &str, v: &Value) {
     let s = validator(name);
     let errors: Vec<String> = s.iter_errors(v).map(|e| e.to_string()).collect();
     assert!(errors.is_empty(), "{name}: {v}\nerrors: {errors:#?}");

@@ -9,4 +9,5 @@ mod monitor;
 mod plots;
 mod pool_cli;
 mod serve_stats;
+mod store_stats;
 mod stress_cli;

@@ -7,9 +7,10 @@
 //!   its changes with one fetch-and-add once they reach a 64th of the budget (or the
 //!   server looks full), and learns the total from the answer.
 //! - **Eviction.** A client that finds a server over its budget samples it: random runs of
-//!   index buckets, then the header and key of every block they name, in two steps; each
-//!   group of [`CacheConfig::samples`] candidates gives up its lowest ranked
-//!   (`crate::evict`). Evicting a key swaps each of its replicas' slots from the version's
+//!   index buckets, then the header and key of up to [`CacheConfig::samples`] blocks
+//!   they name per key to evict, in two steps; the candidates join the client's eviction
+//!   pool for that server (the best 16 sampled within a second), which gives up its lowest
+//!   ranked (`crate::evict`). Evicting a key swaps each of its replicas' slots from the version's
 //!   word to 0 and retires the blocks, when every replica names that version, every member
 //!   is up and no keys move; otherwise it writes a tombstone as writer 0, only over that
 //!   version (the reclaim of section 11).
@@ -19,7 +20,7 @@
 
 use super::{incarnation, Purpose, Store};
 use crate::evict::clear::Clear;
-use crate::evict::{victims, Candidate, Eviction, Rules};
+use crate::evict::{Candidate, Eviction, EvictionPool, Rules};
 use crate::format::{peek, Kind, Slot, ACCESSED_AT, ACCESSES_AT, HEADER_LEN, MAX_KEY_LEN};
 use crate::root::Index;
 use futures_util::future::join_all;
@@ -40,7 +41,9 @@ pub struct CacheConfig {
     pub budget: u64,
     /// How the candidates are ranked (default [`Eviction::Lru`]).
     pub policy: Eviction,
-    /// Candidates sampled per key evicted (default 16; Redis's `maxmemory-samples` is 5).
+    /// Candidates sampled per key evicted (default 5, as Redis's `maxmemory-samples`):
+    /// each client keeps the best 16 it sampled on each server for a second, as Redis
+    /// keeps its eviction pool, and evicts the lowest ranked of those.
     pub samples: usize,
     /// How long a soft-pinned value is kept after it was last read or put, while anything
     /// else is left to evict (default 30 minutes, Mooncake's default).
@@ -53,7 +56,7 @@ impl CacheConfig {
         Self {
             budget,
             policy: Eviction::Lru,
-            samples: 16,
+            samples: 5,
             soft_pin: Duration::from_secs(30 * 60),
         }
     }
@@ -72,13 +75,16 @@ pub struct ServerUsage {
 }
 
 /// Access notes waiting: this many go out together.
-const TOUCHES_AT_ONCE: usize = 64;
+const TOUCHES_AT_ONCE: usize = 16;
 /// Keys evicted at most per eviction.
 const VICTIMS_AT_ONCE: u64 = 32;
 /// Header READs per list of a sample.
 const READS_PER_LIST: usize = 32;
 /// Buckets read at most per sampled run.
-const RUN_MOST: u64 = 256;
+const RUN_MOST: u64 = 1024;
+/// How long a sampled candidate stays in a client's eviction pool: past it, its rank may
+/// be stale (read since by others, or evicted by another client).
+const POOL_FRESH: Duration = Duration::from_secs(1);
 
 /// What a cache client keeps per server.
 #[derive(Debug, Clone)]
@@ -93,6 +99,8 @@ struct NodeUsage {
     occupancy: f64,
     /// Bytes per key evicted, lately.
     victim_bytes: u64,
+    /// The best candidates sampled here lately.
+    pool: EvictionPool,
 }
 
 impl NodeUsage {
@@ -103,6 +111,7 @@ impl NodeUsage {
             used: 0,
             occupancy: 0.5,
             victim_bytes: 1024,
+            pool: EvictionPool::default(),
         }
     }
 
@@ -306,7 +315,8 @@ impl Store {
         over
     }
 
-    /// Evicts about `bytes` from `n`: samples it, and evicts each group's lowest ranked.
+    /// Evicts about `bytes` from `n`: samples it, and evicts the lowest ranked of its
+    /// eviction pool.
     async fn evict_on(&self, n: &RegionNode, bytes: u64) {
         let Some(cache) = &self.cfg.cache else {
             return;
@@ -340,18 +350,18 @@ impl Store {
         let Ok(answers) = self.perform(&[replica], &ops).await else {
             return;
         };
-        // Each group's occupied slots, up to the samples.
-        let mut slots: Vec<(usize, Slot)> = Vec::new();
+        // Each run's occupied slots, up to the samples.
+        let mut slots: Vec<Slot> = Vec::new();
         let mut occupied = 0u64;
-        for (g, a) in answers.iter().enumerate() {
+        for a in &answers {
             let words = a.words();
             let found: Vec<Slot> = words.iter().filter_map(|&w| Slot::from_word(w)).collect();
             occupied += found.len() as u64;
-            slots.extend(found.into_iter().take(cache.samples).map(|s| (g, s)));
+            slots.extend(found.into_iter().take(cache.samples));
         }
         let reads: Vec<Op> = slots
             .iter()
-            .map(|(_, s)| Op {
+            .map(|s| Op {
                 node: n.node,
                 io: Io::Read {
                     at: s.offset,
@@ -377,36 +387,38 @@ impl Store {
         }
         let rules = Rules {
             policy: cache.policy,
-            now_ms: super::wall_clock_ms()
-                .saturating_add(u64::try_from(self.cfg.clock_skew.as_millis()).unwrap_or(u64::MAX)),
-            soft_pin_ms: u64::try_from(cache.soft_pin.as_millis()).unwrap_or(u64::MAX),
+            now_us: super::wall_clock_us()
+                .saturating_add(u64::try_from(self.cfg.clock_skew.as_micros()).unwrap_or(u64::MAX)),
+            soft_pin_us: u64::try_from(cache.soft_pin.as_micros()).unwrap_or(u64::MAX),
         };
-        let mut groups_of: Vec<Vec<Candidate>> = vec![Vec::new(); groups as usize];
-        for ((g, s), head) in slots.iter().zip(&heads) {
+        let mut sampled = Vec::with_capacity(slots.len());
+        for (s, head) in slots.iter().zip(&heads) {
             let Some(p) = head.bytes().and_then(peek) else {
                 continue;
             };
             let bound = crate::format::length_bound(s.length_code);
-            if let Some(c) = rules.candidate(p, bound) {
-                groups_of[*g].push(c);
-            }
+            sampled.extend(rules.candidate(p, bound));
         }
-        let victims = victims(groups_of);
-        {
+        let victims = {
             let mut u = self.usage.lock();
             let e = u.node(n.node, n.incarnation);
-            let sampled = (groups * run * 8) as f64;
-            e.occupancy = 0.5 * e.occupancy + 0.5 * (occupied as f64 / sampled);
+            let looked = (groups * run * 8) as f64;
+            e.occupancy = 0.5 * e.occupancy + 0.5 * (occupied as f64 / looked);
+            let victims = e
+                .pool
+                .take(sampled, Instant::now(), POOL_FRESH, groups as usize);
             if !victims.is_empty() {
                 let avg = victims.iter().map(|v| v.bytes).sum::<u64>() / victims.len() as u64;
                 e.victim_bytes = (e.victim_bytes + avg) / 2;
             }
-        }
-        self.evict(&victims).await;
+            victims
+        };
+        self.evict(n.node, &victims).await;
     }
 
-    /// Evicts `victims`, each only at the version sampled (see the module's text).
-    async fn evict(&self, victims: &[Candidate]) {
+    /// Evicts `victims`, sampled on `node`, each only at the version sampled (see the
+    /// module's text).
+    async fn evict(&self, node: u32, victims: &[Candidate]) {
         let direct =
             self.pool.regions().all_up() && self.placing_view().await.is_ok_and(|v| !v.moving());
         let (clear, tombstone): (Vec<&Candidate>, Vec<&Candidate>) = victims
@@ -421,6 +433,7 @@ impl Store {
         self.counters
             .evictions
             .fetch_add(evicted, Ordering::Relaxed);
+        self.count_on(node, super::counts::Counted::Eviction, evicted);
     }
 
     /// Evicts `v` by swapping each replica's slot from its version's word to 0, if every
@@ -433,7 +446,8 @@ impl Store {
         else {
             return false;
         };
-        let mut clear = Clear::new(&v.key, v.version, &replicas);
+        let mut clear =
+            Clear::new(&v.key, v.version, &replicas).unless_read_since(v.accessed_us, v.accesses);
         let Ok(cleared) = self
             .pool
             .regions()
@@ -543,7 +557,7 @@ impl Store {
         for t in touches.iter().filter(|t| t.seen.elapsed() < young) {
             *counts.entry((t.node, t.incarnation, t.block)).or_default() += 1;
         }
-        let ms = super::wall_clock_ms().to_le_bytes().to_vec();
+        let us = super::wall_clock_us().to_le_bytes().to_vec();
         let mut ops = Vec::with_capacity(counts.len() * 2);
         let mut nodes: Vec<(u32, u64)> = Vec::new();
         for (&(node, incarnation, block), &count) in &counts {
@@ -554,7 +568,7 @@ impl Store {
                 node,
                 io: Io::Write {
                     at: block + ACCESSED_AT,
-                    bytes: ms.clone(),
+                    bytes: us.clone(),
                 },
             });
             if cache.policy == Eviction::Lfu {

@@ -67,8 +67,8 @@ impl Store {
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         check_user_key(key, 1)?;
         let out = self.get_value(key).await?;
-        self.count_get(out.is_some());
-        self.touched_all(&[key], [out.is_some()]).await;
+        self.count_get(key, out.is_some());
+        self.after_gets(&[key], [out.is_some()]).await;
         Ok(out)
     }
 
@@ -173,7 +173,7 @@ impl Store {
         if !matches!(b.kind, Kind::Value | Kind::Manifest) {
             return Ok(false);
         }
-        if self.expired_for_get(b.expiry) {
+        if self.expired_for_get(key, b.expiry) {
             self.reclaim_expired(key, b.version).await;
             return Ok(false);
         }
@@ -321,19 +321,21 @@ impl Store {
             Some(n) => Some(n),
             None => self.get_into_looked_up(key, out).await?,
         };
-        self.count_get(got.is_some());
-        self.touched_all(&[key], [got.is_some()]).await;
+        self.count_get(key, got.is_some());
+        self.after_gets(&[key], [got.is_some()]).await;
         Ok(got)
     }
 
-    /// Counts a get that found a value (a hit) or none (a miss).
-    pub(super) fn count_get(&self, hit: bool) {
-        let counter = if hit {
-            &self.counters.hits
+    /// Counts a get of `key` that found a value (a hit) or none (a miss), in this client's
+    /// counters and on the key's first replica's (`counts.rs`).
+    pub(super) fn count_get(&self, key: &[u8], hit: bool) {
+        let (counter, on_server) = if hit {
+            (&self.counters.hits, super::counts::Counted::Hit)
         } else {
-            &self.counters.misses
+            (&self.counters.misses, super::counts::Counted::Miss)
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        self.count_for_key(key, on_server);
     }
 
     /// [`Store::get_into`] by a lookup in rounds: buckets, the candidates' headers, then
@@ -377,7 +379,7 @@ impl Store {
                     if block.kind != Kind::Manifest {
                         continue; // replaced meanwhile
                     }
-                    if self.expired_for_get(block.expiry) {
+                    if self.expired_for_get(key, block.expiry) {
                         self.reclaim_expired(key, block.version).await;
                         return Ok(None);
                     }
@@ -557,7 +559,7 @@ impl Store {
             let digest = digest_of(out, offset, c.value_len as usize)?;
             match decode_split(&head, key, &digest) {
                 Ok(b) if b.version == c.version && b.kind == want => {
-                    if self.expired_for_get(b.expiry) {
+                    if self.expired_for_get(key, b.expiry) {
                         return Ok(Some(Into::Expired(b.version)));
                     }
                     return Ok(Some(Into::Read(

@@ -103,10 +103,12 @@ impl Store {
         for (&j, r) in rest.iter().zip(looked) {
             out[valid[j]] = r;
         }
-        for found in out.iter().flatten() {
-            self.count_get(found.is_some());
+        for (key, found) in keys.iter().zip(&out) {
+            if let Ok(found) = found {
+                self.count_get(key, found.is_some());
+            }
         }
-        self.touched_all(keys, out.iter().map(|r| matches!(r, Ok(Some(_)))))
+        self.after_gets(keys, out.iter().map(|r| matches!(r, Ok(Some(_)))))
             .await;
         out
     }
@@ -119,7 +121,7 @@ impl Store {
     /// Per key, as [`Store::get`].
     pub async fn get_many(&self, keys: &[&[u8]]) -> Vec<Result<Option<Vec<u8>>>> {
         let out = self.read_many(keys, Want::Values).await;
-        self.touched_all(keys, out.iter().map(|r| matches!(r, Ok(Some(_)))))
+        self.after_gets(keys, out.iter().map(|r| matches!(r, Ok(Some(_)))))
             .await;
         out
     }
@@ -257,7 +259,7 @@ impl Store {
                         };
                         let block = found.block;
                         out[r.key] = Some(match block.kind {
-                            _ if self.expired_for_get(block.expiry) => {
+                            _ if self.expired_for_get(key, block.expiry) => {
                                 expired.push((r.key, block.version));
                                 Ok(None)
                             }
@@ -332,12 +334,13 @@ impl Store {
         .await;
         Some(
             out.into_iter()
-                .map(|r| {
+                .zip(keys)
+                .map(|(r, key)| {
                     let r = r.unwrap_or(Ok(None));
                     // Gets count as hits or misses; exists as neither (as `exists` of one).
                     match (&r, want) {
-                        (Ok(Some(_)), Want::Values) => self.count_get(true),
-                        (Ok(None), Want::Values) => self.count_get(false),
+                        (Ok(Some(_)), Want::Values) => self.count_get(key, true),
+                        (Ok(None), Want::Values) => self.count_get(key, false),
                         _ => {}
                     }
                     r

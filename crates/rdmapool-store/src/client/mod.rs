@@ -10,7 +10,8 @@
 //! it keeps to save round trips (where keys were, blocks allocated ahead); `many.rs` batches; `stripe.rs` values above a block, in parts;
 //! `replicas.rs` where a key lives (its replicas under the view, their indexes); `view.rs`
 //! the numbered view and its fence; `gc.rs` space (retired blocks, gone writers' chunks);
-//! `repair.rs` the repair; `repairer.rs` the repair that runs by itself.
+//! `repair.rs` the repair; `repairer.rs` the repair that runs by itself; `cache.rs` cache
+//! mode; `counts.rs` the per-server counters in the servers' index chunks.
 
 use super::format::{check_sizes, Version};
 use super::root::Index;
@@ -19,6 +20,7 @@ use rdmapool_pool::remote::{PoolClient, RemotePtr};
 use rdmapool_pool::{Error, Result};
 
 mod cache;
+mod counts;
 mod gc;
 mod get;
 mod hints;
@@ -32,6 +34,7 @@ mod replicas;
 mod stripe;
 mod view;
 pub use cache::{CacheConfig, ServerUsage};
+pub use counts::ServerStats;
 use gc::Retired;
 use parking_lot::Mutex;
 pub use put::PutOptions;
@@ -297,6 +300,9 @@ pub struct Store {
     /// In cache mode: each server's usage as this client knows it, and the access notes
     /// waiting (`cache.rs`).
     usage: Mutex<cache::Usage>,
+    /// Per server, the counts this client has not yet added to its counter words
+    /// (`counts.rs`).
+    tally: Mutex<counts::Tally>,
     counters: Arc<Counters>,
 }
 
@@ -341,6 +347,7 @@ impl Store {
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
             usage: Mutex::new(cache::Usage::default()),
+            tally: Mutex::new(counts::Tally::default()),
             counters,
         };
         store.check_cache()?;
@@ -389,11 +396,13 @@ impl Store {
         expiry.is_past(wall_clock_ms().saturating_add(skew))
     }
 
-    /// [`Store::is_expired`] for a get's answer, counted ([`StoreStats::expired`]) when it is.
-    pub(super) fn expired_for_get(&self, expiry: crate::format::Expiry) -> bool {
+    /// [`Store::is_expired`] for a get's answer of `key`, counted ([`StoreStats::expired`],
+    /// and on the key's first replica's counters) when it is.
+    pub(super) fn expired_for_get(&self, key: &[u8], expiry: crate::format::Expiry) -> bool {
         let past = self.is_expired(expiry);
         if past {
             self.counters.expired.fetch_add(1, Ordering::Relaxed);
+            self.count_for_key(key, counts::Counted::Expiration);
         }
         past
     }
@@ -423,9 +432,15 @@ impl Store {
 
 /// Milliseconds since the Unix epoch by this host's wall clock (0 if it reads before it).
 fn wall_clock_ms() -> u64 {
+    wall_clock_us() / 1000
+}
+
+/// Microseconds since the Unix epoch by this host's wall clock (0 if it reads before it):
+/// a cache's access times.
+fn wall_clock_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// [`check_sizes`], and the part keys' prefix refused ([`Error::ReservedKey`]).

@@ -230,6 +230,7 @@ impl Store {
             self.counters.removes.fetch_add(1, Ordering::Relaxed);
         }
         self.after_write().await;
+        self.flush_counts(false).await;
         Ok(removed)
     }
 
@@ -352,6 +353,7 @@ impl Store {
         };
         self.counters.puts.fetch_add(1, Ordering::Relaxed);
         self.after_write().await;
+        self.flush_counts(false).await;
         Ok(version)
     }
 
@@ -520,7 +522,7 @@ impl Store {
         let mut put = Put::new(key, digest, kind, writer, replicas)?
             .expiring(what.expiry)?
             .pinned(what.pin)?
-            .accessed_at(super::wall_clock_ms())
+            .accessed_at(super::wall_clock_us())
             .only_over(what.only_over)
             .hinted(&self.hints_of(key))
             .at_least(floor, floor_removed)

@@ -123,6 +123,7 @@ impl Store {
             out[i] = Some(r.await);
         }
         self.after_write().await;
+        self.flush_counts(false).await;
         out.into_iter()
             .map(|r| {
                 r.unwrap_or_else(|| Err(Error::ListFailed("a put_many key was not put".into())))
@@ -180,6 +181,7 @@ impl Store {
             out[i] = Some(self.remove(keys[i]).await);
         }
         self.after_write().await;
+        self.flush_counts(false).await;
         out.into_iter()
             .map(|r| {
                 r.unwrap_or_else(|| {

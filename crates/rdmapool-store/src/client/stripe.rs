@@ -154,7 +154,7 @@ impl Store {
             let Some((mut bytes, block)) = self.get_block(key).await? else {
                 return Ok(None);
             };
-            if self.expired_for_get(block.expiry) {
+            if self.expired_for_get(key, block.expiry) {
                 self.reclaim_expired(key, block.version).await;
                 return Ok(None);
             }

@@ -2,15 +2,17 @@
 //! without I/O: look the key up on every replica (its buckets, then its candidate blocks),
 //! and only if every replica names the sampled version, swap each replica's slot from that
 //! word to 0, every replica at once. Ends with the blocks of the slots it cleared, to be
-//! retired (freed after the grace period).
+//! retired (freed after the grace period). A key read since it was sampled (a replica's
+//! block has a newer access time or more reads than the sample saw) is left alone: a
+//! client's eviction pool holds candidates for a while, and their ranks go stale.
 //!
 //! A put racing it finds its slot changed (its swap is lost) and looks the key up again; it
 //! then writes above whatever a replica still holds, so a replica whose clear failed keeps
 //! a version no older than the one sampled, and no put is overtaken
 //! (`a_put_racing_an_eviction_is_never_overtaken`, below).
 
-use crate::format::{KeyHash, Version};
-use crate::lookup::{read_ops, replies, Lookup, Read, Replica};
+use crate::format::{peek, KeyHash, Version};
+use crate::lookup::{read_ops, replies, Looked, Lookup, Read, Replica};
 use rdmapool_pool::remote::step::{Answer, Io, Machine, Op, Step};
 use rdmapool_pool::Result;
 use std::time::Instant;
@@ -24,6 +26,8 @@ pub(crate) type ClearedBlock = (u32, u64, u64, u64);
 pub(crate) struct Clear {
     key: Vec<u8>,
     version: Version,
+    /// The access time and count the sample saw: a block read since is kept.
+    sampled_access: Option<(u64, u64)>,
     replicas: Vec<Replica>,
     state: State,
 }
@@ -43,9 +47,32 @@ impl Clear {
         Self {
             key: key.to_vec(),
             version,
+            sampled_access: None,
             replicas: replicas.to_vec(),
             state: State::Start,
         }
+    }
+
+    /// The same eviction, only of blocks not read since the sample saw them read last at
+    /// `accessed_us`, `accesses` times.
+    pub(crate) fn unless_read_since(mut self, accessed_us: u64, accesses: u64) -> Self {
+        self.sampled_access = Some((accessed_us, accesses));
+        self
+    }
+
+    /// Whether a block of the version found was read since the sample.
+    fn read_since(&self, lookup: &Lookup, looked: &Looked, answers: &[Answer]) -> bool {
+        let Some((at, count)) = self.sampled_access else {
+            return false;
+        };
+        let replies = replies(answers);
+        looked
+            .found
+            .iter()
+            .zip(&looked.found_at)
+            .filter(|(f, _)| f.block.version == self.version)
+            .filter_map(|(_, &src)| lookup.bytes(src, &replies).and_then(peek))
+            .any(|p| p.accessed_us > at || p.accesses > count)
     }
 
     fn ask(reads: &[Read]) -> Step<Vec<ClearedBlock>> {
@@ -78,7 +105,10 @@ impl Machine for Clear {
             }
             State::Blocks(lookup) => {
                 let looked = lookup.on_blocks(&replies(answers));
-                if looked.unread || looked.newest() != Some(self.version) {
+                if looked.unread
+                    || looked.newest() != Some(self.version)
+                    || self.read_since(&lookup, &looked, answers)
+                {
                     return nothing();
                 }
                 let h = KeyHash::of(&self.key);
@@ -210,6 +240,37 @@ mod tests {
         );
         assert!(interleave(&mut c, &mut stale, &mut [], Vec::new()).is_empty());
         assert_eq!(c.get(b"k").unwrap().as_deref(), Some(&b"new"[..]));
+    }
+
+    #[test]
+    fn a_key_read_since_it_was_sampled_is_kept() {
+        let mut c = Cluster::new(&[1, 2, 3]);
+        c.replicas.truncate(2);
+        let planted = Running::put(&c, b"k", b"hot", 7).run(&mut c).unwrap();
+        let version = planted.version.unwrap();
+        // Sampled with an access time of 1000 us and no reads counted; then a reader
+        // stamps one replica's block at 2000 us (what a get's access note WRITEs).
+        let (node, word) = planted.installed[1];
+        let block = crate::format::Slot::from_word(word).unwrap().offset;
+        let stamp = Op {
+            node,
+            io: Io::Write {
+                at: block + crate::format::ACCESSED_AT,
+                bytes: 2000u64.to_le_bytes().to_vec(),
+            },
+        };
+        c.perform(&stamp, &[]);
+        let replicas = c.replicas.clone();
+        let mut sampled = Clear::new(b"k", version, &replicas).unless_read_since(1000, 0);
+        assert!(interleave(&mut c, &mut sampled, &mut [], Vec::new()).is_empty());
+        assert_eq!(c.get(b"k").unwrap().as_deref(), Some(&b"hot"[..]));
+        // Sampled after that read, it goes.
+        let mut sampled = Clear::new(b"k", version, &replicas).unless_read_since(2000, 0);
+        assert_eq!(
+            interleave(&mut c, &mut sampled, &mut [], Vec::new()).len(),
+            2
+        );
+        assert_eq!(c.get(b"k").unwrap(), None);
     }
 
     proptest! {

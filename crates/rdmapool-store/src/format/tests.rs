@@ -229,7 +229,7 @@ fn an_expiry_is_in_the_header_under_the_checksum_and_only_on_values_and_manifest
     touched[48..64].copy_from_slice(&[0xAB; 16]);
     let p = peek(&touched).unwrap();
     assert_eq!(
-        (p.accessed_ms, p.accesses),
+        (p.accessed_us, p.accesses),
         (0xABAB_ABAB_ABAB_ABAB, 0xABAB_ABAB_ABAB_ABAB)
     );
     assert!(decode_block(&touched, b"k").is_ok());

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod cache;
+mod counters;
 mod frozen;
 mod large;
 mod many;

@@ -17,7 +17,8 @@
 //!   not counted; the next `--hit-gets` (default 100000) are. Hit rate = hits / gets
 //!   measured, of the scans' gets too. One client.
 //! - **The store**: three fresh in-process memory servers per run ([`HIT_CHUNK`] chunks), one
-//!   `Store` in cache mode (`CacheConfig::new(budget)`: approximate LRU, 16 samples),
+//!   `Store` in cache mode (`CacheConfig::new(budget)`: approximate LRU, 5 samples per key
+//!   evicted and an eviction pool of 16),
 //!   `--replicas` copies. The budget per server makes the three servers hold as many records
 //!   as the cache size does: `budget = ceil(C x N x r / 3)`, C the records the cache size
 //!   holds (below), r the replicas, N what the cache counts for one copy of a record
