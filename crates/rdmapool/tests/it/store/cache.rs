@@ -204,3 +204,56 @@ fn bad_cache_settings_and_pins_past_the_budget_are_typed_errors_and_lose_nothing
         Some(&b"value"[..])
     );
 }
+
+/// Hard pins past the budget, until the servers' regions are full: the put that finds no
+/// room fails with a typed error (after its tries to evict: nothing may be), every pinned
+/// value stays readable, and an unpinned value already there is what gave way first.
+#[test]
+fn pinning_past_the_budget_until_the_regions_are_full_fails_typed_and_loses_no_pin() {
+    let lease = Duration::from_secs(10);
+    let s: Vec<MemoryServer> = (1..=2).map(|n| server(n, lease)).collect();
+    let refs: Vec<&MemoryServer> = s.iter().collect();
+    let st = cache(&refs, 40, 256 << 10, Eviction::Lru);
+    let hard = PutOptions {
+        pin: Pin::Hard,
+        ..PutOptions::default()
+    };
+    let value = |i: usize| {
+        let mut v = format!("pinned {i}").into_bytes();
+        v.resize(16 << 10, i as u8);
+        v
+    };
+    let mut pinned = 0;
+    let err = loop {
+        // Each server holds 7 MiB of chunks: 1000 values of 16 KiB (r = 2) are far more.
+        assert!(pinned < 1000, "16 000 KiB pinned and no refusal");
+        match st.block_on(st.put_with_options(
+            format!("pin{pinned}").as_bytes(),
+            &value(pinned),
+            hard,
+        )) {
+            Ok(_) => pinned += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, Error::RemoteExhausted { .. }), "{err}");
+    assert!(
+        pinned * (16 << 10) > 256 << 10,
+        "pins stopped at {pinned}, within the budget"
+    );
+    for i in 0..pinned {
+        assert_eq!(
+            st.block_on(st.get(format!("pin{i}").as_bytes())).unwrap(),
+            Some(value(i)),
+            "pinned value {i} of {pinned}"
+        );
+    }
+    // An unpinned put finds no room either: typed, and the pins stay.
+    let err = st.block_on(st.put(b"plain", &value(0))).unwrap_err();
+    assert!(matches!(err, Error::RemoteExhausted { .. }), "{err}");
+    assert_eq!(
+        st.block_on(st.get(format!("pin{}", pinned - 1).as_bytes()))
+            .unwrap(),
+        Some(value(pinned - 1))
+    );
+}
