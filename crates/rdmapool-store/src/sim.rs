@@ -339,6 +339,75 @@ impl Running {
     }
 }
 
+/// A get in progress in the simulation, its operations performed one at a time as
+/// [`Running::step_op`] does a put's.
+pub(super) struct Reading {
+    get: Get,
+    step: Option<Vec<Op>>,
+    answered: Vec<Answer>,
+    /// What it returned (a tombstone is "not found"), once done.
+    pub(super) outcome: Option<Result<Option<Vec<u8>>>>,
+}
+
+impl Reading {
+    /// A get of `key` on the cluster's replicas, its first step asked.
+    pub(super) fn new(c: &Cluster, key: &[u8]) -> Self {
+        let mut r = Self {
+            get: Get::new(key, &c.replicas),
+            step: None,
+            answered: Vec::new(),
+            outcome: None,
+        };
+        r.advance(&[]);
+        r
+    }
+
+    fn advance(&mut self, answers: &[Answer]) {
+        match self
+            .get
+            .advance(&mut (), Instant::now(), answers)
+            .map(Step::listed)
+        {
+            Err(e) => self.outcome = Some(Err(e)),
+            Ok(Step::Do(ops)) => self.step = Some(ops),
+            Ok(Step::Done(None)) => self.outcome = Some(Ok(None)),
+            Ok(Step::Done(Some((_, f)))) if f.block.tombstone => self.outcome = Some(Ok(None)),
+            Ok(Step::Done(Some((at, f)))) => {
+                let b = match at {
+                    super::lookup::Src::Read(i) => answers[i].bytes().map(<[u8]>::to_vec),
+                    super::lookup::Src::Early(e) => Some(self.get.take_early(e)),
+                };
+                self.outcome = Some(Ok(b.map(|b| b[f.block.value].to_vec())));
+            }
+            Ok(other) => panic!(
+                "a get asks only for lists: {:?}",
+                std::mem::discriminant(&other)
+            ),
+        }
+    }
+
+    /// Whether it has returned.
+    pub(super) fn finished(&self) -> bool {
+        self.outcome.is_some()
+    }
+
+    /// Performs the pending step's next operation alone, and advances the machine once all
+    /// of them are answered.
+    pub(super) fn step_op(&mut self, c: &mut Cluster) {
+        let Some(ops) = self.step.as_ref() else {
+            return;
+        };
+        if let Some(op) = ops.get(self.answered.len()) {
+            self.answered.push(c.answer(op));
+        }
+        if self.answered.len() >= ops.len() {
+            self.step = None;
+            let answers = std::mem::take(&mut self.answered);
+            self.advance(&answers);
+        }
+    }
+}
+
 /// A race the proptests run (`put::tests`, `evict::clear::tests`): a cluster of nodes 1 to
 /// 3 whose key `b"k"` holds a value `planted` by writer 99 on its first `r` replicas, and
 /// `writers` puts of it (each its own value, writer `w + 1`), hinted with the planted

@@ -159,7 +159,7 @@ impl Machine for Clear {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::{Cluster, Race, Running};
+    use crate::sim::{Cluster, Race, Reading, Running};
     use proptest::prelude::*;
 
     /// Runs `clear` op by op beside `puts`, in the order `order` picks.
@@ -274,6 +274,96 @@ mod tests {
     }
 
     proptest! {
+
+        /// A get racing an eviction and one or two puts of the key (r = 2 or 3, hinted or
+        /// not), started at any point, every machine's operations interleaved one at a
+        /// time: it returns the planted value, a racing put's value, or nothing; never a
+        /// value older than a put acknowledged before it began, and never the evicted
+        /// value once the eviction cleared a slot before it began.
+        #[test]
+        fn a_get_racing_an_eviction_and_puts_never_returns_what_they_replaced(
+            order in proptest::collection::vec(0usize..4, 1..600),
+            get_at in 0usize..60,
+            writers in 1usize..3,
+            hinted: bool,
+            r in 2usize..4,
+        ) {
+            let mut race = Race::new(r, writers, hinted);
+            let planted = race.planted.version.unwrap();
+            let replicas = race.c.replicas.clone();
+            let mut clear = Clear::new(b"k", planted, &replicas);
+            let mut clear_step = Some(clear.advance(&mut (), Instant::now(), &[]).unwrap());
+            let mut clear_answers: Vec<Answer> = Vec::new();
+            let mut cleared: Option<Vec<ClearedBlock>> = None;
+            let mut get: Option<Reading> = None;
+            // At the get's start: whether a racing put was acknowledged, and whether the
+            // eviction had cleared a slot.
+            let mut before_get = (false, false);
+            let p = race.puts.len();
+            let mut turns = order.into_iter();
+            for turn in 0.. {
+                if get.is_none() && turn >= get_at {
+                    let acked = race
+                        .puts
+                        .iter()
+                        .any(|r| r.outcome.as_ref().is_some_and(|o| o.is_ok()));
+                    let evicted = cleared.as_ref().is_some_and(|c| !c.is_empty());
+                    before_get = (acked, evicted);
+                    get = Some(Reading::new(&race.c, b"k"));
+                }
+                let live = |k: usize| match k {
+                    k if k < p => !race.puts[k].finished(),
+                    k if k == p => cleared.is_none(),
+                    _ => get.as_ref().is_some_and(|g| !g.finished()),
+                };
+                let n = p + 2;
+                let w = turns.next().unwrap_or(0) % n;
+                let Some(w) = (w..w + n).map(|k| k % n).find(|&k| live(k)) else {
+                    if get.is_some() {
+                        break;
+                    }
+                    continue;
+                };
+                if w < p {
+                    race.puts[w].step_op(&mut race.c);
+                } else if w == p {
+                    match clear_step.take().unwrap() {
+                        Step::Done(out) => cleared = Some(out),
+                        Step::Do(ops) => {
+                            if let Some(op) = ops.get(clear_answers.len()) {
+                                clear_answers.push(race.c.answer(op));
+                            }
+                            if clear_answers.len() >= ops.len() {
+                                let answers = std::mem::take(&mut clear_answers);
+                                clear_step = Some(
+                                    clear.advance(&mut (), Instant::now(), &answers).unwrap(),
+                                );
+                            } else {
+                                clear_step = Some(Step::Do(ops));
+                            }
+                        }
+                        _ => unreachable!("an eviction asks only for lists"),
+                    }
+                } else if let Some(g) = get.as_mut() {
+                    g.step_op(&mut race.c);
+                }
+            }
+            let got = get.unwrap().outcome.unwrap().unwrap();
+            let (acked, evicted) = before_get;
+            let planted_value: &[u8] = b"planted";
+            match &got {
+                Some(v) => prop_assert!(
+                    v == planted_value || race.values.contains(v),
+                    "a value no put wrote: {:?}",
+                    v
+                ),
+                // An acknowledged put is never lost to an eviction of the older version.
+                None => prop_assert!(!acked, "nothing, after a put was acknowledged"),
+            }
+            let planted_back = got.as_deref() == Some(planted_value);
+            prop_assert!(!(acked && planted_back), "the planted value, after a put was acknowledged");
+            prop_assert!(!(evicted && planted_back), "the evicted value, after its eviction cleared a slot");
+        }
 
         /// An eviction by clearing racing one or two puts of the key (hinted or not, r = 2
         /// or 3), their operations interleaved one at a time in any order: every put ends
