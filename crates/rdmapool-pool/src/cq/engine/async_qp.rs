@@ -61,6 +61,17 @@ impl AsyncQp {
         Ok(self.inner.qp.connect(remote)?)
     }
 
+    /// What its send queue and the engine hold now, for a report of an operation that
+    /// waits too long: free send-queue entries, the queue's depth, and the operations in
+    /// flight on the whole engine.
+    pub fn queue_state(&self) -> (u32, u32, usize) {
+        (
+            self.inner.free(false),
+            self.inner.depth(false),
+            self.inner.engine.table.in_flight(),
+        )
+    }
+
     /// Which of the engine's CQs the QP is bound to (None for a wrapped QP).
     pub fn cq_index(&self) -> Option<usize> {
         (self.inner.cq != ANY_SOURCE).then_some(self.inner.cq)

@@ -77,6 +77,12 @@ impl QpShared {
         }
     }
 
+    /// Free entries of the receive or the send queue now.
+    #[inline]
+    pub(super) fn free(&self, recv: bool) -> u32 {
+        self.credits(recv).load(Ordering::Acquire)
+    }
+
     /// Takes `n` free entries of a queue, if it has them.
     #[inline]
     pub(super) fn take(&self, recv: bool, n: u32) -> bool {

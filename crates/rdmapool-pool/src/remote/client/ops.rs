@@ -100,8 +100,11 @@ impl<F: Future> Future for Timed<'_, F> {
             if now >= deadline {
                 self.fired = true;
                 self.unlist();
+                let (free, depth, in_flight) = self.node.qp.queue_state();
                 self.node.mark_down(format!(
-                    "an operation got no completion within {OP_TIMEOUT:?}"
+                    "an operation got no completion within {OP_TIMEOUT:?} (its send queue \
+                     {free} of {depth} entries free, {in_flight} operations in flight on the \
+                     client's engine)"
                 ));
                 self.node.qp.qp().modify_to_error();
                 cx.waker().wake_by_ref();
