@@ -162,6 +162,56 @@ mod tests {
     use crate::sim::{Cluster, Race, Reading, Running};
     use proptest::prelude::*;
 
+    /// An eviction in progress in the simulation, its operations performed one at a time.
+    struct Clearing<'a> {
+        clear: &'a mut Clear,
+        step: Option<Step<Vec<ClearedBlock>>>,
+        answers: Vec<Answer>,
+        cleared: Option<Vec<ClearedBlock>>,
+    }
+
+    impl<'a> Clearing<'a> {
+        fn new(clear: &'a mut Clear) -> Self {
+            let step = Some(clear.advance(&mut (), Instant::now(), &[]).unwrap());
+            Self {
+                clear,
+                step,
+                answers: Vec::new(),
+                cleared: None,
+            }
+        }
+
+        fn finished(&self) -> bool {
+            self.cleared.is_some()
+        }
+
+        /// Performs the pending step's next operation alone (or takes the machine's end),
+        /// and advances the machine once all of them are answered.
+        fn step_op(&mut self, c: &mut Cluster) {
+            match self.step.take() {
+                None => {}
+                Some(Step::Done(out)) => self.cleared = Some(out),
+                Some(Step::Do(ops)) => {
+                    if let Some(op) = ops.get(self.answers.len()) {
+                        self.answers.push(c.answer(op));
+                    }
+                    self.step = Some(if self.answers.len() >= ops.len() {
+                        let answers = std::mem::take(&mut self.answers);
+                        self.clear
+                            .advance(&mut (), Instant::now(), &answers)
+                            .unwrap()
+                    } else {
+                        Step::Do(ops)
+                    });
+                }
+                Some(other) => panic!(
+                    "an eviction asks only for lists: {:?}",
+                    std::mem::discriminant(&other)
+                ),
+            }
+        }
+    }
+
     /// Runs `clear` op by op beside `puts`, in the order `order` picks.
     fn interleave(
         c: &mut Cluster,
@@ -169,50 +219,29 @@ mod tests {
         puts: &mut [Running],
         order: Vec<usize>,
     ) -> Vec<ClearedBlock> {
-        let mut clear_step = Some(clear.advance(&mut (), Instant::now(), &[]).unwrap());
-        let mut clear_answers: Vec<Answer> = Vec::new();
-        let mut cleared = None;
+        let mut clearing = Clearing::new(clear);
         let n = puts.len() + 1;
         let mut turns = order.into_iter();
         loop {
-            let clear_live = cleared.is_none();
-            if !clear_live && puts.iter().all(Running::finished) {
+            if clearing.finished() && puts.iter().all(Running::finished) {
                 break;
             }
-            let w = turns.next().unwrap_or(0) % n;
             let live = |k: usize| {
                 if k == puts.len() {
-                    clear_live
+                    !clearing.finished()
                 } else {
                     !puts[k].finished()
                 }
             };
+            let w = turns.next().unwrap_or(0) % n;
             let w = (w..w + n).map(|k| k % n).find(|&k| live(k)).unwrap();
             if w < puts.len() {
                 puts[w].step_op(c);
-                continue;
-            }
-            match clear_step.take().unwrap() {
-                Step::Done(out) => cleared = Some(out),
-                Step::Do(ops) => {
-                    if let Some(op) = ops.get(clear_answers.len()) {
-                        clear_answers.push(c.answer(op));
-                    }
-                    if clear_answers.len() >= ops.len() {
-                        let answers = std::mem::take(&mut clear_answers);
-                        clear_step =
-                            Some(clear.advance(&mut (), Instant::now(), &answers).unwrap());
-                    } else {
-                        clear_step = Some(Step::Do(ops));
-                    }
-                }
-                other => panic!(
-                    "an eviction asks only for lists: {:?}",
-                    std::mem::discriminant(&other)
-                ),
+            } else {
+                clearing.step_op(c);
             }
         }
-        cleared.unwrap()
+        clearing.cleared.unwrap()
     }
 
     #[test]
@@ -277,9 +306,9 @@ mod tests {
 
         /// A get racing an eviction and one or two puts of the key (r = 2 or 3, hinted or
         /// not), started at any point, every machine's operations interleaved one at a
-        /// time: it returns the planted value, a racing put's value, or nothing; never a
-        /// value older than a put acknowledged before it began, and never the evicted
-        /// value once the eviction cleared a slot before it began.
+        /// time: it returns the planted value, a racing put's value, or nothing; never
+        /// nothing or the planted value once a put was acknowledged before it began, and
+        /// never the evicted value once the eviction cleared a slot before it began.
         #[test]
         fn a_get_racing_an_eviction_and_puts_never_returns_what_they_replaced(
             order in proptest::collection::vec(0usize..4, 1..600),
@@ -292,9 +321,7 @@ mod tests {
             let planted = race.planted.version.unwrap();
             let replicas = race.c.replicas.clone();
             let mut clear = Clear::new(b"k", planted, &replicas);
-            let mut clear_step = Some(clear.advance(&mut (), Instant::now(), &[]).unwrap());
-            let mut clear_answers: Vec<Answer> = Vec::new();
-            let mut cleared: Option<Vec<ClearedBlock>> = None;
+            let mut clearing = Clearing::new(&mut clear);
             let mut get: Option<Reading> = None;
             // At the get's start: whether a racing put was acknowledged, and whether the
             // eviction had cleared a slot.
@@ -307,13 +334,13 @@ mod tests {
                         .puts
                         .iter()
                         .any(|r| r.outcome.as_ref().is_some_and(|o| o.is_ok()));
-                    let evicted = cleared.as_ref().is_some_and(|c| !c.is_empty());
+                    let evicted = clearing.cleared.as_ref().is_some_and(|c| !c.is_empty());
                     before_get = (acked, evicted);
                     get = Some(Reading::new(&race.c, b"k"));
                 }
                 let live = |k: usize| match k {
                     k if k < p => !race.puts[k].finished(),
-                    k if k == p => cleared.is_none(),
+                    k if k == p => !clearing.finished(),
                     _ => get.as_ref().is_some_and(|g| !g.finished()),
                 };
                 let n = p + 2;
@@ -327,23 +354,7 @@ mod tests {
                 if w < p {
                     race.puts[w].step_op(&mut race.c);
                 } else if w == p {
-                    match clear_step.take().unwrap() {
-                        Step::Done(out) => cleared = Some(out),
-                        Step::Do(ops) => {
-                            if let Some(op) = ops.get(clear_answers.len()) {
-                                clear_answers.push(race.c.answer(op));
-                            }
-                            if clear_answers.len() >= ops.len() {
-                                let answers = std::mem::take(&mut clear_answers);
-                                clear_step = Some(
-                                    clear.advance(&mut (), Instant::now(), &answers).unwrap(),
-                                );
-                            } else {
-                                clear_step = Some(Step::Do(ops));
-                            }
-                        }
-                        _ => unreachable!("an eviction asks only for lists"),
-                    }
+                    clearing.step_op(&mut race.c);
                 } else if let Some(g) = get.as_mut() {
                     g.step_op(&mut race.c);
                 }
