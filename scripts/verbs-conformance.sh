@@ -56,9 +56,12 @@ for b in "$@"; do
   echo "=== $(basename "$b")"
   # The pool servers of the tests listen on the guest's RDMA address without a cluster key:
   # a private VM, so by the explicit opt-in (docs/SECURITY.md, secure by default).
+  # Each test's time is printed beside its result (libtest's --report-time, which takes
+  # RUSTC_BOOTSTRAP=1 on a stable toolchain): what a slow guest run spent its time on.
   RDMAPOOL_TEST_PROVIDER=verbs RDMAPOOL_TEST_CM_IP="$SOFTROCE_IP" RUST_BACKTRACE=0 \
-    RDMAPOOL_ALLOW_UNAUTHENTICATED=1 \
-    RDMAPOOL_C_PEER="$C_PEER" "$b" --test-threads=1 || fails=$((fails + 1))
+    RDMAPOOL_ALLOW_UNAUTHENTICATED=1 RUSTC_BOOTSTRAP=1 \
+    RDMAPOOL_C_PEER="$C_PEER" "$b" --test-threads=1 -Z unstable-options --report-time ||
+    fails=$((fails + 1))
 done
 echo "=== example memory_tour"
 "$TOUR" verbs "$SOFTROCE_IP" || fails=$((fails + 1))

@@ -20,6 +20,17 @@ fn cache(servers: &[&MemoryServer], id: u64, budget: u64, policy: Eviction) -> S
     Store::new(pool(servers, id), cfg).expect("cache")
 }
 
+/// How many times fewer puts the full-cache test makes, into a budget as many times smaller
+/// (the same ratios, the same assertions): 4 on verbs, where the guest's emulated rxe runs
+/// a put about 50 times slower than the soft provider (the test took 134 s there).
+fn shrink() -> usize {
+    if provider() == ProviderKind::Verbs {
+        4
+    } else {
+        1
+    }
+}
+
 /// A value naming its key and its put: 900 bytes (one 1 KiB block).
 fn stamped(key: usize, put: usize) -> Vec<u8> {
     let mut v = format!("{key}:{put}:").into_bytes();
@@ -32,19 +43,20 @@ fn puts_into_a_full_cache_never_fail_and_evicted_keys_are_misses_never_wrong_val
     let lease = Duration::from_secs(10);
     let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
     let refs: Vec<&MemoryServer> = s.iter().collect();
-    let budget = 1 << 20;
+    let k = shrink();
+    let budget = (1 << 20) / k as u64;
     let st = cache(&refs, 1, budget, Eviction::Lru);
     // About 12 MiB of blocks (2 replicas of 6000 puts of 1 KiB blocks over 3 servers, 4
     // MiB each): four times the budget, more than the servers hold.
     let mut last: HashMap<usize, usize> = HashMap::new();
-    for put in 0..6000 {
-        let key = (put * 7919) % 3000;
+    for put in 0..6000 / k {
+        let key = (put * 7919) % (3000 / k);
         st.block_on(st.put(format!("k{key}").as_bytes(), &stamped(key, put)))
             .unwrap_or_else(|e| panic!("put {put} of a full cache failed: {e}"));
         last.insert(key, put);
-        if put % 500 == 0 {
+        if put % (500 / k) == 0 {
             // Every get answers the last value put, or nothing.
-            for (&k, &p) in last.iter().take(200) {
+            for (&k, &p) in last.iter().take(200 / k) {
                 if let Some(v) = st.block_on(st.get(format!("k{k}").as_bytes())).unwrap() {
                     assert_eq!(v, stamped(k, p), "key {k}");
                 }
@@ -74,7 +86,7 @@ fn puts_into_a_full_cache_never_fail_and_evicted_keys_are_misses_never_wrong_val
     }
     // Another client reads the same answers: a value put last, or nothing.
     let other = cache(&refs, 2, budget, Eviction::Lru);
-    for (&k, &p) in last.iter().take(500) {
+    for (&k, &p) in last.iter().take(500 / k) {
         if let Some(v) = other
             .block_on(other.get(format!("k{k}").as_bytes()))
             .unwrap()
@@ -89,7 +101,16 @@ fn pinned_values_stay_and_read_values_outlive_unread_ones() {
     let lease = Duration::from_secs(10);
     let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
     let refs: Vec<&MemoryServer> = s.iter().collect();
-    for policy in [Eviction::Lru, Eviction::Lfu] {
+    let (pins, flood, early) = (40, 5000, 1000);
+    // On verbs, LRU only (395 s for both in the guest): which value a policy ranks lowest is
+    // the store's logic, the same on every provider. A smaller budget is no shortcut: the
+    // index is as large and its sampled runs sparser, so they more often find soft pins
+    // alone, and evict one (docs/STORE.md section 12 allows it).
+    let policies: &[Eviction] = match provider() {
+        ProviderKind::Verbs => &[Eviction::Lru],
+        _ => &[Eviction::Lru, Eviction::Lfu],
+    };
+    for &policy in policies {
         let budget = 1 << 20;
         let id = if policy == Eviction::Lru { 10 } else { 20 };
         let st = cache(&refs, id, budget, policy);
@@ -104,7 +125,7 @@ fn pinned_values_stay_and_read_values_outlive_unread_ones() {
             pin: Pin::Soft,
             ..PutOptions::default()
         };
-        for i in 0..40 {
+        for i in 0..pins {
             st.block_on(st.put_with_options(p(i).as_bytes(), &stamped(i, 0), hard))
                 .unwrap();
             st.block_on(st.put_with_options(soft(i).as_bytes(), &stamped(i, 1), softly))
@@ -113,11 +134,11 @@ fn pinned_values_stay_and_read_values_outlive_unread_ones() {
                 .unwrap();
         }
         // Cold keys, four budgets' worth, while the hot ones are read.
-        for put in 0..5000 {
+        for put in 0..flood {
             st.block_on(st.put(format!("{policy:?}-cold{put}").as_bytes(), &stamped(put, 3)))
                 .unwrap();
             if put % 10 == 0 {
-                for i in 0..40 {
+                for i in 0..pins {
                     st.block_on(st.get(hot(i).as_bytes())).unwrap();
                 }
             }
@@ -128,28 +149,31 @@ fn pinned_values_stay_and_read_values_outlive_unread_ones() {
                 .count()
         };
         assert_eq!(
-            present(&p, 40),
-            40,
+            present(&p, pins),
+            pins,
             "{policy:?}: hard pins are never evicted"
         );
         assert_eq!(
-            present(&soft, 40),
-            40,
+            present(&soft, pins),
+            pins,
             "{policy:?}: soft pins held, read lately"
         );
-        let hot_left = present(&hot, 40);
+        let hot_left = present(&hot, pins);
         let cold = |i: usize| format!("{policy:?}-cold{i}");
-        let cold_left = present(&cold, 1000);
+        let cold_left = present(&cold, early);
         let stats = st.stats();
         assert!(
-            stats.evictions > 1000 && stats.access_updates > 0,
+            stats.evictions > early as u64 && stats.access_updates > 0,
             "{policy:?}: {stats:?}"
         );
         // Read values outlive the cold ones put before the flood's end.
-        let (hot, cold) = (hot_left as f64 / 40.0, cold_left as f64 / 1000.0);
+        let (hot, cold) = (
+            hot_left as f64 / pins as f64,
+            cold_left as f64 / early as f64,
+        );
         assert!(
             hot >= 0.6 && cold <= 0.5 && hot >= cold + 0.3,
-            "{policy:?}: hot {hot_left}/40, early cold {cold_left}/1000"
+            "{policy:?}: hot {hot_left}/{pins}, early cold {cold_left}/{early}"
         );
     }
 }
