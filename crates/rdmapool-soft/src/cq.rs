@@ -94,11 +94,10 @@ impl SoftCq {
                 qp.armed();
             }
         }
-        // A completion that raced ahead of arming still notifies (like a NIC's CQ arm with
-        // entries pending, this errs on the side of waking the consumer).
-        if !self.queue.is_empty() {
-            self.notify();
-        }
+        // Completions already queued raise no event, as on rxe: only the next one does. (An
+        // mlx5 CQ armed with entries pending may raise one at once; ibv_req_notify_cq(3)
+        // promises only the next.) So a consumer that arms must poll once more, and one
+        // that forgets hangs here as it would on rxe.
     }
 
     /// Whether the CQ is armed (see `req_notify`).

@@ -407,7 +407,11 @@ impl<B: Send + 'static> OpFuture<'_, B> {
                 s.ensure_armed(q.cq)
             };
             if armed_now {
-                s.poll_source_of(q.cq, &mut [Completion::EMPTY; 2]);
+                // Every completion that came before the arm, not only this operation's: they
+                // raise no event (rxe, ibv_req_notify_cq(3)), and one left in the CQ would
+                // wait for a later completion that may never come (the rest of a join of 8
+                // hung on rxe, 1 run in 6).
+                s.drain_source_of(q.cq);
             }
         }
         // Ends the poll: the waker recorded, a completion from now on wakes it.

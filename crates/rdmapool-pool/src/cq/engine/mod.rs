@@ -202,6 +202,20 @@ impl Shared {
         }
     }
 
+    /// Polls, and dispatches, the CQ an operation's completion comes on (every CQ for
+    /// [`ANY_SOURCE`]) until it is empty: after arming it, since what came before the arm
+    /// raises no event.
+    fn drain_source_of(&self, source: usize) {
+        let mut buf = [Completion::EMPTY; 32];
+        let cqs = match source {
+            ANY_SOURCE => 0..self.pool.cqs().len(),
+            cq => cq..cq + 1,
+        };
+        for cq in cqs {
+            while self.poll_once(cq, &mut buf) == buf.len() {}
+        }
+    }
+
     /// Takes one completion off `cq` without dispatching it (counted; an overrun handled as
     /// in [`Self::poll_once`]).
     #[inline]
@@ -240,8 +254,7 @@ impl Shared {
     fn arm_all(&self) {
         for cq in 0..self.pool.cqs().len() {
             if self.ensure_armed(cq) {
-                let mut buf = [Completion::EMPTY; 32];
-                while self.poll_once(cq, &mut buf) == buf.len() {}
+                self.drain_source_of(cq);
             }
         }
     }

@@ -147,6 +147,9 @@ impl Inner {
     /// (no spinning while idle), then handles every completion.
     pub(super) fn control_loop(&self) {
         let mut buf = [Completion::EMPTY; 16];
+        // Whether the CQ was armed since the last sleep: an empty poll arms it and polls once
+        // more before sleeping, since what came before the arm raises no event (rxe).
+        let mut armed = false;
         while !self.stop.load(Ordering::Acquire) {
             let n = match self.cq.poll(&mut buf) {
                 Ok(n) => n,
@@ -159,18 +162,21 @@ impl Inner {
             for c in &buf[..n] {
                 self.on_completion(c);
             }
-            if n == 0 {
+            if n == 0 && !armed {
+                if self.cq.req_notify().is_err() {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                armed = true;
+            } else if n == 0 {
                 self.wait_for_completions(Duration::from_millis(100));
+                armed = false;
             }
         }
     }
 
-    /// Sleeps until the CQ signals a completion or `timeout` passes.
+    /// Sleeps until the armed CQ signals a completion or `timeout` passes.
     fn wait_for_completions(&self, timeout: Duration) {
-        if self.cq.req_notify().is_err() {
-            std::thread::sleep(Duration::from_millis(1));
-            return;
-        }
         let mut fds = [libc::pollfd {
             fd: self.cq.event_fd(),
             events: libc::POLLIN,
