@@ -66,7 +66,7 @@ impl Store {
     /// `Ok(None)` for damaged data).
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         check_user_key(key, 1)?;
-        let out = self.get_value(key).await?;
+        let out = self.beside_frees(self.get_value(key)).await?;
         self.count_get(key, out.is_some());
         self.after_gets(&[key], [out.is_some()]).await;
         Ok(out)
@@ -167,7 +167,7 @@ impl Store {
     /// As [`Store::get`].
     pub async fn exists(&self, key: &[u8]) -> Result<bool> {
         check_user_key(key, 1)?;
-        let Some((_, b)) = self.get_block(key).await? else {
+        let Some((_, b)) = self.beside_frees(self.get_block(key)).await? else {
             return Ok(false);
         };
         if !matches!(b.kind, Kind::Value | Kind::Manifest) {
@@ -317,10 +317,14 @@ impl Store {
     /// (nothing read).
     pub async fn get_into(&self, key: &[u8], out: &Mr<Shared>) -> Result<Option<usize>> {
         check_user_key(key, 1)?;
-        let got = match self.get_into_from_hints(&[key], &[out]).await[0] {
-            Some(n) => Some(n),
-            None => self.get_into_looked_up(key, out).await?,
-        };
+        let got = self
+            .beside_frees(async {
+                match self.get_into_from_hints(&[key], &[out]).await[0] {
+                    Some(n) => Ok(Some(n)),
+                    None => self.get_into_looked_up(key, out).await,
+                }
+            })
+            .await?;
         self.count_get(key, got.is_some());
         self.after_gets(&[key], [got.is_some()]).await;
         Ok(got)

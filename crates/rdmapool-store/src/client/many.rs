@@ -86,13 +86,18 @@ impl Store {
         let valid: Vec<usize> = (0..keys.len()).filter(|&i| checked[i].is_ok()).collect();
         let vkeys: Vec<&[u8]> = valid.iter().map(|&i| keys[i]).collect();
         let vouts: Vec<&Mr<Shared>> = valid.iter().map(|&i| outs[i]).collect();
-        let first = self.get_into_from_hints(&vkeys, &vouts).await;
-        let rest: Vec<usize> = (0..valid.len()).filter(|&j| first[j].is_none()).collect();
-        let looked = join_all(
-            rest.iter()
-                .map(|&j| self.get_into_looked_up(vkeys[j], vouts[j])),
-        )
-        .await;
+        let (first, rest, looked) = self
+            .beside_frees(async {
+                let first = self.get_into_from_hints(&vkeys, &vouts).await;
+                let rest: Vec<usize> = (0..valid.len()).filter(|&j| first[j].is_none()).collect();
+                let looked = join_all(
+                    rest.iter()
+                        .map(|&j| self.get_into_looked_up(vkeys[j], vouts[j])),
+                )
+                .await;
+                (first, rest, looked)
+            })
+            .await;
         let mut out: Vec<Result<Option<usize>>> =
             checked.into_iter().map(|c| c.map(|()| None)).collect();
         for (j, &i) in valid.iter().enumerate() {
@@ -120,7 +125,7 @@ impl Store {
     /// # Errors
     /// Per key, as [`Store::get`].
     pub async fn get_many(&self, keys: &[&[u8]]) -> Vec<Result<Option<Vec<u8>>>> {
-        let out = self.read_many(keys, Want::Values).await;
+        let out = self.beside_frees(self.read_many(keys, Want::Values)).await;
         self.after_gets(keys, out.iter().map(|r| matches!(r, Ok(Some(_)))))
             .await;
         out
@@ -135,7 +140,7 @@ impl Store {
     /// # Errors
     /// Per key, as [`Store::exists`].
     pub async fn exists_many(&self, keys: &[&[u8]]) -> Vec<Result<bool>> {
-        self.read_many(keys, Want::Presence)
+        self.beside_frees(self.read_many(keys, Want::Presence))
             .await
             .into_iter()
             .map(|r| r.map(|v| v.is_some()))

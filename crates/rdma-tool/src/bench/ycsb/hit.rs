@@ -389,14 +389,12 @@ pub(super) fn ours(
     })
 }
 
-/// The records `store` holds (`exists` of every one, 16 at a time) and their copies
-/// (`locate` of each held: the replicas that hold a value). (256 at a time stalled over the
-/// soft provider's TCP path after a run's evictions: an open bug of `exists_many`, found
-/// here, not fixed yet.)
+/// The records `store` holds (`exists` of every one, 256 at a time) and their copies
+/// (`locate` of each held: the replicas that hold a value).
 fn held_records(store: &rdmapool::store::Store, records: usize) -> Result<(u64, u64)> {
     let names: Vec<String> = (0..records as u64).map(key).collect();
     let (mut held, mut copies) = (0, 0);
-    for batch in names.chunks(16) {
+    for batch in names.chunks(256) {
         let keys: Vec<&[u8]> = batch.iter().map(|k| k.as_bytes()).collect();
         let found = store.block_on(store.exists_many(&keys));
         for (k, found) in keys.iter().zip(found) {

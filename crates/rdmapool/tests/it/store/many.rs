@@ -255,3 +255,75 @@ fn remove_many_answers_as_removes_in_order_do_in_the_rounds_of_one() {
     );
     assert_eq!(st.block_on(st.get(b"twice")).unwrap(), None);
 }
+
+#[test]
+fn a_batch_as_deep_as_the_send_queue_never_waits_on_frees_nobody_drives() {
+    // Puts that replace values retire the blocks they replaced; after the grace period a
+    // put starts freeing them beside itself (docs/STORE.md section 8) and returns before
+    // the frees end. Over TCP (a round trip per step) their operations then complete with
+    // nobody polling their futures, which hold their send-queue entries until polled. An
+    // `exists_many` whose list on a server is as deep as the queue (256) waited for that
+    // room for good: the hit-rate bench's stall (issue #44; round 1 of this test hung).
+    // The frees are the store's, the same on every provider: 1 600 puts are minutes on the
+    // guest's emulated rxe.
+    if provider() != ProviderKind::Soft {
+        eprintln!(
+            "not run on {}: 1 600 puts of the store's own logic",
+            provider()
+        );
+        return;
+    }
+    let lease = Duration::from_secs(10);
+    let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
+    let n = node_on(Transport::Tcp);
+    let addrs = s.iter().map(|s| s.addr()).collect();
+    let client = PoolClient::connect(
+        &n.ctx,
+        &n.pd,
+        &StaticMembership::new(addrs),
+        ClientConfig::new(9),
+    )
+    .expect("client connects");
+    let grace = Duration::from_millis(20);
+    let cfg = StoreConfig {
+        replicas: 2,
+        grace,
+        ..StoreConfig::default()
+    };
+    let st = Arc::new(Store::new(client, cfg).unwrap());
+    // 1200 keys: each server's list of their READs is as deep as its queue.
+    let names: Arc<Vec<String>> = Arc::new((0..1200).map(|i| format!("deep{i}")).collect());
+    for (i, k) in names.iter().enumerate() {
+        st.block_on(st.put(k.as_bytes(), &value(i, 64))).unwrap();
+    }
+    let mut left_behind = 0;
+    for round in 0..10 {
+        // 40 blocks replaced, and after the grace period a put that starts freeing 32 of
+        // them, and returns before those frees end.
+        for (i, k) in names.iter().enumerate().take(40) {
+            st.block_on(st.put(k.as_bytes(), &value(i + round, 64)))
+                .unwrap();
+        }
+        std::thread::sleep(grace * 2);
+        st.block_on(st.put(b"starts-frees", b"x")).unwrap();
+        if st.pool().engine_stats().in_flight > 0 {
+            left_behind += 1;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (st2, names2) = (Arc::clone(&st), Arc::clone(&names));
+        // Its own thread, so that a hang fails the test rather than stalling the suite.
+        std::thread::spawn(move || {
+            let keys: Vec<&[u8]> = names2.iter().map(|k| k.as_bytes()).collect();
+            let _ = tx.send(st2.block_on(st2.exists_many(&keys)));
+        });
+        let found = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("round {round}: an exists_many of 1200 keys hung"));
+        for (i, f) in found.iter().enumerate() {
+            assert!(matches!(f, Ok(true)), "round {round}, {}: {f:?}", names[i]);
+        }
+    }
+    // The attack happened: frees were left under way before some of the calls.
+    eprintln!("frees left under way before {left_behind} of 10 exists_many");
+    assert!(left_behind > 0, "no put left its frees under way");
+}
