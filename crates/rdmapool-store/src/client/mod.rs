@@ -276,8 +276,9 @@ pub struct Store {
     indexes: Mutex<HashMap<u32, (u64, Index)>>,
     /// The view this client places keys by, once read (docs/STORE.md section 4).
     view: Mutex<Option<super::view::View>>,
-    /// Held while a tenant's index is found or made on an isolated node: one at a time,
-    /// so no two indexes of one tenant are made at once (`rdmapool-store/src/root.rs`).
+    /// Held while an index is found or made (a tenant's own on an isolated node): one at a
+    /// time, so no two indexes of one tenant are made at once (`rdmapool-store/src/root.rs`),
+    /// and the keys of a batch do not each claim a chunk of a fresh server to make one.
     making_index: tokio::sync::Mutex<()>,
     /// Replaced blocks, oldest first, with when they may be freed.
     retired: Mutex<VecDeque<Retired>>,

@@ -145,10 +145,11 @@ impl Store {
         if let Some(ix) = known() {
             return Ok(ix);
         }
-        let _making = match n.isolated {
-            true => Some(self.making_index.lock().await),
-            false => None,
-        };
+        // One lookup at a time makes an index: every key of a `put_many` looks up its
+        // replicas at once, and on a fresh server each found no root and claimed a chunk
+        // to make one (a dozen over a wire claimed every chunk of a server, and the batch
+        // failed `RemoteExhausted`). The others find the index made meanwhile.
+        let _making = self.making_index.lock().await;
         if let Some(ix) = known() {
             return Ok(ix); // made meanwhile
         }
