@@ -54,7 +54,12 @@ fn server(node: u32, lease: Duration) -> MemoryServer {
 }
 
 fn pool(servers: &[&MemoryServer], id: u64) -> PoolClient {
-    let n = node();
+    pool_on(servers, id, Transport::Auto)
+}
+
+/// A pool client whose soft NIC reaches the servers over `transport`.
+fn pool_on(servers: &[&MemoryServer], id: u64, transport: Transport) -> PoolClient {
+    let n = node_on(transport);
     let addrs = servers.iter().map(|s| s.addr()).collect();
     PoolClient::connect(
         &n.ctx,

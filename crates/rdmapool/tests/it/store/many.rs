@@ -275,15 +275,7 @@ fn a_batch_as_deep_as_the_send_queue_never_waits_on_frees_nobody_drives() {
     }
     let lease = Duration::from_secs(10);
     let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
-    let n = node_on(Transport::Tcp);
-    let addrs = s.iter().map(|s| s.addr()).collect();
-    let client = PoolClient::connect(
-        &n.ctx,
-        &n.pd,
-        &StaticMembership::new(addrs),
-        ClientConfig::new(9),
-    )
-    .expect("client connects");
+    let client = pool_on(&s.iter().collect::<Vec<_>>(), 9, Transport::Tcp);
     let grace = Duration::from_millis(20);
     let cfg = StoreConfig {
         replicas: 2,
@@ -338,15 +330,7 @@ fn a_first_put_many_on_fresh_servers_makes_one_index_per_server() {
     let lease = Duration::from_secs(10);
     for round in 0..5 {
         let s: Vec<MemoryServer> = (1..=3).map(|n| server(n, lease)).collect();
-        let n = node_on(Transport::Tcp);
-        let addrs = s.iter().map(|s| s.addr()).collect();
-        let client = PoolClient::connect(
-            &n.ctx,
-            &n.pd,
-            &StaticMembership::new(addrs),
-            ClientConfig::new(11),
-        )
-        .expect("client connects");
+        let client = pool_on(&s.iter().collect::<Vec<_>>(), 11, Transport::Tcp);
         let st = Store::new(client, StoreConfig::default()).unwrap();
         let names: Vec<String> = (0..32).map(|i| format!("fresh-{i}")).collect();
         let keys: Vec<&[u8]> = names.iter().map(|k| k.as_bytes()).collect();
