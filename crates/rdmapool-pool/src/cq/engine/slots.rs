@@ -83,8 +83,9 @@ struct SlotState<H: Holder> {
     /// The buffer of an operation whose future was dropped in flight, kept until the
     /// completion arrives (a live future holds its buffer itself).
     keep: Option<Box<dyn Send>>,
-    /// Set when the future is dropped in flight: the holder, kept alive under the request
-    /// and given back its lease on completion. (A live future borrows its holder.)
+    /// The holder the lease goes back to, kept alive under the request: set when the slot
+    /// is armed (so a completion gives the lease back when it is dispatched, whether or not
+    /// anyone polls the future again), or when the future is dropped in flight.
     owner: Option<Arc<H>>,
     lease: H::Lease,
     /// The source whose completion ends the operation (`ANY_SOURCE` if not known).
@@ -201,13 +202,18 @@ impl<H: Holder> SlotTable<H> {
     /// Fills slot `idx` (just acquired) for an operation about to be posted, and returns the
     /// `wr_id` to post it with. Filled before posting: the completion may arrive before the
     /// post returns.
+    /// Without an owner, the lease goes back when the future takes its outcome (or is
+    /// dropped), not when its completion is dispatched.
     #[cfg(test)]
     pub(crate) fn arm(&self, idx: u32, waker: &Waker, source: usize, lease: H::Lease) -> u64 {
-        self.arm_in_poll(idx, waker, source, lease, false)
+        self.arm_in_poll(idx, waker, source, lease, None, false)
     }
 
     /// [`Self::arm`] from inside the future's poll (`in_poll`): until the future ends a
-    /// pending poll with [`Self::poll_op`], its completion wakes nobody.
+    /// pending poll with [`Self::poll_op`], its completion wakes nobody. With an `owner`,
+    /// the lease goes back to it as soon as the completion is dispatched: a queue entry is
+    /// free once its completion was polled, and a future set aside unpolled (one of a batch
+    /// nobody drives for a while) must not keep it from other operations.
     #[inline]
     pub(crate) fn arm_in_poll(
         &self,
@@ -215,6 +221,7 @@ impl<H: Holder> SlotTable<H> {
         waker: &Waker,
         source: usize,
         lease: H::Lease,
+        owner: Option<&Arc<H>>,
         in_poll: bool,
     ) -> u64 {
         let mut st = self.slot(idx);
@@ -223,6 +230,7 @@ impl<H: Holder> SlotTable<H> {
         st.waker = Some(waker.clone());
         st.source = source;
         st.lease = lease;
+        st.owner = owner.cloned();
         ((st.generation as u64) << 32) | idx as u64
     }
 
@@ -285,7 +293,9 @@ impl<H: Holder> SlotTable<H> {
         } else {
             st.abandoned = true;
             st.waker = None;
-            st.owner = Some(holder.clone());
+            if st.owner.is_none() {
+                st.owner = Some(holder.clone());
+            }
             st.keep = keep();
         }
     }
@@ -348,11 +358,23 @@ impl<H: Holder> SlotTable<H> {
             return;
         }
         st.outcome = Some(Outcome::Completed(*c));
-        if st.in_poll {
-            return; // its future finds it before it ends its poll
+        // Its queue entries are free now: back to the holder, whoever polls the future.
+        let returned = st.owner.is_some();
+        if returned {
+            let lease = std::mem::take(&mut st.lease);
+            if let Some(h) = st.owner.as_deref() {
+                h.give_back(lease);
+            }
         }
-        let waker = st.waker.take();
+        let waker = if st.in_poll {
+            None // its future finds it before it ends its poll
+        } else {
+            st.waker.take()
+        };
         drop(st);
+        if returned {
+            self.wake_waiters();
+        }
         if let Some(w) = waker {
             w.wake();
         }

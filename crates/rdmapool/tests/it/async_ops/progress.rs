@@ -467,3 +467,63 @@ fn a_caller_driven_wait_sleeps_on_the_completion_channel_once_its_spins_run_out(
         }
     }
 }
+
+#[test]
+fn completions_nobody_polls_for_give_their_queue_entries_back() {
+    // A send queue of 4, filled by 4 WRITEs whose futures are posted and then never polled
+    // again (a batch a caller set aside, as a store's frees under way). Their completions
+    // free the queue: a fifth WRITE must post and complete while they sit unpolled. Queue
+    // entries given back only when a future was polled again kept the fifth waiting for
+    // good (the exists_many stall of issue #44, from frees nobody drove).
+    for progress in [Progress::Caller, Progress::BusyPoll] {
+        let cfg = QpConfig {
+            max_send_wr: 4,
+            ..config()
+        };
+        // No spin: a future parks in its first poll, whatever came back meanwhile.
+        let engine = EngineConfig {
+            progress,
+            spin: std::time::Duration::ZERO,
+            ..EngineConfig::default()
+        };
+        let s = setup_with(1, Transport::Tcp, cfg, engine);
+        let local = Arc::new(s._a.pd.alloc_mr(4096, AccessFlags::all_remote()).unwrap());
+        local.write_at(0, &pattern(4096, 5)).unwrap();
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let write = |at: usize| {
+            Box::pin(s.qps[0].write(Mr::share(&local), at, 8, s.target.remote_at(at).unwrap()))
+        };
+        // Each parks posted.
+        let mut aside: Vec<_> = (0..4).map(|i| write(i * 8)).collect();
+        for f in &mut aside {
+            assert!(f.as_mut().poll(&mut cx).is_pending(), "{progress:?}");
+        }
+        let mut fifth = write(64);
+        let until = std::time::Instant::now() + WAIT;
+        let done = loop {
+            if let Poll::Ready(r) = fifth.as_mut().poll(&mut cx) {
+                break r;
+            }
+            s.engine.progress();
+            assert!(
+                std::time::Instant::now() < until,
+                "{progress:?}: the fifth WRITE waited for the queue entries of completed \
+                 operations nobody polled ({:?})",
+                s.engine.stats()
+            );
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        };
+        done.0.unwrap();
+        // The ones set aside still resolve when polled.
+        for mut f in aside {
+            let (r, _) = s
+                .engine
+                .run_until(std::future::poll_fn(|cx| f.as_mut().poll(cx)));
+            r.unwrap();
+        }
+        let mut got = [0u8; 8];
+        s.target.read_at(64, &mut got).unwrap();
+        assert_eq!(got[..], pattern(4096, 5)[64..72]);
+    }
+}

@@ -253,7 +253,7 @@ fn a_completion_during_the_poll_is_found_by_its_end_or_wakes_after_it() {
         let owner = Owner::new(0);
         let (flag, w) = waker();
         let idx = t.acquire().unwrap();
-        let wr_id = t.arm_in_poll(idx, &w, 0, 1, true);
+        let wr_id = t.arm_in_poll(idx, &w, 0, 1, None, true);
         let completer = {
             let t = t.clone();
             thread::spawn(move || t.dispatch(&done(wr_id, 8)))

@@ -104,6 +104,48 @@ fn a_completion_wakes_and_resolves_its_operation_and_frees_the_slot() {
 }
 
 #[test]
+fn an_armed_owner_gets_its_entries_back_when_the_completion_is_dispatched() {
+    // A future set aside unpolled (one of a batch nobody drives) must not keep its queue
+    // entries past its completion: the dispatch gives them back and wakes those waiting for
+    // room; the future's later poll still resolves, and gives nothing back twice.
+    let (t, src) = (SlotTable::<Owner>::new(4), FakeSource::default());
+    let owner = Arc::new(Owner::default());
+    let (flag, w) = waker();
+    let idx = t.acquire().unwrap();
+    let wr_id = t.arm_in_poll(idx, &w, 0, 3, Some(&owner), false);
+    let (room, waiting) = waker();
+    t.wait_for_room(&waiting);
+    src.complete(wr_id, WcStatus::Success);
+    assert_eq!(drain(&t, &src), 1);
+    assert_eq!(
+        owner.given.load(Ordering::SeqCst),
+        3,
+        "given back on dispatch"
+    );
+    assert_eq!(
+        room.0.load(Ordering::SeqCst),
+        1,
+        "those waiting for room woken"
+    );
+    assert_eq!(flag.0.load(Ordering::SeqCst), 1, "the future woken");
+    assert_eq!(
+        t.in_flight(),
+        1,
+        "the slot stays its future's until it looks"
+    );
+    let Poll::Ready(outcome) = t.poll_op(idx, &*owner, &w) else {
+        panic!("not resolved")
+    };
+    outcome.into_result().unwrap();
+    assert_eq!(
+        owner.given.load(Ordering::SeqCst),
+        3,
+        "nothing given back twice"
+    );
+    assert_eq!(t.in_flight(), 0);
+}
+
+#[test]
 fn an_error_completion_names_status_and_opcode() {
     let (t, src, owner) = (
         SlotTable::<Owner>::new(1),
