@@ -3,7 +3,8 @@
 //! (support/lan.rs), over the soft provider's TCP path. Every client is given all six
 //! servers, and before the clients start an operator sets the store's numbered view
 //! (docs/STORE.md section 4) to the first four. The clients put, get and remove at random
-//! (`r = 2`) and log every operation; meanwhile:
+//! (`r = 2`), one call in four a batch of 2 to 4 keys (`put_many`, `get_many`,
+//! `remove_many`), and log every key's answer; meanwhile:
 //! - one server is killed (`kill -9`) and started again where it was, with empty memory;
 //! - a one-shot repair runs from another host, and a background repairer
 //!   (`store::Repairer`, tombstone hold 2 s) runs throughout on that host;
@@ -185,66 +186,117 @@ fn child_entry() {
             };
             let mut ops = 0u64;
             while Instant::now() < until {
-                let key = if next() % 5 == 0 {
-                    format!("shared/k{}", next() % SHARED_KEYS as u64)
-                } else {
-                    format!("c{id}/k{}", next() % OWN_KEYS as u64)
+                let pick = |next: &mut dyn FnMut() -> u64| {
+                    if next() % 5 == 0 {
+                        format!("shared/k{}", next() % SHARED_KEYS as u64)
+                    } else {
+                        format!("c{id}/k{}", next() % OWN_KEYS as u64)
+                    }
                 };
+                // One operation in four is a batch of 2 to 4 distinct keys (`put_many`,
+                // `get_many`, `remove_many`): each key's answer is logged as an operation of
+                // its own, spanning the whole call.
+                let mut keys = vec![pick(&mut next)];
+                if next() % 4 == 0 {
+                    let more = 1 + next() % 3;
+                    while keys.len() < 1 + more as usize {
+                        let k = pick(&mut next);
+                        if !keys.contains(&k) {
+                            keys.push(k);
+                        }
+                    }
+                }
                 let roll = next() % 20;
                 let start = now_ns();
+                // Each put's value id, numbered on from `n`.
+                let vids: Vec<String> = if roll < 10 {
+                    keys.iter()
+                        .map(|_| {
+                            n += 1;
+                            format!("{id}.{n}")
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 if !(10..17).contains(&roll) {
                     // The write's intent, on disk before it starts: if this process is
                     // killed during it, the write counts as failed (it may have landed).
-                    let vid = (roll < 10).then(|| format!("{id}.{}", n + 1));
-                    let kind = if roll < 10 { "put" } else { "rm" };
-                    let intent = Op {
-                        kind: kind.into(),
-                        key: key.clone(),
-                        vid,
-                        start,
-                        end: 0,
-                        outcome: Outcome::Err,
-                    };
-                    writeln!(log, "{}", intent.line()).unwrap();
+                    for (i, key) in keys.iter().enumerate() {
+                        let intent = Op {
+                            kind: if roll < 10 { "put" } else { "rm" }.into(),
+                            key: key.clone(),
+                            vid: vids.get(i).cloned(),
+                            start,
+                            end: 0,
+                            outcome: Outcome::Err,
+                        };
+                        writeln!(log, "{}", intent.line()).unwrap();
+                    }
                     log.flush().unwrap();
                 }
-                let (kind, vid, outcome) = if roll < 10 {
-                    n += 1;
-                    let vid = format!("{id}.{n}");
-                    let r = st.block_on(st.put(key.as_bytes(), &value_of(&vid)));
-                    let o = if r.is_ok() { Outcome::Ok } else { Outcome::Err };
-                    ("put", Some(vid), o)
+                let names: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+                let ok_or_err = |ok: bool| if ok { Outcome::Ok } else { Outcome::Err };
+                let (kind, outcomes): (&str, Vec<Outcome>) = if roll < 10 {
+                    let values: Vec<Vec<u8>> = vids.iter().map(|v| value_of(v)).collect();
+                    let outcomes = if keys.len() == 1 {
+                        vec![ok_or_err(st.block_on(st.put(names[0], &values[0])).is_ok())]
+                    } else {
+                        let values: Vec<&[u8]> = values.iter().map(|v| &v[..]).collect();
+                        let done = st.block_on(st.put_many(&names, &values));
+                        done.iter().map(|r| ok_or_err(r.is_ok())).collect()
+                    };
+                    ("put", outcomes)
                 } else if roll < 14 {
-                    ("get", None, outcome_of(st.block_on(st.get(key.as_bytes()))))
+                    let outcomes = if keys.len() == 1 {
+                        vec![outcome_of(st.block_on(st.get(names[0])))]
+                    } else {
+                        let got = st.block_on(st.get_many(&names));
+                        got.into_iter().map(outcome_of).collect()
+                    };
+                    ("get", outcomes)
                 } else if roll < 17 {
-                    let got = st.block_on(st.get_into(key.as_bytes(), &into)).map(|n| {
-                        n.map(|n| {
-                            let mut bytes = vec![0u8; n];
-                            into.read_at(0, &mut bytes).unwrap();
-                            bytes
+                    // One key at a time into registered memory (its READ lands there).
+                    let outcomes = names
+                        .iter()
+                        .map(|name| {
+                            let got = st.block_on(st.get_into(name, &into)).map(|n| {
+                                n.map(|n| {
+                                    let mut bytes = vec![0u8; n];
+                                    into.read_at(0, &mut bytes).unwrap();
+                                    bytes
+                                })
+                            });
+                            outcome_of(got)
                         })
-                    });
-                    ("get", None, outcome_of(got))
+                        .collect();
+                    ("get", outcomes)
                 } else {
-                    let r = st.block_on(st.remove(key.as_bytes()));
-                    (
-                        "rm",
-                        None,
-                        if r.is_ok() { Outcome::Ok } else { Outcome::Err },
-                    )
+                    let outcomes = if keys.len() == 1 {
+                        vec![ok_or_err(st.block_on(st.remove(names[0])).is_ok())]
+                    } else {
+                        let done = st.block_on(st.remove_many(&names));
+                        done.iter().map(|r| ok_or_err(r.is_ok())).collect()
+                    };
+                    ("rm", outcomes)
                 };
-                let op = Op {
-                    kind: kind.into(),
-                    key,
-                    vid,
-                    start,
-                    end: now_ns(),
-                    outcome,
-                };
-                writeln!(log, "{}", op.line()).unwrap();
+                let end = now_ns();
+                let mut failed = false;
+                for (i, (key, outcome)) in keys.into_iter().zip(outcomes).enumerate() {
+                    failed |= outcome == Outcome::Err;
+                    let op = Op {
+                        kind: kind.into(),
+                        key,
+                        vid: vids.get(i).cloned(),
+                        start,
+                        end,
+                        outcome,
+                    };
+                    writeln!(log, "{}", op.line()).unwrap();
+                    ops += 1;
+                }
                 log.flush().unwrap();
-                ops += 1;
-                if op.outcome == Outcome::Err {
+                if failed {
                     // Give a failed server's absence a moment to be noticed.
                     std::thread::sleep(Duration::from_millis(5));
                 }
@@ -398,25 +450,84 @@ fn read_log(path: &std::path::Path) -> Vec<Op> {
         .lines()
         .map(|l| Op::parse(l).unwrap_or_else(|| panic!("a log line: {l}")))
         .collect();
+    // A call's intents (one per key of a batch) come before its outcomes, which take their
+    // places; intents of a call that logged no outcome were cut short by a kill: failed,
+    // ending never.
     let mut out: Vec<Op> = Vec::with_capacity(ops.len());
+    let mut pending: Vec<usize> = Vec::new();
     for op in ops {
-        let done = op.end != 0;
-        if let Some(last) = out.last() {
-            if last.end == 0 {
-                if done && last.kind == op.kind && last.key == op.key && last.start == op.start {
-                    out.pop(); // the intent's outcome
-                } else {
-                    // Killed during it: failed, ending never.
-                    out.last_mut().unwrap().end = u128::MAX;
-                }
-            }
+        if op.end == 0 {
+            pending.push(out.len());
+            out.push(op);
+            continue;
         }
-        out.push(op);
+        pending.retain(|&i| {
+            let other_call = out[i].start != op.start;
+            if other_call {
+                out[i].end = u128::MAX;
+            }
+            !other_call
+        });
+        let intent = pending
+            .iter()
+            .position(|&i| out[i].kind == op.kind && out[i].key == op.key);
+        match intent {
+            Some(at) => out[pending.swap_remove(at)] = op,
+            None => out.push(op),
+        }
     }
-    if let Some(last) = out.last_mut().filter(|l| l.end == 0) {
-        last.end = u128::MAX;
+    for i in pending {
+        out[i].end = u128::MAX;
     }
     out
+}
+
+#[test]
+fn a_log_pairs_each_keys_intent_with_its_outcome_and_fails_a_call_cut_short() {
+    let path = std::env::temp_dir().join(format!("rdmapool-log-pairs-{}.log", std::process::id()));
+    let line = |kind: &str, key: &str, vid: &str, start: u128, end: u128, outcome: Outcome| {
+        let vid = (vid != "-").then(|| vid.to_string());
+        Op {
+            kind: kind.into(),
+            key: key.into(),
+            vid,
+            start,
+            end,
+            outcome,
+        }
+        .line()
+    };
+    let lines = [
+        // A put_many of two keys: both intents, then both outcomes (in another order).
+        line("put", "c1/a", "1.1", 10, 0, Outcome::Err),
+        line("put", "c1/b", "1.2", 10, 0, Outcome::Err),
+        line("put", "c1/b", "1.2", 10, 20, Outcome::Ok),
+        line("put", "c1/a", "1.1", 10, 20, Outcome::Err),
+        // A get_many: no intents.
+        line("get", "c1/a", "-", 30, 40, Outcome::Nothing),
+        // A remove_many cut short by a kill, then the restarted writer's put.
+        line("rm", "c1/a", "-", 50, 0, Outcome::Err),
+        line("rm", "c1/b", "-", 50, 0, Outcome::Err),
+        line("put", "c1/c", "1.3", 70, 0, Outcome::Err),
+    ];
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let ops = read_log(&path);
+    let _ = std::fs::remove_file(&path);
+    let got: Vec<(&str, &str, u128, &Outcome)> = ops
+        .iter()
+        .map(|o| (o.kind.as_str(), o.key.as_str(), o.end, &o.outcome))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("put", "c1/a", 20, &Outcome::Err),
+            ("put", "c1/b", 20, &Outcome::Ok),
+            ("get", "c1/a", 40, &Outcome::Nothing),
+            ("rm", "c1/a", u128::MAX, &Outcome::Err),
+            ("rm", "c1/b", u128::MAX, &Outcome::Err),
+            ("put", "c1/c", u128::MAX, &Outcome::Err),
+        ]
+    );
 }
 
 #[test]
