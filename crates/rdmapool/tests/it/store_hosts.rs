@@ -187,7 +187,7 @@ fn child_entry() {
             let mut ops = 0u64;
             while Instant::now() < until {
                 let pick = |next: &mut dyn FnMut() -> u64| {
-                    if next() % 5 == 0 {
+                    if next().is_multiple_of(5) {
                         format!("shared/k{}", next() % SHARED_KEYS as u64)
                     } else {
                         format!("c{id}/k{}", next() % OWN_KEYS as u64)
@@ -197,7 +197,7 @@ fn child_entry() {
                 // `get_many`, `remove_many`): each key's answer is logged as an operation of
                 // its own, spanning the whole call.
                 let mut keys = vec![pick(&mut next)];
-                if next() % 4 == 0 {
+                if next().is_multiple_of(4) {
                     let more = 1 + next() % 3;
                     while keys.len() < 1 + more as usize {
                         let k = pick(&mut next);
