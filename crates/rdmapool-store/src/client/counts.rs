@@ -17,7 +17,6 @@
 
 use super::Store;
 use crate::format::KeyHash;
-use crate::placement;
 use crate::root::{Index, INDEX_START};
 use futures_util::future::join_all;
 use rdmapool_pool::remote::regions::{Payload, RegionNode};
@@ -118,17 +117,13 @@ impl Store {
     fn first_replica(&self, key: &[u8]) -> Option<u32> {
         let view = self.view.lock().clone().unwrap_or_default();
         let members = self.pool.regions().members();
-        let h = KeyHash::of(key);
-        let r = self.cfg.replicas;
-        let mut chosen = if view.number == 0 {
-            let ids: Vec<u32> = members.nodes.iter().map(|n| n.node).collect();
-            placement::replicas(h, &ids, r)
-        } else {
-            placement::replicas(h, &view.members, r)
-        };
-        if view.moving() {
-            chosen.extend(placement::replicas(h, &view.previous, r));
-        }
+        let (chosen, _) = super::replicas::placed(
+            &view,
+            &members,
+            KeyHash::of(key),
+            self.cfg.replicas,
+            super::Purpose::Read,
+        );
         chosen
             .into_iter()
             .find(|&id| members.nodes.iter().any(|n| n.node == id && n.up))

@@ -13,6 +13,38 @@ use rdmapool_pool::remote::regions::RegionNode;
 use rdmapool_pool::remote::step::{Answer, Op};
 use rdmapool_pool::{Error, Result};
 
+/// While keys move: a key's placement under the view in force, and under the previous one.
+pub(super) type Moving = (Vec<u32>, Vec<u32>);
+
+/// `count` replicas of the key hashed `h`, best first, under view `placing` (no view set:
+/// over the membership `members` this client knows). While keys move, a read also names
+/// the previous view's placement (after the current one's), and the two placements come
+/// back apart too.
+pub(super) fn placed(
+    placing: &crate::view::View,
+    members: &rdmapool_pool::remote::regions::Members,
+    h: KeyHash,
+    count: usize,
+    purpose: Purpose,
+) -> (Vec<u32>, Option<Moving>) {
+    if placing.number == 0 {
+        let ids: Vec<u32> = members.nodes.iter().map(|n| n.node).collect();
+        return (placement::replicas(h, &ids, count), None);
+    }
+    let mut chosen = placement::replicas(h, &placing.members, count);
+    if purpose != Purpose::Read || !placing.moving() {
+        return (chosen, None);
+    }
+    let previous = placement::replicas(h, &placing.previous, count);
+    let moving = Some((chosen.clone(), previous.clone()));
+    for id in previous {
+        if !chosen.contains(&id) {
+            chosen.push(id);
+        }
+    }
+    (chosen, moving)
+}
+
 impl Store {
     /// The key's replicas, best first, with their indexes (found or made on first use),
     /// placed over every member this client knows, up or down (docs/STORE.md section 4):
@@ -27,28 +59,7 @@ impl Store {
     ) -> Result<(Vec<Replica>, usize)> {
         let placing = self.placing_view().await?;
         let view = self.pool.regions().members();
-        let h = KeyHash::of(key);
-        // While keys move: the placements under the view and the previous one, a get
-        // reading both (see below).
-        let mut moving: Option<(Vec<u32>, Vec<u32>)> = None;
-        let chosen = if placing.number == 0 {
-            // No view set: the membership this client knows.
-            let ids: Vec<u32> = view.nodes.iter().map(|n| n.node).collect();
-            placement::replicas(h, &ids, count)
-        } else {
-            let mut chosen = placement::replicas(h, &placing.members, count);
-            if purpose == Purpose::Read && placing.moving() {
-                // While data moves, gets read the previous placement too.
-                let previous = placement::replicas(h, &placing.previous, count);
-                moving = Some((chosen.clone(), previous.clone()));
-                for id in previous {
-                    if !chosen.contains(&id) {
-                        chosen.push(id);
-                    }
-                }
-            }
-            chosen
-        };
+        let (chosen, moving) = placed(&placing, &view, KeyHash::of(key), count, purpose);
         let member = |id: u32| view.nodes.iter().find(|n| n.node == id);
         match purpose {
             Purpose::Read if chosen.is_empty() => {
