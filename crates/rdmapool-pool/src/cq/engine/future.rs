@@ -230,7 +230,7 @@ impl<'q, B: Send + 'static> OpFuture<'q, B> {
         // nobody (the checks below find it).
         let wr_id = s
             .table
-            .arm_in_poll(idx, cx.waker(), q.cq, Credits { recv, n }, Some(q), true);
+            .arm_in_poll(idx, cx.waker(), q.cq, Credits { recv, n }, true);
         match spec.post(&q.qp, wr_id) {
             Ok(()) => {
                 self.stage = Stage::Posted(idx);

@@ -83,9 +83,10 @@ struct SlotState<H: Holder> {
     /// The buffer of an operation whose future was dropped in flight, kept until the
     /// completion arrives (a live future holds its buffer itself).
     keep: Option<Box<dyn Send>>,
-    /// The holder the lease goes back to, kept alive under the request: set when the slot
-    /// is armed (so a completion gives the lease back when it is dispatched, whether or not
-    /// anyone polls the future again), or when the future is dropped in flight.
+    /// The holder the lease goes back to, kept alive under the request: set when the future
+    /// ends a poll pending (so a completion gives the lease back when it is dispatched,
+    /// whether or not anyone polls the future again), or is dropped in flight. A future
+    /// that finds its completion within its first poll never clones it.
     owner: Option<Arc<H>>,
     lease: H::Lease,
     /// The source whose completion ends the operation (`ANY_SOURCE` if not known).
@@ -202,18 +203,13 @@ impl<H: Holder> SlotTable<H> {
     /// Fills slot `idx` (just acquired) for an operation about to be posted, and returns the
     /// `wr_id` to post it with. Filled before posting: the completion may arrive before the
     /// post returns.
-    /// Without an owner, the lease goes back when the future takes its outcome (or is
-    /// dropped), not when its completion is dispatched.
     #[cfg(test)]
     pub(crate) fn arm(&self, idx: u32, waker: &Waker, source: usize, lease: H::Lease) -> u64 {
-        self.arm_in_poll(idx, waker, source, lease, None, false)
+        self.arm_in_poll(idx, waker, source, lease, false)
     }
 
     /// [`Self::arm`] from inside the future's poll (`in_poll`): until the future ends a
-    /// pending poll with [`Self::poll_op`], its completion wakes nobody. With an `owner`,
-    /// the lease goes back to it as soon as the completion is dispatched: a queue entry is
-    /// free once its completion was polled, and a future set aside unpolled (one of a batch
-    /// nobody drives for a while) must not keep it from other operations.
+    /// pending poll with [`Self::poll_op`], its completion wakes nobody.
     #[inline]
     pub(crate) fn arm_in_poll(
         &self,
@@ -221,7 +217,6 @@ impl<H: Holder> SlotTable<H> {
         waker: &Waker,
         source: usize,
         lease: H::Lease,
-        owner: Option<&Arc<H>>,
         in_poll: bool,
     ) -> u64 {
         let mut st = self.slot(idx);
@@ -230,7 +225,6 @@ impl<H: Holder> SlotTable<H> {
         st.waker = Some(waker.clone());
         st.source = source;
         st.lease = lease;
-        st.owner = owner.cloned();
         ((st.generation as u64) << 32) | idx as u64
     }
 
@@ -241,9 +235,10 @@ impl<H: Holder> SlotTable<H> {
     }
 
     /// The future's poll: its outcome (and the slot released), or its waker recorded and
-    /// the future out of its poll (a completion from now on wakes it).
+    /// the future out of its poll (a completion from now on wakes it, and gives its lease
+    /// back to `holder` at once: see [`Self::hold`]).
     #[inline]
-    pub(crate) fn poll_op(&self, idx: u32, holder: &H, waker: &Waker) -> Poll<Outcome> {
+    pub(crate) fn poll_op(&self, idx: u32, holder: &Arc<H>, waker: &Waker) -> Poll<Outcome> {
         let mut st = self.slot(idx);
         match st.outcome.take() {
             Some(outcome) => {
@@ -251,6 +246,7 @@ impl<H: Holder> SlotTable<H> {
                 Poll::Ready(outcome)
             }
             None => {
+                Self::hold(&mut st, holder);
                 st.in_poll = false;
                 if !st.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
                     st.waker = Some(waker.clone());
@@ -261,10 +257,11 @@ impl<H: Holder> SlotTable<H> {
     }
 
     /// The future's look while inside its poll: its outcome (and the slot released), or
-    /// nothing, and the future marked in its poll. It must end a pending poll with
+    /// nothing, and the future marked in its poll (its lease given back to `holder` on
+    /// dispatch from now on: see [`Self::hold`]). It must end a pending poll with
     /// [`Self::poll_op`].
     #[inline]
-    pub(crate) fn look(&self, idx: u32, holder: &H) -> Option<Outcome> {
+    pub(crate) fn look(&self, idx: u32, holder: &Arc<H>) -> Option<Outcome> {
         let mut st = self.slot(idx);
         match st.outcome.take() {
             Some(outcome) => {
@@ -272,9 +269,23 @@ impl<H: Holder> SlotTable<H> {
                 Some(outcome)
             }
             None => {
+                Self::hold(&mut st, holder);
                 st.in_poll = true;
                 None
             }
+        }
+    }
+
+    /// The slot keeps its holder from the first look that found no outcome: from then on a
+    /// completion gives the operation's lease back as it is dispatched, not when its future
+    /// is next polled. A queue entry is free once its completion was polled, and a future
+    /// set aside unpolled (one of a batch nobody drives for a while) must not keep it from
+    /// other operations; it could keep them for good. A future that finds its completion in
+    /// its first look never clones the holder.
+    #[inline]
+    fn hold(st: &mut SlotGuard<'_, H>, holder: &Arc<H>) {
+        if st.owner.is_none() {
+            st.owner = Some(holder.clone());
         }
     }
 

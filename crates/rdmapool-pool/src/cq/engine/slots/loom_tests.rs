@@ -253,7 +253,7 @@ fn a_completion_during_the_poll_is_found_by_its_end_or_wakes_after_it() {
         let owner = Owner::new(0);
         let (flag, w) = waker();
         let idx = t.acquire().unwrap();
-        let wr_id = t.arm_in_poll(idx, &w, 0, 1, None, true);
+        let wr_id = t.arm_in_poll(idx, &w, 0, 1, true);
         let completer = {
             let t = t.clone();
             thread::spawn(move || t.dispatch(&done(wr_id, 8)))
@@ -268,6 +268,42 @@ fn a_completion_during_the_poll_is_found_by_its_end_or_wakes_after_it() {
             );
             assert!(t.poll_op(idx, &owner, &w).is_ready());
         }
+        assert_eq!(t.in_flight(), 0);
+    });
+}
+
+/// (g) A completion races the future's first look: its entries go back exactly once,
+/// either on dispatch (the look came first and left the slot its holder) or when the future
+/// takes its outcome; and once the future has looked, they are back as soon as the
+/// dispatch ends, before the future is polled again.
+#[test]
+fn entries_go_back_once_whether_the_dispatch_or_the_look_comes_first() {
+    loom::model(|| {
+        let t = table(1);
+        let owner = Owner::new(0);
+        let (_, w) = waker();
+        let idx = t.acquire().unwrap();
+        let wr_id = t.arm_in_poll(idx, &w, 0, 2, true);
+        let completer = {
+            let t = t.clone();
+            thread::spawn(move || t.dispatch(&done(wr_id, 8)))
+        };
+        let looked = t.look(idx, &owner);
+        completer.join().unwrap();
+        match looked {
+            Some(outcome) => {
+                outcome.into_result().unwrap();
+            }
+            None => {
+                assert_eq!(
+                    owner.given.load(Ordering::SeqCst),
+                    2,
+                    "not back on dispatch"
+                );
+                assert!(t.poll_op(idx, &owner, &w).is_ready());
+            }
+        }
+        assert_eq!(owner.given.load(Ordering::SeqCst), 2, "given back once");
         assert_eq!(t.in_flight(), 0);
     });
 }

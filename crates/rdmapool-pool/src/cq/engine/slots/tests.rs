@@ -85,7 +85,7 @@ fn a_completion_wakes_and_resolves_its_operation_and_frees_the_slot() {
     let (t, src, owner) = (
         SlotTable::<Owner>::new(4),
         FakeSource::default(),
-        Owner::default(),
+        Arc::new(Owner::default()),
     );
     let (flag, w) = waker();
     let idx = t.acquire().unwrap();
@@ -104,15 +104,17 @@ fn a_completion_wakes_and_resolves_its_operation_and_frees_the_slot() {
 }
 
 #[test]
-fn an_armed_owner_gets_its_entries_back_when_the_completion_is_dispatched() {
+fn a_future_that_looked_gets_its_entries_back_when_the_completion_is_dispatched() {
     // A future set aside unpolled (one of a batch nobody drives) must not keep its queue
-    // entries past its completion: the dispatch gives them back and wakes those waiting for
-    // room; the future's later poll still resolves, and gives nothing back twice.
+    // entries past its completion: once it looked and found nothing, the dispatch gives
+    // them back and wakes those waiting for room; the future's later poll still resolves,
+    // and gives nothing back twice.
     let (t, src) = (SlotTable::<Owner>::new(4), FakeSource::default());
     let owner = Arc::new(Owner::default());
     let (flag, w) = waker();
     let idx = t.acquire().unwrap();
-    let wr_id = t.arm_in_poll(idx, &w, 0, 3, Some(&owner), false);
+    let wr_id = t.arm(idx, &w, 0, 3);
+    assert!(t.poll_op(idx, &owner, &w).is_pending());
     let (room, waiting) = waker();
     t.wait_for_room(&waiting);
     src.complete(wr_id, WcStatus::Success);
@@ -133,7 +135,7 @@ fn an_armed_owner_gets_its_entries_back_when_the_completion_is_dispatched() {
         1,
         "the slot stays its future's until it looks"
     );
-    let Poll::Ready(outcome) = t.poll_op(idx, &*owner, &w) else {
+    let Poll::Ready(outcome) = t.poll_op(idx, &owner, &w) else {
         panic!("not resolved")
     };
     outcome.into_result().unwrap();
@@ -143,6 +145,7 @@ fn an_armed_owner_gets_its_entries_back_when_the_completion_is_dispatched() {
         "nothing given back twice"
     );
     assert_eq!(t.in_flight(), 0);
+    assert_eq!(Arc::strong_count(&owner), 1, "the slot let its holder go");
 }
 
 #[test]
@@ -150,7 +153,7 @@ fn an_error_completion_names_status_and_opcode() {
     let (t, src, owner) = (
         SlotTable::<Owner>::new(1),
         FakeSource::default(),
-        Owner::default(),
+        Arc::new(Owner::default()),
     );
     let (_, w) = waker();
     let idx = t.acquire().unwrap();
@@ -173,7 +176,7 @@ fn stale_and_unknown_completions_are_ignored() {
     let (t, src, owner) = (
         SlotTable::<Owner>::new(1),
         FakeSource::default(),
-        Owner::default(),
+        Arc::new(Owner::default()),
     );
     let (_, w) = waker();
     let idx = t.acquire().unwrap();
@@ -204,7 +207,7 @@ fn a_later_completion_of_an_ended_operation_is_ignored() {
     let (t, src, owner) = (
         SlotTable::<Owner>::new(1),
         FakeSource::default(),
-        Owner::default(),
+        Arc::new(Owner::default()),
     );
     let (_, w) = waker();
     let idx = t.acquire().unwrap();
@@ -309,7 +312,7 @@ fn a_full_table_wakes_its_waiters_when_a_slot_frees() {
     let (t, src, owner) = (
         SlotTable::<Owner>::new(2),
         FakeSource::default(),
-        Owner::default(),
+        Arc::new(Owner::default()),
     );
     let (_, w) = waker();
     let a = t.acquire().unwrap();
@@ -330,7 +333,7 @@ fn a_full_table_wakes_its_waiters_when_a_slot_frees() {
 
 #[test]
 fn a_failed_post_gives_everything_back() {
-    let (t, owner) = (SlotTable::<Owner>::new(1), Owner::default());
+    let (t, owner) = (SlotTable::<Owner>::new(1), Arc::new(Owner::default()));
     let (_, w) = waker();
     let idx = t.acquire().unwrap();
     let first = t.arm(idx, &w, 0, 4);
@@ -342,7 +345,7 @@ fn a_failed_post_gives_everything_back() {
 
 #[test]
 fn generations_wrap_around() {
-    let (t, owner) = (SlotTable::<Owner>::new(1), Owner::default());
+    let (t, owner) = (SlotTable::<Owner>::new(1), Arc::new(Owner::default()));
     let (_, w) = waker();
     lock(&t.slots[0]).generation = u32::MAX;
     let idx = t.acquire().unwrap();
