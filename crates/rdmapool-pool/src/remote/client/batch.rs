@@ -108,6 +108,21 @@ struct Posted<B> {
     word: Option<Word>,
 }
 
+/// A work request as [`AsyncQp::batch`](crate::cq::AsyncQp::batch) takes it.
+type Wr<B> = (WrOp, Local<B>, usize, u32);
+
+/// Of each request of a list: the index of its operation in the batch, and the scratch
+/// word an atomic's old value lands in.
+type Meta = (usize, Option<Word>);
+
+/// A server's requests in a batch, in order, kept as the lists they are posted as: each
+/// request once, in the vectors the post takes (no copy between the check and the post).
+struct Group<B> {
+    node: Arc<super::Node>,
+    wrs: Vec<Wr<B>>,
+    meta: Vec<Meta>,
+}
+
 impl<'c, B: RegisteredMemory + Send + 'static> PoolBatch<'c, B> {
     pub(super) fn new(client: &'c PoolClient) -> Self {
         Self {
@@ -210,7 +225,8 @@ impl<'c, B: RegisteredMemory + Send + 'static> PoolBatch<'c, B> {
         let shared = &self.client.shared;
         let mut out: Vec<BatchOutcome<B>> = Vec::with_capacity(self.ops.len());
         // Per node (in order of first use): the node and its requests, in order.
-        let mut groups: Vec<(Arc<super::Node>, Vec<Posted<B>>)> = Vec::new();
+        let ops_len = self.ops.len();
+        let mut groups: Vec<Group<B>> = Vec::new();
         // Nodes a full check reached in this batch (up, and known to this client): later
         // operations there take the quick check. Whether a node is still up is checked
         // again when its lists are posted.
@@ -265,13 +281,25 @@ impl<'c, B: RegisteredMemory + Send + 'static> PoolBatch<'c, B> {
                         result: Ok(None),
                         buffer: None,
                     });
-                    match groups
-                        .iter_mut()
-                        .find(|(n, _)| n.desc.node == node.desc.node)
+                    let at = match groups
+                        .iter()
+                        .position(|g| g.node.desc.node == node.desc.node)
                     {
-                        Some((_, list)) => list.push(p),
-                        None => groups.push((node, vec![p])),
-                    }
+                        Some(at) => at,
+                        None => {
+                            // Room for every operation left: no list grows by copying.
+                            let room = ops_len - index;
+                            groups.push(Group {
+                                node,
+                                wrs: Vec::with_capacity(room),
+                                meta: Vec::with_capacity(room),
+                            });
+                            groups.len() - 1
+                        }
+                    };
+                    let g = &mut groups[at];
+                    g.wrs.push((p.op, p.local, p.local_offset, p.len));
+                    g.meta.push((p.index, p.word));
                 }
                 Err((e, buffer)) => out.push(BatchOutcome {
                     result: Err(e),
@@ -281,13 +309,19 @@ impl<'c, B: RegisteredMemory + Send + 'static> PoolBatch<'c, B> {
         }
         // Every server's lists, at the same time.
         let mut lists = Vec::new();
-        for (node, posted) in groups {
+        for Group {
+            node,
+            mut wrs,
+            mut meta,
+        } in groups
+        {
             let depth = node.qp.qp().capacity().send.max(1) as usize;
-            let mut rest = posted.into_iter().peekable();
-            while rest.peek().is_some() {
-                let list: Vec<Posted<B>> = rest.by_ref().take(depth).collect();
-                lists.push(run_list(self.client, node.clone(), list));
+            while wrs.len() > depth {
+                let (more_wrs, more_meta) = (wrs.split_off(depth), meta.split_off(depth));
+                lists.push(run_list(self.client, node.clone(), wrs, meta));
+                (wrs, meta) = (more_wrs, more_meta);
             }
+            lists.push(run_list(self.client, node, wrs, meta));
         }
         for finished in futures_util::future::join_all(lists).await {
             for (index, result, buffer) in finished {
@@ -373,20 +407,15 @@ fn prepare<B: RegisteredMemory>(
     }
 }
 
-/// Posts `list` on `node` with one doorbell and awaits its one completion; the outcome of
-/// each request (index, result, caller buffer).
+/// Posts `wrs` on `node` as one list with one doorbell and awaits its one completion; the
+/// outcome of each request (index, result, caller buffer).
 async fn run_list<B: RegisteredMemory + Send + 'static>(
     client: &PoolClient,
     node: Arc<super::Node>,
-    list: Vec<Posted<B>>,
+    wrs: Vec<Wr<B>>,
+    meta: Vec<Meta>,
 ) -> Vec<(usize, Result<Option<u64>>, Option<B>)> {
     let shared = &client.shared;
-    let mut meta = Vec::with_capacity(list.len());
-    let mut wrs = Vec::with_capacity(list.len());
-    for p in list {
-        meta.push((p.index, p.word));
-        wrs.push((p.op, p.local, p.local_offset, p.len));
-    }
     if let Err(e) = node.check_up() {
         let locals = wrs.into_iter().map(|(_, local, _, _)| local).collect();
         return finish(shared, &node, Err(e), meta, locals);
@@ -400,7 +429,7 @@ fn finish<B>(
     shared: &super::Shared,
     node: &super::Node,
     r: Result<OpCompletion>,
-    meta: Vec<(usize, Option<Word>)>,
+    meta: Vec<Meta>,
     locals: Vec<Local<B>>,
 ) -> Vec<(usize, Result<Option<u64>>, Option<B>)> {
     let r = shared.seen(node, r.map(|_| ()));

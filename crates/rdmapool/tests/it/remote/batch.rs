@@ -133,6 +133,35 @@ fn a_batch_on_one_server_costs_one_completion_not_one_per_operation() {
 }
 
 #[test]
+fn a_batch_longer_than_the_send_queue_runs_as_lists_in_order() {
+    // 600 FAAs on one word of one server: lists of the send queue's depth (256 by default)
+    // on one QP, posted in order, so each FAA's old value is its place in the batch.
+    let s = server(1, Duration::from_secs(2));
+    let c = client(&[&s], 13).unwrap();
+    let p = c.block_on(c.alloc(64, None)).unwrap();
+    let start = c.engine_stats().completions;
+    let mut batch = c.batch::<Mr<Shared>>();
+    for _ in 0..600 {
+        batch.fetch_and_add(p, 0, 1);
+    }
+    let out = c.block_on(batch.run());
+    let olds: Vec<u64> = out
+        .iter()
+        .map(|o| match o.result {
+            Ok(Some(old)) => old,
+            ref other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(olds, (0..600).collect::<Vec<u64>>());
+    let lists = c.engine_stats().completions - start;
+    assert!(
+        (3..8).contains(&lists),
+        "600 FAAs in lists of 256 took {lists} completions"
+    );
+    assert_eq!(c.block_on(c.fetch_and_add(p, 0, 0)).unwrap(), 600);
+}
+
+#[test]
 fn bad_operations_in_a_batch_get_their_own_typed_errors_and_the_others_run() {
     let s = server(1, Duration::from_secs(2));
     let c = client(&[&s], 13).unwrap();
