@@ -323,10 +323,8 @@ impl<'c, B: RegisteredMemory + Send + 'static> PoolBatch<'c, B> {
             }
             lists.push(run_list(self.client, node, wrs, meta));
         }
-        for finished in futures_util::future::join_all(lists).await {
-            for (index, result, buffer) in finished {
-                out[index] = BatchOutcome { result, buffer };
-            }
+        for ended in futures_util::future::join_all(lists).await {
+            ended.record(shared, &mut out);
         }
         out
     }
@@ -407,35 +405,43 @@ fn prepare<B: RegisteredMemory>(
     }
 }
 
-/// Posts `wrs` on `node` as one list with one doorbell and awaits its one completion; the
-/// outcome of each request (index, result, caller buffer).
+/// A list that ended: its server, how, and each request's index and scratch word and
+/// local side, for [`Ended::record`].
+struct Ended<B> {
+    node: Arc<super::Node>,
+    r: Result<OpCompletion>,
+    meta: Vec<Meta>,
+    locals: Vec<Local<B>>,
+}
+
+/// Posts `wrs` on `node` as one list with one doorbell and awaits its one completion.
 async fn run_list<B: RegisteredMemory + Send + 'static>(
     client: &PoolClient,
     node: Arc<super::Node>,
     wrs: Vec<Wr<B>>,
     meta: Vec<Meta>,
-) -> Vec<(usize, Result<Option<u64>>, Option<B>)> {
+) -> Ended<B> {
     let shared = &client.shared;
-    if let Err(e) = node.check_up() {
-        let locals = wrs.into_iter().map(|(_, local, _, _)| local).collect();
-        return finish(shared, &node, Err(e), meta, locals);
+    let (r, locals) = match node.check_up() {
+        Err(e) => (
+            Err(e),
+            wrs.into_iter().map(|(_, local, _, _)| local).collect(),
+        ),
+        Ok(()) => timed(&shared.timers, &node, node.qp.batch(wrs)).await,
+    };
+    Ended {
+        node,
+        r,
+        meta,
+        locals,
     }
-    let (r, locals) = timed(&shared.timers, &node, node.qp.batch(wrs)).await;
-    finish(shared, &node, r, meta, locals)
 }
 
-/// Each request's outcome once its list ended with `r`.
-fn finish<B>(
-    shared: &super::Shared,
-    node: &super::Node,
-    r: Result<OpCompletion>,
-    meta: Vec<Meta>,
-    locals: Vec<Local<B>>,
-) -> Vec<(usize, Result<Option<u64>>, Option<B>)> {
-    let r = shared.seen(node, r.map(|_| ()));
-    meta.into_iter()
-        .zip(locals)
-        .map(|((index, word), local)| {
+impl<B> Ended<B> {
+    /// Each request's outcome (its result, its caller buffer), in its place in `out`.
+    fn record(self, shared: &super::Shared, out: &mut [BatchOutcome<B>]) {
+        let r = shared.seen(&self.node, self.r.map(|_| ()));
+        for ((index, word), local) in self.meta.into_iter().zip(self.locals) {
             let buffer = match local {
                 Local::Caller(b) => Some(b),
                 Local::Word(_) => None,
@@ -450,9 +456,9 @@ fn finish<B>(
                     .map(Some)
                     .map_err(Error::from),
             };
-            (index, result, buffer)
-        })
-        .collect()
+            out[index] = BatchOutcome { result, buffer };
+        }
+    }
 }
 
 /// The error of a failed list (or step), for each of its operations (or machines).
