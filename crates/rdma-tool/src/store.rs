@@ -6,7 +6,7 @@
 
 use crate::pool::{connect, ConnArgs};
 use crate::{Result, ToolError};
-use rdmapool::store::{ServerStats, Store, StoreConfig};
+use rdmapool::store::{CacheConfig, Eviction, Pin, PutOptions, ServerStats, Store, StoreConfig};
 use std::io::Read;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -19,11 +19,39 @@ pub struct Args {
     /// Replicas of every object, on distinct servers.
     #[arg(long, default_value_t = 2, value_parser = crate::units::usize_arg(16))]
     replicas: usize,
+    /// Use the store as a cache of BYTES per server (`64M`; docs/STORE.md section 12): a
+    /// put past the budget evicts sampled values instead of failing for room, and `stats`
+    /// shows each server's usage against it. Every client of one cache gives the same.
+    #[arg(long, value_name = "BYTES", value_parser = crate::units::size_arg)]
+    cache_budget: Option<usize>,
+    /// How a cache ranks what it evicts: the least recently read (lru) or the least often
+    /// read (lfu), approximated from sampled candidates as Redis does.
+    #[arg(long, value_enum, requires = "cache_budget", default_value = "lru")]
+    eviction: EvictionArg,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
     #[command(subcommand)]
     op: Op,
+}
+
+/// A cache's eviction policy, as the command line names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EvictionArg {
+    /// The least recently read value first.
+    Lru,
+    /// The least often read value first.
+    Lfu,
+}
+
+/// A value's pin, as the command line names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PinArg {
+    /// Never evicted (it stays until replaced, removed or expired).
+    Hard,
+    /// Kept while it was read or put lately (the cache's soft-pin time), unless nothing
+    /// else is left to evict.
+    Soft,
 }
 
 /// One store operation.
@@ -40,6 +68,13 @@ pub enum Op {
         /// Read the value from this file (`-`: stdin).
         #[arg(long)]
         file: Option<PathBuf>,
+        /// A time to live (`30s`, `500ms`): once past it the key holds nothing, to every
+        /// client (docs/STORE.md section 11). Without it, until replaced or removed.
+        #[arg(long, value_parser = crate::units::duration_arg)]
+        ttl: Option<Duration>,
+        /// Keep the value from a cache's eviction: hard (never evicted) or soft.
+        #[arg(long, value_enum)]
+        pin: Option<PinArg>,
     },
     /// Prints the value stored under a key (exit status 1 when there is none).
     Get {
@@ -241,11 +276,19 @@ pub fn run(args: Args) -> Result<()> {
         Op::Repair { tombstone_hold, .. } => tombstone_hold,
         _ => StoreConfig::default().tombstone_hold,
     };
+    let cache = args.cache_budget.map(|budget| CacheConfig {
+        policy: match args.eviction {
+            EvictionArg::Lru => Eviction::Lru,
+            EvictionArg::Lfu => Eviction::Lfu,
+        },
+        ..CacheConfig::new(budget as u64)
+    });
     let store = Store::new(
         pool.clone(),
         StoreConfig {
             replicas: args.replicas,
             tombstone_hold,
+            cache,
             ..StoreConfig::default()
         },
     )?;
@@ -272,9 +315,17 @@ fn one_op(
     json: bool,
 ) -> Result<()> {
     match op {
-        Op::Put { key, .. } => {
+        Op::Put { key, ttl, pin, .. } => {
             let value = value.unwrap_or_default();
-            let v = store.block_on(store.put(key.as_bytes(), &value))?;
+            let options = PutOptions {
+                ttl,
+                pin: match pin {
+                    None => Pin::None,
+                    Some(PinArg::Hard) => Pin::Hard,
+                    Some(PinArg::Soft) => Pin::Soft,
+                },
+            };
+            let v = store.block_on(store.put_with_options(key.as_bytes(), &value, options))?;
             if json {
                 crate::outln!(
                     "{}",

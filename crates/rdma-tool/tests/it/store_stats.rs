@@ -15,8 +15,13 @@ const EXE: &str = env!("CARGO_BIN_EXE_rdma-tool");
 type Served = (Child, BufReader<ChildStdout>, String);
 
 fn serve(node: u32) -> Served {
+    serve_sized(node, "8M", "1M")
+}
+
+/// [`serve`] of a region of `size` in chunks of `chunk`.
+fn serve_sized(node: u32, size: &str, chunk: &str) -> Served {
     let mut child = Command::new(EXE)
-        .args(["serve", "--json", "--size", "8M", "--chunk-size", "1M"])
+        .args(["serve", "--json", "--size", size, "--chunk-size", chunk])
         .args(["--node", &node.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -112,6 +117,95 @@ fn store_stats_counts_every_get_on_its_keys_first_replica() {
         ["total", "0", "0", "-", "7", "3", "70.0%", "0", "0"],
         "{text}"
     );
+    for (mut child, _, _) in servers {
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success());
+    }
+}
+
+#[test]
+fn a_cache_from_the_command_line_evicts_keeps_its_pins_and_expires_values() {
+    // `store --cache-budget`: one-shot puts past the budget evict instead of failing, a
+    // hard-pinned value stays, `put --ttl` values are gone once past it; bad settings are
+    // refused with a message, not a panic.
+    // Each one-shot command takes one of 64 client ids, whose blocks go in chunks of their
+    // own: servers of 64 MiB in 256 KiB chunks hold them all.
+    let servers: Vec<Served> = (1..=3).map(|n| serve_sized(n, "64M", "256K")).collect();
+    let list: Vec<&str> = servers.iter().map(|(_, _, a)| a.as_str()).collect();
+    let list = list.join(",");
+    let cache = |args: &[&str]| -> Output {
+        Command::new(EXE)
+            .args(["store", "--servers", &list, "--cache-budget", "64K"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = cache(&["put", "--pin", "hard", "pinned", "kept"]);
+    assert!(out.status.success(), "{out:?}");
+    // 60 values of 3000 bytes (4 KiB blocks), two copies each: about 120 KiB a server
+    // against a budget of 64 KiB. Every put succeeds. Each command's first write to a
+    // server adds what it wrote to the usage word there, and evicts if that is past it.
+    let value = "x".repeat(3000);
+    for i in 0..60 {
+        let out = cache(&["put", &format!("flood{i}"), &value]);
+        assert!(out.status.success(), "put {i}: {out:?}");
+    }
+    let out = cache(&["get", "pinned"]);
+    assert_eq!(out.stdout, b"kept", "the hard pin was evicted: {out:?}");
+    let out = cache(&["--json", "stats"]);
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    check("store", &v);
+    for row in v["servers"].as_array().unwrap() {
+        assert_eq!(row["budget"].as_u64(), Some(64 << 10), "{row}");
+        assert!(row["used"].as_u64().unwrap() > 0, "{row}");
+    }
+    let evicted = v["total"]["evictions"].as_u64().unwrap();
+    assert!(evicted > 0, "no eviction past the budget: {v}");
+    let held = (0..60)
+        .filter(|i| cache(&["get", &format!("flood{i}")]).status.success())
+        .count();
+    assert!(
+        held < 60,
+        "every flood value held past the budget ({evicted} evictions)"
+    );
+    // A time to live: there, then gone to every client.
+    let out = cache(&["put", "--ttl", "2s", "brief", "soon gone"]);
+    assert!(out.status.success(), "{out:?}");
+    let out = cache(&["get", "brief"]);
+    assert_eq!(out.stdout, b"soon gone", "{out:?}");
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let out = cache(&["get", "brief"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "an expired value was returned: {out:?}"
+    );
+    // Bad settings: a time to live within the clock skew, a budget past a server's
+    // chunks, an unknown pin, a policy without a budget.
+    let out = cache(&["put", "--ttl", "20ms", "brief", "x"]);
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("time to live"), "{err}");
+    let out = Command::new(EXE)
+        .args(["store", "--servers", &list, "--cache-budget", "1G"])
+        .args(["put", "big-budget", "x"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cache budget"), "{err}");
+    let out = cache(&["put", "--pin", "forever", "k", "v"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let out = Command::new(EXE)
+        .args(["store", "--servers", &list, "--eviction", "lfu", "get", "k"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    // Nothing stored was lost to the refusals.
+    let out = cache(&["get", "pinned"]);
+    assert_eq!(out.stdout, b"kept", "{out:?}");
     for (mut child, _, _) in servers {
         drop(child.stdin.take());
         assert!(child.wait().unwrap().success());

@@ -95,6 +95,9 @@ struct NodeUsage {
     pending: i64,
     /// The usage word after this client's last addition.
     used: u64,
+    /// Whether `used` was learnt from the usage word yet (an addition answered): until
+    /// then this client cannot tell the server is over its budget.
+    learnt: bool,
     /// Occupied slots per slot sampled, lately.
     occupancy: f64,
     /// Bytes per key evicted, lately.
@@ -109,6 +112,7 @@ impl NodeUsage {
             incarnation,
             pending: 0,
             used: 0,
+            learnt: false,
             occupancy: 0.5,
             victim_bytes: 1024,
             pool: EvictionPool::default(),
@@ -200,8 +204,11 @@ impl Store {
     }
 
     /// After a put or a remove in cache mode: adds what this client changed to the usage
-    /// words where it reached a 64th of the budget, or where the server looks full, and
-    /// evicts on every server found over its budget.
+    /// words where it reached a 64th of the budget, where the server looks full, or where
+    /// this client has not learnt the usage word yet (its first write there: a short-lived
+    /// client, such as a one-shot `rdma-tool store put`, would otherwise never add what it
+    /// wrote nor see the server over its budget), and evicts on every server found over its
+    /// budget.
     pub(super) async fn after_write(&self) {
         let Some(cache) = &self.cfg.cache else {
             return;
@@ -214,7 +221,8 @@ impl Store {
                 .into_iter()
                 .filter(|n| {
                     let e = u.node(n.node, n.incarnation);
-                    e.pending.abs() >= step || e.held() > cache.budget
+                    let first = !e.learnt && e.pending != 0;
+                    first || e.pending.abs() >= step || e.held() > cache.budget
                 })
                 .collect()
         };
@@ -254,6 +262,26 @@ impl Store {
             self.pool.regions().sleep_until(due).await;
         }
         self.flush_retired().await;
+    }
+
+    /// In cache mode: adds the bytes this client's writes changed, on every server where
+    /// some wait, to the usage words now ([`Store::flush_counters`]); evicts nothing.
+    pub(super) async fn flush_usage(&self) {
+        if self.cfg.cache.is_none() {
+            return;
+        }
+        let waiting: Vec<RegionNode> = {
+            let mut u = self.usage.lock();
+            self.pool
+                .regions()
+                .up_nodes()
+                .into_iter()
+                .filter(|n| u.node(n.node, n.incarnation).pending != 0)
+                .collect()
+        };
+        if !waiting.is_empty() {
+            self.add_usage(&waiting).await;
+        }
     }
 
     /// Adds each of `nodes`' pending bytes to its usage word, in one step: the servers
@@ -303,6 +331,7 @@ impl Store {
             match answer {
                 Answer::Word(old) => {
                     e.used = (old as i64).wrapping_add(added).max(0) as u64;
+                    e.learnt = true;
                     let now = e.held();
                     if now > cache.budget {
                         over.push((n, now - cache.budget));

@@ -137,11 +137,18 @@ impl Store {
 
     /// Adds the counts this client holds to the servers' counter words now (docs/STORE.md
     /// section 2), rather than once 64 operations wait or the oldest is a 16th of the grace
-    /// period old. Call it before dropping a store whose counts should be seen at once
-    /// (`rdma-tool store` and Python's `Store.close` do): counts not yet added when a store
-    /// is dropped are lost. Counts of a server that is down stay for a later call.
+    /// period old; in cache mode also the bytes its writes changed to the usage words, and
+    /// its access notes. Call it before dropping a store whose counts should be seen at
+    /// once (`rdma-tool store` and Python's `Store.close` do): what is not added when a
+    /// store is dropped is lost (a usage word then counts less than its slots name). Counts
+    /// of a server that is down stay for a later call.
     pub async fn flush_counters(&self) {
-        self.flush_counts(true).await;
+        futures_util::future::join3(
+            self.flush_counts(true),
+            self.flush_usage(),
+            self.flush_touches(true),
+        )
+        .await;
     }
 
     /// Adds the counts waiting when they are due (or at once, `now`): per server that is
